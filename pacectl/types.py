@@ -1,0 +1,209 @@
+"""Value types and plugin interfaces shared by controllers, backends, the loop and metrics.
+
+Units are part of the contract: every ``*_s`` field is in seconds, every array is ``float64``.
+See ``DESIGN.md`` ("The loop and its values").
+
+Data flows one way::
+
+    Backend.reset() -> Backend.step(actions) -> [Observation per domain]
+        -> Controller.act(obs) -> Action -> Backend.step(...) -> ... -> Episode
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+from numpy.typing import NDArray
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+BoolArray = NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a controller sees for one iteration of one pacing domain.
+
+    All arrays are ``float64[num_ranks]`` (ranks of this domain, in domain order), in seconds.
+
+    Attributes:
+        iteration: 0-based iteration index within the episode.
+        domain: index of the pacing domain (for example the DP group of one pipeline stage).
+        arrival_s: arrival at the paced collective, measured from the iteration start and aligned
+            across ranks. Includes the applied pacing delay.
+        applied_delay_s: pacing delay applied before entering the paced collective (>= 0).
+        natural_arrival_s: ``arrival_s - applied_delay_s``: when the rank would have arrived unpaced.
+        wait_s: time blocked inside the paced collective waiting for the last rank (>= 0).
+        iteration_time_s: wall time of the whole iteration (all domains), seconds.
+        collective_time_s: transfer time of the paced collective after the last rank arrived, seconds.
+    """
+
+    iteration: int
+    domain: int
+    arrival_s: FloatArray
+    applied_delay_s: FloatArray
+    natural_arrival_s: FloatArray
+    wait_s: FloatArray
+    iteration_time_s: float
+    collective_time_s: float
+
+    @property
+    def num_ranks(self) -> int:
+        """Number of ranks in this domain."""
+        return int(self.arrival_s.shape[0])
+
+    @property
+    def spread_s(self) -> float:
+        """Arrival spread: latest minus earliest arrival, seconds."""
+        return float(self.arrival_s.max() - self.arrival_s.min())
+
+    @property
+    def natural_spread_s(self) -> float:
+        """Spread of the unpaced arrivals, seconds (what pacing tries to absorb)."""
+        return float(self.natural_arrival_s.max() - self.natural_arrival_s.min())
+
+
+@dataclass(frozen=True)
+class Action:
+    """Pacing decision for one domain.
+
+    Attributes:
+        delay_s: ``float64[num_ranks]``, seconds, every entry >= 0 and finite. Each rank sleeps this
+            long before entering the paced collective of the next iteration.
+    """
+
+    delay_s: FloatArray
+
+    @staticmethod
+    def zeros(num_ranks: int) -> Action:
+        """No pacing for ``num_ranks`` ranks."""
+        return Action(np.zeros(num_ranks, dtype=np.float64))
+
+
+@runtime_checkable
+class Controller(Protocol):
+    """A pacing controller for one domain. Pure and stateful: no clock, no I/O, no torch.
+
+    Call order: ``reset`` once, then ``act`` once per iteration. ``diagnostics`` may be called
+    any time after ``reset`` and must include ``"active"`` (1.0 while pacing, else 0.0).
+    """
+
+    name: str
+
+    def reset(self, num_ranks: int, rng: np.random.Generator) -> None:
+        """Clear all state for a new episode of ``num_ranks`` ranks."""
+        ...
+
+    def act(self, obs: Observation) -> Action:
+        """Return the delays to apply at the next iteration, given this iteration's observation."""
+        ...
+
+    def diagnostics(self) -> dict[str, float]:
+        """Internal state for plots and logs (for example PID terms). Keys are stable per class."""
+        ...
+
+
+@dataclass(frozen=True)
+class Domain:
+    """A pacing domain: the ranks that meet at one sync point.
+
+    Attributes:
+        name: human-readable name, for example ``"stage0"``.
+        ranks: indices into the backend's rank list (``Backend.rank_labels``), in domain order.
+    """
+
+    name: str
+    ranks: tuple[int, ...]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Something that runs iterations: a trace replay, a simulator, or a live torch.distributed job.
+
+    A backend never knows which controller drives it.
+
+    Attributes:
+        name: backend kind (``"replay"``, ``"sim"``, ``"torchdist"``).
+        comm_model: name of the communication-duration model in force (``"null"`` means fixed
+            durations, the max-plus model in which pacing can never shorten an iteration).
+        domains: the pacing domains, one controller instance each.
+        rank_labels: ``int64[num_ranks]`` global rank id of each rank index.
+        step_ids: ``int64[num_iterations]`` the source step id of each iteration (trace step ids).
+    """
+
+    name: str
+    comm_model: str
+    domains: tuple[Domain, ...]
+    rank_labels: IntArray
+    step_ids: IntArray
+
+    @property
+    def num_iterations(self) -> int: ...
+
+    def reset(self, *, seed: int = 0) -> None:
+        """Start a new episode at iteration 0."""
+        ...
+
+    def step(self, actions: Sequence[Action]) -> list[Observation]:
+        """Run one iteration with one action per domain; return one observation per domain."""
+        ...
+
+
+@dataclass(frozen=True)
+class Episode:
+    """Columnar record of one episode: ``num_iterations`` x ``num_ranks`` (all domains together).
+
+    Attributes:
+        backend: backend name.
+        comm_model: communication model name (``"null"`` = fixed durations).
+        controller: controller name.
+        rank_labels: ``int64[num_ranks]`` global rank ids.
+        domain_of_rank: ``int64[num_ranks]`` domain index of each rank.
+        domain_names: one name per domain.
+        step_ids: ``int64[num_iterations]`` source step ids.
+        iteration_time_s: ``float64[num_iterations]`` seconds.
+        arrival_s: ``float64[num_iterations, num_ranks]`` arrival at the paced collective, seconds.
+        applied_delay_s: ``float64[num_iterations, num_ranks]`` pacing delay, seconds.
+        natural_arrival_s: ``float64[num_iterations, num_ranks]`` unpaced arrival, seconds.
+        wait_s: ``float64[num_iterations, num_ranks]`` blocked time inside the paced collective, seconds.
+        collective_time_s: ``float64[num_iterations, num_domains]`` paced collective transfer time, seconds.
+        pacing_active: ``bool[num_iterations, num_domains]`` controller's ``active`` diagnostic
+            after observing the iteration.
+        diagnostics: name -> ``float64[num_iterations, num_domains]``, every controller diagnostic.
+        guard_interventions: number of actions the safety guard clipped or zeroed.
+    """
+
+    backend: str
+    comm_model: str
+    controller: str
+    rank_labels: IntArray
+    domain_of_rank: IntArray
+    domain_names: tuple[str, ...]
+    step_ids: IntArray
+    iteration_time_s: FloatArray
+    arrival_s: FloatArray
+    applied_delay_s: FloatArray
+    natural_arrival_s: FloatArray
+    wait_s: FloatArray
+    collective_time_s: FloatArray
+    pacing_active: BoolArray
+    diagnostics: Mapping[str, FloatArray] = field(default_factory=dict)
+    guard_interventions: int = 0
+
+    @property
+    def num_iterations(self) -> int:
+        """Number of iterations recorded."""
+        return int(self.iteration_time_s.shape[0])
+
+    @property
+    def num_ranks(self) -> int:
+        """Number of ranks (all domains)."""
+        return int(self.rank_labels.shape[0])
+
+    @property
+    def num_domains(self) -> int:
+        """Number of pacing domains."""
+        return len(self.domain_names)
