@@ -1,0 +1,402 @@
+"""The dependency model of a recorded training step, and its vectorized max-plus evaluator.
+
+A step of a DP x PP job is a DAG of ops. Every (step, dp_rank) block has the same DAG over the ops
+of all pipeline stages (the *template*), so one template serves every block and the evaluator runs
+all blocks at once, vectorized over ``[num_steps, dp_size]``.
+
+Dependency model (after Lin et al., OSDI 2025, section 4, rewritten for pacectl):
+
+- compute stream: forward/backward compute ops of a stage run in their recorded order;
+- p2p: ``forward-send k`` follows ``forward-compute k``, ``backward-send k`` follows
+  ``backward-compute k``; ``forward-recv k`` precedes ``forward-compute k`` (likewise backward) and
+  is posted after the compute op that ended last before it in the recorded order; each p2p type is
+  its own stream; ``forward-send k`` on stage s pairs with ``forward-recv k`` on stage s+1 and
+  ``backward-send k`` on s with ``backward-recv k`` on s-1;
+- DP stream: ``params-all-gather`` ops run in order and the first forward compute of a model chunk
+  waits for its last all-gather;
+- after the last compute: ``gc -> layernorm-grads-all-reduce -> embedding-grads-all-reduce
+  (first and last stage) -> grads-reduce-scatter... -> optimizer-clip-main-grad -> optimizer``.
+
+Synchronisation groups: a p2p pair; ``embedding-grads-all-reduce`` of the first and last stage;
+``params-all-gather`` and ``grads-reduce-scatter`` across the DP ranks of a stage (``dp_sync``);
+``optimizer-clip-main-grad`` across every rank (all stages, ``dp_sync``). Other ops are local.
+
+Timing rule (the null, max-plus model): an op starts at ``max(end of its deps) + launch_delay``
+(plus the pacing delay on the paced op); a group ends at ``max(start of members) + transfer``
+per member. ``launch_delay`` and ``transfer`` are estimated from the recording so that replaying
+with zero pacing reproduces every recorded timestamp (see :func:`estimate_intrinsic`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pacectl.errors import TraceError
+from pacectl.traces.model import COMPUTE_OPTYPES, OpTrace
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+_EPS_S = 5e-5  # tolerance when ordering recorded timestamps (float32 rounding of seconds)
+
+
+@dataclass(frozen=True)
+class Level:
+    """One wavefront of the DAG: groups whose deps are all in earlier levels.
+
+    Attributes:
+        nodes: ``int64[k]`` template nodes, members of one group contiguous.
+        deps: ``int64[k, max_deps]`` dep nodes, padded with the sentinel node (end time 0).
+        group_offsets: ``int64[g]`` start of each group within ``nodes`` (for ``np.maximum.reduceat``).
+        group_sizes: ``int64[g]`` members per group.
+        dp_sync: ``bool[g]`` whether the group also synchronises across DP ranks.
+    """
+
+    nodes: IntArray
+    deps: IntArray
+    group_offsets: IntArray
+    group_sizes: IntArray
+    dp_sync: NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class StepDag:
+    """The compiled template plus the recorded times of every block.
+
+    Attributes:
+        stage: ``int64[N]`` stage of each template node.
+        optype: ``object[N]`` op type of each node.
+        seq_id: ``int64[N]`` sequence id of each node.
+        group: ``int64[N]`` synchronisation group of each node.
+        levels: wavefronts in topological order.
+        deps: per node, its dep nodes.
+        start_s, duration_s: ``float64[N, num_steps, dp_size]`` recorded times.
+        steps: ``int64[num_steps]`` step ids.
+        rank_labels: ``int64[pp_size, dp_size]`` global rank of each (stage, dp_rank).
+    """
+
+    stage: IntArray
+    optype: NDArray[np.object_]
+    seq_id: IntArray
+    group: IntArray
+    group_dp_sync: NDArray[np.bool_]
+    levels: tuple[Level, ...]
+    deps: tuple[tuple[int, ...], ...]
+    start_s: FloatArray
+    duration_s: FloatArray
+    steps: IntArray
+    rank_labels: IntArray
+
+    @property
+    def num_nodes(self) -> int:
+        """Template nodes (ops of one dp_rank across all stages in one step)."""
+        return int(self.stage.shape[0])
+
+    def find(self, optype: str, seq_id: int = 0) -> IntArray:
+        """Nodes of ``optype`` with ``seq_id``, one per stage that has it, ordered by stage."""
+        idx = np.flatnonzero((self.optype == optype) & (self.seq_id == seq_id))
+        return idx[np.argsort(self.stage[idx], kind="stable")]
+
+
+def compile_dag(trace: OpTrace) -> StepDag:
+    """Build the template DAG and the recorded time arrays of a validated trace.
+
+    Args:
+        trace: a validated op trace (every step holds every rank).
+
+    Returns:
+        The compiled :class:`StepDag`.
+
+    Raises:
+        TraceError: blocks differ in structure (an op missing on some rank or step), p2p ops cannot
+            be paired, or the dependency model has a cycle.
+    """
+    ops = trace.ops
+    dp, pp = trace.meta.dp_size, trace.meta.pp_size
+    steps = np.unique(ops["step"].to_numpy())
+    n_blocks = len(steps) * dp
+    if len(ops) % n_blocks:
+        raise TraceError(_structure_msg(trace))
+    n = len(ops) // n_blocks
+    # ops are sorted by (step, dp_rank, stage, optype, seq_id): reshape to [steps, dp, N]
+    stage = ops["stage"].to_numpy().reshape(len(steps), dp, n)
+    optype = ops["optype"].to_numpy().reshape(len(steps), dp, n)
+    seq = ops["seq_id"].to_numpy().reshape(len(steps), dp, n)
+    if not ((stage == stage[:1, :1]).all() and (optype == optype[:1, :1]).all() and (seq == seq[:1, :1]).all()):
+        raise TraceError(_structure_msg(trace))
+    t_stage, t_optype, t_seq = stage[0, 0], optype[0, 0].astype(object), seq[0, 0]
+    start = ops["start_ts"].to_numpy().reshape(len(steps), dp, n).transpose(2, 0, 1).copy()
+    duration = ops["duration"].to_numpy().reshape(len(steps), dp, n).transpose(2, 0, 1).copy()
+    mc = ops["mc"].to_numpy().reshape(len(steps), dp, n)[0, 0]
+    ranks = ops["rank"].to_numpy().reshape(len(steps), dp, n)[0]  # [dp, N]
+    rank_labels = np.zeros((pp, dp), dtype=np.int64)
+    for s in range(pp):
+        col = np.flatnonzero(t_stage == s)[0]
+        rank_labels[s] = ranks[:, col]
+
+    deps, group_members, group_dp_sync = _dependency_model(
+        t_stage, t_optype, t_seq, mc, start[:, 0, 0], duration[:, 0, 0], pp, trace.source
+    )
+    group = np.empty(n, dtype=np.int64)
+    for g, members in enumerate(group_members):
+        group[members] = g
+    levels = _levelize(deps, group, group_members, np.asarray(group_dp_sync), trace.source)
+    return StepDag(
+        stage=t_stage.astype(np.int64),
+        optype=t_optype,
+        seq_id=t_seq.astype(np.int64),
+        group=group,
+        group_dp_sync=np.asarray(group_dp_sync, dtype=bool),
+        levels=levels,
+        deps=tuple(tuple(d) for d in deps),
+        start_s=start,
+        duration_s=duration,
+        steps=steps.astype(np.int64),
+        rank_labels=rank_labels,
+    )
+
+
+def _structure_msg(trace: OpTrace) -> str:
+    counts = trace.ops.groupby(["step", "dp_rank", "stage", "optype"]).size().unstack("optype", fill_value=0)
+    ref = counts.groupby(level="stage").transform("median")
+    diff = (counts != ref).any(axis=1)
+    where = counts.index[diff.to_numpy()][0] if diff.any() else counts.index[0]
+    return (
+        "every step and DP rank must record the same ops per stage (same op types and counts), "
+        f"got a different set at (step, dp_rank, stage) = {tuple(int(x) for x in where)} "
+        f"(in {trace.source}). Drop incomplete steps before replay."
+    )
+
+
+def _dependency_model(
+    stage: IntArray,
+    optype: NDArray[np.object_],
+    seq: IntArray,
+    mc: IntArray,
+    start: FloatArray,
+    duration: FloatArray,
+    pp: int,
+    source: str,
+) -> tuple[list[list[int]], list[list[int]], list[bool]]:
+    """Deps per node and synchronisation groups, from the template block (see module docstring)."""
+    n = len(stage)
+    end = start + duration
+    deps: list[list[int]] = [[] for _ in range(n)]
+    groups: list[list[int]] = []
+    dp_sync: list[bool] = []
+    in_group = np.zeros(n, dtype=bool)
+
+    def nodes(s: int, t: str) -> IntArray:
+        idx = np.flatnonzero((stage == s) & (optype == t))
+        return idx[np.argsort(seq[idx], kind="stable")]
+
+    def chain(seq_nodes: list[int] | IntArray, first_deps: list[int] | None = None) -> None:
+        prev = list(first_deps or [])
+        for v in seq_nodes:
+            deps[int(v)].extend(prev)
+            prev = [int(v)]
+
+    def add_group(members: list[int], sync: bool) -> None:
+        groups.append(members)
+        dp_sync.append(sync)
+        in_group[members] = True
+
+    for s in range(pp):
+        comp = np.flatnonzero((stage == s) & np.isin(optype, COMPUTE_OPTYPES))
+        comp = comp[np.lexsort((seq[comp], start[comp]))]
+        chain(comp)
+        for t in ("forward", "backward"):
+            compute_t = nodes(s, f"{t}-compute")
+            for kind in ("send", "recv"):
+                p2p = nodes(s, f"{t}-{kind}")
+                if len(p2p) == 0:
+                    continue
+                if len(p2p) != len(compute_t):
+                    raise TraceError(
+                        f"{t}-{kind} ops on stage {s} must match its {len(compute_t)} {t}-compute ops "
+                        f"one to one, got {len(p2p)} (in {source}). Traces with p2p no-op records or "
+                        "interleaved (virtual) pipelines are not supported yet."
+                    )
+                chain(p2p)
+                for k, v in enumerate(p2p):
+                    if kind == "send":
+                        deps[int(v)].append(int(compute_t[k]))
+                    else:
+                        deps[int(compute_t[k])].append(int(v))
+                        before = comp[end[comp] <= start[v] + _EPS_S]
+                        if len(before):
+                            deps[int(v)].append(int(before[np.argmax(end[before])]))
+        # DP stream: all-gathers in order; the first forward of each model chunk waits for them.
+        gathers = nodes(s, "params-all-gather")
+        chain(gathers)
+        fwd = nodes(s, "forward-compute")
+        for chunk in np.unique(mc[gathers]):
+            first = fwd[mc[fwd] == chunk]
+            if len(first):
+                deps[int(first[0])].append(int(gathers[mc[gathers] == chunk][-1]))
+        # After the last compute: gc -> layernorm -> embedding -> grads RS -> clip -> optimizer.
+        tail: list[int] = []
+        for t in (
+            "gc",
+            "layernorm-grads-all-reduce",
+            "embedding-grads-all-reduce",
+            "grads-reduce-scatter",
+            "optimizer-clip-main-grad",
+            "optimizer",
+        ):
+            tail.extend(int(v) for v in nodes(s, t))
+        last = [int(comp[np.argmax(end[comp])])] if len(comp) else []
+        chain(tail, last)
+        for t in ("params-all-gather", "grads-reduce-scatter"):
+            for v in nodes(s, t):
+                add_group([int(v)], True)
+    # p2p pairs across neighbouring stages
+    for s in range(pp):
+        for send, recv, peer in (("forward-send", "forward-recv", s + 1), ("backward-send", "backward-recv", s - 1)):
+            sends = nodes(s, send)
+            if len(sends) == 0:
+                continue
+            recvs = nodes(peer, recv) if 0 <= peer < pp else np.empty(0, dtype=np.int64)
+            if len(recvs) != len(sends):
+                raise TraceError(
+                    f"each {send} on stage {s} must pair with a {recv} on stage {peer}, got "
+                    f"{len(sends)} sends and {len(recvs)} receives (in {source})"
+                )
+            for a, b in zip(sends, recvs, strict=True):
+                add_group([int(a), int(b)], False)
+    emb = [int(v) for s in sorted({0, pp - 1}) for v in nodes(s, "embedding-grads-all-reduce")[:1]]
+    if emb:
+        add_group(emb, False)
+    clip = [int(v) for s in range(pp) for v in nodes(s, "optimizer-clip-main-grad")[:1]]
+    if clip:
+        add_group(clip, True)
+    for v in np.flatnonzero(~in_group):
+        add_group([int(v)], False)
+    return [sorted(set(d)) for d in deps], groups, dp_sync
+
+
+def _levelize(
+    deps: list[list[int]],
+    group: IntArray,
+    members: list[list[int]],
+    dp_sync: NDArray[np.bool_],
+    source: str,
+) -> tuple[Level, ...]:
+    """Kahn's algorithm on the group-contracted DAG; one :class:`Level` per wavefront."""
+    n_groups = len(members)
+    preds = [sorted({int(group[d]) for v in m for d in deps[v]} - {g}) for g, m in enumerate(members)]
+    succs: list[list[int]] = [[] for _ in range(n_groups)]
+    indeg = np.zeros(n_groups, dtype=np.int64)
+    for g, ps in enumerate(preds):
+        indeg[g] = len(ps)
+        for p in ps:
+            succs[p].append(g)
+    frontier = [g for g in range(n_groups) if indeg[g] == 0]
+    sentinel = len(group)
+    levels: list[Level] = []
+    done = 0
+    while frontier:
+        nodes = [v for g in frontier for v in members[g]]
+        width = max(1, max(len(deps[v]) for v in nodes))
+        dep_idx = np.full((len(nodes), width), sentinel, dtype=np.int64)
+        for i, v in enumerate(nodes):
+            dep_idx[i, : len(deps[v])] = deps[v]
+        sizes = np.array([len(members[g]) for g in frontier], dtype=np.int64)
+        levels.append(
+            Level(
+                nodes=np.array(nodes, dtype=np.int64),
+                deps=dep_idx,
+                group_offsets=np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64),
+                group_sizes=sizes,
+                dp_sync=dp_sync[frontier],
+            )
+        )
+        done += len(frontier)
+        nxt = []
+        for g in frontier:
+            for h in succs[g]:
+                indeg[h] -= 1
+                if indeg[h] == 0:
+                    nxt.append(h)
+        frontier = nxt
+    if done != n_groups:
+        raise TraceError(
+            f"the dependency model of this trace has a cycle ({n_groups - done} op groups unreachable) "
+            f"(in {source}); its op order does not fit the DP x PP schedule the replay assumes"
+        )
+    return tuple(levels)
+
+
+def evaluate(
+    levels: tuple[Level, ...],
+    end: FloatArray,
+    start: FloatArray,
+    launch_s: FloatArray,
+    transfer_s: FloatArray,
+    pace_s: FloatArray | None = None,
+) -> None:
+    """Evaluate the max-plus recursion level by level, in place.
+
+    Args:
+        levels: wavefronts to evaluate (all of them, or the tail downstream of the paced ops).
+        end: ``float64[N + 1, ...]`` op end times, seconds; row ``N`` is the sentinel (step start, 0).
+            Rows of earlier levels must already hold their values.
+        start: ``float64[N, ...]`` op start times, written for the evaluated levels.
+        launch_s: ``float64[N, ...]`` launch delay of each op (gap after its deps are done).
+        transfer_s: ``float64[N, ...]`` time from the group's last arrival to this op's end.
+        pace_s: optional ``float64[N, ...]`` pacing delay added before each op starts.
+
+    The trailing axes are ``[..., dp_size]``; DP synchronisation reduces over the last axis.
+    Formula: ``start = max(end[deps]) + launch (+ pace)``;
+    ``end = max(start over the group [and DP ranks]) + transfer``.
+    """
+    for lv in levels:
+        s = end[lv.deps].max(axis=1) + launch_s[lv.nodes]
+        if pace_s is not None:
+            s += pace_s[lv.nodes]
+        start[lv.nodes] = s
+        g = np.maximum.reduceat(s, lv.group_offsets, axis=0)
+        if lv.dp_sync.any():
+            g[lv.dp_sync] = g[lv.dp_sync].max(axis=-1, keepdims=True)
+        end[lv.nodes] = np.repeat(g, lv.group_sizes, axis=0) + transfer_s[lv.nodes]
+
+
+def estimate_intrinsic(dag: StepDag) -> tuple[FloatArray, FloatArray, dict[str, int]]:
+    """Estimate launch delays and intrinsic transfer times from the recorded times.
+
+    Estimator (per op, per step and DP rank, from the recording alone):
+
+    - ``launch = recorded_start - max(recorded end of deps)``, clipped at 0 (0 for ops with no deps:
+      ``launch = recorded_start``, the offset from the step start);
+    - ``transfer = recorded_end - max(recorded start over the op's sync group [and DP ranks])``,
+      clipped at 0. For a local op this is its duration; for a collective it is the recorded duration
+      minus the time the op spent waiting for the last member to arrive.
+
+    With zero pacing the replay then reproduces every recorded timestamp, except where a clip was
+    needed (a recorded op that started before a modelled dependency ended, or a collective that ended
+    before its last member started: clock skew or a dependency the model gets wrong).
+
+    Returns:
+        ``(launch_s, transfer_s, counts)``, both ``float64[N, num_steps, dp_size]``; ``counts`` gives
+        ``launch_clipped`` and ``transfer_clipped`` (number of clipped values).
+    """
+    n = dag.num_nodes
+    rec_end = dag.start_s + dag.duration_s
+    end = np.concatenate([rec_end, np.zeros((1, *rec_end.shape[1:]))])
+    launch = np.empty_like(dag.start_s)
+    transfer = np.empty_like(dag.start_s)
+    for lv in dag.levels:
+        ready = end[lv.deps].max(axis=1)
+        launch[lv.nodes] = dag.start_s[lv.nodes] - ready
+        g = np.maximum.reduceat(dag.start_s[lv.nodes], lv.group_offsets, axis=0)
+        if lv.dp_sync.any():
+            g[lv.dp_sync] = g[lv.dp_sync].max(axis=-1, keepdims=True)
+        transfer[lv.nodes] = rec_end[lv.nodes] - np.repeat(g, lv.group_sizes, axis=0)
+    counts = {
+        "launch_clipped": int((launch < -_EPS_S).sum()),
+        "transfer_clipped": int((transfer < -_EPS_S).sum()),
+        "num_op_instances": int(n * dag.start_s.shape[1] * dag.start_s.shape[2]),
+    }
+    return np.maximum(launch, 0.0), np.maximum(transfer, 0.0), counts

@@ -1,0 +1,250 @@
+"""Counterfactual replay of a recorded op-level trace under pacing.
+
+Each recorded step is replayed through its dependency DAG (:mod:`pacectl.backends.dag`) with the
+controller's delays inserted before each rank enters the paced collective. Steps are independent
+(the trace records each step relative to its own start), so the delay-free part of every step is
+evaluated once for all steps at once; only the ops downstream of the paced collective are
+re-evaluated per iteration, in the closed loop.
+
+Pacing domains are the DP groups of the pipeline stages: domain ``s`` holds the DP ranks of stage
+``s``. Global rank index ``i = s * dp_size + dp_rank``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pacectl.backends.dag import Level, StepDag, compile_dag, estimate_intrinsic, evaluate
+from pacectl.errors import BackendError, ConfigError
+from pacectl.fabric.base import CommModel, NullComm
+from pacectl.traces.model import OpTrace
+from pacectl.types import Action, Domain, FloatArray, IntArray, Observation
+
+DEFAULT_PACED_OPTYPE = "grads-reduce-scatter"
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """How well the zero-delay replay reproduces the recorded step times.
+
+    Attributes:
+        step_time_median_abs_err_frac: median over steps of ``|replayed - recorded| / recorded``.
+        step_time_p90_abs_err_frac: 90th percentile of the same.
+        step_time_max_abs_err_frac: worst step.
+        launch_clipped: op instances whose recorded start preceded a modelled dependency's end.
+        transfer_clipped: collective instances that ended before their last member started.
+        num_op_instances: op instances replayed.
+    """
+
+    step_time_median_abs_err_frac: float
+    step_time_p90_abs_err_frac: float
+    step_time_max_abs_err_frac: float
+    launch_clipped: int
+    transfer_clipped: int
+    num_op_instances: int
+
+
+class ReplayBackend:
+    """Closed-loop replay of a recorded trace (``Backend`` protocol).
+
+    Args:
+        trace: a validated :class:`~pacectl.traces.model.OpTrace`.
+        paced_optype: op type of the paced collective; the delay goes before its first instance
+            (``seq_id`` 0) in each step. Must be a DP-synchronised collective present on every stage.
+        comm_model: communication model (default :class:`~pacectl.fabric.base.NullComm`).
+
+    Raises:
+        ConfigError: ``paced_optype`` is not a DP collective of this trace.
+        TraceError: the trace does not fit the dependency model (see :func:`compile_dag`).
+
+    Example:
+        >>> from pacectl.data import shipped_trace
+        >>> from pacectl.traces.bytedance import load_bytedance
+        >>> backend = ReplayBackend(load_bytedance(*shipped_trace("ST")))
+        >>> backend.reset()
+        >>> obs = backend.step([Action.zeros(len(d.ranks)) for d in backend.domains])
+        >>> len(obs), obs[0].num_ranks
+        (4, 2)
+    """
+
+    name = "replay"
+
+    def __init__(
+        self,
+        trace: OpTrace,
+        *,
+        paced_optype: str = DEFAULT_PACED_OPTYPE,
+        comm_model: CommModel | None = None,
+    ) -> None:
+        self.trace = trace
+        self.dag: StepDag = compile_dag(trace)
+        self._comm = comm_model or NullComm()
+        self.comm_model = self._comm.name
+        launch, transfer, self._clip_counts = estimate_intrinsic(self.dag)
+        self._launch = launch
+        self._transfer = self._comm.transfer_s(transfer)
+        dp, pp = trace.meta.dp_size, trace.meta.pp_size
+        self._paced = self._find_paced(paced_optype)
+        self.paced_optype = paced_optype
+        self.domains = tuple(
+            Domain(name=f"stage{s}", ranks=tuple(range(s * dp, (s + 1) * dp))) for s in range(pp)
+        )
+        self.rank_labels: IntArray = self.dag.rank_labels.reshape(-1).astype(np.int64)
+        self.step_ids: IntArray = self.dag.steps
+        n = self.dag.num_nodes
+        self._base_end = np.zeros((n + 1, *self.dag.start_s.shape[1:]))
+        self._base_start = np.zeros_like(self.dag.start_s)
+        evaluate(self.dag.levels, self._base_end, self._base_start, self._launch, self._transfer)
+        self._tail = _downstream_levels(self.dag, self._paced)
+        self._group_members = [np.flatnonzero(self.dag.group == self.dag.group[p]) for p in self._paced]
+        self._k = -1
+
+    def _find_paced(self, optype: str) -> IntArray:
+        paced = self.dag.find(optype, 0)
+        dp_collectives = sorted(
+            {str(t) for t, g in zip(self.dag.optype, self.dag.group, strict=True) if self.dag.group_dp_sync[g]}
+        )
+        if optype not in dp_collectives or len(paced) != self.trace.meta.pp_size:
+            raise ConfigError(
+                f"paced_optype must be a DP collective present on every stage, one of {dp_collectives}, "
+                f"got {optype!r} (in backend.paced_optype for {self.trace.source})"
+            )
+        return paced
+
+    @property
+    def num_iterations(self) -> int:
+        """Iterations in an episode: one per recorded step."""
+        return int(self.step_ids.shape[0])
+
+    @property
+    def clip_counts(self) -> dict[str, int]:
+        """Counts of clipped launch-delay and transfer estimates (see :func:`estimate_intrinsic`)."""
+        return dict(self._clip_counts)
+
+    def reset(self, *, seed: int = 0) -> None:
+        """Rewind to the first recorded step. ``seed`` is unused: replay is deterministic."""
+        del seed
+        self._k = 0
+
+    def step(self, actions: Sequence[Action]) -> list[Observation]:
+        """Replay the next recorded step with one pacing action per domain (stage).
+
+        Args:
+            actions: one :class:`Action` per domain, ``delay_s`` of shape ``[dp_size]``, seconds.
+
+        Returns:
+            One :class:`Observation` per domain.
+
+        Raises:
+            BackendError: called before ``reset``, after the last step, or with wrong actions.
+        """
+        k = self._k
+        if k < 0 or k >= self.num_iterations:
+            raise BackendError(
+                f"step() must be called after reset() and at most {self.num_iterations} times, "
+                f"got call {k + 1}"
+            )
+        delays = self._check_actions(actions)
+        end = self._base_end[:, k].copy()
+        start = self._base_start[:, k].copy()
+        pace = np.zeros_like(start)
+        pace[self._paced] = delays
+        evaluate(self._tail, end, start, self._launch[:, k], self._transfer[:, k], pace)
+        self._k += 1
+        iteration_time = float(end[:-1].max())
+        obs = []
+        for s, (p, members) in enumerate(zip(self._paced, self._group_members, strict=True)):
+            arrival = start[p]
+            last = start[members].max()
+            obs.append(
+                Observation(
+                    iteration=k,
+                    domain=s,
+                    arrival_s=arrival,
+                    applied_delay_s=delays[s],
+                    natural_arrival_s=arrival - delays[s],
+                    wait_s=last - arrival,
+                    iteration_time_s=iteration_time,
+                    collective_time_s=float(np.mean(end[p] - last)),
+                )
+            )
+        return obs
+
+    def _check_actions(self, actions: Sequence[Action]) -> FloatArray:
+        dp = self.trace.meta.dp_size
+        if len(actions) != len(self.domains):
+            raise BackendError(f"step() needs one action per domain ({len(self.domains)}), got {len(actions)}")
+        delays = np.stack([np.asarray(a.delay_s, dtype=np.float64) for a in actions])
+        if delays.shape != (len(self.domains), dp) or not np.isfinite(delays).all() or (delays < 0).any():
+            raise BackendError(
+                f"actions must hold finite delays >= 0 of shape [{dp}] per domain, got {delays!r}"
+            )
+        return delays
+
+    def fidelity(self) -> Fidelity:
+        """Compare the zero-delay replay with the recorded step times (the null model's check)."""
+        replayed = self._base_end[:-1].max(axis=(0, 2))
+        recorded = (self.dag.start_s + self.dag.duration_s).max(axis=(0, 2))
+        err = np.abs(replayed - recorded) / recorded
+        return Fidelity(
+            step_time_median_abs_err_frac=float(np.median(err)),
+            step_time_p90_abs_err_frac=float(np.percentile(err, 90)),
+            step_time_max_abs_err_frac=float(err.max()),
+            launch_clipped=self._clip_counts["launch_clipped"],
+            transfer_clipped=self._clip_counts["transfer_clipped"],
+            num_op_instances=self._clip_counts["num_op_instances"],
+        )
+
+    def replayed_times(self, delays: FloatArray | None = None) -> tuple[FloatArray, FloatArray]:
+        """Open-loop replay of every step at once with fixed per-rank delays.
+
+        Args:
+            delays: ``float64[num_steps, num_ranks]`` seconds (global rank order), or None for zero.
+
+        Returns:
+            ``(start_s, end_s)``, each ``float64[N, num_steps, dp_size]``.
+        """
+        if delays is None:
+            return self._base_start.copy(), self._base_end[:-1].copy()
+        dp, pp = self.trace.meta.dp_size, self.trace.meta.pp_size
+        pace = np.zeros_like(self._base_start)
+        pace[self._paced] = np.asarray(delays, dtype=np.float64).reshape(-1, pp, dp).transpose(1, 0, 2)
+        end = self._base_end.copy()
+        start = self._base_start.copy()
+        evaluate(self._tail, end, start, self._launch, self._transfer, pace)
+        return start, end[:-1]
+
+
+def _downstream_levels(dag: StepDag, paced: IntArray) -> tuple[Level, ...]:
+    """The sub-levels holding every group reachable from the paced ops' groups."""
+    n_groups = int(dag.group.max()) + 1
+    reach = np.zeros(n_groups, dtype=bool)
+    reach[dag.group[paced]] = True
+    tail = []
+    for lv in dag.levels:
+        member_groups = dag.group[lv.nodes]
+        # a group is downstream when one of its members depends on a downstream group
+        dep_groups = np.where(lv.deps < dag.num_nodes, dag.group[np.minimum(lv.deps, dag.num_nodes - 1)], -1)
+        hit = (dep_groups >= 0) & reach[np.maximum(dep_groups, 0)]
+        node_hit = hit.any(axis=1) | reach[member_groups]
+        for g in np.unique(member_groups[node_hit]):
+            reach[g] = True
+        keep = reach[member_groups]
+        if not keep.any():
+            continue
+        groups_in_level = member_groups[lv.group_offsets]
+        keep_group = reach[groups_in_level]
+        sizes = lv.group_sizes[keep_group]
+        tail.append(
+            Level(
+                nodes=lv.nodes[keep],
+                deps=lv.deps[keep],
+                group_offsets=np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64),
+                group_sizes=sizes,
+                dp_sync=lv.dp_sync[keep_group],
+            )
+        )
+    return tuple(tail)
