@@ -1,0 +1,334 @@
+"""Metrics of one :class:`~pacectl.types.Episode`: pure functions, no I/O.
+
+Every function takes an episode (columnar, ``num_iterations`` x ``num_ranks``) and returns plain
+floats or ``float64`` arrays; :func:`summarize` gathers them into one JSON-ready dict and
+:func:`compare` turns two summaries into relative changes. Definitions follow ``DESIGN.md`` and the
+reference paper (Gopalan and Ali, "When Scaling Fails"): iteration time is the slowest rank's, ``cv``
+is std/mean of iteration time, ``spread_s`` is the latest minus the earliest arrival at the paced
+collective of one pacing domain.
+
+Example:
+    >>> from pacectl.testing.episodes import make_episode
+    >>> ep = make_episode([[0.0, 0.2], [0.1, 0.1]], iteration_time_s=[1.0, 1.0])
+    >>> throughput_it_per_s(ep)
+    1.0
+    >>> spread_s(ep)[:, 0].tolist()
+    [0.2, 0.0]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pacectl.errors import PacectlError
+from pacectl.types import Episode
+
+
+def _require_data(ep: Episode) -> None:
+    """Raise :class:`PacectlError` if ``ep`` has no iterations, no ranks or an empty domain."""
+    if ep.num_iterations == 0:
+        raise PacectlError(
+            f"episode must have at least one iteration, got 0 (controller {ep.controller!r}, "
+            f"backend {ep.backend!r}); run the backend for at least one step before computing metrics"
+        )
+    if ep.num_ranks == 0:
+        raise PacectlError(f"episode must have at least one rank, got 0 (controller {ep.controller!r})")
+    dom = np.asarray(ep.domain_of_rank)
+    if dom.shape != (ep.num_ranks,) or dom.min() < 0 or dom.max() >= ep.num_domains:
+        raise PacectlError(
+            f"domain_of_rank must be int[{ep.num_ranks}] with values in [0, {ep.num_domains}), "
+            f"got {dom.tolist()!r} (domains {ep.domain_names!r})"
+        )
+    counts = np.bincount(dom, minlength=ep.num_domains)
+    if np.any(counts == 0):
+        raise PacectlError(
+            f"every domain must own at least one rank, got ranks per domain {counts.tolist()!r} "
+            f"(domains {ep.domain_names!r})"
+        )
+
+
+def _total_time_s(ep: Episode) -> float:
+    _require_data(ep)
+    total = float(np.sum(ep.iteration_time_s))
+    if not total > 0.0:
+        raise PacectlError(
+            f"sum of iteration_time_s must be > 0, got {total!r} (controller {ep.controller!r})"
+        )
+    return total
+
+
+# --- iteration time -------------------------------------------------------------------------------
+
+
+def throughput_it_per_s(ep: Episode) -> float:
+    """Iterations per second over the whole episode.
+
+    Args:
+        ep: the episode.
+
+    Returns:
+        ``num_iterations / sum(iteration_time_s)``, iterations per second.
+
+    Raises:
+        PacectlError: if the episode is empty or its total time is not positive.
+    """
+    return ep.num_iterations / _total_time_s(ep)
+
+
+def iteration_time_mean_s(ep: Episode) -> float:
+    """Mean iteration time, seconds."""
+    _require_data(ep)
+    return float(np.mean(ep.iteration_time_s))
+
+
+def iteration_time_p50_s(ep: Episode) -> float:
+    """Median iteration time, seconds (linear interpolation between order statistics)."""
+    _require_data(ep)
+    return float(np.percentile(ep.iteration_time_s, 50.0))
+
+
+def iteration_time_p99_s(ep: Episode) -> float:
+    """99th percentile of iteration time, seconds (linear interpolation, numpy's default)."""
+    _require_data(ep)
+    return float(np.percentile(ep.iteration_time_s, 99.0))
+
+
+def cv(ep: Episode) -> float:
+    """Coefficient of variation of iteration time: ``std / mean``, dimensionless.
+
+    Uses the population standard deviation (``ddof=0``), as the reference paper's CV figures
+    (0.22 -> 0.09 at 64 nodes) describe the observed run, not an estimate for a larger population.
+
+    Args:
+        ep: the episode.
+
+    Returns:
+        ``std(iteration_time_s, ddof=0) / mean(iteration_time_s)``; 0.0 for a single iteration.
+
+    Raises:
+        PacectlError: if the episode is empty or its total time is not positive.
+    """
+    _total_time_s(ep)
+    return float(np.std(ep.iteration_time_s, ddof=0) / np.mean(ep.iteration_time_s))
+
+
+# --- arrival spread -------------------------------------------------------------------------------
+
+
+def _domain_reduce(ep: Episode, values: NDArray[np.float64], reduce: Any) -> NDArray[np.float64]:
+    """Reduce ``float64[num_iterations, num_ranks]`` over the ranks of each domain.
+
+    Returns ``float64[num_iterations, num_domains]``. Loops over domains only.
+    """
+    _require_data(ep)
+    out = np.empty((values.shape[0], ep.num_domains), dtype=np.float64)
+    for d in range(ep.num_domains):
+        out[:, d] = reduce(values[:, ep.domain_of_rank == d], axis=1)
+    return out
+
+
+def _spread(ep: Episode, arrival_s: NDArray[np.float64]) -> NDArray[np.float64]:
+    return _domain_reduce(ep, arrival_s, np.max) - _domain_reduce(ep, arrival_s, np.min)
+
+
+def spread_s(ep: Episode) -> NDArray[np.float64]:
+    """Arrival spread per iteration and domain: latest minus earliest ``arrival_s`` in the domain.
+
+    Args:
+        ep: the episode.
+
+    Returns:
+        ``float64[num_iterations, num_domains]``, seconds, every entry >= 0.
+
+    Raises:
+        PacectlError: if the episode is empty or a domain owns no rank.
+    """
+    return _spread(ep, ep.arrival_s)
+
+
+def natural_spread_s(ep: Episode) -> NDArray[np.float64]:
+    """Spread of the unpaced arrivals (``natural_arrival_s``): what pacing tries to absorb.
+
+    Returns:
+        ``float64[num_iterations, num_domains]``, seconds.
+    """
+    return _spread(ep, ep.natural_arrival_s)
+
+
+def spread_median_s(ep: Episode) -> float:
+    """Median of :func:`spread_s` over all iteration x domain cells, seconds."""
+    return float(np.median(spread_s(ep)))
+
+
+def spread_p99_s(ep: Episode) -> float:
+    """99th percentile of :func:`spread_s` over all iteration x domain cells, seconds."""
+    return float(np.percentile(spread_s(ep), 99.0))
+
+
+def natural_spread_median_s(ep: Episode) -> float:
+    """Median of :func:`natural_spread_s` over all iteration x domain cells, seconds."""
+    return float(np.median(natural_spread_s(ep)))
+
+
+def natural_spread_p99_s(ep: Episode) -> float:
+    """99th percentile of :func:`natural_spread_s` over all iteration x domain cells, seconds."""
+    return float(np.percentile(natural_spread_s(ep), 99.0))
+
+
+# --- cost of pacing -------------------------------------------------------------------------------
+
+
+def pacing_delay_total_s(ep: Episode) -> float:
+    """Total pacing delay applied, summed over iterations and ranks, rank-seconds."""
+    _require_data(ep)
+    return float(np.sum(ep.applied_delay_s))
+
+
+def wait_fraction(ep: Episode) -> float:
+    """Fraction of rank-time spent blocked in the paced collective.
+
+    ``sum(wait_s) / (num_ranks * sum(iteration_time_s))``: the numerator is the rank-seconds spent
+    waiting for the last rank of the domain, the denominator the rank-seconds the episode lasted.
+    It lies in [0, 1] whenever every ``wait_s`` is at most its iteration's time. Pacing moves
+    waiting out of the collective into ``applied_delay_s``, so read it next to
+    :func:`pacing_delay_total_s`.
+
+    Raises:
+        PacectlError: if the episode is empty or its total time is not positive.
+    """
+    return float(np.sum(ep.wait_s)) / (ep.num_ranks * _total_time_s(ep))
+
+
+def pacing_active_frac(ep: Episode) -> float:
+    """Mean of ``pacing_active`` over all iteration x domain cells, in [0, 1]."""
+    _require_data(ep)
+    return float(np.mean(ep.pacing_active)) if ep.pacing_active.size else 0.0
+
+
+# --- blame ----------------------------------------------------------------------------------------
+
+
+def _blame(ep: Episode, arrival_s: NDArray[np.float64]) -> NDArray[np.float64]:
+    latest = _domain_reduce(ep, arrival_s, np.max)[:, ep.domain_of_rank]  # [iterations, ranks]
+    return np.mean(arrival_s == latest, axis=0, dtype=np.float64)
+
+
+def blame(ep: Episode) -> NDArray[np.float64]:
+    """Fraction of iterations in which each rank arrived last in its domain (by ``arrival_s``).
+
+    Ties are exact float equality, and every tied-latest rank counts as last, so within one domain
+    the fractions sum to at least 1 (exactly 1 when there are no ties).
+
+    Args:
+        ep: the episode.
+
+    Returns:
+        ``float64[num_ranks]`` in [0, 1], in rank index order (labels in ``ep.rank_labels``).
+
+    Raises:
+        PacectlError: if the episode is empty or a domain owns no rank.
+    """
+    return _blame(ep, ep.arrival_s)
+
+
+def natural_blame(ep: Episode) -> NDArray[np.float64]:
+    """Like :func:`blame`, but by ``natural_arrival_s``: who would be last without pacing.
+
+    Returns:
+        ``float64[num_ranks]`` in [0, 1].
+    """
+    return _blame(ep, ep.natural_arrival_s)
+
+
+def _blame_dict(ep: Episode, fractions: NDArray[np.float64]) -> dict[str, float]:
+    """Global rank label (str) -> fraction, ranks with fraction > 0 only, largest first."""
+    order = np.lexsort((ep.rank_labels, -fractions))
+    return {str(int(ep.rank_labels[i])): float(fractions[i]) for i in order if fractions[i] > 0.0}
+
+
+# --- summaries ------------------------------------------------------------------------------------
+
+
+def summarize(ep: Episode) -> dict[str, Any]:
+    """All headline metrics of one episode as a JSON-ready dict (Python floats, ints and strings).
+
+    Args:
+        ep: the episode.
+
+    Returns:
+        A dict with keys ``throughput_it_per_s``, ``iteration_time_mean_s``, ``iteration_time_p50_s``,
+        ``iteration_time_p99_s``, ``cv``, ``spread_median_s``, ``spread_p99_s``,
+        ``natural_spread_median_s``, ``natural_spread_p99_s``, ``pacing_delay_total_s``,
+        ``wait_fraction``, ``pacing_active_frac``, ``guard_interventions``, ``num_iterations``,
+        ``num_ranks``, ``num_domains``, ``comm_model``, ``controller``, ``backend``, and ``blame`` /
+        ``natural_blame``: global rank label (as ``str``) -> fraction of iterations that rank arrived
+        last in its domain, listing only ranks with a fraction > 0, largest first (ties by label).
+        Note that :func:`pacectl.report.write_summary_json` sorts keys, so the file lists them by label.
+
+    Raises:
+        PacectlError: if the episode is empty, has non-positive total time, or a domain owns no rank.
+
+    Example:
+        >>> from pacectl.testing.episodes import make_episode
+        >>> summarize(make_episode([[0.0, 0.5]], iteration_time_s=[2.0]))["blame"]
+        {'1': 1.0}
+    """
+    _total_time_s(ep)
+    return {
+        "throughput_it_per_s": throughput_it_per_s(ep),
+        "iteration_time_mean_s": iteration_time_mean_s(ep),
+        "iteration_time_p50_s": iteration_time_p50_s(ep),
+        "iteration_time_p99_s": iteration_time_p99_s(ep),
+        "cv": cv(ep),
+        "spread_median_s": spread_median_s(ep),
+        "spread_p99_s": spread_p99_s(ep),
+        "natural_spread_median_s": natural_spread_median_s(ep),
+        "natural_spread_p99_s": natural_spread_p99_s(ep),
+        "pacing_delay_total_s": pacing_delay_total_s(ep),
+        "wait_fraction": wait_fraction(ep),
+        "pacing_active_frac": pacing_active_frac(ep),
+        "guard_interventions": int(ep.guard_interventions),
+        "num_iterations": ep.num_iterations,
+        "num_ranks": ep.num_ranks,
+        "num_domains": ep.num_domains,
+        "blame": _blame_dict(ep, blame(ep)),
+        "natural_blame": _blame_dict(ep, natural_blame(ep)),
+        "comm_model": str(ep.comm_model),
+        "controller": str(ep.controller),
+        "backend": str(ep.backend),
+    }
+
+
+def _change_frac(baseline: float, other: float) -> float:
+    return float(other) / float(baseline) - 1.0 if float(baseline) != 0.0 else float("nan")
+
+
+def compare(baseline: dict[str, Any], other: dict[str, Any]) -> dict[str, float]:
+    """Relative change of ``other`` against ``baseline`` (both from :func:`summarize`).
+
+    Args:
+        baseline: summary of the reference run (usually no pacing).
+        other: summary of the run to judge.
+
+    Returns:
+        ``throughput_change_frac`` (``other / baseline - 1``; > 0 is faster),
+        ``iteration_time_mean_change_frac`` and ``iteration_time_p99_change_frac`` (same form; < 0 is
+        faster), ``cv_change`` (absolute difference ``other - baseline``; < 0 is steadier). A fraction
+        whose baseline value is 0 is NaN.
+
+    Raises:
+        KeyError: if a summary lacks one of the keys above.
+    """
+    return {
+        "throughput_change_frac": _change_frac(baseline["throughput_it_per_s"], other["throughput_it_per_s"]),
+        "iteration_time_mean_change_frac": _change_frac(
+            baseline["iteration_time_mean_s"], other["iteration_time_mean_s"]
+        ),
+        "iteration_time_p99_change_frac": _change_frac(
+            baseline["iteration_time_p99_s"], other["iteration_time_p99_s"]
+        ),
+        "cv_change": float(other["cv"]) - float(baseline["cv"]),
+    }

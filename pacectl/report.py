@@ -1,0 +1,420 @@
+"""Outputs of a run directory: ``summary.json``, ``iterations.parquet``, PNG plots and ``report.md``.
+
+Every writer goes through :func:`atomic_path`: it writes a hidden temporary file in the target's
+directory and ``os.replace``-s it over the target only on success, so a reader (or a crashed run)
+never sees a half-written output. Plots use matplotlib's object API (``matplotlib.figure.Figure``,
+rendered by the Agg canvas) rather than ``pyplot``, so no global figure state is created or leaked and
+the process-wide backend is left alone.
+
+Example:
+    >>> import tempfile, pathlib
+    >>> from pacectl.metrics import summarize
+    >>> from pacectl.testing.episodes import make_episode
+    >>> run_dir = pathlib.Path(tempfile.mkdtemp())
+    >>> write_summary_json(run_dir / "summary.json", {"none": summarize(make_episode([[0.0, 0.1]]))})
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pacectl.types import Episode
+
+NULL_MODEL_NOTE = "fixed durations: pacing cannot shorten an iteration"
+
+FRAME_COLUMNS = (
+    "run",
+    "iteration",
+    "step_id",
+    "rank",
+    "domain",
+    "arrival_s",
+    "applied_delay_s",
+    "natural_arrival_s",
+    "wait_s",
+    "iteration_time_s",
+    "pacing_active",
+)
+
+
+# --- atomic writes --------------------------------------------------------------------------------
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; move it onto ``path`` only if the block succeeds.
+
+    The temporary file is hidden (``.<name>.<random>.tmp``) and in the same directory, so the final
+    ``os.replace`` is atomic on POSIX. On an exception the temporary file is removed and the
+    exception propagates; an existing ``path`` is left untouched. Missing parent directories are
+    created.
+
+    Args:
+        path: final destination.
+
+    Yields:
+        The temporary path to write to (not created yet).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> target = pathlib.Path(tempfile.mkdtemp()) / "out.txt"
+        >>> with atomic_path(target) as tmp:
+        ...     _ = tmp.write_text("done")
+        >>> target.read_text()
+        'done'
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:  # flush to disk before the rename makes it visible
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+# --- summary.json ---------------------------------------------------------------------------------
+
+
+def jsonable(obj: Any) -> Any:
+    """Convert ``obj`` to plain JSON types: numpy scalars and arrays to Python, non-finite floats to None.
+
+    Dicts become dicts with ``str`` keys, tuples and lists become lists, ``Path`` becomes ``str``.
+    Other objects are returned unchanged (``json.dumps`` then rejects what it cannot encode).
+
+    Args:
+        obj: a nested structure of dicts, sequences, numbers, strings and numpy values.
+
+    Returns:
+        The converted structure; NaN and +-inf become ``None``.
+    """
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return jsonable(obj.item())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_summary_json(path: str | os.PathLike[str], summary: Mapping[str, Any]) -> None:
+    """Write ``summary`` as JSON (sorted keys, indent 2, no NaN) atomically.
+
+    Args:
+        path: destination, usually ``<run dir>/summary.json``.
+        summary: for example ``{run name: metrics.summarize(episode)}``; passed through :func:`jsonable`.
+
+    Raises:
+        TypeError: if the summary holds an object JSON cannot encode (nothing is written).
+    """
+    text = json.dumps(jsonable(summary), sort_keys=True, indent=2, allow_nan=False) + "\n"
+    atomic_write_text(path, text)
+
+
+# --- iterations.parquet ---------------------------------------------------------------------------
+
+
+def _episode_frame(run: str, ep: Episode) -> pd.DataFrame:
+    num_iterations, num_ranks = ep.num_iterations, ep.num_ranks
+    iteration = np.repeat(np.arange(num_iterations, dtype=np.int64), num_ranks)
+    return pd.DataFrame(
+        {
+            "run": np.full(num_iterations * num_ranks, run, dtype=object),
+            "iteration": iteration,
+            "step_id": np.asarray(ep.step_ids, np.int64)[iteration],
+            "rank": np.tile(np.asarray(ep.rank_labels, np.int64), num_iterations),
+            "domain": np.tile(np.asarray(ep.domain_of_rank, np.int64), num_iterations),
+            "arrival_s": np.asarray(ep.arrival_s, np.float64).reshape(-1),
+            "applied_delay_s": np.asarray(ep.applied_delay_s, np.float64).reshape(-1),
+            "natural_arrival_s": np.asarray(ep.natural_arrival_s, np.float64).reshape(-1),
+            "wait_s": np.asarray(ep.wait_s, np.float64).reshape(-1),
+            "iteration_time_s": np.asarray(ep.iteration_time_s, np.float64)[iteration],
+            "pacing_active": np.asarray(ep.pacing_active, np.bool_)[:, ep.domain_of_rank].reshape(-1),
+        },
+        columns=list(FRAME_COLUMNS),
+    )
+
+
+def episodes_to_frame(episodes: Mapping[str, Episode]) -> pd.DataFrame:
+    """Long table of several runs: one row per (run, iteration, rank).
+
+    Args:
+        episodes: run name (for example ``"none"``, ``"threshold"``) -> episode.
+
+    Returns:
+        A DataFrame with columns ``run`` (str), ``iteration`` (int64, 0-based), ``step_id`` (int64),
+        ``rank`` (int64 global rank label), ``domain`` (int64 domain index), ``arrival_s``,
+        ``applied_delay_s``, ``natural_arrival_s``, ``wait_s``, ``iteration_time_s`` (float64,
+        seconds) and ``pacing_active`` (bool, the rank's domain); ``sum(num_iterations * num_ranks)``
+        rows, ordered by run, then iteration, then rank index.
+    """
+    frames = [_episode_frame(run, ep) for run, ep in episodes.items()]
+    if not frames:
+        return _episode_frame("", _EMPTY)
+    return pd.concat(frames, ignore_index=True)
+
+
+def write_iterations_parquet(path: str | os.PathLike[str], episodes: Mapping[str, Episode]) -> None:
+    """Write :func:`episodes_to_frame` of ``episodes`` to a Parquet file atomically (pyarrow engine).
+
+    Args:
+        path: destination, usually ``<run dir>/iterations.parquet``.
+        episodes: run name -> episode.
+    """
+    frame = episodes_to_frame(episodes)
+    with atomic_path(path) as tmp:
+        frame.to_parquet(tmp, engine="pyarrow", index=False)
+
+
+# --- plots ----------------------------------------------------------------------------------------
+
+
+def comm_model_note(comm_model: str) -> str:
+    """Human-readable line naming the communication model, e.g. for plot titles and tables.
+
+    Example:
+        >>> comm_model_note("null")
+        'comm model: null (fixed durations: pacing cannot shorten an iteration)'
+    """
+    if comm_model == "null":
+        return f"comm model: null ({NULL_MODEL_NOTE})"
+    return f"comm model: {comm_model}"
+
+
+def _models_note(models: list[str]) -> str:
+    unique = list(dict.fromkeys(models))
+    if len(unique) == 1:
+        return comm_model_note(unique[0])
+    return "comm models: " + ", ".join(unique) if unique else "comm model: unknown"
+
+
+def _save_figure(fig: Any, path: str | os.PathLike[str]) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+
+
+def plot_iteration_time(path: str | os.PathLike[str], episodes: Mapping[str, Episode]) -> None:
+    """Plot iteration time over iterations, one line per run, as a PNG (atomic).
+
+    Args:
+        path: destination PNG.
+        episodes: run name (baseline ``"none"`` and each controller) -> episode.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9.0, 4.0), layout="constrained")
+    ax = fig.subplots()
+    for run, ep in episodes.items():
+        ax.plot(np.arange(ep.num_iterations), ep.iteration_time_s, lw=1.0, label=run)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("iteration time (s)")
+    ax.set_title(f"Iteration time per run\n{_models_note([ep.comm_model for ep in episodes.values()])}")
+    if episodes:
+        ax.legend(loc="upper right", fontsize="small")
+    ax.grid(alpha=0.3)
+    _save_figure(fig, path)
+
+
+def plot_spread(path: str | os.PathLike[str], episodes: Mapping[str, Episode]) -> None:
+    """Plot arrival spread over iterations, one subplot per run, with pacing activity shaded (PNG, atomic).
+
+    Each subplot shows the spread of the paced arrivals (solid) and of the natural, unpaced arrivals
+    (dashed), both taken as the maximum over domains in each iteration (the worst domain, which
+    sets the iteration's pace). Iterations in which any domain's controller reported ``active``
+    are shaded.
+
+    Args:
+        path: destination PNG.
+        episodes: run name -> episode.
+    """
+    from matplotlib.figure import Figure
+
+    from pacectl import metrics
+
+    num_runs = max(len(episodes), 1)
+    fig = Figure(figsize=(9.0, 2.4 * num_runs + 0.8), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(num_runs, 1, sharex=True, squeeze=False)[:, 0])
+    for ax, (run, ep) in zip(axes, episodes.items(), strict=False):
+        x = np.arange(ep.num_iterations)
+        if ep.num_iterations:
+            ax.plot(x, metrics.spread_s(ep).max(axis=1), lw=1.0, label="spread (paced)")
+            ax.plot(x, metrics.natural_spread_s(ep).max(axis=1), lw=0.8, ls="--", label="spread (natural)")
+            active = np.asarray(ep.pacing_active, np.bool_).any(axis=1)
+            ax.fill_between(
+                x,
+                0.0,
+                1.0,
+                where=active,
+                step="mid",
+                transform=ax.get_xaxis_transform(),
+                color="tab:orange",
+                alpha=0.15,
+                lw=0,
+                label="pacing active",
+            )
+            ax.legend(loc="upper right", fontsize="small")
+        ax.set_title(f"{run} (controller: {ep.controller})", fontsize="medium")
+        ax.set_ylabel("max spread (s)")
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("iteration")
+    fig.suptitle(f"Arrival spread per run\n{_models_note([ep.comm_model for ep in episodes.values()])}")
+    _save_figure(fig, path)
+
+
+# --- tables and report.md -------------------------------------------------------------------------
+
+_TABLE_HEADERS = (
+    "run",
+    "throughput (it/s)",
+    "Δthroughput (%)",
+    "mean iter (s)",
+    "p99 iter (s)",
+    "CV",
+    "spread p50 (s)",
+    "delay total (s)",
+    "active %",
+)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return format(value, spec)
+
+
+def _table_rows(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> list[list[str]]:
+    base = summaries.get(baseline)
+    rows = []
+    for run, s in summaries.items():
+        if run == baseline:
+            delta = "baseline"
+        elif base is None or not base.get("throughput_it_per_s"):
+            delta = "n/a"
+        else:
+            delta = _fmt(100.0 * (s["throughput_it_per_s"] / base["throughput_it_per_s"] - 1.0), "+.2f")
+        active = s.get("pacing_active_frac")
+        rows.append(
+            [
+                run,
+                _fmt(s.get("throughput_it_per_s"), ".4g"),
+                delta,
+                _fmt(s.get("iteration_time_mean_s"), ".4g"),
+                _fmt(s.get("iteration_time_p99_s"), ".4g"),
+                _fmt(s.get("cv"), ".3f"),
+                _fmt(s.get("spread_median_s"), ".4g"),
+                _fmt(s.get("pacing_delay_total_s"), ".4g"),
+                _fmt(None if active is None else 100.0 * active, ".1f"),
+            ]
+        )
+    return rows
+
+
+def format_console_table(summaries: Mapping[str, Mapping[str, Any]], baseline: str = "none") -> str:
+    """Fixed-width text table of several runs' summaries, one row per run.
+
+    Args:
+        summaries: run name -> :func:`pacectl.metrics.summarize` output.
+        baseline: run the throughput change is measured against; its row says ``baseline`` and
+            every row says ``n/a`` if it is missing.
+
+    Returns:
+        A multi-line string: a line naming the comm model, the header, a rule and the rows.
+
+    Example:
+        >>> print(format_console_table({"none": {"throughput_it_per_s": 2.0, "comm_model": "null"}}))
+        ... # doctest: +ELLIPSIS
+        comm model: null (...)
+        ...
+    """
+    rows = _table_rows(summaries, baseline)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(_TABLE_HEADERS)]
+
+    def line(cells: list[str] | tuple[str, ...]) -> str:
+        first = cells[0].ljust(widths[0])
+        return "  ".join([first, *(c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))]).rstrip()
+
+    note = _models_note([str(s.get("comm_model", "unknown")) for s in summaries.values()])
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([note, line(_TABLE_HEADERS), rule, *(line(r) for r in rows)])
+
+
+def _markdown_table(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> str:
+    head = "| " + " | ".join(_TABLE_HEADERS) + " |"
+    align = "| --- |" + " ---: |" * (len(_TABLE_HEADERS) - 1)
+    body = [
+        "| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in _table_rows(summaries, baseline)
+    ]
+    return "\n".join([head, align, *body])
+
+
+def write_report_md(
+    path: str | os.PathLike[str],
+    *,
+    title: str,
+    summaries: Mapping[str, Mapping[str, Any]],
+    context: Mapping[str, Any],
+    baseline: str = "none",
+) -> None:
+    """Write a short Markdown report atomically: title, comm model note, context lines and the table.
+
+    Args:
+        path: destination, usually ``<run dir>/report.md``.
+        title: first heading.
+        summaries: run name -> :func:`pacectl.metrics.summarize` output.
+        context: extra facts shown as a bullet list, e.g. ``{"trace": ..., "fidelity_mape": ...}``.
+        baseline: run the throughput change is measured against.
+    """
+    note = _models_note([str(s.get("comm_model", "unknown")) for s in summaries.values()])
+    parts = [f"# {title}", "", f"_{note}_", ""]
+    if context:
+        parts += [f"- **{k}**: {jsonable(v)}" for k, v in context.items()] + [""]
+    parts += [_markdown_table(summaries, baseline), ""]
+    atomic_write_text(path, "\n".join(parts))
+
+
+def _empty_episode() -> Episode:
+    f2 = np.zeros((0, 0), np.float64)
+    return Episode(
+        backend="",
+        comm_model="",
+        controller="",
+        rank_labels=np.zeros(0, np.int64),
+        domain_of_rank=np.zeros(0, np.int64),
+        domain_names=(),
+        step_ids=np.zeros(0, np.int64),
+        iteration_time_s=np.zeros(0, np.float64),
+        arrival_s=f2,
+        applied_delay_s=f2,
+        natural_arrival_s=f2,
+        wait_s=f2,
+        collective_time_s=f2,
+        pacing_active=np.zeros((0, 0), np.bool_),
+    )
+
+
+_EMPTY = _empty_episode()

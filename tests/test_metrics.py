@@ -1,0 +1,187 @@
+"""Tests of pacectl.metrics on hand-computed episodes and Hypothesis-generated ones."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from pacectl import metrics
+from pacectl.errors import PacectlError
+from pacectl.testing.episodes import make_episode
+
+# Dyadic values so that every expected figure is exact in float64.
+ARRIVAL_S = [
+    [0.0, 0.125, 0.25, 0.75],
+    [0.5, 0.5, 0.0, 0.25],
+    [0.25, 0.0, 0.5, 0.125],
+]
+DOMAIN_OF_RANK = [0, 0, 1, 1]
+
+
+@pytest.fixture
+def ep():
+    return make_episode(
+        ARRIVAL_S,
+        domain_of_rank=DOMAIN_OF_RANK,
+        iteration_time_s=[1.0, 2.0, 1.0],
+        applied_delay_s=[[0.0, 0.0, 0.0, 0.0], [0.5, 0.0, 0.0, 0.0], [0.0, 0.0, 0.25, 0.0]],
+        pacing_active=[[False, False], [True, False], [True, True]],
+        rank_labels=[10, 11, 12, 13],
+        guard_interventions=2,
+        controller="threshold",
+    )
+
+
+def test_iteration_time_statistics(ep):
+    assert metrics.throughput_it_per_s(ep) == 0.75
+    assert metrics.iteration_time_mean_s(ep) == pytest.approx(4.0 / 3.0)
+    assert metrics.iteration_time_p50_s(ep) == 1.0
+    assert metrics.iteration_time_p99_s(ep) == pytest.approx(1.98)  # linear interpolation
+    assert metrics.cv(ep) == pytest.approx(math.sqrt(2.0) / 4.0)  # population std (ddof=0)
+
+
+def test_spread_per_iteration_and_domain(ep):
+    np.testing.assert_array_equal(metrics.spread_s(ep), [[0.125, 0.5], [0.0, 0.25], [0.25, 0.375]])
+    assert metrics.spread_median_s(ep) == 0.25
+    # natural arrivals: rank 0 at iteration 1 and rank 2 at iteration 2 were delayed.
+    np.testing.assert_array_equal(metrics.natural_spread_s(ep), [[0.125, 0.5], [0.5, 0.25], [0.25, 0.125]])
+    assert metrics.natural_spread_median_s(ep) == 0.25
+
+
+def test_blame_counts_ties_for_every_tied_rank(ep):
+    # iteration 1, domain 0: ranks 0 and 1 both arrive at 0.5, both count as last.
+    np.testing.assert_array_equal(metrics.blame(ep), [2 / 3, 2 / 3, 1 / 3, 2 / 3])
+    # without pacing: iteration 1 domain 0 -> rank 1; iteration 2 domain 1 -> rank 2 still (0.25 > 0.125).
+    np.testing.assert_array_equal(metrics.natural_blame(ep), [1 / 3, 2 / 3, 1 / 3, 2 / 3])
+    frac = metrics.blame(ep)
+    dom = np.asarray(DOMAIN_OF_RANK)
+    assert frac[dom == 0].sum() >= 1.0 and frac[dom == 1].sum() == pytest.approx(1.0)
+
+
+def test_pacing_cost(ep):
+    assert metrics.pacing_delay_total_s(ep) == 0.75
+    # default waits: time until the domain's last arrival; they sum to 1.5 rank-seconds.
+    assert metrics.wait_fraction(ep) == 1.5 / (4 * 4.0)
+    assert metrics.pacing_active_frac(ep) == 0.5
+
+
+def test_single_rank_domains_have_zero_spread_and_full_blame():
+    one = make_episode([[0.25, 0.5], [0.125, 0.0]], domain_of_rank=[0, 1])
+    np.testing.assert_array_equal(metrics.spread_s(one), np.zeros((2, 2)))
+    np.testing.assert_array_equal(metrics.blame(one), [1.0, 1.0])
+
+
+def test_summarize_has_every_key_and_is_json_serialisable(ep):
+    summary = metrics.summarize(ep)
+    expected = {
+        "throughput_it_per_s", "iteration_time_mean_s", "iteration_time_p50_s", "iteration_time_p99_s",
+        "cv", "spread_median_s", "spread_p99_s", "natural_spread_median_s", "pacing_delay_total_s",
+        "wait_fraction", "pacing_active_frac", "guard_interventions", "num_iterations", "num_ranks",
+        "blame", "comm_model", "controller", "backend",
+    }  # fmt: skip
+    assert expected <= summary.keys()
+    json.dumps(summary, allow_nan=False)
+    for key, value in summary.items():
+        assert not isinstance(value, np.generic), key
+    assert summary["blame"] == {"10": 2 / 3, "11": 2 / 3, "13": 2 / 3, "12": 1 / 3}
+    assert list(summary["blame"]) == ["10", "11", "13", "12"]  # descending, ties by label
+    assert summary["guard_interventions"] == 2 and summary["num_ranks"] == 4
+    assert (summary["comm_model"], summary["controller"]) == ("null", "threshold")
+
+
+def test_blame_dict_omits_ranks_never_last():
+    summary = metrics.summarize(make_episode([[0.0, 0.5], [0.0, 0.25]]))
+    assert summary["blame"] == {"1": 1.0}
+
+
+def test_compare():
+    base = {"throughput_it_per_s": 2.0, "cv": 0.25, "iteration_time_mean_s": 0.5, "iteration_time_p99_s": 1.0}
+    other = {
+        "throughput_it_per_s": 2.5,
+        "cv": 0.125,
+        "iteration_time_mean_s": 0.4,
+        "iteration_time_p99_s": 0.5,
+    }
+    out = metrics.compare(base, other)
+    assert out["throughput_change_frac"] == 0.25
+    assert out["cv_change"] == -0.125
+    assert out["iteration_time_mean_change_frac"] == pytest.approx(-0.2)
+    assert out["iteration_time_p99_change_frac"] == -0.5
+
+
+def test_empty_episode_raises_pacectl_error():
+    empty = make_episode(np.zeros((0, 3)))
+    for fn in (metrics.throughput_it_per_s, metrics.cv, metrics.spread_s, metrics.blame, metrics.summarize):
+        with pytest.raises(PacectlError, match="at least one iteration"):
+            fn(empty)
+
+
+def test_domain_without_ranks_raises():
+    ep = make_episode([[0.0, 1.0]], domain_of_rank=[0, 2])  # domain 1 owns no rank
+    with pytest.raises(PacectlError, match="at least one rank"):
+        metrics.spread_s(ep)
+
+
+# --- properties -----------------------------------------------------------------------------------
+
+
+@st.composite
+def episodes(draw):
+    num_iterations = draw(st.integers(1, 12))
+    num_ranks = draw(st.integers(1, 8))
+    num_domains = draw(st.integers(1, num_ranks))
+    # every domain owns at least one rank; the rest are assigned at random (not contiguous).
+    extra = draw(st.lists(st.integers(0, num_domains - 1), min_size=num_ranks - num_domains,
+                          max_size=num_ranks - num_domains))  # fmt: skip
+    dom = draw(st.permutations(list(range(num_domains)) + extra))
+    # a coarse grid of values makes ties frequent.
+    values = st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.5]) | st.floats(0.0, 2.0)
+    arrival = draw(hnp.arrays(np.float64, (num_iterations, num_ranks), elements=values))
+    return make_episode(arrival, domain_of_rank=dom)
+
+
+def _naive_spread(ep, arrival):
+    out = np.zeros((ep.num_iterations, ep.num_domains))
+    for k in range(ep.num_iterations):
+        for d in range(ep.num_domains):
+            vals = [arrival[k, r] for r in range(ep.num_ranks) if ep.domain_of_rank[r] == d]
+            out[k, d] = max(vals) - min(vals)
+    return out
+
+
+def _naive_blame(ep):
+    last = np.zeros(ep.num_ranks)
+    for k in range(ep.num_iterations):
+        for r in range(ep.num_ranks):
+            peers = [
+                ep.arrival_s[k, q]
+                for q in range(ep.num_ranks)
+                if ep.domain_of_rank[q] == ep.domain_of_rank[r]
+            ]
+            last[r] += ep.arrival_s[k, r] == max(peers)
+    return last / ep.num_iterations
+
+
+@settings(max_examples=200, deadline=None)
+@given(episodes())
+def test_vectorized_spread_and_blame_match_naive_loops(ep):
+    np.testing.assert_array_equal(metrics.spread_s(ep), _naive_spread(ep, ep.arrival_s))
+    np.testing.assert_array_equal(metrics.natural_spread_s(ep), _naive_spread(ep, ep.natural_arrival_s))
+    np.testing.assert_allclose(metrics.blame(ep), _naive_blame(ep))
+    for d in range(ep.num_domains):
+        assert metrics.blame(ep)[ep.domain_of_rank == d].sum() >= 1.0 - 1e-12
+
+
+@settings(max_examples=100, deadline=None)
+@given(episodes(), st.data())
+def test_wait_fraction_in_unit_interval_when_wait_within_iteration(ep, data):
+    it_time = ep.iteration_time_s
+    scale = data.draw(hnp.arrays(np.float64, ep.arrival_s.shape, elements=st.floats(0.0, 1.0)))
+    waited = make_episode(ep.arrival_s, domain_of_rank=ep.domain_of_rank, wait_s=scale * it_time[:, None])
+    assert 0.0 <= metrics.wait_fraction(waited) <= 1.0

@@ -1,0 +1,213 @@
+"""Tests of pacectl.report: atomic writers, JSON, Parquet, PNG plots and tables."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pacectl import metrics, report
+from pacectl.testing.episodes import make_episode
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def episodes():
+    rng = np.random.default_rng(0)
+    arrival = rng.uniform(0.0, 0.2, size=(20, 4))
+    delay = np.where(arrival < 0.1, 0.05, 0.0)
+    active = np.zeros((20, 2), bool)
+    active[5:12, 0] = True
+    return {
+        "none": make_episode(arrival, domain_of_rank=[0, 0, 1, 1], rank_labels=[4, 5, 6, 7]),
+        "threshold": make_episode(
+            arrival + delay,
+            applied_delay_s=delay,
+            domain_of_rank=[0, 0, 1, 1],
+            rank_labels=[4, 5, 6, 7],
+            pacing_active=active,
+            controller="threshold",
+        ),
+    }
+
+
+def _leftovers(directory):
+    return [p.name for p in directory.iterdir() if p.name.endswith(".tmp")]
+
+
+# --- jsonable and summary.json --------------------------------------------------------------------
+
+
+def test_jsonable_converts_numpy_and_non_finite():
+    obj = {
+        "a": np.float64(1.5),
+        "b": np.int64(3),
+        "c": float("nan"),
+        "d": np.array([1.0, np.nan, np.inf]),
+        "e": (np.bool_(True), -math.inf),
+        7: {"nested": np.float32(0.25)},
+    }
+    out = report.jsonable(obj)
+    assert out == {
+        "a": 1.5,
+        "b": 3,
+        "c": None,
+        "d": [1.0, None, None],
+        "e": [True, None],
+        "7": {"nested": 0.25},
+    }
+    assert type(out["a"]) is float and type(out["b"]) is int and type(out["e"][0]) is bool
+    json.dumps(out, allow_nan=False)
+
+
+def test_write_summary_json_round_trip(tmp_path, episodes):
+    summaries = {run: metrics.summarize(ep) for run, ep in episodes.items()}
+    summaries["none"]["extra"] = float("nan")
+    path = tmp_path / "summary.json"
+    report.write_summary_json(path, summaries)
+    text = path.read_text()
+    loaded = json.loads(text)
+    assert loaded["none"]["extra"] is None
+    assert loaded["threshold"]["controller"] == "threshold"
+    assert text == json.dumps(loaded, sort_keys=True, indent=2) + "\n"
+    assert _leftovers(tmp_path) == []
+
+
+def test_write_summary_json_unencodable_leaves_nothing(tmp_path):
+    path = tmp_path / "summary.json"
+    with pytest.raises(TypeError):
+        report.write_summary_json(path, {"x": object()})
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- atomic writes --------------------------------------------------------------------------------
+
+
+def test_atomic_path_failure_midway_leaves_no_partial_file(tmp_path):
+    path = tmp_path / "out.txt"
+    with pytest.raises(RuntimeError, match="boom"), report.atomic_path(path) as tmp:
+        tmp.write_text("half written")
+        raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_path_failure_keeps_previous_file(tmp_path):
+    path = tmp_path / "out.txt"
+    report.atomic_write_text(path, "old")
+    with pytest.raises(RuntimeError), report.atomic_path(path) as tmp:
+        tmp.write_text("new but broken")
+        raise RuntimeError("boom")
+    assert path.read_text() == "old"
+    assert _leftovers(tmp_path) == []
+
+
+def test_atomic_write_text_replaces_and_creates_parents(tmp_path):
+    path = tmp_path / "a" / "b" / "out.txt"
+    report.atomic_write_text(path, "one")
+    report.atomic_write_text(path, "two")
+    assert path.read_text() == "two"
+    assert [p.name for p in path.parent.iterdir()] == ["out.txt"]
+
+
+# --- iterations.parquet ---------------------------------------------------------------------------
+
+
+def test_episodes_to_frame_layout(episodes):
+    frame = report.episodes_to_frame(episodes)
+    assert tuple(frame.columns) == report.FRAME_COLUMNS
+    assert len(frame) == 2 * 20 * 4
+    ep = episodes["threshold"]
+    sub = frame[frame["run"] == "threshold"]
+    np.testing.assert_array_equal(sub["arrival_s"].to_numpy().reshape(20, 4), ep.arrival_s)
+    np.testing.assert_array_equal(sub["iteration"].to_numpy().reshape(20, 4)[:, 0], np.arange(20))
+    np.testing.assert_array_equal(sub["rank"].to_numpy().reshape(20, 4)[3], [4, 5, 6, 7])
+    np.testing.assert_array_equal(sub["iteration_time_s"].to_numpy()[::4], ep.iteration_time_s)
+    active = sub["pacing_active"].to_numpy().reshape(20, 4)
+    np.testing.assert_array_equal(active[:, :2], ep.pacing_active[:, [0, 0]])
+    assert not active[:, 2:].any()
+
+
+def test_episodes_to_frame_empty_mapping():
+    frame = report.episodes_to_frame({})
+    assert tuple(frame.columns) == report.FRAME_COLUMNS and len(frame) == 0
+
+
+def test_parquet_round_trip(tmp_path, episodes):
+    path = tmp_path / "iterations.parquet"
+    report.write_iterations_parquet(path, episodes)
+    loaded = pd.read_parquet(path)
+    assert tuple(loaded.columns) == report.FRAME_COLUMNS
+    assert len(loaded) == sum(ep.num_iterations * ep.num_ranks for ep in episodes.values())
+    assert set(loaded["run"]) == {"none", "threshold"}
+    np.testing.assert_array_equal(loaded["wait_s"].to_numpy(), report.episodes_to_frame(episodes)["wait_s"])
+    assert _leftovers(tmp_path) == []
+
+
+# --- plots ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("plot", [report.plot_iteration_time, report.plot_spread])
+def test_plots_write_png(tmp_path, episodes, plot):
+    path = tmp_path / "plot.png"
+    plot(path, episodes)
+    data = path.read_bytes()
+    assert len(data) > 1000 and data.startswith(PNG_MAGIC)
+    assert _leftovers(tmp_path) == []
+
+
+def test_plots_do_not_touch_pyplot_state(tmp_path, episodes):
+    import matplotlib.pyplot as plt
+
+    before = plt.get_fignums()
+    report.plot_spread(tmp_path / "s.png", episodes)
+    report.plot_iteration_time(tmp_path / "i.png", episodes)
+    assert plt.get_fignums() == before
+
+
+def test_comm_model_note():
+    assert report.comm_model_note("null") == (
+        "comm model: null (fixed durations: pacing cannot shorten an iteration)"
+    )
+    assert report.comm_model_note("contention") == "comm model: contention"
+
+
+# --- tables and report.md -------------------------------------------------------------------------
+
+
+def test_console_table(episodes):
+    summaries = {run: metrics.summarize(ep) for run, ep in episodes.items()}
+    table = report.format_console_table(summaries)
+    lines = table.splitlines()
+    assert lines[0] == report.comm_model_note("null")
+    assert len(lines) == 3 + len(summaries)
+    assert lines[3].startswith("none") and lines[4].startswith("threshold")
+    assert "baseline" in lines[3]
+    expected = 100.0 * metrics.compare(summaries["none"], summaries["threshold"])["throughput_change_frac"]
+    assert f"{expected:+.2f}" in lines[4]
+    assert len({len(line) for line in lines[1:3]}) == 1  # header and rule align
+
+
+def test_console_table_missing_baseline_and_nan():
+    summaries = {"pid": {"throughput_it_per_s": 1.0, "cv": float("nan"), "comm_model": "alpha_beta"}}
+    table = report.format_console_table(summaries, baseline="none")
+    assert "comm model: alpha_beta" in table and "pid" in table and "n/a" in table
+
+
+def test_write_report_md(tmp_path, episodes):
+    summaries = {run: metrics.summarize(ep) for run, ep in episodes.items()}
+    path = tmp_path / "report.md"
+    report.write_report_md(
+        path, title="Replay of trace X", summaries=summaries, context={"trace": "x.parquet", "fidelity": 0.5}
+    )
+    text = path.read_text()
+    assert text.startswith("# Replay of trace X\n")
+    assert "pacing cannot shorten an iteration" in text
+    assert "- **trace**: x.parquet" in text and "- **fidelity**: 0.5" in text
+    table_lines = [line for line in text.splitlines() if line.startswith("|")]
+    assert len(table_lines) == 2 + len(summaries)
+    assert "| none |" in text and "| threshold |" in text
+    assert _leftovers(tmp_path) == []
