@@ -83,6 +83,8 @@ class ReplayBackend:
         self.dag: StepDag = compile_dag(trace)
         self._comm = comm_model or NullComm()
         self.comm_model = self._comm.name
+        self.comm_description: str = self._comm.description
+        self.comm_timing_dependent: bool = bool(self._comm.timing_dependent)
         launch, transfer, self._clip_counts = estimate_intrinsic(self.dag)
         self._launch = launch
         self._transfer = self._comm.transfer_s(transfer)
