@@ -200,24 +200,55 @@ class ReplayBackend:
             num_op_instances=self._clip_counts["num_op_instances"],
         )
 
-    def replayed_times(self, delays: FloatArray | None = None) -> tuple[FloatArray, FloatArray]:
-        """Open-loop replay of every step at once with fixed per-rank delays.
+    def replayed_times(
+        self,
+        delays: FloatArray | None = None,
+        *,
+        launch_s: FloatArray | None = None,
+        transfer_s: FloatArray | None = None,
+    ) -> tuple[FloatArray, FloatArray]:
+        """Open-loop replay of every step at once (the what-if primitive).
 
         Args:
-            delays: ``float64[num_steps, num_ranks]`` seconds (global rank order), or None for zero.
+            delays: ``float64[num_steps, num_ranks]`` pacing delays, seconds (global rank order), or
+                None for zero.
+            launch_s: ``float64[N, num_steps, dp_size]`` launch delays to use instead of the recorded
+                ones (for example zeros: "no launch delays"), seconds.
+            transfer_s: ``float64[N, num_steps, dp_size]`` op durations / collective transfer times
+                to use instead of the comm model's, seconds.
 
         Returns:
             ``(start_s, end_s)``, each ``float64[N, num_steps, dp_size]``.
         """
-        if delays is None:
-            return self._base_start.copy(), self._base_end[:-1].copy()
-        dp, pp = self.trace.meta.dp_size, self.trace.meta.pp_size
-        pace = np.zeros_like(self._base_start)
-        pace[self._paced] = np.asarray(delays, dtype=np.float64).reshape(-1, pp, dp).transpose(1, 0, 2)
+        pace = None
+        if delays is not None:
+            dp, pp = self.trace.meta.dp_size, self.trace.meta.pp_size
+            pace = np.zeros_like(self._base_start)
+            pace[self._paced] = np.asarray(delays, dtype=np.float64).reshape(-1, pp, dp).transpose(1, 0, 2)
         end = self._base_end.copy()
         start = self._base_start.copy()
-        evaluate(self._tail, end, start, self._launch, self._transfer, pace)
+        if launch_s is None and transfer_s is None:
+            if pace is not None:  # only ops downstream of the paced collective can move
+                evaluate(self._tail, end, start, self._launch, self._transfer, pace)
+        else:
+            launch = self._launch if launch_s is None else launch_s
+            transfer = self._transfer if transfer_s is None else transfer_s
+            evaluate(self.dag.levels, end, start, launch, transfer, pace)
         return start, end[:-1]
+
+    @property
+    def launch_s(self) -> FloatArray:
+        """Estimated launch delays, ``float64[N, num_steps, dp_size]`` seconds (read-only view)."""
+        view = self._launch.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def transfer_s(self) -> FloatArray:
+        """Transfer times in force, ``float64[N, num_steps, dp_size]`` seconds (read-only view)."""
+        view = self._transfer.view()
+        view.flags.writeable = False
+        return view
 
 
 def _downstream_levels(dag: StepDag, paced: IntArray) -> tuple[Level, ...]:

@@ -1,0 +1,103 @@
+"""``python -m pacectl.run`` end to end: outputs, the summary contract, overrides and user errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pacectl.data import shipped_trace
+
+RUN_KEYS = {
+    "throughput_it_per_s",
+    "iteration_time_mean_s",
+    "iteration_time_p99_s",
+    "cv",
+    "spread_median_s",
+    "pacing_delay_total_s",
+}
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pacectl.run", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.slow
+def test_default_run_writes_the_contract(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _run(f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trace"]["name"] == "AR" and summary["trace"]["path"].endswith("trace-AR.parquet")
+    assert summary["comm_model"] == "null"
+    assert set(summary["fidelity"]) >= {"step_time_median_abs_err_frac", "step_time_p90_abs_err_frac"}
+    assert set(summary["runs"]) == {"none", "threshold", "pid", "ewma", "quantile"}
+    for run in summary["runs"].values():
+        assert RUN_KEYS <= set(run)
+        # the null model: no controller beats no pacing
+        assert run["iteration_time_mean_s"] >= summary["runs"]["none"]["iteration_time_mean_s"] - 1e-9
+    for name in ("iterations.parquet", "iteration_time.png", "spread.png", "report.md"):
+        assert (out / name).stat().st_size > 0
+    assert "comm model: null" in proc.stdout and "threshold" in proc.stdout
+
+
+def test_one_controller_with_override_on_another_trace(tmp_path: Path) -> None:
+    path, meta = shipped_trace("ST")
+    out = tmp_path / "run"
+    proc = _run(
+        "controller=pid", "controller.kp=0.8", "trace=bytedance", f"trace.path={path}", f"trace.meta={meta}",
+        f"hydra.run.dir={out}", "output.plots=false", cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["runs"]) == {"none", "pid"}
+    assert summary["controller_params"]["pid"]["kp"] == 0.8
+    assert summary["trace"]["name"] == "ST"
+
+
+def test_multirun_sweep(tmp_path: Path) -> None:
+    proc = _run(
+        "-m", "trace=st", "controller=threshold,ewma", "output.plots=false", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summaries = sorted((tmp_path / "sweep").glob("*/summary.json"))
+    assert len(summaries) == 2
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["controller=pidd"], "Could not find 'controller/pidd'"),
+        (["controller=pid", "controller.kpp=1"], "kpp"),
+        (["controller=pid", "controller.kp=-1"], "kp must be"),
+        (["trace=bytedance"], "trace.path must be set"),
+        (["trace=bytedance", "trace.path=/nonexistent.parquet", "trace.meta=/nonexistent.yaml"], "must be an existing file"),
+        (["backend.paced_optype=optimizer"], "paced_optype must be a DP collective"),
+    ],
+)
+def test_user_errors_are_clear_and_leave_no_output(tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "run"
+    trace = [] if any(a.startswith("trace") for a in args) else ["trace=st"]
+    proc = _run(*trace, *args, f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (out / "summary.json").exists()
+
+
+def test_corrupt_trace_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 this is not really parquet")
+    _, meta = shipped_trace("ST")
+    out = tmp_path / "run"
+    proc = _run("trace=bytedance", f"trace.path={bad}", f"trace.meta={meta}", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "must be a Parquet file" in proc.stderr and "bad.parquet" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (out / "summary.json").exists()

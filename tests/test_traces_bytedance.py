@@ -1,0 +1,120 @@
+"""The ByteDance importer: loads the shipped traces and rejects every kind of bad input clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pacectl.data import shipped_trace
+from pacectl.errors import TraceError
+from pacectl.traces.bytedance import load_bytedance, load_meta
+
+ST_PARQUET, ST_META = shipped_trace("ST")
+
+
+@pytest.fixture(scope="module")
+def st_frame() -> pd.DataFrame:
+    return pd.read_parquet(ST_PARQUET)
+
+
+def _write(df: pd.DataFrame, tmp_path: Path) -> Path:
+    path = tmp_path / "trace.parquet"
+    df.to_parquet(path)
+    return path
+
+
+@pytest.mark.parametrize("name,world,steps,ops", [("ST", 8, 32, 6784), ("AR", 64, 44, 117216)])
+def test_shipped_traces_load(name: str, world: int, steps: int, ops: int) -> None:
+    trace = load_bytedance(*shipped_trace(name))
+    assert trace.meta.world_size == world
+    assert len(trace.steps) == steps
+    assert len(trace.ops) == ops
+    assert trace.ops["start_ts"].groupby(trace.ops["step"]).min().eq(0).all()
+
+
+def test_missing_columns(st_frame: pd.DataFrame, tmp_path: Path) -> None:
+    path = _write(st_frame.drop(columns=["duration", "seq_id"]), tmp_path)
+    with pytest.raises(TraceError, match=r"missing \['seq_id', 'duration'\].*trace.parquet"):
+        load_bytedance(path, ST_META)
+
+
+@pytest.mark.parametrize("value", [np.nan, -0.5, np.inf])
+def test_bad_duration(st_frame: pd.DataFrame, tmp_path: Path, value: float) -> None:
+    df = st_frame.copy()
+    df.loc[17, "duration"] = value
+    with pytest.raises(TraceError, match=r"duration must be finite, >= 0.*row 17.*step 23"):
+        load_bytedance(_write(df, tmp_path), ST_META)
+
+
+def test_negative_start(st_frame: pd.DataFrame, tmp_path: Path) -> None:
+    df = st_frame.copy()
+    df.loc[3, "start_ts"] = -1.0
+    with pytest.raises(TraceError, match=r"start_ts must be finite"):
+        load_bytedance(_write(df, tmp_path), ST_META)
+
+
+def test_rank_missing_from_a_step(st_frame: pd.DataFrame, tmp_path: Path) -> None:
+    step = sorted(st_frame["step"].unique())[5]
+    df = st_frame[~((st_frame["step"] == step) & (st_frame["dp_rank"] == 1) & (st_frame["stage"] == 2))]
+    with pytest.raises(TraceError, match=rf"got 7 in step {step}: missing \(dp_rank, stage\) \[\(1, 2\)\]"):
+        load_bytedance(_write(df, tmp_path), ST_META)
+
+
+def test_meta_does_not_match_ranks(tmp_path: Path) -> None:
+    meta = tmp_path / "meta.yaml"
+    meta.write_text("dp_size: 4\npp_size: 2\ntp_size: 1\nworld_size: 8\n")
+    with pytest.raises(TraceError, match=r"stage must be in \[0, 2\).*Does the meta file belong"):
+        load_bytedance(ST_PARQUET, meta)
+
+
+def test_meta_too_small_world(tmp_path: Path) -> None:
+    meta = tmp_path / "meta.yaml"
+    meta.write_text("dp_size: 2\npp_size: 4\ntp_size: 1\nworld_size: 9\n")
+    with pytest.raises(TraceError, match=r"world_size must equal .* 8, got 9"):
+        load_meta(meta)
+
+
+def test_not_parquet(tmp_path: Path) -> None:
+    path = tmp_path / "trace.parquet"
+    path.write_text("step,rank\n1,2\n")
+    with pytest.raises(TraceError, match=r"must be a Parquet file.*trace.parquet"):
+        load_bytedance(path, ST_META)
+
+
+def test_truncated_parquet(tmp_path: Path) -> None:
+    path = tmp_path / "trace.parquet"
+    path.write_bytes(ST_PARQUET.read_bytes()[:30000])
+    with pytest.raises(TraceError, match=r"must be a Parquet file"):
+        load_bytedance(path, ST_META)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match=r"trace file must be an existing file"):
+        load_bytedance(tmp_path / "nope.parquet", ST_META)
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("dp_size: 2\npp_size: 4\n", r"missing \['tp_size', 'world_size'\]"),
+        ("- 1\n- 2\n", r"must be a YAML mapping"),
+        ("dp_size: [\n", r"could not parse"),
+        ("dp_size: two\npp_size: 4\ntp_size: 1\nworld_size: 8\n", r"dp_size must be a positive integer, got 'two'"),
+    ],
+)
+def test_bad_meta(tmp_path: Path, text: str, match: str) -> None:
+    meta = tmp_path / "meta.yaml"
+    meta.write_text(text)
+    with pytest.raises(TraceError, match=match):
+        load_meta(meta)
+
+
+def test_unknown_optype(st_frame: pd.DataFrame, tmp_path: Path) -> None:
+    df = st_frame.copy()
+    df["optype"] = df["optype"].astype(str)
+    df.loc[0, "optype"] = "all-to-all"
+    with pytest.raises(TraceError, match=r"optype must be one of .*'all-to-all'"):
+        load_bytedance(_write(df, tmp_path), ST_META)
