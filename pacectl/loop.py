@@ -71,7 +71,7 @@ def run_episode(
         for key in keys
     }
     active = diagnostics.get("active", np.zeros((n_iter, len(domains)))) > 0.5
-    interventions = diagnostics.get("guard_interventions")
+    counters = [diagnostics[k][-1] for k in ("guard_interventions", "guard_clipped") if k in diagnostics and n_iter]
     domain_of_rank = np.zeros(num_ranks, dtype=np.int64)
     for d, dom in enumerate(domains):
         domain_of_rank[list(dom.ranks)] = d
@@ -87,6 +87,6 @@ def run_episode(
         collective_time_s=collective_time,
         pacing_active=active,
         diagnostics=diagnostics,
-        guard_interventions=int(np.nansum(interventions[-1])) if interventions is not None and n_iter else 0,
+        guard_interventions=int(sum(np.nansum(c) for c in counters)),
         **rec,
     )

@@ -1,0 +1,84 @@
+"""Pacing controllers, the safety guard that wraps them, and a registry by family name.
+
+Example:
+    >>> import numpy as np
+    >>> from pacectl.controllers import SafetyGuard, make_controller
+    >>> controller = SafetyGuard(make_controller("threshold", on_threshold_s=0.02, gain=0.5))
+    >>> controller.reset(8, np.random.default_rng(0))
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+
+from pacectl.controllers.base import BaseController
+from pacectl.controllers.ewma import EwmaController
+from pacectl.controllers.guard import PacingGuardWarning, SafetyGuard
+from pacectl.controllers.none import NoPacing
+from pacectl.controllers.pid import PidController
+from pacectl.controllers.quantile import QuantileController
+from pacectl.controllers.threshold import ThresholdController
+from pacectl.errors import ConfigError
+from pacectl.types import Controller
+
+__all__ = [
+    "CONTROLLERS",
+    "BaseController",
+    "EwmaController",
+    "NoPacing",
+    "PacingGuardWarning",
+    "PidController",
+    "QuantileController",
+    "SafetyGuard",
+    "ThresholdController",
+    "make_controller",
+]
+
+CONTROLLERS: dict[str, type[BaseController]] = {
+    cls.name: cls
+    for cls in (NoPacing, ThresholdController, PidController, EwmaController, QuantileController)
+}
+"""Controller family name -> class."""
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def make_controller(name: str, **params: object) -> Controller:
+    """Build a controller from its family name and keyword parameters (for configs and tuning).
+
+    Args:
+        name: family name, one of ``CONTROLLERS`` (``"none"``, ``"threshold"``, ``"pid"``, ``"ewma"``,
+            ``"quantile"``).
+        **params: constructor parameters of that class (see its docstring for units and ranges).
+
+    Returns:
+        A new, not yet reset, controller (not wrapped in :class:`SafetyGuard`).
+
+    Raises:
+        ConfigError: unknown name or parameter (with a "did you mean" suggestion), or a value out of range.
+
+    Example:
+        >>> make_controller("pid", setpoint_s=0.005, kp=0.5).name
+        'pid'
+    """
+    known = sorted(CONTROLLERS)
+    if name not in CONTROLLERS:
+        raise ConfigError(
+            f"controller must be one of {', '.join(known)}, got {name!r}{_did_you_mean(str(name), known)}"
+        )
+    cls = CONTROLLERS[name]
+    accepted = sorted(
+        p.name for p in inspect.signature(cls).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
+    )
+    for key in params:
+        if key not in accepted:
+            raise ConfigError(
+                f"unknown parameter {key!r} for controller {name!r}{_did_you_mean(key, accepted)} "
+                f"(accepted: {', '.join(accepted) or 'none'})"
+            )
+    controller: Controller = cls(**params)
+    return controller

@@ -1,0 +1,198 @@
+"""The safety guard that wraps every controller (DESIGN.md, "Safety guard, applied to every controller")."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from pacectl.controllers.base import FloatArray, check_float, check_int
+from pacectl.errors import ConfigError, ControllerError
+from pacectl.types import Action, Controller, Observation
+
+_OBS_ARRAYS = ("arrival_s", "applied_delay_s", "natural_arrival_s", "wait_s")
+
+
+class PacingGuardWarning(UserWarning):
+    """The safety guard replaced a controller's action by zero delay."""
+
+
+class SafetyGuard:
+    """Wrap a controller: cap its delays, and turn any failure into zero delay plus a warning.
+
+    Each iteration:
+
+    - an observation with a non-finite value gives zero delay without calling the inner controller;
+    - the cap is ``max_delay_frac`` times the median iteration time over the last ``window_iters``
+      finite observations (0 before any), and at most ``max_delay_s`` if given;
+    - while ``enabled`` is False the inner controller is not called and the delay is zero (a runtime
+      kill switch; the inner state is kept as it was);
+    - an exception from the inner controller, or an action of the wrong shape, with NaN, inf or negative
+      entries, gives zero delay;
+    - delays above the cap are clipped to it.
+
+    Every zeroing emits a :class:`PacingGuardWarning` and counts in ``guard_interventions``; every clipped
+    action counts in ``guard_clipped``. The guard is a pure function of its inputs, so every rank of a real
+    job computes the same delays. Call-order and shape errors (``act`` before ``reset``, an observation
+    with the wrong number of ranks) are bugs in the caller and raise :class:`ControllerError`.
+
+    Args:
+        inner: the controller to wrap; the guard takes its ``name``.
+        max_delay_frac: cap as a fraction of the median iteration time, > 0.
+        max_delay_s: absolute cap, seconds, > 0, or ``None`` for none.
+        window_iters: iterations in the rolling median of the iteration time, >= 1.
+        enabled: initial value of the ``enabled`` attribute.
+
+    Raises:
+        ConfigError: ``inner`` is not a controller or a parameter is out of range.
+
+    Diagnostics: the inner controller's, with ``active`` forced to 0 while disabled or after a zeroed
+    action, plus ``guard_interventions``, ``guard_clipped``, ``guard_cap_s`` and ``guard_enabled``.
+
+    Example:
+        >>> from pacectl.controllers import ThresholdController
+        >>> guard = SafetyGuard(ThresholdController(), max_delay_frac=0.5)
+        >>> guard.reset(8, np.random.default_rng(0))
+    """
+
+    def __init__(
+        self,
+        inner: Controller,
+        *,
+        max_delay_frac: float = 0.5,
+        max_delay_s: float | None = None,
+        window_iters: int = 32,
+        enabled: bool = True,
+    ) -> None:
+        if not isinstance(inner, Controller):
+            raise ConfigError(
+                f"inner must be a Controller (with name, reset, act, diagnostics), got {inner!r} (guard)"
+            )
+        self.inner = inner
+        self.name: str = inner.name
+        self.max_delay_frac = check_float("guard", "max_delay_frac", max_delay_frac, low=0.0, low_open=True)
+        self.max_delay_s = (
+            None
+            if max_delay_s is None
+            else check_float("guard", "max_delay_s", max_delay_s, low=0.0, low_open=True)
+        )
+        self.window_iters = check_int("guard", "window_iters", window_iters, low=1)
+        self.enabled = bool(enabled)
+        self._num_ranks: int | None = None
+
+    def reset(self, num_ranks: int, rng: np.random.Generator | None = None) -> None:
+        """Reset the inner controller, the iteration-time window and the counters.
+
+        Args:
+            num_ranks: ranks in this pacing domain, >= 1.
+            rng: passed to the inner controller's ``reset``.
+
+        Raises:
+            ConfigError: ``num_ranks`` is not an integer >= 1.
+        """
+        num_ranks = check_int("guard", "num_ranks", num_ranks, low=1)
+        self.inner.reset(num_ranks, rng)  # type: ignore[arg-type]
+        self._num_ranks = num_ranks
+        self._iteration_times = np.zeros(self.window_iters, dtype=np.float64)
+        self._count = 0
+        self._cap_s = 0.0
+        self._interventions = 0
+        self._clipped = 0
+        self._last_zeroed = False
+
+    def act(self, obs: Observation) -> Action:
+        """Guarded delays for the next iteration, ``float64[num_ranks]`` seconds.
+
+        Raises:
+            ControllerError: called before ``reset``, or the observation has the wrong number of ranks.
+        """
+        num_ranks = self._require_reset("act")
+        for field in _OBS_ARRAYS:
+            shape = np.shape(getattr(obs, field))
+            if shape != (num_ranks,):
+                raise ControllerError(
+                    f"observation {field} must have shape ({num_ranks},) to match "
+                    f"reset(num_ranks={num_ranks}), got shape {shape} "
+                    f"(controller {self.name!r}, iteration {obs.iteration})"
+                )
+        zeros = np.zeros(num_ranks, dtype=np.float64)
+        self._last_zeroed = False
+
+        scalars = (obs.iteration_time_s, obs.collective_time_s)
+        if not (all(np.isfinite(getattr(obs, f)).all() for f in _OBS_ARRAYS) and np.isfinite(scalars).all()):
+            return self._zero(zeros, "observation has non-finite values")
+        self._iteration_times[self._count % self.window_iters] = obs.iteration_time_s
+        self._count += 1
+        median = float(np.median(self._iteration_times[: min(self._count, self.window_iters)]))
+        self._cap_s = max(self.max_delay_frac * median, 0.0)
+        if self.max_delay_s is not None:
+            self._cap_s = min(self._cap_s, self.max_delay_s)
+
+        if not self.enabled:
+            return Action(zeros)
+        try:
+            action = self.inner.act(obs)
+            delay: FloatArray = np.array(action.delay_s, dtype=np.float64)
+        except Exception as err:  # noqa: BLE001 - any failure of the inner controller means "do not pace"
+            return self._zero(zeros, f"controller raised {type(err).__name__}: {err}")
+        if delay.shape != (num_ranks,):
+            return self._zero(
+                zeros, f"controller returned delay_s of shape {delay.shape}, expected ({num_ranks},)"
+            )
+        if not np.isfinite(delay).all():
+            return self._zero(zeros, "controller returned non-finite delays")
+        if (delay < 0.0).any():
+            return self._zero(zeros, f"controller returned negative delays (min {delay.min()!r} s)")
+        if (delay > self._cap_s).any():
+            self._clipped += 1
+            delay = np.minimum(delay, self._cap_s)
+        return Action(delay)
+
+    def diagnostics(self) -> dict[str, float]:
+        """The inner controller's diagnostics merged with the guard's own.
+
+        Raises:
+            ControllerError: called before ``reset``.
+        """
+        self._require_reset("diagnostics")
+        try:
+            merged = {key: float(value) for key, value in self.inner.diagnostics().items()}
+        except Exception as err:  # noqa: BLE001 - diagnostics must never stop a run
+            warnings.warn(
+                f"pacing guard ({self.name!r}): diagnostics() raised {type(err).__name__}: {err}",
+                PacingGuardWarning,
+                stacklevel=2,
+            )
+            merged = {}
+        if not self.enabled or self._last_zeroed:
+            merged["active"] = 0.0
+        merged.setdefault("active", 0.0)
+        merged.update(
+            guard_interventions=float(self._interventions),
+            guard_clipped=float(self._clipped),
+            guard_cap_s=self._cap_s,
+            guard_enabled=float(self.enabled),
+        )
+        return merged
+
+    def _zero(self, zeros: FloatArray, reason: str) -> Action:
+        self._interventions += 1
+        self._last_zeroed = True
+        warnings.warn(
+            f"pacing guard ({self.name!r}): {reason}; applying zero delay", PacingGuardWarning, stacklevel=3
+        )
+        return Action(zeros)
+
+    def _require_reset(self, method: str) -> int:
+        if self._num_ranks is None:
+            raise ControllerError(
+                f"controller {self.name!r} (guarded): {method}() called before reset(); "
+                "call reset(num_ranks, rng) first"
+            )
+        return self._num_ranks
+
+    def __repr__(self) -> str:
+        return (
+            f"SafetyGuard({self.inner!r}, max_delay_frac={self.max_delay_frac!r}, "
+            f"max_delay_s={self.max_delay_s!r}, window_iters={self.window_iters!r}, enabled={self.enabled!r})"
+        )

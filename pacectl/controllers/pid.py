@@ -1,0 +1,103 @@
+"""PID pacing on the natural arrival spread.
+
+Source: the structure of simple-pid (``simple_pid/pid.py``): integral clamp for anti-windup, derivative
+on measurement, injectable ``dt``; here ``dt`` comes from the observation, never from a clock.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pacectl.controllers.base import BaseController, FloatArray, check_float, earliness
+from pacectl.errors import ControllerError
+from pacectl.types import Observation
+
+
+class PidController(BaseController):
+    """Track a spread setpoint with a PID whose output is a per-rank pacing budget.
+
+    Each iteration ``k``, with ``y_k`` the natural spread (max minus min natural arrival), seconds:
+
+    - error ``e_k = y_k - setpoint_s`` (positive: too much spread, pace more);
+    - ``p = kp * e_k``;
+    - ``i = clip(i + ki * e_k * dt, 0, output_limit_s)`` (the integral is stored already multiplied by
+      ``ki`` and clamped, as in simple-pid, so it can never wind up past the output range);
+    - ``d = kd * (y_k - y_{k-1}) / dt``: derivative on measurement, so changing ``setpoint_s`` mid-run
+      gives no derivative kick. Because the error is ``measurement - setpoint`` (more spread asks for
+      more pacing), this equals ``kd * de/dt`` for a fixed setpoint; ``d = 0`` at the first iteration;
+    - output ``u = clip(p + i + d, 0, output_limit_s)``, seconds;
+    - ``delay[r] = min(u, earliness[r])`` with ``earliness[r] = max(natural) - natural[r]`` of this
+      iteration: early ranks are delayed by up to ``u`` but never past the latest rank.
+
+    ``dt`` is ``dt_s`` if given, else ``obs.iteration_time_s``.
+
+    Args:
+        setpoint_s: target natural spread, seconds, >= 0. A plain attribute: it may be changed between
+            iterations.
+        kp: proportional gain, seconds of budget per second of spread error, >= 0.
+        ki: integral gain, 1/s, >= 0.
+        kd: derivative gain, seconds, >= 0.
+        output_limit_s: upper bound of the budget ``u``, seconds, > 0.
+        dt_s: fixed time step in seconds (> 0), or ``None`` to use each observation's iteration time.
+
+    Raises:
+        ConfigError: a parameter is out of range.
+
+    Diagnostics: ``active`` (``u > 0``), ``p``, ``i``, ``d``, ``output_s``, ``error_s``, ``natural_spread_s``.
+
+    Example:
+        >>> c = PidController(setpoint_s=0.005, kp=0.5, ki=0.1)
+        >>> c.reset(8, np.random.default_rng(0))
+    """
+
+    name = "pid"
+
+    def __init__(
+        self,
+        *,
+        setpoint_s: float = 0.005,
+        kp: float = 0.5,
+        ki: float = 0.1,
+        kd: float = 0.0,
+        output_limit_s: float = 0.1,
+        dt_s: float | None = None,
+    ) -> None:
+        self.setpoint_s = check_float(self.name, "setpoint_s", setpoint_s, low=0.0)
+        self.kp = check_float(self.name, "kp", kp, low=0.0)
+        self.ki = check_float(self.name, "ki", ki, low=0.0)
+        self.kd = check_float(self.name, "kd", kd, low=0.0)
+        self.output_limit_s = check_float(self.name, "output_limit_s", output_limit_s, low=0.0, low_open=True)
+        self.dt_s = None if dt_s is None else check_float(self.name, "dt_s", dt_s, low=0.0, low_open=True)
+
+    def _reset_state(self, num_ranks: int) -> None:
+        self._p = self._i = self._d = 0.0
+        self._output_s = self._error_s = 0.0
+        self._last_spread_s: float | None = None
+
+    def _act(self, obs: Observation, natural_arrival_s: FloatArray) -> FloatArray:
+        dt = self.dt_s if self.dt_s is not None else float(obs.iteration_time_s)
+        if not (np.isfinite(dt) and dt > 0.0):
+            raise ControllerError(
+                f"iteration_time_s must be finite and > 0 to serve as the PID time step, got {dt!r} "
+                f"(controller {self.name!r}, iteration {obs.iteration}); set dt_s to use a fixed step"
+            )
+        early = earliness(natural_arrival_s)
+        spread = float(early.max())
+        self._error_s = spread - self.setpoint_s
+        self._p = self.kp * self._error_s
+        self._i = min(max(self._i + self.ki * self._error_s * dt, 0.0), self.output_limit_s)
+        self._d = 0.0 if self._last_spread_s is None else self.kd * (spread - self._last_spread_s) / dt
+        self._last_spread_s = spread
+        self._output_s = min(max(self._p + self._i + self._d, 0.0), self.output_limit_s)
+        return np.minimum(early, self._output_s)
+
+    def _diagnostics(self) -> dict[str, float]:
+        return {
+            "active": float(self._output_s > 0.0),
+            "p": self._p,
+            "i": self._i,
+            "d": self._d,
+            "output_s": self._output_s,
+            "error_s": self._error_s,
+            "natural_spread_s": 0.0 if self._last_spread_s is None else self._last_spread_s,
+        }

@@ -1,0 +1,377 @@
+"""Contract and behaviour tests for the built-in controllers."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pacectl.controllers import (
+    CONTROLLERS,
+    EwmaController,
+    NoPacing,
+    PidController,
+    QuantileController,
+    ThresholdController,
+    make_controller,
+)
+from pacectl.errors import ConfigError, ControllerError
+from pacectl.testing import ControllerContract, make_observation
+from pacectl.types import Controller, Observation
+
+RNG = np.random.default_rng(0)
+
+
+def spread_obs(spread_s: float, *, iteration: int = 0, iteration_time_s: float = 1.0) -> Observation:
+    """Two ranks: rank 0 early by ``spread_s``, rank 1 the latest."""
+    return make_observation([0.5, 0.5 + spread_s], iteration=iteration, iteration_time_s=iteration_time_s)
+
+
+# --- contract -------------------------------------------------------------------------------------
+
+
+class TestNoPacingContract(ControllerContract):
+    expects_pacing = False
+
+    def make_controller(self) -> Controller:
+        return NoPacing()
+
+
+class TestThresholdContract(ControllerContract):
+    def make_controller(self) -> Controller:
+        return ThresholdController()
+
+
+class TestThresholdNoSmoothingContract(ControllerContract):
+    def make_controller(self) -> Controller:
+        return ThresholdController(on_threshold_s=0.03, off_threshold_s=0.03, gain=1.0, smoothing=0.0)
+
+
+class TestPidContract(ControllerContract):
+    def make_controller(self) -> Controller:
+        return PidController(kd=0.2)
+
+
+class TestPidFixedStepContract(ControllerContract):
+    def make_controller(self) -> Controller:
+        return PidController(kp=1.0, ki=0.5, kd=0.1, dt_s=0.6)
+
+
+class TestEwmaContract(ControllerContract):
+    def make_controller(self) -> Controller:
+        return EwmaController()
+
+
+class TestQuantileContract(ControllerContract):
+    def make_controller(self) -> Controller:
+        return QuantileController()
+
+
+class TestQuantileThresholdContract(ControllerContract):
+    def make_controller(self) -> Controller:
+        return QuantileController(window_iters=1, quantile=1.0, gain=0.5, on_threshold_s=0.01)
+
+
+# --- registry and validation ----------------------------------------------------------------------
+
+
+def test_registry_names_match_classes() -> None:
+    assert set(CONTROLLERS) == {"none", "threshold", "pid", "ewma", "quantile"}
+    for name, cls in CONTROLLERS.items():
+        assert cls.name == name
+        assert make_controller(name).name == name
+
+
+def test_make_controller_passes_params() -> None:
+    controller = make_controller("threshold", gain=0.25, on_threshold_s=0.05)
+    assert isinstance(controller, ThresholdController)
+    assert controller.gain == 0.25 and controller.on_threshold_s == 0.05
+
+
+def test_make_controller_unknown_name_suggests() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'threshold'") as info:
+        make_controller("treshold")
+    assert "'treshold'" in str(info.value)
+
+
+def test_make_controller_unknown_param_suggests() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'gain'") as info:
+        make_controller("threshold", gian=0.5)
+    assert "'gian'" in str(info.value)
+
+
+def test_parameters_are_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        ThresholdController(0.02)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "shown"),
+    [
+        ("threshold", {"gain": 1.5}, "gain must be in (0, 1], got 1.5 (controller 'threshold')"),
+        ("threshold", {"gain": 0}, "got 0"),
+        ("threshold", {"smoothing": 1.0}, "smoothing must be in [0, 1), got 1.0"),
+        ("threshold", {"on_threshold_s": -0.1}, "got -0.1"),
+        ("threshold", {"on_threshold_s": 0.01, "off_threshold_s": 0.02}, "got 0.02"),
+        ("threshold", {"gain": "high"}, "got 'high'"),
+        ("threshold", {"gain": float("nan")}, "got nan"),
+        ("pid", {"kp": -1.0}, "kp must be >= 0, got -1.0"),
+        ("pid", {"output_limit_s": 0.0}, "output_limit_s must be > 0, got 0.0"),
+        ("pid", {"dt_s": -0.5}, "got -0.5"),
+        ("ewma", {"alpha": 0.0}, "alpha must be in (0, 1], got 0.0"),
+        ("ewma", {"min_dwell_iters": -2}, "min_dwell_iters must be an integer >= 0, got -2"),
+        ("ewma", {"min_dwell_iters": 1.5}, "got 1.5"),
+        ("quantile", {"quantile": 0.0}, "quantile must be in (0, 1], got 0.0"),
+        ("quantile", {"window_iters": 0}, "window_iters must be an integer >= 1, got 0"),
+        ("quantile", {"window_iters": np.int64(0)}, "got 0 (controller 'quantile')"),
+    ],
+)
+def test_validation_message_shows_bad_value(name: str, params: dict[str, object], shown: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        make_controller(name, **params)
+    assert shown in str(info.value)
+
+
+def test_integral_float_accepted_for_int_params() -> None:
+    assert QuantileController(window_iters=8.0).window_iters == 8  # type: ignore[arg-type]
+
+
+def test_diagnostics_before_reset_raises() -> None:
+    with pytest.raises(ControllerError, match="before reset"):
+        ThresholdController().diagnostics()
+
+
+# --- none -----------------------------------------------------------------------------------------
+
+
+def test_none_never_paces() -> None:
+    controller = NoPacing()
+    controller.reset(3, RNG)
+    action = controller.act(make_observation([0.1, 0.5, 2.0]))
+    np.testing.assert_array_equal(action.delay_s, 0.0)
+    assert controller.diagnostics() == {"active": 0.0}
+
+
+# --- threshold ------------------------------------------------------------------------------------
+
+
+def test_threshold_hysteresis_and_early_ranks_only() -> None:
+    controller = ThresholdController(on_threshold_s=0.02, off_threshold_s=0.01, gain=0.5, smoothing=0.0)
+    controller.reset(3, RNG)
+
+    def act(natural: list[float]) -> np.ndarray:
+        return controller.act(make_observation(natural)).delay_s
+
+    np.testing.assert_array_equal(act([0.5, 0.51, 0.515]), 0.0)  # spread 15 ms: below on
+    assert controller.diagnostics()["active"] == 0.0
+    delay = act([0.5, 0.53, 0.54])  # spread 40 ms: switches on
+    assert controller.diagnostics()["active"] == 1.0
+    np.testing.assert_allclose(delay, [0.02, 0.005, 0.0])
+    assert delay[2] == 0.0  # the latest rank is never delayed
+    delay = act([0.5, 0.51, 0.515])  # 15 ms: inside the band, stays on
+    assert controller.diagnostics()["active"] == 1.0
+    np.testing.assert_allclose(delay, [0.0075, 0.0025, 0.0])
+    np.testing.assert_array_equal(act([0.5, 0.505, 0.508]), 0.0)  # 8 ms: below off, switches off
+    assert controller.diagnostics()["active"] == 0.0
+    np.testing.assert_array_equal(act([0.5, 0.51, 0.515]), 0.0)  # inside the band, stays off
+
+
+def test_threshold_smoothing_predicts_persistent_straggler() -> None:
+    controller = ThresholdController(on_threshold_s=0.0, off_threshold_s=0.0, gain=1.0, smoothing=0.9)
+    controller.reset(2, RNG)
+    for k in range(200):
+        delay = controller.act(spread_obs(0.05, iteration=k)).delay_s
+    np.testing.assert_allclose(delay, [0.05, 0.0])
+    # One iteration with the roles swapped barely moves the prediction, and the new latest rank is not paced.
+    delay = controller.act(make_observation([0.55, 0.5])).delay_s
+    np.testing.assert_allclose(delay, [0.04, 0.0])
+
+
+# --- pid ------------------------------------------------------------------------------------------
+
+
+def test_pid_terms_and_delay_mapping() -> None:
+    controller = PidController(setpoint_s=0.01, kp=0.5, ki=0.0, kd=0.0, output_limit_s=1.0)
+    controller.reset(3, RNG)
+    delay = controller.act(make_observation([0.5, 0.4, 0.61])).delay_s  # spread 0.21, error 0.2
+    diagnostics = controller.diagnostics()
+    assert diagnostics["p"] == pytest.approx(0.1)
+    assert diagnostics["output_s"] == pytest.approx(0.1)
+    np.testing.assert_allclose(delay, [0.1, 0.1, 0.0])  # delay = min(u, earliness): rank 0 is 0.11 early
+    delay = controller.act(make_observation([0.5, 0.56, 0.61])).delay_s  # spread 0.11, error 0.1
+    np.testing.assert_allclose(delay, [0.05, 0.05, 0.0])
+    delay = controller.act(make_observation([0.5, 0.58, 0.61])).delay_s
+    assert delay[1] == pytest.approx(0.03)  # capped by its earliness 0.03 < u = 0.05
+
+
+def test_pid_anti_windup() -> None:
+    controller = PidController(setpoint_s=0.0, kp=0.0, ki=1.0, kd=0.0, output_limit_s=0.05)
+    controller.reset(2, RNG)
+    for k in range(10_000):  # a long saturated error
+        controller.act(spread_obs(1.0, iteration=k))
+        assert 0.0 <= controller.diagnostics()["i"] <= 0.05
+    assert controller.diagnostics()["output_s"] == 0.05
+    controller.setpoint_s = 0.2  # now the error is negative: the output recovers at once, no unwinding
+    controller.act(spread_obs(0.1, iteration=10_000))
+    assert controller.diagnostics()["i"] == pytest.approx(0.0)
+    assert controller.diagnostics()["active"] == 0.0
+
+
+def test_pid_derivative_on_measurement_no_setpoint_kick() -> None:
+    controller = PidController(setpoint_s=0.01, kp=0.5, ki=0.0, kd=1.0, output_limit_s=1.0, dt_s=1.0)
+    controller.reset(2, RNG)
+    controller.act(spread_obs(0.05))
+    controller.act(spread_obs(0.05, iteration=1))
+    p_before = controller.diagnostics()["p"]
+    controller.setpoint_s = 0.03
+    controller.act(spread_obs(0.05, iteration=2))
+    diagnostics = controller.diagnostics()
+    assert diagnostics["d"] == 0.0  # no kick: the measurement did not move
+    assert diagnostics["p"] == pytest.approx(p_before - 0.5 * 0.02)
+    controller.act(spread_obs(0.07, iteration=3))  # spread rose by 20 ms in 1 s
+    assert controller.diagnostics()["d"] == pytest.approx(0.02)
+
+
+def test_pid_uses_observation_time_step() -> None:
+    controller = PidController(setpoint_s=0.0, kp=0.0, ki=1.0, kd=0.0, output_limit_s=10.0)
+    controller.reset(2, RNG)
+    controller.act(spread_obs(0.1, iteration_time_s=2.0))
+    assert controller.diagnostics()["i"] == pytest.approx(0.2)
+    with pytest.raises(ControllerError, match="iteration_time_s"):
+        controller.act(spread_obs(0.1, iteration_time_s=0.0))
+
+
+# --- ewma -----------------------------------------------------------------------------------------
+
+spreads = st.lists(st.floats(min_value=0.0, max_value=1.0, allow_nan=False), min_size=1, max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(spreads, st.floats(min_value=0.01, max_value=1.0))
+def test_ewma_stays_within_inputs(values: list[float], alpha: float) -> None:
+    controller = EwmaController(alpha=alpha)
+    controller.reset(2, RNG)
+    for k, spread in enumerate(values):
+        controller.act(make_observation([0.0, spread], iteration=k))
+        smoothed = controller.diagnostics()["smoothed_spread_s"]
+        assert min(values[: k + 1]) <= smoothed <= max(values[: k + 1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    spreads,
+    st.floats(min_value=0.05, max_value=1.0),
+    st.floats(min_value=0.0, max_value=0.5),
+    st.floats(min_value=0.0, max_value=0.5),
+    st.integers(min_value=0, max_value=6),
+)
+def test_ewma_no_chatter_inside_band(
+    values: list[float], alpha: float, low: float, width: float, dwell: int
+) -> None:
+    controller = EwmaController(
+        alpha=alpha, off_threshold_s=low, on_threshold_s=low + width, min_dwell_iters=dwell
+    )
+    controller.reset(2, RNG)
+    active, since_toggle = False, None
+    for k, spread in enumerate(values):
+        controller.act(make_observation([0.0, spread], iteration=k))
+        diagnostics = controller.diagnostics()
+        now, smoothed = diagnostics["active"] == 1.0, diagnostics["smoothed_spread_s"]
+        if since_toggle is not None:
+            since_toggle += 1  # iterations the current state has lasted
+        if now != active:
+            # A toggle happens only outside the band, in the right direction, after the dwell time.
+            assert smoothed > controller.on_threshold_s if now else smoothed < controller.off_threshold_s
+            assert since_toggle is None or since_toggle >= dwell
+            since_toggle = 0
+        active = now
+
+
+def test_ewma_dwell_delays_switch_off() -> None:
+    controller = EwmaController(alpha=1.0, on_threshold_s=0.02, off_threshold_s=0.01, min_dwell_iters=3)
+    controller.reset(2, RNG)
+    states = []
+    for k, spread in enumerate([0.05, 0.0, 0.0, 0.0, 0.0]):
+        controller.act(spread_obs(spread, iteration=k))
+        states.append(controller.diagnostics()["active"])
+    assert states == [1.0, 1.0, 1.0, 0.0, 0.0]
+
+
+def test_ewma_delays_smoothed_earliness() -> None:
+    controller = EwmaController(
+        alpha=0.5, on_threshold_s=0.0, off_threshold_s=0.0, min_dwell_iters=0, gain=1.0
+    )
+    controller.reset(2, RNG)
+    np.testing.assert_allclose(controller.act(spread_obs(0.04)).delay_s, [0.04, 0.0])
+    np.testing.assert_allclose(controller.act(spread_obs(0.02, iteration=1)).delay_s, [0.03, 0.0])
+
+
+# --- quantile -------------------------------------------------------------------------------------
+
+
+def test_quantile_one_aligns_to_predicted_latest() -> None:
+    controller = QuantileController(window_iters=5, quantile=1.0, gain=1.0)
+    controller.reset(3, RNG)
+    naturals = np.array([0.5, 0.52, 0.6]) + np.random.default_rng(1).uniform(-0.01, 0.01, size=(5, 3))
+    for k, natural in enumerate(naturals):
+        delay = controller.act(make_observation(natural, iteration=k)).delay_s
+    predicted = np.median(naturals, axis=0)
+    np.testing.assert_allclose(predicted + delay, predicted.max())  # everyone meets the predicted latest
+    assert delay[2] == 0.0
+
+
+def test_quantile_median_ignores_one_transient_straggler() -> None:
+    controller = QuantileController(window_iters=5, quantile=1.0, gain=1.0)
+    controller.reset(2, RNG)
+    for k in range(4):
+        controller.act(make_observation([0.5, 0.6], iteration=k))
+    delay = controller.act(make_observation([0.9, 0.6], iteration=4)).delay_s  # rank 0 straggles once
+    np.testing.assert_allclose(delay, [0.1, 0.0])
+
+
+def test_quantile_below_one_leaves_tail() -> None:
+    controller = QuantileController(window_iters=1, quantile=0.5, gain=1.0)
+    controller.reset(3, RNG)
+    delay = controller.act(make_observation([0.5, 0.6, 1.0])).delay_s
+    np.testing.assert_allclose(delay, [0.1, 0.0, 0.0])
+
+
+def test_quantile_on_threshold() -> None:
+    controller = QuantileController(window_iters=1, quantile=1.0, on_threshold_s=0.05)
+    controller.reset(2, RNG)
+    np.testing.assert_array_equal(controller.act(spread_obs(0.04)).delay_s, 0.0)
+    assert controller.diagnostics()["active"] == 0.0
+    np.testing.assert_allclose(controller.act(spread_obs(0.06, iteration=1)).delay_s, [0.06, 0.0])
+    assert controller.diagnostics()["active"] == 1.0
+
+
+# --- all controllers ------------------------------------------------------------------------------
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.sampled_from(sorted(CONTROLLERS)),
+    st.lists(
+        st.lists(st.floats(min_value=0.0, max_value=2.0, allow_nan=False), min_size=4, max_size=4),
+        min_size=1,
+        max_size=20,
+    ),
+    st.permutations(range(4)),
+)
+def test_permuting_ranks_permutes_delays(name: str, naturals: list[list[float]], perm: list[int]) -> None:
+    plain, permuted = make_controller(name), make_controller(name)
+    plain.reset(4, RNG)
+    permuted.reset(4, RNG)
+    for k, natural in enumerate(np.array(naturals)):
+        a = plain.act(make_observation(natural, iteration=k)).delay_s
+        b = permuted.act(make_observation(natural[perm], iteration=k)).delay_s
+        np.testing.assert_array_equal(a[perm], b)
+
+
+def test_pickled_controller_keeps_parameters() -> None:
+    controller = ThresholdController(gain=0.3)
+    assert pickle.loads(pickle.dumps(controller)).gain == 0.3
+    assert "gain=0.3" in repr(controller)
