@@ -12,6 +12,7 @@ Examples::
     python -m pacectl.run trace=st                          # the other shipped trace
     python -m pacectl.run trace=bytedance trace.path=T.parquet trace.meta=M.yaml
     python -m pacectl.run -m controller=threshold,pid       # Hydra multirun sweep
+    python -m pacectl.run analysis=whatif                   # what do stragglers cost, who causes it
     python -m pacectl.run --help                            # every config group and key
 
 The communication model is part of every result. Under the null model (``comm=recorded``) durations
@@ -20,6 +21,7 @@ are fixed, so pacing can only keep or lengthen iterations; any gain needs a timi
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -30,9 +32,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
-from pacectl import metrics, report
+from pacectl import metrics, report, whatif
 from pacectl.config import CONF_DIR, controller_factory, controller_families, load_trace, make_backend
-from pacectl.errors import PacectlError
+from pacectl.errors import ConfigError, PacectlError
 from pacectl.loop import run_episode
 
 BASELINE = "none"
@@ -56,6 +58,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     backend = make_backend(cfg, trace)
     fidelity = backend.fidelity()
     families = controller_families(cfg)
+    prize = whatif.analyze(backend)
     episodes = {}
     for family, params in families.items():
         episodes[family] = run_episode(backend, controller_factory(family, params, cfg.guard), seed=int(cfg.seed))
@@ -85,6 +88,15 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
             "transfer_clipped": fidelity.transfer_clipped,
             "num_op_instances": fidelity.num_op_instances,
         },
+        "whatif": {
+            "blocking_slowdown": prize.blocking_slowdown,
+            "launch_slowdown": prize.launch_slowdown,
+            "ideal_iteration_time_mean_s": float(prize.step_time_ideal_s.mean()),
+            "m_w": prize.m_w.rem,
+            "m_s": prize.m_s.rem,
+            "note": "what straggling costs: mean step time without launch delays / ideal replay with "
+            "stragglers removed (Lin et al., OSDI 2025); the most any controller could win",
+        },
         "baseline": BASELINE,
         "runs": summaries,
         "vs_baseline": {
@@ -111,6 +123,9 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         "replay fidelity (zero delay)": f"median {fidelity.step_time_median_abs_err_frac:.2e}, "
         f"p90 {fidelity.step_time_p90_abs_err_frac:.2e} abs. rel. error of step time",
     }
+    context["stragglers' cost (what-if)"] = (
+        f"blocking slowdown S = {prize.blocking_slowdown:.3f}, M_W = {prize.m_w.rem:.3f}, M_S = {prize.m_s.rem:.3f}"
+    )
     if "note" in summary:
         context["note"] = summary["note"]
     if cfg.output.report:
@@ -121,10 +136,37 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     return summary
 
 
+def run_whatif(cfg: DictConfig, out_dir: Path) -> whatif.WhatIfResult:
+    """Run the what-if analysis of ``cfg.trace``; write ``whatif.json``, the heatmap and the timeline.
+
+    Raises:
+        PacectlError: bad trace or config value.
+    """
+    backend = make_backend(cfg, load_trace(cfg.trace))
+    step_index = int(cfg.analysis.get("timeline_step_index", 0))
+    if not 0 <= step_index < backend.num_iterations:
+        raise ConfigError(
+            f"analysis.timeline_step_index must be in [0, {backend.num_iterations}), got {step_index}"
+        )
+    result = whatif.analyze(backend)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.output.plots:
+        whatif.plot_heatmap(out_dir / "whatif_heatmap.png", result)
+    whatif.write_timeline(out_dir / "timeline.json", backend, step_index=step_index)
+    report.atomic_write_text(out_dir / "whatif.json", json.dumps(result.to_json(), indent=2) + "\n")
+    return result
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
+        if cfg.analysis.name == "whatif":
+            result = run_whatif(cfg, out_dir)
+            print(f"what-if analysis of {result.trace} (comm model: null, {result.num_replays} replays)")
+            print("\n".join(result.worst_offenders()))
+            print(f"outputs: {out_dir} (whatif.json, whatif_heatmap.png, timeline.json for ui.perfetto.dev)")
+            return
         summary = run_experiment(cfg, out_dir)
     except MissingMandatoryValue as err:
         _fail(
@@ -138,6 +180,11 @@ def _hydra_main(cfg: DictConfig) -> None:
     print(
         f"replay fidelity (zero delay vs recorded step time): median {fid['step_time_median_abs_err_frac']:.2e}, "
         f"p90 {fid['step_time_p90_abs_err_frac']:.2e}"
+    )
+    wi = summary["whatif"]
+    print(
+        f"stragglers' cost (what-if, Lin et al. OSDI'25): blocking slowdown S = {wi['blocking_slowdown']:.3f}, "
+        f"ideal mean iteration {wi['ideal_iteration_time_mean_s']:.4g} s"
     )
     if "note" in summary:
         print(f"note: {summary['note']}")

@@ -101,3 +101,21 @@ def test_corrupt_trace_file(tmp_path: Path) -> None:
     assert "must be a Parquet file" in proc.stderr and "bad.parquet" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (out / "summary.json").exists()
+
+
+def test_whatif_entry_point(tmp_path: Path) -> None:
+    out = tmp_path / "wi"
+    proc = _run("analysis=whatif", "trace=st", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    payload = json.loads((out / "whatif.json").read_text())
+    assert {"blocking_slowdown", "by_dp_rank", "by_stage", "by_optype", "m_w", "m_s"} <= set(payload)
+    assert (out / "whatif_heatmap.png").stat().st_size > 0
+    assert json.loads((out / "timeline.json").read_text())["traceEvents"]
+    assert "worst rank" in proc.stdout and "blocking slowdown" in proc.stdout
+
+
+def test_whatif_bad_timeline_step(tmp_path: Path) -> None:
+    out = tmp_path / "wi"
+    proc = _run("analysis=whatif", "trace=st", "analysis.timeline_step_index=99", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 2 and "timeline_step_index must be in [0, 32)" in proc.stderr
+    assert not (out / "whatif.json").exists()

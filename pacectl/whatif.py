@@ -1,0 +1,355 @@
+"""What-if analysis: how much do stragglers cost, and which rank, stage or op type causes it?
+
+Method and definitions follow Lin et al., "Understanding Stragglers in Large Model Training Using
+What-if Analysis" (OSDI 2025, section 4 and the artifact github.com/ByteDance-Seed/StragglerAnalysis),
+re-implemented on pacectl's vectorized replay (:mod:`pacectl.backends.dag`):
+
+- **original** (``t_ori``): the replay with every launch delay removed (recorded durations and
+  intrinsic transfer times, no host-side gaps);
+- **ideal** (``t_ideal``): the same replay with the straggling removed. Every compute-like op
+  (``forward-compute``, ``backward-compute``, ``gc``, ``optimizer``) takes the **mean** duration of its
+  op type over all DP ranks, stages and steps; every communication op (p2p send/recv, DP all-gather
+  and reduce-scatter, the layernorm, embedding and grad-norm all-reduces) takes the **median**
+  intrinsic transfer time of its op type over the same population;
+- **blocking slowdown** ``S = mean step time of the original / mean step time of the ideal``
+  (and ``launch slowdown = mean recorded step time / t_ori``);
+- **attribution**: for each DP rank, each PP stage and each op type (p2p merged into
+  ``forward-pp-comm`` / ``backward-pp-comm``), the ideal replay with only that subset's recorded
+  durations put back; its slowdown ``mean(step time) / t_ideal`` is what that subset alone causes.
+  Per-step versions divide step by step. pacectl adds the same for each (DP rank, stage) cell;
+- **M_S** (stage imbalance): ``(t_ori - t_rem) / (t_ori - t_ideal)`` where ``t_rem`` is the original
+  with the last stage's ops set to ideal;
+- **M_W** (worker issue): the same with the top 3 % of ranks (at least one) set to ideal, ranks
+  scored by ``min(slowdown of their DP rank, slowdown of their stage)``. ``add`` variants put the
+  subset's recorded durations back into the ideal instead: ``(t_add - t_ideal) / (t_ori - t_ideal)``.
+
+Every number here comes from the null (max-plus) model: fixed durations.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pacectl.backends.replay import ReplayBackend
+from pacectl.report import atomic_path, atomic_write_text, jsonable
+
+COMPUTE_LIKE = ("forward-compute", "backward-compute", "gc", "optimizer")
+P2P_GROUP = {
+    "forward-send": "forward-pp-comm",
+    "forward-recv": "forward-pp-comm",
+    "backward-send": "backward-pp-comm",
+    "backward-recv": "backward-pp-comm",
+}
+MW_TOP_FRAC = 0.03  # share of ranks M_W sets to ideal (the artifact's RATIO = 3 %)
+FloatArray = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Explained:
+    """Effect of one subset on the gap between original and ideal (artifact's ``explain_slowdown``).
+
+    Attributes:
+        t_ori, t_ideal: mean step time of the original and the ideal replay, seconds.
+        t_rem: mean step time of the original with the subset set to ideal, seconds.
+        t_add: mean step time of the ideal with the subset's recorded durations, seconds.
+        rem: ``(t_ori - t_rem) / (t_ori - t_ideal)``; the M_W / M_S value.
+        add: ``(t_add - t_ideal) / (t_ori - t_ideal)``.
+        subset: what was replaced, in words.
+    """
+
+    t_ori: float
+    t_ideal: float
+    t_rem: float
+    t_add: float
+    rem: float
+    add: float
+    subset: str
+
+
+@dataclass(frozen=True)
+class WhatIfResult:
+    """Outcome of :func:`analyze`. See the module docstring for every definition.
+
+    Attributes:
+        trace: trace name.
+        steps: ``int64[num_steps]`` step ids.
+        step_time_recorded_s, step_time_original_s, step_time_ideal_s: ``float64[num_steps]`` seconds.
+        blocking_slowdown: ``mean(original) / mean(ideal)``.
+        launch_slowdown: ``mean(recorded) / mean(original)``.
+        by_dp_rank, by_stage, by_optype: subset -> slowdown it alone causes.
+        by_rank: ``float64[dp_size, pp_size]`` slowdown of each (DP rank, stage) cell alone.
+        rank_labels: ``int64[pp_size, dp_size]`` global rank of each cell.
+        per_step: ``{"by_dp_rank" | "by_stage" | "by_optype": {step: {subset: slowdown}}}``.
+        m_w, m_s: the characterisation metrics with their components.
+        num_replays: replays run.
+    """
+
+    trace: str
+    steps: NDArray[np.int64]
+    step_time_recorded_s: FloatArray
+    step_time_original_s: FloatArray
+    step_time_ideal_s: FloatArray
+    blocking_slowdown: float
+    launch_slowdown: float
+    by_dp_rank: dict[str, float]
+    by_stage: dict[str, float]
+    by_optype: dict[str, float]
+    by_rank: FloatArray
+    rank_labels: NDArray[np.int64]
+    per_step: dict[str, dict[str, dict[str, float]]]
+    m_w: Explained
+    m_s: Explained
+    num_replays: int = field(default=0)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``whatif.json`` payload (plain JSON types)."""
+
+        def explained(e: Explained) -> dict[str, Any]:
+            return {k: getattr(e, k) for k in ("rem", "add", "t_ori", "t_ideal", "t_rem", "t_add", "subset")}
+
+        return jsonable(
+            {
+                "trace": self.trace,
+                "comm_model": "null",
+                "definitions": "Lin et al., OSDI 2025: compute ops ideal = mean per op type, comm ops ideal = "
+                "median per op type, over all DP ranks, stages and steps; launch delays removed",
+                "blocking_slowdown": self.blocking_slowdown,
+                "launch_slowdown": self.launch_slowdown,
+                "by_dp_rank": _sorted(self.by_dp_rank),
+                "by_stage": _sorted(self.by_stage),
+                "by_optype": _sorted(self.by_optype),
+                "by_rank": {
+                    str(int(self.rank_labels[s, d])): {"dp_rank": d, "stage": s, "slowdown": float(self.by_rank[d, s])}
+                    for s in range(self.by_rank.shape[1])
+                    for d in range(self.by_rank.shape[0])
+                },
+                "m_w": self.m_w.rem,
+                "m_s": self.m_s.rem,
+                "m_w_detail": explained(self.m_w),
+                "m_s_detail": explained(self.m_s),
+                "per_step": self.per_step,
+                "step_time_s": {
+                    str(int(s)): {"recorded": r, "original": o, "ideal": i}
+                    for s, r, o, i in zip(
+                        self.steps, self.step_time_recorded_s, self.step_time_original_s, self.step_time_ideal_s, strict=True
+                    )
+                },
+                "num_replays": self.num_replays,
+            }
+        )
+
+    def worst_offenders(self, top: int = 3) -> list[str]:
+        """Human-readable lines naming the subsets that cost the most, worst first."""
+        lines = [f"blocking slowdown S = {self.blocking_slowdown:.3f} (stragglers cost "
+                 f"{(1 - 1 / self.blocking_slowdown) * 100:.1f} % of step time); "
+                 f"M_W = {self.m_w.rem:.3f}, M_S = {self.m_s.rem:.3f}"]
+        d, s = np.unravel_index(int(np.argmax(self.by_rank)), self.by_rank.shape)
+        lines.append(
+            f"worst rank: global rank {int(self.rank_labels[s, d])} (dp_rank {d}, stage {s}) alone: "
+            f"{self.by_rank[d, s]:.3f}x"
+        )
+        for label, table in (("DP rank", self.by_dp_rank), ("stage", self.by_stage), ("op type", self.by_optype)):
+            items = list(_sorted(table).items())[:top]
+            lines.append(f"worst {label}: " + ", ".join(f"{k} {v:.3f}x" for k, v in items))
+        return lines
+
+
+def _sorted(table: dict[str, float]) -> dict[str, float]:
+    return dict(sorted(table.items(), key=lambda kv: -kv[1]))
+
+
+class _Replayer:
+    """Runs no-launch-delay replays of a backend with modified transfer times; counts them."""
+
+    def __init__(self, backend: ReplayBackend) -> None:
+        self.backend = backend
+        self.zero_launch = np.zeros_like(backend.launch_s)
+        self.count = 0
+
+    def step_times(self, transfer_s: FloatArray) -> FloatArray:
+        _, end = self.backend.replayed_times(launch_s=self.zero_launch, transfer_s=transfer_s)
+        self.count += 1
+        return end.max(axis=(0, 2))
+
+
+def ideal_transfer_s(backend: ReplayBackend) -> FloatArray:
+    """Ideal durations: per op type, mean (compute-like) or median (communication) over all instances.
+
+    Returns:
+        ``float64[N, num_steps, dp_size]`` seconds.
+    """
+    recorded = np.asarray(backend.transfer_s)
+    ideal = np.empty_like(recorded)
+    optype = backend.dag.optype
+    for t in np.unique(optype):
+        nodes = optype == t
+        values = recorded[nodes]
+        ideal[nodes] = values.mean() if t in COMPUTE_LIKE else np.median(values)
+    return ideal
+
+
+def analyze(backend: ReplayBackend) -> WhatIfResult:
+    """Run the full what-if analysis on a replay backend (null model).
+
+    Args:
+        backend: a :class:`~pacectl.backends.replay.ReplayBackend` of the trace.
+
+    Returns:
+        The :class:`WhatIfResult`.
+
+    Example:
+        >>> from pacectl.data import shipped_trace
+        >>> from pacectl.traces.bytedance import load_bytedance
+        >>> result = analyze(ReplayBackend(load_bytedance(*shipped_trace("ST"))))
+        >>> round(result.blocking_slowdown, 2)
+        1.18
+    """
+    dag = backend.dag
+    rep = _Replayer(backend)
+    recorded_t = np.asarray(backend.transfer_s)
+    ideal_t = ideal_transfer_s(backend)
+    step_recorded = (dag.start_s + dag.duration_s).max(axis=(0, 2))
+    step_ori = rep.step_times(recorded_t)
+    step_ideal = rep.step_times(ideal_t)
+    t_ori, t_ideal = float(step_ori.mean()), float(step_ideal.mean())
+    dp, pp = dag.rank_labels.shape[1], dag.rank_labels.shape[0]
+    steps = [str(int(s)) for s in dag.steps]
+
+    def keep(node_mask: NDArray[np.bool_], dp_mask: NDArray[np.bool_] | None = None) -> FloatArray:
+        """Ideal everywhere except the selected (node, dp) cells, which keep their recorded values."""
+        mask = np.broadcast_to(node_mask[:, None, None], recorded_t.shape)
+        if dp_mask is not None:
+            mask = mask & dp_mask[None, None, :]
+        return rep.step_times(np.where(mask, recorded_t, ideal_t))
+
+    per_step: dict[str, dict[str, dict[str, float]]] = {}
+
+    def attribute(name: str, subsets: dict[str, tuple[NDArray[np.bool_], NDArray[np.bool_] | None]]) -> dict[str, float]:
+        overall, by_step = {}, {s: {} for s in steps}
+        for key, (node_mask, dp_mask) in subsets.items():
+            times = keep(node_mask, dp_mask)
+            overall[key] = float(times.mean() / t_ideal)
+            for s, ratio in zip(steps, times / step_ideal, strict=True):
+                by_step[s][key] = float(ratio)
+        per_step[name] = {s: _sorted(v) for s, v in by_step.items()}
+        return overall
+
+    all_nodes = np.ones(dag.num_nodes, dtype=bool)
+    by_dp = attribute("by_dp_rank", {str(d): (all_nodes, np.arange(dp) == d) for d in range(dp)})
+    by_stage = attribute("by_stage", {str(s): (dag.stage == s, None) for s in range(pp)})
+    groups = np.array([P2P_GROUP.get(str(t), str(t)) for t in dag.optype])
+    by_optype = attribute("by_optype", {g: (groups == g, None) for g in np.unique(groups)})
+    by_rank = np.array(
+        [[float(keep(dag.stage == s, np.arange(dp) == d).mean() / t_ideal) for s in range(pp)] for d in range(dp)]
+    )
+
+    def explain(mask: NDArray[np.bool_], subset: str) -> Explained:
+        t_rem = float(rep.step_times(np.where(mask, ideal_t, recorded_t)).mean())
+        t_add = float(rep.step_times(np.where(mask, recorded_t, ideal_t)).mean())
+        gap = t_ori - t_ideal
+        return Explained(
+            t_ori=t_ori,
+            t_ideal=t_ideal,
+            t_rem=t_rem,
+            t_add=t_add,
+            rem=(t_ori - t_rem) / gap if gap > 0 else math.nan,
+            add=(t_add - t_ideal) / gap if gap > 0 else math.nan,
+            subset=subset,
+        )
+
+    last = np.broadcast_to((dag.stage == pp - 1)[:, None, None], recorded_t.shape)
+    m_s = explain(last, f"every op of the last stage ({pp - 1})")
+    score = np.minimum(np.array([by_dp[str(d)] for d in range(dp)])[:, None], np.array([by_stage[str(s)] for s in range(pp)])[None, :])
+    n_top = max(1, math.ceil(dp * pp * MW_TOP_FRAC))
+    order = np.lexsort((np.arange(dp * pp), -score.reshape(-1)))[:n_top]  # ties: lower dp_rank first
+    cells = [(int(i // pp), int(i % pp)) for i in order]
+    mw_mask = np.zeros(recorded_t.shape, dtype=bool)
+    for d, s in cells:
+        mw_mask[dag.stage == s, :, d] = True
+    m_w = explain(
+        mw_mask,
+        "top {} rank(s) by min(DP-rank, stage) slowdown: ".format(n_top)
+        + ", ".join(f"rank {int(dag.rank_labels[s, d])} (dp {d}, stage {s})" for d, s in cells),
+    )
+    return WhatIfResult(
+        trace=backend.trace.meta.name,
+        steps=dag.steps,
+        step_time_recorded_s=step_recorded,
+        step_time_original_s=step_ori,
+        step_time_ideal_s=step_ideal,
+        blocking_slowdown=t_ori / t_ideal,
+        launch_slowdown=float(step_recorded.mean() / t_ori),
+        by_dp_rank=by_dp,
+        by_stage=by_stage,
+        by_optype=by_optype,
+        by_rank=by_rank,
+        rank_labels=dag.rank_labels,
+        per_step=per_step,
+        m_w=m_w,
+        m_s=m_s,
+        num_replays=rep.count,
+    )
+
+
+def plot_heatmap(path: str | Path, result: WhatIfResult) -> None:
+    """PNG heatmap of the slowdown each (DP rank, stage) cell causes alone."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    dp, pp = result.by_rank.shape
+    fig = Figure(figsize=(1.2 * pp + 3, 0.8 * dp + 2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    im = ax.imshow(result.by_rank, cmap="Reds", vmin=1.0, vmax=max(1.0 + 1e-6, float(result.by_rank.max())))
+    mid = 0.5 * (1.0 + float(result.by_rank.max()))
+    for d in range(dp):
+        for s in range(pp):
+            value = result.by_rank[d, s]
+            ax.text(s, d, f"{value:.3f}\nrank {int(result.rank_labels[s, d])}", ha="center", va="center",
+                    fontsize=8, color="white" if value > mid else "black")
+    ax.set_xticks(range(pp), [str(s) for s in range(pp)])
+    ax.set_yticks(range(dp), [str(d) for d in range(dp)])
+    ax.set_xlabel("pipeline stage")
+    ax.set_ylabel("DP rank")
+    ax.set_title(f"{result.trace}: slowdown caused by each rank alone\n(S = {result.blocking_slowdown:.3f}; "
+                 "comm model: null)")
+    fig.colorbar(im, ax=ax, label="mean step time / ideal")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+
+
+def write_timeline(path: str | Path, backend: ReplayBackend, *, step_index: int = 0) -> None:
+    """Chrome-trace JSON (opens in Perfetto / chrome://tracing) of one step: recorded vs ideal replay.
+
+    Two processes, ``recorded`` and ``ideal (what-if)``, one thread per global rank; ``ts``/``dur`` in µs.
+    """
+    dag = backend.dag
+    rep = _Replayer(backend)
+    start_ideal, end_ideal = backend.replayed_times(launch_s=rep.zero_launch, transfer_s=ideal_transfer_s(backend))
+    events: list[dict[str, Any]] = []
+    for pid, label, start, end in (
+        (1, "recorded", dag.start_s, dag.start_s + dag.duration_s),
+        (2, "ideal (what-if)", start_ideal, end_ideal),
+    ):
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}})
+        for d in range(dag.rank_labels.shape[1]):
+            for s in range(dag.rank_labels.shape[0]):
+                rank = int(dag.rank_labels[s, d])
+                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": rank,
+                               "args": {"name": f"rank {rank} (dp {d}, stage {s})"}})
+            for v in range(dag.num_nodes):
+                rank = int(dag.rank_labels[dag.stage[v], d])
+                events.append({
+                    "ph": "X", "pid": pid, "tid": rank, "name": str(dag.optype[v]),
+                    "ts": float(start[v, step_index, d]) * 1e6,
+                    "dur": float(end[v, step_index, d] - start[v, step_index, d]) * 1e6,
+                    "args": {"seq_id": int(dag.seq_id[v]), "step": int(dag.steps[step_index])},
+                })
+    atomic_write_text(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))

@@ -1,0 +1,88 @@
+"""What-if analysis against the published outputs of the OSDI'25 artifact (within 2 % relative)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pacectl.backends.replay import ReplayBackend
+from pacectl.data import DATA_DIR
+from pacectl.whatif import analyze, ideal_transfer_s, plot_heatmap, write_timeline
+
+PUBLISHED = DATA_DIR / "bytedance"
+
+
+def _published(name: str, kind: str) -> dict:  # type: ignore[type-arg]
+    return json.loads((PUBLISHED / f"{kind}-{name}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def results(st_backend: ReplayBackend, ar_backend: ReplayBackend) -> dict:  # type: ignore[type-arg]
+    return {"ST": analyze(st_backend), "AR": analyze(ar_backend)}
+
+
+@pytest.mark.parametrize("name", ["ST", "AR"])
+def test_blocking_slowdown_matches_published(results: dict, name: str) -> None:  # type: ignore[type-arg]
+    published = _published(name, "result")
+    assert results[name].blocking_slowdown == pytest.approx(published["blocking_slowdown"], rel=0.02)
+    assert results[name].launch_slowdown == pytest.approx(published["launch_slowdown"], rel=0.02)
+
+
+@pytest.mark.parametrize("name", ["ST", "AR"])
+@pytest.mark.parametrize("dim", ["dp_rank", "stage", "optype"])
+def test_attribution_matches_published(results: dict, name: str, dim: str) -> None:  # type: ignore[type-arg]
+    published = _published(name, "result")[f"blocking_decompose_by_{dim}"]
+    ours = getattr(results[name], f"by_{dim}")
+    assert set(ours) == set(published)
+    for key, value in published.items():
+        assert ours[key] == pytest.approx(value, rel=0.02), key
+
+
+@pytest.mark.parametrize("name", ["ST", "AR"])
+def test_per_step_attribution_matches_published(results: dict, name: str) -> None:  # type: ignore[type-arg]
+    published = _published(name, "result")["blocking_decompose_by_dp_rank_per_step"]
+    ours = results[name].per_step["by_dp_rank"]
+    for step, table in published.items():
+        for key, value in table.items():
+            assert ours[step][key] == pytest.approx(value, rel=0.02), (step, key)
+
+
+def test_m_w_and_m_s_match_published(results: dict) -> None:  # type: ignore[type-arg]
+    # AR: the injected slow worker explains the whole slowdown, M_W ~ 1; no stage imbalance.
+    assert results["AR"].m_w.rem == pytest.approx(_published("AR", "mw")["Mw"], rel=0.02)
+    assert results["AR"].m_s.rem == pytest.approx(_published("AR", "ms")["Ms"], abs=0.002)
+    # ST: stage imbalance; M_S large, M_W small.
+    assert results["ST"].m_s.rem == pytest.approx(_published("ST", "ms")["Ms"], rel=0.02)
+    assert results["ST"].m_w.rem == pytest.approx(_published("ST", "mw")["Mw"], rel=0.02)
+    for name in ("AR", "ST"):
+        assert results[name].m_w.t_ideal == pytest.approx(_published(name, "mw")["tideal"], rel=0.02)
+        assert results[name].m_w.t_ori == pytest.approx(_published(name, "mw")["tori"], rel=0.02)
+
+
+def test_slowdown_pinned_on_dp_rank_0_stage_0_of_ar(results: dict) -> None:  # type: ignore[type-arg]
+    ar = results["AR"]
+    assert np.unravel_index(int(np.argmax(ar.by_rank)), ar.by_rank.shape) == (0, 0)
+    assert max(ar.by_dp_rank, key=ar.by_dp_rank.get) == "0"
+    assert max(ar.by_stage, key=ar.by_stage.get) == "0"
+    assert "global rank 0 (dp_rank 0, stage 0)" in "\n".join(ar.worst_offenders())
+
+
+def test_ideal_is_uniform_per_optype(st_backend: ReplayBackend) -> None:
+    ideal = ideal_transfer_s(st_backend)
+    for t in np.unique(st_backend.dag.optype):
+        values = ideal[st_backend.dag.optype == t]
+        assert np.ptp(values) == 0.0
+
+
+def test_whatif_json_and_files(results: dict, st_backend: ReplayBackend, tmp_path) -> None:  # type: ignore[no-untyped-def,type-arg]
+    payload = json.loads(json.dumps(results["ST"].to_json(), allow_nan=False))
+    assert {"blocking_slowdown", "by_dp_rank", "by_stage", "by_optype", "m_w", "m_s", "by_rank"} <= set(payload)
+    plot_heatmap(tmp_path / "h.png", results["ST"])
+    assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    write_timeline(tmp_path / "t.json", st_backend, step_index=1)
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert len(complete) == 2 * st_backend.dag.num_nodes * 2  # recorded + ideal, 2 DP ranks
+    assert all(e["dur"] >= 0 for e in complete)
