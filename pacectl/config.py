@@ -68,13 +68,21 @@ def make_backend(cfg: DictConfig, trace: OpTrace) -> ReplayBackend:
     comm_name = str(cfg.comm.name)
     if comm_name not in COMM_MODELS:
         raise ConfigError(f"comm.name must be one of {sorted(COMM_MODELS)}, got {comm_name!r}")
-    return ReplayBackend(trace, paced_optype=str(cfg.backend.paced_optype), comm_model=COMM_MODELS[comm_name]())
+    return ReplayBackend(
+        trace, paced_optype=str(cfg.backend.paced_optype), comm_model=COMM_MODELS[comm_name]()
+    )
 
 
 def controller_params(controller_cfg: DictConfig | dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Split a controller config into its family name and constructor parameters."""
-    params = dict(OmegaConf.to_container(controller_cfg, resolve=True) if isinstance(controller_cfg, DictConfig)
-                  else controller_cfg)
+    raw = (
+        OmegaConf.to_container(controller_cfg, resolve=True)
+        if isinstance(controller_cfg, DictConfig)
+        else controller_cfg
+    )
+    if not isinstance(raw, dict):
+        raise ConfigError(f"controller config must be a mapping, got {raw!r}")
+    params: dict[str, Any] = {str(k): v for k, v in raw.items()}
     name = params.pop("name", None)
     if not isinstance(name, str):
         raise ConfigError(f"controller.name must be a controller family name, got {name!r}")
@@ -93,7 +101,9 @@ def controller_families(cfg: DictConfig) -> dict[str, dict[str, Any]]:
         for family in params.get("families", []):
             path = CONF_DIR / "controller" / f"{family}.yaml"
             if not path.is_file():
-                raise ConfigError(f"controller.families entries must have a conf/controller/*.yaml, got {family!r}")
+                raise ConfigError(
+                    f"controller.families entries must have a conf/controller/*.yaml, got {family!r}"
+                )
             fam_name, fam_params = controller_params(OmegaConf.load(path))  # type: ignore[arg-type]
             runs[fam_name] = fam_params
     elif name != "none":
@@ -103,7 +113,9 @@ def controller_families(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     return runs
 
 
-def controller_factory(family: str, params: dict[str, Any], guard_cfg: DictConfig) -> Callable[[], Controller]:
+def controller_factory(
+    family: str, params: dict[str, Any], guard_cfg: DictConfig
+) -> Callable[[], Controller]:
     """A factory of guarded controllers (one is built per pacing domain)."""
     guard = OmegaConf.to_container(guard_cfg, resolve=True)
     assert isinstance(guard, dict)

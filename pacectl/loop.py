@@ -65,13 +65,15 @@ def run_episode(
         diag_rows.append([ctrl.diagnostics() for ctrl in controllers])
     keys = sorted({key for row in diag_rows for diag in row for key in diag})
     diagnostics = {
-        key: np.array([[diag.get(key, np.nan) for diag in row] for row in diag_rows], dtype=np.float64).reshape(
-            n_iter, len(domains)
-        )
+        key: np.array(
+            [[diag.get(key, np.nan) for diag in row] for row in diag_rows], dtype=np.float64
+        ).reshape(n_iter, len(domains))
         for key in keys
     }
     active = diagnostics.get("active", np.zeros((n_iter, len(domains)))) > 0.5
-    counters = [diagnostics[k][-1] for k in ("guard_interventions", "guard_clipped") if k in diagnostics and n_iter]
+    counters = [
+        diagnostics[k][-1] for k in ("guard_interventions", "guard_clipped") if k in diagnostics and n_iter
+    ]
     domain_of_rank = np.zeros(num_ranks, dtype=np.int64)
     for d, dom in enumerate(domains):
         domain_of_rank[list(dom.ranks)] = d

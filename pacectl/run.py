@@ -61,7 +61,9 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     prize = whatif.analyze(backend)
     episodes = {}
     for family, params in families.items():
-        episodes[family] = run_episode(backend, controller_factory(family, params, cfg.guard), seed=int(cfg.seed))
+        episodes[family] = run_episode(
+            backend, controller_factory(family, params, cfg.guard), seed=int(cfg.seed)
+        )
     summaries = {name: metrics.summarize(ep) for name, ep in episodes.items()}
     comm = backend.comm_model
     summary: dict[str, Any] = {
@@ -130,7 +132,10 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         context["note"] = summary["note"]
     if cfg.output.report:
         report.write_report_md(
-            out_dir / "report.md", title=f"pacectl replay: {trace.meta.name}", summaries=summaries, context=context
+            out_dir / "report.md",
+            title=f"pacectl replay: {trace.meta.name}",
+            summaries=summaries,
+            context=context,
         )
     report.write_summary_json(out_dir / "summary.json", summary)
     return summary

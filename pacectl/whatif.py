@@ -126,7 +126,11 @@ class WhatIfResult:
                 "by_stage": _sorted(self.by_stage),
                 "by_optype": _sorted(self.by_optype),
                 "by_rank": {
-                    str(int(self.rank_labels[s, d])): {"dp_rank": d, "stage": s, "slowdown": float(self.by_rank[d, s])}
+                    str(int(self.rank_labels[s, d])): {
+                        "dp_rank": d,
+                        "stage": s,
+                        "slowdown": float(self.by_rank[d, s]),
+                    }
                     for s in range(self.by_rank.shape[1])
                     for d in range(self.by_rank.shape[0])
                 },
@@ -138,7 +142,11 @@ class WhatIfResult:
                 "step_time_s": {
                     str(int(s)): {"recorded": r, "original": o, "ideal": i}
                     for s, r, o, i in zip(
-                        self.steps, self.step_time_recorded_s, self.step_time_original_s, self.step_time_ideal_s, strict=True
+                        self.steps,
+                        self.step_time_recorded_s,
+                        self.step_time_original_s,
+                        self.step_time_ideal_s,
+                        strict=True,
                     )
                 },
                 "num_replays": self.num_replays,
@@ -147,15 +155,21 @@ class WhatIfResult:
 
     def worst_offenders(self, top: int = 3) -> list[str]:
         """Human-readable lines naming the subsets that cost the most, worst first."""
-        lines = [f"blocking slowdown S = {self.blocking_slowdown:.3f} (stragglers cost "
-                 f"{(1 - 1 / self.blocking_slowdown) * 100:.1f} % of step time); "
-                 f"M_W = {self.m_w.rem:.3f}, M_S = {self.m_s.rem:.3f}"]
+        lines = [
+            f"blocking slowdown S = {self.blocking_slowdown:.3f} (stragglers cost "
+            f"{(1 - 1 / self.blocking_slowdown) * 100:.1f} % of step time); "
+            f"M_W = {self.m_w.rem:.3f}, M_S = {self.m_s.rem:.3f}"
+        ]
         d, s = np.unravel_index(int(np.argmax(self.by_rank)), self.by_rank.shape)
         lines.append(
             f"worst rank: global rank {int(self.rank_labels[s, d])} (dp_rank {d}, stage {s}) alone: "
             f"{self.by_rank[d, s]:.3f}x"
         )
-        for label, table in (("DP rank", self.by_dp_rank), ("stage", self.by_stage), ("op type", self.by_optype)):
+        for label, table in (
+            ("DP rank", self.by_dp_rank),
+            ("stage", self.by_stage),
+            ("op type", self.by_optype),
+        ):
             items = list(_sorted(table).items())[:top]
             lines.append(f"worst {label}: " + ", ".join(f"{k} {v:.3f}x" for k, v in items))
         return lines
@@ -231,8 +245,11 @@ def analyze(backend: ReplayBackend) -> WhatIfResult:
 
     per_step: dict[str, dict[str, dict[str, float]]] = {}
 
-    def attribute(name: str, subsets: dict[str, tuple[NDArray[np.bool_], NDArray[np.bool_] | None]]) -> dict[str, float]:
-        overall, by_step = {}, {s: {} for s in steps}
+    def attribute(
+        name: str, subsets: dict[str, tuple[NDArray[np.bool_], NDArray[np.bool_] | None]]
+    ) -> dict[str, float]:
+        overall: dict[str, float] = {}
+        by_step: dict[str, dict[str, float]] = {s: {} for s in steps}
         for key, (node_mask, dp_mask) in subsets.items():
             times = keep(node_mask, dp_mask)
             overall[key] = float(times.mean() / t_ideal)
@@ -247,7 +264,10 @@ def analyze(backend: ReplayBackend) -> WhatIfResult:
     groups = np.array([P2P_GROUP.get(str(t), str(t)) for t in dag.optype])
     by_optype = attribute("by_optype", {g: (groups == g, None) for g in np.unique(groups)})
     by_rank = np.array(
-        [[float(keep(dag.stage == s, np.arange(dp) == d).mean() / t_ideal) for s in range(pp)] for d in range(dp)]
+        [
+            [float(keep(dag.stage == s, np.arange(dp) == d).mean() / t_ideal) for s in range(pp)]
+            for d in range(dp)
+        ]
     )
 
     def explain(mask: NDArray[np.bool_], subset: str) -> Explained:
@@ -266,7 +286,10 @@ def analyze(backend: ReplayBackend) -> WhatIfResult:
 
     last = np.broadcast_to((dag.stage == pp - 1)[:, None, None], recorded_t.shape)
     m_s = explain(last, f"every op of the last stage ({pp - 1})")
-    score = np.minimum(np.array([by_dp[str(d)] for d in range(dp)])[:, None], np.array([by_stage[str(s)] for s in range(pp)])[None, :])
+    score = np.minimum(
+        np.array([by_dp[str(d)] for d in range(dp)])[:, None],
+        np.array([by_stage[str(s)] for s in range(pp)])[None, :],
+    )
     n_top = max(1, math.ceil(dp * pp * MW_TOP_FRAC))
     order = np.lexsort((np.arange(dp * pp), -score.reshape(-1)))[:n_top]  # ties: lower dp_rank first
     cells = [(int(i // pp), int(i % pp)) for i in order]
@@ -275,7 +298,7 @@ def analyze(backend: ReplayBackend) -> WhatIfResult:
         mw_mask[dag.stage == s, :, d] = True
     m_w = explain(
         mw_mask,
-        "top {} rank(s) by min(DP-rank, stage) slowdown: ".format(n_top)
+        f"top {n_top} rank(s) by min(DP-rank, stage) slowdown: "
         + ", ".join(f"rank {int(dag.rank_labels[s, d])} (dp {d}, stage {s})" for d, s in cells),
     )
     return WhatIfResult(
@@ -312,14 +335,23 @@ def plot_heatmap(path: str | Path, result: WhatIfResult) -> None:
     for d in range(dp):
         for s in range(pp):
             value = result.by_rank[d, s]
-            ax.text(s, d, f"{value:.3f}\nrank {int(result.rank_labels[s, d])}", ha="center", va="center",
-                    fontsize=8, color="white" if value > mid else "black")
+            ax.text(
+                s,
+                d,
+                f"{value:.3f}\nrank {int(result.rank_labels[s, d])}",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if value > mid else "black",
+            )
     ax.set_xticks(range(pp), [str(s) for s in range(pp)])
     ax.set_yticks(range(dp), [str(d) for d in range(dp)])
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("DP rank")
-    ax.set_title(f"{result.trace}: slowdown caused by each rank alone\n(S = {result.blocking_slowdown:.3f}; "
-                 "comm model: null)")
+    ax.set_title(
+        f"{result.trace}: slowdown caused by each rank alone\n(S = {result.blocking_slowdown:.3f}; "
+        "comm model: null)"
+    )
     fig.colorbar(im, ax=ax, label="mean step time / ideal")
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
@@ -332,7 +364,9 @@ def write_timeline(path: str | Path, backend: ReplayBackend, *, step_index: int 
     """
     dag = backend.dag
     rep = _Replayer(backend)
-    start_ideal, end_ideal = backend.replayed_times(launch_s=rep.zero_launch, transfer_s=ideal_transfer_s(backend))
+    start_ideal, end_ideal = backend.replayed_times(
+        launch_s=rep.zero_launch, transfer_s=ideal_transfer_s(backend)
+    )
     events: list[dict[str, Any]] = []
     for pid, label, start, end in (
         (1, "recorded", dag.start_s, dag.start_s + dag.duration_s),
@@ -342,14 +376,26 @@ def write_timeline(path: str | Path, backend: ReplayBackend, *, step_index: int 
         for d in range(dag.rank_labels.shape[1]):
             for s in range(dag.rank_labels.shape[0]):
                 rank = int(dag.rank_labels[s, d])
-                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": rank,
-                               "args": {"name": f"rank {rank} (dp {d}, stage {s})"}})
+                events.append(
+                    {
+                        "ph": "M",
+                        "name": "thread_name",
+                        "pid": pid,
+                        "tid": rank,
+                        "args": {"name": f"rank {rank} (dp {d}, stage {s})"},
+                    }
+                )
             for v in range(dag.num_nodes):
                 rank = int(dag.rank_labels[dag.stage[v], d])
-                events.append({
-                    "ph": "X", "pid": pid, "tid": rank, "name": str(dag.optype[v]),
-                    "ts": float(start[v, step_index, d]) * 1e6,
-                    "dur": float(end[v, step_index, d] - start[v, step_index, d]) * 1e6,
-                    "args": {"seq_id": int(dag.seq_id[v]), "step": int(dag.steps[step_index])},
-                })
+                events.append(
+                    {
+                        "ph": "X",
+                        "pid": pid,
+                        "tid": rank,
+                        "name": str(dag.optype[v]),
+                        "ts": float(start[v, step_index, d]) * 1e6,
+                        "dur": float(end[v, step_index, d] - start[v, step_index, d]) * 1e6,
+                        "args": {"seq_id": int(dag.seq_id[v]), "step": int(dag.steps[step_index])},
+                    }
+                )
     atomic_write_text(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))

@@ -22,4 +22,6 @@ def test_golden_metrics(trace_name: str) -> None:
             assert actual[family][key] == pytest.approx(value, rel=1e-6, abs=1e-9), (family, key)
     # the null model: no controller beats no pacing on a real trace
     for family in actual:
-        assert actual[family]["iteration_time_mean_s"] >= actual["none"]["iteration_time_mean_s"] * (1 - 1e-12)
+        assert actual[family]["iteration_time_mean_s"] >= actual["none"]["iteration_time_mean_s"] * (
+            1 - 1e-12
+        )

@@ -41,7 +41,9 @@ def test_closed_loop_matches_open_loop(st_backend: ReplayBackend) -> None:
     st_backend.reset()
     dp = st_backend.trace.meta.dp_size
     for k in range(st_backend.num_iterations):
-        obs = st_backend.step([Action(delays[k, d * dp : (d + 1) * dp]) for d in range(len(st_backend.domains))])
+        obs = st_backend.step(
+            [Action(delays[k, d * dp : (d + 1) * dp]) for d in range(len(st_backend.domains))]
+        )
         assert obs[0].iteration_time_s == pytest.approx(end[:, k].max(), abs=1e-12)
         for d, o in enumerate(obs):
             np.testing.assert_allclose(o.applied_delay_s, delays[k, d * dp : (d + 1) * dp])
@@ -63,7 +65,9 @@ def test_observation_is_the_recorded_arrival(st_backend: ReplayBackend) -> None:
 def test_null_model_no_delay_shortens_any_iteration(st_backend: ReplayBackend, data: st.DataObject) -> None:
     """Max-plus monotonicity: with fixed durations, no delay vector makes any op end earlier."""
     shape = (st_backend.num_iterations, len(st_backend.rank_labels))
-    delays = data.draw(arrays(np.float64, shape, elements=st.floats(0.0, 1.0, allow_nan=False, allow_subnormal=False)))
+    delays = data.draw(
+        arrays(np.float64, shape, elements=st.floats(0.0, 1.0, allow_nan=False, allow_subnormal=False))
+    )
     start0, end0 = st_backend.replayed_times()
     start1, end1 = st_backend.replayed_times(delays)
     assert (end1.max(axis=(0, 2)) >= end0.max(axis=(0, 2)) - 1e-12).all()  # every iteration
@@ -73,7 +77,9 @@ def test_null_model_no_delay_shortens_any_iteration(st_backend: ReplayBackend, d
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), scale=st.floats(0.0, 30.0))
-def test_null_model_no_delay_shortens_any_iteration_ar(ar_backend: ReplayBackend, seed: int, scale: float) -> None:
+def test_null_model_no_delay_shortens_any_iteration_ar(
+    ar_backend: ReplayBackend, seed: int, scale: float
+) -> None:
     rng = np.random.default_rng(seed)
     delays = rng.uniform(0, scale, size=(ar_backend.num_iterations, len(ar_backend.rank_labels)))
     delays[rng.random(delays.shape) < 0.5] = 0.0
@@ -116,7 +122,9 @@ def test_paced_optype_must_be_a_dp_collective(st_trace: OpTrace) -> None:
 def test_structure_mismatch_is_a_trace_error(st_trace: OpTrace) -> None:
     ops = st_trace.ops
     drop = ops.index[(ops["step"] == ops["step"].max()) & (ops["optype"] == "gc") & (ops["dp_rank"] == 1)]
-    broken = OpTrace(ops=ops.drop(drop).reset_index(drop=True), meta=st_trace.meta, source="x.parquet", fmt="bytedance")
+    broken = OpTrace(
+        ops=ops.drop(drop).reset_index(drop=True), meta=st_trace.meta, source="x.parquet", fmt="bytedance"
+    )
     with pytest.raises(TraceError, match=r"same ops per stage.*x.parquet"):
         compile_dag(broken)
 

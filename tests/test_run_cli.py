@@ -50,8 +50,14 @@ def test_one_controller_with_override_on_another_trace(tmp_path: Path) -> None:
     path, meta = shipped_trace("ST")
     out = tmp_path / "run"
     proc = _run(
-        "controller=pid", "controller.kp=0.8", "trace=bytedance", f"trace.path={path}", f"trace.meta={meta}",
-        f"hydra.run.dir={out}", "output.plots=false", cwd=tmp_path,
+        "controller=pid",
+        "controller.kp=0.8",
+        "trace=bytedance",
+        f"trace.path={path}",
+        f"trace.meta={meta}",
+        f"hydra.run.dir={out}",
+        "output.plots=false",
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -62,7 +68,11 @@ def test_one_controller_with_override_on_another_trace(tmp_path: Path) -> None:
 
 def test_multirun_sweep(tmp_path: Path) -> None:
     proc = _run(
-        "-m", "trace=st", "controller=threshold,ewma", "output.plots=false", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "-m",
+        "trace=st",
+        "controller=threshold,ewma",
+        "output.plots=false",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
@@ -77,7 +87,10 @@ def test_multirun_sweep(tmp_path: Path) -> None:
         (["controller=pid", "controller.kpp=1"], "kpp"),
         (["controller=pid", "controller.kp=-1"], "kp must be"),
         (["trace=bytedance"], "trace.path must be set"),
-        (["trace=bytedance", "trace.path=/nonexistent.parquet", "trace.meta=/nonexistent.yaml"], "must be an existing file"),
+        (
+            ["trace=bytedance", "trace.path=/nonexistent.parquet", "trace.meta=/nonexistent.yaml"],
+            "must be an existing file",
+        ),
         (["backend.paced_optype=optimizer"], "paced_optype must be a DP collective"),
     ],
 )
@@ -96,7 +109,9 @@ def test_corrupt_trace_file(tmp_path: Path) -> None:
     bad.write_bytes(b"PAR1 this is not really parquet")
     _, meta = shipped_trace("ST")
     out = tmp_path / "run"
-    proc = _run("trace=bytedance", f"trace.path={bad}", f"trace.meta={meta}", f"hydra.run.dir={out}", cwd=tmp_path)
+    proc = _run(
+        "trace=bytedance", f"trace.path={bad}", f"trace.meta={meta}", f"hydra.run.dir={out}", cwd=tmp_path
+    )
     assert proc.returncode == 2
     assert "must be a Parquet file" in proc.stderr and "bad.parquet" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -116,6 +131,8 @@ def test_whatif_entry_point(tmp_path: Path) -> None:
 
 def test_whatif_bad_timeline_step(tmp_path: Path) -> None:
     out = tmp_path / "wi"
-    proc = _run("analysis=whatif", "trace=st", "analysis.timeline_step_index=99", f"hydra.run.dir={out}", cwd=tmp_path)
+    proc = _run(
+        "analysis=whatif", "trace=st", "analysis.timeline_step_index=99", f"hydra.run.dir={out}", cwd=tmp_path
+    )
     assert proc.returncode == 2 and "timeline_step_index must be in [0, 32)" in proc.stderr
     assert not (out / "whatif.json").exists()

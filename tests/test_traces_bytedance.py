@@ -102,7 +102,10 @@ def test_missing_file(tmp_path: Path) -> None:
         ("dp_size: 2\npp_size: 4\n", r"missing \['tp_size', 'world_size'\]"),
         ("- 1\n- 2\n", r"must be a YAML mapping"),
         ("dp_size: [\n", r"could not parse"),
-        ("dp_size: two\npp_size: 4\ntp_size: 1\nworld_size: 8\n", r"dp_size must be a positive integer, got 'two'"),
+        (
+            "dp_size: two\npp_size: 4\ntp_size: 1\nworld_size: 8\n",
+            r"dp_size must be a positive integer, got 'two'",
+        ),
     ],
 )
 def test_bad_meta(tmp_path: Path, text: str, match: str) -> None:

@@ -78,7 +78,9 @@ def test_ideal_is_uniform_per_optype(st_backend: ReplayBackend) -> None:
 
 def test_whatif_json_and_files(results: dict, st_backend: ReplayBackend, tmp_path) -> None:  # type: ignore[no-untyped-def,type-arg]
     payload = json.loads(json.dumps(results["ST"].to_json(), allow_nan=False))
-    assert {"blocking_slowdown", "by_dp_rank", "by_stage", "by_optype", "m_w", "m_s", "by_rank"} <= set(payload)
+    assert {"blocking_slowdown", "by_dp_rank", "by_stage", "by_optype", "m_w", "m_s", "by_rank"} <= set(
+        payload
+    )
     plot_heatmap(tmp_path / "h.png", results["ST"])
     assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     write_timeline(tmp_path / "t.json", st_backend, step_index=1)

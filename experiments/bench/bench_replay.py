@@ -65,7 +65,9 @@ def bench(name: str, repeat: int) -> dict[str, float | int | str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeat", type=int, default=20, help="runs per figure (median reported)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "replay.json")
     args = parser.parse_args()

@@ -27,7 +27,9 @@ from pacectl.whatif import analyze
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeat", type=int, default=5, help="runs per figure (median reported)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "whatif.json")
     args = parser.parse_args()

@@ -124,7 +124,9 @@ def compile_dag(trace: OpTrace) -> StepDag:
     stage = ops["stage"].to_numpy().reshape(len(steps), dp, n)
     optype = ops["optype"].to_numpy().reshape(len(steps), dp, n)
     seq = ops["seq_id"].to_numpy().reshape(len(steps), dp, n)
-    if not ((stage == stage[:1, :1]).all() and (optype == optype[:1, :1]).all() and (seq == seq[:1, :1]).all()):
+    if not (
+        (stage == stage[:1, :1]).all() and (optype == optype[:1, :1]).all() and (seq == seq[:1, :1]).all()
+    ):
         raise TraceError(_structure_msg(trace))
     t_stage, t_optype, t_seq = stage[0, 0], optype[0, 0].astype(object), seq[0, 0]
     start = ops["start_ts"].to_numpy().reshape(len(steps), dp, n).transpose(2, 0, 1).copy()
@@ -254,7 +256,10 @@ def _dependency_model(
                 add_group([int(v)], True)
     # p2p pairs across neighbouring stages
     for s in range(pp):
-        for send, recv, peer in (("forward-send", "forward-recv", s + 1), ("backward-send", "backward-recv", s - 1)):
+        for send, recv, peer in (
+            ("forward-send", "forward-recv", s + 1),
+            ("backward-send", "backward-recv", s - 1),
+        ):
             sends = nodes(s, send)
             if len(sends) == 0:
                 continue

@@ -107,7 +107,11 @@ class ReplayBackend:
     def _find_paced(self, optype: str) -> IntArray:
         paced = self.dag.find(optype, 0)
         dp_collectives = sorted(
-            {str(t) for t, g in zip(self.dag.optype, self.dag.group, strict=True) if self.dag.group_dp_sync[g]}
+            {
+                str(t)
+                for t, g in zip(self.dag.optype, self.dag.group, strict=True)
+                if self.dag.group_dp_sync[g]
+            }
         )
         if optype not in dp_collectives or len(paced) != self.trace.meta.pp_size:
             raise ConfigError(
@@ -178,7 +182,9 @@ class ReplayBackend:
     def _check_actions(self, actions: Sequence[Action]) -> FloatArray:
         dp = self.trace.meta.dp_size
         if len(actions) != len(self.domains):
-            raise BackendError(f"step() needs one action per domain ({len(self.domains)}), got {len(actions)}")
+            raise BackendError(
+                f"step() needs one action per domain ({len(self.domains)}), got {len(actions)}"
+            )
         delays = np.stack([np.asarray(a.delay_s, dtype=np.float64) for a in actions])
         if delays.shape != (len(self.domains), dp) or not np.isfinite(delays).all() or (delays < 0).any():
             raise BackendError(

@@ -94,4 +94,6 @@ def load_bytedance(path: str | Path, meta: str | Path) -> OpTrace:
             f"trace file must be a Parquet file, could not read it (in {p}): {err}. "
             "For other formats pick another trace= importer."
         ) from err
-    return OpTrace(ops=validate_ops(table.to_pandas(), job, source=str(p)), meta=job, source=str(p), fmt="bytedance")
+    return OpTrace(
+        ops=validate_ops(table.to_pandas(), job, source=str(p)), meta=job, source=str(p), fmt="bytedance"
+    )

@@ -69,9 +69,7 @@ class JobMeta:
 
     def __post_init__(self) -> None:
         if self.world_size == 0:
-            object.__setattr__(
-                self, "world_size", self.dp_size * self.pp_size * self.tp_size * self.dsp_size
-            )
+            object.__setattr__(self, "world_size", self.dp_size * self.pp_size * self.tp_size * self.dsp_size)
 
 
 @dataclass(frozen=True)
