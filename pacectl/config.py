@@ -13,11 +13,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pacectl.backends.replay import ReplayBackend
 from pacectl.controllers import SafetyGuard, make_controller
 from pacectl.data import DATA_DIR
 from pacectl.errors import ConfigError
-from pacectl.fabric.base import COMM_MODELS
+from pacectl.fabric.base import COMM_MODELS, CommModel
 from pacectl.traces.bytedance import load_bytedance
 from pacectl.traces.model import OpTrace
 from pacectl.types import Controller
@@ -57,20 +56,16 @@ def load_trace(trace_cfg: DictConfig) -> OpTrace:
     return trace
 
 
-def make_backend(cfg: DictConfig, trace: OpTrace) -> ReplayBackend:
-    """The backend for ``cfg.backend`` (only ``replay`` so far) with the ``comm`` model.
+def make_comm_model(cfg: DictConfig) -> CommModel:
+    """The communication model named by the ``comm`` config group.
 
     Raises:
-        ConfigError: unknown backend or communication model.
+        ConfigError: unknown ``comm.name``.
     """
-    if cfg.backend.name != "replay":
-        raise ConfigError(f"backend.name must be one of ['replay'], got {cfg.backend.name!r}")
     comm_name = str(cfg.comm.name)
     if comm_name not in COMM_MODELS:
         raise ConfigError(f"comm.name must be one of {sorted(COMM_MODELS)}, got {comm_name!r}")
-    return ReplayBackend(
-        trace, paced_optype=str(cfg.backend.paced_optype), comm_model=COMM_MODELS[comm_name]()
-    )
+    return COMM_MODELS[comm_name]()
 
 
 def controller_params(controller_cfg: DictConfig | dict[str, Any]) -> tuple[str, dict[str, Any]]:

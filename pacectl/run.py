@@ -33,9 +33,9 @@ from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
 from pacectl import metrics, report, whatif
-from pacectl.config import CONF_DIR, controller_factory, controller_families, load_trace, make_backend
+from pacectl.config import CONF_DIR, controller_families, load_trace
 from pacectl.errors import ConfigError, PacectlError
-from pacectl.loop import run_episode
+from pacectl.experiment import make_experiment
 
 BASELINE = "none"
 
@@ -54,60 +54,29 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         PacectlError: bad trace, bad config value.
     """
     t0 = time.perf_counter()
-    trace = load_trace(cfg.trace)
-    backend = make_backend(cfg, trace)
-    fidelity = backend.fidelity()
     families = controller_families(cfg)
-    prize = whatif.analyze(backend)
-    episodes = {}
-    for family, params in families.items():
-        episodes[family] = run_episode(
-            backend, controller_factory(family, params, cfg.guard), seed=int(cfg.seed)
-        )
+    experiment = make_experiment(cfg)
+    summary: dict[str, Any] = experiment.describe()
+    episodes = {family: experiment.run(family, params) for family, params in families.items()}
     summaries = {name: metrics.summarize(ep) for name, ep in episodes.items()}
-    comm = backend.comm_model
-    summary: dict[str, Any] = {
-        "trace": {
-            "name": trace.meta.name,
-            "path": trace.source,
-            "format": trace.fmt,
-            "world_size": trace.meta.world_size,
-            "dp_size": trace.meta.dp_size,
-            "pp_size": trace.meta.pp_size,
-            "tp_size": trace.meta.tp_size,
-            "num_steps": backend.num_iterations,
-        },
-        "backend": backend.name,
-        "paced_optype": backend.paced_optype,
-        "comm_model": comm,
-        "comm_model_description": backend.comm_description,
-        "comm_model_timing_dependent": backend.comm_timing_dependent,
-        "fidelity": {
-            "step_time_median_abs_err_frac": fidelity.step_time_median_abs_err_frac,
-            "step_time_p90_abs_err_frac": fidelity.step_time_p90_abs_err_frac,
-            "step_time_max_abs_err_frac": fidelity.step_time_max_abs_err_frac,
-            "launch_clipped": fidelity.launch_clipped,
-            "transfer_clipped": fidelity.transfer_clipped,
-            "num_op_instances": fidelity.num_op_instances,
-        },
-        "whatif": {
-            "blocking_slowdown": prize.blocking_slowdown,
-            "launch_slowdown": prize.launch_slowdown,
-            "ideal_iteration_time_mean_s": float(prize.step_time_ideal_s.mean()),
-            "m_w": prize.m_w.rem,
-            "m_s": prize.m_s.rem,
-            "note": "what straggling costs: mean step time without launch delays / ideal replay with "
-            "stragglers removed (Lin et al., OSDI 2025); the most any controller could win",
-        },
-        "baseline": BASELINE,
-        "runs": summaries,
-        "vs_baseline": {
-            name: metrics.compare(summaries[BASELINE], s) for name, s in summaries.items() if name != BASELINE
-        },
-        "controller_params": {name: params for name, params in families.items()},
-        "seed": int(cfg.seed),
-    }
-    if not backend.comm_timing_dependent:
+    summary.update(
+        {
+            "backend": experiment.backend_name,
+            "comm_model": experiment.comm_model,
+            "comm_model_description": experiment.comm_description,
+            "comm_model_timing_dependent": experiment.comm_timing_dependent,
+            "baseline": BASELINE,
+            "runs": summaries,
+            "vs_baseline": {
+                name: metrics.compare(summaries[BASELINE], s)
+                for name, s in summaries.items()
+                if name != BASELINE
+            },
+            "controller_params": dict(families),
+            "seed": int(cfg.seed),
+        }
+    )
+    if not experiment.comm_timing_dependent:
         summary["note"] = (
             "comm model is null (fixed durations, max-plus): delaying a rank can never shorten an "
             "iteration, so no controller can beat no pacing here; gains need a timing-dependent model."
@@ -118,27 +87,40 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     if cfg.output.plots:
         report.plot_iteration_time(out_dir / "iteration_time.png", episodes)
         report.plot_spread(out_dir / "spread.png", episodes)
-    context = {
-        "trace": f"{trace.meta.name} ({trace.source}), world {trace.meta.world_size}, "
-        f"{backend.num_iterations} steps",
-        "paced collective": backend.paced_optype,
-        "replay fidelity (zero delay)": f"median {fidelity.step_time_median_abs_err_frac:.2e}, "
-        f"p90 {fidelity.step_time_p90_abs_err_frac:.2e} abs. rel. error of step time",
-    }
-    context["stragglers' cost (what-if)"] = (
-        f"blocking slowdown S = {prize.blocking_slowdown:.3f}, M_W = {prize.m_w.rem:.3f}, M_S = {prize.m_s.rem:.3f}"
-    )
-    if "note" in summary:
-        context["note"] = summary["note"]
     if cfg.output.report:
         report.write_report_md(
             out_dir / "report.md",
-            title=f"pacectl replay: {trace.meta.name}",
+            title=f"pacectl {experiment.backend_name}: {summary['trace']['name']}",
             summaries=summaries,
-            context=context,
+            context=_report_context(summary),
         )
     report.write_summary_json(out_dir / "summary.json", summary)
     return summary
+
+
+def _report_context(summary: dict[str, Any]) -> dict[str, str]:
+    """Context lines of report.md from the summary fields the experiment provided."""
+    trace = summary["trace"]
+    context = {
+        "input": f"{trace['name']} ({trace.get('path') or 'synthetic'})",
+        "comm model": summary["comm_model_description"],
+    }
+    if "paced_optype" in summary:
+        context["paced collective"] = summary["paced_optype"]
+    fid = summary.get("fidelity")
+    if fid:
+        context["replay fidelity (zero delay)"] = (
+            f"median {fid['step_time_median_abs_err_frac']:.2e}, p90 {fid['step_time_p90_abs_err_frac']:.2e} "
+            "abs. rel. error of step time"
+        )
+    wi = summary.get("whatif")
+    if wi:
+        context["stragglers' cost (what-if)"] = (
+            f"blocking slowdown S = {wi['blocking_slowdown']:.3f}, M_W = {wi['m_w']:.3f}, M_S = {wi['m_s']:.3f}"
+        )
+    if "note" in summary:
+        context["note"] = summary["note"]
+    return context
 
 
 def run_whatif(cfg: DictConfig, out_dir: Path) -> whatif.WhatIfResult:
@@ -147,7 +129,9 @@ def run_whatif(cfg: DictConfig, out_dir: Path) -> whatif.WhatIfResult:
     Raises:
         PacectlError: bad trace or config value.
     """
-    backend = make_backend(cfg, load_trace(cfg.trace))
+    from pacectl.backends.replay import ReplayBackend
+
+    backend = ReplayBackend(load_trace(cfg.trace), paced_optype=str(cfg.backend.paced_optype))
     step_index = int(cfg.analysis.get("timeline_step_index", 0))
     if not 0 <= step_index < backend.num_iterations:
         raise ConfigError(
@@ -181,16 +165,18 @@ def _hydra_main(cfg: DictConfig) -> None:
     except PacectlError as err:
         _fail(str(err))
     print(report.format_console_table(summary["runs"], baseline=BASELINE))
-    fid = summary["fidelity"]
-    print(
-        f"replay fidelity (zero delay vs recorded step time): median {fid['step_time_median_abs_err_frac']:.2e}, "
-        f"p90 {fid['step_time_p90_abs_err_frac']:.2e}"
-    )
-    wi = summary["whatif"]
-    print(
-        f"stragglers' cost (what-if, Lin et al. OSDI'25): blocking slowdown S = {wi['blocking_slowdown']:.3f}, "
-        f"ideal mean iteration {wi['ideal_iteration_time_mean_s']:.4g} s"
-    )
+    fid = summary.get("fidelity")
+    if fid:
+        print(
+            f"replay fidelity (zero delay vs recorded step time): median {fid['step_time_median_abs_err_frac']:.2e}, "
+            f"p90 {fid['step_time_p90_abs_err_frac']:.2e}"
+        )
+    wi = summary.get("whatif")
+    if wi:
+        print(
+            f"stragglers' cost (what-if, Lin et al. OSDI'25): blocking slowdown S = {wi['blocking_slowdown']:.3f}, "
+            f"ideal mean iteration {wi['ideal_iteration_time_mean_s']:.4g} s"
+        )
     if "note" in summary:
         print(f"note: {summary['note']}")
     print(f"outputs: {out_dir}")

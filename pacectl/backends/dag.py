@@ -15,7 +15,9 @@ Dependency model (after Lin et al., OSDI 2025, section 4, rewritten for pacectl)
 - DP stream: ``params-all-gather`` ops run in order and the first forward compute of a model chunk
   waits for its last all-gather;
 - after the last compute: ``gc -> layernorm-grads-all-reduce -> embedding-grads-all-reduce
-  (first and last stage) -> grads-reduce-scatter... -> optimizer-clip-main-grad -> optimizer``.
+  (first and last stage) -> grads-reduce-scatter... -> optimizer-clip-main-grad -> optimizer``;
+  gradient buckets recorded while compute was still running (DDP-style overlap) are instead posted
+  after the compute op that ended last before them, in bucket order.
 
 Synchronisation groups: a p2p pair; ``embedding-grads-all-reduce`` of the first and last stage;
 ``params-all-gather`` and ``grads-reduce-scatter`` across the DP ranks of a stage (``dp_sync``);
@@ -239,17 +241,26 @@ def _dependency_model(
             if len(first):
                 deps[int(first[0])].append(int(gathers[mc[gathers] == chunk][-1]))
         # After the last compute: gc -> layernorm -> embedding -> grads RS -> clip -> optimizer.
+        # A gradient reduce-scatter recorded *before* the last compute ended overlaps the backward
+        # pass (DDP-style buckets): it is posted after the compute op that ended last before it,
+        # follows the previous bucket, and the clip all-reduce waits for the last bucket.
+        last_end = end[comp].max() if len(comp) else -np.inf
+        buckets = nodes(s, "grads-reduce-scatter")
+        overlapped = buckets[start[buckets] + _EPS_S < last_end]
+        chain(overlapped)
+        for v in overlapped:
+            before = comp[end[comp] <= start[v] + _EPS_S]
+            if len(before):
+                deps[int(v)].append(int(before[np.argmax(end[before])]))
         tail: list[int] = []
-        for t in (
-            "gc",
-            "layernorm-grads-all-reduce",
-            "embedding-grads-all-reduce",
-            "grads-reduce-scatter",
-            "optimizer-clip-main-grad",
-            "optimizer",
-        ):
+        for t in ("gc", "layernorm-grads-all-reduce", "embedding-grads-all-reduce"):
+            tail.extend(int(v) for v in nodes(s, t))
+        tail.extend(int(v) for v in np.setdiff1d(buckets, overlapped, assume_unique=True))
+        for t in ("optimizer-clip-main-grad", "optimizer"):
             tail.extend(int(v) for v in nodes(s, t))
         last = [int(comp[np.argmax(end[comp])])] if len(comp) else []
+        if len(overlapped):
+            last.append(int(overlapped[-1]))
         chain(tail, last)
         for t in ("params-all-gather", "grads-reduce-scatter"):
             for v in nodes(s, t):

@@ -1,0 +1,131 @@
+"""Experiments: what ``python -m pacectl.run`` runs for each controller family, per backend.
+
+An :class:`Experiment` turns ``(controller family, parameters)`` into an :class:`~pacectl.types.Episode`
+and describes itself for ``summary.json``. In-process backends (replay, sim) run the one driver loop,
+:func:`pacectl.loop.run_episode`; the torch.distributed backend launches real ranks. Backends are
+looked up by ``backend.name`` in :data:`EXPERIMENTS` and imported lazily, so replay, simulation and
+tuning never import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from omegaconf import DictConfig
+
+from pacectl.config import controller_factory, load_trace, make_comm_model
+from pacectl.errors import ConfigError
+from pacectl.types import Episode
+
+
+class Experiment(Protocol):
+    """One backend configured for an experiment.
+
+    Attributes:
+        backend_name: ``"replay"``, ``"sim"`` or ``"torch"``.
+        comm_model: name of the communication model in force (``"null"`` = fixed durations).
+        comm_description: one line for reports.
+        comm_timing_dependent: whether durations depend on timing (only then can pacing gain).
+    """
+
+    backend_name: str
+    comm_model: str
+    comm_description: str
+    comm_timing_dependent: bool
+
+    def describe(self) -> dict[str, Any]:
+        """Summary fields describing the input: at least ``trace`` (``name``, ``path``)."""
+        ...
+
+    def run(self, family: str, params: dict[str, Any]) -> Episode:
+        """One episode of the guarded controller ``family`` with ``params``."""
+        ...
+
+
+class ReplayExperiment:
+    """Closed-loop replay of a recorded trace (``backend=replay``).
+
+    Also reports the replay's fidelity and the what-if analysis' blocking slowdown (the most any
+    controller could win by removing straggling, Lin et al. OSDI 2025).
+    """
+
+    backend_name = "replay"
+
+    def __init__(self, cfg: DictConfig) -> None:
+        from pacectl.backends.replay import ReplayBackend
+
+        self.cfg = cfg
+        self.trace = load_trace(cfg.trace)
+        comm = make_comm_model(cfg)
+        self.backend = ReplayBackend(self.trace, paced_optype=str(cfg.backend.paced_optype), comm_model=comm)
+        self.comm_model = comm.name
+        self.comm_description = comm.description
+        self.comm_timing_dependent = bool(comm.timing_dependent)
+
+    def describe(self) -> dict[str, Any]:
+        """``trace``, ``paced_optype``, ``fidelity`` and ``whatif`` summary fields."""
+        from pacectl import whatif
+
+        trace, backend = self.trace, self.backend
+        fidelity = backend.fidelity()
+        prize = whatif.analyze(backend)
+        return {
+            "trace": {
+                "name": trace.meta.name,
+                "path": trace.source,
+                "format": trace.fmt,
+                "world_size": trace.meta.world_size,
+                "dp_size": trace.meta.dp_size,
+                "pp_size": trace.meta.pp_size,
+                "tp_size": trace.meta.tp_size,
+                "num_steps": backend.num_iterations,
+            },
+            "paced_optype": backend.paced_optype,
+            "fidelity": {
+                "step_time_median_abs_err_frac": fidelity.step_time_median_abs_err_frac,
+                "step_time_p90_abs_err_frac": fidelity.step_time_p90_abs_err_frac,
+                "step_time_max_abs_err_frac": fidelity.step_time_max_abs_err_frac,
+                "launch_clipped": fidelity.launch_clipped,
+                "transfer_clipped": fidelity.transfer_clipped,
+                "num_op_instances": fidelity.num_op_instances,
+            },
+            "whatif": {
+                "blocking_slowdown": prize.blocking_slowdown,
+                "launch_slowdown": prize.launch_slowdown,
+                "ideal_iteration_time_mean_s": float(prize.step_time_ideal_s.mean()),
+                "m_w": prize.m_w.rem,
+                "m_s": prize.m_s.rem,
+                "note": "what straggling costs: mean step time without launch delays / ideal replay with "
+                "stragglers removed (Lin et al., OSDI 2025, null model)",
+            },
+        }
+
+    def run(self, family: str, params: dict[str, Any]) -> Episode:
+        """Replay every recorded step with a guarded ``family`` controller per stage."""
+        from pacectl.loop import run_episode
+
+        return run_episode(
+            self.backend, controller_factory(family, params, self.cfg.guard), seed=int(self.cfg.seed)
+        )
+
+
+#: backend.name -> "module:Class" of its :class:`Experiment` (imported on first use).
+EXPERIMENTS: dict[str, str] = {
+    "replay": "pacectl.experiment:ReplayExperiment",
+}
+
+
+def make_experiment(cfg: DictConfig) -> Experiment:
+    """Build the :class:`Experiment` for ``cfg.backend.name``.
+
+    Raises:
+        ConfigError: unknown backend name.
+    """
+    name = str(cfg.backend.name)
+    if name not in EXPERIMENTS:
+        raise ConfigError(f"backend.name must be one of {sorted(EXPERIMENTS)}, got {name!r}")
+    module, cls = EXPERIMENTS[name].split(":")
+    factory: Callable[[DictConfig], Experiment] = getattr(importlib.import_module(module), cls)
+    return factory(cfg)
