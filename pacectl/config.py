@@ -24,7 +24,6 @@ from pacectl.types import Controller
 _PKG_DIR = Path(__file__).resolve().parent
 #: The Hydra config directory: ``pacectl/conf`` in a wheel, ``<checkout>/conf`` in a checkout.
 CONF_DIR = _PKG_DIR / "conf" if (_PKG_DIR / "conf").is_dir() else _PKG_DIR.parent / "conf"
-TRACE_FORMATS = ("bytedance",)
 
 if not OmegaConf.has_resolver("pacectl_data"):
     OmegaConf.register_new_resolver("pacectl_data", lambda rel: str(DATA_DIR / rel))
@@ -40,17 +39,34 @@ def _abs_path(value: str) -> str:
         return str(Path(value).expanduser().resolve())
 
 
+def _load_bytedance(trace_cfg: DictConfig) -> OpTrace:
+    return load_bytedance(_abs_path(str(trace_cfg.path)), _abs_path(str(trace_cfg.meta)))
+
+
+def _load_canonical(trace_cfg: DictConfig) -> OpTrace:
+    from pacectl.traces.canonical import load_canonical
+
+    return load_canonical(_abs_path(str(trace_cfg.path)))
+
+
+#: trace.format -> loader of a ``trace`` config node. Importers register here.
+TRACE_LOADERS: dict[str, Callable[[DictConfig], OpTrace]] = {
+    "bytedance": _load_bytedance,
+    "canonical": _load_canonical,
+}
+
+
 def load_trace(trace_cfg: DictConfig) -> OpTrace:
-    """Load the trace named by the ``trace`` config group.
+    """Load the trace named by the ``trace`` config group (``trace.format`` picks the importer).
 
     Raises:
         ConfigError: unknown ``trace.format``.
         TraceError: the file is missing or malformed.
     """
     fmt = trace_cfg.get("format")
-    if fmt not in TRACE_FORMATS:
-        raise ConfigError(f"trace.format must be one of {list(TRACE_FORMATS)}, got {fmt!r}")
-    trace = load_bytedance(_abs_path(str(trace_cfg.path)), _abs_path(str(trace_cfg.meta)))
+    if fmt not in TRACE_LOADERS:
+        raise ConfigError(f"trace.format must be one of {sorted(TRACE_LOADERS)}, got {fmt!r}")
+    trace = TRACE_LOADERS[fmt](trace_cfg)
     if trace_cfg.get("name"):
         object.__setattr__(trace.meta, "name", str(trace_cfg.name))
     return trace

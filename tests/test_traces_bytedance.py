@@ -121,3 +121,41 @@ def test_unknown_optype(st_frame: pd.DataFrame, tmp_path: Path) -> None:
     df.loc[0, "optype"] = "all-to-all"
     with pytest.raises(TraceError, match=r"optype must be one of .*'all-to-all'"):
         load_bytedance(_write(df, tmp_path), ST_META)
+
+
+def test_canonical_round_trip(tmp_path: Path) -> None:
+    from pacectl.backends.replay import ReplayBackend
+    from pacectl.traces.canonical import load_canonical, write_canonical
+
+    trace = load_bytedance(ST_PARQUET, ST_META)
+    write_canonical(trace, tmp_path / "st.parquet")
+    back = load_canonical(tmp_path / "st.parquet")
+    assert back.meta == trace.meta and back.fmt == "bytedance"
+    pd.testing.assert_frame_equal(back.ops, trace.ops)
+    np.testing.assert_array_equal(
+        ReplayBackend(back).replayed_times()[1], ReplayBackend(trace).replayed_times()[1]
+    )
+
+
+def test_canonical_rejects_foreign_parquet(tmp_path: Path) -> None:
+    from pacectl.traces.canonical import load_canonical
+
+    with pytest.raises(TraceError, match=r"must carry 'pacectl' metadata.*trace=bytedance"):
+        load_canonical(ST_PARQUET)
+
+
+def test_recorded_pacing_delay_is_not_a_launch_gap(tmp_path: Path) -> None:
+    """A paced recording (delay_s before the paced op) replays as its unpaced counterfactual."""
+    from pacectl.backends.replay import ReplayBackend
+    from pacectl.traces.model import OpTrace
+
+    trace = load_bytedance(ST_PARQUET, ST_META)
+    ops = trace.ops.copy()
+    ops["delay_s"] = 0.0
+    paced = ops["optype"] == "grads-reduce-scatter"
+    ops.loc[paced, "delay_s"] = 0.004
+    ops.loc[paced, "start_ts"] += 0.004  # the rank slept 4 ms before entering
+    shifted = OpTrace(ops=ops, meta=trace.meta, source="paced", fmt="canonical")
+    base, replay = ReplayBackend(trace), ReplayBackend(shifted)
+    nodes = base.dag.find("grads-reduce-scatter")
+    np.testing.assert_allclose(replay.launch_s[nodes], base.launch_s[nodes], atol=1e-6)

@@ -75,6 +75,7 @@ class StepDag:
         levels: wavefronts in topological order.
         deps: per node, its dep nodes.
         start_s, duration_s: ``float64[N, num_steps, dp_size]`` recorded times.
+        delay_s: ``float64[N, num_steps, dp_size]`` pacing delay recorded before each op (0 if none).
         steps: ``int64[num_steps]`` step ids.
         rank_labels: ``int64[pp_size, dp_size]`` global rank of each (stage, dp_rank).
     """
@@ -88,6 +89,7 @@ class StepDag:
     deps: tuple[tuple[int, ...], ...]
     start_s: FloatArray
     duration_s: FloatArray
+    delay_s: FloatArray
     steps: IntArray
     rank_labels: IntArray
 
@@ -133,6 +135,10 @@ def compile_dag(trace: OpTrace) -> StepDag:
     t_stage, t_optype, t_seq = stage[0, 0], optype[0, 0].astype(object), seq[0, 0]
     start = ops["start_ts"].to_numpy().reshape(len(steps), dp, n).transpose(2, 0, 1).copy()
     duration = ops["duration"].to_numpy().reshape(len(steps), dp, n).transpose(2, 0, 1).copy()
+    if "delay_s" in ops.columns:
+        delay = ops["delay_s"].to_numpy().reshape(len(steps), dp, n).transpose(2, 0, 1).copy()
+    else:
+        delay = np.zeros_like(start)
     mc = ops["mc"].to_numpy().reshape(len(steps), dp, n)[0, 0]
     ranks = ops["rank"].to_numpy().reshape(len(steps), dp, n)[0]  # [dp, N]
     rank_labels = np.zeros((pp, dp), dtype=np.int64)
@@ -157,6 +163,7 @@ def compile_dag(trace: OpTrace) -> StepDag:
         deps=tuple(tuple(d) for d in deps),
         start_s=start,
         duration_s=duration,
+        delay_s=delay,
         steps=steps.astype(np.int64),
         rank_labels=rank_labels,
     )
@@ -384,8 +391,9 @@ def estimate_intrinsic(dag: StepDag) -> tuple[FloatArray, FloatArray, dict[str, 
 
     Estimator (per op, per step and DP rank, from the recording alone):
 
-    - ``launch = recorded_start - max(recorded end of deps)``, clipped at 0 (0 for ops with no deps:
-      ``launch = recorded_start``, the offset from the step start);
+    - ``launch = recorded_start - recorded pacing delay - max(recorded end of deps)``, clipped at 0
+      (for ops with no deps the offset from the step start); a paced live recording thus replays
+      as its unpaced counterfactual under no pacing;
     - ``transfer = recorded_end - max(recorded start over the op's sync group [and DP ranks])``,
       clipped at 0. For a local op this is its duration; for a collective it is the recorded duration
       minus the time the op spent waiting for the last member to arrive.
@@ -405,7 +413,7 @@ def estimate_intrinsic(dag: StepDag) -> tuple[FloatArray, FloatArray, dict[str, 
     transfer = np.empty_like(dag.start_s)
     for lv in dag.levels:
         ready = end[lv.deps].max(axis=1)
-        launch[lv.nodes] = dag.start_s[lv.nodes] - ready
+        launch[lv.nodes] = dag.start_s[lv.nodes] - dag.delay_s[lv.nodes] - ready
         g = np.maximum.reduceat(dag.start_s[lv.nodes], lv.group_offsets, axis=0)
         if lv.dp_sync.any():
             g[lv.dp_sync] = g[lv.dp_sync].max(axis=-1, keepdims=True)

@@ -19,6 +19,7 @@ column         dtype     meaning
 ``mc``         int64     model chunk (virtual pipeline), -1 for comm ops
 ``start_ts``   float64   seconds from the step start; min over all ranks of a step is 0
 ``duration``   float64   seconds; for collectives it includes the wait for the last rank
+``delay_s``    float64   optional: pacing delay applied right before this op (live runs), s
 =============  ========  =================================================================
 """
 
@@ -139,9 +140,13 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
             "duration": ops["duration"].to_numpy(np.float64),
         }
     )
+    if "delay_s" in ops.columns:  # optional: pacing delay a live run applied before this op
+        out["delay_s"] = ops["delay_s"].to_numpy(np.float64)
     if len(out) == 0:
         raise TraceError(f"trace must contain at least one op, got an empty table (in {source})")
-    for col in ("start_ts", "duration"):
+    for col in ("start_ts", "duration", "delay_s"):
+        if col not in out.columns:
+            continue
         values = out[col].to_numpy()
         bad = ~np.isfinite(values) | (values < 0) | (values > MAX_DURATION_S)
         if bad.any():

@@ -1,0 +1,80 @@
+"""pacectl's own trace files: the canonical op table as Parquet, with the job layout inside.
+
+One file holds everything replay needs: the columns of :data:`~pacectl.traces.model.CANONICAL_COLUMNS`
+(plus the optional ``delay_s``, the pacing delay a live run applied before that op) and, in the
+Parquet schema metadata under the key ``pacectl``, a JSON object with the :class:`JobMeta` fields,
+the source format and a format version. Live runs (``backend=torch``), the simulator and
+``python -m pacectl.traces convert`` write it; ``trace=canonical trace.path=<file>`` replays it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pacectl.errors import TraceError
+from pacectl.report import atomic_path
+from pacectl.traces.model import CANONICAL_COLUMNS, JobMeta, OpTrace, require_file, validate_ops
+
+FORMAT_VERSION = 1
+META_KEY = b"pacectl"
+
+
+def write_canonical(trace: OpTrace, path: str | Path) -> None:
+    """Write ``trace`` as a canonical Parquet file, atomically (no partial file on failure).
+
+    Args:
+        trace: a validated trace.
+        path: destination ``.parquet`` path.
+    """
+    columns = list(CANONICAL_COLUMNS) + (["delay_s"] if "delay_s" in trace.ops.columns else [])
+    table = pa.Table.from_pandas(trace.ops[columns], preserve_index=False)
+    meta = {
+        "version": FORMAT_VERSION,
+        "source_format": trace.fmt,
+        "source": trace.source,
+        "job": asdict(trace.meta),
+    }
+    table = table.replace_schema_metadata(
+        {**(table.schema.metadata or {}), META_KEY: json.dumps(meta).encode()}
+    )
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def load_canonical(path: str | Path) -> OpTrace:
+    """Read a canonical Parquet file written by :func:`write_canonical`.
+
+    Raises:
+        TraceError: the file is missing, not Parquet, lacks the ``pacectl`` metadata, has a newer
+            format version, or fails validation.
+    """
+    p = require_file(path, "trace file")
+    try:
+        table = pq.read_table(p)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise TraceError(f"trace file must be a Parquet file, could not read it (in {p}): {err}") from err
+    raw = (table.schema.metadata or {}).get(META_KEY)
+    if raw is None:
+        raise TraceError(
+            f"a canonical trace must carry 'pacectl' metadata, got a Parquet file without it (in {p}). "
+            "Is it a ByteDance trace? Use trace=bytedance trace.path=... trace.meta=..."
+        )
+    try:
+        meta = json.loads(raw)
+        version = int(meta["version"])
+        job = JobMeta(**meta["job"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise TraceError(
+            f"the 'pacectl' metadata must hold version and job fields, got {raw[:200]!r} (in {p})"
+        ) from err
+    if version > FORMAT_VERSION:
+        raise TraceError(
+            f"canonical format version must be <= {FORMAT_VERSION}, got {version} (in {p}); upgrade pacectl"
+        )
+    ops = validate_ops(table.to_pandas(), job, source=str(p))
+    return OpTrace(ops=ops, meta=job, source=str(p), fmt=str(meta.get("source_format", "canonical")))
