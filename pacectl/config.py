@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from pacectl.controllers import SafetyGuard, make_controller
 from pacectl.data import DATA_DIR
 from pacectl.errors import ConfigError
-from pacectl.fabric.base import COMM_MODELS, CommModel
+from pacectl.fabric.base import CommModel, NullComm
 from pacectl.traces.bytedance import load_bytedance
 from pacectl.traces.model import OpTrace
 from pacectl.types import Controller
@@ -49,10 +49,42 @@ def _load_canonical(trace_cfg: DictConfig) -> OpTrace:
     return load_canonical(_abs_path(str(trace_cfg.path)))
 
 
+def _load_kineto(trace_cfg: DictConfig) -> OpTrace:
+    from pacectl.traces.kineto import load_kineto
+
+    raw = trace_cfg.path
+    paths = [str(p) for p in raw] if not isinstance(raw, str) and raw is not None else [str(raw)]
+    ranks = trace_cfg.get("ranks")
+    return load_kineto(
+        [_abs_path(p) for p in paths],
+        ranks=None if ranks is None else [int(r) for r in ranks],
+        world_size=trace_cfg.get("world_size"),
+        strict=bool(trace_cfg.get("strict", False)),
+        align=str(trace_cfg.get("align", "auto")),
+        drop_unmatched=bool(trace_cfg.get("drop_unmatched", False)),
+        max_bytes=int(float(trace_cfg.get("max_mb", 1024)) * 2**20),
+        name=trace_cfg.get("name"),
+    )
+
+
+def _load_steplevel(trace_cfg: DictConfig) -> OpTrace:
+    from pacectl.traces.steplevel import load_steplevel
+
+    return load_steplevel(
+        _abs_path(str(trace_cfg.path)),
+        unit_s=float(trace_cfg.get("unit_s", 1e-3)),
+        collective_s=trace_cfg.get("collective_s"),
+        collective_frac=float(trace_cfg.get("collective_frac", 0.01)),
+        name=trace_cfg.get("name"),
+    )
+
+
 #: trace.format -> loader of a ``trace`` config node. Importers register here.
 TRACE_LOADERS: dict[str, Callable[[DictConfig], OpTrace]] = {
     "bytedance": _load_bytedance,
     "canonical": _load_canonical,
+    "kineto": _load_kineto,
+    "steplevel": _load_steplevel,
 }
 
 
@@ -72,16 +104,31 @@ def load_trace(trace_cfg: DictConfig) -> OpTrace:
     return trace
 
 
-def make_comm_model(cfg: DictConfig) -> CommModel:
-    """The communication model named by the ``comm`` config group.
+def make_comm_model(cfg: DictConfig, num_ranks: int) -> CommModel:
+    """The replay's communication model for ``cfg.comm`` and the ``cluster`` profile.
 
     Raises:
-        ConfigError: unknown ``comm.name``.
+        ConfigError: unknown ``comm``, or ``alpha_beta`` (it needs message sizes, which recorded
+            traces do not carry).
     """
-    comm_name = str(cfg.comm.name)
-    if comm_name not in COMM_MODELS:
-        raise ConfigError(f"comm.name must be one of {sorted(COMM_MODELS)}, got {comm_name!r}")
-    return COMM_MODELS[comm_name]()
+    from pacectl.fabric.profile import ReplayContention, comm_name
+
+    name = comm_name(cfg.get("comm"))
+    if name == "null":
+        return NullComm()
+    if name == "contention":
+        return ReplayContention(_container(cfg.cluster), num_ranks)
+    raise ConfigError(
+        "comm must be null or contention for backend=replay, got 'alpha_beta': recorded traces carry no "
+        "message sizes for its closed form. Use comm=contention, or backend=sim for alpha_beta."
+    )
+
+
+def _container(node: DictConfig) -> dict[str, Any]:
+    value = OmegaConf.to_container(node, resolve=True)
+    if not isinstance(value, dict):
+        raise ConfigError(f"expected a mapping, got {value!r}")
+    return {str(k): v for k, v in value.items()}
 
 
 def controller_params(controller_cfg: DictConfig | dict[str, Any]) -> tuple[str, dict[str, Any]]:

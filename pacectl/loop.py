@@ -49,7 +49,10 @@ def run_episode(
     }
     iteration_time = np.zeros(n_iter)
     collective_time = np.zeros((n_iter, len(domains)))
+    # Row k holds the controller state that decided iteration k's delays (taken after act() on
+    # iteration k-1), so pacing_active lines up with applied_delay_s. Iteration 0 is never paced.
     diag_rows: list[list[dict[str, float]]] = []
+    deciding: list[dict[str, float]] = [{"active": 0.0} for _ in domains]
     actions: Sequence[Action] = [Action.zeros(len(dom.ranks)) for dom in domains]
     for k in range(n_iter):
         observations: list[Observation] = backend.step(actions)
@@ -61,8 +64,9 @@ def run_episode(
             rec["natural_arrival_s"][k, idx] = obs.natural_arrival_s
             rec["wait_s"][k, idx] = obs.wait_s
             collective_time[k, d] = obs.collective_time_s
+        diag_rows.append(deciding)
         actions = [ctrl.act(obs) for ctrl, obs in zip(controllers, observations, strict=True)]
-        diag_rows.append([ctrl.diagnostics() for ctrl in controllers])
+        deciding = [ctrl.diagnostics() for ctrl in controllers]
     keys = sorted({key for row in diag_rows for diag in row for key in diag})
     diagnostics = {
         key: np.array(
@@ -71,9 +75,9 @@ def run_episode(
         for key in keys
     }
     active = diagnostics.get("active", np.zeros((n_iter, len(domains)))) > 0.5
-    counters = [
-        diagnostics[k][-1] for k in ("guard_interventions", "guard_clipped") if k in diagnostics and n_iter
-    ]
+    final = {
+        key: np.array([d.get(key, 0.0) for d in deciding]) for key in ("guard_interventions", "guard_clipped")
+    }
     domain_of_rank = np.zeros(num_ranks, dtype=np.int64)
     for d, dom in enumerate(domains):
         domain_of_rank[list(dom.ranks)] = d
@@ -89,6 +93,6 @@ def run_episode(
         collective_time_s=collective_time,
         pacing_active=active,
         diagnostics=diagnostics,
-        guard_interventions=int(sum(np.nansum(c) for c in counters)),
+        guard_interventions=int(sum(np.nansum(c) for c in final.values())),
         **rec,
     )

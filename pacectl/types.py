@@ -170,9 +170,10 @@ class Episode:
         natural_arrival_s: ``float64[num_iterations, num_ranks]`` unpaced arrival, seconds.
         wait_s: ``float64[num_iterations, num_ranks]`` blocked time inside the paced collective, seconds.
         collective_time_s: ``float64[num_iterations, num_domains]`` paced collective transfer time, seconds.
-        pacing_active: ``bool[num_iterations, num_domains]`` controller's ``active`` diagnostic
-            after observing the iteration.
-        diagnostics: name -> ``float64[num_iterations, num_domains]``, every controller diagnostic.
+        pacing_active: ``bool[num_iterations, num_domains]`` the ``active`` diagnostic of the
+            controller state that decided this iteration's delays (False at iteration 0).
+        diagnostics: name -> ``float64[num_iterations, num_domains]``, every controller diagnostic,
+            aligned the same way (row k = state after observing iteration k-1).
         guard_interventions: number of actions the safety guard clipped or zeroed.
     """
 

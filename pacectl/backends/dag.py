@@ -31,6 +31,7 @@ with zero pacing reproduces every recorded timestamp (see :func:`estimate_intrin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -359,6 +360,7 @@ def evaluate(
     launch_s: FloatArray,
     transfer_s: FloatArray,
     pace_s: FloatArray | None = None,
+    transfer_hook: Callable[[IntArray, FloatArray, FloatArray], FloatArray] | None = None,
 ) -> None:
     """Evaluate the max-plus recursion level by level, in place.
 
@@ -370,6 +372,10 @@ def evaluate(
         launch_s: ``float64[N, ...]`` launch delay of each op (gap after its deps are done).
         transfer_s: ``float64[N, ...]`` time from the group's last arrival to this op's end.
         pace_s: optional ``float64[N, ...]`` pacing delay added before each op starts.
+        transfer_hook: optional timing-dependent communication model:
+            ``hook(nodes, group_start_s, transfer_s) -> transfer_s`` for the ops of one level, given
+            when their group starts (for example contention with cross traffic at that moment).
+            Without it the recursion is max-plus: no pacing delay can make anything end earlier.
 
     The trailing axes are ``[..., dp_size]``; DP synchronisation reduces over the last axis.
     Formula: ``start = max(end[deps]) + launch (+ pace)``;
@@ -383,7 +389,11 @@ def evaluate(
         g = np.maximum.reduceat(s, lv.group_offsets, axis=0)
         if lv.dp_sync.any():
             g[lv.dp_sync] = g[lv.dp_sync].max(axis=-1, keepdims=True)
-        end[lv.nodes] = np.repeat(g, lv.group_sizes, axis=0) + transfer_s[lv.nodes]
+        group_start = np.repeat(g, lv.group_sizes, axis=0)
+        transfer = transfer_s[lv.nodes]
+        if transfer_hook is not None:
+            transfer = transfer_hook(lv.nodes, group_start, transfer)
+        end[lv.nodes] = group_start + transfer
 
 
 def estimate_intrinsic(dag: StepDag) -> tuple[FloatArray, FloatArray, dict[str, int]]:

@@ -102,7 +102,10 @@ class ReplayBackend:
         evaluate(self.dag.levels, self._base_end, self._base_start, self._launch, self._transfer)
         self._tail = _downstream_levels(self.dag, self._paced)
         self._group_members = [np.flatnonzero(self.dag.group == self.dag.group[p]) for p in self._paced]
+        self._paced_mask = np.zeros(n, dtype=bool)
+        self._paced_mask[self._paced] = True
         self._k = -1
+        self._clock_s = 0.0
 
     def _find_paced(self, optype: str) -> IntArray:
         paced = self.dag.find(optype, 0)
@@ -134,6 +137,7 @@ class ReplayBackend:
         """Rewind to the first recorded step. ``seed`` is unused: replay is deterministic."""
         del seed
         self._k = 0
+        self._clock_s = 0.0
 
     def step(self, actions: Sequence[Action]) -> list[Observation]:
         """Replay the next recorded step with one pacing action per domain (stage).
@@ -158,9 +162,12 @@ class ReplayBackend:
         start = self._base_start[:, k].copy()
         pace = np.zeros_like(start)
         pace[self._paced] = delays
-        evaluate(self._tail, end, start, self._launch[:, k], self._transfer[:, k], pace)
+        evaluate(
+            self._tail, end, start, self._launch[:, k], self._transfer[:, k], pace, self._transfer_hook()
+        )
         self._k += 1
         iteration_time = float(end[:-1].max())
+        self._clock_s += iteration_time
         obs = []
         for s, (p, members) in enumerate(zip(self._paced, self._group_members, strict=True)):
             arrival = start[p]
@@ -178,6 +185,24 @@ class ReplayBackend:
                 )
             )
         return obs
+
+    def _transfer_hook(self):  # type: ignore[no-untyped-def]
+        """For a timing-dependent comm model: scale the paced collective by its slowdown at its start."""
+        slowdown = getattr(self._comm, "slowdown", None)
+        if not self.comm_timing_dependent or slowdown is None:
+            return None
+        clock, paced = self._clock_s, self._paced_mask
+
+        def hook(nodes: IntArray, group_start: FloatArray, transfer: FloatArray) -> FloatArray:
+            hit = np.flatnonzero(paced[nodes])
+            if len(hit) == 0:
+                return transfer
+            out = transfer.copy()
+            for i in hit:
+                out[i] = transfer[i] * slowdown(clock + float(group_start[i].max()))
+            return out
+
+        return hook
 
     def _check_actions(self, actions: Sequence[Action]) -> FloatArray:
         dp = self.trace.meta.dp_size

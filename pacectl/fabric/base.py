@@ -44,6 +44,3 @@ class NullComm:
     def transfer_s(self, recorded_transfer_s: NDArray[np.float64]) -> NDArray[np.float64]:
         """Return the recorded transfer times unchanged."""
         return recorded_transfer_s
-
-
-COMM_MODELS = {"null": NullComm}

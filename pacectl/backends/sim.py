@@ -1,0 +1,190 @@
+"""Synthetic data-parallel cluster (``backend=sim``): seeded, vectorized over ranks.
+
+One iteration of pure data parallelism (one pacing domain: the whole world)::
+
+    W_r      compute time of rank r, drawn up front for every iteration (pacectl.fabric.noise)
+    c_r      compute finish = W_r plus early-arrival interference from waiting co-located peers
+    a_r      arrival at the all-reduce = c_r + d_r (d_r: the pacing delay, a sleep)
+    A        max_r a_r: the collective starts when the last rank arrives
+    T(t)     all-reduce duration from the comm model, started at absolute time t (null: constant)
+    iteration time = A + T(t_iter + A); every rank leaves together and starts the next iteration
+
+With the null comm model and no interference this is max-plus: no delay can shorten an iteration.
+The run is recorded in the canonical trace format (``to_trace``), so a simulated run replays like a
+recorded one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from pacectl.errors import BackendError, ConfigError
+from pacectl.fabric.contention import EarlyArrivalInterference
+from pacectl.fabric.noise import ComputeModel
+from pacectl.traces.model import JobMeta, OpTrace, validate_ops
+from pacectl.types import Action, Domain, FloatArray, IntArray, Observation
+
+
+class SimBackend:
+    """The synthetic cluster (``Backend`` protocol).
+
+    Args:
+        num_ranks: world size, >= 1.
+        num_iterations: iterations per episode, >= 1.
+        compute: compute-time model.
+        comm: communication model with ``name``, ``timing_dependent``, ``description`` and
+            ``time_s(start_s)`` (:mod:`pacectl.fabric.contention`).
+        interference: early-arrival interference (``kappa = 0`` disables it).
+        record: keep per-iteration records for :meth:`to_trace`.
+
+    Example:
+        >>> from pacectl.fabric.contention import FixedComm
+        >>> sim = SimBackend(num_ranks=4, num_iterations=3, compute=ComputeModel(0.1), comm=FixedComm(0.01))
+        >>> sim.reset(seed=0)
+        >>> round(sim.step([Action.zeros(4)])[0].iteration_time_s, 3)
+        0.11
+    """
+
+    name = "sim"
+
+    def __init__(
+        self,
+        *,
+        num_ranks: int,
+        num_iterations: int,
+        compute: ComputeModel,
+        comm: object,
+        interference: EarlyArrivalInterference | None = None,
+        record: bool = False,
+    ) -> None:
+        if int(num_ranks) < 1 or int(num_iterations) < 1:
+            raise ConfigError(
+                f"backend.num_ranks and backend.num_iterations must be >= 1, got {num_ranks!r}, {num_iterations!r}"
+            )
+        self.num_ranks = int(num_ranks)
+        self._num_iterations = int(num_iterations)
+        self.compute = compute
+        self.comm = comm
+        self.interference = interference or EarlyArrivalInterference(kappa=0.0)
+        self.record = record
+        self.domains = (Domain(name="world", ranks=tuple(range(self.num_ranks))),)
+        self.rank_labels: IntArray = np.arange(self.num_ranks, dtype=np.int64)
+        self.step_ids: IntArray = np.arange(self._num_iterations, dtype=np.int64)
+        timing = bool(getattr(comm, "timing_dependent", False)) or self.interference.kappa > 0
+        self.comm_model: str = str(getattr(comm, "name"))
+        self.comm_timing_dependent = timing
+        self.comm_description = str(getattr(comm, "description"))
+        if self.interference.kappa > 0:
+            self.comm_description += f" + early-arrival interference (kappa {self.interference.kappa:g})"
+        self._k = -1
+
+    @property
+    def num_iterations(self) -> int:
+        """Iterations per episode."""
+        return self._num_iterations
+
+    def reset(self, *, seed: int = 0) -> None:
+        """Draw every iteration's compute times from ``default_rng(seed)`` and rewind the clock."""
+        rng = np.random.default_rng(seed)
+        self._work = self.compute.sample(rng, self._num_iterations, self.num_ranks)
+        self._clock_s = 0.0
+        self._k = 0
+        if self.record:
+            shape = (self._num_iterations, self.num_ranks)
+            self._rec_finish = np.zeros(shape)
+            self._rec_delay = np.zeros(shape)
+            self._rec_start = np.zeros(self._num_iterations)
+            self._rec_comm = np.zeros(self._num_iterations)
+
+    def step(self, actions: Sequence[Action]) -> list[Observation]:
+        """Run one iteration with the world domain's pacing delays.
+
+        Raises:
+            BackendError: before ``reset``, past the last iteration, or with a bad action.
+        """
+        k = self._k
+        if k < 0 or k >= self._num_iterations:
+            raise BackendError(
+                f"step() must be called after reset() and at most {self._num_iterations} times, got call {k + 1}"
+            )
+        if len(actions) != 1:
+            raise BackendError(f"step() needs one action (one domain: the world), got {len(actions)}")
+        delay = np.asarray(actions[0].delay_s, dtype=np.float64)
+        if delay.shape != (self.num_ranks,) or not np.isfinite(delay).all() or (delay < 0).any():
+            raise BackendError(
+                f"action must hold {self.num_ranks} finite delays >= 0, got shape {delay.shape}"
+            )
+        finish = self.interference.finish_s(self._work[k], delay)
+        arrival = finish + delay
+        last = float(arrival.max())
+        comm_s = float(self.comm.time_s(self._clock_s + last))  # type: ignore[attr-defined]
+        iteration_s = last + comm_s
+        if self.record:
+            self._rec_finish[k] = finish
+            self._rec_delay[k] = delay
+            self._rec_start[k] = last
+            self._rec_comm[k] = comm_s
+        self._clock_s += iteration_s
+        self._k += 1
+        return [
+            Observation(
+                iteration=k,
+                domain=0,
+                arrival_s=arrival,
+                applied_delay_s=delay,
+                natural_arrival_s=finish,
+                wait_s=last - arrival,
+                iteration_time_s=iteration_s,
+                collective_time_s=comm_s,
+            )
+        ]
+
+    def to_trace(self, name: str = "sim") -> OpTrace:
+        """The iterations run so far as a canonical trace (``forward-compute`` then one DP
+        ``grads-reduce-scatter`` per rank and iteration, ``delay_s`` = the pacing delay).
+
+        Raises:
+            BackendError: the backend was built with ``record=False`` or has not run.
+        """
+        if not self.record or self._k <= 0:
+            raise BackendError("to_trace() needs record=True and at least one step() since reset()")
+        k, n = self._k, self.num_ranks
+        finish, delay = self._rec_finish[:k], self._rec_delay[:k]
+        arrival = finish + delay
+        end = (self._rec_start[:k] + self._rec_comm[:k])[:, None]
+        steps = np.repeat(np.arange(k), n)
+        ranks = np.tile(np.arange(n), k)
+        compute = pd.DataFrame(
+            {
+                "step": steps,
+                "dp_rank": ranks,
+                "stage": 0,
+                "rank": ranks,
+                "optype": "forward-compute",
+                "seq_id": 0,
+                "mc": 0,
+                "start_ts": 0.0,
+                "duration": finish.reshape(-1),
+                "delay_s": 0.0,
+            }
+        )
+        collective = pd.DataFrame(
+            {
+                "step": steps,
+                "dp_rank": ranks,
+                "stage": 0,
+                "rank": ranks,
+                "optype": "grads-reduce-scatter",
+                "seq_id": 0,
+                "mc": -1,
+                "start_ts": arrival.reshape(-1),
+                "duration": (end - arrival).reshape(-1),
+                "delay_s": delay.reshape(-1),
+            }
+        )
+        meta = JobMeta(name=name, dp_size=n, pp_size=1)
+        ops = validate_ops(pd.concat([compute, collective], ignore_index=True), meta, source=f"sim:{name}")
+        return OpTrace(ops=ops, meta=meta, source=f"sim:{name}", fmt="sim")

@@ -1,0 +1,298 @@
+"""Timing-dependent fabric models: cross traffic on a max-min fair fat-tree, and early-arrival
+interference between co-located ranks.
+
+Both make durations depend on *when* ranks run, which is the only way pacing can change an
+iteration's length (see :mod:`pacectl.fabric.base`):
+
+- :class:`ContentionComm`: the data-parallel all-reduce shares leaf uplinks with other jobs' traffic
+  that switches on and off; its duration depends on its start time. Pacing moves the start, so it
+  can help or hurt, depending on the phase of the cross traffic.
+- :class:`EarlyArrivalInterference`: a rank that arrives early waits inside the collective by busy
+  polling (NCCL's proxy thread and kernels spin; gloo's pair threads poll), and the in-flight traffic
+  of its other buckets and prefetches shares the host's PCIe switch and NIC. Both steal CPU cycles
+  and I/O bandwidth from a co-located rank that is still computing, so a late rank gets later still.
+  A rank that paces instead *sleeps*: no polling, no early traffic. CPU-side launch delays are a
+  documented straggler cause in production (Lin et al., OSDI 2025, section 6); NCCL documents the
+  busy-polling proxy thread (NCCL_PROXY_* environment variables). The strength ``kappa`` is an
+  assumption of a scenario, not a measured constant: ``experiments/netns_fabric/`` measures the
+  gloo-on-CPU case on this kind of machine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pacectl.errors import ConfigError
+from pacectl.fabric.collectives import allreduce_s
+from pacectl.fabric.topology import FatTree, max_min_fair
+
+FloatArray = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class CrossTraffic:
+    """Another job's traffic on chosen links, switching on and off periodically.
+
+    Args:
+        links: link names (see :meth:`FatTree.links`), e.g. ``["leaf_up:0"]``; ``"leaf_up:*"`` means
+            every leaf uplink.
+        rate_frac: demand of each cross flow as a fraction of its link's capacity, in (0, 1] (a
+            greedy bulk transfer is 1).
+        on_s: seconds on per period, >= 0.
+        off_s: seconds off per period, >= 0 (0 = always on).
+        stagger: phase offset between successive links as a fraction of the period, so that links
+            do not switch in lockstep.
+    """
+
+    links: tuple[str, ...] = ()
+    rate_frac: float = 1.0
+    on_s: float = 0.0
+    off_s: float = 0.0
+    stagger: float = 0.37
+
+    def __post_init__(self) -> None:
+        if not 0 < self.rate_frac <= 1:
+            raise ConfigError(f"cross_traffic.rate_frac must be in (0, 1], got {self.rate_frac!r}")
+        if self.on_s < 0 or self.off_s < 0:
+            raise ConfigError(f"cross_traffic.on_s and off_s must be >= 0, got {self.on_s!r}, {self.off_s!r}")
+
+    @property
+    def period_s(self) -> float:
+        """On plus off time, seconds."""
+        return self.on_s + self.off_s
+
+
+class ContentionComm:
+    """All-reduce on a fat-tree with max-min fair sharing and on/off cross traffic (timing-dependent).
+
+    Duration of an all-reduce started at absolute time ``t``: the intra-node phases (NVLink, no
+    contention) plus the inter-node ring, whose lock-step steps run at the rate of its slowest flow;
+    flow rates are max-min fair shares with the cross flows active at each instant, integrated over
+    the on/off switches of the cross traffic.
+
+    Args:
+        topology: the cluster.
+        num_ranks: ranks in the job (ranks fill nodes in order).
+        message_bytes: gradient bytes per rank per iteration.
+        alpha_inter_s: network per-message latency, seconds (about 5 us for RDMA through two switch hops).
+        alpha_intra_s: NVLink per-message latency, seconds.
+        cross_traffic: the other jobs' traffic.
+    """
+
+    name = "contention"
+    timing_dependent = True
+
+    def __init__(
+        self,
+        topology: FatTree,
+        num_ranks: int,
+        *,
+        message_bytes: float,
+        alpha_inter_s: float = 5e-6,
+        alpha_intra_s: float = 2e-6,
+        cross_traffic: CrossTraffic | None = None,
+    ) -> None:
+        self.topology = topology
+        self.num_ranks = num_ranks
+        self.cross = cross_traffic or CrossTraffic()
+        names, caps = topology.links(num_ranks)
+        self._caps = caps
+        self._ring = topology.ring_flows(num_ranks)
+        g = min(topology.ranks_per_node, num_ranks)
+        nodes = topology.num_nodes(num_ranks)
+        rails = topology.rails()
+        # after the intra-node reduce-scatter each GPU holds n/g bytes; the inter-node ring moves
+        # 2 (N-1)/N of them per GPU, all g GPUs' share through the node's NIC(s), split over the rails
+        self._ring_bytes = 2 * (nodes - 1) / nodes * message_bytes / rails if nodes > 1 else 0.0
+        self._fixed_s = (
+            2 * (g - 1) * alpha_intra_s + 2 * (g - 1) / g * message_bytes / topology.nvlink_bandwidth_Bps
+        )
+        self._fixed_s += 2 * (nodes - 1) * alpha_inter_s
+        self._cross_links = _expand(self.cross.links, names)
+        self._rate_cache: dict[tuple[bool, ...], float] = {}
+        self.description = (
+            f"contention (max-min fair fat-tree, {topology.ranks_per_node} ranks/node, "
+            f"{topology.nodes_per_leaf} nodes/leaf, oversubscription {topology.oversubscription:g}:1"
+            f"{', rail-optimized' if topology.rail_optimized else ''}; cross traffic on "
+            f"{len(self._cross_links)} link(s), {self.cross.on_s:g} s on / {self.cross.off_s:g} s off)"
+        )
+
+    def ring_rate_Bps(self, cross_on: tuple[bool, ...]) -> float:
+        """Rate of the ring's slowest flow when the given cross flows are on, bytes/s."""
+        if cross_on not in self._rate_cache:
+            active = [link for link, on in zip(self._cross_links, cross_on, strict=True) if on]
+            cross = np.zeros((len(active), len(self._caps)), dtype=bool)
+            for row, link in enumerate(active):
+                cross[row, link] = True
+            incidence = np.vstack([self._ring, cross]) if len(active) else self._ring
+            demand = np.concatenate(
+                [np.full(len(self._ring), np.inf), self.cross.rate_frac * self._caps[active]]
+            )
+            rates = max_min_fair(self._caps, incidence, demand)
+            self._rate_cache[cross_on] = (
+                float(rates[: len(self._ring)].min()) if len(self._ring) else math.inf
+            )
+        return self._rate_cache[cross_on]
+
+    def _state(self, t: float) -> tuple[tuple[bool, ...], float]:
+        """Which cross flows are on at time t, and the time of the next switch."""
+        period = self.cross.period_s
+        if not self._cross_links or period == 0 or self.cross.on_s == 0:
+            return tuple(False for _ in self._cross_links), math.inf
+        if self.cross.off_s == 0:
+            return tuple(True for _ in self._cross_links), math.inf
+        states, next_switch = [], math.inf
+        nudge = 1e-9 * period  # decide the state just after t, so a switch at t always makes progress
+        for i in range(len(self._cross_links)):
+            phase = (t + nudge + i * self.cross.stagger * period) % period
+            on = phase < self.cross.on_s
+            states.append(on)
+            next_switch = min(next_switch, t + nudge + ((self.cross.on_s if on else period) - phase))
+        return tuple(states), next_switch
+
+    @property
+    def free_time_s(self) -> float:
+        """Duration with no cross traffic, seconds."""
+        rate = self.ring_rate_Bps(tuple(False for _ in self._cross_links))
+        return self._fixed_s + (self._ring_bytes / rate if self._ring_bytes else 0.0)
+
+    def time_s(self, start_s: float) -> float:
+        """Duration of an all-reduce that starts (last rank arrives) at absolute time ``start_s``."""
+        remaining, t = self._ring_bytes, float(start_s)
+        for _ in range(10_000):
+            if remaining <= 0:
+                break
+            state, switch = self._state(t)
+            rate = self.ring_rate_Bps(state)
+            finish = t + remaining / rate
+            if finish <= switch:
+                t = finish
+                remaining = 0.0
+            else:
+                remaining -= (switch - t) * rate
+                t = switch
+        return self._fixed_s + (t - float(start_s))
+
+
+def _expand(patterns: tuple[str, ...], names: list[str]) -> list[int]:
+    out: list[int] = []
+    for pattern in patterns:
+        if pattern.endswith("*"):
+            hits = [i for i, n in enumerate(names) if n.startswith(pattern[:-1])]
+        else:
+            hits = [i for i, n in enumerate(names) if n == pattern]
+        if not hits:
+            raise ConfigError(
+                f"cross_traffic.links entries must name links of this topology, got {pattern!r}; "
+                f"links look like {names[:3] + names[-2:]}"
+            )
+        out.extend(hits)
+    return out
+
+
+class AlphaBetaComm:
+    """Closed-form alpha-beta all-reduce cost (ring, tree or hierarchical); timing-independent."""
+
+    name = "alpha_beta"
+    timing_dependent = False
+
+    def __init__(
+        self,
+        topology: FatTree,
+        num_ranks: int,
+        *,
+        message_bytes: float,
+        algorithm: str = "ring",
+        alpha_inter_s: float = 5e-6,
+        alpha_intra_s: float = 2e-6,
+    ) -> None:
+        self._time = allreduce_s(
+            algorithm,
+            message_bytes,
+            num_ranks,
+            topology.ranks_per_node,
+            alpha_intra_s=alpha_intra_s,
+            bandwidth_intra_Bps=topology.nvlink_bandwidth_Bps,
+            alpha_inter_s=alpha_inter_s,
+            bandwidth_inter_Bps=topology.nic_bandwidth_Bps * topology.rails(),
+        )
+        self.description = (
+            f"alpha_beta ({algorithm} all-reduce of {message_bytes:.3g} B, closed form; max-plus)"
+        )
+
+    @property
+    def free_time_s(self) -> float:
+        """The closed-form duration, seconds."""
+        return self._time
+
+    def time_s(self, start_s: float) -> float:
+        """Same at any start time (no timing dependence)."""
+        del start_s
+        return self._time
+
+
+class FixedComm:
+    """The null model for simulation: every all-reduce takes ``duration_s`` (max-plus)."""
+
+    name = "null"
+    timing_dependent = False
+
+    def __init__(self, duration_s: float) -> None:
+        if not duration_s >= 0:
+            raise ConfigError(f"null comm duration must be >= 0 seconds, got {duration_s!r}")
+        self._time = float(duration_s)
+        self.description = "null (fixed durations, max-plus: pacing cannot shorten an iteration)"
+
+    @property
+    def free_time_s(self) -> float:
+        """The fixed duration, seconds."""
+        return self._time
+
+    def time_s(self, start_s: float) -> float:
+        """Same at any start time."""
+        del start_s
+        return self._time
+
+
+@dataclass(frozen=True)
+class EarlyArrivalInterference:
+    """Busy-polling early arrivals slow co-located ranks that are still computing.
+
+    Model: while a peer on the same node waits inside the collective (from its entry until the
+    collective starts), a rank that is still computing progresses ``1 + kappa`` times slower per
+    waiting peer. To first order in ``kappa`` (peers' entries taken from their unperturbed compute
+    times), rank ``s`` finishes at ``W_s + kappa * sum_{r != s on node} max(0, W_s - (W_r + d_r))``,
+    where ``W`` is the unperturbed compute time and ``d`` the pacing delay (a pacing rank sleeps and
+    does not interfere). ``kappa = 0`` is the null model.
+
+    Args:
+        kappa: slowdown per waiting co-located peer, >= 0 (dimensionless).
+        ranks_per_node: ranks sharing a host (the interference domain).
+    """
+
+    kappa: float = 0.0
+    ranks_per_node: int = 8
+
+    def __post_init__(self) -> None:
+        if not self.kappa >= 0:
+            raise ConfigError(f"interference.kappa must be >= 0, got {self.kappa!r}")
+        if int(self.ranks_per_node) < 1:
+            raise ConfigError(f"interference ranks_per_node must be >= 1, got {self.ranks_per_node!r}")
+
+    def finish_s(self, work_s: FloatArray, delay_s: FloatArray) -> FloatArray:
+        """Compute finish times ``float64[num_ranks]`` given unperturbed work and pacing delays (seconds)."""
+        if self.kappa == 0 or self.ranks_per_node == 1:
+            return work_s
+        n = work_s.shape[0]
+        g = self.ranks_per_node
+        pad = (-n) % g
+        w = np.concatenate([work_s, np.full(pad, -np.inf)]).reshape(-1, g)
+        e = np.concatenate([work_s + delay_s, np.full(pad, np.inf)]).reshape(-1, g)
+        overlap = np.maximum(0.0, w[:, :, None] - e[:, None, :])  # [node, s, r]
+        idx = np.arange(g)
+        overlap[:, idx, idx] = 0.0
+        return work_s + self.kappa * overlap.sum(axis=2).reshape(-1)[:n]

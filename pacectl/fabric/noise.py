@@ -1,0 +1,241 @@
+"""Compute-time models: per-rank, per-iteration compute (forward + backward) time before the collective.
+
+Each model is a component that turns a base compute time into ``float64[num_iterations, num_ranks]``
+seconds, drawn at once from a seeded ``numpy.random.Generator`` (vectorized over iterations and
+ranks). :class:`ComputeModel` applies its components in order. Sources for each shape are in the
+class docstrings; the parameter values of a scenario are chosen and justified in ``conf/cluster/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pacectl.errors import ConfigError, TraceError
+
+FloatArray = NDArray[np.float64]
+
+
+class NoiseComponent(Protocol):
+    """One source of compute-time variation."""
+
+    def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
+        """Return perturbed compute times, same shape ``[num_iterations, num_ranks]``, seconds."""
+        ...
+
+
+def _positive(name: str, value: float, *, allow_zero: bool = False) -> float:
+    value = float(value)
+    if not np.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value!r}")
+    return value
+
+
+def _probability(name: str, value: float) -> float:
+    value = float(value)
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{name} must be in [0, 1], got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class LognormalJitter:
+    """i.i.d. multiplicative jitter: ``t * exp(N(-sigma^2/2, sigma^2))`` (mean-preserving).
+
+    Args:
+        sigma: log-space standard deviation, >= 0. Kernel-time jitter on a healthy GPU is about 1-2 %
+            (Alibaba PAI per-worker mini-batch CV, median of job means 0.05-0.10 including data
+            loading: shared/traces alibaba-pai-minibatch, reference figures).
+    """
+
+    sigma: float = 0.02
+
+    def __post_init__(self) -> None:
+        _positive("lognormal.sigma", self.sigma, allow_zero=True)
+
+    def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
+        """Multiply by independent lognormal factors with mean 1."""
+        factor = rng.lognormal(-0.5 * self.sigma**2, self.sigma, size=compute_s.shape)
+        return compute_s * factor
+
+
+@dataclass(frozen=True)
+class ParetoHiccups:
+    """Rare heavy-tailed pauses (GC, page faults, ECC retries, thermal throttling) added to a rank.
+
+    With probability ``prob`` per rank and iteration, the rank loses ``scale_s * (Pareto(alpha) + 1)``
+    seconds (classical Pareto with minimum ``scale_s``). Synchronization amplifies them: with ``p``
+    ranks, an iteration is hit with probability ``1 - (1 - prob)^p`` (Dean and Barroso, "The Tail at
+    Scale", CACM 2013; Gopalan and Ali's "synchronization amplification").
+
+    Args:
+        prob: per-rank, per-iteration probability, in [0, 1].
+        scale_s: minimum pause, seconds, > 0.
+        alpha: Pareto tail index, > 1 (finite mean); smaller is heavier.
+    """
+
+    prob: float = 0.002
+    scale_s: float = 0.05
+    alpha: float = 2.5
+
+    def __post_init__(self) -> None:
+        _probability("pareto.prob", self.prob)
+        _positive("pareto.scale_s", self.scale_s)
+        if not self.alpha > 1.0:
+            raise ConfigError(f"pareto.alpha must be > 1 (finite mean), got {self.alpha!r}")
+
+    def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
+        """Add pauses to a random subset of (iteration, rank) cells."""
+        hit = rng.random(compute_s.shape) < self.prob
+        pause = self.scale_s * (rng.pareto(self.alpha, size=compute_s.shape) + 1.0)
+        return compute_s + np.where(hit, pause, 0.0)
+
+
+@dataclass(frozen=True)
+class PeriodicNoise:
+    """OS-style periodic interruptions (daemons, timers): every ``period_iters`` iterations a rank
+    loses ``duration_s``, with a per-rank random phase (Petrini et al., "The Case of the Missing
+    Supercomputer Performance", SC 2003).
+
+    Args:
+        period_iters: period in iterations, >= 1.
+        duration_s: lost time per interruption, seconds, >= 0.
+    """
+
+    period_iters: int = 50
+    duration_s: float = 0.01
+
+    def __post_init__(self) -> None:
+        if int(self.period_iters) < 1:
+            raise ConfigError(f"periodic.period_iters must be >= 1, got {self.period_iters!r}")
+        _positive("periodic.duration_s", self.duration_s, allow_zero=True)
+
+    def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
+        """Add ``duration_s`` on the iterations where ``(k + phase_r) % period == 0``."""
+        num_iterations, num_ranks = compute_s.shape
+        phase = rng.integers(0, self.period_iters, size=num_ranks)
+        k = np.arange(num_iterations)[:, None]
+        return compute_s + np.where((k + phase[None, :]) % self.period_iters == 0, self.duration_s, 0.0)
+
+
+@dataclass(frozen=True)
+class SlowRanks:
+    """Persistent locality penalty: some ranks are always slower (PCIe switch sharing, remote NUMA
+    node, a NIC on the far socket), the "locality-driven variance" of Gopalan and Ali.
+
+    Args:
+        ranks: explicit rank indices that are slow; or
+        fraction: share of ranks drawn at random (at reset) to be slow, in [0, 1].
+        factor: compute-time multiplier of a slow rank, >= 1. Cross-socket PCIe/NUMA paths cost
+            roughly 5-20 % bandwidth on dual-socket hosts (measured by e.g. Li et al., "Evaluating
+            Modern GPU Interconnect", IEEE TPDS 2020); ByteDance job AR's injected worker is 2.36x.
+    """
+
+    ranks: Sequence[int] = ()
+    fraction: float = 0.0
+    factor: float = 1.1
+
+    def __post_init__(self) -> None:
+        _probability("slow_ranks.fraction", self.fraction)
+        if not self.factor >= 1.0:
+            raise ConfigError(f"slow_ranks.factor must be >= 1, got {self.factor!r}")
+
+    def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
+        """Multiply the slow ranks' columns by ``factor``."""
+        num_ranks = compute_s.shape[1]
+        slow = np.zeros(num_ranks, dtype=bool)
+        for r in self.ranks:
+            if not 0 <= int(r) < num_ranks:
+                raise ConfigError(f"slow_ranks.ranks entries must be in [0, {num_ranks}), got {r!r}")
+            slow[int(r)] = True
+        if self.fraction > 0:
+            count = max(1, int(round(self.fraction * num_ranks)))
+            slow[rng.choice(num_ranks, size=count, replace=False)] = True
+        return compute_s * np.where(slow, self.factor, 1.0)[None, :]
+
+
+@dataclass(frozen=True)
+class EmpiricalSamples:
+    """Replay of real per-worker step-time variation from a step-level trace (Alibaba PAI
+    ``job_*_norm.csv``: columns ``worker``, ``batch_time_norm``), as multiplicative factors.
+
+    Each worker's normalised times are divided by the job-wide mean; simulated rank ``r`` replays
+    worker ``r mod num_workers`` from a random offset, cycling (Alibaba cluster-trace-gpu-v2020,
+    Weng et al., "MLaaS in the Wild", NSDI 2022; CC BY 4.0).
+
+    Args:
+        path: CSV file with ``worker`` and ``batch_time_norm`` columns.
+    """
+
+    path: str = ""
+    _factors: FloatArray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        import pandas as pd
+
+        p = Path(self.path)
+        if not p.is_file():
+            raise ConfigError(f"empirical.path must be an existing CSV file, got {self.path!r}")
+        try:
+            frame = pd.read_csv(p)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise TraceError(
+                f"empirical step-time file must be CSV, could not parse it (in {p}): {err}"
+            ) from err
+        missing = [c for c in ("worker", "batch_time_norm") if c not in frame.columns]
+        if missing:
+            raise TraceError(
+                f"empirical step-time file must have columns worker, batch_time_norm; missing {missing} (in {p})"
+            )
+        values = frame["batch_time_norm"].to_numpy(np.float64)
+        if not np.isfinite(values).all() or (values <= 0).any():
+            raise TraceError(f"batch_time_norm must be finite and > 0 (in {p}: column batch_time_norm)")
+        groups = [g["batch_time_norm"].to_numpy(np.float64) for _, g in frame.groupby("worker", sort=True)]
+        length = min(len(g) for g in groups)
+        factors = np.stack([g[:length] for g in groups], axis=1)
+        object.__setattr__(self, "_factors", factors / factors.mean())
+
+    def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
+        """Multiply by the recorded per-worker factors."""
+        num_iterations, num_ranks = compute_s.shape
+        length, workers = self._factors.shape
+        offset = rng.integers(0, length, size=num_ranks)
+        rows = (np.arange(num_iterations)[:, None] + offset[None, :]) % length
+        return compute_s * self._factors[rows, np.arange(num_ranks)[None, :] % workers]
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    """Base compute time plus noise components, applied in order.
+
+    Args:
+        compute_s: mean unperturbed compute (forward + backward) time per iteration, seconds, > 0.
+        components: noise components (see this module).
+    """
+
+    compute_s: float
+    components: tuple[NoiseComponent, ...] = ()
+
+    def __post_init__(self) -> None:
+        _positive("compute_s", self.compute_s)
+
+    def sample(self, rng: np.random.Generator, num_iterations: int, num_ranks: int) -> FloatArray:
+        """Draw ``float64[num_iterations, num_ranks]`` compute times, seconds."""
+        times = np.full((num_iterations, num_ranks), self.compute_s)
+        for component in self.components:
+            times = component.apply(times, rng)
+        return times
+
+
+NOISE_COMPONENTS = {
+    "lognormal": LognormalJitter,
+    "pareto": ParetoHiccups,
+    "periodic": PeriodicNoise,
+    "slow_ranks": SlowRanks,
+    "empirical": EmpiricalSamples,
+}
