@@ -174,6 +174,7 @@ class SimExperiment:
 #: backend.name -> "module:Class" of its :class:`Experiment` (imported on first use).
 EXPERIMENTS: dict[str, str] = {
     "replay": "pacectl.experiment:ReplayExperiment",
+    "torch": "pacectl.torchdist.experiment:TorchExperiment",
     "sim": "pacectl.experiment:SimExperiment",
 }
 

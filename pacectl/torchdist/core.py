@@ -1,0 +1,500 @@
+"""The torch-free core of the live backend: observations from gathered waits, decisions, schedules, records.
+
+Everything here is pure numpy (no torch, no clock, no I/O except :class:`ControlWatcher`), so it is
+unit-tested without processes and every rank of a job computes bit-identical results from the same
+gathered table.
+
+Arrival skew without synchronized clocks (DESIGN.md, "The real backend"): all ranks leave a blocking
+collective together, so the time a rank spent inside it, ``in_collective_i = exit_i - enter_i``
+(local clock), is its wait for the last rank plus the common transfer time. Hence
+
+- ``wait_i = in_collective_i - min_j in_collective_j`` (how early rank ``i`` was);
+- the last rank ``L = argmin in_collective`` waited for nobody, and its own arrival measured from the
+  iteration start (the previous iteration's common exit, also a local-clock difference) anchors the
+  others: ``arrival_i = arrival_local_L - wait_i``;
+- ``collective_time_s = in_collective_L`` (transfer after the last arrival).
+
+Only local-clock differences are ever exchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pacectl.controllers import PacingGuardWarning, SafetyGuard, make_controller
+from pacectl.errors import ConfigError, PacectlError
+from pacectl.traces.model import JobMeta, OpTrace, validate_ops
+from pacectl.types import Action, Episode, FloatArray, Observation
+
+#: Per-rank figures exchanged once per iteration (one float64 each), in this order.
+GATHER_FIELDS = (
+    "arrival_local_s",  # enter of the paced collective minus the iteration start, local clock
+    "in_collective_s",  # exit minus enter of the paced collective, local clock
+    "applied_delay_s",  # pacing delay this rank applied before entering
+    "backward_end_s",  # end of the iteration's gradient sync minus the iteration start
+    "control_version",  # runtime-control version rank 0 has published (other ranks: 0)
+)
+NUM_GATHER_FIELDS = len(GATHER_FIELDS)
+
+
+def observation_from_table(iteration: int, table: FloatArray) -> Observation:
+    """Build the observation of one iteration from the gathered per-rank figures.
+
+    Args:
+        iteration: 0-based iteration index.
+        table: ``float64[num_ranks, NUM_GATHER_FIELDS]``, columns :data:`GATHER_FIELDS`, seconds.
+
+    Returns:
+        The :class:`~pacectl.types.Observation` of the one pacing domain (the whole world, pure DP).
+        ``iteration_time_s`` is the latest ``backward_end_s`` (the gradient sync ends together).
+
+    The formulas are in the module docstring (earliness from waits; DESIGN.md, "The real backend").
+    """
+    arrival_local = table[:, 0]
+    in_coll = table[:, 1]
+    delay = table[:, 2]
+    last = int(np.argmin(in_coll))
+    wait = in_coll - in_coll[last]
+    arrival = arrival_local[last] - wait
+    return Observation(
+        iteration=iteration,
+        domain=0,
+        arrival_s=arrival,
+        applied_delay_s=delay.copy(),
+        natural_arrival_s=arrival - delay,
+        wait_s=wait,
+        iteration_time_s=float(table[:, 3].max()),
+        collective_time_s=float(in_coll[last]),
+    )
+
+
+def one_hot_row(rank: int, world_size: int, values: Sequence[float]) -> FloatArray:
+    """This rank's slot of the gather buffer: zeros except row ``rank``.
+
+    A sum all-reduce of these buffers is an exact all-gather (``x + 0 = x`` in any order), so every
+    rank receives the bit-identical table.
+
+    Returns:
+        ``float64[world_size * NUM_GATHER_FIELDS]``.
+    """
+    buf = np.zeros((world_size, NUM_GATHER_FIELDS), dtype=np.float64)
+    buf[rank] = values
+    return buf.reshape(-1)
+
+
+class DecisionEngine:
+    """The guarded controller every rank runs on identical inputs, plus runtime retuning.
+
+    Args:
+        family: controller family (``"none"``, ``"threshold"``, ...).
+        params: its constructor parameters.
+        guard: :class:`~pacectl.controllers.SafetyGuard` keyword arguments.
+        num_ranks: ranks of the pacing domain (the world).
+        seed: seeds the controller's ``rng`` (``default_rng([seed, 0])``), identical on every rank.
+
+    Raises:
+        ConfigError: bad family, parameter or guard value.
+    """
+
+    def __init__(
+        self,
+        family: str,
+        params: Mapping[str, Any],
+        guard: Mapping[str, Any],
+        *,
+        num_ranks: int,
+        seed: int,
+    ) -> None:
+        self.family = family
+        self.params = dict(params)
+        self.guard_params = dict(guard)
+        self.num_ranks = num_ranks
+        self.seed = seed
+        self.version = 0
+        self.controller = self._build(self.family, self.params, self.guard_params, version=0)
+
+    def _build(
+        self, family: str, params: Mapping[str, Any], guard: Mapping[str, Any], *, version: int
+    ) -> SafetyGuard:
+        ctrl = SafetyGuard(make_controller(family, **params), **guard)
+        ctrl.reset(self.num_ranks, np.random.default_rng([self.seed, 0, version]))
+        return ctrl
+
+    @property
+    def name(self) -> str:
+        """Family name of the controller in force."""
+        return self.controller.name
+
+    def decide(self, obs: Observation) -> Action:
+        """Guarded delays for the next iteration (zero delay plus a warning on any failure)."""
+        return self.controller.act(obs)
+
+    def diagnostics(self) -> dict[str, float]:
+        """The guarded controller's diagnostics."""
+        return self.controller.diagnostics()
+
+    def apply_control(self, control: Mapping[str, Any], version: int) -> None:
+        """Apply a runtime control message (see :func:`validate_control`) at the same iteration on every rank.
+
+        ``enabled`` toggles the guard's kill switch and keeps the controller's state; a new
+        ``controller`` or ``guard`` rebuilds and resets the guarded controller (seeded by ``version``).
+        A message that fails to build leaves the controller unchanged and warns.
+        """
+        self.version = int(version)
+        if "controller" in control or "guard" in control:
+            spec = dict(control.get("controller", {}))
+            family = str(spec.pop("name", self.family))
+            params = spec if "controller" in control else self.params
+            guard = {**self.guard_params, **dict(control.get("guard", {}))}
+            try:
+                rebuilt = self._build(family, params, guard, version=self.version)
+            except PacectlError as err:
+                warnings.warn(f"pacing control v{version} ignored: {err}", PacingGuardWarning, stacklevel=2)
+                return
+            enabled = self.controller.enabled
+            self.family, self.params, self.guard_params, self.controller = family, params, guard, rebuilt
+            self.controller.enabled = enabled
+        if "enabled" in control:
+            self.controller.enabled = bool(control["enabled"])
+
+
+_CONTROL_KEYS = {"enabled", "controller", "guard"}
+
+
+def validate_control(control: Any, *, source: str) -> dict[str, Any]:
+    """Check a runtime control message: ``{"enabled": bool, "controller": {...}, "guard": {...}}``.
+
+    Every key is optional. ``controller`` is a controller config (``name`` plus parameters, as in
+    ``conf/controller/*.yaml``); ``guard`` holds SafetyGuard keyword arguments.
+
+    Raises:
+        ConfigError: not a mapping, an unknown key, or a controller that does not build.
+    """
+    if not isinstance(control, dict):
+        raise ConfigError(f"pacing control must be a JSON object, got {control!r} (in {source})")
+    unknown = sorted(set(control) - _CONTROL_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"pacing control keys must be among {sorted(_CONTROL_KEYS)}, got {unknown!r} (in {source})"
+        )
+    if "enabled" in control and not isinstance(control["enabled"], bool):
+        raise ConfigError(f"pacing control 'enabled' must be true or false, got {control['enabled']!r}")
+    if "controller" in control:
+        spec = dict(control["controller"])
+        name = spec.pop("name", None)
+        if name is not None:
+            SafetyGuard(make_controller(str(name), **spec), **dict(control.get("guard", {})))
+    return dict(control)
+
+
+class ControlWatcher:
+    """Watch a JSON file for runtime pacing control (rank 0 only; decisions stay identical, see Pacer).
+
+    Args:
+        path: the file; it need not exist yet. Edit it atomically (write a temp file, then rename).
+
+    Example:
+        ``echo '{"enabled": false}' > ctl.tmp && mv ctl.tmp ctl.json`` switches pacing off.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._stamp: tuple[int, int] | None = self._current_stamp()
+
+    def _current_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def poll(self) -> dict[str, Any] | None:
+        """A new valid control message if the file changed since the last poll, else None (warns if invalid)."""
+        stamp = self._current_stamp()
+        if stamp is None or stamp == self._stamp:
+            return None
+        self._stamp = stamp
+        try:
+            return validate_control(json.loads(self.path.read_text()), source=str(self.path))
+        except (OSError, ValueError) as err:
+            warnings.warn(f"pacing control file ignored: {err}", PacingGuardWarning, stacklevel=2)
+            return None
+
+
+@dataclass(frozen=True)
+class StragglerSpec:
+    """Injected straggling: with probability ``prob`` per iteration, a rank is slowed by ``duration_s``.
+
+    Attributes:
+        rank: the slowed rank, or -1 for a random rank per event, or None for no injection.
+        prob: probability per iteration, [0, 1].
+        duration_s: extra time of one event, seconds, >= 0.
+        kind: ``"sleep"`` (idle, like a stalled data loader) or ``"burn"`` (busy CPU, like interference).
+        jitter_frac: each event lasts ``duration_s * U(1 - jitter_frac, 1 + jitter_frac)``, [0, 1].
+    """
+
+    rank: int | None = 1
+    prob: float = 0.3
+    duration_s: float = 0.02
+    kind: str = "sleep"
+    jitter_frac: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("sleep", "burn"):
+            raise ConfigError(f"straggler.kind must be 'sleep' or 'burn', got {self.kind!r}")
+        if not 0.0 <= self.prob <= 1.0:
+            raise ConfigError(f"straggler.prob must be in [0, 1], got {self.prob!r}")
+        if not self.duration_s >= 0.0:
+            raise ConfigError(f"straggler.duration_s must be >= 0 seconds, got {self.duration_s!r}")
+        if not 0.0 <= self.jitter_frac <= 1.0:
+            raise ConfigError(f"straggler.jitter_frac must be in [0, 1], got {self.jitter_frac!r}")
+
+
+def straggler_schedule(spec: StragglerSpec, *, num_iterations: int, world_size: int, seed: int) -> FloatArray:
+    """The injected extra time per iteration and rank: identical for every controller run of a seed.
+
+    Args:
+        spec: what to inject.
+        num_iterations: iterations (warm-up included).
+        world_size: ranks.
+        seed: experiment seed (the schedule uses ``default_rng([seed, 5])``).
+
+    Returns:
+        ``float64[num_iterations, world_size]``, seconds.
+
+    Raises:
+        ConfigError: ``spec.rank`` outside ``[-1, world_size)``.
+    """
+    out = np.zeros((num_iterations, world_size), dtype=np.float64)
+    if spec.rank is None or spec.prob == 0.0 or spec.duration_s == 0.0:
+        return out
+    if not -1 <= spec.rank < world_size:
+        raise ConfigError(f"straggler.rank must be in [-1, {world_size}) or null, got {spec.rank!r}")
+    rng = np.random.default_rng([seed, 5])
+    hit = rng.random(num_iterations) < spec.prob
+    who = (
+        rng.integers(0, world_size, num_iterations) if spec.rank == -1 else np.full(num_iterations, spec.rank)
+    )
+    scale = rng.uniform(1.0 - spec.jitter_frac, 1.0 + spec.jitter_frac, num_iterations)
+    out[np.flatnonzero(hit), who[hit]] = spec.duration_s * scale[hit]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-iteration marks of one rank -> canonical op trace
+# ---------------------------------------------------------------------------------------------
+#: Per-iteration marks one rank keeps (local clock, seconds from the iteration start).
+MARK_FIELDS = ("forward_end_s", "backward_end_s", "sync_exit_s", "applied_delay_s")
+
+
+def marks_to_ops(
+    *,
+    step: int,
+    rank: int,
+    forward_end_s: float,
+    hook_call_s: Sequence[float],
+    hook_return_s: Sequence[float],
+    enter_s: Sequence[float],
+    exit_s: Sequence[float],
+    backward_end_s: float,
+    sync_exit_s: float,
+    applied_delay_s: float,
+    serialize_buckets: bool = True,
+) -> list[tuple[Any, ...]]:
+    """The canonical op rows of one rank in one iteration (times from the aligned iteration start).
+
+    Ops (see :mod:`pacectl.traces.model`):
+
+    - ``forward-compute`` 0: ``[0, forward_end)``: optimizer step of the previous iteration, data,
+      injected straggling and the forward pass (everything before backward);
+    - ``backward-compute`` j: the backward segment before bucket j's hook (j = 0..B-1) and the tail
+      after the last hook (j = B);
+    - ``grads-reduce-scatter`` j: bucket j's all-reduce, ``[max(enter_j, exit_{j-1}), exit_j)``
+      (a bucket cannot start before the previous one on the same process group finished);
+      ``delay_s`` on bucket 0 = the applied pacing delay, 0 elsewhere;
+    - ``optimizer-clip-main-grad`` 0: the tiny all-rank gather ``[backward_end, sync_exit)``; its
+      exit is the next iteration's start.
+
+    On CPU/gloo the pacing sleep blocks the training thread, so it also sits in the gap between
+    ``backward-compute`` 0 and 1; the replay (which models a comm-side delay, the CUDA semantic)
+    therefore reproduces recorded runs exactly but keeps that gap in counterfactuals.
+
+    Returns:
+        Rows ``(step, dp_rank, stage, rank, optype, seq_id, mc, start_ts, duration, delay_s)``.
+    """
+    rows: list[tuple[Any, ...]] = []
+
+    def add(optype: str, seq: int, start: float, end: float, delay: float = 0.0, mc: int = 0) -> None:
+        start = max(start, 0.0)
+        rows.append((step, rank, 0, rank, optype, seq, mc, start, max(end - start, 0.0), delay))
+
+    add("forward-compute", 0, 0.0, forward_end_s)
+    seg_start = forward_end_s
+    prev_exit = 0.0
+    for j, (call, ret, enter, exit_) in enumerate(
+        zip(hook_call_s, hook_return_s, enter_s, exit_s, strict=True)
+    ):
+        add("backward-compute", j, seg_start, call)
+        start = enter if j == 0 or not serialize_buckets else max(enter, prev_exit)
+        add("grads-reduce-scatter", j, start, exit_, applied_delay_s if j == 0 else 0.0, mc=-1)
+        seg_start, prev_exit = ret, exit_
+    add("backward-compute", len(enter_s), seg_start, backward_end_s)
+    add("optimizer-clip-main-grad", 0, backward_end_s, sync_exit_s, mc=-1)
+    return rows
+
+
+_ROW_COLUMNS = (
+    "step",
+    "dp_rank",
+    "stage",
+    "rank",
+    "optype",
+    "seq_id",
+    "mc",
+    "start_ts",
+    "duration",
+    "delay_s",
+)
+
+
+def rows_to_trace(rows: Sequence[tuple[Any, ...]], *, world_size: int, name: str, source: str) -> OpTrace:
+    """Validate the op rows of every rank as an :class:`~pacectl.traces.model.OpTrace` (dp_size = world).
+
+    Steps whose bucket count differs from the most common one (DDP rebuilds its buckets after
+    iteration 0) are dropped so that every step has the same structure.
+
+    Raises:
+        TraceError: the rows do not form a valid trace.
+    """
+    ops = pd.DataFrame(list(rows), columns=list(_ROW_COLUMNS))
+    buckets = ops[ops["optype"] == "grads-reduce-scatter"].groupby(["step", "rank"]).size()
+    per_step = buckets.groupby(level="step").agg(["min", "max"])
+    mode = int(buckets.mode().iloc[0]) if len(buckets) else 0
+    keep = per_step.index[(per_step["min"] == mode) & (per_step["max"] == mode)]
+    ops = ops[ops["step"].isin(keep)]
+    meta = JobMeta(name=name, dp_size=world_size, pp_size=1, world_size=world_size)
+    return OpTrace(ops=validate_ops(ops, meta, source=source), meta=meta, source=source, fmt="torch-live")
+
+
+def replay_fidelity(trace: OpTrace) -> dict[str, float]:
+    """Replay a live record with its own recorded pacing delays; compare step times with the live ones.
+
+    Args:
+        trace: a record written by a live run (``delay_s`` on ``grads-reduce-scatter`` 0).
+
+    Returns:
+        ``step_time_median_abs_err_frac``, ``step_time_p90_abs_err_frac``,
+        ``step_time_max_abs_err_frac`` (|replayed - live| / live over steps), ``launch_clipped``,
+        ``transfer_clipped``, ``num_steps``.
+    """
+    from pacectl.backends.replay import ReplayBackend
+
+    backend = ReplayBackend(trace)
+    delays = recorded_delays(trace)
+    _, end = backend.replayed_times(delays)
+    replayed = end.max(axis=(0, 2))
+    live = trace.recorded_step_time_s().to_numpy()
+    err = np.abs(replayed - live) / live
+    return {
+        "step_time_median_abs_err_frac": float(np.median(err)),
+        "step_time_p90_abs_err_frac": float(np.percentile(err, 90)),
+        "step_time_max_abs_err_frac": float(err.max()),
+        "launch_clipped": int(backend.clip_counts["launch_clipped"]),
+        "transfer_clipped": int(backend.clip_counts["transfer_clipped"]),
+        "num_steps": int(len(live)),
+    }
+
+
+def recorded_delays(trace: OpTrace) -> FloatArray:
+    """Pacing delay recorded before bucket 0, ``float64[num_steps, world_size]`` seconds."""
+    ops = trace.ops
+    paced = ops[(ops["optype"] == "grads-reduce-scatter") & (ops["seq_id"] == 0)]
+    col = paced["delay_s"] if "delay_s" in paced.columns else pd.Series(0.0, index=paced.index)
+    table = paced.assign(delay_s=col).pivot(index="step", columns="dp_rank", values="delay_s")
+    return table.to_numpy(np.float64)
+
+
+def counterfactual_error(trace: OpTrace, live_step_time_s: FloatArray) -> dict[str, float]:
+    """Replay a paced record with zero delays and compare with a live unpaced run on the same schedule.
+
+    Args:
+        trace: a paced live record.
+        live_step_time_s: ``float64[num_steps]`` live unpaced step times of the same steps, seconds.
+
+    Returns:
+        Median and p90 of |replayed - live| / live, and the mean step times of both.
+    """
+    from pacectl.backends.replay import ReplayBackend
+
+    backend = ReplayBackend(trace)
+    _, end = backend.replayed_times(None)
+    replayed = end.max(axis=(0, 2))
+    live = np.asarray(live_step_time_s, dtype=np.float64)[: len(replayed)]
+    replayed = replayed[: len(live)]
+    err = np.abs(replayed - live) / live
+    return {
+        "step_time_median_abs_err_frac": float(np.median(err)),
+        "step_time_p90_abs_err_frac": float(np.percentile(err, 90)),
+        "replayed_mean_s": float(replayed.mean()),
+        "live_mean_s": float(live.mean()),
+    }
+
+
+def episode_from_log(
+    *,
+    controller: str,
+    comm_model: str,
+    observations: Sequence[Observation],
+    iteration_time_s: FloatArray,
+    diagnostics: Sequence[Mapping[str, float]],
+) -> Episode:
+    """The columnar :class:`~pacectl.types.Episode` of a live run (one domain: the whole world).
+
+    Args:
+        controller: controller family.
+        comm_model: e.g. ``"live-gloo"``.
+        observations: one per iteration, as every rank saw it.
+        iteration_time_s: ``float64[num_iterations]`` measured period between consecutive common
+            exits of the iteration's last collective, seconds (sums to the wall time).
+        diagnostics: the guarded controller's diagnostics after each iteration.
+    """
+    n = len(observations)
+    world = observations[0].num_ranks if n else 0
+    keys = sorted({k for d in diagnostics for k in d})
+    diag = {
+        k: np.array([[d.get(k, np.nan)] for d in diagnostics], dtype=np.float64).reshape(n, 1) for k in keys
+    }
+    active = diag.get("active", np.zeros((n, 1))) > 0.5
+    counters = [diag[k][-1, 0] for k in ("guard_interventions", "guard_clipped") if k in diag and n]
+
+    def stack(field: str) -> FloatArray:
+        return np.array([getattr(o, field) for o in observations], dtype=np.float64).reshape(n, world)
+
+    return Episode(
+        backend="torch",
+        comm_model=comm_model,
+        controller=controller,
+        rank_labels=np.arange(world, dtype=np.int64),
+        domain_of_rank=np.zeros(world, dtype=np.int64),
+        domain_names=("world",),
+        step_ids=np.arange(n, dtype=np.int64),
+        iteration_time_s=np.asarray(iteration_time_s, dtype=np.float64),
+        arrival_s=stack("arrival_s"),
+        applied_delay_s=stack("applied_delay_s"),
+        natural_arrival_s=stack("natural_arrival_s"),
+        wait_s=stack("wait_s"),
+        collective_time_s=np.array([[o.collective_time_s] for o in observations], dtype=np.float64).reshape(
+            n, 1
+        ),
+        pacing_active=active,
+        diagnostics=diag,
+        guard_interventions=int(sum(float(np.nansum(c)) for c in counters)),
+    )

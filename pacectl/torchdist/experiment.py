@@ -1,0 +1,201 @@
+"""``backend=torch``: run no pacing and the chosen controller(s) on live gloo ranks, record, replay-check.
+
+:class:`TorchExperiment` follows the :class:`~pacectl.experiment.Experiment` protocol. It launches the
+job once (torch's elastic launcher, ``backend.nproc_per_node`` ranks) and runs every controller of
+the experiment in the same worker processes, one after the other, each from the same model seed,
+data and seeded straggler schedule. Each run writes a canonical trace record
+(``<record_dir>/<family>.parquet``, replayable with ``trace=canonical trace.path=...``) and the
+:class:`~pacectl.types.Episode`; :meth:`describe` adds the replay-vs-live fidelity of every record.
+"""
+
+from __future__ import annotations
+
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from pacectl.config import controller_families
+from pacectl.errors import BackendError, ConfigError
+from pacectl.types import Episode
+
+_REQUIRED = ("nproc_per_node", "num_iterations", "warmup_iterations", "pg_timeout_s", "workload", "straggler")
+
+
+class TorchExperiment:
+    """Live torch.distributed experiment (``backend=torch``, see ``conf/backend/torch.yaml``).
+
+    Args:
+        cfg: the composed config.
+
+    Raises:
+        ConfigError: a missing or out-of-range ``backend.*`` value.
+
+    Attributes:
+        comm_model: ``backend.comm_model`` (default ``"live-gloo"``: the real fabric, timing-dependent).
+    """
+
+    backend_name = "torch"
+
+    def __init__(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
+        b = cfg.backend
+        missing = [k for k in _REQUIRED if k not in b]
+        if missing:
+            raise ConfigError(f"backend=torch needs keys {missing} (in conf/backend/torch.yaml)")
+        self.nproc = int(b.nproc_per_node)
+        if self.nproc < 1:
+            raise ConfigError(f"backend.nproc_per_node must be >= 1, got {self.nproc!r}")
+        if int(b.num_iterations) < 2:
+            raise ConfigError(f"backend.num_iterations must be >= 2, got {b.num_iterations!r}")
+        self.comm_model = str(b.get("comm_model", "live-gloo"))
+        self.comm_description = (
+            f"{self.comm_model} (real collectives on this machine's fabric: durations depend on timing)"
+        )
+        self.comm_timing_dependent = True
+        self.families = controller_families(cfg)
+        self.record_dir = Path(self._record_dir())
+        self._episodes: dict[str, Episode] = {}
+        self._extras: dict[str, dict[str, Any]] = {}
+        self._decisions: dict[int, dict[str, Any]] = {}
+
+    def _record_dir(self) -> str:
+        configured = self.cfg.backend.get("record_dir")
+        if configured:
+            from pacectl.config import _abs_path
+
+            return _abs_path(str(configured))
+        try:
+            from hydra.core.hydra_config import HydraConfig
+
+            return str(Path(HydraConfig.get().runtime.output_dir) / "records")
+        except ValueError:  # not inside a Hydra app
+            return tempfile.mkdtemp(prefix="pacectl-torch-")
+
+    def spec(self, runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+        """The plain-dict worker spec for ``runs`` (see :func:`pacectl.torchdist.worker.worker_main`)."""
+        b = self.cfg.backend
+        container = OmegaConf.to_container(b, resolve=True)
+        assert isinstance(container, dict)
+        guard = OmegaConf.to_container(self.cfg.guard, resolve=True)
+        workload = dict(container["workload"])
+        workload.update(num_iterations=int(b.num_iterations), warmup_iterations=int(b.warmup_iterations))
+        return {
+            "runs": [[family, params] for family, params in runs],
+            "seed": int(self.cfg.seed),
+            "name": f"live-{workload['model']}-w{self.nproc}",
+            "workload": workload,
+            "straggler": dict(container["straggler"]),
+            "guard": guard,
+            "pacing": dict(container.get("pacing", {})),
+            "pg_timeout_s": float(b.pg_timeout_s),
+            "record_dir": str(self.record_dir),
+            "comm_model": self.comm_model,
+            "fault": container.get("fault"),
+            "threads": int(container.get("threads", 1)),
+        }
+
+    def _launch(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
+        from pacectl.torchdist.launch import launch_workers
+
+        b = self.cfg.backend
+        results = launch_workers(
+            self.spec(runs),
+            nproc_per_node=self.nproc,
+            start_method=str(b.get("start_method", "spawn")),
+            socket_ifname=b.get("socket_ifname", "lo"),
+        )
+        for rank, per_family in results.items():
+            self._decisions.setdefault(int(rank), {}).update(per_family)
+        for family, _ in runs:
+            path = self.record_dir / f"{family}.episode.pkl"
+            if not path.is_file():
+                raise BackendError(f"torch backend: rank 0 wrote no episode for {family!r} (expected {path})")
+            with open(path, "rb") as fh:
+                data = pickle.load(fh)
+            self._episodes[family] = data.pop("episode")
+            self._extras[family] = data
+
+    def _ensure(self) -> None:
+        todo = [(f, p) for f, p in self.families.items() if f not in self._episodes]
+        if todo:
+            self._launch(todo)
+
+    def describe(self) -> dict[str, Any]:
+        """``trace`` (the baseline's record), ``workload``, ``records``, ``fidelity`` and measured costs.
+
+        Launches the job on first use (every controller run happens here, once).
+        """
+        self._ensure()
+        b = self.cfg.backend
+        spec = self.spec(list(self.families.items()))
+        out: dict[str, Any] = {
+            "trace": {
+                "name": spec["name"],
+                "path": str(self.record_dir / "none.parquet"),
+                "format": "canonical",
+                "world_size": self.nproc,
+                "dp_size": self.nproc,
+                "pp_size": 1,
+                "num_steps": int(b.num_iterations),
+            },
+            "paced_optype": "grads-reduce-scatter",
+            "workload": spec["workload"],
+            "straggler": spec["straggler"],
+            "pacing": spec["pacing"],
+            "records": {f: str(self.record_dir / f"{f}.parquet") for f in self.families},
+        }
+        fidelity: dict[str, Any] = {}
+        for family in self.families:
+            fid = self.fidelity(family)
+            if fid is not None:
+                fidelity[family] = fid
+        if "none" in fidelity:
+            out["fidelity"] = {**fidelity["none"], "num_op_instances": 0, "by_run": fidelity}
+        costs = {
+            f: {
+                "gather_median_s": float(np.median(x["gather_s"])) if len(x["gather_s"]) else float("nan"),
+                "delay_error_median_s": _delay_error(x, self._episodes[f]),
+            }
+            for f, x in self._extras.items()
+        }
+        out["measured"] = costs
+        return out
+
+    def fidelity(self, family: str) -> dict[str, Any] | None:
+        """Replay-vs-live fidelity of one run's record (plus, for a paced run, the zero-delay counterfactual
+        against the live no-pacing run on the same schedule). None if the record is missing."""
+        from pacectl.torchdist.core import counterfactual_error, replay_fidelity
+        from pacectl.traces.canonical import load_canonical
+
+        path = self.record_dir / f"{family}.parquet"
+        if not path.is_file():
+            return None
+        trace = load_canonical(path)
+        fid: dict[str, Any] = replay_fidelity(trace)
+        if family != "none" and "none" in self._episodes:
+            base = self._episodes["none"].iteration_time_s
+            kept = np.unique(trace.ops["step"].to_numpy())
+            fid["counterfactual_vs_live_none"] = counterfactual_error(trace, base[kept])
+        return fid
+
+    def run(self, family: str, params: dict[str, Any]) -> Episode:
+        """The episode of the guarded ``family`` controller (launches the job if not done yet)."""
+        if family not in self._episodes or self.families.get(family) != params:
+            self.families[family] = dict(params)
+            self._launch([(family, dict(params))])
+        return self._episodes[family]
+
+    def decisions(self) -> dict[int, dict[str, Any]]:
+        """Per rank, per family: what every rank decided (``decisions``), for the identical-decision check."""
+        return self._decisions
+
+
+def _delay_error(extras: dict[str, Any], ep: Episode) -> float:
+    actual = np.asarray(extras.get("delay_actual_s", []), dtype=np.float64)
+    requested = ep.applied_delay_s[: len(actual), 0]
+    mask = requested > 0
+    return float(np.median(actual[mask] - requested[mask])) if mask.any() else float("nan")

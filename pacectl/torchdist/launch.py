@@ -1,0 +1,129 @@
+"""Start the ranks through torch's elastic launcher API (``torch.distributed.launcher.api``).
+
+One :func:`launch_workers` call runs one elastic agent (this process) that starts
+``nproc_per_node`` worker processes on this node, rendezvous ``c10d`` at ``rdzv_endpoint``
+(``127.0.0.1:<free port>`` by default), with no restarts: a rank that dies stops the job, and the
+failure comes back as a :class:`~pacectl.errors.BackendError` naming the first failed rank.
+
+Several nodes (one agent per network namespace, as ``experiments/netns_fabric`` does) use
+``python -m pacectl.torchdist.launch --spec spec.json --nnodes N --rdzv HOST:PORT --local-addr ADDR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import uuid
+from typing import Any
+
+from pacectl.errors import BackendError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def launch_workers(
+    spec: dict[str, Any],
+    *,
+    nproc_per_node: int,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    local_addr: str = "127.0.0.1",
+    start_method: str = "spawn",
+    rdzv_timeout_s: int = 60,
+    socket_ifname: str | None = "lo",
+    omp_num_threads: int = 1,
+    log_dir: str | None = None,
+) -> dict[int, Any]:
+    """Run :func:`pacectl.torchdist.worker.worker_main` on every rank via ``elastic_launch``.
+
+    Args:
+        spec: the worker spec (plain dict, pickled to every rank).
+        nproc_per_node: ranks started by this agent, >= 1.
+        nnodes: agents in the rendezvous (one per node or network namespace).
+        rdzv_endpoint: ``host:port`` of the c10d rendezvous (default: a free port on 127.0.0.1).
+        local_addr: address of this node, used as the master address for the process group.
+        start_method: ``"spawn"`` or ``"fork"``.
+        rdzv_timeout_s: rendezvous timeout, seconds.
+        socket_ifname: ``GLOO_SOCKET_IFNAME`` for the workers (None: leave unset).
+        omp_num_threads: ``OMP_NUM_THREADS`` for the workers.
+        log_dir: where the workers' stdout/stderr go (default: a temporary directory).
+
+    Returns:
+        ``{global rank: worker return value}`` for the ranks of this agent.
+
+    Raises:
+        BackendError: a rank failed (crash, collective error, process-group timeout).
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from pacectl.torchdist.worker import worker_main
+
+    if socket_ifname:
+        os.environ["GLOO_SOCKET_IFNAME"] = socket_ifname
+    os.environ["OMP_NUM_THREADS"] = str(omp_num_threads)
+    config = LaunchConfig(
+        min_nodes=nnodes,
+        max_nodes=nnodes,
+        nproc_per_node=nproc_per_node,
+        run_id=f"pacectl-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=rdzv_endpoint or f"127.0.0.1:{free_port()}",
+        rdzv_configs={"timeout": rdzv_timeout_s},
+        max_restarts=0,
+        monitor_interval=0.05,
+        start_method=start_method,
+        local_addr=local_addr,
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+    )
+    try:
+        return dict(elastic_launch(config, worker_main)(spec))
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        message: Any = failure.message
+        if isinstance(message, dict):
+            message = message.get("message", json.dumps(message))
+        detail = str(message)
+        others = sorted(set(err.failures) - {rank})
+        raise BackendError(
+            f"torch backend: rank {rank} failed (exit code {failure.exitcode}, pid {failure.pid}) and the job "
+            f"was stopped{'; ranks ' + str(others) + ' failed after it' if others else ''}: "
+            f"{detail.strip()[:2000] or 'no error message (killed, or exited without a Python error)'}. "
+            "A dead rank ends the job within backend.pg_timeout_s."
+        ) from err
+
+
+def _main() -> None:
+    parser = argparse.ArgumentParser(description="one elastic agent of a multi-node pacectl torch job")
+    parser.add_argument("--spec", required=True, help="worker spec JSON file")
+    parser.add_argument("--nnodes", type=int, required=True)
+    parser.add_argument("--nproc-per-node", type=int, default=1)
+    parser.add_argument("--rdzv", required=True, help="host:port of the c10d rendezvous")
+    parser.add_argument("--local-addr", required=True)
+    parser.add_argument("--ifname", default=None, help="GLOO_SOCKET_IFNAME")
+    args = parser.parse_args()
+    with open(args.spec) as fh:
+        spec = json.load(fh)
+    try:
+        launch_workers(
+            spec,
+            nproc_per_node=args.nproc_per_node,
+            nnodes=args.nnodes,
+            rdzv_endpoint=args.rdzv,
+            local_addr=args.local_addr,
+            socket_ifname=args.ifname,
+        )
+    except BackendError as err:
+        raise SystemExit(f"pacectl.torchdist.launch: error: {err}") from None
+
+
+if __name__ == "__main__":
+    _main()
