@@ -207,7 +207,7 @@ class ControlWatcher:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._stamp: tuple[int, int] | None = self._current_stamp()
+        self._stamp: tuple[int, int] | None = None  # a file present at start is applied at the first poll
 
     def _current_stamp(self) -> tuple[int, int] | None:
         try:

@@ -1,0 +1,181 @@
+"""Unit tests of the torch-free core of the live backend (observations, decisions, schedules, records)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from pacectl.backends.replay import ReplayBackend
+from pacectl.controllers import PacingGuardWarning
+from pacectl.errors import ConfigError
+from pacectl.torchdist.core import (
+    NUM_GATHER_FIELDS,
+    ControlWatcher,
+    DecisionEngine,
+    StragglerSpec,
+    marks_to_ops,
+    observation_from_table,
+    one_hot_row,
+    replay_fidelity,
+    rows_to_trace,
+    straggler_schedule,
+)
+from pacectl.types import Observation
+
+
+def _table(arrival_local: list[float], in_coll: list[float], delay: list[float]) -> np.ndarray:
+    n = len(arrival_local)
+    t = np.zeros((n, NUM_GATHER_FIELDS))
+    t[:, 0], t[:, 1], t[:, 2] = arrival_local, in_coll, delay
+    t[:, 3] = 0.1
+    return t
+
+
+def test_earliness_comes_from_waits_and_the_last_rank_anchors_arrivals() -> None:
+    # rank 2 arrives last (shortest time inside the collective: 1 ms transfer only)
+    obs = observation_from_table(3, _table([0.05, 0.06, 0.07], [0.021, 0.011, 0.001], [0.0, 0.004, 0.0]))
+    np.testing.assert_allclose(obs.wait_s, [0.020, 0.010, 0.0])
+    np.testing.assert_allclose(obs.arrival_s, [0.05, 0.06, 0.07])
+    np.testing.assert_allclose(obs.natural_arrival_s, [0.05, 0.056, 0.07])
+    assert obs.collective_time_s == pytest.approx(0.001)
+    assert obs.iteration == 3 and obs.domain == 0 and obs.iteration_time_s == pytest.approx(0.1)
+
+
+def test_one_hot_sum_is_an_exact_all_gather() -> None:
+    rng = np.random.default_rng(1)
+    rows = rng.random((4, NUM_GATHER_FIELDS))
+    parts = [one_hot_row(r, 4, rows[r]) for r in range(4)]
+    for order in ([0, 1, 2, 3], [3, 1, 0, 2]):
+        total = np.zeros_like(parts[0])
+        for r in order:
+            total = total + parts[r]
+        assert np.array_equal(total.reshape(4, -1), rows)
+
+
+def _obs(k: int, rng: np.random.Generator) -> Observation:
+    t = _table(list(rng.uniform(0.01, 0.05, 4)), list(rng.uniform(0.001, 0.03, 4)), [0.0] * 4)
+    return observation_from_table(k, t)
+
+
+@pytest.mark.parametrize("family", ["threshold", "pid", "ewma", "quantile"])
+def test_engines_on_identical_inputs_decide_identically(family: str) -> None:
+    engines = [DecisionEngine(family, {}, {"max_delay_frac": 0.5}, num_ranks=4, seed=7) for _ in range(3)]
+    rng = np.random.default_rng(0)
+    for k in range(40):
+        obs = _obs(k, rng)
+        delays = [e.decide(obs).delay_s for e in engines]
+        assert all(np.array_equal(delays[0], d) for d in delays[1:])
+
+
+def test_non_finite_observation_gives_zero_delay_and_a_warning() -> None:
+    engine = DecisionEngine(
+        "threshold", {"on_threshold_s": 0.001, "off_threshold_s": 0.0005}, {}, num_ranks=2, seed=0
+    )
+    bad = observation_from_table(0, _table([0.01, float("nan")], [0.01, 0.0], [0.0, 0.0]))
+    with pytest.warns(PacingGuardWarning):
+        assert not engine.decide(bad).delay_s.any()
+
+
+def test_runtime_control_switches_off_and_retunes() -> None:
+    engine = DecisionEngine(
+        "threshold",
+        {"on_threshold_s": 0.001, "off_threshold_s": 0.0005, "gain": 1.0},
+        {},
+        num_ranks=4,
+        seed=0,
+    )
+    rng = np.random.default_rng(3)
+    for k in range(5):
+        engine.decide(_obs(k, rng))
+    engine.apply_control({"enabled": False}, 1)
+    assert engine.version == 1 and not engine.decide(_obs(5, rng)).delay_s.any()
+    engine.apply_control({"enabled": True, "controller": {"name": "pid", "kp": 0.3}}, 2)
+    assert engine.name == "pid" and engine.controller.enabled
+    with pytest.warns(PacingGuardWarning):
+        engine.apply_control({"controller": {"name": "pid", "kp": -5.0}}, 3)
+    assert engine.name == "pid" and engine.version == 3
+
+
+def test_control_watcher_reads_changes_and_rejects_bad_files(tmp_path) -> None:
+    path = tmp_path / "pacing.json"
+    watcher = ControlWatcher(path)
+    assert watcher.poll() is None
+    path.write_text(json.dumps({"enabled": False}))
+    assert watcher.poll() == {"enabled": False}
+    assert watcher.poll() is None
+    path.write_text(json.dumps({"enabled": True, "bogus": 1}))
+    with pytest.warns(PacingGuardWarning, match="bogus"):
+        assert watcher.poll() is None
+
+
+def test_straggler_schedule_is_seeded_and_shaped() -> None:
+    spec = StragglerSpec(rank=1, prob=0.5, duration_s=0.01, jitter_frac=0.5)
+    a = straggler_schedule(spec, num_iterations=50, world_size=4, seed=3)
+    b = straggler_schedule(spec, num_iterations=50, world_size=4, seed=3)
+    assert np.array_equal(a, b) and a.shape == (50, 4)
+    assert not a[:, [0, 2, 3]].any() and 10 < (a[:, 1] > 0).sum() < 40
+    assert a.max() <= 0.015 + 1e-12
+    assert not straggler_schedule(StragglerSpec(rank=None), num_iterations=5, world_size=2, seed=0).any()
+    with pytest.raises(ConfigError):
+        straggler_schedule(spec, num_iterations=5, world_size=1, seed=0)
+    with pytest.raises(ConfigError):
+        StragglerSpec(kind="nap")
+
+
+def _synthetic_rows(num_steps: int, delays: np.ndarray) -> list[tuple]:
+    """Two ranks, two buckets; rank 1 is late by 3 ms on odd steps; rank 0 paced by ``delays``."""
+    rows = []
+    for k in range(num_steps):
+        late = 0.003 if k % 2 else 0.0
+        arrivals = [0.010 + delays[k], 0.010 + late]
+        exit0 = max(arrivals) + 0.001
+        for r in range(2):
+            fwd = 0.004 + (late if r == 1 else 0.0)
+            call0 = arrivals[r] - (delays[k] if r == 0 else 0.0)
+            rows += marks_to_ops(
+                step=k,
+                rank=r,
+                forward_end_s=fwd,
+                hook_call_s=[call0, exit0 + 0.001],
+                hook_return_s=[arrivals[r] + 1e-5, exit0 + 0.00101],
+                enter_s=[arrivals[r], exit0 + 0.001],
+                exit_s=[exit0, exit0 + 0.002],
+                backward_end_s=exit0 + 0.0025,
+                sync_exit_s=exit0 + 0.0026,
+                applied_delay_s=float(delays[k]) if r == 0 else 0.0,
+            )
+    return rows
+
+
+def test_record_rows_round_trip_through_the_replay(tmp_path) -> None:
+    from pacectl.traces.canonical import load_canonical, write_canonical
+
+    delays = np.where(np.arange(6) % 2, 0.002, 0.0)
+    trace = rows_to_trace(_synthetic_rows(6, delays), world_size=2, name="t", source="synthetic")
+    path = tmp_path / "rec.parquet"
+    write_canonical(trace, path)
+    back = load_canonical(path)
+    assert back.meta.dp_size == 2 and back.meta.pp_size == 1
+    fid = replay_fidelity(back)
+    assert fid["step_time_max_abs_err_frac"] < 1e-9
+    backend = ReplayBackend(back)
+    start, _ = backend.replayed_times(None)
+    paced = backend.dag.find("grads-reduce-scatter", 0)[0]
+    # zero-delay counterfactual: rank 0 arrives 2 ms earlier on paced steps
+    np.testing.assert_allclose(start[paced, 1, 0], 0.010, atol=1e-9)
+
+
+def test_engine_warns_on_a_failing_controller(monkeypatch) -> None:
+    engine = DecisionEngine("threshold", {}, {}, num_ranks=2, seed=0)
+
+    def boom(obs: Observation) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(engine.controller.inner, "act", boom)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        action = engine.decide(observation_from_table(0, _table([0.01, 0.02], [0.01, 0.0], [0.0, 0.0])))
+    assert not action.delay_s.any() and any("boom" in str(w.message) for w in caught)
