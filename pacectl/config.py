@@ -147,13 +147,42 @@ def controller_params(controller_cfg: DictConfig | dict[str, Any]) -> tuple[str,
     return name, params
 
 
+def selected_controller(cfg: DictConfig) -> DictConfig:
+    """The controller config of ``cfg``: the ``controller`` group, or the file ``controller_file``.
+
+    ``controller_file=PATH`` (a top-level key, default null) loads a controller YAML written by
+    ``python -m pacectl.tune`` (``name`` plus constructor parameters) in place of the ``controller``
+    group: ``python -m pacectl.run controller_file=DIR/controller.yaml``.
+
+    Raises:
+        ConfigError: the file is missing, unreadable or not a mapping.
+    """
+    path = cfg.get("controller_file")
+    if path is None or str(path) == "":
+        return cfg.controller  # type: ignore[no-any-return]
+    file = Path(_abs_path(str(path)))
+    if not file.is_file():
+        raise ConfigError(
+            f"controller_file must be an existing controller YAML, got {str(path)!r} (resolved to {file}); "
+            "python -m pacectl.tune writes one as <run dir>/controller.yaml"
+        )
+    try:
+        node = OmegaConf.load(file)
+    except Exception as err:  # yaml.YAMLError, OSError, omegaconf errors
+        raise ConfigError(f"controller_file {str(file)!r} must be valid YAML: {err}") from err
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"controller_file {str(file)!r} must hold a mapping with a 'name', got {node!r}")
+    return node
+
+
 def controller_families(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     """The runs of an experiment: ``none`` first, then the selected controller(s).
 
     ``controller=all`` expands to every family listed in ``conf/controller/all.yaml`` with the
-    parameters of its own ``conf/controller/<family>.yaml``.
+    parameters of its own ``conf/controller/<family>.yaml``. ``controller_file=PATH`` replaces the
+    ``controller`` group with a controller YAML file (see :func:`selected_controller`).
     """
-    name, params = controller_params(cfg.controller)
+    name, params = controller_params(selected_controller(cfg))
     runs: dict[str, dict[str, Any]] = {"none": {}}
     if name == "all":
         for family in params.get("families", []):
@@ -182,3 +211,51 @@ def controller_factory(
         return SafetyGuard(make_controller(family, **params), **guard)  # type: ignore[arg-type]
 
     return build
+
+
+#: Top-level keys of ``conf/config.yaml``; anything else (``+foo=1``) is a mistake.
+RUN_KEYS = frozenset(
+    {
+        "backend",
+        "trace",
+        "controller",
+        "cluster",
+        "analysis",
+        "guard",
+        "comm",
+        "seed",
+        "output",
+        "controller_file",
+    }
+)
+
+
+def validate_run_config(cfg: DictConfig) -> None:
+    """Reject values Hydra cannot check by type: unknown top-level keys, a bad seed, non-boolean flags,
+    and parameters given to ``controller=all`` (which runs each family with its own file).
+
+    Raises:
+        ConfigError: with the key, the bad value and how to fix it.
+    """
+    unknown = sorted({str(k) for k in cfg.keys()} - RUN_KEYS)
+    if unknown:
+        import difflib
+
+        hints = [difflib.get_close_matches(k, sorted(RUN_KEYS), n=1) for k in unknown]
+        hint = "".join(f"; did you mean {h[0]!r}?" for h in hints if h)
+        raise ConfigError(f"top-level keys must be among {sorted(RUN_KEYS)}, got unknown {unknown}{hint}")
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed must be an integer >= 0, got {seed!r} (override: seed=<int>)")
+    for key in ("plots", "report"):
+        value = cfg.output.get(key)
+        if not isinstance(value, bool):
+            raise ConfigError(f"output.{key} must be true or false, got {value!r}")
+    controller = cfg.get("controller")
+    if controller is not None and controller.get("name") == "all":
+        extra = sorted({str(k) for k in controller.keys()} - {"name", "families"})
+        if extra:
+            raise ConfigError(
+                f"controller=all runs every family with its own conf/controller/<family>.yaml, so it takes no "
+                f"parameters, got {extra}. Pick one family to set them, e.g. controller=pid controller.kp=0.8"
+            )

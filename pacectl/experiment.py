@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from omegaconf import DictConfig
 
 from pacectl.config import controller_factory, load_trace, make_comm_model
 from pacectl.errors import ConfigError
+from pacectl.traces.model import OpTrace
 from pacectl.types import Episode
 
 
@@ -138,7 +140,7 @@ class SimExperiment:
         self.comm_model = self.backend.comm_model
         self.comm_description = self.backend.comm_description
         self.comm_timing_dependent = self.backend.comm_timing_dependent
-        self.recorded: dict[str, object] = {}
+        self.recorded: dict[str, OpTrace] = {}
 
     def describe(self) -> dict[str, Any]:
         """``trace`` (the synthetic scenario) and ``sim`` summary fields."""
@@ -154,7 +156,7 @@ class SimExperiment:
                 "cluster": self.cluster_name,
                 "num_ranks": b.num_ranks,
                 "num_iterations": b.num_iterations,
-                "comm_free_time_s": float(b.comm.free_time_s),  # type: ignore[attr-defined]
+                "comm_free_time_s": float(b.comm.free_time_s),
                 "interference_kappa": b.interference.kappa,
             },
         }
@@ -169,6 +171,13 @@ class SimExperiment:
         if self.backend.record:
             self.recorded[family] = self.backend.to_trace(name=f"sim-{self.cluster_name}-{family}")
         return episode
+
+    def write_outputs(self, out_dir: Path) -> None:
+        """With ``backend.record=true``: ``sim_trace_<family>.parquet`` per run (canonical format)."""
+        from pacectl.traces.canonical import write_canonical
+
+        for family, trace in self.recorded.items():
+            write_canonical(trace, out_dir / f"sim_trace_{family}.parquet")
 
 
 #: backend.name -> "module:Class" of its :class:`Experiment` (imported on first use).

@@ -86,6 +86,36 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
+@contextmanager
+def staged_outputs(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a hidden staging folder inside ``out_dir``; move its files into ``out_dir`` on success.
+
+    A run writes all its outputs into the staging folder; only when every writer succeeded are they
+    moved into place (each with an atomic ``os.replace``), so a failed run leaves none of them.
+
+    Raises:
+        OSError: a target path exists and is not a regular file (nothing is moved then).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stage = out / f".staging-{uuid.uuid4().hex[:8]}"
+    stage.mkdir()
+    try:
+        yield stage
+        files = sorted(p for p in stage.iterdir() if p.is_file())
+        blocked = [out / p.name for p in files if (out / p.name).exists() and not (out / p.name).is_file()]
+        if blocked:
+            raise IsADirectoryError(
+                f"output path {blocked[0]} exists and is not a file; remove it or pick another run dir"
+            )
+        for p in files:
+            os.replace(p, out / p.name)
+    finally:
+        for p in stage.iterdir():
+            p.unlink()
+        stage.rmdir()
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`atomic_path`)."""
     with atomic_path(path) as tmp:

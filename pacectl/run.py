@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
 from pacectl import metrics, report, whatif
-from pacectl.config import CONF_DIR, controller_families, load_trace
+from pacectl.config import CONF_DIR, controller_families, load_trace, validate_run_config
 from pacectl.errors import ConfigError, PacectlError
 from pacectl.experiment import make_experiment
 
@@ -54,6 +54,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         PacectlError: bad trace, bad config value.
     """
     t0 = time.perf_counter()
+    validate_run_config(cfg)
     families = controller_families(cfg)
     experiment = make_experiment(cfg)
     summary: dict[str, Any] = experiment.describe()
@@ -78,23 +79,26 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     )
     if not experiment.comm_timing_dependent:
         summary["note"] = (
-            "comm model is null (fixed durations, max-plus): delaying a rank can never shorten an "
-            "iteration, so no controller can beat no pacing here; gains need a timing-dependent model."
+            f"comm model is {experiment.comm_model} (fixed durations, max-plus): delaying a rank can never "
+            "shorten an iteration, so no controller can beat no pacing here; gains need a timing-dependent model."
         )
     summary["wall_time_s"] = time.perf_counter() - t0
-    out_dir.mkdir(parents=True, exist_ok=True)
-    report.write_iterations_parquet(out_dir / "iterations.parquet", episodes)
-    if cfg.output.plots:
-        report.plot_iteration_time(out_dir / "iteration_time.png", episodes)
-        report.plot_spread(out_dir / "spread.png", episodes)
-    if cfg.output.report:
-        report.write_report_md(
-            out_dir / "report.md",
-            title=f"pacectl {experiment.backend_name}: {summary['trace']['name']}",
-            summaries=summaries,
-            context=_report_context(summary),
-        )
-    report.write_summary_json(out_dir / "summary.json", summary)
+    with report.staged_outputs(out_dir) as stage:
+        report.write_iterations_parquet(stage / "iterations.parquet", episodes)
+        if cfg.output.plots:
+            report.plot_iteration_time(stage / "iteration_time.png", episodes)
+            report.plot_spread(stage / "spread.png", episodes)
+        if cfg.output.report:
+            report.write_report_md(
+                stage / "report.md",
+                title=f"pacectl {experiment.backend_name}: {summary['trace']['name']}",
+                summaries=summaries,
+                context=_report_context(summary),
+            )
+        write_extra = getattr(experiment, "write_outputs", None)
+        if write_extra is not None:
+            write_extra(stage)
+        report.write_summary_json(stage / "summary.json", summary)
     return summary
 
 
@@ -131,6 +135,7 @@ def run_whatif(cfg: DictConfig, out_dir: Path) -> whatif.WhatIfResult:
     """
     from pacectl.backends.replay import ReplayBackend
 
+    validate_run_config(cfg)
     backend = ReplayBackend(load_trace(cfg.trace), paced_optype=str(cfg.backend.paced_optype))
     step_index = int(cfg.analysis.get("timeline_step_index", 0))
     if not 0 <= step_index < backend.num_iterations:
@@ -138,11 +143,11 @@ def run_whatif(cfg: DictConfig, out_dir: Path) -> whatif.WhatIfResult:
             f"analysis.timeline_step_index must be in [0, {backend.num_iterations}), got {step_index}"
         )
     result = whatif.analyze(backend)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.output.plots:
-        whatif.plot_heatmap(out_dir / "whatif_heatmap.png", result)
-    whatif.write_timeline(out_dir / "timeline.json", backend, step_index=step_index)
-    report.atomic_write_text(out_dir / "whatif.json", json.dumps(result.to_json(), indent=2) + "\n")
+    with report.staged_outputs(out_dir) as stage:
+        if cfg.output.plots:
+            whatif.plot_heatmap(stage / "whatif_heatmap.png", result)
+        whatif.write_timeline(stage / "timeline.json", backend, step_index=step_index)
+        report.atomic_write_text(stage / "whatif.json", json.dumps(result.to_json(), indent=2) + "\n")
     return result
 
 
@@ -164,6 +169,8 @@ def _hydra_main(cfg: DictConfig) -> None:
         )
     except PacectlError as err:
         _fail(str(err))
+    except OSError as err:
+        _fail(f"could not write the outputs into {out_dir}: {err}")
     print(report.format_console_table(summary["runs"], baseline=BASELINE))
     fid = summary.get("fidelity")
     if fid:

@@ -159,3 +159,18 @@ def test_recorded_pacing_delay_is_not_a_launch_gap(tmp_path: Path) -> None:
     base, replay = ReplayBackend(trace), ReplayBackend(shifted)
     nodes = base.dag.find("grads-reduce-scatter")
     np.testing.assert_allclose(replay.launch_s[nodes], base.launch_s[nodes], atol=1e-6)
+
+
+def test_string_durations_are_rejected(st_frame: pd.DataFrame, tmp_path: Path) -> None:
+    df = st_frame.copy()
+    df["duration"] = df["duration"].astype(str)
+    with pytest.raises(TraceError, match=r"column duration must hold numbers .*got dtype"):
+        load_bytedance(_write(df, tmp_path), ST_META)
+
+
+def test_fractional_step_ids_are_rejected(st_frame: pd.DataFrame, tmp_path: Path) -> None:
+    df = st_frame.copy()
+    df["step"] = df["step"].astype(float)
+    df.loc[4, "step"] = 23.5
+    with pytest.raises(TraceError, match=r"column step must hold integers, got 23.5 \(in .*row 4"):
+        load_bytedance(_write(df, tmp_path), ST_META)

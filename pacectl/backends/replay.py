@@ -218,8 +218,17 @@ class ReplayBackend:
         return delays
 
     def fidelity(self) -> Fidelity:
-        """Compare the zero-delay replay with the recorded step times (the null model's check)."""
-        replayed = self._base_end[:-1].max(axis=(0, 2))
+        """Compare the replay with the recorded step times (the null model's check).
+
+        The replay applies the pacing delays the recording itself carried (``delay_s`` of the paced
+        ops: zero for ByteDance traces, the controller's delays for a paced live or simulated run).
+        """
+        recorded_delays = self.dag.delay_s[self._paced]  # [pp, steps, dp]: a paced live recording
+        if recorded_delays.any():
+            _, end = self.replayed_times(recorded_delays.transpose(1, 0, 2).reshape(self.num_iterations, -1))
+            replayed = end.max(axis=(0, 2))
+        else:
+            replayed = self._base_end[:-1].max(axis=(0, 2))
         recorded = (self.dag.start_s + self.dag.duration_s).max(axis=(0, 2))
         err = np.abs(replayed - recorded) / recorded
         return Fidelity(

@@ -22,10 +22,10 @@ import numpy as np
 import pandas as pd
 
 from pacectl.errors import BackendError, ConfigError
-from pacectl.fabric.contention import EarlyArrivalInterference
+from pacectl.fabric.contention import EarlyArrivalInterference, SimComm
 from pacectl.fabric.noise import ComputeModel
 from pacectl.traces.model import JobMeta, OpTrace, validate_ops
-from pacectl.types import Action, Domain, FloatArray, IntArray, Observation
+from pacectl.types import Action, Domain, IntArray, Observation
 
 
 class SimBackend:
@@ -56,7 +56,7 @@ class SimBackend:
         num_ranks: int,
         num_iterations: int,
         compute: ComputeModel,
-        comm: object,
+        comm: SimComm,
         interference: EarlyArrivalInterference | None = None,
         record: bool = False,
     ) -> None:
@@ -70,13 +70,13 @@ class SimBackend:
         self.comm = comm
         self.interference = interference or EarlyArrivalInterference(kappa=0.0)
         self.record = record
-        self.domains = (Domain(name="world", ranks=tuple(range(self.num_ranks))),)
+        self.domains: tuple[Domain, ...] = (Domain(name="world", ranks=tuple(range(self.num_ranks))),)
         self.rank_labels: IntArray = np.arange(self.num_ranks, dtype=np.int64)
         self.step_ids: IntArray = np.arange(self._num_iterations, dtype=np.int64)
-        timing = bool(getattr(comm, "timing_dependent", False)) or self.interference.kappa > 0
-        self.comm_model: str = str(getattr(comm, "name"))
+        timing = bool(comm.timing_dependent) or self.interference.kappa > 0
+        self.comm_model: str = str(comm.name)
         self.comm_timing_dependent = timing
-        self.comm_description = str(getattr(comm, "description"))
+        self.comm_description = str(comm.description)
         if self.interference.kappa > 0:
             self.comm_description += f" + early-arrival interference (kappa {self.interference.kappa:g})"
         self._k = -1
@@ -120,7 +120,7 @@ class SimBackend:
         finish = self.interference.finish_s(self._work[k], delay)
         arrival = finish + delay
         last = float(arrival.max())
-        comm_s = float(self.comm.time_s(self._clock_s + last))  # type: ignore[attr-defined]
+        comm_s = float(self.comm.time_s(self._clock_s + last))
         iteration_s = last + comm_s
         if self.record:
             self._rec_finish[k] = finish

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,6 +32,29 @@ from pacectl.fabric.collectives import allreduce_s
 from pacectl.fabric.topology import FatTree, max_min_fair
 
 FloatArray = NDArray[np.float64]
+
+
+class SimComm(Protocol):
+    """What the simulator needs of a communication model (all classes of this module satisfy it).
+
+    Attributes:
+        name: ``"null"``, ``"alpha_beta"`` or ``"contention"``.
+        timing_dependent: True when the duration depends on the start time.
+        description: one line for reports.
+    """
+
+    name: str
+    timing_dependent: bool
+    description: str
+
+    @property
+    def free_time_s(self) -> float:
+        """Duration with no cross traffic, seconds."""
+        ...
+
+    def time_s(self, start_s: float) -> float:
+        """Duration of an all-reduce whose last rank arrives at absolute time ``start_s``, seconds."""
+        ...
 
 
 @dataclass(frozen=True)

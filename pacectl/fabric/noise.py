@@ -118,7 +118,7 @@ class PeriodicNoise:
     def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
         """Add ``duration_s`` on the iterations where ``(k + phase_r) % period == 0``."""
         num_iterations, num_ranks = compute_s.shape
-        phase = rng.integers(0, self.period_iters, size=num_ranks)
+        phase = np.asarray(rng.integers(0, self.period_iters, size=num_ranks), dtype=np.int64)
         k = np.arange(num_iterations)[:, None]
         return compute_s + np.where((k + phase[None, :]) % self.period_iters == 0, self.duration_s, 0.0)
 
@@ -204,7 +204,7 @@ class EmpiricalSamples:
         """Multiply by the recorded per-worker factors."""
         num_iterations, num_ranks = compute_s.shape
         length, workers = self._factors.shape
-        offset = rng.integers(0, length, size=num_ranks)
+        offset = np.asarray(rng.integers(0, length, size=num_ranks), dtype=np.int64)
         rows = (np.arange(num_iterations)[:, None] + offset[None, :]) % length
         return compute_s * self._factors[rows, np.arange(num_ranks)[None, :] % workers]
 

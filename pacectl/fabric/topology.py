@@ -52,7 +52,8 @@ def max_min_fair(
         used = count > 0
         share = np.full_like(remaining, np.inf)
         share[used] = remaining[used] / count[used]
-        step = min(float(share.min()), float((demand - rate)[active].min()))
+        headroom = demand[active] - rate[active]
+        step = min(float(share.min()), float(headroom.min()))
         rate[active] += step
         remaining -= step * count
         saturated = used & (remaining <= 1e-9 * np.maximum(capacity_Bps, 1.0))

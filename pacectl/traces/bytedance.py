@@ -91,7 +91,7 @@ def load_bytedance(path: str | Path, meta: str | Path) -> OpTrace:
         table = pq.read_table(p)
     except (pa.ArrowInvalid, OSError) as err:
         raise TraceError(
-            f"trace file must be a Parquet file, could not read it (in {p}): {err}. "
+            f"trace file must be a Parquet file, could not read it (in {p}): {str(err).rstrip('.')}. "
             "For other formats pick another trace= importer."
         ) from err
     return OpTrace(

@@ -125,23 +125,14 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
     if missing:
         raise TraceError(
             f"trace must have columns {list(CANONICAL_COLUMNS)}, missing {missing} (in {source}). "
-            "Is this a ByteDance what-if op trace? See shared/traces/README.md for the schema."
+            "Is this a ByteDance what-if op trace? The schema is in pacectl/traces/model.py."
         )
-    out = pd.DataFrame(
-        {
-            "step": ops["step"].to_numpy(np.int64),
-            "dp_rank": ops["dp_rank"].to_numpy(np.int64),
-            "stage": ops["stage"].to_numpy(np.int64),
-            "rank": ops["rank"].to_numpy(np.int64),
-            "optype": ops["optype"].astype(str).to_numpy(),
-            "seq_id": ops["seq_id"].to_numpy(np.int64),
-            "mc": ops["mc"].to_numpy(np.int64),
-            "start_ts": ops["start_ts"].to_numpy(np.float64),
-            "duration": ops["duration"].to_numpy(np.float64),
-        }
-    )
-    if "delay_s" in ops.columns:  # optional: pacing delay a live run applied before this op
-        out["delay_s"] = ops["delay_s"].to_numpy(np.float64)
+    columns = {"optype": ops["optype"].astype(str).to_numpy()}
+    for col in ("step", "dp_rank", "stage", "rank", "seq_id", "mc"):
+        columns[col] = _integer_column(ops, col, source)
+    for col in ("start_ts", "duration") + (("delay_s",) if "delay_s" in ops.columns else ()):
+        columns[col] = _float_column(ops, col, source)
+    out = pd.DataFrame({c: columns[c] for c in (*CANONICAL_COLUMNS, "delay_s") if c in columns})
     if len(out) == 0:
         raise TraceError(f"trace must contain at least one op, got an empty table (in {source})")
     for col in ("start_ts", "duration", "delay_s"):
@@ -153,7 +144,7 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
             i = int(np.flatnonzero(bad)[0])
             row = out.iloc[i]
             raise TraceError(
-                f"{col} must be finite, >= 0 and <= {MAX_DURATION_S:.0f} s, got {values[i]!r} "
+                f"{col} must be finite, >= 0 and <= {MAX_DURATION_S:.0f} s, got {float(values[i])!r} "
                 f"(in {source}: row {i}, step {row['step']}, rank {row['rank']}, op {row['optype']}); "
                 f"{int(bad.sum())} rows are bad. Drop or repair them before replay."
             )
@@ -203,6 +194,34 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
     return out.sort_values(["step", "dp_rank", "stage", "optype", "seq_id"], kind="stable").reset_index(
         drop=True
     )
+
+
+def _integer_column(ops: pd.DataFrame, col: str, source: str) -> np.ndarray:
+    values = ops[col]
+    if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+        raise TraceError(
+            f"column {col} must hold integers, got dtype {values.dtype} (in {source}: column {col})"
+        )
+    array = values.to_numpy(np.float64) if not pd.api.types.is_integer_dtype(values) else values.to_numpy()
+    if (
+        not pd.api.types.is_integer_dtype(values)
+        and not (np.isfinite(array) & (array == np.round(array))).all()
+    ):
+        i = int(np.flatnonzero(~(np.isfinite(array) & (array == np.round(array))))[0])
+        raise TraceError(
+            f"column {col} must hold integers, got {float(array[i])!r} (in {source}: row {i}, column {col})"
+        )
+    return array.astype(np.int64)
+
+
+def _float_column(ops: pd.DataFrame, col: str, source: str) -> np.ndarray:
+    values = ops[col]
+    if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+        raise TraceError(
+            f"column {col} must hold numbers (seconds), got dtype {values.dtype} (in {source}: column {col}); "
+            "convert it to float before import"
+        )
+    return values.to_numpy(np.float64)
 
 
 def require_file(path: str | Path, what: str) -> Path:

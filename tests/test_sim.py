@@ -1,0 +1,189 @@
+"""The sim backend: seeds, the null model's invariant, symmetry, record-and-replay."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pacectl.backends.replay import ReplayBackend
+from pacectl.backends.sim import SimBackend
+from pacectl.controllers import SafetyGuard, make_controller
+from pacectl.fabric.contention import ContentionComm, CrossTraffic, EarlyArrivalInterference, FixedComm
+from pacectl.fabric.noise import ComputeModel, LognormalJitter, ParetoHiccups, PeriodicNoise, SlowRanks
+from pacectl.fabric.topology import FatTree
+from pacectl.loop import run_episode
+from pacectl.testing.controller_contract import ControllerContract  # noqa: F401  (import check)
+from pacectl.types import Action
+
+NOISE = ComputeModel(
+    0.5,
+    (
+        LognormalJitter(0.05),
+        ParetoHiccups(0.01, 0.05, 2.5),
+        PeriodicNoise(7, 0.01),
+        SlowRanks((3,), factor=1.2),
+    ),
+)
+
+
+def _sim(num_ranks: int = 16, kappa: float = 0.0, comm: object | None = None, iters: int = 40) -> SimBackend:
+    return SimBackend(
+        num_ranks=num_ranks,
+        num_iterations=iters,
+        compute=NOISE,
+        comm=comm or FixedComm(0.05),  # type: ignore[arg-type]
+        interference=EarlyArrivalInterference(kappa, 8),
+        record=True,
+    )
+
+
+def _open_loop(sim: SimBackend, delays: np.ndarray, seed: int = 0) -> np.ndarray:
+    sim.reset(seed=seed)
+    return np.array([sim.step([Action(d)])[0].iteration_time_s for d in delays])
+
+
+def test_seeds_reproduce_exactly() -> None:
+    factory = lambda: SafetyGuard(make_controller("threshold"))  # noqa: E731
+    a = run_episode(_sim(kappa=0.05), factory, seed=7)
+    b = run_episode(_sim(kappa=0.05), factory, seed=7)
+    c = run_episode(_sim(kappa=0.05), factory, seed=8)
+    np.testing.assert_array_equal(a.iteration_time_s, b.iteration_time_s)
+    np.testing.assert_array_equal(a.applied_delay_s, b.applied_delay_s)
+    assert not np.array_equal(a.iteration_time_s, c.iteration_time_s)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), scale=st.floats(0.0, 0.5), frac=st.floats(0.0, 1.0))
+def test_null_model_never_gains_from_pacing(seed: int, scale: float, frac: float) -> None:
+    """Fixed durations, no interference: no delay vector shortens any iteration."""
+    sim = _sim()
+    rng = np.random.default_rng(seed)
+    delays = rng.uniform(0, scale, (sim.num_iterations, sim.num_ranks)) * (
+        rng.random((sim.num_iterations, sim.num_ranks)) < frac
+    )
+    base = _open_loop(sim, np.zeros_like(delays))
+    paced = _open_loop(sim, delays)
+    assert (paced >= base - 1e-12).all()
+
+
+def test_interference_lets_pacing_win() -> None:
+    """The timing-dependent mechanism: delaying the early node peers of a slow rank shortens iterations."""
+    sim = SimBackend(
+        num_ranks=8,
+        num_iterations=5,
+        compute=ComputeModel(0.5, (SlowRanks((0,), factor=1.4),)),
+        comm=FixedComm(0.01),
+        interference=EarlyArrivalInterference(0.1, 8),
+    )
+    base = _open_loop(sim, np.zeros((5, 8)))
+    delays = np.tile(np.r_[0.0, np.full(7, 0.2)], (5, 1))  # peers sleep out the slow rank's extra 0.2 s
+    paced = _open_loop(sim, delays)
+    assert (paced < base - 0.1).all()
+
+
+def test_rank_permutation_symmetry_on_a_symmetric_node() -> None:
+    """One node, i.i.d. noise only: permuting the delay vector permutes arrivals, keeps iteration times."""
+    sim = SimBackend(
+        num_ranks=8,
+        num_iterations=1,
+        compute=ComputeModel(0.5),
+        comm=FixedComm(0.01),
+        interference=EarlyArrivalInterference(0.05, 8),
+    )
+    rng = np.random.default_rng(0)
+    delays = rng.uniform(0, 0.05, 8)
+    perm = rng.permutation(8)
+    sim.reset(seed=0)
+    a = sim.step([Action(delays)])[0]
+    sim.reset(seed=0)
+    b = sim.step([Action(delays[perm])])[0]
+    assert a.iteration_time_s == pytest.approx(b.iteration_time_s)
+    np.testing.assert_allclose(np.sort(a.arrival_s), np.sort(b.arrival_s))
+
+
+def test_contention_makes_the_collective_time_dependent() -> None:
+    comm = ContentionComm(
+        FatTree(ranks_per_node=8, nodes_per_leaf=2, oversubscription=4.0),
+        64,
+        message_bytes=1e9,
+        cross_traffic=CrossTraffic(links=("leaf_up:*",), on_s=0.2, off_s=0.3, stagger=0.0),
+    )
+    sim = _sim(num_ranks=64, comm=comm)
+    run = run_episode(sim, lambda: SafetyGuard(make_controller("none")))
+    collective = run.collective_time_s[:, 0]
+    assert collective.max() > 1.5 * collective.min()
+
+
+def test_record_then_replay_reproduces_iteration_times() -> None:
+    sim = _sim(kappa=0.05)
+    ep = run_episode(
+        sim, lambda: SafetyGuard(make_controller("threshold", on_threshold_s=0.005, off_threshold_s=0.001))
+    )
+    assert ep.applied_delay_s.sum() > 0
+    trace = sim.to_trace()
+    replay = ReplayBackend(trace)
+    assert replay.fidelity().step_time_max_abs_err_frac < 1e-9
+    # the recorded pacing delays are not launch gaps: an unpaced replay removes them
+    unpaced = run_episode(replay, lambda: SafetyGuard(make_controller("none")))
+    assert (unpaced.iteration_time_s <= ep.iteration_time_s + 1e-9).all()
+
+
+def test_step_argument_checks() -> None:
+    from pacectl.errors import BackendError
+
+    sim = _sim()
+    with pytest.raises(BackendError, match="after reset"):
+        sim.step([Action.zeros(16)])
+    sim.reset()
+    with pytest.raises(BackendError, match="16 finite delays >= 0"):
+        sim.step([Action(np.full(16, np.nan))])
+
+
+def test_sim_cli_contract(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pacectl.run",
+            "backend=sim",
+            "backend.num_ranks=32",
+            "backend.num_iterations=60",
+            "comm=contention",
+            "output.plots=false",
+            f"hydra.run.dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["comm_model"] == "contention" and summary["backend"] == "sim"
+    assert set(summary["runs"]) == {"none", "threshold", "pid", "ewma", "quantile"}
+    for run in summary["runs"].values():
+        assert {"throughput_it_per_s", "iteration_time_mean_s", "cv", "spread_median_s"} <= set(run)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pacectl.run",
+            "backend=sim",
+            "comm=null",
+            "backend.num_iterations=20",
+            "output.plots=false",
+            f"hydra.run.dir={tmp_path / 'null'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "null" / "summary.json").read_text())["comm_model"] == "null"
