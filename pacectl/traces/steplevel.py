@@ -1,0 +1,150 @@
+"""Importer for step-level traces: per-worker, per-iteration step times without timestamps.
+
+Format: the Alibaba PAI mini-batch files (AntMan, OSDI'20; github.com/alibaba/clusterdata,
+``cluster-trace-gpu-v2020/mini-batch-time/data/job_*_norm.csv``, CC BY 4.0): columns
+``,worker,gpu,time,batch_time_norm`` (an unnamed index; ``worker`` id; ``gpu`` = percent of a GPU;
+``time`` = iteration index, sampled every 10; ``batch_time_norm`` = the worker's mini-batch time,
+normalised to 0-1000 per job). Any CSV with ``worker``, ``time`` (or ``iteration``/``step``) and
+``batch_time_norm`` (or ``step_time_s``) columns is accepted.
+
+Mapping (the replay treats a step-level trace as compute followed by one collective), per step and
+worker (``rank`` = worker's index in sorted order, pure data parallel, ``pp_size = 1``):
+
+- ``forward-compute`` = [0, t_w], where t_w = ``batch_time_norm * unit_s`` (seconds);
+- ``grads-reduce-scatter`` = [t_w, max_w t_w + c]: every worker arrives when its own step work is
+  done and all leave together after a transfer time c = ``collective_s``, or by default
+  ``collective_frac`` (1 %) of the median step time. The recorded batch time *includes* the real
+  synchronisation, which the file cannot separate, so arrival spreads here are upper bounds.
+
+No absolute time is recorded, so no clock alignment is needed (or possible); the values are
+normalised, so ``unit_s`` only scales the result (default: 1 unit = 1 ms, so 1000 -> 1 s).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pacectl.errors import TraceError
+from pacectl.traces.model import MAX_DURATION_S, JobMeta, OpTrace, require_file, validate_ops
+
+_STEP_COLS = ("time", "iteration", "step")
+_VALUE_COLS = ("batch_time_norm", "step_time_s")
+
+
+def load_steplevel(
+    path: str | Path,
+    *,
+    unit_s: float = 1e-3,
+    collective_s: float | None = None,
+    collective_frac: float = 0.01,
+    name: str | None = None,
+) -> OpTrace:
+    """Load a step-level CSV as a canonical trace.
+
+    Args:
+        path: the CSV file.
+        unit_s: seconds per unit of ``batch_time_norm`` (ignored for ``step_time_s``, which is seconds).
+        collective_s: fixed collective transfer time, seconds; ``None`` uses ``collective_frac``.
+        collective_frac: transfer time as a fraction of the median step time, in [0, 1].
+        name: job name (default: the file stem).
+
+    Returns:
+        The validated :class:`OpTrace` (``fmt="steplevel"``); only steps recorded by every worker.
+
+    Raises:
+        TraceError: the file is missing or not CSV, lacks a column, holds a NaN, negative or absurd
+            time, a duplicated (worker, step) row, or no step recorded by every worker.
+
+    Example:
+        >>> from pacectl.data import DATA_DIR
+        >>> load_steplevel(DATA_DIR / "alibaba-pai" / "job_1_norm.csv").meta.dp_size
+        10
+    """
+    p = require_file(path, "step-level trace file")
+    if not (np.isfinite(unit_s) and unit_s > 0):
+        raise TraceError(f"unit_s must be a positive number of seconds, got {unit_s!r}")
+    if collective_s is not None and not (np.isfinite(collective_s) and 0 <= collective_s <= MAX_DURATION_S):
+        raise TraceError(f"collective_s must be in [0, {MAX_DURATION_S:.0f}] s, got {collective_s!r}")
+    if not (0.0 <= collective_frac <= 1.0):
+        raise TraceError(f"collective_frac must be in [0, 1], got {collective_frac!r}")
+    try:
+        df = pd.read_csv(p)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as err:
+        raise TraceError(
+            f"a step-level trace must be a CSV file, could not parse it (in {p}): {err}"
+        ) from err
+    step_col = next((c for c in _STEP_COLS if c in df.columns), None)
+    value_col = next((c for c in _VALUE_COLS if c in df.columns), None)
+    if "worker" not in df.columns or step_col is None or value_col is None:
+        raise TraceError(
+            f"a step-level trace must have columns worker, one of {list(_STEP_COLS)} and one of "
+            f"{list(_VALUE_COLS)}, got {list(df.columns)[:12]!r} (in {p}). Expected the Alibaba PAI "
+            "job_*_norm.csv layout `,worker,gpu,time,batch_time_norm`."
+        )
+    if len(df) == 0:
+        raise TraceError(f"a step-level trace must hold at least one row, got none (in {p})")
+    scale = 1.0 if value_col == "step_time_s" else unit_s
+    for col in ("worker", step_col, value_col):
+        values = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float)
+        limit = MAX_DURATION_S / scale if col == value_col else 2**62
+        bad = ~np.isfinite(values) | (values < 0) | (values > limit)
+        if col != value_col:
+            bad |= values != np.round(values)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            what = "a finite time >= 0 (and not absurd)" if col == value_col else "a non-negative integer"
+            raise TraceError(
+                f"{col} must be {what}, got {df[col].iloc[i]!r} (in {p}:row {i + 2}); "
+                f"{int(bad.sum())} rows are bad. Drop or repair them."
+            )
+    worker = df["worker"].to_numpy(dtype=float).astype(np.int64)
+    step = df[step_col].to_numpy(dtype=float).astype(np.int64)
+    value = df[value_col].to_numpy(dtype=float) * scale
+    dup = pd.DataFrame({"w": worker, "s": step}).duplicated()
+    if dup.any():
+        i = int(np.flatnonzero(dup.to_numpy())[0])
+        raise TraceError(
+            f"each (worker, {step_col}) must appear once, got worker {worker[i]} step {step[i]} again "
+            f"(in {p}:row {i + 2}). Remove the duplicated rows."
+        )
+    workers = np.unique(worker)
+    table = pd.DataFrame({"w": worker, "s": step, "t": value}).pivot(index="s", columns="w", values="t")
+    complete = table.dropna()
+    if len(complete) == 0:
+        raise TraceError(
+            f"at least one step must be recorded by all {len(workers)} workers, got none (in {p})"
+        )
+    t = complete.to_numpy()  # [num_steps, num_workers], seconds
+    n_steps, n = t.shape
+    c = float(collective_s) if collective_s is not None else collective_frac * float(np.median(t.max(axis=1)))
+    leave = t.max(axis=1, keepdims=True) + c
+    steps = complete.index.to_numpy(dtype=np.int64)
+    ranks = np.arange(n, dtype=np.int64)
+
+    def block(optype: str, mc: int, start: np.ndarray, dur: np.ndarray) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "step": np.repeat(steps, n),
+                "dp_rank": np.tile(ranks, n_steps),
+                "stage": 0,
+                "rank": np.tile(ranks, n_steps),
+                "optype": optype,
+                "seq_id": 0,
+                "mc": mc,
+                "start_ts": start.ravel(),
+                "duration": dur.ravel(),
+            }
+        )
+
+    ops = pd.concat(
+        [
+            block("forward-compute", 0, np.zeros_like(t), t),
+            block("grads-reduce-scatter", -1, t, np.broadcast_to(leave, t.shape) - t),
+        ],
+        ignore_index=True,
+    )
+    meta = JobMeta(name=name or p.stem, dp_size=n, pp_size=1)
+    return OpTrace(ops=validate_ops(ops, meta, source=str(p)), meta=meta, source=str(p), fmt="steplevel")
