@@ -1,0 +1,270 @@
+"""``python -m pacectl.traces``: inspect, validate and convert trace files.
+
+Subcommands (``python -m pacectl.traces <cmd> --help`` for options):
+
+- ``info PATH...``: ranks, steps, collectives per step, arrival-spread summary, clock-alignment
+  residual, step times;
+- ``validate PATH...``: every problem found, one per line as ``file:event #i: field: message``;
+- ``convert PATH... -o OUT.parquet``: write pacectl's canonical Parquet (atomically).
+
+Formats (``--format``, default by file name): ``kineto`` (``*.json``, ``*.json.gz``, or a directory
+or glob of them), ``steplevel`` (``*.csv``), ``canonical`` (``*.parquet`` written by pacectl),
+``bytedance`` (``*.parquet`` plus ``--meta``). Exit codes: 0 usable, 1 unusable trace (message on
+stderr, no traceback), 2 bad command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pacectl.errors import PacectlError, TraceError
+from pacectl.traces.model import OpTrace
+
+FORMATS = ("auto", "kineto", "steplevel", "canonical", "bytedance")
+
+
+def _detect(paths: list[str], fmt: str, meta: str | None) -> str:
+    if fmt != "auto":
+        return fmt
+    first = paths[0]
+    low = first.lower()
+    if low.endswith(".csv"):
+        return "steplevel"
+    if low.endswith(".parquet"):
+        return "bytedance" if meta else "canonical"
+    return "kineto"
+
+
+def _load(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | None]:
+    """Load the trace named on the command line; returns the trace and the Kineto report summary."""
+    fmt = _detect(args.paths, args.format, args.meta)
+    if fmt != "kineto" and len(args.paths) != 1:
+        raise TraceError(f"a {fmt} trace must be one file, got {len(args.paths)} paths")
+    if fmt == "kineto":
+        from pacectl.traces.kineto import import_kineto
+
+        trace, report = import_kineto(
+            args.paths,
+            ranks=args.rank,
+            world_size=args.world_size,
+            strict=args.strict,
+            align=args.align,
+            drop_unmatched=args.drop_unmatched,
+            max_bytes=int(args.max_mb * 2**20),
+        )
+        return trace, report.summary()
+    if fmt == "steplevel":
+        from pacectl.traces.steplevel import load_steplevel
+
+        return load_steplevel(args.paths[0], collective_s=args.collective_s), None
+    if fmt == "canonical":
+        from pacectl.traces.canonical import load_canonical
+
+        return load_canonical(args.paths[0]), None
+    from pacectl.traces.bytedance import load_bytedance
+
+    if not args.meta:
+        raise TraceError("a bytedance trace needs its job meta YAML, got no --meta")
+    return load_bytedance(args.paths[0], args.meta), None
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.3f} ms"
+
+
+def _spread_stats(trace: OpTrace) -> tuple[np.ndarray, np.ndarray]:
+    """Arrival spread per (step, stage) group at the first grads-reduce-scatter, and step times (s)."""
+    ops = trace.ops
+    rs = ops[(ops["optype"] == "grads-reduce-scatter") & (ops["seq_id"] == 0)]
+    spread = rs.groupby(["step", "stage"])["start_ts"].agg(lambda s: s.max() - s.min()).to_numpy()
+    return spread, trace.recorded_step_time_s().to_numpy()
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    trace, rep = _load(args)
+    m = trace.meta
+    print(f"trace     {trace.source}")
+    print(f"format    {trace.fmt}   job {m.name!r}")
+    ranks = sorted(trace.ops["rank"].unique().tolist())
+    print(
+        f"ranks     {len(ranks)} recorded {ranks[:16]}{' ...' if len(ranks) > 16 else ''}  "
+        f"(dp {m.dp_size} x pp {m.pp_size}, world_size {m.world_size})"
+    )
+    steps = trace.steps
+    print(f"steps     {len(steps)}: {steps[:12].tolist()}{' ...' if len(steps) > 12 else ''}")
+    per_step = (
+        trace.ops[trace.ops["optype"] == "grads-reduce-scatter"].groupby(["step", "dp_rank", "stage"]).size()
+    )
+    print(
+        f"collectives per step per rank (grads-reduce-scatter): {int(per_step.median()) if len(per_step) else 0}"
+    )
+    spread, step_t = _spread_stats(trace)
+    if len(step_t):
+        cv = float(step_t.std() / step_t.mean()) if step_t.mean() > 0 else float("nan")
+        print(
+            f"step time mean {_ms(float(step_t.mean()))}, median {_ms(float(np.median(step_t)))}, CV {cv:.3f}"
+        )
+    if len(spread):
+        print(
+            f"arrival spread (first bucket, max-min start over DP ranks): median {_ms(float(np.median(spread)))}, "
+            f"p99 {_ms(float(np.quantile(spread, 0.99)))}, max {_ms(float(spread.max()))}"
+        )
+    if rep is not None:
+        ca = rep["clock_alignment"]
+        print(f"collectives from {rep['collective_source']}; arrival = {rep['arrival_source']}")
+        print(
+            f"kinds per step per rank: {rep['collective_kinds']}; folded into compute: {rep['folded_collectives_per_step']}"
+        )
+        print(f"matching  {rep['matching']}")
+        offs = {k: round(v * 1e3, 3) for k, v in ca["offsets_s"].items()}
+        print(
+            f"clock alignment ({ca['mode']}, {'applied' if ca['applied'] else 'not applied'}): offsets ms {offs}; "
+            f"residual (max-min collective end over ranks) median {_ms(ca['residual_median_s'])}, "
+            f"max {_ms(ca['residual_max_s'])}"
+        )
+        allb = rep["arrival_spread_all_buckets_s"]
+        if allb:
+            print(
+                f"arrival spread (all buckets, true arrivals): median {_ms(allb['median'])}, p99 {_ms(allb['p99'])}, max {_ms(allb['max'])}"
+            )
+        if rep["dropped_steps"]:
+            print(f"dropped steps: {rep['dropped_steps']}")
+        for w in rep["warnings"]:
+            print(f"warning: {w}")
+    else:
+        print("clock alignment: not needed (timestamps already aligned or step-level)")
+    if args.json:
+        out = {
+            "source": trace.source,
+            "format": trace.fmt,
+            "ranks": ranks,
+            "steps": steps.tolist(),
+            "kineto": rep,
+        }
+        print(json.dumps(out, indent=1, default=float))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from pacectl.traces.kineto import TraceProblems
+
+    try:
+        trace, rep = _load(args)
+    except TraceProblems as err:
+        for p in err.problems:
+            print(f"error: {p}", file=sys.stderr)
+        print(f"invalid: {len(err.problems)} problem(s)", file=sys.stderr)
+        return 1
+    except TraceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        print("invalid: 1 problem", file=sys.stderr)
+        return 1
+    for w in (rep or {}).get("warnings", []):
+        print(f"warning: {w}")
+    print(
+        f"ok: {trace.source} ({trace.fmt}, {trace.num_ranks} ranks, {len(trace.steps)} steps, {len(trace.ops)} ops)"
+    )
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from pacectl.traces.canonical import write_canonical
+
+    trace, _ = _load(args)
+    write_canonical(trace, args.output)
+    print(f"wrote {args.output} ({len(trace.ops)} ops, {trace.num_ranks} ranks, {len(trace.steps)} steps)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pacectl.traces",
+        description="Inspect, validate and convert distributed-training traces "
+        "(Kineto/PyTorch-profiler JSON, step-level CSV, ByteDance and pacectl Parquet).",
+        epilog="Examples:\n"
+        "  python -m pacectl.traces info pacectl/data/h200-capture\n"
+        "  python -m pacectl.traces validate 'traces/rank*.json.gz'\n"
+        "  python -m pacectl.traces convert traces/ -o job.parquet\n"
+        "Exit codes: 0 usable trace, 1 unusable (message on stderr), 2 bad command line.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{info,validate,convert}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "paths", nargs="+", metavar="PATH", help="trace file(s), a directory of rank files, or a glob"
+    )
+    common.add_argument(
+        "--format", choices=FORMATS, default="auto", help="input format (default: by file name)"
+    )
+    common.add_argument("--meta", help="job meta YAML (ByteDance traces only)")
+    common.add_argument("--rank", type=int, nargs="+", help="Kineto: rank of each file, in sorted-path order")
+    common.add_argument(
+        "--world-size", type=int, help="Kineto: expected world size (overrides distributedInfo)"
+    )
+    common.add_argument(
+        "--strict", action="store_true", help="Kineto: truncated files and missing ranks are errors"
+    )
+    common.add_argument(
+        "--align",
+        choices=("auto", "end", "none"),
+        default="auto",
+        help="Kineto: clock alignment on collective ends (default auto)",
+    )
+    common.add_argument(
+        "--drop-unmatched",
+        action="store_true",
+        help="Kineto: drop steps whose collectives do not match across ranks",
+    )
+    common.add_argument(
+        "--max-mb",
+        type=float,
+        default=1024.0,
+        help="Kineto: cap on each file's size and decompressed text, MiB (default 1024)",
+    )
+    common.add_argument(
+        "--collective-s",
+        type=float,
+        help="step-level: collective transfer time, s (default 1%% of median step)",
+    )
+    p_info = sub.add_parser(
+        "info", parents=[common], help="summarise a trace: ranks, steps, collectives, spreads, clocks"
+    )
+    p_info.add_argument("--json", action="store_true", help="also print the summary as JSON")
+    p_info.set_defaults(func=cmd_info)
+    p_val = sub.add_parser(
+        "validate", parents=[common], help="list every problem (file, event, field); exit 1 if any"
+    )
+    p_val.set_defaults(func=cmd_validate)
+    p_conv = sub.add_parser(
+        "convert", parents=[common], help="write the canonical Parquet trace (atomically)"
+    )
+    p_conv.add_argument("-o", "--output", required=True, type=Path, help="output .parquet path")
+    p_conv.set_defaults(func=cmd_convert)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # warnings are printed by the commands themselves
+            return int(args.func(args))
+    except PacectlError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except (OSError, MemoryError) as err:
+        print(f"error: could not read the trace: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
