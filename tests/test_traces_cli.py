@@ -1,0 +1,118 @@
+"""`python -m pacectl.traces`: the info/validate/convert contract (exit codes, no tracebacks)."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pacectl.data import DATA_DIR
+from pacectl.traces.__main__ import main
+from pacectl.traces.canonical import load_canonical
+
+H200 = DATA_DIR / "h200-capture"
+PAIR = DATA_DIR / "hta" / "trace_filter"
+SINGLE = DATA_DIR / "hta" / "cpu_only" / "rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
+JOB1 = DATA_DIR / "alibaba-pai" / "job_1_norm.csv"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pacectl.traces", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_info_h200_subprocess() -> None:
+    r = _run("info", str(H200))
+    assert r.returncode == 0, r.stderr
+    for key in (
+        "ranks     4",
+        "steps     4",
+        "collectives per step per rank (grads-reduce-scatter): 3",
+        "arrival spread",
+        "clock alignment",
+        "residual",
+    ):
+        assert key in r.stdout
+
+
+@pytest.mark.parametrize("path", [PAIR, SINGLE, JOB1])
+def test_info_and_validate_usable(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", str(path)]) == 0
+    assert "ranks" in capsys.readouterr().out
+    assert main(["validate", str(path)]) == 0
+    assert capsys.readouterr().out.startswith(("ok:", "warning:"))
+
+
+def test_validate_lists_every_problem(tmp_path: Path) -> None:
+    text = gzip.decompress(SINGLE.read_bytes()).decode()
+    bad = text.replace('"dur": 173209.713', '"dur": -1').replace('"dur": 180293.695', '"dur": NaN')
+    (tmp_path / "rank-34.json").write_text(bad)
+    r = _run("validate", str(tmp_path / "rank-34.json"))
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and all(":event #" in e and ": dur:" in e for e in errors)
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (b"{not json", "trace file must"),
+        (b"", "must not be empty"),
+        (gzip.compress(b'{"traceEvents": [{"ph": "X"}')[:-12], "ends early"),
+    ],
+)
+def test_unusable_exits_nonzero_without_traceback(
+    tmp_path: Path, content: bytes, match: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = tmp_path / "rank0.json"
+    p.write_bytes(content)
+    for cmd in ("info", "validate"):
+        assert main([cmd, str(p)]) == 1  # an uncaught exception would propagate (a traceback)
+        assert match in capsys.readouterr().err
+
+
+def test_empty_directory_and_bad_args(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", str(tmp_path)]) == 1
+    assert "empty directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["info"])
+    assert info.value.code == 2
+
+
+def test_convert_writes_canonical_atomically(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "h200.parquet"
+    assert main(["convert", str(H200), "-o", str(out)]) == 0
+    back = load_canonical(out)
+    assert back.meta.dp_size == 4 and back.fmt == "kineto"
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2")
+    out2 = tmp_path / "never.parquet"
+    assert main(["convert", str(bad), "-o", str(out2)]) == 1
+    assert not out2.exists() and not list(tmp_path.glob(".never*"))
+
+
+@pytest.mark.slow
+def test_run_accepts_kineto_and_steplevel(tmp_path: Path) -> None:
+    for trace, extra in (("kineto", f"trace.path={PAIR}"), ("steplevel", f"trace.path={JOB1}")):
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pacectl.run",
+                f"trace={trace}",
+                extra,
+                "controller=threshold",
+                "output.plots=false",
+                f"hydra.run.dir={tmp_path / trace}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert (tmp_path / trace / "summary.json").is_file()
