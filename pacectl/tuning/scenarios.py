@@ -1,0 +1,220 @@
+"""What a tuning trial runs: the episodes of one cluster profile, and their averaged objectives.
+
+A cluster profile (``conf/cluster/<name>.yaml``) stands for a cluster in one of two ways:
+
+- **traces** (``tune.on=traces``): its ``traces:`` list, each item a ``trace`` config node
+  (``{format, name, path, meta}``); every trial replays each trace once (``backend=replay``, the
+  top-level ``comm`` model, ``comm=null`` by default);
+- **sim** (``tune.on=sim``): the profile's fabric and ``compute`` sections on the synthetic cluster,
+  with the scenario settings of ``tune.sim`` (``num_ranks``, ``num_iterations``, ``comm``, ``seeds``,
+  ``heldout_seeds``). ``conf/tune.yaml`` fills ``tune.sim`` from the profile's own ``tune_sim:``
+  section when it has one, else from defaults; the command line overrides either.
+
+``tune.on=auto`` picks traces when the profile lists any, else sim. Each objective is the plain mean
+over the episodes (traces, or seeds). Every episode goes through the experiment layer
+(:func:`pacectl.experiment.make_experiment`), hence the one driver loop and the safety guard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from pacectl import metrics
+from pacectl.errors import ConfigError
+from pacectl.experiment import Experiment, make_experiment
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Objectives of one controller on a scenario set.
+
+    Attributes:
+        throughput_it_per_s: mean over episodes of iterations per second.
+        cv: mean over episodes of the iteration-time CV (std/mean).
+        per_episode: one ``{"label", "throughput_it_per_s", "cv"}`` per episode.
+    """
+
+    throughput_it_per_s: float
+    cv: float
+    per_episode: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "throughput_it_per_s": self.throughput_it_per_s,
+            "cv": self.cv,
+            "per_episode": self.per_episode,
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Evaluation:
+        """Inverse of :meth:`to_json`."""
+        return Evaluation(
+            float(data["throughput_it_per_s"]), float(data["cv"]), list(data.get("per_episode", []))
+        )
+
+
+@dataclass
+class ScenarioSet:
+    """The episodes one trial runs.
+
+    Attributes:
+        kind: ``"traces"`` or ``"sim"``.
+        profile: cluster profile name.
+        labels: one label per episode (trace name, or ``seed=<s>``).
+        experiments: one experiment per episode.
+        comm_model: the communication model in force (``"null"`` = fixed durations).
+        comm_timing_dependent: whether durations depend on timing (only then can pacing gain).
+        descriptor: JSON-ready description; its hash is :attr:`fingerprint`.
+    """
+
+    kind: str
+    profile: str
+    labels: list[str]
+    experiments: list[Experiment]
+    comm_model: str
+    comm_timing_dependent: bool
+    descriptor: dict[str, Any]
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of :attr:`descriptor`: a study refuses to resume on a different scenario set."""
+        text = json.dumps(self.descriptor, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def evaluate(self, family: str, params: dict[str, Any]) -> Evaluation:
+        """Run the guarded controller on every episode; average throughput and CV.
+
+        Args:
+            family: controller family.
+            params: its constructor parameters.
+
+        Returns:
+            The :class:`Evaluation`.
+        """
+        rows: list[dict[str, Any]] = []
+        for label, experiment in zip(self.labels, self.experiments, strict=True):
+            episode = experiment.run(family, params)
+            rows.append(
+                {
+                    "label": label,
+                    "throughput_it_per_s": metrics.throughput_it_per_s(episode),
+                    "cv": metrics.cv(episode),
+                }
+            )
+        n = len(rows)
+        return Evaluation(
+            throughput_it_per_s=sum(float(r["throughput_it_per_s"]) for r in rows) / n,
+            cv=sum(float(r["cv"]) for r in rows) / n,
+            per_episode=rows,
+        )
+
+
+def tune_mode(cfg: DictConfig) -> str:
+    """``"traces"`` or ``"sim"`` from ``tune.on`` (``auto``: traces if the profile lists any).
+
+    Raises:
+        ConfigError: unknown ``tune.on``, or ``traces`` on a profile without traces.
+    """
+    on = str(cfg.tune.get("on", "auto"))
+    traces = cfg.cluster.get("traces") or []
+    if on == "auto":
+        return "traces" if len(traces) else "sim"
+    if on not in ("traces", "sim"):
+        raise ConfigError(f"tune.on must be one of ['auto', 'traces', 'sim'], got {on!r}")
+    if on == "traces" and not len(traces):
+        raise ConfigError(
+            f"tune.on=traces needs a cluster profile with a traces: list, got cluster={cfg.cluster.get('name')!r} "
+            "with none; use tune.on=sim or a profile such as cluster=ar"
+        )
+    return on
+
+
+def _episode_cfg(cfg: DictConfig, **changes: Any) -> DictConfig:
+    child = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    assert isinstance(child, DictConfig)
+    for key, value in changes.items():
+        child[key] = value
+    return child
+
+
+def build_scenarios(cfg: DictConfig, *, seeds: Sequence[int] | None = None) -> ScenarioSet:
+    """The scenario set of ``cfg.cluster`` (see the module docstring).
+
+    Args:
+        cfg: the composed tune config (``conf/tune.yaml``).
+        seeds: sim only: seeds to run instead of ``tune.sim.seeds`` (for example the held-out seeds).
+
+    Returns:
+        The :class:`ScenarioSet`, every trace loaded and every backend built.
+
+    Raises:
+        ConfigError: bad profile or settings.
+        TraceError: a trace is missing or malformed.
+    """
+    mode = tune_mode(cfg)
+    profile = str(cfg.cluster.get("name", "?"))
+    guard = OmegaConf.to_container(cfg.guard, resolve=True)
+    experiments: list[Experiment] = []
+    labels: list[str] = []
+    if mode == "traces":
+        backend = OmegaConf.to_container(cfg.backend, resolve=True)
+        if not isinstance(backend, dict) or backend.get("name") != "replay":
+            raise ConfigError(
+                f"tune.on=traces replays traces and needs backend=replay, got backend={backend!r}"
+            )
+        items = []
+        for i, item in enumerate(cfg.cluster.traces):
+            experiment = make_experiment(_episode_cfg(cfg, trace=item))
+            labels.append(str(item.get("name") or f"trace{i}"))
+            experiments.append(experiment)
+            items.append(OmegaConf.to_container(item, resolve=True))
+        descriptor: dict[str, Any] = {
+            "kind": mode,
+            "profile": profile,
+            "traces": items,
+            "comm": cfg.get("comm"),
+            "backend": backend,
+        }
+    else:
+        sim = cfg.tune.sim
+        run_seeds = [int(s) for s in (sim.seeds if seeds is None else seeds)]
+        if not run_seeds:
+            raise ConfigError("tune.sim.seeds must list at least one seed, got []")
+        backend = {
+            "name": "sim",
+            "num_ranks": int(sim.num_ranks),
+            "num_iterations": int(sim.num_iterations),
+            "record": False,
+        }
+        for seed in run_seeds:
+            experiments.append(make_experiment(_episode_cfg(cfg, backend=backend, comm=sim.comm, seed=seed)))
+            labels.append(f"seed={seed}")
+        cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
+        assert isinstance(cluster, dict)
+        cluster.pop("tune_sim", None)
+        descriptor = {
+            "kind": mode,
+            "profile": profile,
+            "cluster": cluster,
+            "comm": sim.comm,
+            "backend": backend,
+            "seeds": run_seeds,
+        }
+    descriptor["guard"] = guard
+    first = experiments[0]
+    return ScenarioSet(
+        kind=mode,
+        profile=profile,
+        labels=labels,
+        experiments=experiments,
+        comm_model=first.comm_model,
+        comm_timing_dependent=any(e.comm_timing_dependent for e in experiments),
+        descriptor=descriptor,
+    )

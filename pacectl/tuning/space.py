@@ -1,0 +1,323 @@
+"""Search spaces for ``python -m pacectl.tune``: YAML mappings from controller keys to distributions.
+
+A space file (``conf/tune/space/<family>.yaml``) maps controller parameters of one family to Optuna
+distributions. Keys are controller keys, written bare (``gain``) or dotted (``controller.gain``, as on
+the command line); parameters not in the space keep the value of the ``controller`` group (its YAML
+plus command-line overrides)::
+
+    on_threshold_s: {type: float, low: 1.0e-3, high: 10.0, log: true}
+    off_threshold_s: {type: float, low: 0.0, high: 1.0, fraction_of: on_threshold_s}
+    gain: {type: float, low: 0.05, high: 1.0}
+    min_dwell_iters: {type: int, low: 0, high: 20}
+    window_iters: {type: categorical, choices: [4, 8, 16, 32]}
+
+Fields: ``type`` (``float``, ``int`` or ``categorical``); ``low`` and ``high`` (inclusive, numbers,
+``low <= high``); ``log`` (sample on a log scale, ``low > 0``); ``step`` (a grid, not with ``log``);
+``choices`` (categorical only). ``fraction_of: <key>`` (float only) reparametrizes a dependent bound:
+Optuna samples the fraction in ``[low, high]`` (named ``"<key>/<other>"`` in the study) and the
+controller gets ``fraction * <other>``. The shipped threshold and EWMA spaces sample
+``off_threshold_s`` as a fraction of ``on_threshold_s`` in [0, 1], so the constructor's
+``off_threshold_s <= on_threshold_s`` always holds and no trial is spent on an invalid pair.
+
+Every mistake (unknown key or field, bad bounds, unknown type) is a :class:`ConfigError` raised by
+:func:`parse_space` before any trial runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pacectl.controllers import CONTROLLERS, make_controller
+from pacectl.errors import ConfigError
+
+TYPES = ("float", "int", "categorical")
+FIELDS = {
+    "float": {"type", "low", "high", "log", "step", "fraction_of"},
+    "int": {"type", "low", "high", "log", "step"},
+    "categorical": {"type", "choices"},
+}
+
+
+def _hint(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def accepted_params(family: str) -> list[str]:
+    """Keyword parameters of the controller family ``family``, sorted.
+
+    Raises:
+        ConfigError: unknown family.
+    """
+    if family not in CONTROLLERS:
+        raise ConfigError(
+            f"controller must be one of {sorted(CONTROLLERS)}, got {family!r}{_hint(family, sorted(CONTROLLERS))}"
+        )
+    signature = inspect.signature(CONTROLLERS[family])
+    return sorted(p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One tuned controller parameter.
+
+    Attributes:
+        key: controller parameter name.
+        type: ``"float"``, ``"int"`` or ``"categorical"``.
+        low: lower bound (inclusive); for ``fraction_of`` the lowest fraction.
+        high: upper bound (inclusive).
+        log: sample on a log scale.
+        step: grid step, or None.
+        choices: categorical choices.
+        fraction_of: the parameter this one is a fraction of, or None.
+    """
+
+    key: str
+    type: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: tuple[Any, ...] = ()
+    fraction_of: str | None = None
+
+    @property
+    def optuna_name(self) -> str:
+        """The parameter's name in the Optuna study (``"<key>/<other>"`` for a fraction)."""
+        return f"{self.key}/{self.fraction_of}" if self.fraction_of else self.key
+
+    def suggest(self, trial: Any) -> Any:
+        """Draw this dimension from an Optuna ``trial`` (the raw value: a fraction for ``fraction_of``)."""
+        if self.type == "categorical":
+            return trial.suggest_categorical(self.optuna_name, list(self.choices))
+        if self.type == "int":
+            return trial.suggest_int(
+                self.optuna_name,
+                int(self.low or 0),
+                int(self.high or 0),
+                step=int(self.step or 1),
+                log=self.log,
+            )
+        return trial.suggest_float(
+            self.optuna_name, float(self.low or 0.0), float(self.high or 0.0), step=self.step, log=self.log
+        )
+
+    def midpoint(self) -> Any:
+        """A representative value (geometric middle on a log scale; the first choice if categorical)."""
+        if self.type == "categorical":
+            return self.choices[0]
+        low, high = float(self.low or 0.0), float(self.high or 0.0)
+        mid = math.sqrt(low * high) if self.log else 0.5 * (low + high)
+        return int(round(mid)) if self.type == "int" else mid
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The search space of one controller family.
+
+    Attributes:
+        family: controller family name.
+        dimensions: the tuned parameters, in file order.
+        fixed: parameters not tuned (from the ``controller`` group), passed as they are.
+        source: where the space came from (file path), for messages.
+    """
+
+    family: str
+    dimensions: tuple[Dimension, ...]
+    fixed: Mapping[str, Any]
+    source: str
+
+    @property
+    def keys(self) -> list[str]:
+        """The tuned controller keys."""
+        return [d.key for d in self.dimensions]
+
+    def resolve(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """Controller parameters from raw Optuna values (keyed by :attr:`Dimension.optuna_name`).
+
+        Args:
+            raw: Optuna parameter name -> value (``FrozenTrial.params``).
+
+        Returns:
+            Every constructor parameter: the fixed ones, then the tuned ones, fractions multiplied out.
+        """
+        params: dict[str, Any] = dict(self.fixed)
+        for dim in self.dimensions:
+            if not dim.fraction_of:
+                params[dim.key] = raw[dim.optuna_name]
+        for dim in self.dimensions:
+            if dim.fraction_of:
+                params[dim.key] = float(raw[dim.optuna_name]) * float(params[dim.fraction_of])
+        return params
+
+    def sample(self, trial: Any) -> dict[str, Any]:
+        """Draw every dimension from ``trial`` and return the controller parameters."""
+        return self.resolve({dim.optuna_name: dim.suggest(trial) for dim in self.dimensions})
+
+    def tuned(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Only the tuned keys of ``params`` (resolved values)."""
+        return {key: params[key] for key in self.keys}
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(float(value)):
+        raise ConfigError(f"{what} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _dimension(key: str, spec: Any, where: str, params: list[str]) -> Dimension:
+    if not isinstance(spec, Mapping):
+        raise ConfigError(
+            f"{where}: must be a mapping like {{type: float, low: 0.1, high: 1.0}}, got {spec!r}"
+        )
+    kind = spec.get("type")
+    if kind not in TYPES:
+        raise ConfigError(
+            f"{where}.type must be one of {list(TYPES)}, got {kind!r}{_hint(str(kind), list(TYPES))}"
+        )
+    for field in spec:
+        if field not in FIELDS[kind]:
+            allowed = sorted(FIELDS[kind])
+            raise ConfigError(
+                f"{where}: unknown field {field!r} for type {kind}{_hint(str(field), allowed)} (allowed: {', '.join(allowed)})"
+            )
+    if kind == "categorical":
+        choices = spec.get("choices")
+        if not isinstance(choices, list | tuple) or not choices:
+            raise ConfigError(f"{where}.choices must be a non-empty list, got {choices!r}")
+        for choice in choices:
+            if choice is not None and not isinstance(choice, bool | int | float | str):
+                raise ConfigError(
+                    f"{where}.choices entries must be numbers, strings, booleans or null, got {choice!r}"
+                )
+        return Dimension(key=key, type=kind, choices=tuple(choices))
+    for field in ("low", "high"):
+        if field not in spec:
+            raise ConfigError(f"{where}.{field} must be set for type {kind}")
+    low, high = _number(spec["low"], f"{where}.low"), _number(spec["high"], f"{where}.high")
+    if low > high:
+        raise ConfigError(f"{where}: low must be <= high, got low={spec['low']!r}, high={spec['high']!r}")
+    log = spec.get("log", False)
+    if not isinstance(log, bool):
+        raise ConfigError(f"{where}.log must be true or false, got {log!r}")
+    if log and low <= 0:
+        raise ConfigError(f"{where}: low must be > 0 with log: true, got low={spec['low']!r}")
+    step = spec.get("step")
+    if step is not None:
+        step = _number(step, f"{where}.step")
+        if step <= 0:
+            raise ConfigError(f"{where}.step must be > 0, got {spec['step']!r}")
+        if log:
+            raise ConfigError(f"{where}: step cannot be combined with log: true")
+    if kind == "int":
+        for field in ("low", "high", "step"):
+            value = spec.get(field)
+            if value is not None and float(value) != int(value):
+                raise ConfigError(f"{where}.{field} must be an integer for type int, got {value!r}")
+    fraction_of = spec.get("fraction_of")
+    if fraction_of is not None:
+        fraction_of = str(fraction_of).removeprefix("controller.")
+        if fraction_of not in params or fraction_of == key:
+            others = [p for p in params if p != key]
+            raise ConfigError(
+                f"{where}.fraction_of must name another parameter of the controller, got {spec['fraction_of']!r}"
+                f"{_hint(fraction_of, others)}"
+            )
+    return Dimension(key=key, type=kind, low=low, high=high, log=log, step=step, fraction_of=fraction_of)
+
+
+def parse_space(family: str, raw: Any, *, fixed: Mapping[str, Any], source: str) -> SearchSpace:
+    """Validate a search-space mapping for ``family``.
+
+    Args:
+        family: controller family name.
+        raw: the loaded YAML (controller key -> distribution spec).
+        fixed: the ``controller`` group's parameters (values of untuned keys).
+        source: file name for messages.
+
+    Returns:
+        The validated :class:`SearchSpace`.
+
+    Raises:
+        ConfigError: unknown family or key, bad field, ``low > high``, or a space whose middle point
+            the controller rejects (every trial would be invalid).
+    """
+    params = accepted_params(family)
+    if not isinstance(raw, Mapping) or not raw:
+        raise ConfigError(
+            f"search space {source} must be a non-empty mapping of controller keys to distributions, got {raw!r}"
+        )
+    dims: list[Dimension] = []
+    for raw_key, spec in raw.items():
+        key = str(raw_key).removeprefix("controller.")
+        if key not in params:
+            raise ConfigError(
+                f"search space {source}: unknown key {raw_key!r} for controller {family!r}{_hint(key, params)} "
+                f"(accepted: {', '.join(params)})"
+            )
+        if key in {d.key for d in dims}:
+            raise ConfigError(f"search space {source}: key {key!r} is given twice")
+        dims.append(_dimension(key, spec, f"search space {source}: {raw_key}", params))
+    tuned = {d.key for d in dims}
+    for dim in dims:
+        if dim.fraction_of and dim.fraction_of in tuned:
+            other = next(d for d in dims if d.key == dim.fraction_of)
+            if other.fraction_of or other.type == "categorical":
+                raise ConfigError(
+                    f"search space {source}: {dim.key}.fraction_of must name a float or int key that is not "
+                    f"itself a fraction, got {dim.fraction_of!r}"
+                )
+    unknown_fixed = sorted(set(fixed) - set(params))
+    if unknown_fixed:
+        raise ConfigError(f"controller {family!r} has unknown parameter(s) {unknown_fixed}")
+    space = SearchSpace(
+        family=family,
+        dimensions=tuple(dims),
+        fixed={k: v for k, v in fixed.items() if k not in tuned},
+        source=source,
+    )
+    for dim in dims:
+        if (
+            dim.fraction_of
+            and dim.fraction_of not in tuned
+            and not isinstance(space.fixed.get(dim.fraction_of), int | float)
+        ):
+            raise ConfigError(
+                f"search space {source}: {dim.key}.fraction_of names {dim.fraction_of!r}, which must be tuned "
+                f"or have a numeric value in the controller config, got {space.fixed.get(dim.fraction_of)!r}"
+            )
+    middle = space.resolve({d.optuna_name: d.midpoint() for d in dims})
+    try:
+        make_controller(family, **middle)
+    except ConfigError as err:
+        raise ConfigError(
+            f"search space {source}: the controller rejects the middle of the space ({middle}): {err}"
+        ) from err
+    return space
+
+
+def load_space(family: str, path: str | Path, *, fixed: Mapping[str, Any]) -> SearchSpace:
+    """Read and validate the search space file ``path`` for ``family`` (see :func:`parse_space`).
+
+    Raises:
+        ConfigError: missing or unparsable file, or an invalid space.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(
+            f"search space file must exist, got {str(path)!r}; ship conf/tune/space/{family}.yaml or pass "
+            "tune.space=<file.yaml>"
+        )
+    try:
+        raw = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(f"search space {file} must be valid YAML: {err}") from err
+    return parse_space(family, raw, fixed=fixed, source=str(file))

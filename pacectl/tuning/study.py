@@ -1,0 +1,520 @@
+"""The Optuna side of ``python -m pacectl.tune``: storage, samplers, workers, the Pareto front, the choice.
+
+Storage (``tune.storage``):
+
+- ``null`` (default): a journal file ``<run dir>/optuna.journal`` (Optuna's ``JournalStorage`` over
+  ``JournalFileBackend``). Every finished trial is one appended line, so a study killed with SIGKILL
+  keeps every finished trial and resumes when the same command runs again with the same
+  ``hydra.run.dir`` (or with ``tune.storage`` and ``tune.study_name`` set explicitly). The file lock
+  is an ``fcntl.flock`` (:class:`FlockLock`), which the kernel releases when a process dies, so a kill
+  never leaves a stale lock behind;
+- a file path: a journal file there (any name; shared by every process that names it);
+- an RDB URL (``sqlite:///tune.db``, ``postgresql://user:pw@host/db``): Optuna's ``RDBStorage``;
+  workers on several machines share one study by running the same command against the same URL
+  (PostgreSQL needs ``psycopg2``; SQLite only suits one machine).
+
+Workers (``tune.n_workers=N``): N forked processes, each opening its own connection to the same
+storage and sampling with its own seed; the trial budget is split between them so the study ends
+with exactly ``tune.n_trials`` finished trials. ``tune.n_trials`` is the study's total: a resumed
+study runs only the trials still missing. Trials left ``RUNNING`` by a killed process of this host
+are marked ``FAIL`` on resume (their owner, ``host:pid``, is a user attribute of every trial).
+
+Invalid parameter combinations: the controller is built before any episode runs; if its
+constructor raises :class:`~pacectl.errors.ConfigError`, the trial is marked ``PRUNED`` with the
+message in its ``invalid_params`` user attribute (multi-objective trials cannot be pruned by a
+pruner, but an objective may still raise ``TrialPruned``). Samplers ignore pruned trials. The
+shipped spaces avoid the one known case (``off_threshold_s > on_threshold_s``) by sampling
+``off_threshold_s`` as a fraction of ``on_threshold_s`` (see :mod:`pacectl.tuning.space`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import optuna
+from optuna.storages import BaseStorage
+from optuna.storages.journal import JournalFileBackend, JournalStorage
+from optuna.trial import FrozenTrial, TrialState
+
+from pacectl.controllers import make_controller
+from pacectl.errors import ConfigError, PacectlError
+from pacectl.tuning.scenarios import Evaluation, ScenarioSet
+from pacectl.tuning.space import SearchSpace
+
+DIRECTIONS: tuple[Literal["maximize"], Literal["minimize"]] = ("maximize", "minimize")  # throughput, cv
+SAMPLERS = ("nsga2", "tpe", "random")
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+CONSTRAINT = "throughput_loss"
+
+
+class FlockLock:
+    """Journal file lock on ``fcntl.flock``: released by the kernel when its process dies.
+
+    Implements the ``acquire``/``release`` interface of Optuna's journal file locks (its base class
+    lives in a private module, so this class does not subclass it).
+
+    Optuna's default symlink lock survives a SIGKILL of the holder and is broken only after a grace
+    period; a kernel lock never goes stale. Works on local file systems (and NFS via POSIX locks on
+    Linux).
+
+    Args:
+        journal_path: the journal file; the lock file is ``<journal_path>.flock``.
+    """
+
+    def __init__(self, journal_path: str) -> None:
+        self._lock_path = journal_path + ".flock"
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        """Block until this process holds the lock."""
+        fd = os.open(self._lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        """Release the lock."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    """Where a study lives.
+
+    Attributes:
+        kind: ``"journal"`` (a journal file) or ``"rdb"`` (an SQLAlchemy URL).
+        location: absolute file path, or the URL.
+    """
+
+    kind: str
+    location: str
+
+    def open(self) -> BaseStorage:
+        """A new storage object (every process opens its own).
+
+        Raises:
+            ConfigError: the URL cannot be opened (bad scheme, missing driver, unreachable server).
+        """
+        if self.kind == "journal":
+            Path(self.location).parent.mkdir(parents=True, exist_ok=True)
+            lock = FlockLock(self.location)
+            return JournalStorage(JournalFileBackend(self.location, lock_obj=lock))  # type: ignore[arg-type]
+        try:
+            return optuna.storages.RDBStorage(self.location)
+        except Exception as err:  # sqlalchemy.exc.ArgumentError, OperationalError, ImportError
+            raise ConfigError(
+                f"tune.storage must be a journal file path or a reachable RDB URL such as sqlite:///tune.db, "
+                f"got {self.location!r}: {type(err).__name__}: {err}"
+            ) from err
+
+    @property
+    def display(self) -> str:
+        """The storage as a user would type it (credentials of an URL hidden)."""
+        if self.kind == "rdb" and "@" in self.location:
+            scheme, rest = self.location.split("://", 1)
+            return f"{scheme}://***@{rest.split('@', 1)[1]}"
+        return self.location
+
+    def dashboard_command(self) -> str:
+        """The optuna-dashboard command that opens this storage (``pip install optuna-dashboard``)."""
+        return f"optuna-dashboard {self.display}"
+
+
+def storage_spec(value: str | None, run_dir: Path, cwd: Path | None = None) -> StorageSpec:
+    """Interpret ``tune.storage``: null -> ``<run_dir>/optuna.journal``; ``x://...`` -> RDB; else a path."""
+    if value is None or str(value) == "":
+        return StorageSpec("journal", str((run_dir / "optuna.journal").resolve()))
+    text = str(value)
+    if "://" in text:
+        return StorageSpec("rdb", text)
+    path = Path(text).expanduser()
+    if not path.is_absolute():
+        path = (cwd or Path.cwd()) / path
+    return StorageSpec("journal", str(path.resolve()))
+
+
+def make_sampler(name: str, *, seed: int, population_size: int) -> optuna.samplers.BaseSampler:
+    """The sampler ``tune.sampler`` names: ``nsga2`` (default), ``tpe`` (multi-objective TPE) or ``random``.
+
+    Raises:
+        ConfigError: unknown name.
+    """
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(population_size=population_size, seed=seed)
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ConfigError(f"tune.sampler must be one of {list(SAMPLERS)}, got {name!r}")
+
+
+def worker_seed(seed: int, worker: int, num_existing: int) -> int:
+    """Sampler seed of one worker: distinct per worker, and per resume (so a resume does not redraw
+    the trials it already has), reproducible for a fresh single-worker study."""
+    return int(np.random.SeedSequence([int(seed), int(worker), int(num_existing)]).generate_state(1)[0])
+
+
+def owner_tag() -> str:
+    """``host:pid`` of this process, stored on every trial it runs."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fail_stale_trials(study: optuna.Study) -> list[int]:
+    """Mark ``FAIL`` the ``RUNNING`` trials whose owner process on this host is gone (killed runs).
+
+    Every worker registers itself (``worker:<host>:<pid>`` study user attribute) and tags each
+    trial it starts (``worker`` trial user attribute).
+
+    Returns:
+        The numbers of the trials marked.
+    """
+    host = socket.gethostname()
+
+    def dead_here(owner: str) -> bool:
+        owner_host, _, pid = owner.rpartition(":")
+        return owner_host == host and pid.isdigit() and not _pid_alive(int(pid))
+
+    # A trial killed before its first write has no owner yet: it is stale when every worker that
+    # ever joined the study ran on this host and is gone.
+    workers = [key.removeprefix("worker:") for key in study.user_attrs if key.startswith("worker:")]
+    all_gone = all(dead_here(w) for w in workers)
+    marked = []
+    storage = study._storage  # noqa: SLF001 (Optuna exposes no public setter for a dead trial)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = trial.user_attrs.get("worker")
+        if dead_here(str(owner)) if owner else all_gone:
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, trial.number)  # noqa: SLF001
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            marked.append(trial.number)
+    return marked
+
+
+@dataclass
+class Objective:
+    """The trial objective: sample, build the controller, run every episode, average.
+
+    Attributes:
+        space: the search space.
+        scenarios: the episodes of one trial.
+        baseline: no pacing on the same episodes (computed once, before any trial).
+        max_loss_frac: cap on the throughput loss against no pacing, or None for no constraint.
+    """
+
+    space: SearchSpace
+    scenarios: ScenarioSet
+    baseline: Evaluation
+    max_loss_frac: float | None
+
+    def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
+        """Returns ``(throughput_it_per_s, cv)``, both averaged over the episodes."""
+        import time
+
+        trial.set_user_attr("worker", owner_tag())
+        params = self.space.sample(trial)
+        try:
+            make_controller(self.space.family, **params)
+        except ConfigError as err:
+            trial.set_user_attr("invalid_params", str(err))
+            raise optuna.TrialPruned(f"invalid parameters: {err}") from err
+        t0 = time.perf_counter()
+        ev = self.scenarios.evaluate(self.space.family, params)
+        loss = 1.0 - ev.throughput_it_per_s / self.baseline.throughput_it_per_s
+        trial.set_user_attr("objective_s", time.perf_counter() - t0)
+        trial.set_user_attr("throughput_loss_frac", loss)
+        if self.max_loss_frac is not None:
+            trial.set_constraint(CONSTRAINT, loss - self.max_loss_frac)
+        return ev.throughput_it_per_s, ev.cv
+
+
+def progress_callback(
+    total: int, baseline: Evaluation, echo: Callable[[str], None]
+) -> Callable[[optuna.Study, FrozenTrial], None]:
+    """One line per finished trial: count, objectives, change against no pacing, parameters."""
+
+    def callback(study: optuna.Study, trial: FrozenTrial) -> None:
+        done = len(study.get_trials(deepcopy=False, states=FINISHED))
+        head = f"[{done}/{total}] trial {trial.number}"
+        params = " ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
+        if trial.state == TrialState.COMPLETE and trial.values is not None:
+            thr, cv = trial.values
+            change = thr / baseline.throughput_it_per_s - 1.0
+            cons = trial.system_attrs.get(f"constraints:{CONSTRAINT}")
+            feas = "" if cons is None else (" feasible" if cons <= 0 else " infeasible")
+            echo(f"{head}: {thr:.6g} it/s ({change:+.3%} vs none), cv {cv:.4g}{feas} | {params}")
+        else:
+            reason = trial.user_attrs.get("invalid_params", trial.state.name.lower())
+            echo(f"{head}: {trial.state.name.lower()} ({reason}) | {params}")
+
+    return callback
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def run_worker(
+    objective: Objective,
+    spec: StorageSpec,
+    study_name: str,
+    *,
+    sampler: str,
+    seed: int,
+    population_size: int,
+    n_trials: int,
+    timeout_s: float | None,
+    total: int,
+    echo: Callable[[str], None] | None,
+) -> None:
+    """Run ``n_trials`` trials of the study in this process, against its own storage connection."""
+    storage = spec.open()
+    study = optuna.load_study(
+        study_name=study_name,
+        storage=storage,
+        sampler=make_sampler(sampler, seed=seed, population_size=population_size),
+    )
+    study.set_user_attr(f"worker:{owner_tag()}", True)
+    callbacks = [progress_callback(total, objective.baseline, echo)] if echo else []
+    study.optimize(objective, n_trials=n_trials, timeout=timeout_s, callbacks=callbacks)
+
+
+def _worker_main(index: int, kwargs: dict[str, Any]) -> None:
+    try:
+        run_worker(**kwargs)
+    except PacectlError as err:
+        print(f"pacectl.tune: error: worker {index}: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def run_workers(num_workers: int, quotas: Sequence[int], seeds: Sequence[int], **kwargs: Any) -> None:
+    """Run the study in ``num_workers`` forked processes (one in-process when 1).
+
+    Raises:
+        ConfigError: ``fork`` is unavailable (Windows) and more than one worker was asked for.
+        PacectlError: a worker failed.
+    """
+    if num_workers == 1:
+        run_worker(n_trials=quotas[0], seed=seeds[0], **kwargs)
+        return
+    import multiprocessing as mp
+
+    if "fork" not in mp.get_all_start_methods():
+        raise ConfigError(
+            f"tune.n_workers > 1 needs the fork start method (Linux, macOS), got n_workers={num_workers}"
+        )
+    ctx = mp.get_context("fork")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    procs = [
+        ctx.Process(
+            target=_worker_main, args=(i, dict(kwargs, n_trials=quotas[i], seed=seeds[i])), daemon=False
+        )
+        for i in range(num_workers)
+        if quotas[i] > 0
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        for proc in procs:
+            proc.join()
+    except BaseException:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        raise
+    bad = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode != 0]
+    if bad:
+        raise PacectlError(f"tune workers must all finish cleanly, got exit codes {bad} (worker, code)")
+
+
+def split_quota(total: int, num_workers: int) -> list[int]:
+    """Split ``total`` trials as evenly as possible between ``num_workers`` workers."""
+    return [total // num_workers + (1 if i < total % num_workers else 0) for i in range(num_workers)]
+
+
+# --- results --------------------------------------------------------------------------------------
+
+
+def pareto_mask(throughput: Sequence[float], cv: Sequence[float]) -> list[bool]:
+    """Non-dominated points for maximizing throughput and minimizing CV (ties are kept).
+
+    Example:
+        >>> pareto_mask([1.0, 2.0, 1.5], [0.1, 0.2, 0.3])
+        [True, True, False]
+    """
+    thr = np.asarray(throughput, dtype=np.float64)
+    c = np.asarray(cv, dtype=np.float64)
+    if thr.size == 0:
+        return []
+    better_eq = (thr[None, :] >= thr[:, None]) & (c[None, :] <= c[:, None])
+    strictly = (thr[None, :] > thr[:, None]) | (c[None, :] < c[:, None])
+    dominated = np.any(better_eq & strictly, axis=1)
+    return [not bool(d) for d in dominated]
+
+
+@dataclass(frozen=True)
+class TrialPoint:
+    """A finished, completed trial as the results see it."""
+
+    number: int
+    params: dict[str, Any]
+    throughput_it_per_s: float
+    cv: float
+    throughput_loss_frac: float
+    feasible: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``pareto.json`` entry."""
+        return {
+            "trial": self.number,
+            "params": self.params,
+            "throughput_it_per_s": self.throughput_it_per_s,
+            "cv": self.cv,
+            "throughput_loss_frac": self.throughput_loss_frac,
+            "feasible": self.feasible,
+        }
+
+
+def trial_points(
+    study: optuna.Study, space: SearchSpace, baseline: Evaluation, cap: float | None
+) -> list[TrialPoint]:
+    """Every completed trial with its resolved (tuned) controller parameters."""
+    points = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.values is None or not all(math.isfinite(v) for v in t.values):
+            continue
+        loss = 1.0 - t.values[0] / baseline.throughput_it_per_s
+        points.append(
+            TrialPoint(
+                number=t.number,
+                params=space.tuned(space.resolve(t.params)),
+                throughput_it_per_s=float(t.values[0]),
+                cv=float(t.values[1]),
+                throughput_loss_frac=loss,
+                feasible=cap is None or loss <= cap,
+            )
+        )
+    return points
+
+
+def pareto_front(points: Sequence[TrialPoint]) -> list[TrialPoint]:
+    """The Pareto front of the feasible points (of all points when none is feasible), by throughput."""
+    pool = [p for p in points if p.feasible] or list(points)
+    mask = pareto_mask([p.throughput_it_per_s for p in pool], [p.cv for p in pool])
+    front = [p for p, keep in zip(pool, mask, strict=True) if keep]
+    return sorted(front, key=lambda p: (-p.throughput_it_per_s, p.cv, p.number))
+
+
+CHOICE_RULE = (
+    "lowest mean CV among the Pareto-optimal trials whose throughput loss against no pacing is within "
+    "tune.max_throughput_loss_frac (ties: higher throughput, then lower trial number); with no cap, "
+    "lowest CV on the whole front; if no trial meets the cap, the trial with the highest throughput "
+    "(flagged infeasible)"
+)
+
+
+def choose(front: Sequence[TrialPoint]) -> TrialPoint:
+    """Apply :data:`CHOICE_RULE` to a front from :func:`pareto_front`."""
+    if not front:
+        raise PacectlError(
+            "no trial completed, so there is nothing to choose; raise tune.n_trials or tune.timeout_s"
+        )
+    if all(p.feasible for p in front):
+        return min(front, key=lambda p: (p.cv, -p.throughput_it_per_s, p.number))
+    return max(front, key=lambda p: (p.throughput_it_per_s, -p.cv, -p.number))
+
+
+def plot_pareto(
+    path: Path,
+    points: Sequence[TrialPoint],
+    front: Sequence[TrialPoint],
+    *,
+    baseline: Evaluation,
+    reference: Evaluation,
+    chosen: TrialPoint,
+    title: str,
+) -> None:
+    """Pareto-front PNG (atomic): every trial, the front, no pacing, the paper's threshold, the choice."""
+    from matplotlib.figure import Figure
+
+    from pacectl.report import atomic_path
+
+    fig = Figure(figsize=(7.5, 5.0), layout="constrained")
+    ax = fig.subplots()
+    feas = [p for p in points if p.feasible]
+    infeas = [p for p in points if not p.feasible]
+    if infeas:
+        ax.scatter(
+            [p.throughput_it_per_s for p in infeas],
+            [p.cv for p in infeas],
+            s=10,
+            c="0.8",
+            label="trial (over the loss cap)",
+        )
+    if feas:
+        ax.scatter([p.throughput_it_per_s for p in feas], [p.cv for p in feas], s=12, c="0.5", label="trial")
+    ordered = sorted(front, key=lambda p: p.throughput_it_per_s)
+    ax.plot(
+        [p.throughput_it_per_s for p in ordered],
+        [p.cv for p in ordered],
+        "o-",
+        c="tab:blue",
+        ms=5,
+        lw=1,
+        label="Pareto front",
+    )
+    ax.scatter(
+        [baseline.throughput_it_per_s],
+        [baseline.cv],
+        marker="X",
+        s=110,
+        c="black",
+        label="no pacing",
+        zorder=5,
+    )
+    ax.scatter(
+        [reference.throughput_it_per_s],
+        [reference.cv],
+        marker="D",
+        s=70,
+        c="tab:red",
+        label="paper threshold (defaults)",
+        zorder=5,
+    )
+    ax.scatter(
+        [chosen.throughput_it_per_s],
+        [chosen.cv],
+        marker="*",
+        s=260,
+        c="tab:orange",
+        label=f"chosen (trial {chosen.number})",
+        zorder=6,
+    )
+    ax.set_xlabel("throughput, it/s (mean over episodes; higher is better)")
+    ax.set_ylabel("CV of iteration time (mean over episodes; lower is better)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=3, frameon=False)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
