@@ -54,11 +54,11 @@ def run_episode(
     diag_rows: list[list[dict[str, float]]] = []
     deciding: list[dict[str, float]] = [{"active": 0.0} for _ in domains]
     actions: Sequence[Action] = [Action.zeros(len(dom.ranks)) for dom in domains]
+    columns = [_columns(dom.ranks) for dom in domains]
     for k in range(n_iter):
         observations: list[Observation] = backend.step(actions)
         iteration_time[k] = observations[0].iteration_time_s
-        for d, (obs, dom) in enumerate(zip(observations, domains, strict=True)):
-            idx = list(dom.ranks)
+        for d, (obs, idx) in enumerate(zip(observations, columns, strict=True)):
             rec["arrival_s"][k, idx] = obs.arrival_s
             rec["applied_delay_s"][k, idx] = obs.applied_delay_s
             rec["natural_arrival_s"][k, idx] = obs.natural_arrival_s
@@ -79,8 +79,8 @@ def run_episode(
         key: np.array([d.get(key, 0.0) for d in deciding]) for key in ("guard_interventions", "guard_clipped")
     }
     domain_of_rank = np.zeros(num_ranks, dtype=np.int64)
-    for d, dom in enumerate(domains):
-        domain_of_rank[list(dom.ranks)] = d
+    for d, idx in enumerate(columns):
+        domain_of_rank[idx] = d
     return Episode(
         backend=backend.name,
         comm_model=backend.comm_model,
@@ -96,3 +96,11 @@ def run_episode(
         guard_interventions=int(sum(np.nansum(c) for c in final.values())),
         **rec,
     )
+
+
+def _columns(ranks: tuple[int, ...]) -> slice | np.ndarray:
+    """Column index of a domain's ranks: a slice when they are contiguous (the common case)."""
+    index = np.asarray(ranks, dtype=np.int64)
+    if len(index) and (np.diff(index) == 1).all():
+        return slice(int(index[0]), int(index[-1]) + 1)
+    return index

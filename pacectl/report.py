@@ -32,6 +32,13 @@ from pacectl.types import Episode
 
 NULL_MODEL_NOTE = "fixed durations: pacing cannot shorten an iteration"
 
+COLUMNS_NOTE = """Columns: throughput = iterations / total time; Δthroughput against no pacing; mean and p99 \
+iteration time; CV = std / mean of iteration time (population std); spread p50 = median over \
+iterations and pacing domains of the arrival spread (latest minus earliest arrival at the paced \
+collective; the plot shows the worst domain per iteration); delay total = pacing delay summed over \
+ranks and iterations (rank-seconds, so it can exceed the run's wall time); active % = share of \
+(iteration, domain) cells whose delays came from an active controller."""
+
 FRAME_COLUMNS = (
     "run",
     "iteration",
@@ -248,25 +255,39 @@ def _save_figure(fig: Any, path: str | os.PathLike[str]) -> None:
         fig.savefig(tmp, format="png", dpi=110)
 
 
-def plot_iteration_time(path: str | os.PathLike[str], episodes: Mapping[str, Episode]) -> None:
-    """Plot iteration time over iterations, one line per run, as a PNG (atomic).
+def plot_iteration_time(
+    path: str | os.PathLike[str], episodes: Mapping[str, Episode], baseline: str = "none"
+) -> None:
+    """Plot iteration time over iterations (top) and its difference to the baseline run (bottom), PNG.
+
+    Runs often coincide on most iterations, so the bottom panel shows where pacing gained (< 0) or
+    cost (> 0) time against no pacing.
 
     Args:
         path: destination PNG.
         episodes: run name (baseline ``"none"`` and each controller) -> episode.
+        baseline: the run the bottom panel subtracts.
     """
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9.0, 4.0), layout="constrained")
-    ax = fig.subplots()
+    fig = Figure(figsize=(9.0, 6.0), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
+    base = episodes.get(baseline)
     for run, ep in episodes.items():
-        ax.plot(np.arange(ep.num_iterations), ep.iteration_time_s, lw=1.0, label=run)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("iteration time (s)")
-    ax.set_title(f"Iteration time per run\n{_models_note([ep.comm_model for ep in episodes.values()])}")
+        x = np.arange(ep.num_iterations)
+        style = {"color": "black", "lw": 2.0, "zorder": 1} if run == baseline else {"lw": 1.0, "alpha": 0.85}
+        top.plot(x, ep.iteration_time_s, label=run, **style)
+        if base is not None and run != baseline and ep.num_iterations == base.num_iterations:
+            bottom.plot(x, ep.iteration_time_s - base.iteration_time_s, lw=1.0, label=run)
+    top.set_ylabel("iteration time (s)")
+    top.set_title(f"Iteration time per run\n{_models_note([ep.comm_model for ep in episodes.values()])}")
     if episodes:
-        ax.legend(loc="upper right", fontsize="small")
-    ax.grid(alpha=0.3)
+        top.legend(loc="upper right", fontsize="small")
+    bottom.axhline(0.0, color="black", lw=1.0)
+    bottom.set_xlabel("iteration")
+    bottom.set_ylabel(f"minus {baseline} (s)")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
     _save_figure(fig, path)
 
 
@@ -423,7 +444,7 @@ def write_report_md(
     parts = [f"# {title}", "", f"_{note}_", ""]
     if context:
         parts += [f"- **{k}**: {jsonable(v)}" for k, v in context.items()] + [""]
-    parts += [_markdown_table(summaries, baseline), ""]
+    parts += [_markdown_table(summaries, baseline), "", COLUMNS_NOTE, ""]
     atomic_write_text(path, "\n".join(parts))
 
 

@@ -137,6 +137,7 @@ class ContentionComm:
         )
         self._fixed_s += 2 * (nodes - 1) * alpha_inter_s
         self._cross_links = _expand(self.cross.links, names)
+        self._link_offsets = np.arange(len(self._cross_links)) * self.cross.stagger
         self._rate_cache: dict[tuple[bool, ...], float] = {}
         self.description = (
             f"contention (max-min fair fat-tree, {topology.ranks_per_node} ranks/node, "
@@ -169,13 +170,11 @@ class ContentionComm:
             return tuple(False for _ in self._cross_links), math.inf
         if self.cross.off_s == 0:
             return tuple(True for _ in self._cross_links), math.inf
-        states, next_switch = [], math.inf
         nudge = 1e-9 * period  # decide the state just after t, so a switch at t always makes progress
-        for i in range(len(self._cross_links)):
-            phase = (t + nudge + i * self.cross.stagger * period) % period
-            on = phase < self.cross.on_s
-            states.append(on)
-            next_switch = min(next_switch, t + nudge + ((self.cross.on_s if on else period) - phase))
+        phase = (t + nudge + self._link_offsets * period) % period
+        on = phase < self.cross.on_s
+        next_switch = t + nudge + float(np.min(np.where(on, self.cross.on_s, period) - phase))
+        states = tuple(on.tolist())
         return tuple(states), next_switch
 
     @property

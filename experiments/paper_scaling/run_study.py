@@ -1,0 +1,187 @@
+"""The paper's scaling experiment, honestly: CV and throughput from 4 to 1,024 ranks, per controller,
+per mechanism.
+
+Usage (from the repository root; about 2-3 minutes on 2 cores)::
+
+    python experiments/paper_scaling/run_study.py                  # writes experiments/paper_scaling/results/
+    python experiments/paper_scaling/run_study.py --iterations 300 --seeds 1 --out /tmp/quick
+
+Scenarios (all on the ``paper_like`` cluster profile, ``conf/cluster/paper_like.yaml``, whose
+compute noise is calibrated so that no pacing gives CV ~0.22 at 64 ranks):
+
+- ``paper_like``: comm=contention: cross traffic on oversubscribed uplinks + early-arrival interference;
+- ``null``: the same compute noise, comm=null (fixed durations, no interference): pacing cannot gain;
+- ``interference_only`` / ``cross_traffic_only``: one timing-dependent mechanism at a time;
+- ``small_scale``: the paper_like scenario at 4 and 8 ranks, where the paper saw a slight loss.
+
+Every controller runs with the parameters of ``conf/controller/<family>.yaml`` behind the default
+safety guard, on the same seeded compute-time draws as no pacing. Figures are means over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from hydra import compose, initialize_config_dir
+
+from pacectl import metrics
+from pacectl.config import CONF_DIR, controller_families
+from pacectl.experiment import SimExperiment
+from pacectl.report import atomic_path, atomic_write_text
+
+SCALES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
+SCENARIOS: dict[str, tuple[list[str], tuple[int, ...]]] = {
+    "paper_like": (["comm=contention"], SCALES),
+    "null": (["comm=null"], SCALES),
+    "interference_only": (["comm=contention", "cluster.cross_traffic.links=[]"], SCALES),
+    "cross_traffic_only": (["comm=contention", "cluster.interference.kappa=0.0"], SCALES),
+    "small_scale": (["comm=contention"], (4, 8)),
+}
+KEYS = (
+    "throughput_it_per_s",
+    "iteration_time_mean_s",
+    "iteration_time_p99_s",
+    "cv",
+    "spread_median_s",
+    "pacing_delay_total_s",
+)
+
+
+def run_cell(
+    overrides: list[str], num_ranks: int, iterations: int, seeds: int
+) -> dict[str, dict[str, float]]:
+    """Mean summary per controller family for one scenario and scale."""
+    per_family: dict[str, list[dict[str, Any]]] = {}
+    for seed in range(seeds):
+        cfg = compose(
+            "config",
+            overrides=[
+                "backend=sim",
+                "cluster=paper_like",
+                f"backend.num_ranks={num_ranks}",
+                f"backend.num_iterations={iterations}",
+                f"seed={seed}",
+                *overrides,
+            ],
+        )
+        experiment = SimExperiment(cfg)
+        for family, params in controller_families(cfg).items():
+            per_family.setdefault(family, []).append(metrics.summarize(experiment.run(family, params)))
+    return {f: {k: float(np.mean([s[k] for s in runs])) for k in KEYS} for f, runs in per_family.items()}
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    """A Markdown table (4 significant digits for floats)."""
+    cells = [
+        [f"{v:.4g}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)
+    ]
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"
+
+
+def plot(frame: pd.DataFrame, column: str, label: str, path: Path) -> None:
+    """One panel per scenario, metric against scale, one line per controller."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    scenarios = [s for s in SCENARIOS if s != "small_scale"]
+    fig = Figure(figsize=(4.2 * len(scenarios), 3.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(scenarios), sharey=column == "cv")
+    for ax, scenario in zip(axes, scenarios, strict=True):
+        sub = frame[frame["scenario"] == scenario]
+        for family, rows in sub.groupby("controller", sort=False):
+            style = (
+                {"color": "black", "linewidth": 2.2} if family == "none" else {"marker": "o", "markersize": 3}
+            )
+            ax.plot(rows["num_ranks"], rows[column], label=family, **style)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("ranks")
+        ax.set_title(scenario)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(label)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{label} vs scale (paper_like cluster; null = fixed durations, pacing cannot gain)")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--iterations", type=int, default=1500, help="iterations per run")
+    parser.add_argument("--seeds", type=int, default=2, help="seeds per cell (results are means)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    rows = []
+    t0 = time.perf_counter()
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        for scenario, (overrides, scales) in SCENARIOS.items():
+            for n in scales:
+                cell = run_cell(overrides, n, args.iterations, args.seeds)
+                base = cell["none"]
+                for family, s in cell.items():
+                    rows.append(
+                        {
+                            "scenario": scenario,
+                            "num_ranks": n,
+                            "controller": family,
+                            **s,
+                            "throughput_change_frac": s["throughput_it_per_s"] / base["throughput_it_per_s"]
+                            - 1,
+                            "cv_change": s["cv"] - base["cv"],
+                        }
+                    )
+                best = max(cell, key=lambda f: cell[f]["throughput_it_per_s"])
+                print(
+                    f"[{time.perf_counter() - t0:6.1f} s] {scenario:>18} {n:5d} ranks: no pacing CV {base['cv']:.3f}, "
+                    f"best {best} ({cell[best]['throughput_it_per_s'] / base['throughput_it_per_s'] - 1:+.2%} throughput, "
+                    f"CV {cell[best]['cv']:.3f})",
+                    flush=True,
+                )
+    frame = pd.DataFrame(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(args.out / "results.csv") as tmp:
+        frame.to_csv(tmp, index=False)
+    table = frame.assign(
+        throughput_change=lambda f: (100 * f["throughput_change_frac"]).map("{:+.2f} %".format)
+    )[
+        [
+            "scenario",
+            "num_ranks",
+            "controller",
+            "throughput_it_per_s",
+            "throughput_change",
+            "iteration_time_mean_s",
+            "iteration_time_p99_s",
+            "cv",
+            "spread_median_s",
+        ]
+    ]
+    atomic_write_text(args.out / "table.md", markdown_table(table))
+    plot(frame, "cv", "CV of iteration time", args.out / "cv_vs_scale.png")
+    plot(
+        frame,
+        "throughput_change_frac",
+        "throughput change vs no pacing",
+        args.out / "throughput_vs_scale.png",
+    )
+    meta = {
+        "iterations": args.iterations,
+        "seeds": args.seeds,
+        "scales": list(SCALES),
+        "wall_time_s": time.perf_counter() - t0,
+    }
+    atomic_write_text(args.out / "meta.json", json.dumps(meta, indent=2) + "\n")
+    print(f"written: {args.out} ({meta['wall_time_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
