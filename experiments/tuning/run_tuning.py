@@ -1,0 +1,167 @@
+"""Tune every controller family on every profile, then judge the winners on held-out episodes.
+
+Usage::
+
+    python experiments/tuning/run_tuning.py                   # writes results/results.json, results.md
+    python experiments/tuning/run_tuning.py --trials 30 --profiles st paper_like
+
+For each profile (``ar`` and ``st``: replay of the shipped ByteDance traces, comm model null;
+``paper_like``: the scaling study's sim scenario, comm model contention, or ``contended`` when
+``conf/cluster/paper_like.yaml`` is missing) and each family (threshold, pid, ewma, quantile), it
+runs :func:`pacectl.tune.run_tuning` (NSGA-II, the throughput-loss cap of ``conf/tune.yaml``, two
+workers) and takes the exported choice. Then it evaluates, on episodes that tuning never saw:
+
+- sim profiles: the held-out seeds ``tune.sim.heldout_seeds``;
+- trace profiles: the other shipped trace (tuned on AR -> judged on ST, and the reverse).
+
+On the same held-out episodes it runs no pacing and the paper's threshold controller at its
+defaults, and reports whether the tuned controller dominates the paper's controller (throughput at
+least as high and CV at least as low, one of them strictly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+
+from pacectl.config import CONF_DIR
+from pacectl.report import atomic_write_text, jsonable
+from pacectl.tune import reference_params, run_tuning
+from pacectl.tuning.scenarios import Evaluation, build_scenarios
+
+HERE = Path(__file__).resolve().parent
+FAMILIES = ("threshold", "pid", "ewma", "quantile")
+HELDOUT_TRACES = {"ar": "st", "st": "ar"}
+
+
+def _cfg(overrides: list[str]) -> Any:
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("tune", overrides=overrides)
+
+
+def _dominates(a: Evaluation, b: Evaluation) -> bool:
+    ge = a.throughput_it_per_s >= b.throughput_it_per_s and a.cv <= b.cv
+    return ge and (a.throughput_it_per_s > b.throughput_it_per_s or a.cv < b.cv)
+
+
+def _row(ev: Evaluation, base: Evaluation) -> dict[str, float]:
+    return {
+        "throughput_it_per_s": ev.throughput_it_per_s,
+        "throughput_change_frac": ev.throughput_it_per_s / base.throughput_it_per_s - 1.0,
+        "cv": ev.cv,
+    }
+
+
+def run(profiles: list[str], trials: int, workers: int, out_root: Path) -> dict[str, Any]:
+    """Tune and evaluate; return the results dict."""
+    results: dict[str, Any] = {"trials_per_study": trials, "workers": workers, "profiles": {}}
+    for profile in profiles:
+        heldout_cfg = None
+        if profile in HELDOUT_TRACES:
+            heldout_cfg = _cfg([f"cluster={HELDOUT_TRACES[profile]}"])
+            heldout = build_scenarios(heldout_cfg)
+            heldout_what = f"trace {', '.join(heldout.labels)} (profile {HELDOUT_TRACES[profile]})"
+        else:
+            base_cfg = _cfg([f"cluster={profile}"])
+            heldout = build_scenarios(base_cfg, seeds=list(base_cfg.tune.sim.heldout_seeds))
+            heldout_what = f"seeds {list(base_cfg.tune.sim.heldout_seeds)}"
+        none = heldout.evaluate("none", {})
+        paper = heldout.evaluate("threshold", reference_params())
+        entry: dict[str, Any] = {
+            "heldout": heldout_what,
+            "heldout_comm_model": heldout.comm_model,
+            "heldout_none": _row(none, none),
+            "heldout_paper_threshold": _row(paper, none),
+            "families": {},
+        }
+        for family in FAMILIES:
+            t0 = time.perf_counter()
+            cfg = _cfg(
+                [
+                    f"cluster={profile}",
+                    f"controller={family}",
+                    f"tune.n_trials={trials}",
+                    f"tune.n_workers={workers}",
+                    "tune.population_size=10",
+                    "tune.progress=false",
+                ]
+            )
+            res = run_tuning(cfg, out_root / f"{profile}-{family}", echo=lambda _line: None)
+            tuned = heldout.evaluate(family, res.controller_params)
+            entry["tuned_on"] = f"{res.scenarios.kind}: {', '.join(res.scenarios.labels)}"
+            entry["comm_model"] = res.scenarios.comm_model
+            entry["families"][family] = {
+                "chosen_params": res.controller_params,
+                "tune_set": {
+                    "throughput_change_frac": -res.chosen.throughput_loss_frac,
+                    "cv": res.chosen.cv,
+                    "feasible": res.chosen.feasible,
+                    "paper_threshold_cv": res.reference.cv,
+                    "none_cv": res.baseline.cv,
+                    "pareto_size": len(res.front),
+                    "front_dominates_paper": res.summary["front_dominates_reference"],
+                    "chosen_dominates_paper": res.summary["chosen_dominates_reference"],
+                },
+                "heldout": _row(tuned, none),
+                "heldout_dominates_paper": _dominates(tuned, paper),
+                "heldout_dominates_none": _dominates(tuned, none),
+                "wall_s": time.perf_counter() - t0,
+            }
+            print(
+                f"{profile:10s} {family:9s} tune cv {res.chosen.cv:.4g} ({-res.chosen.throughput_loss_frac:+.3%}) | "
+                f"held-out cv {tuned.cv:.4g} ({tuned.throughput_it_per_s / none.throughput_it_per_s - 1:+.3%}) "
+                f"vs paper cv {paper.cv:.4g} ({paper.throughput_it_per_s / none.throughput_it_per_s - 1:+.3%}), "
+                f"none cv {none.cv:.4g}; dominates paper: {_dominates(tuned, paper)}",
+                flush=True,
+            )
+        results["profiles"][profile] = entry
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """A Markdown table of the held-out comparison."""
+    lines = [
+        "| profile (tuned on -> held out) | family | tune set: Δthroughput, CV | held out: Δthroughput, CV | "
+        "paper threshold held out: Δthroughput, CV | no pacing CV | dominates paper? |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for profile, entry in results["profiles"].items():
+        paper = entry["heldout_paper_threshold"]
+        for family, f in entry["families"].items():
+            t, h = f["tune_set"], f["heldout"]
+            lines.append(
+                f"| {profile} ({entry['tuned_on']} -> {entry['heldout']}; comm {entry['comm_model']}) | {family} | "
+                f"{t['throughput_change_frac']:+.3%}, {t['cv']:.4f} | {h['throughput_change_frac']:+.3%}, {h['cv']:.4f} | "
+                f"{paper['throughput_change_frac']:+.3%}, {paper['cv']:.4f} | {entry['heldout_none']['cv']:.4f} | "
+                f"{'yes' if f['heldout_dominates_paper'] else 'no'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=60)
+    parser.add_argument("--workers", type=int, default=2)
+    default_sim = "paper_like" if (CONF_DIR / "cluster" / "paper_like.yaml").is_file() else "contended"
+    parser.add_argument("--profiles", nargs="+", default=["ar", "st", default_sim])
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        results = run(args.profiles, args.trials, args.workers, Path(tmp))
+    results["wall_s"] = time.perf_counter() - t0
+    out = HERE / "results"
+    atomic_write_text(out / "results.json", json.dumps(jsonable(results), indent=2) + "\n")
+    atomic_write_text(out / "results.md", markdown(results))
+    print(markdown(results))
+    print(f"total {results['wall_s']:.0f} s; results in {out}")
+
+
+if __name__ == "__main__":
+    main()
