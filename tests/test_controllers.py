@@ -194,7 +194,7 @@ def test_threshold_smoothing_predicts_persistent_straggler() -> None:
 
 
 def test_pid_terms_and_delay_mapping() -> None:
-    controller = PidController(setpoint_s=0.01, kp=0.5, ki=0.0, kd=0.0, output_limit_s=1.0)
+    controller = PidController(setpoint_s=0.01, kp=0.5, ki=0.0, kd=0.0, output_limit_s=1.0, smoothing=0.0, gain=1.0)
     controller.reset(3, RNG)
     delay = controller.act(make_observation([0.5, 0.4, 0.61])).delay_s  # spread 0.21, error 0.2
     diagnostics = controller.diagnostics()

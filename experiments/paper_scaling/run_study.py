@@ -10,7 +10,7 @@ Scenarios (all on the ``paper_like`` cluster profile, ``conf/cluster/paper_like.
 compute noise is calibrated so that no pacing gives CV ~0.22 at 64 ranks):
 
 - ``paper_like``: comm=contention: cross traffic on oversubscribed uplinks + early-arrival interference;
-- ``null``: the same compute noise, comm=null (fixed durations, no interference): pacing cannot gain;
+- ``null_model``: the same compute noise, comm=null (fixed durations, no interference): pacing cannot gain;
 - ``interference_only`` / ``cross_traffic_only``: one timing-dependent mechanism at a time;
 - ``small_scale``: the paper_like scenario at 4 and 8 ranks, where the paper saw a slight loss.
 
@@ -38,7 +38,7 @@ from pacectl.report import atomic_path, atomic_write_text
 SCALES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SCENARIOS: dict[str, tuple[list[str], tuple[int, ...]]] = {
     "paper_like": (["comm=contention"], SCALES),
-    "null": (["comm=null"], SCALES),
+    "null_model": (["comm=null"], SCALES),
     "interference_only": (["comm=contention", "cluster.cross_traffic.links=[]"], SCALES),
     "cross_traffic_only": (["comm=contention", "cluster.interference.kappa=0.0"], SCALES),
     "small_scale": (["comm=contention"], (4, 8)),
@@ -107,7 +107,7 @@ def plot(frame: pd.DataFrame, column: str, label: str, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(label)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"{label} vs scale (paper_like cluster; null = fixed durations, pacing cannot gain)")
+    fig.suptitle(f"{label} vs scale (paper_like cluster; null_model = fixed durations, pacing cannot gain)")
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
 

@@ -1,4 +1,4 @@
-"""PID pacing on the natural arrival spread.
+"""PID pacing on the realised arrival spread.
 
 Source: the structure of simple-pid (``simple_pid/pid.py``): integral clamp for anti-windup, derivative
 on measurement, injectable ``dt``; here ``dt`` comes from the observation, never from a clock.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pacectl.controllers.base import BaseController, FloatArray, check_float, earliness
+from pacectl.controllers.base import BaseController, FloatArray, check_float, earliness, ewma, relative_to_latest
 from pacectl.errors import ControllerError
 from pacectl.types import Observation
 
@@ -16,7 +16,10 @@ from pacectl.types import Observation
 class PidController(BaseController):
     """Track a spread setpoint with a PID whose output is a per-rank pacing budget.
 
-    Each iteration ``k``, with ``y_k`` the natural spread (max minus min natural arrival), seconds:
+    Each iteration ``k``, with ``y_k`` the realised arrival spread (max minus min arrival, pacing delays
+    included), seconds. Feeding back the realised spread closes the loop: pacing lowers ``y``, so the
+    integral settles where the delays hold the spread at the setpoint (the natural spread, which pacing
+    does not change, would only wind the integral up to its limit):
 
     - error ``e_k = y_k - setpoint_s`` (positive: too much spread, pace more);
     - ``p = kp * e_k``;
@@ -26,8 +29,11 @@ class PidController(BaseController):
       gives no derivative kick. Because the error is ``measurement - setpoint`` (more spread asks for
       more pacing), this equals ``kd * de/dt`` for a fixed setpoint; ``d = 0`` at the first iteration;
     - output ``u = clip(p + i + d, 0, output_limit_s)``, seconds;
-    - ``delay[r] = min(u, earliness[r])`` with ``earliness[r] = max(natural) - natural[r]`` of this
-      iteration: early ranks are delayed by up to ``u`` but never past the latest rank.
+    - ``delay[r] = min(u, gain * predicted[r])`` where ``predicted`` is the EWMA (weight ``smoothing`` on the
+      past) of ``earliness[r] = max(natural) - natural[r]``, shifted so the predicted-latest rank gets
+      zero: early ranks are delayed by up to ``u`` but never past the predicted latest rank. The
+      smoothing keeps the controller from chasing one iteration's noise (with ``smoothing = 0`` a rank
+      that happened to be early once is delayed next time, which on i.i.d. noise only costs time).
 
     ``dt`` is ``dt_s`` if given, else ``obs.iteration_time_s``.
 
@@ -39,11 +45,16 @@ class PidController(BaseController):
         kd: derivative gain, seconds, >= 0.
         output_limit_s: upper bound of the budget ``u``, seconds, > 0.
         dt_s: fixed time step in seconds (> 0), or ``None`` to use each observation's iteration time.
+        smoothing: EWMA weight of the previous earliness prediction, in [0, 1); 0 uses the last
+            observation only.
+        gain: fraction of the predicted earliness a rank may be delayed by, in (0, 1]; below 1 leaves
+            a margin for the prediction's error (a rank paced past the actual latest arrival costs time).
 
     Raises:
         ConfigError: a parameter is out of range.
 
-    Diagnostics: ``active`` (``u > 0``), ``p``, ``i``, ``d``, ``output_s``, ``error_s``, ``natural_spread_s``.
+    Diagnostics: ``active`` (``u > 0``), ``p``, ``i``, ``d``, ``output_s``, ``error_s``, ``natural_spread_s``
+    (here: the last realised spread ``y``).
 
     Example:
         >>> c = PidController(setpoint_s=0.005, kp=0.5, ki=0.1)
@@ -55,12 +66,14 @@ class PidController(BaseController):
     def __init__(
         self,
         *,
-        setpoint_s: float = 0.005,
+        setpoint_s: float = 0.02,
         kp: float = 0.5,
         ki: float = 0.1,
         kd: float = 0.0,
         output_limit_s: float = 0.1,
         dt_s: float | None = None,
+        smoothing: float = 0.8,
+        gain: float = 0.5,
     ) -> None:
         self.setpoint_s = check_float(self.name, "setpoint_s", setpoint_s, low=0.0)
         self.kp = check_float(self.name, "kp", kp, low=0.0)
@@ -68,11 +81,14 @@ class PidController(BaseController):
         self.kd = check_float(self.name, "kd", kd, low=0.0)
         self.output_limit_s = check_float(self.name, "output_limit_s", output_limit_s, low=0.0, low_open=True)
         self.dt_s = None if dt_s is None else check_float(self.name, "dt_s", dt_s, low=0.0, low_open=True)
+        self.smoothing = check_float(self.name, "smoothing", smoothing, low=0.0, high=1.0, high_open=True)
+        self.gain = check_float(self.name, "gain", gain, low=0.0, high=1.0, low_open=True)
 
     def _reset_state(self, num_ranks: int) -> None:
         self._p = self._i = self._d = 0.0
         self._output_s = self._error_s = 0.0
         self._last_spread_s: float | None = None
+        self._predicted: FloatArray | None = None
 
     def _act(self, obs: Observation, natural_arrival_s: FloatArray) -> FloatArray:
         dt = self.dt_s if self.dt_s is not None else float(obs.iteration_time_s)
@@ -82,14 +98,15 @@ class PidController(BaseController):
                 f"(controller {self.name!r}, iteration {obs.iteration}); set dt_s to use a fixed step"
             )
         early = earliness(natural_arrival_s)
-        spread = float(early.max())
+        spread = float(obs.arrival_s.max() - obs.arrival_s.min())
         self._error_s = spread - self.setpoint_s
         self._p = self.kp * self._error_s
         self._i = min(max(self._i + self.ki * self._error_s * dt, 0.0), self.output_limit_s)
         self._d = 0.0 if self._last_spread_s is None else self.kd * (spread - self._last_spread_s) / dt
         self._last_spread_s = spread
         self._output_s = min(max(self._p + self._i + self._d, 0.0), self.output_limit_s)
-        return np.minimum(early, self._output_s)
+        self._predicted = early if self._predicted is None else ewma(self._predicted, early, 1.0 - self.smoothing)
+        return np.minimum(self.gain * relative_to_latest(self._predicted), self._output_s)
 
     def _diagnostics(self) -> dict[str, float]:
         return {
