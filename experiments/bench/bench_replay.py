@@ -19,19 +19,17 @@ on this kind of machine (issue #2).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
+from _record import write_record
 
 from pacectl.backends.replay import ReplayBackend
 from pacectl.controllers import SafetyGuard, make_controller
 from pacectl.data import shipped_trace
 from pacectl.loop import run_episode
-from pacectl.report import atomic_write_text
 from pacectl.traces.bytedance import load_bytedance
 
 
@@ -78,10 +76,7 @@ def main() -> None:
             f"build {row['build_s'] * 1e3:.1f} ms | closed-loop episode {row['episode_s'] * 1e3:.1f} ms | "
             f"open-loop replay {row['open_loop_s'] * 1e3:.2f} ms"
         )
-    record = {"machine": platform.platform(), "python": platform.python_version(), "results": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(record, indent=2) + "\n")
-    print(f"written: {args.out}")
+    write_record(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -14,16 +14,14 @@ per-rank observation; the figure is the wall time of ``SimExperiment.run`` (draw
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 from pathlib import Path
 
+from _record import write_record
 from hydra import compose, initialize_config_dir
 
 from pacectl.config import CONF_DIR, controller_families
 from pacectl.experiment import SimExperiment
-from pacectl.report import atomic_write_text
 
 
 def main() -> None:
@@ -57,17 +55,13 @@ def main() -> None:
             f"({wall / args.iterations * 1e6:.0f} us/iteration)",
             flush=True,
         )
-    record = {
-        "machine": platform.platform(),
-        "python": platform.python_version(),
-        "ranks": args.ranks,
-        "iterations": args.iterations,
-        "scenario": "cluster=paper_like comm=contention",
-        "results": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(record, indent=2) + "\n")
-    print(f"written: {args.out}")
+    write_record(
+        args.out,
+        rows,
+        ranks=args.ranks,
+        iterations=args.iterations,
+        scenario="cluster=paper_like comm=contention",
+    )
 
 
 if __name__ == "__main__":

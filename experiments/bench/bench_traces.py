@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import platform
 import statistics
 import time
 import tracemalloc
@@ -31,8 +30,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from _record import write_record
+
 from pacectl.data import DATA_DIR
-from pacectl.report import atomic_write_text
 from pacectl.traces.kineto import import_kineto
 
 MIB = 2**20
@@ -118,10 +118,7 @@ def main() -> None:
             f"({r['s_per_mb'] * 1e3:.0f} ms/MB) | peak {r['peak_mib']:.1f} MiB ({r['peak_mib_per_mb']:.2f} MiB/MB; "
             f"json.load alone {r['json_load_peak_mib']:.1f} MiB)"
         )
-    record = {"machine": platform.platform(), "python": platform.python_version(), "results": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(record, indent=2) + "\n")
-    print(f"written: {args.out}")
+    write_record(args.out, rows)
 
 
 if __name__ == "__main__":

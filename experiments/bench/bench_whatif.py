@@ -13,15 +13,14 @@ Figures: median of ``--repeat`` runs, with and without loading and compiling the
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
+from _record import write_record
+
 from pacectl.backends.replay import ReplayBackend
 from pacectl.data import shipped_trace
-from pacectl.report import atomic_write_text
 from pacectl.traces.bytedance import load_bytedance
 from pacectl.whatif import analyze
 
@@ -57,10 +56,7 @@ def main() -> None:
             f"(load + compile + {row['num_replays']} replays), {row['analysis_s'] * 1e3:.0f} ms analysis only; "
             f"S = {row['blocking_slowdown']:.3f}"
         )
-    record = {"machine": platform.platform(), "python": platform.python_version(), "results": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(record, indent=2) + "\n")
-    print(f"written: {args.out}")
+    write_record(args.out, rows)
 
 
 if __name__ == "__main__":

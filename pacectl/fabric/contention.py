@@ -217,47 +217,6 @@ def _expand(patterns: tuple[str, ...], names: list[str]) -> list[int]:
     return out
 
 
-class AlphaBetaComm:
-    """Closed-form alpha-beta all-reduce cost (ring, tree or hierarchical); timing-independent."""
-
-    name = "alpha_beta"
-    timing_dependent = False
-
-    def __init__(
-        self,
-        topology: FatTree,
-        num_ranks: int,
-        *,
-        message_bytes: float,
-        algorithm: str = "ring",
-        alpha_inter_s: float = 5e-6,
-        alpha_intra_s: float = 2e-6,
-    ) -> None:
-        self._time = allreduce_s(
-            algorithm,
-            message_bytes,
-            num_ranks,
-            topology.ranks_per_node,
-            alpha_intra_s=alpha_intra_s,
-            bandwidth_intra_Bps=topology.nvlink_bandwidth_Bps,
-            alpha_inter_s=alpha_inter_s,
-            bandwidth_inter_Bps=topology.nic_bandwidth_Bps * topology.rails(),
-        )
-        self.description = (
-            f"alpha_beta ({algorithm} all-reduce of {message_bytes:.3g} B, closed form; max-plus)"
-        )
-
-    @property
-    def free_time_s(self) -> float:
-        """The closed-form duration, seconds."""
-        return self._time
-
-    def time_s(self, start_s: float) -> float:
-        """Same at any start time (no timing dependence)."""
-        del start_s
-        return self._time
-
-
 class FixedComm:
     """The null model for simulation: every all-reduce takes ``duration_s`` (max-plus)."""
 
@@ -276,9 +235,42 @@ class FixedComm:
         return self._time
 
     def time_s(self, start_s: float) -> float:
-        """Same at any start time."""
+        """Same at any start time (no timing dependence)."""
         del start_s
         return self._time
+
+
+class AlphaBetaComm(FixedComm):
+    """Closed-form alpha-beta all-reduce cost (ring, tree or hierarchical); timing-independent."""
+
+    name = "alpha_beta"
+    timing_dependent = False
+
+    def __init__(
+        self,
+        topology: FatTree,
+        num_ranks: int,
+        *,
+        message_bytes: float,
+        algorithm: str = "ring",
+        alpha_inter_s: float = 5e-6,
+        alpha_intra_s: float = 2e-6,
+    ) -> None:
+        super().__init__(
+            allreduce_s(
+                algorithm,
+                message_bytes,
+                num_ranks,
+                topology.ranks_per_node,
+                alpha_intra_s=alpha_intra_s,
+                bandwidth_intra_Bps=topology.nvlink_bandwidth_Bps,
+                alpha_inter_s=alpha_inter_s,
+                bandwidth_inter_Bps=topology.nic_bandwidth_Bps * topology.rails(),
+            )
+        )
+        self.description = (
+            f"alpha_beta ({algorithm} all-reduce of {message_bytes:.3g} B, closed form; max-plus)"
+        )
 
 
 @dataclass(frozen=True)
