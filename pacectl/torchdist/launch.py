@@ -40,6 +40,8 @@ def launch_workers(
     socket_ifname: str | None = "lo",
     omp_num_threads: int = 1,
     log_dir: str | None = None,
+    is_host: bool | None = None,
+    node_rank: int | None = None,
 ) -> dict[int, Any]:
     """Run :func:`pacectl.torchdist.worker.worker_main` on every rank via ``elastic_launch``.
 
@@ -54,6 +56,10 @@ def launch_workers(
         socket_ifname: ``GLOO_SOCKET_IFNAME`` for the workers (None: leave unset).
         omp_num_threads: ``OMP_NUM_THREADS`` for the workers.
         log_dir: where the workers' stdout/stderr go (default: a temporary directory).
+        is_host: whether this agent hosts the rendezvous store (None: torch decides from the
+            endpoint's host name; set True on one agent when the endpoint is a namespace address).
+        node_rank: use the ``static`` rendezvous (like ``torchrun --node-rank``) with this node's rank:
+            deterministic rank placement; node 0 hosts the store at ``rdzv_endpoint``.
 
     Returns:
         ``{global rank: worker return value}`` for the ranks of this agent.
@@ -74,10 +80,13 @@ def launch_workers(
         min_nodes=nnodes,
         max_nodes=nnodes,
         nproc_per_node=nproc_per_node,
-        run_id=f"pacectl-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
+        # every agent of one job must use the same run id: a fixed one for multi-node jobs
+        run_id=f"pacectl-{uuid.uuid4().hex[:8]}" if nnodes == 1 else "pacectl-multinode",
+        rdzv_backend="c10d" if node_rank is None else "static",
         rdzv_endpoint=rdzv_endpoint or f"127.0.0.1:{free_port()}",
-        rdzv_configs={"timeout": rdzv_timeout_s},
+        rdzv_configs={"timeout": rdzv_timeout_s}
+        | ({} if is_host is None else {"is_host": is_host})
+        | ({} if node_rank is None else {"rank": node_rank}),
         max_restarts=0,
         monitor_interval=0.05,
         start_method=start_method,
@@ -109,6 +118,8 @@ def _main() -> None:
     parser.add_argument("--rdzv", required=True, help="host:port of the c10d rendezvous")
     parser.add_argument("--local-addr", required=True)
     parser.add_argument("--ifname", default=None, help="GLOO_SOCKET_IFNAME")
+    parser.add_argument("--is-host", action="store_true", help="this agent hosts the rendezvous store")
+    parser.add_argument("--node-rank", type=int, default=None, help="static rendezvous with this node rank")
     args = parser.parse_args()
     with open(args.spec) as fh:
         spec = json.load(fh)
@@ -120,6 +131,9 @@ def _main() -> None:
             rdzv_endpoint=args.rdzv,
             local_addr=args.local_addr,
             socket_ifname=args.ifname,
+            is_host=True if args.is_host else None,
+            node_rank=args.node_rank,
+            start_method=str(spec.get("start_method", "spawn")),
         )
     except BackendError as err:
         raise SystemExit(f"pacectl.torchdist.launch: error: {err}") from None

@@ -1,0 +1,45 @@
+"""The emulated-fabric experiment runs end to end and leaves no namespace behind (``netns`` marker).
+
+Skips cleanly without root or iproute2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "netns_fabric" / "netns_fabric.py"
+
+
+def _owned_namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith("pcf-")]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root (network namespaces)")
+@pytest.mark.skipif(
+    shutil.which("ip") is None or shutil.which("tc") is None, reason="needs iproute2 (ip, tc)"
+)
+def test_netns_fabric_runs_and_cleans_up(tmp_path: Path) -> None:
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(SCRIPT), "--ranks", "2", "--iters", "6", "--width", "128",
+             "--controllers", "threshold", "--out", str(tmp_path), "--timeout-s", "90"],
+            capture_output=True, text=True, timeout=150, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result = json.loads((tmp_path / "netns_results.json").read_text())
+        assert set(result["runs"]) == {"none", "threshold"}
+        assert result["runs"]["none"]["iteration_time_mean_s"] > 0
+    finally:
+        assert _owned_namespaces() == []  # removed even on failure
