@@ -1,0 +1,263 @@
+"""An emulated fabric: one network namespace per rank, a bridge, a capped uplink, cross traffic.
+
+Run as root (needs iproute2 and ``tc``; ``netem`` is not needed)::
+
+    python experiments/netns_fabric/netns_fabric.py --ranks 4 --iters 60 --rate-mbit 200
+
+Topology (every address lives inside namespaces this script creates, and removes at the end even on
+failure or Ctrl-C):
+
+- ``pcf-hub``: a bridge ``pcbr`` (no address);
+- ``pcf-r<i>`` (one per rank): ``pceth`` = 10.77.0.<10+i>/24, a veth to the bridge;
+- ``pcf-x``: the cross-traffic sender, 10.77.0.200/24, also on the bridge;
+- the "uplink" of rank 0 is capped with ``tc tbf`` in both directions (its veth's egress inside
+  ``pcf-r0``, and the bridge port's egress in ``pcf-hub``): an oversubscribed link / slow NIC;
+- cross traffic: a bounded TCP blaster from ``pcf-x`` to a sink in ``pcf-r0`` (on/off bursts,
+  seeded), through the same capped link, during the whole job.
+
+Each rank is one elastic agent (``python -m pacectl.torchdist.launch``, one process per namespace,
+c10d rendezvous on 10.77.0.10). Every controller of ``--controllers`` runs in the same job after no
+pacing, on the same seed and straggler schedule. Results (``metrics.summarize`` per run,
+``vs_baseline``) go to ``--out`` (default ``results/``) as ``netns_results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PREFIX = "pcf-"
+SUBNET = "10.77.0"
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+
+def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run one command (no shell), return its result."""
+    return subprocess.run(list(args), check=check, capture_output=True, text=True, timeout=30)
+
+
+def preflight() -> str | None:
+    """Why this machine cannot run the fabric, or None if it can."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"needs iproute2 ({tool} not found)"
+    return None
+
+
+def namespaces() -> list[str]:
+    """Namespaces this script owns (by prefix) that exist now."""
+    out = sh("ip", "netns", "list", check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
+
+
+def cleanup() -> None:
+    """Delete every namespace this script created (their veths and bridge go with them)."""
+    for ns in namespaces():
+        sh("ip", "netns", "del", ns, check=False)
+
+
+def build(num_ranks: int, rate_mbit: float) -> None:
+    """Create the namespaces, the bridge, the veths, addresses and the tbf caps."""
+    hub = f"{PREFIX}hub"
+    sh("ip", "netns", "add", hub)
+    sh("ip", "-n", hub, "link", "add", "pcbr", "type", "bridge")
+    sh("ip", "-n", hub, "link", "set", "pcbr", "up")
+    sh("ip", "-n", hub, "link", "set", "lo", "up")
+    members = [(f"{PREFIX}r{i}", f"{SUBNET}.{10 + i}", f"pcp{i}") for i in range(num_ranks)]
+    members.append((f"{PREFIX}x", f"{SUBNET}.200", "pcpx"))
+    for ns, addr, port in members:
+        sh("ip", "netns", "add", ns)
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        # create the pair inside the member namespace, then move the bridge end to the hub
+        sh("ip", "-n", ns, "link", "add", "pceth", "type", "veth", "peer", "name", port)
+        sh("ip", "-n", ns, "link", "set", port, "netns", hub)
+        sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "pceth")
+        sh("ip", "-n", ns, "link", "set", "pceth", "up")
+        sh("ip", "-n", hub, "link", "set", port, "master", "pcbr")
+        sh("ip", "-n", hub, "link", "set", port, "up")
+    rate = f"{rate_mbit:g}mbit"
+    for ns, dev in ((f"{PREFIX}r0", "pceth"), (hub, "pcp0")):
+        sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+           "rate", rate, "burst", "64kb", "latency", "50ms")  # fmt: skip
+
+
+SINK = r"""
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 5201)); s.listen(1); s.settimeout(float(sys.argv[2]))
+deadline = time.time() + float(sys.argv[2])
+try:
+    c, _ = s.accept(); c.settimeout(1.0)
+    while time.time() < deadline:
+        try:
+            if not c.recv(1 << 16): break
+        except socket.timeout: pass
+except OSError: pass
+"""
+
+BLASTER = r"""
+import random, socket, sys, time
+host, duration, on_s, off_s, max_bytes, seed = sys.argv[1], *map(float, sys.argv[2:7])
+rng = random.Random(int(seed)); chunk = b"x" * (1 << 16); sent = 0
+deadline = time.time() + duration
+for _ in range(50):
+    try: c = socket.create_connection((host, 5201), timeout=2); break
+    except OSError: time.sleep(0.1)
+else: sys.exit(0)
+while time.time() < deadline and sent < max_bytes:
+    burst_end = time.time() + rng.uniform(0.5, 1.5) * on_s
+    while time.time() < min(burst_end, deadline) and sent < max_bytes:
+        sent += c.send(chunk)
+    time.sleep(rng.uniform(0.5, 1.5) * off_s)
+c.close()
+"""
+
+
+def run_job(
+    args: argparse.Namespace, controllers: list[tuple[str, dict[str, Any]]], work: Path
+) -> dict[str, Any]:
+    """Start one agent per rank namespace (and the cross traffic), wait, collect the episodes."""
+    from pacectl import metrics
+    from pacectl.config import CONF_DIR
+
+    record_dir = work / "records"
+    import yaml
+
+    torch_cfg = yaml.safe_load((CONF_DIR / "backend" / "torch.yaml").read_text())
+    workload = {**torch_cfg["workload"], "num_iterations": args.iters, "warmup_iterations": 5}
+    workload["width"] = args.width
+    spec = {
+        "runs": [[f, p] for f, p in controllers],
+        "seed": args.seed,
+        "name": f"netns-{args.ranks}r-{args.rate_mbit:g}mbit",
+        "workload": workload,
+        "straggler": {**torch_cfg["straggler"], "prob": args.straggler_prob},
+        "guard": {"max_delay_frac": 0.5, "window_iters": 32, "max_delay_s": None},
+        "pacing": {**torch_cfg["pacing"]},
+        "pg_timeout_s": 60.0,
+        "record_dir": str(record_dir),
+        "comm_model": f"live-gloo-netns-tbf{args.rate_mbit:g}mbit",
+        "threads": 1,
+        "start_method": "spawn",
+    }
+    spec_path = work / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    procs: list[subprocess.Popen[bytes]] = []
+    budget_s = args.timeout_s
+    try:
+        if args.cross_mbit_on_s > 0:
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", f"{PREFIX}r0", sys.executable, "-c", SINK, f"{SUBNET}.10", str(budget_s)]))  # fmt: skip
+            time.sleep(0.3)
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", f"{PREFIX}x", sys.executable, "-c", BLASTER, f"{SUBNET}.10", str(budget_s),
+                 str(args.cross_mbit_on_s), str(args.cross_off_s), str(20e9), str(args.seed)]))  # fmt: skip
+        agents = []
+        for i in range(args.ranks):
+            cmd = ["ip", "netns", "exec", f"{PREFIX}r{i}", sys.executable, "-m", "pacectl.torchdist.launch",
+                   "--spec", str(spec_path), "--nnodes", str(args.ranks), "--rdzv", f"{SUBNET}.10:29500",
+                   "--local-addr", f"{SUBNET}.{10 + i}", "--ifname", "pceth", "--node-rank", str(i)]  # fmt: skip
+            log = open(work / f"agent{i}.log", "wb")  # noqa: SIM115 - closed with the process
+            agents.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+            procs.append(agents[-1])
+        deadline = time.time() + budget_s
+        try:
+            for a in agents:
+                a.wait(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            pass
+        codes = [a.poll() for a in agents]
+        if any(c != 0 for c in codes):
+            tails = "\n".join(
+                (work / f"agent{i}.log").read_text(errors="replace")[-1500:] for i in range(args.ranks)
+            )
+            raise RuntimeError(f"agents exited with {codes}:\n{tails}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    runs, vs = {}, {}
+    for family, _ in controllers:
+        with open(record_dir / f"{family}.episode.pkl", "rb") as fh:
+            data = pickle.load(fh)
+        runs[family] = metrics.summarize(data["episode"])
+        runs[family]["gather_median_s"] = float(sorted(data["gather_s"])[len(data["gather_s"]) // 2])
+    for family in runs:
+        if family != "none":
+            vs[family] = metrics.compare(runs["none"], runs[family])
+    return {"spec": spec, "runs": runs, "vs_baseline": vs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--iters", type=int, default=60)
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--rate-mbit", type=float, default=200.0)
+    parser.add_argument("--cross-mbit-on-s", type=float, default=0.3, help="mean burst length, s (0: none)")
+    parser.add_argument("--cross-off-s", type=float, default=0.3, help="mean pause between bursts, s")
+    parser.add_argument("--straggler-prob", type=float, default=0.3)
+    parser.add_argument("--controllers", default="threshold,pid,ewma,quantile")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout-s", type=float, default=900.0)
+    parser.add_argument("--out", default=str(HERE / "results"))
+    args = parser.parse_args(argv)
+    reason = preflight()
+    if reason:
+        print(f"netns_fabric: skipped: {reason}", file=sys.stderr)
+        return 77
+    sys.path.insert(0, str(REPO))
+    from omegaconf import OmegaConf
+
+    from pacectl.config import CONF_DIR, controller_params
+
+    controllers: list[tuple[str, dict[str, Any]]] = [("none", {})]
+    for fam in [c for c in args.controllers.split(",") if c and c != "none"]:
+        controllers.append(controller_params(OmegaConf.load(CONF_DIR / "controller" / f"{fam}.yaml")))  # type: ignore[arg-type]
+
+    def on_signal(signum: int, frame: Any) -> None:
+        cleanup()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    cleanup()  # leftovers of an earlier crash
+    t0 = time.time()
+    try:
+        build(args.ranks, args.rate_mbit)
+        with tempfile.TemporaryDirectory(prefix="pcf-") as tmp:
+            result = run_job(args, controllers, Path(tmp))
+    finally:
+        cleanup()
+    result["wall_time_s"] = time.time() - t0
+    result["topology"] = (
+        f"{args.ranks} ranks, one netns each, on a bridge; rank-0 link capped at {args.rate_mbit:g} Mbit/s "
+        f"(tc tbf both ways); cross traffic TCP bursts (~{args.cross_mbit_on_s}s on / ~{args.cross_off_s}s off) "
+        "from a fifth namespace to a sink in rank 0's namespace"
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "netns_results.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
+    for fam, s in result["runs"].items():
+        print(f"{fam:10s} mean {s['iteration_time_mean_s']:.4f}s p99 {s['iteration_time_p99_s']:.4f}s "
+              f"cv {s['cv']:.3f} spread p50 {s['spread_median_s']:.4f}s delay {s['pacing_delay_total_s']:.3f}s")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
