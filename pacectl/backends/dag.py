@@ -17,7 +17,9 @@ Dependency model (after Lin et al., OSDI 2025, section 4, rewritten for pacectl)
 - after the last compute: ``gc -> layernorm-grads-all-reduce -> embedding-grads-all-reduce
   (first and last stage) -> grads-reduce-scatter... -> optimizer-clip-main-grad -> optimizer``;
   gradient buckets recorded while compute was still running (DDP-style overlap) are instead posted
-  after the compute op that ended last before them, in bucket order.
+  after the compute op that ended last before them; a bucket waits for the previous one only if the
+  recording shows them one after the other (NCCL's single stream), not when they overlap (gloo's
+  worker threads); what follows waits for every bucket.
 
 Synchronisation groups: a p2p pair; ``embedding-grads-all-reduce`` of the first and last stage;
 ``params-all-gather`` and ``grads-reduce-scatter`` across the DP ranks of a stage (``dp_sync``);
@@ -255,7 +257,9 @@ def _dependency_model(
         last_end = end[comp].max() if len(comp) else -np.inf
         buckets = nodes(s, "grads-reduce-scatter")
         overlapped = buckets[start[buckets] + _EPS_S < last_end]
-        chain(overlapped)
+        for prev, v in zip(overlapped[:-1], overlapped[1:], strict=True):
+            if start[v] + _EPS_S >= end[prev]:  # recorded one after the other: a serial stream
+                deps[int(v)].append(int(prev))  # (else concurrent, e.g. gloo's worker threads)
         for v in overlapped:
             before = comp[end[comp] <= start[v] + _EPS_S]
             if len(before):
@@ -267,8 +271,7 @@ def _dependency_model(
         for t in ("optimizer-clip-main-grad", "optimizer"):
             tail.extend(int(v) for v in nodes(s, t))
         last = [int(comp[np.argmax(end[comp])])] if len(comp) else []
-        if len(overlapped):
-            last.append(int(overlapped[-1]))
+        last.extend(int(v) for v in overlapped)  # the clip all-reduce waits for every bucket
         chain(tail, last)
         for t in ("params-all-gather", "grads-reduce-scatter"):
             for v in nodes(s, t):
