@@ -372,13 +372,13 @@ def _table_rows(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> li
         rows.append(
             [
                 run,
-                _fmt(s.get("throughput_it_per_s"), ".4g"),
+                _fmt(s.get("throughput_it_per_s"), "#.4g"),
                 delta,
-                _fmt(s.get("iteration_time_mean_s"), ".4g"),
-                _fmt(s.get("iteration_time_p99_s"), ".4g"),
+                _fmt(s.get("iteration_time_mean_s"), "#.4g"),
+                _fmt(s.get("iteration_time_p99_s"), "#.4g"),
                 _fmt(s.get("cv"), ".3f"),
-                _fmt(s.get("spread_median_s"), ".4g"),
-                _fmt(s.get("pacing_delay_total_s"), ".4g"),
+                _fmt(s.get("spread_median_s"), "#.4g"),
+                _fmt(s.get("pacing_delay_total_s"), "#.4g"),
                 _fmt(None if active is None else 100.0 * active, ".1f"),
             ]
         )
