@@ -15,7 +15,7 @@ Examples::
     python -m pacectl.run analysis=whatif                   # what do stragglers cost, who causes it
     python -m pacectl.run --help                            # every config group and key
 
-The communication model is part of every result. Under the null model (``comm=recorded``) durations
+The communication model is part of every result. Under the null model (``comm=null``) durations
 are fixed, so pacing can only keep or lengthen iterations; any gain needs a timing-dependent model.
 """
 
