@@ -259,3 +259,16 @@ def validate_run_config(cfg: DictConfig) -> None:
                 f"controller=all runs every family with its own conf/controller/<family>.yaml, so it takes no "
                 f"parameters, got {extra}. Pick one family to set them, e.g. controller=pid controller.kp=0.8"
             )
+
+
+def config_int(value: object, key: str, *, low: int = 1) -> int:
+    """An integer setting ``>= low``, or a ConfigError naming ``key`` (Hydra passes strings through).
+
+    Raises:
+        ConfigError: not an integer (``True``/``1.5``/``"abc"``), or below ``low``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key} must be an integer >= {low}, got {value!r}")
+    if value < low:
+        raise ConfigError(f"{key} must be an integer >= {low}, got {value!r}")
+    return value

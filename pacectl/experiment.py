@@ -10,13 +10,14 @@ tuning never import torch.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from omegaconf import DictConfig
 
-from pacectl.config import controller_factory, load_trace, make_comm_model
+from pacectl.config import config_int, controller_factory, load_trace, make_comm_model
 from pacectl.errors import ConfigError
 from pacectl.traces.model import OpTrace
 from pacectl.types import Episode
@@ -127,11 +128,11 @@ class SimExperiment:
         self.cfg = cfg
         cluster = _container(cfg.cluster)
         self.cluster_name = str(cluster.get("name", "?"))
-        num_ranks = int(cfg.backend.num_ranks)
+        num_ranks = config_int(cfg.backend.num_ranks, "backend.num_ranks")
         comm, interference = sim_fabric(cluster, cfg.get("comm"), num_ranks)
         self.backend = SimBackend(
             num_ranks=num_ranks,
-            num_iterations=int(cfg.backend.num_iterations),
+            num_iterations=config_int(cfg.backend.num_iterations, "backend.num_iterations"),
             compute=compute_from(cluster),
             comm=comm,
             interference=interference,
@@ -198,5 +199,10 @@ def make_experiment(cfg: DictConfig) -> Experiment:
     if name not in EXPERIMENTS:
         raise ConfigError(f"backend.name must be one of {sorted(EXPERIMENTS)}, got {name!r}")
     module, cls = EXPERIMENTS[name].split(":")
+    if name == "torch" and importlib.util.find_spec("torch") is None:
+        raise ConfigError(
+            "backend=torch needs PyTorch, which is not installed: pip install torch==2.13.0 (the CPU wheel "
+            "on these machines) or pip install -e '.[torch]'; replay and sim need no torch"
+        )
     factory: Callable[[DictConfig], Experiment] = getattr(importlib.import_module(module), cls)
     return factory(cfg)

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -332,3 +333,26 @@ def compare(baseline: dict[str, Any], other: dict[str, Any]) -> dict[str, float]
         ),
         "cv_change": float(other["cv"]) - float(baseline["cv"]),
     }
+
+
+def paired_change_ci95_frac(baseline: Episode, other: Episode) -> float:
+    """Half-width of the 95 % confidence interval of the mean iteration-time change, as a fraction.
+
+    Both runs see the same iterations (same trace steps, seed or straggler schedule), so the test is
+    paired: ``d_k = t_other[k] - t_base[k]``, half-width ``1.96 * std(d, ddof=1) / sqrt(n)``, divided by
+    the baseline mean (normal approximation; Student's t would widen it slightly for n < 30). A change
+    smaller than this is indistinguishable from run-to-run noise. It bounds the throughput change to
+    first order too.
+
+    Args:
+        baseline: the reference run (no pacing).
+        other: the run to judge.
+
+    Returns:
+        The half-width (>= 0), or NaN when the runs differ in length or have fewer than 2 iterations.
+    """
+    n = baseline.num_iterations
+    if n != other.num_iterations or n < 2:
+        return math.nan
+    d = other.iteration_time_s - baseline.iteration_time_s
+    return float(1.96 * d.std(ddof=1) / math.sqrt(n) / baseline.iteration_time_s.mean())

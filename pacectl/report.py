@@ -32,7 +32,8 @@ from pacectl.types import Episode
 
 NULL_MODEL_NOTE = "fixed durations: pacing cannot shorten an iteration"
 
-COLUMNS_NOTE = """Columns: throughput = iterations / total time; Δthroughput against no pacing; mean and p99 \
+COLUMNS_NOTE = """Columns: throughput = iterations / total time; Δthroughput against no pacing, ± the 95 % confidence half-width of the \
+paired per-iteration difference (a change inside it is noise); mean and p99 \
 iteration time; CV = std / mean of iteration time (population std); spread p50 = median over \
 iterations and pacing domains of the arrival spread (latest minus earliest arrival at the paced \
 collective; the plot shows the worst domain per iteration); delay total = pacing delay summed over \
@@ -316,18 +317,17 @@ def plot_spread(path: str | os.PathLike[str], episodes: Mapping[str, Episode]) -
             ax.plot(x, metrics.spread_s(ep).max(axis=1), lw=1.0, label="spread (paced)")
             ax.plot(x, metrics.natural_spread_s(ep).max(axis=1), lw=0.8, ls="--", label="spread (natural)")
             active = np.asarray(ep.pacing_active, np.bool_).any(axis=1)
-            ax.fill_between(
-                x,
-                0.0,
-                1.0,
-                where=active,
-                step="mid",
-                transform=ax.get_xaxis_transform(),
-                color="tab:orange",
-                alpha=0.15,
-                lw=0,
-                label="pacing active",
-            )
+            # one shaded band per run of active iterations, each iteration k covering [k - 0.5, k + 0.5]
+            edges = np.flatnonzero(np.diff(np.concatenate(([0], active.astype(np.int8), [0]))))
+            for i, (lo, hi) in enumerate(zip(edges[::2], edges[1::2], strict=True)):
+                ax.axvspan(
+                    lo - 0.5,
+                    hi - 0.5,
+                    color="tab:orange",
+                    alpha=0.15,
+                    lw=0,
+                    label="pacing active" if i == 0 else None,
+                )
             ax.legend(loc="upper right", fontsize="small")
         ax.set_title(f"{run} (controller: {ep.controller})", fontsize="medium")
         ax.set_ylabel("max spread (s)")
@@ -368,6 +368,9 @@ def _table_rows(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> li
             delta = "n/a"
         else:
             delta = _fmt(100.0 * (s["throughput_it_per_s"] / base["throughput_it_per_s"] - 1.0), "+.2f")
+            ci = s.get("throughput_change_ci95_frac")
+            if ci is not None and math.isfinite(ci):
+                delta += f" ±{100.0 * ci:.2f}"
         active = s.get("pacing_active_frac")
         rows.append(
             [

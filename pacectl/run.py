@@ -60,6 +60,11 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     summary: dict[str, Any] = experiment.describe()
     episodes = {family: experiment.run(family, params) for family, params in families.items()}
     summaries = {name: metrics.summarize(ep) for name, ep in episodes.items()}
+    for name, ep in episodes.items():
+        if name != BASELINE:
+            summaries[name]["throughput_change_ci95_frac"] = metrics.paired_change_ci95_frac(
+                episodes[BASELINE], ep
+            )
     summary.update(
         {
             "backend": experiment.backend_name,
@@ -74,6 +79,8 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
                 if name != BASELINE
             },
             "controller_params": dict(families),
+            "controller_file": cfg.get("controller_file"),
+            "cluster": cfg.cluster.get("name"),
             "seed": int(cfg.seed),
         }
     )

@@ -300,6 +300,7 @@ def run_tuning(cfg: DictConfig, out_dir: Path, *, echo: Callable[[str], None] = 
         "dashboard": spec.dashboard_command(),
         "family": family,
         "profile": scenarios.profile,
+        "run_overrides": run_overrides(scenarios.descriptor),
         "scenarios": {
             "kind": scenarios.kind,
             "labels": scenarios.labels,
@@ -382,6 +383,31 @@ def run_tuning(cfg: DictConfig, out_dir: Path, *, echo: Callable[[str], None] = 
     )
 
 
+def run_overrides(descriptor: dict[str, Any]) -> str:
+    """``python -m pacectl.run`` overrides that evaluate the episodes a study tuned on (its first trace,
+    or its simulated cluster), so the exported controller is tried where it was tuned."""
+    comm = descriptor.get("comm") or "null"
+    profile = descriptor.get("profile", "generic")
+    if descriptor.get("kind") == "sim":
+        backend = descriptor.get("backend", {})
+        return f"backend=sim cluster={profile} comm={comm} backend.num_ranks={backend.get('num_ranks')}"
+    trace = (descriptor.get("traces") or [{}])[0]
+    name = str(trace.get("name") or "")
+    if (
+        trace.get("format") == "bytedance"
+        and name.upper() in ("AR", "ST")
+        and "pacectl/data" in str(trace.get("path"))
+    ):
+        parts = [f"trace={name.lower()}"]
+    else:
+        parts = [f"trace={trace.get('format')}", f"trace.path={trace.get('path')}"]
+        if trace.get("meta"):
+            parts.append(f"trace.meta={trace.get('meta')}")
+    if comm != "null":
+        parts += [f"comm={comm}", f"cluster={profile}"]
+    return " ".join(parts)
+
+
 def _json(value: Any) -> str:
     import json
 
@@ -411,8 +437,10 @@ def _hydra_main(cfg: DictConfig) -> None:
     if "note" in s:
         print(f"note: {s['note']}")
     print(f"outputs: {out_dir} (pareto.json, pareto.png, controller.yaml, tune.json)")
-    print(f"use it:  python -m pacectl.run controller_file={out_dir / 'controller.yaml'}")
-    print(f"inspect: {result.storage.dashboard_command()}")
+    print(
+        f"use it:  python -m pacectl.run controller_file={out_dir / 'controller.yaml'} {s['run_overrides']}"
+    )
+    print(f"inspect: {result.storage.dashboard_command()}   (pip install optuna-dashboard)")
 
 
 def _fail(message: str) -> None:

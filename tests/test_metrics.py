@@ -185,3 +185,16 @@ def test_wait_fraction_in_unit_interval_when_wait_within_iteration(ep, data):
     scale = data.draw(hnp.arrays(np.float64, ep.arrival_s.shape, elements=st.floats(0.0, 1.0)))
     waited = make_episode(ep.arrival_s, domain_of_rank=ep.domain_of_rank, wait_s=scale * it_time[:, None])
     assert 0.0 <= metrics.wait_fraction(waited) <= 1.0
+
+
+def test_paired_change_ci95_frac() -> None:
+    import math
+
+    from pacectl.metrics import paired_change_ci95_frac
+
+    base = make_episode([[0.0, 0.1]] * 4, iteration_time_s=[1.0, 1.0, 1.0, 1.0])
+    other = make_episode([[0.0, 0.1]] * 4, iteration_time_s=[1.1, 0.9, 1.1, 0.9])
+    d = np.array([0.1, -0.1, 0.1, -0.1])
+    assert paired_change_ci95_frac(base, other) == pytest.approx(1.96 * d.std(ddof=1) / 2.0)
+    assert paired_change_ci95_frac(base, base) == 0.0
+    assert math.isnan(paired_change_ci95_frac(base, make_episode([[0.0, 0.1]] * 3)))

@@ -26,6 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pacectl import metrics
+from pacectl.config import config_int
 from pacectl.errors import ConfigError
 from pacectl.experiment import Experiment, make_experiment
 
@@ -189,8 +190,8 @@ def build_scenarios(cfg: DictConfig, *, seeds: Sequence[int] | None = None) -> S
             raise ConfigError("tune.sim.seeds must list at least one seed, got []")
         backend = {
             "name": "sim",
-            "num_ranks": int(sim.num_ranks),
-            "num_iterations": int(sim.num_iterations),
+            "num_ranks": config_int(sim.num_ranks, "tune.sim.num_ranks"),
+            "num_iterations": config_int(sim.num_iterations, "tune.sim.num_iterations"),
             "record": False,
         }
         for seed in run_seeds:
