@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -259,8 +260,14 @@ def main(argv: list[str] | None = None) -> int:
             warnings.simplefilter("ignore")  # warnings are printed by the commands themselves
             return int(args.func(args))
     except PacectlError as err:
-        print(f"error: {err}", file=sys.stderr)
+        message = str(err).replace(
+            "Use trace=bytedance trace.path=... trace.meta=...", "Use --format bytedance --meta <meta.yaml>"
+        )
+        print(f"error: {message}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader went away (``| head``): not an error of the trace
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except (OSError, MemoryError) as err:
         print(f"error: could not read the trace: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
