@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from pacectl.controllers.base import BaseController, FloatArray, check_float, earliness, ewma, relative_to_latest
+from pacectl.controllers.base import (
+    BaseController,
+    FloatArray,
+    check_float,
+    earliness,
+    ewma,
+    relative_to_latest,
+)
 from pacectl.errors import ControllerError
 from pacectl.types import Observation
 
