@@ -66,7 +66,9 @@ class CrossTraffic:
             every leaf uplink.
         rate_frac: demand of each cross flow as a fraction of its link's capacity, in (0, 1] (a
             greedy bulk transfer is 1).
-        on_s: seconds on per period, >= 0.
+        on_s: seconds on per period, >= 0. Bursts of other jobs' bulk transfers (checkpoint writes, data
+            ingest) last from sub-second to minutes; production shared-fabric measurements in Gopalan
+            and Ali motivate on/off cross traffic, the scenario files pick the values.
         off_s: seconds off per period, >= 0 (0 = always on).
         stagger: phase offset between successive links as a fraction of the period, so that links
             do not switch in lockstep.
@@ -101,9 +103,12 @@ class ContentionComm:
     Args:
         topology: the cluster.
         num_ranks: ranks in the job (ranks fill nodes in order).
-        message_bytes: gradient bytes per rank per iteration.
-        alpha_inter_s: network per-message latency, seconds (about 5 us for RDMA through two switch hops).
-        alpha_intra_s: NVLink per-message latency, seconds.
+        message_bytes: gradient bytes per rank per iteration (2 bytes per parameter for bf16 gradients:
+            2e9 B for a 1B-parameter model).
+        alpha_inter_s: network per-message latency, seconds: about 5 us end to end for RDMA through two
+            switch hops (NIC plus switch port-to-port latencies of ConnectX-7 / Spectrum class
+            datasheets, plus NCCL's protocol overhead as measured by nccl-tests small-message runs).
+        alpha_intra_s: NVLink per-message latency, seconds (about 2 us, nccl-tests intra-node).
         cross_traffic: the other jobs' traffic.
     """
 
