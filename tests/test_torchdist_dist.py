@@ -120,8 +120,13 @@ def test_a_killed_rank_ends_the_job_with_a_clear_error(tmp_path) -> None:
     assert time.perf_counter() - t0 < 30.0
 
 
-def test_runtime_control_in_process(tmp_path) -> None:
-    """One in-process gloo rank: the watched file switches pacing off, then retunes, without restart."""
+@pytest.mark.parametrize("gather", ["piggyback", "collective"])
+def test_runtime_control_in_process(tmp_path, gather: str) -> None:
+    """One in-process gloo rank: the watched file switches pacing off, then retunes, without restart.
+
+    A change polled at the end of iteration k is applied at the end of k (collective mode) or of
+    k + 1 (piggyback: the version rides on the next iteration's first collective).
+    """
     import torch.distributed as dist
 
     from pacectl.torchdist.core import DecisionEngine
@@ -135,9 +140,10 @@ def test_runtime_control_in_process(tmp_path) -> None:
     try:
         control = tmp_path / "pacing.json"
         engine = DecisionEngine("threshold", {}, {}, num_ranks=1, seed=0)
-        pacer = Pacer(engine, control_path=control, control_poll_iters=1)
+        pacer = Pacer(engine, gather=gather, control_path=control, control_poll_iters=1)
         all_reduce = PacedAllReduce(pacer, collectives_per_iteration=2)
         grad = torch.ones(8)
+        lag = 1 if gather == "piggyback" else 0
         for k in range(6):
             if k == 2:
                 control.write_text(json.dumps({"enabled": False}))
@@ -145,10 +151,13 @@ def test_runtime_control_in_process(tmp_path) -> None:
                 control.write_text(json.dumps({"enabled": True, "controller": {"name": "pid", "kp": 0.2}}))
             all_reduce(grad)
             all_reduce(grad)
-            if k == 2:
+            if k == 2 + lag:
                 assert not engine.controller.enabled and engine.version == 1
+        pacer.flush()
         assert engine.version == 2 and engine.name == "pid" and engine.controller.enabled
+        assert torch.equal(grad, torch.ones(8))  # world of 1: the carried figures never leak into grad
         assert len(pacer.observations) == 6 and len(pacer.marks) == 6
+        assert [o.iteration for o in pacer.observations] == list(range(6))
         assert all(len(m["enter_s"]) == 2 for m in pacer.marks)
     finally:
         dist.destroy_process_group()

@@ -10,7 +10,13 @@ One line for any DDP loop::
     from pacectl.torchdist.core import DecisionEngine
     from pacectl.torchdist.pacer import Pacer
     engine = DecisionEngine("threshold", {}, {"max_delay_frac": 0.5}, num_ranks=world, seed=0)
-    Pacer(engine, control_path="pacing.json").attach(ddp_model)
+    pacer = Pacer(engine, control_path="pacing.json").attach(ddp_model)
+    ...                 # training loop unchanged
+    pacer.flush()       # every rank, at the end: decide on the figures still in flight
+
+The skew figures ride on the gradient all-reduce by default (``gather="piggyback"``: no extra
+collective, decisions one iteration more stale); ``gather="collective"`` uses one tiny all-reduce
+per iteration instead. See :mod:`pacectl.torchdist.pacer`.
 """
 
 from __future__ import annotations

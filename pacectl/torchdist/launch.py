@@ -96,7 +96,7 @@ def launch_workers(
     try:
         return dict(elastic_launch(config, worker_main)(spec))
     except ChildFailedError as err:
-        rank, failure = err.get_first_failure()
+        rank, failure = _root_failure(err.failures)
         message: Any = failure.message
         if isinstance(message, dict):
             message = message.get("message", json.dumps(message))
@@ -108,6 +108,42 @@ def launch_workers(
             f"{detail.strip()[:2000] or 'no error message (killed, or exited without a Python error)'}. "
             "A dead rank ends the job within backend.pg_timeout_s."
         ) from err
+
+
+#: Error text of a rank that failed because a peer did (dead connection, collective timeout).
+_PEER_ERROR_MARKS = (
+    "by peer",
+    "connection closed",
+    "connection reset",
+    "timed out",
+    "timeout",
+    "broken pipe",
+)
+
+
+def is_peer_error(text: str) -> bool:
+    """Whether an error message only reports a lost peer or a collective timeout."""
+    lowered = text.lower()
+    return any(m in lowered for m in _PEER_ERROR_MARKS)
+
+
+def _root_failure(failures: dict[int, Any]) -> tuple[int, Any]:
+    """The failure most likely to be the cause: ``(global rank, ProcessFailure)``.
+
+    torch's ``get_first_failure`` takes the earliest timestamp, but timestamps have a 1 s
+    resolution, and a rank that died without a Python error (crash, ``os._exit``, signal) is stamped
+    when the agent notices it, after its peers already raised "connection reset by peer". So ranks
+    whose error only reports a lost peer or a timeout (or that the agent terminated) come last,
+    then the earliest timestamp, then the lowest rank.
+    """
+
+    def secondary(failure: Any) -> bool:
+        message = failure.message
+        text = json.dumps(message) if isinstance(message, dict) else str(message)
+        return failure.exitcode == -15 or is_peer_error(text)
+
+    rank = min(failures, key=lambda r: (secondary(failures[r]), failures[r].timestamp, r))
+    return rank, failures[rank]
 
 
 def _main() -> None:

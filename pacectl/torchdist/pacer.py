@@ -9,17 +9,36 @@ Per iteration, on every rank:
    - CUDA/NCCL: a device-side wait, ``torch.cuda._sleep(cycles)`` on a side "pacing" stream that the
      collective is issued on; the host and the compute stream are not blocked.
    Then record ``enter``; the future's completion records ``exit``.
-2. At the end of the gradient sync (an autograd-engine callback queued by the hook, before DDP's own
-   finalisation), gather the per-rank figures :data:`~pacectl.torchdist.core.GATHER_FIELDS` with one
-   tiny sum all-reduce of one-hot rows (an exact all-gather: every rank gets the bit-identical table).
-   The ranks have just left the last bucket together, so this adds its latency but no waiting. Every
-   rank then builds the same :class:`~pacectl.types.Observation` and runs the same guarded controller
-   (:class:`~pacectl.torchdist.core.DecisionEngine`): identical decisions, nobody waits for one.
-   ``gather_every = k`` gathers k iterations at once (cheaper, decisions k iterations stale).
+2. Exchange the per-rank figures :data:`~pacectl.torchdist.core.GATHER_FIELDS` of the iteration as
+   one-hot rows (:func:`~pacectl.torchdist.core.one_hot_row`): a sum all-reduce of them is an exact
+   all-gather, so every rank gets the bit-identical table. Two modes (``gather=``):
+
+   - ``"piggyback"`` (default): the rows ride on the gradient all-reduce that happens anyway. The
+     hook of bucket 0 of iteration ``k + 1`` all-reduces ``cat([bucket / world, rows of k])`` instead
+     of the bucket alone; the future's callback copies the gradient part back into the bucket
+     (so only the gradients are averaged) and the row part is decoded at the end of iteration
+     ``k + 1``. No extra collective, no extra round trip: the cost is a few hundred bytes on a bucket
+     DDP caps at 1 MB (``dist._DEFAULT_FIRST_BUCKET_BYTES``) and one copy of that bucket. The price
+     is one more iteration of lag: the observation of iteration ``k`` is decided on at the end of
+     ``k + 1`` and its delay applies from ``k + 2`` (collective mode: from ``k + 1``). Float32
+     buckets carry each float64 figure as a (hi, lo) float32 pair (about 48 bits kept; every rank
+     decodes the same bits); float64 buckets carry it as is; other dtypes (fp16/bf16) fall back to
+     collective mode with a warning, on every rank at the same iteration.
+   - ``"collective"``: at the end of the gradient sync (an autograd-engine callback queued by the
+     hook, before DDP's own finalisation), one separate tiny sum all-reduce of the rows. The ranks
+     have just left the last bucket together, so this adds its latency (one round trip) but no
+     waiting. Decisions are one iteration stale.
+
+   Every rank then builds the same :class:`~pacectl.types.Observation` and runs the same guarded
+   controller (:class:`~pacectl.torchdist.core.DecisionEngine`): identical decisions, nobody waits
+   for one. ``gather_every = k`` exchanges k iterations at once (decisions up to k iterations more
+   stale). Rows not yet exchanged at the end of an episode are exchanged by :meth:`Pacer.flush`
+   (a collective: call it on every rank), which :meth:`Pacer.reset_log` callers should call first.
 3. Runtime control (switch off, retune) without restart: rank 0 polls a JSON file every
    ``control_poll_iters`` iterations (or takes :meth:`Pacer.request_control`) and publishes a version
-   number in its gathered row; when the gathered version grows, every rank (same iteration) takes
-   part in one ``broadcast_object_list`` of the new messages and applies them. See
+   number in its row; when the exchanged version grows, every rank (same iteration, same table) takes
+   part in one ``broadcast_object_list`` of the new messages and applies them. This broadcast is the
+   only extra collective in piggyback mode, and it happens only when a new version appears. See
    :func:`~pacectl.torchdist.core.validate_control` for the message.
 
 A dead rank makes the next collective fail (gloo: closed connection) or time out after the process
@@ -29,6 +48,7 @@ group timeout; the exception leaves ``backward()`` and the launcher stops the jo
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +57,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pacectl.controllers import PacingGuardWarning
+from pacectl.errors import ConfigError
 from pacectl.torchdist.core import (
     NUM_GATHER_FIELDS,
     ControlWatcher,
@@ -107,6 +129,42 @@ class DeviceDelay:
         return self.stream
 
 
+#: Gather modes of :class:`Pacer` (see the module docstring).
+GATHER_MODES = ("piggyback", "collective")
+
+_PIGGYBACK_DTYPES = (torch.float32, torch.float64)
+
+
+def encode_rows(rows: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """Float64 one-hot rows as a tensor of the bucket's dtype, exact under a sum with zeros.
+
+    Args:
+        rows: ``float64[n]`` (concatenated :func:`~pacectl.torchdist.core.one_hot_row` buffers).
+        dtype: ``torch.float64`` (carried as is) or ``torch.float32`` (each value as a ``(hi, lo)``
+            pair, ``hi = float32(x)``, ``lo = float32(x - hi)``: about 48 significant bits).
+
+    Returns:
+        A CPU tensor: ``n`` values for float64, ``2 n`` for float32 (all hi, then all lo).
+    """
+    rows = np.asarray(rows, dtype=np.float64)
+    if dtype == torch.float64:
+        return torch.from_numpy(rows.copy())
+    with np.errstate(invalid="ignore", over="ignore"):
+        hi = rows.astype(np.float32)
+        lo = (rows - hi.astype(np.float64)).astype(np.float32)
+    return torch.from_numpy(np.concatenate([hi, lo]))
+
+
+def decode_rows(values: torch.Tensor) -> np.ndarray:
+    """Inverse of :func:`encode_rows` (after the sum all-reduce): ``float64[n]``."""
+    arr = values.detach().cpu().numpy()
+    if arr.dtype == np.float64:
+        return arr.astype(np.float64, copy=True)
+    half = arr.size // 2
+    with np.errstate(invalid="ignore"):
+        return arr[:half].astype(np.float64) + arr[half:].astype(np.float64)
+
+
 class Pacer:
     """Pace the first gradient collective of every iteration and measure arrival skew (see module doc).
 
@@ -114,14 +172,21 @@ class Pacer:
         engine: the decision engine (guarded controller), identical on every rank.
         group: process group (default: the world, one pacing domain for pure DP).
         spin_s: busy-wait tail of the host delay, seconds.
-        gather_every: gather the per-rank figures every this many iterations, >= 1.
+        gather_every: exchange the per-rank figures every this many iterations, >= 1.
+        gather: ``"piggyback"`` (on bucket 0 of the next iteration, no extra collective, one more
+            iteration of decision lag) or ``"collective"`` (one tiny all-reduce at the end of the
+            gradient sync).
         control_path: JSON file rank 0 watches for runtime control, or None.
         control_poll_iters: poll the file every this many iterations.
         device_delay: ``"auto"`` (device-side on CUDA tensors, host sleep otherwise), ``"host"``.
 
+    Raises:
+        ConfigError: an unknown ``gather`` mode.
+
     Example:
         >>> # ddp = DistributedDataParallel(model); engine = DecisionEngine("threshold", {}, {}, ...)
         >>> # pacer = Pacer(engine).attach(ddp)   # training loop unchanged
+        >>> # ...; pacer.flush()                  # end of training: decide on the last figures
     """
 
     def __init__(
@@ -131,16 +196,20 @@ class Pacer:
         group: Any = None,
         spin_s: float = 2e-4,
         gather_every: int = 1,
+        gather: str = "piggyback",
         control_path: str | Path | None = None,
         control_poll_iters: int = 10,
         device_delay: str = "auto",
     ) -> None:
+        if gather not in GATHER_MODES:
+            raise ConfigError(f"pacing gather must be one of {GATHER_MODES}, got {gather!r}")
         self.engine = engine
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.spin_s = float(spin_s)
         self.gather_every = max(1, int(gather_every))
+        self.gather = gather
         self.watcher = ControlWatcher(control_path) if control_path and self.rank == 0 else None
         self.control_poll_iters = max(1, int(control_poll_iters))
         self.device_delay_mode = device_delay
@@ -148,6 +217,11 @@ class Pacer:
         self._controls: dict[int, dict[str, Any]] = {}
         self._published = 0
         self._pending_rows: list[list[float]] = []
+        self._pending_first = 0
+        # piggyback: (first iteration, number of rows, all-reduced tensor, offset of the rows in it)
+        self._inflight: tuple[int, int, torch.Tensor, int] | None = None
+        self._pack_s = 0.0
+        self._combined: torch.Tensor | None = None
         self.reset_log()
         self._next_delay = 0.0
         self._k = 0
@@ -175,7 +249,10 @@ class Pacer:
         self._iter_start = now()
 
     def reset_log(self) -> None:
-        """Start a new episode's log (observations, decisions, marks); the engine is kept."""
+        """Start a new episode's log (observations, decisions, marks); the engine is kept.
+
+        Figures not exchanged yet stay pending (call :meth:`flush` first to log them in this episode).
+        """
         self.observations: list[Observation] = []
         self.decisions: list[np.ndarray] = []
         self.diagnostics: list[dict[str, float]] = []
@@ -183,8 +260,19 @@ class Pacer:
         self.gather_s: list[float] = []
         self.delay_actual_s: list[float] = []
 
+    def flush(self) -> None:
+        """Exchange the figures still pending (one collective) and decide on them. Every rank calls it.
+
+        Use it between iterations: at the end of training or of an episode, so that every iteration
+        has its observation and decision (piggyback mode always leaves the last iteration's figures
+        pending; ``gather_every > 1`` leaves up to ``gather_every - 1``). No-op when nothing is pending
+        (the same on every rank: every rank has run the same iterations).
+        """
+        if self._pending_rows:
+            self._gather_and_decide()
+
     def request_control(self, control: dict[str, Any]) -> None:
-        """Rank 0: publish a runtime control message (applied by every rank at the next gather)."""
+        """Rank 0: publish a runtime control message (applied by every rank at the next exchange)."""
         if self.rank == 0:
             self._published += 1
             self._controls[self._published] = dict(control)
@@ -216,15 +304,72 @@ class Pacer:
         fut = self._launch(buf, t_call, first=first)
         return fut
 
+    def _take_piggyback(self, buf: torch.Tensor) -> torch.Tensor | None:
+        """First collective of an iteration: the pending rows, encoded for ``buf``'s dtype, or None."""
+        if self.gather != "piggyback" or len(self._pending_rows) < self.gather_every:
+            return None
+        if buf.dtype not in _PIGGYBACK_DTYPES:
+            # Every rank has the same bucket dtype, so every rank switches at the same iteration.
+            warnings.warn(
+                f"pacing gather 'piggyback' needs float32/float64 buckets, got {buf.dtype}: "
+                "using 'collective' from now on",
+                PacingGuardWarning,
+                stacklevel=3,
+            )
+            self.gather = "collective"
+            return None
+        t0 = now()
+        rows = self._pending_rows
+        flat = np.concatenate([one_hot_row(self.rank, self.world_size, r) for r in rows])
+        extra = encode_rows(flat, buf.dtype).to(buf.device)
+        self._inflight = (self._pending_first, len(rows), extra, -1)
+        self._pending_rows = []
+        self._pack_s = now() - t0
+        return extra
+
     def _launch(
         self, buf: torch.Tensor, t_call: float, *, first: bool, average: bool = True
     ) -> torch.futures.Future[torch.Tensor]:
-        """Apply the delay (first collective only), issue the all-reduce, timestamp enter and exit."""
+        """Apply the delay (first collective only), issue the all-reduce, timestamp enter and exit.
+
+        In piggyback mode the first collective all-reduces ``cat([buf (averaged), rows])``; its
+        callback copies the gradient part back into ``buf`` and the future returns ``buf``.
+        """
         delay = self._next_delay if first else 0.0
         slot = len(self._enter)
         self._exit.append(float("nan"))
-        if average:
-            buf.div_(self.world_size)
+        extra = self._take_piggyback(buf) if first else None
+        n = buf.numel()
+
+        def pack() -> torch.Tensor:
+            """The tensor to all-reduce: ``buf`` averaged in place, or a new ``[buf / world, extra]``."""
+            if extra is None:
+                if average:
+                    buf.div_(self.world_size)
+                return buf
+            t0 = now()
+            combined = self._combined
+            size = n + extra.numel()
+            if combined is None or combined.numel() != size or combined.dtype != buf.dtype:
+                # kept across iterations: the previous use ended when its rows were decoded
+                combined = torch.empty(size, dtype=buf.dtype, device=buf.device)
+                self._combined = combined
+            grad_part = combined[:n].view(buf.shape)
+            if average:
+                torch.div(buf, self.world_size, out=grad_part)
+            else:
+                grad_part.copy_(buf)
+            combined[n:].copy_(extra)
+            assert self._inflight is not None
+            self._inflight = (*self._inflight[:2], combined, n)
+            self._pack_s += now() - t0
+            return combined
+
+        def unpack(target: torch.Tensor) -> torch.Tensor:
+            if target is not buf:
+                buf.copy_(target[:n].view(buf.shape))
+            return buf
+
         if buf.is_cuda and self.device_delay_mode == "auto":
             if self._device_delay is None:
                 self._device_delay = DeviceDelay(buf.device)
@@ -234,7 +379,10 @@ class Pacer:
             with torch.cuda.stream(stream):
                 enter_ev.record(stream)
                 buf.record_stream(stream)
-                work = dist.all_reduce(buf, group=self.group, async_op=True)
+                if extra is not None:
+                    extra.record_stream(stream)  # made on the current stream, read on this one
+                target = pack()
+                work = dist.all_reduce(target, group=self.group, async_op=True)
             t_enter = now()
             if first:
                 self._applied = delay
@@ -242,19 +390,22 @@ class Pacer:
 
             def done_cuda(f: torch.futures.Future[Any]) -> torch.Tensor:
                 exit_ev.record()
-                return f.value()[0]
+                f.wait()
+                return unpack(target)
 
             fut = work.get_future().then(done_cuda)
         else:
             if first:
                 self._applied = delay
                 self.delay_actual_s.append(host_delay(delay, spin_s=self.spin_s))
+            target = pack()
             t_enter = now()
-            work = dist.all_reduce(buf, group=self.group, async_op=True)
+            work = dist.all_reduce(target, group=self.group, async_op=True)
 
             def done(f: torch.futures.Future[Any]) -> torch.Tensor:
                 self._exit[slot] = now()
-                return f.value()[0]
+                f.wait()
+                return unpack(target)
 
             fut = work.get_future().then(done)
         self._hook_call.append(t_call)
@@ -265,7 +416,7 @@ class Pacer:
 
     # ---------------------------------------------------------------------- end of the iteration
     def _end_iteration(self) -> None:
-        """Wait for the buckets, gather the figures, decide the next delay (identically on every rank)."""
+        """Wait for the buckets, exchange the figures, decide the next delay (identically on every rank)."""
         for fut in self._futures:
             fut.wait()
         if self._cuda_events:
@@ -279,6 +430,8 @@ class Pacer:
         t_end = now()
         start = self._iter_start
         k = self._k
+        if self._inflight is not None:
+            self._decide_on_piggyback()
         if self.watcher is not None and k % self.control_poll_iters == 0:
             control = self.watcher.poll()
             if control is not None:
@@ -286,9 +439,11 @@ class Pacer:
         enter0 = self._enter[0] if self._enter else float("nan")
         exit0 = self._exit[0] if self._exit else float("nan")
         row = [enter0 - start, exit0 - enter0, self._applied, t_end - start, float(self._published)]
+        if not self._pending_rows:
+            self._pending_first = k
         self._pending_rows.append(row)
-        if len(self._pending_rows) >= self.gather_every:
-            self._gather_and_decide(k + 1 - len(self._pending_rows))
+        if self.gather == "collective" and len(self._pending_rows) >= self.gather_every:
+            self._gather_and_decide()
         t_exit = now()
         fwd = (
             self._forward_end - start
@@ -311,7 +466,19 @@ class Pacer:
         self._iter_start = t_exit
         self._k += 1
 
-    def _gather_and_decide(self, first_iteration: int) -> None:
+    def _decide_on_piggyback(self) -> None:
+        """Decode the rows that rode on this iteration's bucket 0 and decide on them."""
+        assert self._inflight is not None
+        first_iteration, num_rows, combined, offset = self._inflight
+        self._inflight = None
+        t0 = now()
+        tables = decode_rows(combined[offset:]).reshape(num_rows, self.world_size, NUM_GATHER_FIELDS)
+        # the exchange's host cost: encode + pack + decode (the copy back runs in the future's callback)
+        self.gather_s.append(self._pack_s + now() - t0)
+        self._decide(first_iteration, tables)
+
+    def _gather_and_decide(self) -> None:
+        """Collective mode (and :meth:`flush`): one tiny sum all-reduce of the pending rows, then decide."""
         rows = self._pending_rows
         self._pending_rows = []
         buf = np.concatenate([one_hot_row(self.rank, self.world_size, r) for r in rows])
@@ -320,6 +487,10 @@ class Pacer:
         dist.all_reduce(tensor, group=self.group)
         self.gather_s.append(now() - t0)
         tables = tensor.cpu().numpy().reshape(len(rows), self.world_size, NUM_GATHER_FIELDS)
+        self._decide(self._pending_first, tables)
+
+    def _decide(self, first_iteration: int, tables: np.ndarray) -> None:
+        """Run the engine on each exchanged table (bit-identical on every rank); set the next delay."""
         action = None
         for i, table in enumerate(tables):
             version = int(table[0, 4])
@@ -348,8 +519,10 @@ class Pacer:
 class PacedAllReduce:
     """A thin wrapper for loops that call ``torch.distributed.all_reduce`` themselves (no DDP).
 
-    The first call of an iteration is paced; after ``collectives_per_iteration`` calls the iteration
-    ends (gather, decide). Calls block like ``all_reduce(..., async_op=False)``.
+    The first call of an iteration is paced (and, in piggyback mode, carries the previous
+    iteration's figures if its tensor is float32/float64); after ``collectives_per_iteration`` calls
+    the iteration ends (exchange, decide). Calls block like ``all_reduce(..., async_op=False)``.
+    Call ``pacer.flush()`` on every rank at the end to decide on the last figures.
 
     Args:
         pacer: the :class:`Pacer` (not attached to a DDP model).

@@ -33,7 +33,11 @@ from pacectl.torchdist.core import (
     rows_to_trace,
     straggler_schedule,
 )
+from pacectl.torchdist.launch import is_peer_error
 from pacectl.torchdist.pacer import Pacer
+
+#: Seconds a rank that lost a peer waits before it fails (see :func:`worker_main`).
+PEER_ERROR_EXIT_DELAY_S = 1.0
 
 
 def build_model(workload: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
@@ -76,8 +80,16 @@ def inject(duration_s: float, kind: str) -> None:
         x += 1
 
 
-def run_one(spec: dict[str, Any], family: str, params: dict[str, Any]) -> dict[str, Any]:
+def run_one(
+    spec: dict[str, Any], family: str, params: dict[str, Any], *, label: str | None = None
+) -> dict[str, Any]:
     """Train one episode under the guarded ``family`` controller; rank 0 writes its record.
+
+    Args:
+        spec: the worker spec (see :func:`worker_main`).
+        family: controller family.
+        params: its parameters.
+        label: names the record files (default: ``family``).
 
     Returns:
         ``decisions`` (``float64[num_iterations, world]``, every rank's own copy) and, on rank 0,
@@ -94,15 +106,23 @@ def run_one(spec: dict[str, Any], family: str, params: dict[str, Any]) -> dict[s
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=float(workload["bucket_cap_mb"]))
     opt = torch.optim.SGD(ddp.parameters(), lr=float(workload.get("lr", 1e-3)))
     pacing = spec["pacing"]
+    label = label or family
     engine = DecisionEngine(family, params, spec["guard"], num_ranks=world, seed=seed)
     pacer = Pacer(
         engine,
         spin_s=float(pacing["spin_s"]),
         gather_every=int(pacing["gather_every"]),
+        gather=str(pacing.get("gather", "piggyback")),
         control_path=pacing.get("control_path"),
         control_poll_iters=int(pacing["control_poll_iters"]),
     )
-    if pacing.get("attach", True):
+    attach = pacing.get("attach", True)
+    if attach == "allreduce_hook":  # benchmarks: torch's own Python all-reduce hook, no pacer
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        ddp.register_comm_hook(dist.group.WORLD, allreduce_hook)
+        attach = False
+    elif attach:
         pacer.attach(ddp)
     straggler = StragglerSpec(**spec["straggler"])
     schedule = straggler_schedule(straggler, num_iterations=warmup + n_iter, world_size=world, seed=seed)
@@ -112,6 +132,7 @@ def run_one(spec: dict[str, Any], family: str, params: dict[str, Any]) -> dict[s
     for k in range(warmup + n_iter):
         t0 = time.perf_counter()
         if k == warmup:
+            pacer.flush()  # the warm-up's last figures: decided on (paced off), not logged
             pacer.reset_log()
             engine.controller.enabled = True
             engine.controller.reset(world, np.random.default_rng([seed, 0, 0]))
@@ -123,13 +144,14 @@ def run_one(spec: dict[str, Any], family: str, params: dict[str, Any]) -> dict[s
         loss.backward()
         opt.step()
         loop_s[k] = time.perf_counter() - t0
+    pacer.flush()  # piggyback: the last iteration's figures (one collective, outside the timed loop)
     out: dict[str, Any] = {
         "loop_s": loop_s[warmup:],
         "decisions": np.array(pacer.decisions),
         "delay_actual_s": np.array(pacer.delay_actual_s[-n_iter:]) if pacer.delay_actual_s else np.zeros(0),
         "gather_s": np.array(pacer.gather_s),
     }
-    if not pacing.get("attach", True):
+    if not attach:
         dist.barrier()
         return out
     all_marks: list[Any] = [None] * world
@@ -144,7 +166,7 @@ def run_one(spec: dict[str, Any], family: str, params: dict[str, Any]) -> dict[s
             for row in marks_to_ops(step=k, rank=r, **m)
         ]
         name = str(spec.get("name", "live"))
-        record_path = record_dir / f"{family}.parquet"
+        record_path = record_dir / f"{label}.parquet"
         periods = np.array([m["sync_exit_s"] for m in pacer.marks], dtype=np.float64)
         episode = episode_from_log(
             controller=family,
@@ -162,7 +184,7 @@ def run_one(spec: dict[str, Any], family: str, params: dict[str, Any]) -> dict[s
             out["record_path"] = str(record_path)
         except Exception as err:  # noqa: BLE001 - a record failure must not lose the episode
             extras["record_error"] = f"{type(err).__name__}: {err}"
-        episode_path = record_dir / f"{family}.episode.pkl"
+        episode_path = record_dir / f"{label}.episode.pkl"
         with open(episode_path, "wb") as fh:
             pickle.dump({"episode": episode, **extras}, fh)
         out["episode_path"] = str(episode_path)
@@ -175,17 +197,33 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
     """Entry point of one rank: join the process group, run every requested controller, leave.
 
     Args:
-        spec: plain-dict spec (``runs`` = list of ``[family, params]``, ``workload``, ``straggler``,
-            ``guard``, ``pacing``, ``seed``, ``pg_timeout_s``, ``record_dir``, ``comm_model``, ``fault``).
+        spec: plain-dict spec (``runs`` = list of ``[family, params]`` or ``[family, params,
+            overrides]``, ``workload``, ``straggler``, ``guard``, ``pacing``, ``seed``,
+            ``pg_timeout_s``, ``record_dir``, ``comm_model``, ``fault``). ``overrides`` (benchmarks)
+            updates ``pacing`` for that run; its ``label`` key (default: the family) names the
+            run's result and record files, so one job can interleave variants of one family.
 
     Returns:
-        ``{family: run_one(...)}`` for this rank.
+        ``{label: run_one(...)}`` for this rank.
     """
     torch.set_num_threads(int(spec.get("threads", 1)))
     dist.init_process_group(
         backend=str(spec.get("dist_backend", "gloo")), timeout=timedelta(seconds=float(spec["pg_timeout_s"]))
     )
     try:
-        return {str(family): run_one(spec, str(family), dict(params)) for family, params in spec["runs"]}
+        out: dict[str, Any] = {}
+        for entry in spec["runs"]:
+            family, params = str(entry[0]), dict(entry[1])
+            overrides = dict(entry[2]) if len(entry) > 2 else {}
+            label = str(overrides.pop("label", family))
+            run_spec = {**spec, "pacing": {**spec["pacing"], **overrides}}
+            out[label] = run_one(run_spec, family, params, label=label)
+        return out
+    except Exception as err:
+        if is_peer_error(str(err)):
+            # A peer died: let the agent notice that rank's exit first (it is the root cause; a
+            # fork-started job reports only the first exit it sees), then fail with this error.
+            time.sleep(PEER_ERROR_EXIT_DELAY_S)
+        raise
     finally:
         dist.destroy_process_group()

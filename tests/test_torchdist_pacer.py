@@ -1,0 +1,158 @@
+"""The pacer's two ways of exchanging the skew figures: piggyback on bucket 0, or one tiny collective.
+
+The encoding tests need only torch. The ``dist`` test forks one 2-rank gloo job (no elastic agent, a
+couple of seconds) that trains the same seeded model with plain DDP, the piggyback pacer and the
+collective pacer, with a straggler on rank 1, a pacing controller and a runtime retune mid-run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pacectl.torchdist.core import NUM_GATHER_FIELDS, one_hot_row  # noqa: E402
+from pacectl.torchdist.pacer import decode_rows, encode_rows  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_encoded_rows_survive_a_one_hot_sum_bit_identically(dtype: Any) -> None:
+    rng = np.random.default_rng(3)
+    world = 4
+    rows = rng.uniform(-1.0, 1.0, (world, NUM_GATHER_FIELDS)) * 10.0 ** rng.integers(-6, 1, (world, 1))
+    rows[1, 2] = np.nan  # a non-finite figure stays non-finite (the engine then gives zero delay)
+    parts = [encode_rows(one_hot_row(r, world, rows[r]), dtype) for r in range(world)]
+    sums = []
+    for order in ([0, 1, 2, 3], [2, 3, 1, 0]):
+        total = torch.zeros_like(parts[0])
+        for r in order:
+            total += parts[r]
+        sums.append(decode_rows(total).reshape(world, NUM_GATHER_FIELDS))
+    assert np.array_equal(sums[0], sums[1], equal_nan=True)  # any summation order, same bits
+    assert np.isnan(sums[0][1, 2])
+    finite = np.isfinite(rows)
+    tol = 0.0 if dtype == torch.float64 else 1e-13
+    np.testing.assert_allclose(sums[0][finite], rows[finite], rtol=tol, atol=1e-300)
+
+
+_STEPS = 10
+
+
+def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
+    import torch.distributed as dist
+    from torch import nn
+
+    from pacectl.torchdist.core import DecisionEngine
+    from pacectl.torchdist.pacer import Pacer
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timedelta(seconds=20))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=20))
+    out: dict[str, Any] = {}
+    try:
+        for mode in ("plain", "piggyback", "collective"):
+            torch.manual_seed(0)
+            model = nn.Sequential(
+                nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)
+            )
+            ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)  # several buckets
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+            engine = DecisionEngine(
+                "threshold",
+                {"on_threshold_s": 0.002, "off_threshold_s": 0.001, "gain": 0.5},
+                {"max_delay_frac": 0.5},
+                num_ranks=world,
+                seed=0,
+            )
+            pacer = None if mode == "plain" else Pacer(engine, gather=mode).attach(ddp)
+            gen = torch.Generator().manual_seed(100 + rank)
+            for k in range(_STEPS):
+                if pacer is not None and k == 5:
+                    pacer.request_control({"guard": {"max_delay_frac": 0.4}})  # rank 0 only; versioned
+                if rank == 1:
+                    time.sleep(0.01)  # rank 1 straggles: the controller paces rank 0
+                x = torch.randn(16, 32, generator=gen)
+                opt.zero_grad(set_to_none=True)
+                ddp(x).pow(2).mean().backward()
+                opt.step()
+            result: dict[str, Any] = {
+                "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+            }
+            if pacer is not None:
+                pacer.flush()
+                result.update(
+                    decisions=np.array(pacer.decisions),
+                    applied=np.array([o.applied_delay_s for o in pacer.observations]),
+                    iterations=[o.iteration for o in pacer.observations],
+                    delay_actual=np.array(pacer.delay_actual_s),
+                    version=engine.version,
+                    max_delay_frac=engine.guard_params["max_delay_frac"],
+                    gather_s=np.array(pacer.gather_s),
+                )
+            out[mode] = result
+        queue.put((rank, out))
+    except BaseException as err:  # noqa: BLE001 - report to the parent instead of hanging it
+        queue.put((rank, {"error": repr(err)}))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> dict[int, dict[str, Any]]:
+    from pacectl.torchdist.launch import free_port
+
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=20)
+    for r, res in results.items():
+        assert "error" not in res, f"rank {r}: {res.get('error')}"
+    return results
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("mode", ["piggyback", "collective"])
+def test_gradients_are_unchanged_by_the_pacer(two_ranks, mode: str) -> None:
+    for rank in (0, 1):
+        plain, paced = two_ranks[rank]["plain"]["params"], two_ranks[rank][mode]["params"]
+        np.testing.assert_allclose(paced, plain, rtol=1e-6, atol=1e-7)  # the figures are not averaged in
+    np.testing.assert_array_equal(two_ranks[0][mode]["params"], two_ranks[1][mode]["params"])
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("mode", ["piggyback", "collective"])
+def test_both_modes_decide_identically_on_every_rank_and_pace(two_ranks, mode: str) -> None:
+    r0, r1 = two_ranks[0][mode], two_ranks[1][mode]
+    assert r0["decisions"].shape == (_STEPS, 2)
+    assert np.array_equal(r0["decisions"], r1["decisions"])  # bit-identical
+    assert r0["iterations"] == list(range(_STEPS))
+    # a delay is really applied on rank 0 (rank 1 straggles) and lasts at least what was asked
+    requested = r0["applied"][:, 0]
+    assert requested.max() > 0.0 and not r1["applied"][:, 1].any()
+    assert (r0["delay_actual"][requested > 0] >= requested[requested > 0] - 1e-6).all()
+    # the runtime retune reached both ranks (versioned broadcast)
+    assert r0["version"] == r1["version"] == 1 and r1["max_delay_frac"] == 0.4
+    assert len(r0["gather_s"]) >= _STEPS - 1
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(("mode", "lag"), [("collective", 1), ("piggyback", 2)])
+def test_decision_lag_of_each_mode(two_ranks, mode: str, lag: int) -> None:
+    """The decision on iteration k's figures is applied at k + 1 (collective) or k + 2 (piggyback)."""
+    for rank in (0, 1):
+        res = two_ranks[rank][mode]
+        applied, decided = res["applied"][:, rank], res["decisions"][:, rank]
+        # piggyback on float32 buckets carries figures as (hi, lo) float32 pairs: ~48 bits kept
+        np.testing.assert_allclose(applied[lag:], decided[:-lag], rtol=1e-13, atol=0.0)
+        assert not applied[:lag].any()
