@@ -87,6 +87,10 @@ def test_a_delay_is_really_applied(live) -> None:
     paced = requested > 0
     natural_wait = ep.natural_arrival_s.max(axis=1) - ep.natural_arrival_s[:, 0]
     assert (ep.wait_s[paced, 0] < natural_wait[paced] + 1e-3).all()
+    # pacing_active marks the iterations whose delays an active controller chose (as in replay and sim)
+    delayed = ep.applied_delay_s.max(axis=1) > 0
+    assert not ep.pacing_active[0, 0]
+    assert (delayed <= ep.pacing_active[:, 0]).all()
 
 
 def test_record_then_replay_round_trips(live) -> None:

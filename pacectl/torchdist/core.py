@@ -309,6 +309,7 @@ def marks_to_ops(
     sync_exit_s: float,
     applied_delay_s: float,
     serialize_buckets: bool = True,
+    decisions_before: int = 0,
 ) -> list[tuple[Any, ...]]:
     """The canonical op rows of one rank in one iteration (times from the aligned iteration start).
 
@@ -331,6 +332,7 @@ def marks_to_ops(
 
     Returns:
         Rows ``(step, dp_rank, stage, rank, optype, seq_id, mc, start_ts, duration, delay_s)``.
+        ``decisions_before`` (episode bookkeeping in the marks) is accepted and ignored here.
     """
     rows: list[tuple[Any, ...]] = []
 
@@ -457,6 +459,7 @@ def episode_from_log(
     observations: Sequence[Observation],
     iteration_time_s: FloatArray,
     diagnostics: Sequence[Mapping[str, float]],
+    decisions_before: Sequence[int] | None = None,
 ) -> Episode:
     """The columnar :class:`~pacectl.types.Episode` of a live run (one domain: the whole world).
 
@@ -466,9 +469,17 @@ def episode_from_log(
         observations: one per iteration, as every rank saw it.
         iteration_time_s: ``float64[num_iterations]`` measured period between consecutive common
             exits of the iteration's last collective, seconds (sums to the wall time).
-        diagnostics: the guarded controller's diagnostics after each iteration.
+        diagnostics: the guarded controller's diagnostics after each decision (one per observation).
+        decisions_before: per iteration, how many decisions were logged before its delay was applied
+            (the last of them chose it; 0: none, the iteration ran unpaced). Row k of the episode's
+            diagnostics and ``pacing_active`` is then the state that decided iteration k's delay, as in
+            :func:`pacectl.loop.run_episode`, whatever the exchange lag (1 iteration with a collective,
+            2 with piggybacking, more with ``gather_every``). Without it rows are per decision.
     """
     n = len(observations)
+    if decisions_before is not None:
+        counts = list(decisions_before)[-n:] if n else []
+        diagnostics = [diagnostics[c - 1] if 0 < c <= len(diagnostics) else {"active": 0.0} for c in counts]
     world = observations[0].num_ranks if n else 0
     keys = sorted({k for d in diagnostics for k in d})
     diag = {

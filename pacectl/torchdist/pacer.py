@@ -289,6 +289,8 @@ class Pacer:
         self._futures: list[torch.futures.Future[Any]] = []
         self._applied = 0.0
         self._cuda_events: list[tuple[Any, Any]] = []
+        # decisions logged before this iteration's delay was applied: the last of them chose it
+        self._decided_before = len(getattr(self, "decisions", ()))
 
     # ------------------------------------------------------------------------------- the hooks
     def _on_forward_end(self, module: Any, inputs: Any, output: Any) -> None:
@@ -460,6 +462,7 @@ class Pacer:
                 "backward_end_s": t_end - start,
                 "sync_exit_s": t_exit - start,
                 "applied_delay_s": self._applied,
+                "decisions_before": self._decided_before,
             }
         )
         self._forward_end = float("nan")

@@ -174,6 +174,7 @@ def run_one(
             observations=pacer.observations,
             iteration_time_s=periods,
             diagnostics=pacer.diagnostics,
+            decisions_before=[int(m.get("decisions_before", 0)) for m in pacer.marks],
         )
         extras = {"gather_s": out["gather_s"], "delay_actual_s": out["delay_actual_s"], "periods_s": periods}
         try:
