@@ -355,7 +355,8 @@ _TABLE_HEADERS = (
 def _fmt(value: Any, spec: str) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
-    return format(value, spec)
+    text = format(value, spec)
+    return text[:-1] if text.endswith(".") else text  # "#.4g" keeps 47.00 but would print 3443.
 
 
 def _table_rows(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> list[list[str]]:
