@@ -75,6 +75,41 @@ class TestQuantileThresholdContract(ControllerContract):
         return QuantileController(window_iters=1, quantile=1.0, gain=0.5, on_threshold_s=0.01)
 
 
+class TestThresholdIterationUnitsContract(ControllerContract):
+    def make_controller(self) -> Controller:
+        return make_controller("threshold", units="iteration", on_threshold_s=0.01, off_threshold_s=0.005)
+
+
+class TestPidIterationUnitsContract(ControllerContract):
+    def make_controller(self) -> Controller:
+        return make_controller("pid", units="iteration", setpoint_s=0.005)
+
+
+@settings(max_examples=30, deadline=None)
+@given(exponent=st.integers(-6, 6), family=st.sampled_from(["threshold", "pid", "ewma", "quantile"]))
+def test_iteration_units_are_scale_free(exponent: int, family: str) -> None:
+    """Scaling every time of every observation by c = 2**k scales the delays by exactly c."""
+    c = 2.0**exponent
+    rng = np.random.default_rng(3)
+    naturals = rng.uniform(0.0, 0.05, (12, 4)) + np.array([0.0, 0.01, 0.02, 0.04])
+    plain = make_controller(family, units="iteration")
+    scaled = make_controller(family, units="iteration")
+    plain.reset(4, np.random.default_rng(0))
+    scaled.reset(4, np.random.default_rng(0))
+    delay_a = delay_b = np.zeros(4)
+    for k, natural in enumerate(naturals):
+        obs_a = make_observation(natural, delay_a, iteration=k, iteration_time_s=0.5 + 0.01 * k)
+        obs_b = make_observation(c * natural, delay_b, iteration=k, iteration_time_s=c * (0.5 + 0.01 * k))
+        delay_a = plain.act(obs_a).delay_s
+        delay_b = scaled.act(obs_b).delay_s
+        np.testing.assert_allclose(delay_b, c * delay_a, rtol=1e-12, atol=1e-15)
+
+
+def test_units_must_be_known() -> None:
+    with pytest.raises(ConfigError, match=r"units must be one of \['s', 'iteration'\], got 'ms'"):
+        make_controller("threshold", units="ms")
+
+
 # --- registry and validation ----------------------------------------------------------------------
 
 
@@ -194,7 +229,9 @@ def test_threshold_smoothing_predicts_persistent_straggler() -> None:
 
 
 def test_pid_terms_and_delay_mapping() -> None:
-    controller = PidController(setpoint_s=0.01, kp=0.5, ki=0.0, kd=0.0, output_limit_s=1.0, smoothing=0.0, gain=1.0)
+    controller = PidController(
+        setpoint_s=0.01, kp=0.5, ki=0.0, kd=0.0, output_limit_s=1.0, smoothing=0.0, gain=1.0
+    )
     controller.reset(3, RNG)
     delay = controller.act(make_observation([0.5, 0.4, 0.61])).delay_s  # spread 0.21, error 0.2
     diagnostics = controller.diagnostics()

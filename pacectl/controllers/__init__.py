@@ -19,6 +19,7 @@ from pacectl.controllers.none import NoPacing
 from pacectl.controllers.pid import PidController
 from pacectl.controllers.quantile import QuantileController
 from pacectl.controllers.threshold import ThresholdController
+from pacectl.controllers.units import IterationUnits, with_units
 from pacectl.errors import ConfigError
 from pacectl.types import Controller
 
@@ -26,6 +27,7 @@ __all__ = [
     "CONTROLLERS",
     "BaseController",
     "EwmaController",
+    "IterationUnits",
     "NoPacing",
     "PacingGuardWarning",
     "PidController",
@@ -53,7 +55,10 @@ def make_controller(name: str, **params: object) -> Controller:
     Args:
         name: family name, one of ``CONTROLLERS`` (``"none"``, ``"threshold"``, ``"pid"``, ``"ewma"``,
             ``"quantile"``).
-        **params: constructor parameters of that class (see its docstring for units and ranges).
+        **params: constructor parameters of that class (see its docstring for units and ranges), plus
+            the reserved key ``units``: ``"s"`` (default; every ``*_s`` parameter in seconds) or
+            ``"iteration"`` (every time as a fraction of the median iteration time, via
+            :class:`~pacectl.controllers.units.IterationUnits`, so tuned values transfer between jobs).
 
     Returns:
         A new, not yet reset, controller (not wrapped in :class:`SafetyGuard`).
@@ -71,6 +76,8 @@ def make_controller(name: str, **params: object) -> Controller:
             f"controller must be one of {', '.join(known)}, got {name!r}{_did_you_mean(str(name), known)}"
         )
     cls = CONTROLLERS[name]
+    params = dict(params)
+    units = params.pop("units", "s")
     accepted = sorted(
         p.name for p in inspect.signature(cls).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
     )
@@ -81,4 +88,4 @@ def make_controller(name: str, **params: object) -> Controller:
                 f"(accepted: {', '.join(accepted) or 'none'})"
             )
     controller: Controller = cls(**params)
-    return controller
+    return with_units(controller, units)

@@ -62,7 +62,8 @@ def accepted_params(family: str) -> list[str]:
             f"controller must be one of {sorted(CONTROLLERS)}, got {family!r}{_hint(family, sorted(CONTROLLERS))}"
         )
     signature = inspect.signature(CONTROLLERS[family])
-    return sorted(p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    keys = {p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    return sorted(keys | {"units"})  # the reserved key make_controller takes for every family
 
 
 @dataclass(frozen=True)
