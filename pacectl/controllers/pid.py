@@ -112,7 +112,9 @@ class PidController(BaseController):
         self._d = 0.0 if self._last_spread_s is None else self.kd * (spread - self._last_spread_s) / dt
         self._last_spread_s = spread
         self._output_s = min(max(self._p + self._i + self._d, 0.0), self.output_limit_s)
-        self._predicted = early if self._predicted is None else ewma(self._predicted, early, 1.0 - self.smoothing)
+        self._predicted = (
+            early if self._predicted is None else ewma(self._predicted, early, 1.0 - self.smoothing)
+        )
         return np.minimum(self.gain * relative_to_latest(self._predicted), self._output_s)
 
     def _diagnostics(self) -> dict[str, float]:
