@@ -283,7 +283,7 @@ def plot_iteration_time(
     top.set_ylabel("iteration time (s)")
     top.set_title(f"Iteration time per run\n{_models_note([ep.comm_model for ep in episodes.values()])}")
     if episodes:
-        top.legend(loc="upper right", fontsize="small")
+        top.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     bottom.axhline(0.0, color="black", lw=1.0)
     bottom.set_xlabel("iteration")
     bottom.set_ylabel(f"minus {baseline} (s)")
@@ -328,7 +328,7 @@ def plot_spread(path: str | os.PathLike[str], episodes: Mapping[str, Episode]) -
                     lw=0,
                     label="pacing active" if i == 0 else None,
                 )
-            ax.legend(loc="upper right", fontsize="small")
+            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
         ax.set_title(f"{run} (controller: {ep.controller})", fontsize="medium")
         ax.set_ylabel("max spread (s)")
         ax.grid(alpha=0.3)
