@@ -185,6 +185,7 @@ def controller_families(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     name, params = controller_params(selected_controller(cfg))
     runs: dict[str, dict[str, Any]] = {"none": {}}
     if name == "all":
+        units = params.get("units")  # controller=all controller.units=iteration: every family in those units
         for family in params.get("families", []):
             path = CONF_DIR / "controller" / f"{family}.yaml"
             if not path.is_file():
@@ -192,6 +193,8 @@ def controller_families(cfg: DictConfig) -> dict[str, dict[str, Any]]:
                     f"controller.families entries must have a conf/controller/*.yaml, got {family!r}"
                 )
             fam_name, fam_params = controller_params(OmegaConf.load(path))  # type: ignore[arg-type]
+            if units is not None:
+                fam_params["units"] = units
             runs[fam_name] = fam_params
     elif name != "none":
         runs[name] = params
@@ -253,7 +256,7 @@ def validate_run_config(cfg: DictConfig) -> None:
             raise ConfigError(f"output.{key} must be true or false, got {value!r}")
     controller = cfg.get("controller")
     if controller is not None and controller.get("name") == "all":
-        extra = sorted({str(k) for k in controller.keys()} - {"name", "families"})
+        extra = sorted({str(k) for k in controller.keys()} - {"name", "families", "units"})
         if extra:
             raise ConfigError(
                 f"controller=all runs every family with its own conf/controller/<family>.yaml, so it takes no "

@@ -87,6 +87,7 @@ class ReplayExperiment:
             },
             "paced_optype": backend.paced_optype,
             "fidelity": {
+                "comm_model": "null",
                 "step_time_median_abs_err_frac": fidelity.step_time_median_abs_err_frac,
                 "step_time_p90_abs_err_frac": fidelity.step_time_p90_abs_err_frac,
                 "step_time_max_abs_err_frac": fidelity.step_time_max_abs_err_frac,
@@ -95,6 +96,7 @@ class ReplayExperiment:
                 "num_op_instances": fidelity.num_op_instances,
             },
             "whatif": {
+                "comm_model": "null",
                 "blocking_slowdown": prize.blocking_slowdown,
                 "launch_slowdown": prize.launch_slowdown,
                 "ideal_iteration_time_mean_s": float(prize.step_time_ideal_s.mean()),

@@ -310,7 +310,7 @@ def plot_spread(path: str | os.PathLike[str], episodes: Mapping[str, Episode]) -
 
     num_runs = max(len(episodes), 1)
     fig = Figure(figsize=(9.0, 2.4 * num_runs + 0.8), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(num_runs, 1, sharex=True, squeeze=False)[:, 0])
+    axes = np.atleast_1d(fig.subplots(num_runs, 1, sharex=True, sharey=True, squeeze=False)[:, 0])
     for ax, (run, ep) in zip(axes, episodes.items(), strict=False):
         x = np.arange(ep.num_iterations)
         if ep.num_iterations:
@@ -330,7 +330,8 @@ def plot_spread(path: str | os.PathLike[str], episodes: Mapping[str, Episode]) -
                 )
             ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
         ax.set_title(f"{run} (controller: {ep.controller})", fontsize="medium")
-        ax.set_ylabel("max spread (s)")
+        ax.set_ylabel("worst-domain spread (s)")
+        ax.set_ylim(bottom=0.0)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("iteration")
     fig.suptitle(f"Arrival spread per run\n{_models_note([ep.comm_model for ep in episodes.values()])}")

@@ -182,15 +182,17 @@ def _hydra_main(cfg: DictConfig) -> None:
     fid = summary.get("fidelity")
     if fid:
         print(
-            f"replay fidelity (zero delay vs recorded step time): median {fid['step_time_median_abs_err_frac']:.2e}, "
+            f"replay fidelity (null model, zero delay vs recorded step time): median {fid['step_time_median_abs_err_frac']:.2e}, "
             f"p90 {fid['step_time_p90_abs_err_frac']:.2e}"
         )
     wi = summary.get("whatif")
     if wi:
         print(
-            f"stragglers' cost (what-if, Lin et al. OSDI'25): blocking slowdown S = {wi['blocking_slowdown']:.3f}, "
+            f"stragglers' cost (what-if, Lin et al. OSDI'25, null model): blocking slowdown S = {wi['blocking_slowdown']:.3f}, "
             f"ideal mean iteration {wi['ideal_iteration_time_mean_s']:.4g} s"
         )
+    if summary.get("comm_model_timing_dependent"):
+        print(f"comm model in force: {summary['comm_model_description']}")
     if "note" in summary:
         print(f"note: {summary['note']}")
     print(f"outputs: {out_dir}")

@@ -353,6 +353,7 @@ def run_tuning(cfg: DictConfig, out_dir: Path, *, echo: Callable[[str], None] = 
         reference=reference,
         chosen=chosen,
         title=title,
+        max_loss_frac=settings.max_loss_frac,
     )
     atomic_write_text(out_dir / "pareto.json", _json([p.to_json() for p in front]))
     export_controller(

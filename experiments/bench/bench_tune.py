@@ -104,10 +104,11 @@ def ar_study(tmp: Path, trials: int, workers: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    """Run the benchmark and write ``results/tune.json``."""
+    """Run the benchmark and write ``--out`` (default ``results/tune.json``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--skip-ar", action="store_true")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "tune.json", help="results JSON")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     result: dict[str, Any] = {
@@ -129,7 +130,7 @@ def main() -> None:
             result["ar_200_trials_2_workers"] = ar_study(tmp, 200, 2)
     result["load_average_after"] = os.getloadavg()
     text = json.dumps(result, indent=2) + "\n"
-    atomic_write_text(HERE / "results" / "tune.json", text)
+    atomic_write_text(args.out, text)
     print(text)
 
 

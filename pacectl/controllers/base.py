@@ -77,7 +77,10 @@ def check_float(
     if ok and high is not None:
         ok = x < high if high_open else x <= high
     if not ok:
-        raise ConfigError(f"{name} must be {constraint}, got {_shown(value)} (controller {controller!r})")
+        finite = "" if math.isfinite(x) else "a finite number "
+        raise ConfigError(
+            f"{name} must be {finite}{constraint}, got {_shown(value)} (controller {controller!r})"
+        )
     return x
 
 

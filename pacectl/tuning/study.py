@@ -454,8 +454,10 @@ def plot_pareto(
     reference: Evaluation,
     chosen: TrialPoint,
     title: str,
+    max_loss_frac: float | None = None,
 ) -> None:
-    """Pareto-front PNG (atomic): every trial, the front, no pacing, the paper's threshold, the choice."""
+    """Pareto-front PNG (atomic): every trial, the front, no pacing, the paper's threshold, the choice,
+    and the throughput-loss cap (a vertical line; trials left of it break the constraint)."""
     from matplotlib.figure import Figure
 
     from pacectl.report import atomic_path
@@ -511,6 +513,14 @@ def plot_pareto(
         label=f"chosen (trial {chosen.number})",
         zorder=6,
     )
+    if max_loss_frac is not None:
+        ax.axvline(
+            baseline.throughput_it_per_s * (1.0 - max_loss_frac),
+            color="grey",
+            ls=":",
+            lw=1.2,
+            label=f"throughput-loss cap ({max_loss_frac:.1%})",
+        )
     ax.set_xlabel("throughput, it/s (mean over episodes; higher is better)")
     ax.set_ylabel("CV of iteration time (mean over episodes; lower is better)")
     ax.set_title(title, fontsize=9)
