@@ -29,7 +29,7 @@ if not OmegaConf.has_resolver("pacectl_data"):
     OmegaConf.register_new_resolver("pacectl_data", lambda rel: str(DATA_DIR / rel))
 
 
-def _abs_path(value: str) -> str:
+def user_path(value: str) -> str:
     """Resolve a user path against the directory the command was started from."""
     try:
         from hydra.utils import to_absolute_path
@@ -40,13 +40,13 @@ def _abs_path(value: str) -> str:
 
 
 def _load_bytedance(trace_cfg: DictConfig) -> OpTrace:
-    return load_bytedance(_abs_path(str(trace_cfg.path)), _abs_path(str(trace_cfg.meta)))
+    return load_bytedance(user_path(str(trace_cfg.path)), user_path(str(trace_cfg.meta)))
 
 
 def _load_canonical(trace_cfg: DictConfig) -> OpTrace:
     from pacectl.traces.canonical import load_canonical
 
-    return load_canonical(_abs_path(str(trace_cfg.path)))
+    return load_canonical(user_path(str(trace_cfg.path)))
 
 
 def _load_kineto(trace_cfg: DictConfig) -> OpTrace:
@@ -56,7 +56,7 @@ def _load_kineto(trace_cfg: DictConfig) -> OpTrace:
     paths = [str(p) for p in raw] if not isinstance(raw, str) and raw is not None else [str(raw)]
     ranks = trace_cfg.get("ranks")
     return load_kineto(
-        [_abs_path(p) for p in paths],
+        [user_path(p) for p in paths],
         ranks=None if ranks is None else [int(r) for r in ranks],
         world_size=trace_cfg.get("world_size"),
         strict=bool(trace_cfg.get("strict", False)),
@@ -71,7 +71,7 @@ def _load_steplevel(trace_cfg: DictConfig) -> OpTrace:
     from pacectl.traces.steplevel import load_steplevel
 
     return load_steplevel(
-        _abs_path(str(trace_cfg.path)),
+        user_path(str(trace_cfg.path)),
         unit_s=float(trace_cfg.get("unit_s", 1e-3)),
         collective_s=trace_cfg.get("collective_s"),
         collective_frac=float(trace_cfg.get("collective_frac", 0.01)),
@@ -117,14 +117,15 @@ def make_comm_model(cfg: DictConfig, num_ranks: int) -> CommModel:
     if name == "null":
         return NullComm()
     if name == "contention":
-        return ReplayContention(_container(cfg.cluster), num_ranks)
+        return ReplayContention(as_dict(cfg.cluster), num_ranks)
     raise ConfigError(
         "comm must be null or contention for backend=replay, got 'alpha_beta': recorded traces carry no "
         "message sizes for its closed form. Use comm=contention, or backend=sim for alpha_beta."
     )
 
 
-def _container(node: DictConfig) -> dict[str, Any]:
+def as_dict(node: DictConfig) -> dict[str, Any]:
+    """A config node as a plain ``dict`` with interpolations resolved (ConfigError if not a mapping)."""
     value = OmegaConf.to_container(node, resolve=True)
     if not isinstance(value, dict):
         raise ConfigError(f"expected a mapping, got {value!r}")
@@ -160,7 +161,7 @@ def selected_controller(cfg: DictConfig) -> DictConfig:
     path = cfg.get("controller_file")
     if path is None or str(path) == "":
         return cfg.controller  # type: ignore[no-any-return]
-    file = Path(_abs_path(str(path)))
+    file = Path(user_path(str(path)))
     if not file.is_file():
         raise ConfigError(
             f"controller_file must be an existing controller YAML, got {str(path)!r} (resolved to {file}); "

@@ -124,11 +124,11 @@ class SimExperiment:
 
     def __init__(self, cfg: DictConfig) -> None:
         from pacectl.backends.sim import SimBackend
-        from pacectl.config import _container
+        from pacectl.config import as_dict
         from pacectl.fabric.profile import compute_from, sim_fabric
 
         self.cfg = cfg
-        cluster = _container(cfg.cluster)
+        cluster = as_dict(cfg.cluster)
         self.cluster_name = str(cluster.get("name", "?"))
         num_ranks = config_int(cfg.backend.num_ranks, "backend.num_ranks")
         comm, interference = sim_fabric(cluster, cfg.get("comm"), num_ranks)

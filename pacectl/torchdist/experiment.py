@@ -65,9 +65,9 @@ class TorchExperiment:
     def _record_dir(self) -> str:
         configured = self.cfg.backend.get("record_dir")
         if configured:
-            from pacectl.config import _abs_path
+            from pacectl.config import user_path
 
-            return _abs_path(str(configured))
+            return user_path(str(configured))
         try:
             from hydra.core.hydra_config import HydraConfig
 
