@@ -74,7 +74,10 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
             "baseline": BASELINE,
             "runs": summaries,
             "vs_baseline": {
-                name: metrics.compare(summaries[BASELINE], s)
+                name: {
+                    **metrics.compare(summaries[BASELINE], s),
+                    "throughput_change_ci95_frac": s["throughput_change_ci95_frac"],
+                }
                 for name, s in summaries.items()
                 if name != BASELINE
             },
@@ -120,13 +123,13 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
         context["paced collective"] = summary["paced_optype"]
     fid = summary.get("fidelity")
     if fid:
-        context["replay fidelity (zero delay)"] = (
+        context["replay fidelity (null model, zero delay)"] = (
             f"median {fid['step_time_median_abs_err_frac']:.2e}, p90 {fid['step_time_p90_abs_err_frac']:.2e} "
             "abs. rel. error of step time"
         )
     wi = summary.get("whatif")
     if wi:
-        context["stragglers' cost (what-if)"] = (
+        context["stragglers' cost (what-if, null model)"] = (
             f"blocking slowdown S = {wi['blocking_slowdown']:.3f}, M_W = {wi['m_w']:.3f}, M_S = {wi['m_s']:.3f}"
         )
     if "note" in summary:
