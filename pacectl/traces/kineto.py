@@ -124,6 +124,8 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
+        if self.where == self.field == "file":  # a whole-file problem: the path says where
+            return f"{self.file}: {self.message}"
         return f"{self.file}:{self.where}: {self.field}: {self.message}"
 
 
