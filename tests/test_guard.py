@@ -226,3 +226,14 @@ def test_guard_validation(params: dict[str, object], shown: str) -> None:
 def test_guard_rejects_non_controller() -> None:
     with pytest.raises(ConfigError, match="Controller"):
         SafetyGuard(object())  # type: ignore[arg-type]
+
+
+def test_guard_median_is_bit_identical_to_numpy() -> None:
+    """The guard's fast window median must give exactly np.median (decisions are compared bitwise)."""
+    from pacectl.controllers.guard import _median
+
+    rng = np.random.default_rng(11)
+    for n in range(1, 66):
+        for _ in range(20):
+            x = rng.lognormal(size=n) * 10.0 ** float(rng.integers(-6, 3))
+            assert _median(x) == float(np.median(x))

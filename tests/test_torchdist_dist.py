@@ -124,12 +124,14 @@ def test_a_killed_rank_ends_the_job_with_a_clear_error(tmp_path) -> None:
     assert time.perf_counter() - t0 < 30.0
 
 
-@pytest.mark.parametrize("gather", ["piggyback", "collective"])
+@pytest.mark.parametrize("gather", ["async", "piggyback", "collective"])
 def test_runtime_control_in_process(tmp_path, gather: str) -> None:
     """One in-process gloo rank: the watched file switches pacing off, then retunes, without restart.
 
-    A change polled at the end of iteration k is applied at the end of k (collective mode) or of
-    k + 1 (piggyback: the version rides on the next iteration's first collective).
+    A change polled at the end of iteration k is applied at the end of k (collective mode), at the
+    first collective of k + 1 (async: the exchange completes in the background, the training thread
+    applies it before the next delay) or at the end of k + 1 (piggyback: the version rides on the
+    next iteration's first collective).
     """
     import torch.distributed as dist
 
@@ -147,7 +149,7 @@ def test_runtime_control_in_process(tmp_path, gather: str) -> None:
         pacer = Pacer(engine, gather=gather, control_path=control, control_poll_iters=1)
         all_reduce = PacedAllReduce(pacer, collectives_per_iteration=2)
         grad = torch.ones(8)
-        lag = 1 if gather == "piggyback" else 0
+        lag = 0 if gather == "collective" else 1
         for k in range(6):
             if k == 2:
                 control.write_text(json.dumps({"enabled": False}))

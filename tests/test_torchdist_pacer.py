@@ -1,8 +1,10 @@
-"""The pacer's two ways of exchanging the skew figures: piggyback on bucket 0, or one tiny collective.
+"""The pacer's three ways of exchanging the skew figures: a tiny all-reduce (async or blocking), or
+piggybacked on bucket 0.
 
 The encoding tests need only torch. The ``dist`` test forks one 2-rank gloo job (no elastic agent, a
-couple of seconds) that trains the same seeded model with plain DDP, the piggyback pacer and the
-collective pacer, with a straggler on rank 1, a pacing controller and a runtime retune mid-run.
+couple of seconds) that trains the same seeded model with plain DDP and the pacer in each mode (and
+piggyback with ``gradient_as_bucket_view``, where DDP's gradients alias its buckets), with a
+straggler on rank 1, a pacing controller and a runtime retune mid-run.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def test_encoded_rows_survive_a_one_hot_sum_bit_identically(dtype: Any) -> None:
 
 
 _STEPS = 10
+_MODES = ("plain", "async", "piggyback", "piggyback-view", "collective")
 
 
 def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
@@ -56,12 +59,14 @@ def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=20))
     out: dict[str, Any] = {}
     try:
-        for mode in ("plain", "piggyback", "collective"):
+        for mode in _MODES:
             torch.manual_seed(0)
             model = nn.Sequential(
                 nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)
             )
-            ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)  # several buckets
+            ddp = nn.parallel.DistributedDataParallel(  # several buckets
+                model, bucket_cap_mb=0.01, gradient_as_bucket_view=mode.endswith("-view")
+            )
             opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
             engine = DecisionEngine(
                 "threshold",
@@ -70,7 +75,8 @@ def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
                 num_ranks=world,
                 seed=0,
             )
-            pacer = None if mode == "plain" else Pacer(engine, gather=mode).attach(ddp)
+            gather = mode.removesuffix("-view")
+            pacer = None if mode == "plain" else Pacer(engine, gather=gather).attach(ddp)
             gen = torch.Generator().manual_seed(100 + rank)
             for k in range(_STEPS):
                 if pacer is not None and k == 5:
@@ -122,7 +128,7 @@ def two_ranks() -> dict[int, dict[str, Any]]:
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("mode", ["piggyback", "collective"])
+@pytest.mark.parametrize("mode", _MODES[1:])
 def test_gradients_are_unchanged_by_the_pacer(two_ranks, mode: str) -> None:
     for rank in (0, 1):
         plain, paced = two_ranks[rank]["plain"]["params"], two_ranks[rank][mode]["params"]
@@ -131,8 +137,8 @@ def test_gradients_are_unchanged_by_the_pacer(two_ranks, mode: str) -> None:
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("mode", ["piggyback", "collective"])
-def test_both_modes_decide_identically_on_every_rank_and_pace(two_ranks, mode: str) -> None:
+@pytest.mark.parametrize("mode", _MODES[1:])
+def test_every_mode_decides_identically_on_every_rank_and_pace(two_ranks, mode: str) -> None:
     r0, r1 = two_ranks[0][mode], two_ranks[1][mode]
     assert r0["decisions"].shape == (_STEPS, 2)
     assert np.array_equal(r0["decisions"], r1["decisions"])  # bit-identical
@@ -147,9 +153,11 @@ def test_both_modes_decide_identically_on_every_rank_and_pace(two_ranks, mode: s
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize(("mode", "lag"), [("collective", 1), ("piggyback", 2)])
+@pytest.mark.parametrize(
+    ("mode", "lag"), [("async", 1), ("collective", 1), ("piggyback", 2), ("piggyback-view", 2)]
+)
 def test_decision_lag_of_each_mode(two_ranks, mode: str, lag: int) -> None:
-    """The decision on iteration k's figures is applied at k + 1 (collective) or k + 2 (piggyback)."""
+    """The decision on iteration k's figures is applied at k + 1 (async, collective) or k + 2 (piggyback)."""
     for rank in (0, 1):
         res = two_ranks[rank][mode]
         applied, decided = res["applied"][:, rank], res["decisions"][:, rank]

@@ -1,136 +1,177 @@
-"""Benchmarks of the live pacing layer (figures recorded in ``results/torchdist*.json``).
+"""Benchmarks of the live pacing layer (figures recorded in ``results/torchdist.json``).
 
-1. Overhead of the pacing layer with every delay zero (controller ``none``) against plain DDP:
-   ``--nproc`` gloo ranks on this machine, the built-in workload (MLP), same seed, no straggler.
-   One job per world size runs the variants interleaved in the same processes (the order rotates
-   every repeat, so drift and position effects spread over all variants), ``--repeats`` times:
+1. Overhead of the pacing layer with every delay zero (controller ``none``) against plain DDP, on
+   the built-in workload (MLP, ``--widths``) with ``--nproc`` gloo ranks on this machine, same seed,
+   no straggler. Run-to-run drift on a shared machine is larger than the effect (plain DDP's
+   per-run medians spread ~10 %), so the variants run *interleaved inside one job*: every rank
+   builds one DDP model per variant (same seed) and trains them in blocks of ``--block``
+   iterations, round-robin, the order rotating every round. Each round gives one paired
+   difference per variant (its block's mean iteration time minus plain DDP's, same round), so slow
+   drift cancels. Variants:
 
    - ``plain``: DDP with its built-in C++ all-reduce;
-   - ``py_hook``: DDP with torch's own Python ``allreduce_hook`` (the floor of any Python comm hook);
-   - ``piggyback``: the pacer, figures carried on bucket 0 of the next iteration (``gather=piggyback``);
-   - ``collective``: the pacer, one tiny all-reduce per iteration (``gather=collective``);
-   - ``no_gather``: the pacer with ``gather_every`` = never (hook, timestamps and delay logic only).
+   - ``py_hook``: DDP with torch's own Python ``allreduce_hook``: the floor of *any* Python DDP
+     communication hook (a Python completion callback per bucket);
+   - ``async`` / ``piggyback`` / ``collective``: the pacer in each exchange mode (``gather=``);
+   - ``no_gather``: the pacer with the exchange switched off (hook, timestamps, delay logic only).
 
-   Figure per run: the median per-iteration wall time of rank 0's training loop. Reported: the median
-   over runs of each variant, the spread (min, max, IQR) of per-run medians, and the overhead both as
-   a ratio of medians and as the median of per-repeat paired ratios (variant / plain of the same repeat).
-2. Cost of skew measurement per iteration, per mode: the pacer's own timing (collective: the tiny
-   all-reduce; piggyback: host time to encode, pack, copy back and decode), and the loop-time
-   difference against ``no_gather``.
-3. Delay precision of the host delay (``time.sleep`` + spin tail, and sleep only): median and p99 of
+   Reported per configuration: plain's median iteration time; per variant the median paired
+   difference in ms and as a fraction of plain's iteration, with a 95 % bootstrap interval
+   (``scipy.stats.bootstrap`` over rounds); and the pacer's own timing of the exchange's host work
+   (encode, pack, decode: ``Pacer.gather_s``). An exchange still in flight at the end of a block
+   completes during the next variant's first iteration: its cost leaks into that block (at most one
+   tiny all-reduce in ``--block`` iterations).
+2. Delay precision of the host delay (``time.sleep`` + spin tail, and sleep only): median and p99 of
    actual minus requested for 0.1, 1 and 10 ms.
 
-Usage: ``python experiments/bench/bench_torchdist.py --nproc 4 [--iters 150] [--repeats 8]
-[--variants plain,piggyback,...] [--out results/torchdist.json]``
+Usage: ``python experiments/bench/bench_torchdist.py [--nproc 2 4] [--widths 512 1024] [--rounds 60]
+[--block 5] [--variants plain,py_hook,...] [--out results/torchdist.json]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import tempfile
+import os
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-#: name -> pacing overrides of the run (see :func:`pacectl.torchdist.worker.worker_main`).
+#: name -> how the variant's DDP model is set up (see :func:`overhead_worker`).
 VARIANTS: dict[str, dict[str, Any]] = {
     "plain": {"attach": False},
     "py_hook": {"attach": "allreduce_hook"},
+    "async": {"attach": True, "gather": "async", "gather_every": 1},
     "piggyback": {"attach": True, "gather": "piggyback", "gather_every": 1},
     "collective": {"attach": True, "gather": "collective", "gather_every": 1},
     "no_gather": {"attach": True, "gather": "collective", "gather_every": 10**9},
 }
 
 
-def _spec(record_dir: str, runs: list[list[Any]], *, iters: int, width: int) -> dict[str, Any]:
+def overhead_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """One rank of the interleaved overhead job (see the module docstring).
+
+    Returns:
+        ``times_s``: ``float64[rounds, variants]`` mean iteration time of each block on this rank;
+        ``gather_s``: per pacer variant, the exchange's host time per exchange, seconds.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from pacectl.torchdist.core import DecisionEngine
+    from pacectl.torchdist.pacer import Pacer
+    from pacectl.torchdist.worker import build_model
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    seed, workload, variants = int(spec["seed"]), spec["workload"], list(spec["variants"])
+    setups = []
+    for name in variants:
+        torch.manual_seed(seed)
+        model, x = build_model(workload)
+        torch.manual_seed(seed * 1009 + rank + 1)
+        x = torch.randn_like(x)
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=float(workload["bucket_cap_mb"]))
+        opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+        how = VARIANTS[name]
+        pacer = None
+        if how["attach"] == "allreduce_hook":
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            ddp.register_comm_hook(dist.group.WORLD, allreduce_hook)
+        elif how["attach"]:
+            engine = DecisionEngine("none", {}, {"max_delay_frac": 0.5}, num_ranks=world, seed=seed)
+            pacer = Pacer(engine, gather=how["gather"], gather_every=how["gather_every"]).attach(ddp)
+        setups.append((ddp, opt, x, pacer))
+
+    def step(ddp: Any, opt: Any, x: Any) -> None:
+        opt.zero_grad(set_to_none=True)
+        ddp(x).float().pow(2).mean().backward()
+        opt.step()
+
+    for ddp, opt, x, _ in setups:  # warm-up: DDP rebuilds its buckets after iteration 0
+        for _ in range(3):
+            step(ddp, opt, x)
+    rounds, block = int(spec["rounds"]), int(spec["block"])
+    times = np.zeros((rounds, len(setups)))
+    for r in range(rounds):
+        shift = r % len(setups)
+        for i in list(range(shift, len(setups))) + list(range(shift)):
+            ddp, opt, x, _ = setups[i]
+            t0 = time.perf_counter()
+            for _ in range(block):
+                step(ddp, opt, x)
+            times[r, i] = (time.perf_counter() - t0) / block
+    gather = {}
+    for name, (_, _, _, pacer) in zip(variants, setups, strict=True):
+        if pacer is not None:
+            pacer.flush()
+            gather[name] = np.asarray(pacer.gather_s, dtype=np.float64)
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"times_s": times, "gather_s": gather}
+
+
+def _paired(diff: np.ndarray, scale: float) -> dict[str, float]:
+    """Median paired difference (ms and fraction of ``scale``) with a 95 % bootstrap interval."""
+    from scipy import stats
+
+    ci = stats.bootstrap((diff,), np.median, confidence_level=0.95, n_resamples=2000, random_state=0)
+    low, high = ci.confidence_interval
     return {
-        "runs": runs,
-        "seed": 0,
-        "name": "bench",
-        "workload": {
-            "model": "mlp",
-            "width": width,
-            "depth": 4,
-            "batch_size": 32,
-            "bucket_cap_mb": 1.0,
-            "lr": 1e-3,
-            "num_iterations": iters,
-            "warmup_iterations": 10,
-        },
-        "straggler": {"rank": None},
-        "guard": {"max_delay_frac": 0.5},
-        "pacing": {"attach": True, "spin_s": 2e-4, "gather_every": 1, "control_poll_iters": 10},
-        "pg_timeout_s": 120,
-        "record_dir": record_dir,
-        "comm_model": "live-gloo",
+        "median_ms": float(np.median(diff)) * 1e3,
+        "ci95_ms": [float(low) * 1e3, float(high) * 1e3],
+        "frac": float(np.median(diff)) / scale,
+        "ci95_frac": [float(low) / scale, float(high) / scale],
     }
 
 
-def _spread(x: list[float]) -> dict[str, float]:
-    a = np.asarray(x, dtype=np.float64)
-    return {
-        "median": float(np.median(a)),
-        "min": float(a.min()),
-        "max": float(a.max()),
-        "iqr": float(np.percentile(a, 75) - np.percentile(a, 25)),
-    }
-
-
-def bench_overhead(nproc: int, iters: int, repeats: int, width: int, variants: list[str]) -> dict[str, Any]:
-    """Interleaved runs of ``variants`` in one ``nproc``-rank job; figures from rank 0 (see module doc)."""
+def bench_overhead(nproc: int, width: int, rounds: int, block: int, variants: list[str]) -> dict[str, Any]:
+    """One interleaved ``nproc``-rank job at ``width``; figures from rank 0 (see the module docstring)."""
     from pacectl.torchdist.launch import launch_workers
 
-    runs: list[list[Any]] = []
-    for r in range(repeats):
-        shift = r % len(variants)
-        for v in variants[shift:] + variants[:shift]:
-            runs.append(["none", {}, {**VARIANTS[v], "label": f"{v}#{r}"}])
-    with tempfile.TemporaryDirectory() as tmp:
-        out = launch_workers(
-            _spec(tmp, runs, iters=iters, width=width), nproc_per_node=nproc, start_method="fork"
-        )[0]
-    per_run: dict[str, list[float]] = {v: [] for v in variants}
-    cost: dict[str, list[float]] = {v: [] for v in variants}
-    for label, res in out.items():
-        v, _ = label.split("#")
-        per_run[v].append(float(np.median(res["loop_s"])))
-        cost[v].extend(np.asarray(res["gather_s"], dtype=np.float64).tolist())
-    base = "plain"
-    p = float(np.median(per_run[base]))
+    spec = {
+        "seed": 0,
+        "variants": variants,
+        "rounds": rounds,
+        "block": block,
+        "workload": {"model": "mlp", "width": width, "depth": 4, "batch_size": 32, "bucket_cap_mb": 1.0},
+    }
+    out = launch_workers(spec, nproc_per_node=nproc, start_method="fork", entrypoint=overhead_worker)[0]
+    times = out["times_s"]
+    plain = times[:, variants.index("plain")]
+    scale = float(np.median(plain))
     result: dict[str, Any] = {
         "world_size": nproc,
         "workload": f"mlp width {width} depth 4 batch 32, bucket_cap_mb 1",
-        "iterations_per_run": iters,
-        "repeats": repeats,
-        "iteration_median_s": {v: float(np.median(x)) for v, x in per_run.items()},
-        "per_run_median_spread_s": {v: _spread(x) for v, x in per_run.items()},
-        "overhead_frac_vs_plain": {v: float(np.median(x)) / p - 1.0 for v, x in per_run.items() if v != base},
-        "paired_overhead_frac_vs_plain": {
-            v: _spread([a / b - 1.0 for a, b in zip(x, per_run[base], strict=True)])
-            for v, x in per_run.items()
-            if v != base
+        "rounds": rounds,
+        "block_iterations": block,
+        "plain_iteration_median_ms": scale * 1e3,
+        "iteration_median_ms": {v: float(np.median(times[:, i])) * 1e3 for i, v in enumerate(variants)},
+        "overhead_vs_plain": {
+            v: _paired(times[:, i] - plain, scale) for i, v in enumerate(variants) if v != "plain"
         },
-        "plain_run_to_run_spread_frac": (max(per_run[base]) - min(per_run[base])) / p,
-        "per_run_medians_s": per_run,
     }
-    skew: dict[str, Any] = {}
-    for v in ("collective", "piggyback"):
-        if v in per_run and cost[v]:
-            c = np.asarray(cost[v])
-            skew[v] = {
-                "pacer_timed_median_s": float(np.median(c)),
-                "pacer_timed_p99_s": float(np.percentile(c, 99)),
-                "pacer_timed_frac_of_iteration": float(np.median(c)) / p,
-            }
-            if "no_gather" in per_run:
-                skew[v]["loop_median_minus_no_gather_s"] = float(
-                    np.median(per_run[v]) - np.median(per_run["no_gather"])
-                )
-    result["skew_measurement_cost"] = skew
+    if "py_hook" in variants:
+        hook = times[:, variants.index("py_hook")]
+        result["overhead_vs_py_hook"] = {
+            v: _paired(times[:, i] - hook, scale)
+            for i, v in enumerate(variants)
+            if v not in ("plain", "py_hook")
+        }
+    result["exchange_host_time_us"] = {
+        v: {
+            "median": float(np.median(g)) * 1e6 if len(g) else float("nan"),
+            "p99": float(np.percentile(g, 99)) * 1e6 if len(g) else float("nan"),
+        }
+        for v, g in out["gather_s"].items()
+        if v != "no_gather"
+    }
     return result
 
 
@@ -152,12 +193,12 @@ def bench_delay_precision(reps: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--iters", type=int, default=150)
-    parser.add_argument("--repeats", type=int, default=8)
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--reps", type=int, default=300)
-    parser.add_argument("--nproc", type=int, default=4)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nproc", type=int, nargs="+", default=[2, 4], help="world sizes (gloo ranks)")
+    parser.add_argument("--widths", type=int, nargs="+", default=[512, 1024], help="MLP widths")
+    parser.add_argument("--rounds", type=int, default=60, help="interleaved rounds per configuration")
+    parser.add_argument("--block", type=int, default=5, help="iterations per variant per round")
+    parser.add_argument("--reps", type=int, default=300, help="delay-precision samples per delay")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "torchdist.json"))
     args = parser.parse_args()
@@ -165,18 +206,29 @@ def main() -> None:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or "plain" not in variants:
         parser.error(f"--variants: choose among {sorted(VARIANTS)}, 'plain' included (got {unknown})")
+    from _record import write_record
+
     t0 = time.perf_counter()
-    result = {
-        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs, {platform.python_version()}",
-        "torch": __import__("torch").__version__,
-        "command": f"python experiments/bench/bench_torchdist.py --nproc {args.nproc} --iters {args.iters} "
-        f"--repeats {args.repeats} --variants {','.join(variants)}",
-        "delay_precision": bench_delay_precision(args.reps),
-        "overhead": bench_overhead(args.nproc, args.iters, args.repeats, args.width, variants),
-    }
-    result["wall_time_s"] = time.perf_counter() - t0
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    configs = []
+    for nproc in args.nproc:
+        for width in args.widths:
+            t1 = time.perf_counter()
+            configs.append(bench_overhead(nproc, width, args.rounds, args.block, variants))
+            configs[-1]["wall_time_s"] = time.perf_counter() - t1
+            print(json.dumps(configs[-1], indent=1), flush=True)
+    write_record(
+        Path(args.out),
+        configs,
+        cpus=os.cpu_count(),
+        torch=__import__("torch").__version__,
+        command="python experiments/bench/bench_torchdist.py --nproc "
+        + " ".join(map(str, args.nproc))
+        + " --widths "
+        + " ".join(map(str, args.widths))
+        + f" --rounds {args.rounds} --block {args.block} --variants {','.join(variants)}",
+        delay_precision=bench_delay_precision(args.reps),
+        wall_time_s=time.perf_counter() - t0,
+    )
 
 
 if __name__ == "__main__":

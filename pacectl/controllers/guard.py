@@ -107,8 +107,9 @@ class SafetyGuard:
             ControllerError: called before ``reset``, or the observation has the wrong number of ranks.
         """
         num_ranks = self._require_reset("act")
-        for field in _OBS_ARRAYS:
-            shape = np.shape(getattr(obs, field))
+        arrays = [getattr(obs, field) for field in _OBS_ARRAYS]
+        for field, arr in zip(_OBS_ARRAYS, arrays, strict=True):
+            shape = np.shape(arr)
             if shape != (num_ranks,):
                 raise ControllerError(
                     f"observation {field} must have shape ({num_ranks},) to match "
@@ -118,12 +119,13 @@ class SafetyGuard:
         zeros = np.zeros(num_ranks, dtype=np.float64)
         self._last_zeroed = False
 
-        scalars = (obs.iteration_time_s, obs.collective_time_s)
-        if not (all(np.isfinite(getattr(obs, f)).all() for f in _OBS_ARRAYS) and np.isfinite(scalars).all()):
+        arrays += [np.array([obs.iteration_time_s, obs.collective_time_s], dtype=np.float64)]
+        if not np.isfinite(np.concatenate(arrays)).all():
             return self._zero(zeros, "observation has non-finite values")
-        self._iteration_times[self._count % self.window_iters] = obs.iteration_time_s
+        window = self._iteration_times
+        window[self._count % self.window_iters] = obs.iteration_time_s
         self._count += 1
-        median = float(np.median(self._iteration_times[: min(self._count, self.window_iters)]))
+        median = _median(window[: min(self._count, self.window_iters)])
         self._cap_s = max(self.max_delay_frac * median, 0.0)
         if self.max_delay_s is not None:
             self._cap_s = min(self._cap_s, self.max_delay_s)
@@ -196,3 +198,16 @@ class SafetyGuard:
             f"SafetyGuard({self.inner!r}, max_delay_frac={self.max_delay_frac!r}, "
             f"max_delay_s={self.max_delay_s!r}, window_iters={self.window_iters!r}, enabled={self.enabled!r})"
         )
+
+
+def _median(values: FloatArray) -> float:
+    """Median of a short 1-D array, bit-identical to ``np.median`` (mean of the two middle values).
+
+    Several times faster than ``np.median`` on the guard's 32-value window, which runs on the
+    training critical path of a live job every iteration.
+    """
+    ordered = np.sort(values)
+    mid = ordered.size // 2
+    if ordered.size % 2:
+        return float(ordered[mid])
+    return float((ordered[mid - 1] + ordered[mid]) / 2.0)

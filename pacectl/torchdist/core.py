@@ -35,7 +35,8 @@ from pacectl.traces.model import JobMeta, OpTrace, validate_ops
 from pacectl.types import Action, Episode, FloatArray, Observation
 
 #: Per-rank figures exchanged once per iteration (one float64 each), in this order; see
-#: :mod:`pacectl.torchdist.pacer` for the two ways (piggyback on bucket 0, or one tiny collective).
+#: :mod:`pacectl.torchdist.pacer` for the three ways (a tiny all-reduce, async or blocking, or
+#: piggybacked on bucket 0).
 GATHER_FIELDS = (
     "arrival_local_s",  # enter of the paced collective minus the iteration start, local clock
     "in_collective_s",  # exit minus enter of the paced collective, local clock
@@ -323,8 +324,9 @@ def marks_to_ops(
       (a bucket cannot start before the previous one on the same process group finished);
       ``delay_s`` on bucket 0 = the applied pacing delay, 0 elsewhere;
     - ``optimizer-clip-main-grad`` 0: the end-of-sync bookkeeping ``[backward_end, sync_exit)``:
-      the tiny all-rank gather in ``gather: collective`` mode, only decoding and deciding in
-      ``piggyback`` mode (the figures rode on bucket 0); its exit is the next iteration's start.
+      the tiny all-rank gather in ``gather: collective`` mode, only issuing it in ``async`` mode,
+      nearly nothing in ``piggyback`` mode (the figures rode on bucket 0); its exit is the next
+      iteration's start.
 
     On CPU/gloo the pacing sleep blocks the training thread, so it also sits in the gap between
     ``backward-compute`` 0 and 1; the replay (which models a comm-side delay, the CUDA semantic)

@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from pacectl.errors import BackendError
@@ -42,6 +43,7 @@ def launch_workers(
     log_dir: str | None = None,
     is_host: bool | None = None,
     node_rank: int | None = None,
+    entrypoint: Callable[[dict[str, Any]], Any] | None = None,
 ) -> dict[int, Any]:
     """Run :func:`pacectl.torchdist.worker.worker_main` on every rank via ``elastic_launch``.
 
@@ -60,6 +62,8 @@ def launch_workers(
             endpoint's host name; set True on one agent when the endpoint is a namespace address).
         node_rank: use the ``static`` rendezvous (like ``torchrun --node-rank``) with this node's rank:
             deterministic rank placement; node 0 hosts the store at ``rdzv_endpoint``.
+        entrypoint: run this function of the spec on every rank instead of ``worker_main``
+            (benchmarks; it joins the process group itself; with ``"spawn"`` it must be importable).
 
     Returns:
         ``{global rank: worker return value}`` for the ranks of this agent.
@@ -94,7 +98,7 @@ def launch_workers(
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
     )
     try:
-        return dict(elastic_launch(config, worker_main)(spec))
+        return dict(elastic_launch(config, entrypoint or worker_main)(spec))
     except ChildFailedError as err:
         rank, failure = _root_failure(err.failures)
         message: Any = failure.message

@@ -11,23 +11,31 @@ Per iteration, on every rank:
    Then record ``enter``; the future's completion records ``exit``.
 2. Exchange the per-rank figures :data:`~pacectl.torchdist.core.GATHER_FIELDS` of the iteration as
    one-hot rows (:func:`~pacectl.torchdist.core.one_hot_row`): a sum all-reduce of them is an exact
-   all-gather, so every rank gets the bit-identical table. Two modes (``gather=``):
+   all-gather, so every rank gets the bit-identical table. Three modes (``gather=``), compared in
+   ``experiments/bench/bench_torchdist.py``:
 
-   - ``"piggyback"`` (default): the rows ride on the gradient all-reduce that happens anyway. The
-     hook of bucket 0 of iteration ``k + 1`` all-reduces ``cat([bucket / world, rows of k])`` instead
-     of the bucket alone; the future's callback copies the gradient part back into the bucket
-     (so only the gradients are averaged) and the row part is decoded at the end of iteration
-     ``k + 1``. No extra collective, no extra round trip: the cost is a few hundred bytes on a bucket
-     DDP caps at 1 MB (``dist._DEFAULT_FIRST_BUCKET_BYTES``) and one copy of that bucket. The price
-     is one more iteration of lag: the observation of iteration ``k`` is decided on at the end of
-     ``k + 1`` and its delay applies from ``k + 2`` (collective mode: from ``k + 1``). Float32
-     buckets carry each float64 figure as a (hi, lo) float32 pair (about 48 bits kept; every rank
-     decodes the same bits); float64 buckets carry it as is; other dtypes (fp16/bf16) fall back to
-     collective mode with a warning, on every rank at the same iteration.
-   - ``"collective"``: at the end of the gradient sync (an autograd-engine callback queued by the
-     hook, before DDP's own finalisation), one separate tiny sum all-reduce of the rows. The ranks
-     have just left the last bucket together, so this adds its latency (one round trip) but no
-     waiting. Decisions are one iteration stale.
+   - ``"async"`` (default): at the end of the gradient sync of iteration ``k`` (an autograd-engine
+     callback queued by the hook, before DDP's own finalisation) one tiny sum all-reduce of the rows
+     is issued *without waiting for it*. Every rank has just left the last bucket together, so nobody
+     waits in it: it completes during the optimizer step and the forward pass of ``k + 1``, and on
+     CPU its completion callback decodes the rows and runs the controller on the communication
+     thread. The hook of bucket 0 of ``k + 1`` only checks that it is done (it normally is) before
+     applying the delay. Decisions are one iteration stale; no gradient bytes are copied.
+   - ``"piggyback"``: the rows ride on the gradient all-reduce that happens anyway. The hook of
+     bucket 0 of iteration ``k + 1`` all-reduces ``cat([bucket / world, rows of k])`` instead of the
+     bucket alone (only the gradient part is averaged). The future returns a view of the gradient
+     part (DDP copies a hook's result into the gradients anyway), and on CPU its completion callback
+     decodes the rows and runs the controller on the communication thread while the backward pass
+     of ``k + 1`` goes on (CUDA: at the end of ``k + 1``). No extra collective at all; the cost is a
+     few hundred bytes on bucket 0 (which DDP caps at 1 MB, ``dist._DEFAULT_FIRST_BUCKET_BYTES``,
+     unless one parameter is larger) and one copy of that bucket. The price is one more iteration
+     of lag: the observation of iteration ``k`` is decided on during ``k + 1`` and its delay applies
+     from ``k + 2``. Float32 buckets carry each float64 figure as a (hi, lo) float32 pair (about 48
+     bits kept; every rank decodes the same bits); float64 buckets carry it as is; other dtypes
+     (fp16/bf16) fall back to collective mode with a warning, on every rank at the same iteration.
+   - ``"collective"``: the same tiny all-reduce as ``"async"``, but blocking, and decided on at once
+     on the training thread: one round trip on the critical path per exchange. Decisions are one
+     iteration stale.
 
    Every rank then builds the same :class:`~pacectl.types.Observation` and runs the same guarded
    controller (:class:`~pacectl.torchdist.core.DecisionEngine`): identical decisions, nobody waits
@@ -37,8 +45,9 @@ Per iteration, on every rank:
 3. Runtime control (switch off, retune) without restart: rank 0 polls a JSON file every
    ``control_poll_iters`` iterations (or takes :meth:`Pacer.request_control`) and publishes a version
    number in its row; when the exchanged version grows, every rank (same iteration, same table) takes
-   part in one ``broadcast_object_list`` of the new messages and applies them. This broadcast is the
-   only extra collective in piggyback mode, and it happens only when a new version appears. See
+   part in one ``broadcast_object_list`` of the new messages and applies them, on the training
+   thread (collectives are issued from it only, in the same order on every rank). This broadcast
+   happens only when a new version appears. See
    :func:`~pacectl.torchdist.core.validate_control` for the message.
 
 A dead rank makes the next collective fail (gloo: closed connection) or time out after the process
@@ -47,6 +56,8 @@ group timeout; the exception leaves ``backward()`` and the launcher stops the jo
 
 from __future__ import annotations
 
+import functools
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -130,7 +141,7 @@ class DeviceDelay:
 
 
 #: Gather modes of :class:`Pacer` (see the module docstring).
-GATHER_MODES = ("piggyback", "collective")
+GATHER_MODES = ("async", "piggyback", "collective")
 
 _PIGGYBACK_DTYPES = (torch.float32, torch.float64)
 
@@ -173,9 +184,9 @@ class Pacer:
         group: process group (default: the world, one pacing domain for pure DP).
         spin_s: busy-wait tail of the host delay, seconds.
         gather_every: exchange the per-rank figures every this many iterations, >= 1.
-        gather: ``"piggyback"`` (on bucket 0 of the next iteration, no extra collective, one more
-            iteration of decision lag) or ``"collective"`` (one tiny all-reduce at the end of the
-            gradient sync).
+        gather: ``"async"`` (one tiny all-reduce at the end of the gradient sync, not waited for),
+            ``"piggyback"`` (on bucket 0 of the next iteration, no extra collective, one more
+            iteration of decision lag) or ``"collective"`` (the tiny all-reduce, blocking).
         control_path: JSON file rank 0 watches for runtime control, or None.
         control_poll_iters: poll the file every this many iterations.
         device_delay: ``"auto"`` (device-side on CUDA tensors, host sleep otherwise), ``"host"``.
@@ -196,7 +207,7 @@ class Pacer:
         group: Any = None,
         spin_s: float = 2e-4,
         gather_every: int = 1,
-        gather: str = "piggyback",
+        gather: str = "async",
         control_path: str | Path | None = None,
         control_poll_iters: int = 10,
         device_delay: str = "auto",
@@ -222,6 +233,10 @@ class Pacer:
         self._inflight: tuple[int, int, torch.Tensor, int] | None = None
         self._pack_s = 0.0
         self._combined: torch.Tensor | None = None
+        # piggyback tables decoded on the communication thread but left to the training thread
+        self._undecided: tuple[int, np.ndarray] | None = None
+        # async mode: (first iteration, rows, tensor, work, completion future or None on CUDA)
+        self._async: tuple[int, int, torch.Tensor, Any, Any] | None = None
         self.reset_log()
         self._next_delay = 0.0
         self._k = 0
@@ -256,9 +271,38 @@ class Pacer:
         self.observations: list[Observation] = []
         self.decisions: list[np.ndarray] = []
         self.diagnostics: list[dict[str, float]] = []
-        self.marks: list[dict[str, Any]] = []
+        self._raw_marks: list[tuple[Any, ...]] = []
         self.gather_s: list[float] = []
         self.delay_actual_s: list[float] = []
+
+    @property
+    def marks(self) -> list[dict[str, Any]]:
+        """Per-iteration marks of this rank (local clock, seconds from the iteration start).
+
+        Keys: ``forward_end_s`` (the DDP forward's end; the first hook call if the forward hook did
+        not fire), ``hook_call_s``, ``hook_return_s``, ``enter_s``, ``exit_s`` (one per bucket),
+        ``backward_end_s`` (every bucket done), ``sync_exit_s`` (exchange and decision done: the next
+        iteration's start), ``applied_delay_s`` and ``decisions_before`` (decisions logged before
+        this iteration's delay was applied). The input of
+        :func:`~pacectl.torchdist.core.marks_to_ops`.
+        """
+        out = []
+        for start, fwd_end, calls, returns, enters, exits, t_end, t_exit, applied, before in self._raw_marks:
+            fwd = fwd_end if math.isfinite(fwd_end) else (calls or [t_end])[0]
+            out.append(
+                {
+                    "forward_end_s": max(fwd - start, 0.0),
+                    "hook_call_s": [t - start for t in calls],
+                    "hook_return_s": [t - start for t in returns],
+                    "enter_s": [t - start for t in enters],
+                    "exit_s": [t - start for t in exits],
+                    "backward_end_s": t_end - start,
+                    "sync_exit_s": t_exit - start,
+                    "applied_delay_s": applied,
+                    "decisions_before": before,
+                }
+            )
+        return out
 
     def flush(self) -> None:
         """Exchange the figures still pending (one collective) and decide on them. Every rank calls it.
@@ -268,6 +312,7 @@ class Pacer:
         pending; ``gather_every > 1`` leaves up to ``gather_every - 1``). No-op when nothing is pending
         (the same on every rank: every rank has run the same iterations).
         """
+        self._settle_exchange()
         if self._pending_rows:
             self._gather_and_decide()
 
@@ -301,6 +346,7 @@ class Pacer:
         buf = bucket.buffer()
         first = bucket.index() == 0
         if first:
+            self._settle_exchange()
             self._clear_iteration()
             torch.autograd.Variable._execution_engine.queue_callback(self._end_iteration)
         fut = self._launch(buf, t_call, first=first)
@@ -329,89 +375,146 @@ class Pacer:
         self._pack_s = now() - t0
         return extra
 
+    def _pack(self, buf: torch.Tensor, extra: torch.Tensor, average: bool) -> torch.Tensor:
+        """``[buf / world (or buf), extra]`` in one reused buffer: what the piggybacked all-reduce sums."""
+        t0 = now()
+        n = buf.numel()
+        size = n + extra.numel()
+        combined = self._combined
+        if combined is None or combined.numel() != size or combined.dtype != buf.dtype or combined.device != buf.device:
+            # Kept across iterations: DDP has copied the previous result into the gradients by the
+            # end of that iteration's backward, and the rows were decoded before.
+            combined = torch.empty(size, dtype=buf.dtype, device=buf.device)
+            self._combined = combined
+        grad_part = combined[:n].view(buf.shape)
+        if average:
+            torch.div(buf, self.world_size, out=grad_part)
+        else:
+            grad_part.copy_(buf)
+        combined[n:].copy_(extra)
+        assert self._inflight is not None
+        self._inflight = (*self._inflight[:2], combined, n)
+        self._pack_s += now() - t0
+        return combined
+
     def _launch(
-        self, buf: torch.Tensor, t_call: float, *, first: bool, average: bool = True
+        self,
+        buf: torch.Tensor,
+        t_call: float,
+        *,
+        first: bool,
+        average: bool = True,
+        in_place: bool = False,
     ) -> torch.futures.Future[torch.Tensor]:
         """Apply the delay (first collective only), issue the all-reduce, timestamp enter and exit.
 
-        In piggyback mode the first collective all-reduces ``cat([buf (averaged), rows])``; its
-        callback copies the gradient part back into ``buf`` and the future returns ``buf``.
+        In piggyback mode the first collective all-reduces ``cat([buf (averaged), rows])``. The
+        future returns the gradient part of that buffer (a view: DDP copies a hook's result into
+        the gradients anyway), or with ``in_place`` copies it back into ``buf`` and returns ``buf``.
+        On CPU the piggybacked rows are decoded and decided on in the future's completion callback,
+        on the communication thread, while the backward pass goes on (see :meth:`_on_piggyback_exit`).
+        """
+        if buf.is_cuda and self.device_delay_mode == "auto":
+            return self._launch_cuda(buf, t_call, first=first, average=average, in_place=in_place)
+        slot = len(self._enter)
+        self._hook_call.append(t_call)
+        self._exit.append(float("nan"))
+        extra = None
+        if first:
+            delay = self._next_delay
+            self._applied = delay
+            self.delay_actual_s.append(host_delay(delay, spin_s=self.spin_s))
+            extra = self._take_piggyback(buf)
+        if extra is None:
+            if average:
+                buf.div_(self.world_size)
+            target = buf
+        else:
+            target = self._pack(buf, extra, average)
+        self._enter.append(now())
+        fut = dist.all_reduce(target, group=self.group, async_op=True).get_future()
+        if extra is None:
+            chained = fut.then(functools.partial(self._on_exit, slot))
+        else:
+            chained = fut.then(functools.partial(self._on_piggyback_exit, slot, buf, in_place))
+        self._futures.append(chained)
+        self._hook_return.append(now())
+        return chained
+
+    def _on_exit(self, slot: int, fut: torch.futures.Future[Any]) -> torch.Tensor:
+        """Completion callback of a plain bucket: timestamp the exit, return the all-reduced bucket."""
+        self._exit[slot] = now()
+        return fut.value()[0]
+
+    def _on_piggyback_exit(
+        self, slot: int, buf: torch.Tensor, in_place: bool, fut: torch.futures.Future[Any]
+    ) -> torch.Tensor:
+        """Completion callback of a piggybacked bucket 0 (CPU): timestamp, decide, return the gradients.
+
+        Deciding here takes the decode and the controller off the training thread: on the
+        communication thread, while the backward pass computes the next buckets. A table carrying a
+        new runtime-control version is left to :meth:`_end_iteration`, because applying it takes a
+        collective (a broadcast), which must be issued from the training thread in the same order on
+        every rank.
+        """
+        self._exit[slot] = now()
+        combined = fut.value()[0]
+        grads = combined[: buf.numel()].view(buf.shape)
+        first_iteration, tables = self._decode_inflight()
+        if tables[:, 0, 4].max() > self.engine.version:
+            self._undecided = (first_iteration, tables)
+        else:
+            self._decide(first_iteration, tables)
+        if in_place:
+            buf.copy_(grads)
+            return buf
+        return grads
+
+    def _launch_cuda(
+        self, buf: torch.Tensor, t_call: float, *, first: bool, average: bool, in_place: bool
+    ) -> torch.futures.Future[torch.Tensor]:
+        """CUDA/NCCL: the delay is a device-side wait on the pacing stream; times come from CUDA events.
+
+        The piggybacked rows are decoded in :meth:`_end_iteration` (after the events resolve).
         """
         delay = self._next_delay if first else 0.0
-        slot = len(self._enter)
-        self._exit.append(float("nan"))
         extra = self._take_piggyback(buf) if first else None
-        n = buf.numel()
-
-        def pack() -> torch.Tensor:
-            """The tensor to all-reduce: ``buf`` averaged in place, or a new ``[buf / world, extra]``."""
+        self._hook_call.append(t_call)
+        self._exit.append(float("nan"))
+        if self._device_delay is None:
+            self._device_delay = DeviceDelay(buf.device)
+        stream = self._device_delay.paced_stream(delay)
+        enter_ev = torch.cuda.Event(enable_timing=True)
+        exit_ev = torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            enter_ev.record(stream)
+            buf.record_stream(stream)
             if extra is None:
                 if average:
                     buf.div_(self.world_size)
-                return buf
-            t0 = now()
-            combined = self._combined
-            size = n + extra.numel()
-            if combined is None or combined.numel() != size or combined.dtype != buf.dtype:
-                # kept across iterations: the previous use ended when its rows were decoded
-                combined = torch.empty(size, dtype=buf.dtype, device=buf.device)
-                self._combined = combined
-            grad_part = combined[:n].view(buf.shape)
-            if average:
-                torch.div(buf, self.world_size, out=grad_part)
+                target = buf
             else:
-                grad_part.copy_(buf)
-            combined[n:].copy_(extra)
-            assert self._inflight is not None
-            self._inflight = (*self._inflight[:2], combined, n)
-            self._pack_s += now() - t0
-            return combined
-
-        def unpack(target: torch.Tensor) -> torch.Tensor:
-            if target is not buf:
-                buf.copy_(target[:n].view(buf.shape))
-            return buf
-
-        if buf.is_cuda and self.device_delay_mode == "auto":
-            if self._device_delay is None:
-                self._device_delay = DeviceDelay(buf.device)
-            stream = self._device_delay.paced_stream(delay)
-            enter_ev = torch.cuda.Event(enable_timing=True)
-            exit_ev = torch.cuda.Event(enable_timing=True)
-            with torch.cuda.stream(stream):
-                enter_ev.record(stream)
-                buf.record_stream(stream)
-                if extra is not None:
-                    extra.record_stream(stream)  # made on the current stream, read on this one
-                target = pack()
-                work = dist.all_reduce(target, group=self.group, async_op=True)
-            t_enter = now()
-            if first:
-                self._applied = delay
-            self._cuda_events.append((enter_ev, exit_ev))
-
-            def done_cuda(f: torch.futures.Future[Any]) -> torch.Tensor:
-                exit_ev.record()
-                f.wait()
-                return unpack(target)
-
-            fut = work.get_future().then(done_cuda)
-        else:
-            if first:
-                self._applied = delay
-                self.delay_actual_s.append(host_delay(delay, spin_s=self.spin_s))
-            target = pack()
-            t_enter = now()
+                extra.record_stream(stream)  # made on the current stream, read on this one
+                target = self._pack(buf, extra, average)
             work = dist.all_reduce(target, group=self.group, async_op=True)
+        self._enter.append(now())
+        if first:
+            self._applied = delay
+        self._cuda_events.append((enter_ev, exit_ev))
+        n = buf.numel()
 
-            def done(f: torch.futures.Future[Any]) -> torch.Tensor:
-                self._exit[slot] = now()
-                f.wait()
-                return unpack(target)
+        def done_cuda(f: torch.futures.Future[Any]) -> torch.Tensor:
+            exit_ev.record()
+            f.wait()
+            if target is buf:
+                return buf
+            grads = target[:n].view(buf.shape)
+            if in_place:
+                buf.copy_(grads)
+                return buf
+            return grads
 
-            fut = work.get_future().then(done)
-        self._hook_call.append(t_call)
-        self._enter.append(t_enter)
+        fut = work.get_future().then(done_cuda)
         self._futures.append(fut)
         self._hook_return.append(now())
         return fut
@@ -432,8 +535,10 @@ class Pacer:
         t_end = now()
         start = self._iter_start
         k = self._k
-        if self._inflight is not None:
-            self._decide_on_piggyback()
+        if self._inflight is not None:  # CUDA: decoded here, after the events resolved
+            self._decide(*self._decode_inflight())
+        if self._undecided is not None:  # a runtime-control version: decided on this thread
+            self._settle_exchange()
         if self.watcher is not None and k % self.control_poll_iters == 0:
             control = self.watcher.poll()
             if control is not None:
@@ -444,41 +549,90 @@ class Pacer:
         if not self._pending_rows:
             self._pending_first = k
         self._pending_rows.append(row)
-        if self.gather == "collective" and len(self._pending_rows) >= self.gather_every:
-            self._gather_and_decide()
+        if len(self._pending_rows) >= self.gather_every:
+            if self.gather == "collective":
+                self._gather_and_decide()
+            elif self.gather == "async":
+                self._exchange_async()
         t_exit = now()
-        fwd = (
-            self._forward_end - start
-            if np.isfinite(self._forward_end)
-            else (self._hook_call or [t_end])[0] - start
-        )
-        self.marks.append(
-            {
-                "forward_end_s": max(fwd, 0.0),
-                "hook_call_s": [t - start for t in self._hook_call],
-                "hook_return_s": [t - start for t in self._hook_return],
-                "enter_s": [t - start for t in self._enter],
-                "exit_s": [t - start for t in self._exit],
-                "backward_end_s": t_end - start,
-                "sync_exit_s": t_exit - start,
-                "applied_delay_s": self._applied,
-                "decisions_before": self._decided_before,
-            }
+        # Raw local-clock stamps only (cheap on the critical path); :attr:`marks` converts on demand.
+        self._raw_marks.append(
+            (
+                start,
+                self._forward_end,
+                self._hook_call,
+                self._hook_return,
+                self._enter,
+                self._exit,
+                t_end,
+                t_exit,
+                self._applied,
+                self._decided_before,
+            )
         )
         self._forward_end = float("nan")
         self._iter_start = t_exit
         self._k += 1
 
-    def _decide_on_piggyback(self) -> None:
-        """Decode the rows that rode on this iteration's bucket 0 and decide on them."""
+    def _decode_inflight(self) -> tuple[int, np.ndarray]:
+        """The rows that rode on this iteration's bucket 0: ``(first iteration, float64[n, world, fields])``."""
         assert self._inflight is not None
         first_iteration, num_rows, combined, offset = self._inflight
         self._inflight = None
         t0 = now()
         tables = decode_rows(combined[offset:]).reshape(num_rows, self.world_size, NUM_GATHER_FIELDS)
-        # the exchange's host cost: encode + pack + decode (the copy back runs in the future's callback)
+        # the exchange's host cost: encode + pack + decode
         self.gather_s.append(self._pack_s + now() - t0)
-        self._decide(first_iteration, tables)
+        return first_iteration, tables
+
+    def _exchange_async(self) -> None:
+        """Async mode: issue the tiny sum all-reduce of the pending rows and return at once.
+
+        Issued at the end of the gradient sync, where every rank has just left the last bucket, so
+        nobody waits in it; it completes during the optimizer step and the next forward pass. On CPU
+        its completion callback decodes and decides on the communication thread; on CUDA (and for a
+        runtime-control version) :meth:`_settle_exchange` does, on the training thread, before the
+        next iteration's delay is applied.
+        """
+        rows = self._pending_rows
+        self._pending_rows = []
+        t0 = now()
+        flat = np.concatenate([one_hot_row(self.rank, self.world_size, r) for r in rows])
+        tensor = torch.from_numpy(flat).to(self._device())
+        work = dist.all_reduce(tensor, group=self.group, async_op=True)
+        first, num_rows = self._pending_first, len(rows)
+        fut = None
+        if not tensor.is_cuda:
+            fut = work.get_future().then(functools.partial(self._on_async_exchange, first, num_rows))
+        self._async = (first, num_rows, tensor, work, fut)
+        self._pack_s = now() - t0
+
+    def _on_async_exchange(self, first_iteration: int, num_rows: int, fut: torch.futures.Future[Any]) -> None:
+        """Completion callback of the async exchange (CPU): decode, then decide unless a control is due."""
+        t0 = now()
+        tables = fut.value()[0].numpy().reshape(num_rows, self.world_size, NUM_GATHER_FIELDS)
+        self.gather_s.append(self._pack_s + now() - t0)
+        if tables[:, 0, 4].max() > self.engine.version:
+            self._undecided = (first_iteration, tables)  # the broadcast belongs to the training thread
+        else:
+            self._decide(first_iteration, tables)
+
+    def _settle_exchange(self) -> None:
+        """Training thread, before a delay is applied: finish the async exchange and any pending decision."""
+        if self._async is not None:
+            first_iteration, num_rows, tensor, work, fut = self._async
+            self._async = None
+            if fut is not None:
+                fut.wait()  # normally long complete: it ran during the optimizer step and forward
+            else:
+                t0 = now()
+                work.wait()
+                tables = tensor.cpu().numpy().reshape(num_rows, self.world_size, NUM_GATHER_FIELDS)
+                self.gather_s.append(self._pack_s + now() - t0)
+                self._undecided = (first_iteration, tables)
+        if self._undecided is not None:
+            undecided, self._undecided = self._undecided, None
+            self._decide(*undecided)
 
     def _gather_and_decide(self) -> None:
         """Collective mode (and :meth:`flush`): one tiny sum all-reduce of the pending rows, then decide."""
@@ -549,7 +703,7 @@ class PacedAllReduce:
         first = self._count == 0
         if first:
             pacer._clear_iteration()
-        pacer._launch(tensor, t_call, first=first, average=average).wait()
+        pacer._launch(tensor, t_call, first=first, average=average, in_place=True).wait()
         self._count += 1
         if self._count == self.collectives_per_iteration:
             self._count = 0

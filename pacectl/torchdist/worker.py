@@ -112,7 +112,7 @@ def run_one(
         engine,
         spin_s=float(pacing["spin_s"]),
         gather_every=int(pacing["gather_every"]),
-        gather=str(pacing.get("gather", "piggyback")),
+        gather=str(pacing.get("gather", "async")),
         control_path=pacing.get("control_path"),
         control_poll_iters=int(pacing["control_poll_iters"]),
     )
@@ -144,7 +144,7 @@ def run_one(
         loss.backward()
         opt.step()
         loop_s[k] = time.perf_counter() - t0
-    pacer.flush()  # piggyback: the last iteration's figures (one collective, outside the timed loop)
+    pacer.flush()  # the last figures still in flight (one collective, outside the timed loop)
     out: dict[str, Any] = {
         "loop_s": loop_s[warmup:],
         "decisions": np.array(pacer.decisions),
@@ -154,27 +154,28 @@ def run_one(
     if not attach:
         dist.barrier()
         return out
+    marks = pacer.marks
     all_marks: list[Any] = [None] * world
-    dist.all_gather_object(all_marks, pacer.marks)
+    dist.all_gather_object(all_marks, marks)
     if rank == 0:
         record_dir = Path(spec["record_dir"])
         record_dir.mkdir(parents=True, exist_ok=True)
         rows = [
             row
-            for r, marks in enumerate(all_marks)
-            for k, m in enumerate(marks)
+            for r, rank_marks in enumerate(all_marks)
+            for k, m in enumerate(rank_marks)
             for row in marks_to_ops(step=k, rank=r, **m)
         ]
         name = str(spec.get("name", "live"))
         record_path = record_dir / f"{label}.parquet"
-        periods = np.array([m["sync_exit_s"] for m in pacer.marks], dtype=np.float64)
+        periods = np.array([m["sync_exit_s"] for m in marks], dtype=np.float64)
         episode = episode_from_log(
             controller=family,
             comm_model=str(spec["comm_model"]),
             observations=pacer.observations,
             iteration_time_s=periods,
             diagnostics=pacer.diagnostics,
-            decisions_before=[int(m.get("decisions_before", 0)) for m in pacer.marks],
+            decisions_before=[int(m.get("decisions_before", 0)) for m in marks],
         )
         extras = {"gather_s": out["gather_s"], "delay_actual_s": out["delay_actual_s"], "periods_s": periods}
         try:
