@@ -381,7 +381,12 @@ class Pacer:
         n = buf.numel()
         size = n + extra.numel()
         combined = self._combined
-        if combined is None or combined.numel() != size or combined.dtype != buf.dtype or combined.device != buf.device:
+        if (
+            combined is None
+            or combined.numel() != size
+            or combined.dtype != buf.dtype
+            or combined.device != buf.device
+        ):
             # Kept across iterations: DDP has copied the previous result into the gradients by the
             # end of that iteration's backward, and the rows were decoded before.
             combined = torch.empty(size, dtype=buf.dtype, device=buf.device)
