@@ -14,10 +14,10 @@ One line for any DDP loop::
     ...                 # training loop unchanged
     pacer.flush()       # every rank, at the end: decide on the figures still in flight
 
-The skew figures go out in one tiny all-reduce at the end of each gradient sync that nobody waits
-for (``gather="async"``, default); ``gather="piggyback"`` carries them on the next iteration's
-gradient bucket 0 instead (no extra collective, decisions one iteration more stale) and
-``gather="collective"`` makes the tiny all-reduce blocking. See :mod:`pacectl.torchdist.pacer`.
+The skew figures ride on the next iteration's gradient bucket 0 by default (``gather="piggyback"``:
+no extra collective, decisions one iteration more stale); ``gather="async"`` sends them in one tiny
+all-reduce at the end of each gradient sync that nobody waits for, and ``gather="collective"`` makes
+that all-reduce blocking. See :mod:`pacectl.torchdist.pacer`.
 """
 
 from __future__ import annotations

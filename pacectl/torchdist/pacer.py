@@ -12,9 +12,10 @@ Per iteration, on every rank:
 2. Exchange the per-rank figures :data:`~pacectl.torchdist.core.GATHER_FIELDS` of the iteration as
    one-hot rows (:func:`~pacectl.torchdist.core.one_hot_row`): a sum all-reduce of them is an exact
    all-gather, so every rank gets the bit-identical table. Three modes (``gather=``), compared in
-   ``experiments/bench/bench_torchdist.py``:
+   ``experiments/bench/bench_torchdist.py``; ``"piggyback"`` is the default, because it cost the
+   least overall on the benchmark machine (``experiments/bench/results/torchdist.json``):
 
-   - ``"async"`` (default): at the end of the gradient sync of iteration ``k`` (an autograd-engine
+   - ``"async"``: at the end of the gradient sync of iteration ``k`` (an autograd-engine
      callback queued by the hook, before DDP's own finalisation) one tiny sum all-reduce of the rows
      is issued *without waiting for it*. Every rank has just left the last bucket together, so nobody
      waits in it: it completes during the optimizer step and the forward pass of ``k + 1``, and on
@@ -184,9 +185,9 @@ class Pacer:
         group: process group (default: the world, one pacing domain for pure DP).
         spin_s: busy-wait tail of the host delay, seconds.
         gather_every: exchange the per-rank figures every this many iterations, >= 1.
-        gather: ``"async"`` (one tiny all-reduce at the end of the gradient sync, not waited for),
-            ``"piggyback"`` (on bucket 0 of the next iteration, no extra collective, one more
-            iteration of decision lag) or ``"collective"`` (the tiny all-reduce, blocking).
+        gather: ``"piggyback"`` (on bucket 0 of the next iteration, no extra collective, one more
+            iteration of decision lag), ``"async"`` (one tiny all-reduce at the end of the gradient
+            sync, not waited for) or ``"collective"`` (the tiny all-reduce, blocking).
         control_path: JSON file rank 0 watches for runtime control, or None.
         control_poll_iters: poll the file every this many iterations.
         device_delay: ``"auto"`` (device-side on CUDA tensors, host sleep otherwise), ``"host"``.
@@ -207,7 +208,7 @@ class Pacer:
         group: Any = None,
         spin_s: float = 2e-4,
         gather_every: int = 1,
-        gather: str = "async",
+        gather: str = "piggyback",
         control_path: str | Path | None = None,
         control_poll_iters: int = 10,
         device_delay: str = "auto",

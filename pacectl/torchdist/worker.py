@@ -112,7 +112,7 @@ def run_one(
         engine,
         spin_s=float(pacing["spin_s"]),
         gather_every=int(pacing["gather_every"]),
-        gather=str(pacing.get("gather", "async")),
+        gather=str(pacing.get("gather", "piggyback")),
         control_path=pacing.get("control_path"),
         control_poll_iters=int(pacing["control_poll_iters"]),
     )
