@@ -14,8 +14,14 @@ Checks (each prints PASS/FAIL and is recorded):
    the enter event on the pacing stream.
 4. The compute stream is not blocked: a kernel queued on the current stream after the paced
    all-reduce finishes before the collective does.
-5. End to end: a 1-rank DDP model on CUDA with the :class:`~pacectl.torchdist.pacer.Pacer` attached
-   trains 20 iterations; marks and observations are recorded and finite.
+5. End to end, for each exchange mode (``piggyback``, ``async``, ``collective``): a 1-rank DDP model
+   on CUDA with the :class:`~pacectl.torchdist.pacer.Pacer` attached trains 20 iterations;
+   observations are recorded and finite, and the trained parameters equal plain DDP's (same seed).
+6. Zero-delay overhead on the GPU (controller ``none``): plain DDP and the paced model train
+   interleaved in blocks of 5 iterations, 40 rounds; the median paired difference of the block means,
+   ms and fraction of plain's iteration (recorded, not a pass/fail check).
+
+Every check runs even if an earlier one failed; the record says which failed and why.
 """
 
 from __future__ import annotations
@@ -30,6 +36,51 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def overhead(dev: object, rounds: int = 40, block: int = 5) -> dict[str, float]:
+    """Zero-delay overhead of the pacer (piggyback) against plain DDP, interleaved blocks on one GPU."""
+    import torch
+
+    from pacectl.torchdist.core import DecisionEngine
+    from pacectl.torchdist.pacer import Pacer
+
+    setups = []
+    for paced in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).to(dev)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+        if paced:
+            Pacer(DecisionEngine("none", {}, {}, num_ranks=1, seed=0)).attach(ddp)
+        setups.append((ddp, torch.optim.SGD(ddp.parameters(), lr=1e-4), torch.randn(256, 4096, device=dev)))
+
+    def step(ddp: object, opt: object, x: object) -> None:
+        opt.zero_grad()  # type: ignore[attr-defined]
+        ddp(x).pow(2).mean().backward()  # type: ignore[operator]
+        opt.step()  # type: ignore[attr-defined]
+
+    for ddp, opt, x in setups:
+        for _ in range(5):
+            step(ddp, opt, x)
+    times = np.zeros((rounds, 2))
+    for r in range(rounds):
+        for i in (0, 1) if r % 2 == 0 else (1, 0):
+            ddp, opt, x = setups[i]
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(block):
+                step(ddp, opt, x)
+            torch.cuda.synchronize()
+            times[r, i] = (time.perf_counter() - t0) / block
+    diff = times[:, 1] - times[:, 0]
+    plain = float(np.median(times[:, 0]))
+    return {
+        "plain_iteration_median_s": plain,
+        "paced_minus_plain_median_s": float(np.median(diff)),
+        "overhead_frac": float(np.median(diff)) / plain,
+        "rounds": rounds,
+        "block_iterations": block,
+    }
 
 
 def main() -> int:
@@ -97,23 +148,48 @@ def main() -> int:
         checks["collective_delayed"] = out["collective_after_enter_s"] >= 0.0095  # type: ignore[operator]
         checks["compute_not_blocked"] = out["compute_done_after_enter_s"] < out["collective_after_enter_s"]  # type: ignore[operator]
 
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).to(dev)
-        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0], bucket_cap_mb=4)
-        pacer = Pacer(DecisionEngine("threshold", {}, {}, num_ranks=1, seed=0)).attach(ddp)
-        opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-        inp = torch.randn(64, 1024, device=dev)
-        for _ in range(20):
-            opt.zero_grad()
-            ddp(inp).pow(2).mean().backward()
-            opt.step()
-        torch.cuda.synchronize()
-        pacer.flush()  # piggyback mode (the default) exchanges the last iteration's figures here
-        it = np.array([o.iteration_time_s for o in pacer.observations])
-        out["ddp_iterations"] = len(pacer.observations)
-        out["ddp_iteration_median_s"] = float(np.median(it))
-        out["ddp_gather_median_s"] = float(np.median(pacer.gather_s))
-        checks["ddp_end_to_end"] = len(pacer.observations) == 20 and bool(np.isfinite(it).all())
+        def train(gather: str | None, iters: int = 20) -> tuple[torch.Tensor, Pacer | None]:
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).to(dev)
+            ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0], bucket_cap_mb=4)
+            engine = DecisionEngine("threshold", {}, {}, num_ranks=1, seed=0)
+            pacer = None if gather is None else Pacer(engine, gather=gather).attach(ddp)
+            opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+            gen = torch.Generator(device=dev).manual_seed(1)
+            for _ in range(iters):
+                opt.zero_grad()
+                ddp(torch.randn(64, 1024, device=dev, generator=gen)).pow(2).mean().backward()
+                opt.step()
+            torch.cuda.synchronize()
+            if pacer is not None:
+                pacer.flush()  # the figures still in flight
+            return torch.cat([q.detach().reshape(-1) for q in model.parameters()]), pacer
+
+        plain_params, _ = train(None)
+        for gather in ("piggyback", "async", "collective"):
+            try:
+                params, pacer = train(gather)
+                assert pacer is not None
+                it = np.array([o.iteration_time_s for o in pacer.observations])
+                out[f"ddp_{gather}"] = {
+                    "iterations": len(pacer.observations),
+                    "iteration_median_s": float(np.median(it)),
+                    "gather_median_s": float(np.median(pacer.gather_s)),
+                    "max_abs_param_diff_vs_plain": float((params - plain_params).abs().max()),
+                }
+                checks[f"ddp_end_to_end_{gather}"] = (
+                    len(pacer.observations) == 20
+                    and bool(np.isfinite(it).all())
+                    and bool(torch.allclose(params, plain_params, rtol=1e-5, atol=1e-6))
+                )
+            except Exception as err:  # noqa: BLE001 - record the failure, run the other checks
+                out[f"ddp_{gather}"] = {"error": f"{type(err).__name__}: {err}"}
+                checks[f"ddp_end_to_end_{gather}"] = False
+
+        try:
+            out["overhead_zero_delay"] = overhead(dev)
+        except Exception as err:  # noqa: BLE001
+            out["overhead_zero_delay"] = {"error": f"{type(err).__name__}: {err}"}
     finally:
         dist.destroy_process_group()
     out["checks"] = checks
