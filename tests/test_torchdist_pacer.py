@@ -61,8 +61,9 @@ def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
     try:
         for mode in _MODES:
             torch.manual_seed(0)
+            # a large output layer, as in a language model: bucket 0 is the largest bucket
             model = nn.Sequential(
-                nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)
+                nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 256)
             )
             ddp = nn.parallel.DistributedDataParallel(  # several buckets
                 model, bucket_cap_mb=0.01, gradient_as_bucket_view=mode.endswith("-view")
@@ -100,6 +101,8 @@ def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
                     version=engine.version,
                     max_delay_frac=engine.guard_params["max_delay_frac"],
                     gather_s=np.array(pacer.gather_s),
+                    carrier=pacer._carrier,
+                    bucket_bytes=list(pacer._sizes),
                 )
             out[mode] = result
         queue.put((rank, out))
@@ -164,3 +167,13 @@ def test_decision_lag_of_each_mode(two_ranks, mode: str, lag: int) -> None:
         # piggyback on float32 buckets carries figures as (hi, lo) float32 pairs: ~48 bits kept
         np.testing.assert_allclose(applied[lag:], decided[:-lag], rtol=1e-13, atol=0.0)
         assert not applied[:lag].any()
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("mode", ["piggyback", "piggyback-view"])
+def test_piggyback_rides_on_the_smallest_bucket(two_ranks, mode: str) -> None:
+    """Not bucket 0 (the large output layer here) but the smallest bucket, the same on every rank."""
+    r0, r1 = two_ranks[0][mode], two_ranks[1][mode]
+    sizes = r0["bucket_bytes"]
+    assert len(sizes) >= 3 and sizes[0] == max(sizes)
+    assert r0["carrier"] == r1["carrier"] == int(np.argmin(sizes)) != 0

@@ -14,7 +14,7 @@ One line for any DDP loop::
     ...                 # training loop unchanged
     pacer.flush()       # every rank, at the end: decide on the figures still in flight
 
-The skew figures ride on the next iteration's gradient bucket 0 by default (``gather="piggyback"``:
+The skew figures ride on the next iteration's smallest gradient bucket by default (``gather="piggyback"``:
 no extra collective, decisions one iteration more stale); ``gather="async"`` sends them in one tiny
 all-reduce at the end of each gradient sync that nobody waits for, and ``gather="collective"`` makes
 that all-reduce blocking. See :mod:`pacectl.torchdist.pacer`.

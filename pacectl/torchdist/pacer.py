@@ -22,16 +22,17 @@ Per iteration, on every rank:
      CPU its completion callback decodes the rows and runs the controller on the communication
      thread. The hook of bucket 0 of ``k + 1`` only checks that it is done (it normally is) before
      applying the delay. Decisions are one iteration stale; no gradient bytes are copied.
-   - ``"piggyback"``: the rows ride on the gradient all-reduce that happens anyway. The hook of
-     bucket 0 of iteration ``k + 1`` all-reduces ``cat([bucket / world, rows of k])`` instead of the
-     bucket alone (only the gradient part is averaged). The future returns a view of the gradient
-     part (DDP copies a hook's result into the gradients anyway), and on CPU its completion callback
-     decodes the rows and runs the controller on the communication thread while the backward pass
-     of ``k + 1`` goes on (CUDA: at the end of ``k + 1``). No extra collective at all; the cost is a
-     few hundred bytes on bucket 0 (which DDP caps at 1 MB, ``dist._DEFAULT_FIRST_BUCKET_BYTES``,
-     unless one parameter is larger) and one copy of that bucket. The price is one more iteration
-     of lag: the observation of iteration ``k`` is decided on during ``k + 1`` and its delay applies
-     from ``k + 2``. Float32 buckets carry each float64 figure as a (hi, lo) float32 pair (about 48
+   - ``"piggyback"``: the rows ride on a gradient all-reduce that happens anyway: the *carrier*,
+     the smallest bucket (in bytes) of the previous iteration's layout, which DDP keeps identical on
+     every rank (bucket 0 in iteration 1, before DDP's rebuilt layout is known; bucket 0 itself
+     often holds an output layer, a language model's largest tensor). Its hook in iteration
+     ``k + 1`` all-reduces ``cat([bucket / world, rows of k])`` instead of the bucket alone (only the
+     gradient part is averaged). The future returns a view of the gradient part (DDP copies a
+     hook's result into the gradients anyway), and on CPU its completion callback decodes the rows
+     and runs the controller on the communication thread while the backward pass of ``k + 1`` goes
+     on (CUDA: at the end of ``k + 1``). No extra collective at all; the cost is a few hundred bytes
+     on the carrier and one copy of it. The price is one more iteration of lag: the observation of
+     iteration ``k`` is decided on during ``k + 1`` and its delay applies from ``k + 2``. Float32 buckets carry each float64 figure as a (hi, lo) float32 pair (about 48
      bits kept; every rank decodes the same bits); float64 buckets carry it as is; other dtypes
      (fp16/bf16) fall back to collective mode with a warning, on every rank at the same iteration.
    - ``"collective"``: the same tiny all-reduce as ``"async"``, but blocking, and decided on at once
@@ -185,8 +186,8 @@ class Pacer:
         group: process group (default: the world, one pacing domain for pure DP).
         spin_s: busy-wait tail of the host delay, seconds.
         gather_every: exchange the per-rank figures every this many iterations, >= 1.
-        gather: ``"piggyback"`` (on bucket 0 of the next iteration, no extra collective, one more
-            iteration of decision lag), ``"async"`` (one tiny all-reduce at the end of the gradient
+        gather: ``"piggyback"`` (on the smallest gradient bucket of the next iteration, no extra
+            collective, one more iteration of decision lag), ``"async"`` (one tiny all-reduce at the end of the gradient
             sync, not waited for) or ``"collective"`` (the tiny all-reduce, blocking).
         control_path: JSON file rank 0 watches for runtime control, or None.
         control_poll_iters: poll the file every this many iterations.
@@ -236,6 +237,8 @@ class Pacer:
         self._combined: torch.Tensor | None = None
         # piggyback tables decoded on the communication thread but left to the training thread
         self._undecided: tuple[int, np.ndarray] | None = None
+        # piggyback: the collective (launch position in the iteration) that carries the rows
+        self._carrier = 0
         # async mode: (first iteration, rows, tensor, work, completion future or None on CUDA)
         self._async: tuple[int, int, torch.Tensor, Any, Any] | None = None
         self.reset_log()
@@ -335,6 +338,7 @@ class Pacer:
         self._futures: list[torch.futures.Future[Any]] = []
         self._applied = 0.0
         self._cuda_events: list[tuple[Any, Any]] = []
+        self._sizes: list[int] = []  # bytes of each collective of this iteration, in launch order
         # decisions logged before this iteration's delay was applied: the last of them chose it
         self._decided_before = len(getattr(self, "decisions", ()))
 
@@ -354,7 +358,7 @@ class Pacer:
         return fut
 
     def _take_piggyback(self, buf: torch.Tensor) -> torch.Tensor | None:
-        """First collective of an iteration: the pending rows, encoded for ``buf``'s dtype, or None."""
+        """The carrier collective: the pending rows, encoded for ``buf``'s dtype, or None."""
         if self.gather != "piggyback" or len(self._pending_rows) < self.gather_every:
             return None
         if buf.dtype not in _PIGGYBACK_DTYPES:
@@ -414,7 +418,7 @@ class Pacer:
     ) -> torch.futures.Future[torch.Tensor]:
         """Apply the delay (first collective only), issue the all-reduce, timestamp enter and exit.
 
-        In piggyback mode the first collective all-reduces ``cat([buf (averaged), rows])``. The
+        In piggyback mode the carrier collective all-reduces ``cat([buf (averaged), rows])``. The
         future returns the gradient part of that buffer (a view: DDP copies a hook's result into
         the gradients anyway), or with ``in_place`` copies it back into ``buf`` and returns ``buf``.
         On CPU the piggybacked rows are decoded and decided on in the future's completion callback,
@@ -425,12 +429,12 @@ class Pacer:
         slot = len(self._enter)
         self._hook_call.append(t_call)
         self._exit.append(float("nan"))
-        extra = None
+        self._sizes.append(buf.numel() * buf.element_size())
         if first:
             delay = self._next_delay
             self._applied = delay
             self.delay_actual_s.append(host_delay(delay, spin_s=self.spin_s))
-            extra = self._take_piggyback(buf)
+        extra = self._take_piggyback(buf) if slot == self._carrier else None
         if extra is None:
             if average:
                 buf.div_(self.world_size)
@@ -455,7 +459,7 @@ class Pacer:
     def _on_piggyback_exit(
         self, slot: int, buf: torch.Tensor, in_place: bool, fut: torch.futures.Future[Any]
     ) -> torch.Tensor:
-        """Completion callback of a piggybacked bucket 0 (CPU): timestamp, decide, return the gradients.
+        """Completion callback of the carrier bucket (CPU): timestamp, decide, return the gradients.
 
         Deciding here takes the decode and the controller off the training thread: on the
         communication thread, while the backward pass computes the next buckets. A table carrying a
@@ -484,7 +488,9 @@ class Pacer:
         The piggybacked rows are decoded in :meth:`_end_iteration` (after the events resolve).
         """
         delay = self._next_delay if first else 0.0
-        extra = self._take_piggyback(buf) if first else None
+        slot = len(self._enter)
+        self._sizes.append(buf.numel() * buf.element_size())
+        extra = self._take_piggyback(buf) if slot == self._carrier else None
         self._hook_call.append(t_call)
         self._exit.append(float("nan"))
         if self._device_delay is None:
@@ -549,6 +555,12 @@ class Pacer:
             control = self.watcher.poll()
             if control is not None:
                 self.request_control(control)
+        if k >= 1 and self._sizes:
+            # The smallest bucket of this iteration's layout carries the next rows (bucket 0 often
+            # holds an output layer, the largest tensor of a language model). DDP's layout is the
+            # same on every rank, so every rank picks the same one; the layout is final after
+            # iteration 0, when DDP rebuilds its buckets.
+            self._carrier = int(np.argmin(self._sizes))
         enter0 = self._enter[0] if self._enter else float("nan")
         exit0 = self._exit[0] if self._exit else float("nan")
         row = [enter0 - start, exit0 - enter0, self._applied, t_end - start, float(self._published)]
@@ -581,7 +593,7 @@ class Pacer:
         self._k += 1
 
     def _decode_inflight(self) -> tuple[int, np.ndarray]:
-        """The rows that rode on this iteration's bucket 0: ``(first iteration, float64[n, world, fields])``."""
+        """The rows that rode on this iteration's carrier: ``(first iteration, float64[n, world, fields])``."""
         assert self._inflight is not None
         first_iteration, num_rows, combined, offset = self._inflight
         self._inflight = None
