@@ -178,6 +178,15 @@ def decode_rows(values: torch.Tensor) -> np.ndarray:
         return arr[:half].astype(np.float64) + arr[half:].astype(np.float64)
 
 
+def _gradient_part(combined: torch.Tensor, buf: torch.Tensor, in_place: bool) -> torch.Tensor:
+    """The gradients of a piggybacked all-reduce: a view of ``combined``, or copied into ``buf``."""
+    grads = combined[: buf.numel()].view(buf.shape)
+    if in_place:
+        buf.copy_(grads)
+        return buf
+    return grads
+
+
 class Pacer:
     """Pace the first gradient collective of every iteration and measure arrival skew (see module doc).
 
@@ -462,23 +471,22 @@ class Pacer:
         """Completion callback of the carrier bucket (CPU): timestamp, decide, return the gradients.
 
         Deciding here takes the decode and the controller off the training thread: on the
-        communication thread, while the backward pass computes the next buckets. A table carrying a
-        new runtime-control version is left to :meth:`_end_iteration`, because applying it takes a
-        collective (a broadcast), which must be issued from the training thread in the same order on
-        every rank.
+        communication thread, while the backward pass computes the next buckets.
         """
         self._exit[slot] = now()
-        combined = fut.value()[0]
-        grads = combined[: buf.numel()].view(buf.shape)
-        first_iteration, tables = self._decode_inflight()
+        self._decide_off_thread(*self._decode_inflight())
+        return _gradient_part(fut.value()[0], buf, in_place)
+
+    def _decide_off_thread(self, first_iteration: int, tables: np.ndarray) -> None:
+        """Decide in a completion callback, unless a runtime-control version is due.
+
+        Applying a control takes a collective (a broadcast), which must be issued from the training
+        thread in the same order on every rank: such tables wait for :meth:`_settle_exchange`.
+        """
         if tables[:, 0, 4].max() > self.engine.version:
             self._undecided = (first_iteration, tables)
         else:
             self._decide(first_iteration, tables)
-        if in_place:
-            buf.copy_(grads)
-            return buf
-        return grads
 
     def _launch_cuda(
         self, buf: torch.Tensor, t_call: float, *, first: bool, average: bool, in_place: bool
@@ -513,18 +521,11 @@ class Pacer:
         if first:
             self._applied = delay
         self._cuda_events.append((enter_ev, exit_ev))
-        n = buf.numel()
 
         def done_cuda(f: torch.futures.Future[Any]) -> torch.Tensor:
             exit_ev.record()
             f.wait()
-            if target is buf:
-                return buf
-            grads = target[:n].view(buf.shape)
-            if in_place:
-                buf.copy_(grads)
-                return buf
-            return grads
+            return buf if target is buf else _gradient_part(target, buf, in_place)
 
         fut = work.get_future().then(done_cuda)
         self._futures.append(fut)
@@ -630,10 +631,7 @@ class Pacer:
         t0 = now()
         tables = fut.value()[0].numpy().reshape(num_rows, self.world_size, NUM_GATHER_FIELDS)
         self.gather_s.append(self._pack_s + now() - t0)
-        if tables[:, 0, 4].max() > self.engine.version:
-            self._undecided = (first_iteration, tables)  # the broadcast belongs to the training thread
-        else:
-            self._decide(first_iteration, tables)
+        self._decide_off_thread(first_iteration, tables)
 
     def _settle_exchange(self) -> None:
         """Training thread, before a delay is applied: finish the async exchange and any pending decision."""
