@@ -168,7 +168,10 @@ def test_counterfactual_matches_the_published_analyzer(name: str, request: pytes
 def test_pacing_active_lines_up_with_applied_delays(st_backend: ReplayBackend) -> None:
     from pacectl.controllers import SafetyGuard, make_controller
 
-    ep = run_episode(st_backend, lambda: SafetyGuard(make_controller("threshold", on_threshold_s=0.005, off_threshold_s=0.002)))
+    ep = run_episode(
+        st_backend,
+        lambda: SafetyGuard(make_controller("threshold", on_threshold_s=0.005, off_threshold_s=0.002)),
+    )
     assert not ep.pacing_active[0].any()
     delayed = ep.applied_delay_s.reshape(ep.num_iterations, ep.num_domains, -1).max(axis=2) > 0
     assert (delayed <= ep.pacing_active).all()  # a delay is only applied by an active controller

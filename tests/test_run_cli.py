@@ -92,6 +92,12 @@ def test_multirun_sweep(tmp_path: Path) -> None:
             "must be an existing file",
         ),
         (["backend.paced_optype=optimizer"], "paced_optype must be a DP collective"),
+        # backend=torch: checked before any rank starts
+        (["backend=torch", "backend.pacing.gather=bogus"], "backend.pacing.gather must be one of"),
+        (["backend=torch", "backend.nproc_per_node=abc"], "backend.nproc_per_node must be an integer"),
+        (["backend=torch", "backend.pacing.spin_s=-1"], "backend.pacing.spin_s must be a finite number"),
+        (["backend=torch", "backend.workload.model=cnn"], "backend.workload.model must be one of"),
+        (["backend=torch", "backend.straggler.prob=2"], "backend.straggler.prob must be in [0, 1]"),
     ],
 )
 def test_user_errors_are_clear_and_leave_no_output(tmp_path: Path, args: list[str], message: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -22,6 +23,8 @@ from pacectl.torchdist.core import (
     replay_fidelity,
     rows_to_trace,
     straggler_schedule,
+    validate_control,
+    validate_torch_backend,
 )
 from pacectl.types import Observation
 
@@ -179,3 +182,61 @@ def test_engine_warns_on_a_failing_controller(monkeypatch) -> None:
         warnings.simplefilter("always")
         action = engine.decide(observation_from_table(0, _table([0.01, 0.02], [0.01, 0.0], [0.0, 0.0])))
     assert not action.delay_s.any() and any("boom" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize(
+    "control",
+    [{"controller": 5}, {"guard": 5}, {"guard": {"bogus": 1}}, {"controller": {"name": "pid", "bogus": 2}}],
+)
+def test_control_messages_of_the_wrong_shape_are_rejected_not_fatal(tmp_path, control) -> None:
+    """A mistyped control file is ignored with a warning; it must never reach (and crash) the ranks."""
+    with pytest.raises(ConfigError):
+        validate_control(control, source="ctl.json")
+    path = tmp_path / "ctl.json"
+    path.write_text(json.dumps(control))
+    with pytest.warns(PacingGuardWarning):
+        assert ControlWatcher(path).poll() is None
+    engine = DecisionEngine("threshold", {}, {}, num_ranks=2, seed=0)
+    with pytest.warns(PacingGuardWarning, match="ignored"):
+        engine.apply_control({"controller": {"bogus": 1}}, 1)  # no name: checked only when applied
+    assert engine.family == "threshold" and engine.version == 1
+
+
+def _torch_backend(**changes: object) -> dict:
+    import copy
+
+    import yaml
+
+    from pacectl.config import CONF_DIR
+
+    b = yaml.safe_load((CONF_DIR / "backend" / "torch.yaml").read_text())
+    for dotted, value in changes.items():
+        node = b
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node[key]
+        node[leaf] = copy.deepcopy(value)
+    return b
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"pacing__gather": "bogus"}, "backend.pacing.gather must be one of"),
+        ({"pacing__gather_every": 0}, "backend.pacing.gather_every must be an integer >= 1"),
+        ({"pacing__control_poll_iters": 0}, "backend.pacing.control_poll_iters must be an integer >= 1"),
+        ({"pacing__spin_s": -1}, "backend.pacing.spin_s must be a finite number >= 0"),
+        ({"workload__width": 0}, "backend.workload.width must be an integer >= 1"),
+        ({"workload__model": "cnn"}, "backend.workload.model must be one of"),
+        ({"workload__model": "transformer", "workload__heads": 3}, "multiple of backend.workload.heads"),
+        ({"straggler__prob": "x"}, "backend.straggler.prob must be in [0, 1]"),
+        ({"straggler__rank": 9}, "backend.straggler.rank must be in [-1, 4)"),
+        ({"straggler__bogus": 1}, "backend.straggler keys must be among"),
+        ({"start_method": "bogus"}, "backend.start_method must be one of"),
+        ({"nproc_per_node": "abc"}, "backend.nproc_per_node must be an integer >= 1"),
+    ],
+)
+def test_torch_backend_config_is_checked_before_launch(change: dict, message: str) -> None:
+    validate_torch_backend(_torch_backend())  # the shipped default is valid
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate_torch_backend(_torch_backend(**change))

@@ -167,3 +167,32 @@ def test_runtime_control_in_process(tmp_path, gather: str) -> None:
         assert all(len(m["enter_s"]) == 2 for m in pacer.marks)
     finally:
         dist.destroy_process_group()
+
+
+def test_pacer_rejects_bad_arguments(tmp_path) -> None:
+    """Misuse fails at construction, not inside a communication callback mid-training."""
+    import torch.distributed as dist
+
+    from pacectl.errors import ConfigError
+    from pacectl.torchdist.core import DecisionEngine
+    from pacectl.torchdist.launch import free_port
+    from pacectl.torchdist.pacer import Pacer
+
+    store = dist.TCPStore(
+        "127.0.0.1", free_port(), 1, is_master=True, timeout=__import__("datetime").timedelta(seconds=10)
+    )
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        engine = DecisionEngine("threshold", {}, {}, num_ranks=1, seed=0)
+        for kwargs, message in (
+            ({"gather": "bogus"}, "gather must be one of"),
+            ({"gather_every": 0}, "gather_every must be an integer >= 1"),
+            ({"control_poll_iters": 0}, "control_poll_iters must be an integer >= 1"),
+            ({"spin_s": -1.0}, "spin_s must be a finite number"),
+        ):
+            with pytest.raises(ConfigError, match=message):
+                Pacer(engine, **kwargs)
+        with pytest.raises(ConfigError, match="num_ranks=4 must equal the process group's world size 1"):
+            Pacer(DecisionEngine("threshold", {}, {}, num_ranks=4, seed=0))
+    finally:
+        dist.destroy_process_group()

@@ -20,6 +20,7 @@ Only local-clock differences are ever exchanged.
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,105 @@ GATHER_FIELDS = (
     "control_version",  # runtime-control version rank 0 has published (other ranks: 0)
 )
 NUM_GATHER_FIELDS = len(GATHER_FIELDS)
+
+
+#: Ways to exchange the per-rank figures (see :mod:`pacectl.torchdist.pacer`).
+GATHER_MODES = ("piggyback", "async", "collective")
+#: Built-in workload models (see :func:`pacectl.torchdist.worker.build_model`).
+WORKLOAD_MODELS = ("mlp", "transformer")
+_START_METHODS = ("spawn", "fork")
+_HINT = "see conf/backend/torch.yaml"
+
+
+def _int(b: Mapping[str, Any], key: str, *, low: int, default: int | None = None) -> int:
+    value = b.get(key.rsplit(".", 1)[-1], default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"backend.{key} must be an integer >= {low}, got {value!r} ({_HINT})")
+    return value
+
+
+def _real(
+    b: Mapping[str, Any], key: str, *, low: float, low_open: bool, default: float | None = None
+) -> float:
+    value = b.get(key.rsplit(".", 1)[-1], default)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = value > low if low_open else value >= low
+    if not ok:
+        bound = f"> {low:g}" if low_open else f">= {low:g}"
+        raise ConfigError(f"backend.{key} must be a finite number {bound}, got {value!r} ({_HINT})")
+    return float(value)
+
+
+def _choice(b: Mapping[str, Any], key: str, choices: Sequence[str], default: str) -> str:
+    value = b.get(key.rsplit(".", 1)[-1], default)
+    if value not in choices:
+        raise ConfigError(
+            f"backend.{key} must be one of {list(choices)}, got {value!r} "
+            f"(for example backend.{key}={choices[0]}; {_HINT})"
+        )
+    return str(value)
+
+
+def validate_torch_backend(b: Mapping[str, Any]) -> None:
+    """Check every ``backend.*`` value of ``backend=torch`` before any rank starts.
+
+    Args:
+        b: the ``backend`` config as a plain mapping (``conf/backend/torch.yaml``).
+
+    Raises:
+        ConfigError: naming the override key, what was expected and an example, for a wrong type,
+            range or choice (the ranks would otherwise fail one by one after the launch).
+    """
+    _int(b, "nproc_per_node", low=1)
+    _int(b, "num_iterations", low=2)
+    _int(b, "warmup_iterations", low=0)
+    _real(b, "pg_timeout_s", low=0.0, low_open=True)
+    _choice(b, "start_method", _START_METHODS, "spawn")
+    _int(b, "threads", low=1, default=1)
+    workload = b.get("workload")
+    if not isinstance(workload, Mapping):
+        raise ConfigError(f"backend.workload must be a mapping, got {workload!r} ({_HINT})")
+    model = _choice(workload, "workload.model", WORKLOAD_MODELS, "mlp")
+    for key in ("width", "depth", "batch_size"):
+        _int(workload, f"workload.{key}", low=1)
+    _real(workload, "workload.bucket_cap_mb", low=0.0, low_open=True)
+    _real(workload, "workload.lr", low=0.0, low_open=True, default=1e-3)
+    if model == "transformer":
+        _int(workload, "workload.seq_len", low=1, default=32)
+        heads = _int(workload, "workload.heads", low=1, default=4)
+        if int(workload["width"]) % heads:
+            raise ConfigError(
+                f"backend.workload.width must be a multiple of backend.workload.heads for the "
+                f"transformer, got width {workload['width']} and heads {heads} ({_HINT})"
+            )
+    straggler = b.get("straggler")
+    if not isinstance(straggler, Mapping):
+        raise ConfigError(f"backend.straggler must be a mapping, got {straggler!r} ({_HINT})")
+    try:
+        spec = StragglerSpec(**dict(straggler))
+    except TypeError as err:
+        raise ConfigError(
+            f"backend.straggler keys must be among rank, prob, duration_s, kind, jitter_frac: {err} ({_HINT})"
+        ) from err
+    nproc = int(b["nproc_per_node"])
+    if spec.rank is not None and not -1 <= spec.rank < nproc:
+        raise ConfigError(
+            f"backend.straggler.rank must be in [-1, {nproc}) (backend.nproc_per_node={nproc}) or null, "
+            f"got {spec.rank!r}"
+        )
+    pacing = b.get("pacing", {})
+    if not isinstance(pacing, Mapping):
+        raise ConfigError(f"backend.pacing must be a mapping, got {pacing!r} ({_HINT})")
+    _real(pacing, "pacing.spin_s", low=0.0, low_open=False, default=2e-4)
+    _choice(pacing, "pacing.gather", GATHER_MODES, "piggyback")
+    _int(pacing, "pacing.gather_every", low=1, default=1)
+    _int(pacing, "pacing.control_poll_iters", low=1, default=10)
+    control = pacing.get("control_path")
+    if control is not None and not isinstance(control, str):
+        raise ConfigError(
+            f"backend.pacing.control_path must be a file path or null, got {control!r} ({_HINT})"
+        )
 
 
 def observation_from_table(iteration: int, table: FloatArray) -> Observation:
@@ -158,7 +258,7 @@ class DecisionEngine:
             guard = {**self.guard_params, **dict(control.get("guard", {}))}
             try:
                 rebuilt = self._build(family, params, guard, version=self.version)
-            except PacectlError as err:
+            except (PacectlError, TypeError, ValueError) as err:
                 warnings.warn(f"pacing control v{version} ignored: {err}", PacingGuardWarning, stacklevel=2)
                 return
             enabled = self.controller.enabled
@@ -189,11 +289,19 @@ def validate_control(control: Any, *, source: str) -> dict[str, Any]:
         )
     if "enabled" in control and not isinstance(control["enabled"], bool):
         raise ConfigError(f"pacing control 'enabled' must be true or false, got {control['enabled']!r}")
-    if "controller" in control:
-        spec = dict(control["controller"])
-        name = spec.pop("name", None)
-        if name is not None:
-            SafetyGuard(make_controller(str(name), **spec), **dict(control.get("guard", {})))
+    for key in ("controller", "guard"):
+        if key in control and not isinstance(control[key], dict):
+            raise ConfigError(
+                f"pacing control {key!r} must be a JSON object, got {control[key]!r} (in {source}); "
+                'for example {"controller": {"name": "pid", "kp": 0.2}} or {"guard": {"max_delay_frac": 0.3}}'
+            )
+    spec = dict(control.get("controller", {}))
+    name = spec.pop("name", None)
+    try:
+        inner = make_controller(str(name), **spec) if name is not None else make_controller("none")
+        SafetyGuard(inner, **dict(control.get("guard", {})))
+    except TypeError as err:
+        raise ConfigError(f"pacing control has an unknown parameter: {err} (in {source})") from err
     return dict(control)
 
 
@@ -251,13 +359,17 @@ class StragglerSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in ("sleep", "burn"):
-            raise ConfigError(f"straggler.kind must be 'sleep' or 'burn', got {self.kind!r}")
-        if not 0.0 <= self.prob <= 1.0:
-            raise ConfigError(f"straggler.prob must be in [0, 1], got {self.prob!r}")
-        if not self.duration_s >= 0.0:
-            raise ConfigError(f"straggler.duration_s must be >= 0 seconds, got {self.duration_s!r}")
-        if not 0.0 <= self.jitter_frac <= 1.0:
-            raise ConfigError(f"straggler.jitter_frac must be in [0, 1], got {self.jitter_frac!r}")
+            raise ConfigError(f"backend.straggler.kind must be 'sleep' or 'burn', got {self.kind!r}")
+        if self.rank is not None and (isinstance(self.rank, bool) or not isinstance(self.rank, int)):
+            raise ConfigError(
+                f"backend.straggler.rank must be an integer rank, -1 or null, got {self.rank!r}"
+            )
+        for name, high in (("prob", 1.0), ("duration_s", math.inf), ("jitter_frac", 1.0)):
+            value = getattr(self, name)
+            real = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (real and 0.0 <= value <= high and not math.isnan(value)) or value == math.inf:
+                bound = "in [0, 1]" if high == 1.0 else ">= 0 seconds and finite"
+                raise ConfigError(f"backend.straggler.{name} must be {bound}, got {value!r}")
 
 
 def straggler_schedule(spec: StragglerSpec, *, num_iterations: int, world_size: int, seed: int) -> FloatArray:
@@ -279,7 +391,7 @@ def straggler_schedule(spec: StragglerSpec, *, num_iterations: int, world_size: 
     if spec.rank is None or spec.prob == 0.0 or spec.duration_s == 0.0:
         return out
     if not -1 <= spec.rank < world_size:
-        raise ConfigError(f"straggler.rank must be in [-1, {world_size}) or null, got {spec.rank!r}")
+        raise ConfigError(f"backend.straggler.rank must be in [-1, {world_size}) or null, got {spec.rank!r}")
     rng = np.random.default_rng([seed, 5])
     hit = rng.random(num_iterations) < spec.prob
     who = (

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pacectl.config import controller_families
 from pacectl.errors import BackendError, ConfigError
+from pacectl.torchdist.core import validate_torch_backend
 from pacectl.types import Episode
 
 _REQUIRED = ("nproc_per_node", "num_iterations", "warmup_iterations", "pg_timeout_s", "workload", "straggler")
@@ -46,11 +47,10 @@ class TorchExperiment:
         missing = [k for k in _REQUIRED if k not in b]
         if missing:
             raise ConfigError(f"backend=torch needs keys {missing} (in conf/backend/torch.yaml)")
+        plain = OmegaConf.to_container(b, resolve=True)
+        assert isinstance(plain, dict)
+        validate_torch_backend(plain)  # before any rank starts
         self.nproc = int(b.nproc_per_node)
-        if self.nproc < 1:
-            raise ConfigError(f"backend.nproc_per_node must be >= 1, got {self.nproc!r}")
-        if int(b.num_iterations) < 2:
-            raise ConfigError(f"backend.num_iterations must be >= 2, got {b.num_iterations!r}")
         self.comm_model = str(b.get("comm_model", "live-gloo"))
         self.comm_description = (
             f"{self.comm_model} (real collectives on this machine's fabric: durations depend on timing)"

@@ -73,6 +73,7 @@ import torch.distributed as dist
 from pacectl.controllers import PacingGuardWarning
 from pacectl.errors import ConfigError
 from pacectl.torchdist.core import (
+    GATHER_MODES,
     NUM_GATHER_FIELDS,
     ControlWatcher,
     DecisionEngine,
@@ -98,7 +99,7 @@ def host_delay(delay_s: float, *, spin_s: float = 2e-4) -> float:
     if delay_s <= 0.0:
         return 0.0
     deadline = t0 + delay_s
-    coarse = delay_s - spin_s
+    coarse = delay_s - max(spin_s, 0.0)
     if coarse > 0.0:
         time.sleep(coarse)
     while now() < deadline:
@@ -141,9 +142,6 @@ class DeviceDelay:
                 torch.cuda._sleep(int(delay_s * self.cycles_per_s))
         return self.stream
 
-
-#: Gather modes of :class:`Pacer` (see the module docstring).
-GATHER_MODES = ("async", "piggyback", "collective")
 
 _PIGGYBACK_DTYPES = (torch.float32, torch.float64)
 
@@ -203,7 +201,8 @@ class Pacer:
         device_delay: ``"auto"`` (device-side on CUDA tensors, host sleep otherwise), ``"host"``.
 
     Raises:
-        ConfigError: an unknown ``gather`` mode.
+        ConfigError: an unknown ``gather`` mode, ``gather_every`` or ``control_poll_iters`` below 1,
+            a negative ``spin_s``, or an engine built for another number of ranks than the group's.
 
     Example:
         >>> # ddp = DistributedDataParallel(model); engine = DecisionEngine("threshold", {}, {}, ...)
@@ -224,16 +223,26 @@ class Pacer:
         device_delay: str = "auto",
     ) -> None:
         if gather not in GATHER_MODES:
-            raise ConfigError(f"pacing gather must be one of {GATHER_MODES}, got {gather!r}")
+            raise ConfigError(f"Pacer gather must be one of {list(GATHER_MODES)}, got {gather!r}")
+        for name, value in (("gather_every", gather_every), ("control_poll_iters", control_poll_iters)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"Pacer {name} must be an integer >= 1, got {value!r}")
+        if not (isinstance(spin_s, (int, float)) and math.isfinite(spin_s) and spin_s >= 0.0):
+            raise ConfigError(f"Pacer spin_s must be a finite number of seconds >= 0, got {spin_s!r}")
         self.engine = engine
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
+        if engine.num_ranks != self.world_size:
+            raise ConfigError(
+                f"DecisionEngine num_ranks={engine.num_ranks} must equal the process group's world size "
+                f"{self.world_size}: build it with num_ranks=dist.get_world_size()"
+            )
         self.spin_s = float(spin_s)
-        self.gather_every = max(1, int(gather_every))
+        self.gather_every = gather_every
         self.gather = gather
         self.watcher = ControlWatcher(control_path) if control_path and self.rank == 0 else None
-        self.control_poll_iters = max(1, int(control_poll_iters))
+        self.control_poll_iters = control_poll_iters
         self.device_delay_mode = device_delay
         self._device_delay: DeviceDelay | None = None
         self._controls: dict[int, dict[str, Any]] = {}
