@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from pacectl.config import controller_families
+from pacectl.config import as_dict, controller_families
 from pacectl.errors import BackendError, ConfigError
 from pacectl.torchdist.core import validate_torch_backend
 from pacectl.types import Episode
@@ -47,9 +47,7 @@ class TorchExperiment:
         missing = [k for k in _REQUIRED if k not in b]
         if missing:
             raise ConfigError(f"backend=torch needs keys {missing} (in conf/backend/torch.yaml)")
-        plain = OmegaConf.to_container(b, resolve=True)
-        assert isinstance(plain, dict)
-        validate_torch_backend(plain)  # before any rank starts
+        validate_torch_backend(as_dict(b))  # before any rank starts
         self.nproc = int(b.nproc_per_node)
         self.comm_model = str(b.get("comm_model", "live-gloo"))
         self.comm_description = (
