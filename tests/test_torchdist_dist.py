@@ -119,7 +119,7 @@ def test_a_killed_rank_ends_the_job_with_a_clear_error(tmp_path) -> None:
 
     cfg = _cfg(tmp_path, "controller=none", "+backend.fault={rank: 1, iteration: 3}")
     t0 = time.perf_counter()
-    with pytest.raises(BackendError, match=r"rank 1 failed \(exit code 17"):
+    with pytest.raises(BackendError, match=r"rank 1 failed \(exit code 17.*no error message \(killed"):
         TorchExperiment(cfg).describe()
     assert time.perf_counter() - t0 < 30.0
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import socket
 import uuid
@@ -97,6 +98,12 @@ def launch_workers(
         local_addr=local_addr,
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
     )
+    # The elastic agent logs every failed rank's traceback at ERROR level; the BackendError below
+    # carries the root cause instead (PACECTL_DEBUG=1 keeps the agent's own log).
+    agent_log = logging.getLogger("torch.distributed.elastic")
+    level = agent_log.level
+    if not os.environ.get("PACECTL_DEBUG"):
+        agent_log.setLevel(logging.CRITICAL)
     try:
         return dict(elastic_launch(config, entrypoint or worker_main)(spec))
     except ChildFailedError as err:
@@ -105,6 +112,8 @@ def launch_workers(
         if isinstance(message, dict):
             message = message.get("message", json.dumps(message))
         detail = str(message)
+        if detail.startswith("To enable traceback"):  # torch's placeholder: the rank left no Python error
+            detail = ""
         others = sorted(set(err.failures) - {rank})
         raise BackendError(
             f"torch backend: rank {rank} failed (exit code {failure.exitcode}, pid {failure.pid}) and the job "
@@ -112,6 +121,8 @@ def launch_workers(
             f"{detail.strip()[:2000] or 'no error message (killed, or exited without a Python error)'}. "
             "A dead rank ends the job within backend.pg_timeout_s."
         ) from err
+    finally:
+        agent_log.setLevel(level)
 
 
 #: Error text of a rank that failed because a peer did (dead connection, collective timeout).
