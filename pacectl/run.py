@@ -181,6 +181,9 @@ def _hydra_main(cfg: DictConfig) -> None:
         _fail(str(err))
     except OSError as err:
         _fail(f"could not write the outputs into {out_dir}: {err}")
+    except KeyboardInterrupt:
+        print(f"pacectl.run: interrupted; no outputs were written into {out_dir}", file=sys.stderr)
+        sys.exit(130)
     print(report.format_console_table(summary["runs"], baseline=BASELINE))
     fid = summary.get("fidelity")
     if fid:
@@ -196,6 +199,8 @@ def _hydra_main(cfg: DictConfig) -> None:
         )
     if summary.get("comm_model_timing_dependent"):
         print(f"comm model in force: {summary['comm_model_description']}")
+    if "pacing" in summary:
+        print(f"live pacing: figures exchanged by {summary['pacing'].get('gather', 'piggyback')!r}")
     if "note" in summary:
         print(f"note: {summary['note']}")
     print(f"outputs: {out_dir}")

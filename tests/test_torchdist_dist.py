@@ -61,7 +61,16 @@ def live(tmp_path_factory):
     )
     exp = TorchExperiment(cfg)
     summary = exp.describe()
+    exp.in_place_before_success = sorted(p.name for p in tmp.iterdir())  # type: ignore[attr-defined]
+    exp.write_outputs(tmp)  # what a successful run does last
     return exp, summary
+
+
+def test_records_appear_only_when_the_run_succeeded(live) -> None:
+    exp, summary = live
+    assert exp.in_place_before_success == []  # an interrupted run leaves no records in place
+    assert Path(summary["records"]["threshold"]).is_file() and Path(summary["records"]["none"]).is_file()
+    assert not exp.record_dir.exists()  # the partial folder was emptied and removed
 
 
 def test_every_rank_takes_identical_decisions(live) -> None:

@@ -511,7 +511,8 @@ def replay_fidelity(trace: OpTrace) -> dict[str, float]:
     Returns:
         ``step_time_median_abs_err_frac``, ``step_time_p90_abs_err_frac``,
         ``step_time_max_abs_err_frac`` (|replayed - live| / live over steps), ``launch_clipped``,
-        ``transfer_clipped``, ``num_steps``.
+        ``transfer_clipped`` (clipped estimates, see :func:`pacectl.backends.dag.estimate_intrinsic`),
+        ``num_op_instances``, ``num_steps``.
     """
     from pacectl.backends.replay import ReplayBackend
 
@@ -527,6 +528,7 @@ def replay_fidelity(trace: OpTrace) -> dict[str, float]:
         "step_time_max_abs_err_frac": float(err.max()),
         "launch_clipped": int(backend.clip_counts["launch_clipped"]),
         "transfer_clipped": int(backend.clip_counts["transfer_clipped"]),
+        "num_op_instances": int(backend.clip_counts["num_op_instances"]),
         "num_steps": int(len(live)),
     }
 

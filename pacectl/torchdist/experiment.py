@@ -10,8 +10,12 @@ data and seeded straggler schedule. Each run writes a canonical trace record
 
 from __future__ import annotations
 
+import atexit
+import os
 import pickle
+import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +59,14 @@ class TorchExperiment:
         )
         self.comm_timing_dependent = True
         self.families = controller_families(cfg)
-        self.record_dir = Path(self._record_dir())
+        # Ranks write into a hidden partial folder beside the final one; :meth:`write_outputs` moves
+        # the records into place only when the whole run succeeded (a failed or interrupted run
+        # leaves none; the partial folder is removed at exit).
+        self.final_record_dir = Path(self._record_dir())
+        self.record_dir = self.final_record_dir.with_name(
+            f".{self.final_record_dir.name}.partial-{uuid.uuid4().hex[:8]}"
+        )
+        atexit.register(shutil.rmtree, self.record_dir, ignore_errors=True)
         self._episodes: dict[str, Episode] = {}
         self._extras: dict[str, dict[str, Any]] = {}
         self._decisions: dict[int, dict[str, Any]] = {}
@@ -133,7 +144,7 @@ class TorchExperiment:
         out: dict[str, Any] = {
             "trace": {
                 "name": spec["name"],
-                "path": str(self.record_dir / "none.parquet"),
+                "path": str(self.final_record_dir / "none.parquet"),
                 "format": "canonical",
                 "world_size": self.nproc,
                 "dp_size": self.nproc,
@@ -144,7 +155,7 @@ class TorchExperiment:
             "workload": spec["workload"],
             "straggler": spec["straggler"],
             "pacing": spec["pacing"],
-            "records": {f: str(self.record_dir / f"{f}.parquet") for f in self.families},
+            "records": {f: str(self.final_record_dir / f"{f}.parquet") for f in self.families},
         }
         fidelity: dict[str, Any] = {}
         for family in self.families:
@@ -152,7 +163,7 @@ class TorchExperiment:
             if fid is not None:
                 fidelity[family] = fid
         if "none" in fidelity:
-            out["fidelity"] = {**fidelity["none"], "num_op_instances": 0, "by_run": fidelity}
+            out["fidelity"] = {**fidelity["none"], "by_run": fidelity}
         costs = {
             f: {
                 "gather_median_s": float(np.median(x["gather_s"])) if len(x["gather_s"]) else float("nan"),
@@ -186,6 +197,18 @@ class TorchExperiment:
             self.families[family] = dict(params)
             self._launch([(family, dict(params))])
         return self._episodes[family]
+
+    def write_outputs(self, stage: Path) -> None:
+        """Move the records into ``final_record_dir`` (called by the run once every output is ready).
+
+        ``stage`` (the run's staging folder) is not used: records live in their own folder.
+        """
+        if not self.record_dir.is_dir():
+            return
+        self.final_record_dir.mkdir(parents=True, exist_ok=True)
+        for path in sorted(self.record_dir.iterdir()):
+            os.replace(path, self.final_record_dir / path.name)
+        self.record_dir.rmdir()
 
     def decisions(self) -> dict[int, dict[str, Any]]:
         """Per rank, per family: what every rank decided (``decisions``), for the identical-decision check."""

@@ -71,8 +71,10 @@ def launch_workers(
 
     Raises:
         BackendError: a rank failed (crash, collective error, process-group timeout).
+        KeyboardInterrupt: the agent got SIGINT or SIGTERM and stopped the ranks.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -106,6 +108,8 @@ def launch_workers(
         agent_log.setLevel(logging.CRITICAL)
     try:
         return dict(elastic_launch(config, entrypoint or worker_main)(spec))
+    except SignalException as err:  # the agent stopped the ranks on SIGINT/SIGTERM
+        raise KeyboardInterrupt(str(err)) from None
     except ChildFailedError as err:
         rank, failure = _root_failure(err.failures)
         message: Any = failure.message
