@@ -31,7 +31,6 @@ Usage: ``python experiments/bench/bench_torchdist.py [--nproc 2 4] [--widths 512
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from datetime import timedelta
@@ -192,15 +191,43 @@ def bench_delay_precision(reps: int) -> dict[str, Any]:
     return out
 
 
+def _table(configs: list[dict[str, Any]]) -> str:
+    """The overhead figures as a plain-text table (also in the JSON record)."""
+    lines = ["ranks  width  plain (ms)  variant      vs plain (% [95 % CI])      vs py_hook (%)"]
+    for c in configs:
+        width = c["workload"].split()[2]
+        for v, x in c["overhead_vs_plain"].items():
+            hook = c.get("overhead_vs_py_hook", {}).get(v)
+            vs_hook = "" if hook is None else f"{100 * hook['frac']:+14.1f}"
+            lines.append(
+                f"{c['world_size']:>5}  {width:>5}  {c['plain_iteration_median_ms']:>10.2f}  {v:<11}"
+                f"  {100 * x['frac']:+6.1f} [{100 * x['ci95_frac'][0]:+6.1f}, {100 * x['ci95_frac'][1]:+6.1f}]"
+                f"  {vs_hook}"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description="Overhead of the live pacing layer against plain DDP (gloo, zero delays), the cost "
+        "of the skew exchange, and host-delay precision. See the module docstring for the method.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--nproc", type=int, nargs="+", default=[2, 4], help="world sizes (gloo ranks)")
     parser.add_argument("--widths", type=int, nargs="+", default=[512, 1024], help="MLP widths")
     parser.add_argument("--rounds", type=int, default=60, help="interleaved rounds per configuration")
     parser.add_argument("--block", type=int, default=5, help="iterations per variant per round")
     parser.add_argument("--reps", type=int, default=300, help="delay-precision samples per delay")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "torchdist.json"))
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated, 'plain' included; among {', '.join(VARIANTS)}",
+    )
+    parser.add_argument(
+        "--out",
+        default=str(Path(__file__).parent / "results" / "torchdist.json"),
+        help="JSON record to write (the default is the committed record: use another path for trials)",
+    )
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -213,22 +240,28 @@ def main() -> None:
     for nproc in args.nproc:
         for width in args.widths:
             t1 = time.perf_counter()
+            print(f"{nproc} ranks, width {width}: {args.rounds} rounds of {args.block} iterations ...", flush=True)
             configs.append(bench_overhead(nproc, width, args.rounds, args.block, variants))
             configs[-1]["wall_time_s"] = time.perf_counter() - t1
-            print(json.dumps(configs[-1], indent=1), flush=True)
+    precision = bench_delay_precision(args.reps)
+    command = (
+        f"python experiments/bench/bench_torchdist.py --nproc {' '.join(map(str, args.nproc))} "
+        f"--widths {' '.join(map(str, args.widths))} --rounds {args.rounds} --block {args.block} "
+        f"--reps {args.reps} --variants {','.join(variants)} --out {args.out}"
+    )
     write_record(
         Path(args.out),
         configs,
         cpus=os.cpu_count(),
         torch=__import__("torch").__version__,
-        command="python experiments/bench/bench_torchdist.py --nproc "
-        + " ".join(map(str, args.nproc))
-        + " --widths "
-        + " ".join(map(str, args.widths))
-        + f" --rounds {args.rounds} --block {args.block} --variants {','.join(variants)}",
-        delay_precision=bench_delay_precision(args.reps),
+        command=command,
+        delay_precision=precision,
         wall_time_s=time.perf_counter() - t0,
     )
+    print(_table(configs))
+    print("host delay error (sleep + 0.2 ms spin), median / p99:")
+    for req, x in precision["spin_0.2ms"].items():
+        print(f"  {req:>6}: {x['median_error_s'] * 1e6:.2f} us / {x['p99_error_s'] * 1e6:.1f} us")
 
 
 if __name__ == "__main__":
