@@ -2,7 +2,7 @@
 
 Every function takes an episode (columnar, ``num_iterations`` x ``num_ranks``) and returns plain
 floats or ``float64`` arrays; :func:`summarize` gathers them into one JSON-ready dict and
-:func:`compare` turns two summaries into relative changes. Definitions follow ``DESIGN.md`` and the
+:func:`compare` turns two summaries into relative changes. Definitions follow the
 reference paper (Gopalan and Ali, "When Scaling Fails"): iteration time is the slowest rank's, ``cv``
 is std/mean of iteration time, ``spread_s`` is the latest minus the earliest arrival at the paced
 collective of one pacing domain.

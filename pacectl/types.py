@@ -1,7 +1,6 @@
 """Value types and plugin interfaces shared by controllers, backends, the loop and metrics.
 
 Units are part of the contract: every ``*_s`` field is in seconds, every array is ``float64``.
-See ``DESIGN.md`` ("The loop and its values").
 
 Data flows one way::
 

@@ -122,7 +122,7 @@ def earliness(natural_arrival_s: FloatArray) -> FloatArray:
 
     Returns:
         ``float64[num_ranks]``, zero for the latest rank. The delay that would make every rank arrive
-        together with the latest (DESIGN.md, "The loop and its values").
+        together with the latest (see :mod:`pacectl.types` for the loop and its values).
     """
     return natural_arrival_s.max() - natural_arrival_s
 

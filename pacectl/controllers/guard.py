@@ -1,4 +1,4 @@
-"""The safety guard that wraps every controller (DESIGN.md, "Safety guard, applied to every controller")."""
+"""The safety guard that wraps every controller, in every backend (replay, simulation, live)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ def make_observation(
     """Build a consistent :class:`Observation` from natural arrivals and applied delays.
 
     ``arrival = natural + delay`` and ``wait = max(arrival) - arrival`` (everyone waits for the last
-    rank, DESIGN.md "The loop and its values"). Non-finite values are kept, so guard tests can use them.
+    rank, as in :mod:`pacectl.types`). Non-finite values are kept, so guard tests can use them.
 
     Args:
         natural_arrival_s: ``float64[num_ranks]`` unpaced arrivals, seconds.

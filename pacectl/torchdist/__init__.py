@@ -1,15 +1,16 @@
-"""The real torch.distributed backend: pace a live DDP job, record it, replay it (DESIGN.md, "The real backend").
+"""The real torch.distributed backend: pace a live DDP job, record it, replay it.
 
 Import this package only when a live run is wanted: :mod:`pacectl.torchdist.core` is pure numpy,
 while :mod:`~pacectl.torchdist.pacer`, :mod:`~pacectl.torchdist.worker` and
 :mod:`~pacectl.torchdist.launch` import torch. Replay, simulation and tuning never import it
 (``pacectl.experiment`` loads :class:`~pacectl.torchdist.experiment.TorchExperiment` lazily).
 
-One line for any DDP loop::
+Any DDP loop gets it with one line (``attach``), once the process group is initialised::
 
     from pacectl.torchdist.core import DecisionEngine
     from pacectl.torchdist.pacer import Pacer
-    engine = DecisionEngine("threshold", {}, {"max_delay_frac": 0.5}, num_ranks=world, seed=0)
+    engine = DecisionEngine("threshold", {}, {"max_delay_frac": 0.5},
+                            num_ranks=dist.get_world_size(), seed=0)   # the same on every rank
     pacer = Pacer(engine, control_path="pacing.json").attach(ddp_model)
     ...                 # training loop unchanged
     pacer.flush()       # every rank, at the end: decide on the figures still in flight

@@ -4,7 +4,7 @@ Everything here is pure numpy (no torch, no clock, no I/O except :class:`Control
 unit-tested without processes and every rank of a job computes bit-identical results from the same
 gathered table.
 
-Arrival skew without synchronized clocks (DESIGN.md, "The real backend"): all ranks leave a blocking
+Arrival skew without synchronized clocks: all ranks leave a blocking
 collective together, so the time a rank spent inside it, ``in_collective_i = exit_i - enter_i``
 (local clock), is its wait for the last rank plus the common transfer time. Hence
 
@@ -158,7 +158,7 @@ def observation_from_table(iteration: int, table: FloatArray) -> Observation:
         The :class:`~pacectl.types.Observation` of the one pacing domain (the whole world, pure DP).
         ``iteration_time_s`` is the latest ``backward_end_s`` (the gradient sync ends together).
 
-    The formulas are in the module docstring (earliness from waits; DESIGN.md, "The real backend").
+    The formulas are in the module docstring (earliness from waits).
     """
     arrival_local = table[:, 0]
     in_coll = table[:, 1]
