@@ -201,6 +201,13 @@ def _hydra_main(cfg: DictConfig) -> None:
         print(f"comm model in force: {summary['comm_model_description']}")
     if "pacing" in summary:
         print(f"live pacing: figures exchanged by {summary['pacing'].get('gather', 'piggyback')!r}")
+        for family, measured in summary.get("measured", {}).items():
+            for c in measured.get("runtime_controls", []):
+                state = "applied" if c["applied"] else "ignored"
+                print(
+                    f"runtime control v{c['version']} ({family}): {json.dumps(c['control'])} {state} "
+                    f"from the decision on iteration {c['observation']}"
+                )
     if "note" in summary:
         print(f"note: {summary['note']}")
     print(f"outputs: {out_dir}")

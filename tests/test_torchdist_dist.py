@@ -170,6 +170,12 @@ def test_runtime_control_in_process(tmp_path, gather: str) -> None:
                 assert not engine.controller.enabled and engine.version == 1
         pacer.flush()
         assert engine.version == 2 and engine.name == "pid" and engine.controller.enabled
+        # the log says which message took effect from which decision (row k carries the version)
+        assert [(c["observation"], c["version"], c["applied"]) for c in pacer.controls_applied] == [
+            (2, 1, True),
+            (4, 2, True),
+        ]
+        assert pacer.controls_applied[0]["control"] == {"enabled": False}
         assert torch.equal(grad, torch.ones(8))  # world of 1: the carried figures never leak into grad
         assert len(pacer.observations) == 6 and len(pacer.marks) == 6
         assert [o.iteration for o in pacer.observations] == list(range(6))

@@ -243,12 +243,15 @@ class DecisionEngine:
         """The guarded controller's diagnostics."""
         return self.controller.diagnostics()
 
-    def apply_control(self, control: Mapping[str, Any], version: int) -> None:
+    def apply_control(self, control: Mapping[str, Any], version: int) -> bool:
         """Apply a runtime control message (see :func:`validate_control`) at the same iteration on every rank.
 
         ``enabled`` toggles the guard's kill switch and keeps the controller's state; a new
         ``controller`` or ``guard`` rebuilds and resets the guarded controller (seeded by ``version``).
         A message that fails to build leaves the controller unchanged and warns.
+
+        Returns:
+            Whether the message was applied (False: ignored with a warning).
         """
         self.version = int(version)
         if "controller" in control or "guard" in control:
@@ -260,12 +263,13 @@ class DecisionEngine:
                 rebuilt = self._build(family, params, guard, version=self.version)
             except (PacectlError, TypeError, ValueError) as err:
                 warnings.warn(f"pacing control v{version} ignored: {err}", PacingGuardWarning, stacklevel=2)
-                return
+                return False
             enabled = self.controller.enabled
             self.family, self.params, self.guard_params, self.controller = family, params, guard, rebuilt
             self.controller.enabled = enabled
         if "enabled" in control:
             self.controller.enabled = bool(control["enabled"])
+        return True
 
 
 _CONTROL_KEYS = {"enabled", "controller", "guard"}

@@ -168,6 +168,7 @@ class TorchExperiment:
             f: {
                 "gather_median_s": float(np.median(x["gather_s"])) if len(x["gather_s"]) else float("nan"),
                 "delay_error_median_s": _delay_error(x, self._episodes[f]),
+                "runtime_controls": list(x.get("controls_applied", [])),
             }
             for f, x in self._extras.items()
         }

@@ -294,6 +294,9 @@ class Pacer:
         self.decisions: list[np.ndarray] = []
         self.diagnostics: list[dict[str, float]] = []
         self._raw_marks: list[tuple[Any, ...]] = []
+        #: runtime controls received: ``observation`` (index in :attr:`observations` of the first
+        #: decision taken under it), ``version``, ``control`` (the message), ``applied``
+        self.controls_applied: list[dict[str, Any]] = []
         self.gather_s: list[float] = []
         self.delay_actual_s: list[float] = []
 
@@ -677,7 +680,16 @@ class Pacer:
         for i, table in enumerate(tables):
             version = int(table[0, 4])
             if version > self.engine.version:
-                self._apply_controls(version)
+                for v, control, applied in self._apply_controls(version):
+                    self.controls_applied.append(
+                        # from the decision on observation ``observation`` of this log on
+                        {
+                            "observation": len(self.observations),
+                            "version": v,
+                            "control": control,
+                            "applied": applied,
+                        }
+                    )
             obs = observation_from_table(first_iteration + i, table)
             action = self.engine.decide(obs)
             self.observations.append(obs)
@@ -686,16 +698,19 @@ class Pacer:
         if action is not None:
             self._next_delay = float(action.delay_s[self.rank])
 
-    def _apply_controls(self, version: int) -> None:
-        """Every rank, same iteration: receive rank 0's control messages up to ``version`` and apply them."""
+    def _apply_controls(self, version: int) -> list[tuple[int, dict[str, Any], bool]]:
+        """Every rank, same iteration: receive rank 0's control messages up to ``version`` and apply them.
+
+        Returns:
+            ``(version, message, applied)`` per message.
+        """
         payload: list[Any] = [
             [(v, self._controls[v]) for v in range(self.engine.version + 1, version + 1)]
             if self.rank == 0
             else None
         ]
         dist.broadcast_object_list(payload, src=0, group=self.group)
-        for v, control in payload[0]:
-            self.engine.apply_control(control, v)
+        return [(v, control, self.engine.apply_control(control, v)) for v, control in payload[0]]
 
 
 class PacedAllReduce:

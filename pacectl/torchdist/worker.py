@@ -177,7 +177,12 @@ def run_one(
             diagnostics=pacer.diagnostics,
             decisions_before=[int(m.get("decisions_before", 0)) for m in marks],
         )
-        extras = {"gather_s": out["gather_s"], "delay_actual_s": out["delay_actual_s"], "periods_s": periods}
+        extras = {
+            "gather_s": out["gather_s"],
+            "delay_actual_s": out["delay_actual_s"],
+            "periods_s": periods,
+            "controls_applied": pacer.controls_applied,
+        }
         try:
             from pacectl.traces.canonical import write_canonical
 
