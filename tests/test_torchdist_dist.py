@@ -211,3 +211,10 @@ def test_pacer_rejects_bad_arguments(tmp_path) -> None:
             Pacer(DecisionEngine("threshold", {}, {}, num_ranks=4, seed=0))
     finally:
         dist.destroy_process_group()
+
+
+def test_live_summary_says_what_its_interval_does_not_cover(live) -> None:
+    _, summary = live
+    assert "drift" in summary["note"] and "interleaves" in summary["note"]
+    assert summary["fidelity"]["num_op_instances"] > 0
+    assert all("runtime_controls" in m for m in summary["measured"].values())

@@ -173,6 +173,12 @@ class TorchExperiment:
             for f, x in self._extras.items()
         }
         out["measured"] = costs
+        out["note"] = (
+            "live runs: no pacing and each controller run one after the other in the same job, on the same "
+            "seed and straggler schedule; the throughput-change interval pairs iterations and does not "
+            "cover drift between the runs (on a shared machine plain DDP's per-run medians drift by up "
+            "to ~10 %: experiments/bench/bench_torchdist.py interleaves variants to cancel it)"
+        )
         return out
 
     def fidelity(self, family: str) -> dict[str, Any] | None:
