@@ -240,7 +240,10 @@ def main() -> None:
     for nproc in args.nproc:
         for width in args.widths:
             t1 = time.perf_counter()
-            print(f"{nproc} ranks, width {width}: {args.rounds} rounds of {args.block} iterations ...", flush=True)
+            print(
+                f"{nproc} ranks, width {width}: {args.rounds} rounds of {args.block} iterations ...",
+                flush=True,
+            )
             configs.append(bench_overhead(nproc, width, args.rounds, args.block, variants))
             configs[-1]["wall_time_s"] = time.perf_counter() - t1
     precision = bench_delay_precision(args.reps)
