@@ -99,6 +99,7 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
     _int(b, "nproc_per_node", low=1)
     _int(b, "num_iterations", low=2)
     _int(b, "warmup_iterations", low=0)
+    _int(b, "interleave_block", low=0, default=10)
     _real(b, "pg_timeout_s", low=0.0, low_open=True)
     _choice(b, "start_method", _START_METHODS, "spawn")
     _int(b, "threads", low=1, default=1)

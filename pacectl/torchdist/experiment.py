@@ -2,8 +2,8 @@
 
 :class:`TorchExperiment` follows the :class:`~pacectl.experiment.Experiment` protocol. It launches the
 job once (torch's elastic launcher, ``backend.nproc_per_node`` ranks) and runs every controller of
-the experiment in the same worker processes, one after the other, each from the same model seed,
-data and seeded straggler schedule. Each run writes a canonical trace record
+the experiment in the same worker processes, interleaved in blocks of ``backend.interleave_block``
+iterations, each from the same model seed, data and seeded straggler schedule. Each run writes a canonical trace record
 (``<record_dir>/<family>.parquet``, replayable with ``trace=canonical trace.path=...``) and the
 :class:`~pacectl.types.Episode`; :meth:`describe` adds the replay-vs-live fidelity of every record.
 """
@@ -105,6 +105,7 @@ class TorchExperiment:
             "comm_model": self.comm_model,
             "fault": container.get("fault"),
             "threads": int(container.get("threads", 1)),
+            "interleave_block": int(container.get("interleave_block", 10)),
         }
 
     def _launch(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
@@ -173,11 +174,16 @@ class TorchExperiment:
             for f, x in self._extras.items()
         }
         out["measured"] = costs
+        block = int(b.get("interleave_block", 10))
+        how = (
+            f"interleaved in blocks of {block} iterations (drift spreads over every run)"
+            if block > 0
+            else "one after the other (backend.interleave_block=0: drift between runs is not covered)"
+        )
         out["note"] = (
-            "live runs: no pacing and each controller run one after the other in the same job, on the same "
-            "seed and straggler schedule; the throughput-change interval pairs iterations and does not "
-            "cover drift between the runs (on a shared machine plain DDP's per-run medians drift by up "
-            "to ~10 %: experiments/bench/bench_torchdist.py interleaves variants to cancel it)"
+            f"live runs: no pacing and each controller train in the same job, on the same seed and straggler "
+            f"schedule, {how}; the throughput-change interval pairs iterations (on a shared machine plain "
+            "DDP's per-run medians drift by up to ~10 %)"
         )
         return out
 
