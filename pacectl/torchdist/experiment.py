@@ -181,8 +181,8 @@ class TorchExperiment:
             else "one after the other (backend.interleave_block=0: drift between runs is not covered)"
         )
         out["note"] = (
-            f"live runs: no pacing and each controller train in the same job, on the same seed and straggler "
-            f"schedule, {how}; the throughput-change interval pairs iterations (on a shared machine plain "
+            f"live runs: no pacing and each controller are trained in the same job, on the same seed and "
+            f"straggler schedule, {how}; the throughput-change interval pairs iterations (on a shared machine plain "
             "DDP's per-run medians drift by up to ~10 %)"
         )
         return out
