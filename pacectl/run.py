@@ -120,7 +120,7 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
         "comm model": summary["comm_model_description"],
     }
     if "paced_optype" in summary:
-        context["paced collective"] = summary["paced_optype"]
+        context["paced collective"] = summary.get("paced_collective", summary["paced_optype"])
     fid = summary.get("fidelity")
     if fid:
         context["replay fidelity (null model, zero delay)"] = (

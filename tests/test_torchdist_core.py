@@ -234,6 +234,14 @@ def _torch_backend(**changes: object) -> dict:
         ({"straggler__bogus": 1}, "backend.straggler keys must be among"),
         ({"start_method": "bogus"}, "backend.start_method must be one of"),
         ({"nproc_per_node": "abc"}, "backend.nproc_per_node must be an integer >= 1"),
+        ({"bogus": 1}, "backend has unknown keys ['bogus']"),
+        ({"workload__dropout": 0.1}, "backend.workload has unknown keys ['dropout']"),
+        ({"pacing__bogus": 1}, "backend.pacing has unknown keys ['bogus']"),
+        ({"comm_model": "nvlink"}, "backend.comm_model labels the real fabric"),
+        ({"fault": 7}, "backend.fault must be null or"),
+        ({"fault": {"rank": 5, "iteration": 3}}, "backend.fault.rank must be < backend.nproc_per_node=4"),
+        ({"fault": {"rank": 1, "iteration": 3, "x": 1}}, "backend.fault has unknown keys ['x']"),
+        ({"socket_ifname": "nonexistent0"}, "backend.socket_ifname names no network interface"),
     ],
 )
 def test_torch_backend_config_is_checked_before_launch(change: dict, message: str) -> None:

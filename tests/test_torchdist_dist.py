@@ -254,3 +254,23 @@ def test_runs_are_interleaved_in_blocks_with_a_rotating_order() -> None:
     calls.clear()
     run_interleaved(sequential, 0)  # type: ignore[arg-type]
     assert calls == [("none", 0, 4), ("pid", 0, 4)]
+
+
+def test_runtime_control_never_reaches_the_no_pacing_baseline(tmp_path) -> None:
+    """A control file (here present from the start) retunes the paced run, never the baseline."""
+    from pacectl.torchdist.experiment import TorchExperiment
+
+    control = tmp_path / "ctl.json"
+    control.write_text(json.dumps({"controller": {"name": "pid", "kp": 0.2}}))
+    cfg = _cfg(
+        tmp_path / "rec",
+        "controller=threshold",
+        f"backend.pacing.control_path={control}",
+        "backend.pacing.control_poll_iters=1",
+    )
+    exp = TorchExperiment(cfg)
+    summary = exp.describe()
+    assert summary["measured"]["none"]["runtime_controls"] == []
+    assert not exp.run("none", {}).applied_delay_s.any()
+    (applied,) = summary["measured"]["threshold"]["runtime_controls"]
+    assert applied["applied"] and applied["control"]["controller"]["name"] == "pid"

@@ -16,7 +16,8 @@
    - ``no_gather``: the pacer with the exchange switched off (hook, timestamps, delay logic only).
 
    Reported per configuration: plain's median iteration time; per variant the median paired
-   difference in ms and as a fraction of plain's iteration, with a 95 % bootstrap interval
+   difference in ms and as a fraction of plain's iteration (against plain, and against ``py_hook``,
+   both as fractions of *plain's* iteration time), with a 95 % bootstrap interval
    (``scipy.stats.bootstrap`` over rounds); and the pacer's own timing of the exchange's host work
    (encode, pack, decode: ``Pacer.gather_s``). An exchange still in flight at the end of a block
    completes during the next variant's first iteration: its cost leaks into that block (at most one
@@ -193,7 +194,7 @@ def bench_delay_precision(reps: int) -> dict[str, Any]:
 
 def _table(configs: list[dict[str, Any]]) -> str:
     """The overhead figures as a plain-text table (also in the JSON record)."""
-    lines = ["ranks  width  plain (ms)  variant      vs plain (% [95 % CI])      vs py_hook (%)"]
+    lines = ["ranks  width  plain (ms)  variant      vs plain (% [95 % CI])  minus py_hook (% of plain)"]
     for c in configs:
         width = c["workload"].split()[2]
         for v, x in c["overhead_vs_plain"].items():

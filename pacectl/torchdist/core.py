@@ -86,6 +86,36 @@ def _choice(b: Mapping[str, Any], key: str, choices: Sequence[str], default: str
     return str(value)
 
 
+#: Keys of ``backend=torch`` and of its sections (``conf/backend/torch.yaml``).
+_BACKEND_KEYS = {
+    "": {
+        "name", "comm_model", "nproc_per_node", "num_iterations", "interleave_block", "warmup_iterations",
+        "pg_timeout_s", "start_method", "socket_ifname", "threads", "record_dir", "workload", "straggler",
+        "pacing", "fault",
+    },
+    "workload": {"model", "width", "depth", "batch_size", "seq_len", "heads", "bucket_cap_mb", "lr"},
+    "pacing": {"spin_s", "gather", "gather_every", "control_path", "control_poll_iters"},
+    "fault": {"rank", "iteration"},
+}  # fmt: skip
+#: Defaults of ``backend.pacing`` (what a missing key means).
+PACING_DEFAULTS: dict[str, Any] = {
+    "spin_s": 2e-4,
+    "gather": "piggyback",
+    "gather_every": 1,
+    "control_path": None,
+    "control_poll_iters": 10,
+}
+
+
+def _known_keys(section: str, node: Mapping[str, Any]) -> None:
+    unknown = sorted(set(node) - _BACKEND_KEYS[section])
+    if unknown:
+        where = f"backend.{section}" if section else "backend"
+        raise ConfigError(
+            f"{where} has unknown keys {unknown}; the keys are {sorted(_BACKEND_KEYS[section])} ({_HINT})"
+        )
+
+
 def validate_torch_backend(b: Mapping[str, Any]) -> None:
     """Check every ``backend.*`` value of ``backend=torch`` before any rank starts.
 
@@ -96,7 +126,14 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
         ConfigError: naming the override key, what was expected and an example, for a wrong type,
             range or choice (the ranks would otherwise fail one by one after the launch).
     """
-    _int(b, "nproc_per_node", low=1)
+    _known_keys("", b)
+    comm = b.get("comm_model", "live-gloo")
+    if not (isinstance(comm, str) and comm.startswith("live-")):
+        raise ConfigError(
+            f"backend.comm_model labels the real fabric of a live run and must start with 'live-' "
+            f"(for example live-gloo), got {comm!r} ({_HINT})"
+        )
+    nproc = _int(b, "nproc_per_node", low=1)
     _int(b, "num_iterations", low=2)
     _int(b, "warmup_iterations", low=0)
     _int(b, "interleave_block", low=0, default=10)
@@ -106,6 +143,7 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
     workload = b.get("workload")
     if not isinstance(workload, Mapping):
         raise ConfigError(f"backend.workload must be a mapping, got {workload!r} ({_HINT})")
+    _known_keys("workload", workload)
     model = _choice(workload, "workload.model", WORKLOAD_MODELS, "mlp")
     for key in ("width", "depth", "batch_size"):
         _int(workload, f"workload.{key}", low=1)
@@ -128,7 +166,6 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"backend.straggler keys must be among rank, prob, duration_s, kind, jitter_frac: {err} ({_HINT})"
         ) from err
-    nproc = int(b["nproc_per_node"])
     if spec.rank is not None and not -1 <= spec.rank < nproc:
         raise ConfigError(
             f"backend.straggler.rank must be in [-1, {nproc}) (backend.nproc_per_node={nproc}) or null, "
@@ -137,6 +174,7 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
     pacing = b.get("pacing", {})
     if not isinstance(pacing, Mapping):
         raise ConfigError(f"backend.pacing must be a mapping, got {pacing!r} ({_HINT})")
+    _known_keys("pacing", pacing)
     _real(pacing, "pacing.spin_s", low=0.0, low_open=False, default=2e-4)
     _choice(pacing, "pacing.gather", GATHER_MODES, "piggyback")
     _int(pacing, "pacing.gather_every", low=1, default=1)
@@ -146,6 +184,28 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"backend.pacing.control_path must be a file path or null, got {control!r} ({_HINT})"
         )
+    fault = b.get("fault")
+    if fault is not None:
+        if not isinstance(fault, Mapping):
+            raise ConfigError(
+                f"backend.fault must be null or {{rank: R, iteration: K}} (tests), got {fault!r}"
+            )
+        _known_keys("fault", fault)
+        rank = _int(fault, "fault.rank", low=0)
+        _int(fault, "fault.iteration", low=0)
+        if rank >= nproc:
+            raise ConfigError(f"backend.fault.rank must be < backend.nproc_per_node={nproc}, got {rank}")
+    ifname = b.get("socket_ifname")
+    if ifname:
+        import socket
+
+        try:
+            socket.if_nametoindex(str(ifname))
+        except OSError:
+            raise ConfigError(
+                f"backend.socket_ifname names no network interface of this machine, got {ifname!r} "
+                "(lo is the loopback; `ip link` lists the others)"
+            ) from None
 
 
 def observation_from_table(iteration: int, table: FloatArray) -> Observation:

@@ -16,6 +16,7 @@ import pickle
 import shutil
 import tempfile
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pacectl.config import as_dict, controller_families
 from pacectl.errors import BackendError, ConfigError
-from pacectl.torchdist.core import validate_torch_backend
+from pacectl.torchdist.core import PACING_DEFAULTS, validate_torch_backend
 from pacectl.types import Episode
 
 _REQUIRED = ("nproc_per_node", "num_iterations", "warmup_iterations", "pg_timeout_s", "workload", "straggler")
@@ -53,6 +54,14 @@ class TorchExperiment:
             raise ConfigError(f"backend=torch needs keys {missing} (in conf/backend/torch.yaml)")
         validate_torch_backend(as_dict(b))  # before any rank starts
         self.nproc = int(b.nproc_per_node)
+        cpus = os.cpu_count() or 1
+        if self.nproc > 2 * cpus:
+            warnings.warn(
+                f"backend.nproc_per_node={self.nproc} ranks on {cpus} CPUs: each rank gets a small share of "
+                "a core, so the run is slow and its timings mostly measure CPU contention",
+                UserWarning,
+                stacklevel=2,
+            )
         self.comm_model = str(b.get("comm_model", "live-gloo"))
         self.comm_description = (
             f"{self.comm_model} (real collectives on this machine's fabric: durations depend on timing)"
@@ -99,7 +108,7 @@ class TorchExperiment:
             "workload": workload,
             "straggler": dict(container["straggler"]),
             "guard": guard,
-            "pacing": dict(container.get("pacing", {})),
+            "pacing": {**PACING_DEFAULTS, **dict(container.get("pacing") or {})},
             "pg_timeout_s": float(b.pg_timeout_s),
             "record_dir": str(self.record_dir),
             "comm_model": self.comm_model,
@@ -152,7 +161,10 @@ class TorchExperiment:
                 "pp_size": 1,
                 "num_steps": int(b.num_iterations),
             },
+            # DDP's gradient all-reduce of bucket 0, recorded under the canonical op type of the
+            # gradient collective (the trace schema has one type for it, whatever the algorithm)
             "paced_optype": "grads-reduce-scatter",
+            "paced_collective": "DDP gradient all-reduce, bucket 0 (canonical op type grads-reduce-scatter)",
             "workload": spec["workload"],
             "straggler": spec["straggler"],
             "pacing": spec["pacing"],

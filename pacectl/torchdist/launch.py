@@ -100,12 +100,11 @@ def launch_workers(
         local_addr=local_addr,
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
     )
-    # The elastic agent logs every failed rank's traceback at ERROR level; the BackendError below
-    # carries the root cause instead (PACECTL_DEBUG=1 keeps the agent's own log).
-    agent_log = logging.getLogger("torch.distributed.elastic")
-    level = agent_log.level
-    if not os.environ.get("PACECTL_DEBUG"):
-        agent_log.setLevel(logging.CRITICAL)
+    # The elastic agent logs every failed rank's traceback (and its shutdown) at ERROR and WARNING
+    # level; the BackendError below carries the root cause instead (PACECTL_DEBUG=1 keeps the log).
+    quiet = not os.environ.get("PACECTL_DEBUG")
+    if quiet:
+        logging.disable(logging.ERROR)
     try:
         return dict(elastic_launch(config, entrypoint or worker_main)(spec))
     except SignalException as err:  # the agent stopped the ranks on SIGINT/SIGTERM
@@ -119,14 +118,16 @@ def launch_workers(
         if detail.startswith("To enable traceback"):  # torch's placeholder: the rank left no Python error
             detail = ""
         others = sorted(set(err.failures) - {rank})
+        died = not detail.strip() or is_peer_error(detail)
         raise BackendError(
             f"torch backend: rank {rank} failed (exit code {failure.exitcode}, pid {failure.pid}) and the job "
             f"was stopped{'; ranks ' + str(others) + ' failed after it' if others else ''}: "
-            f"{detail.strip()[:2000] or 'no error message (killed, or exited without a Python error)'}. "
-            "A dead rank ends the job within backend.pg_timeout_s."
+            f"{detail.strip()[:2000] or 'no error message (killed, or exited without a Python error)'}."
+            + (" A dead rank ends the job within backend.pg_timeout_s." if died else "")
         ) from err
     finally:
-        agent_log.setLevel(level)
+        if quiet:
+            logging.disable(logging.NOTSET)
 
 
 #: Error text of a rank that failed because a peer did (dead connection, collective timeout).

@@ -295,8 +295,11 @@ class Pacer:
         self.diagnostics: list[dict[str, float]] = []
         self._raw_marks: list[tuple[Any, ...]] = []
         #: runtime controls received: ``observation`` (index in :attr:`observations` of the first
-        #: decision taken under it), ``version``, ``control`` (the message), ``applied``
-        self.controls_applied: list[dict[str, Any]] = []
+        #: decision taken under it), ``version``, ``control`` (the message), ``applied``. Controls
+        #: received before this log started are kept, as in force from observation 0 (``carried``).
+        self.controls_applied: list[dict[str, Any]] = [
+            {**c, "observation": 0, "carried": True} for c in getattr(self, "controls_applied", [])
+        ]
         self.gather_s: list[float] = []
         self.delay_actual_s: list[float] = []
 

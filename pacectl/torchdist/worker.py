@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -112,7 +113,8 @@ class LiveRun:
             spin_s=float(pacing["spin_s"]),
             gather_every=int(pacing["gather_every"]),
             gather=str(pacing.get("gather", "piggyback")),
-            control_path=pacing.get("control_path"),
+            # the no-pacing baseline never takes runtime control: it must stay unpaced
+            control_path=None if family == "none" else pacing.get("control_path"),
             control_poll_iters=int(pacing["control_poll_iters"]),
         ).attach(self.ddp)
         self.straggler = StragglerSpec(**spec["straggler"])
@@ -246,6 +248,9 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
     Returns:
         ``{family: LiveRun.finish()}`` for this rank.
     """
+    # Ctrl-C in a terminal reaches every process of the group: the agent alone handles it (it stops
+    # the ranks), so a rank does not die mid-collective with a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(int(spec.get("threads", 1)))
     dist.init_process_group(
         backend=str(spec.get("dist_backend", "gloo")), timeout=timedelta(seconds=float(spec["pg_timeout_s"]))
