@@ -128,7 +128,7 @@ def test_straggler_schedule_is_seeded_and_shaped() -> None:
         StragglerSpec(kind="nap")
 
 
-def _synthetic_rows(num_steps: int, delays: np.ndarray) -> list[tuple]:
+def _synthetic_rows(num_steps: int, delays: np.ndarray, *, blocks: bool = False) -> list[tuple]:
     """Two ranks, two buckets; rank 1 is late by 3 ms on odd steps; rank 0 paced by ``delays``."""
     rows = []
     for k in range(num_steps):
@@ -149,6 +149,7 @@ def _synthetic_rows(num_steps: int, delays: np.ndarray) -> list[tuple]:
                 backward_end_s=exit0 + 0.0025,
                 sync_exit_s=exit0 + 0.0026,
                 applied_delay_s=float(delays[k]) if r == 0 else 0.0,
+                delay_blocks_compute=blocks,
             )
     return rows
 
@@ -248,3 +249,31 @@ def test_torch_backend_config_is_checked_before_launch(change: dict, message: st
     validate_torch_backend(_torch_backend())  # the shipped default is valid
     with pytest.raises(ConfigError, match=re.escape(message)):
         validate_torch_backend(_torch_backend(**change))
+
+
+@pytest.mark.parametrize("blocks", [False, True])
+def test_a_host_sleep_also_delays_the_next_compute_in_the_replay(tmp_path, blocks: bool) -> None:
+    """CPU/gloo pacing sleeps on the training thread: marked, the replay moves the compute after the
+    paced collective's launch with the delay (out of zero-delay counterfactuals, into paced replays)."""
+    from pacectl.traces.canonical import load_canonical, write_canonical
+
+    delays = np.where(np.arange(6) % 2, 0.002, 0.0)
+    trace = rows_to_trace(
+        _synthetic_rows(6, delays, blocks=blocks),
+        world_size=2,
+        name="t",
+        source="synthetic",
+        pacing_blocks_compute=blocks,
+    )
+    write_canonical(trace, tmp_path / "rec.parquet")
+    back = load_canonical(tmp_path / "rec.parquet")
+    assert back.pacing_blocks_compute is blocks
+    assert replay_fidelity(back)["step_time_max_abs_err_frac"] < 1e-9  # exact either way
+    backend = ReplayBackend(back)
+    compute1 = backend.dag.find("backward-compute", 1)[0]
+    start, _ = backend.replayed_times(None)  # zero delays
+    sleep_left = 0.0 if blocks else 0.002
+    np.testing.assert_allclose(start[compute1, 1, 0], 0.010 + 1e-5 + sleep_left, atol=1e-9)
+    paced_start, _ = backend.replayed_times(np.full((6, 2), 0.003))  # every rank paced by 3 ms
+    shift = paced_start[compute1, 1, 0] - start[compute1, 1, 0]
+    np.testing.assert_allclose(shift, 0.003 if blocks else 0.0, atol=1e-9)

@@ -90,6 +90,7 @@ class ReplayBackend:
         self._transfer = self._comm.transfer_s(transfer)
         dp, pp = trace.meta.dp_size, trace.meta.pp_size
         self._paced = self._find_paced(paced_optype)
+        self._co_paced = self._find_co_paced() if trace.pacing_blocks_compute else self._paced[:0]
         self.paced_optype = paced_optype
         self.domains = tuple(
             Domain(name=f"stage{s}", ranks=tuple(range(s * dp, (s + 1) * dp))) for s in range(pp)
@@ -100,12 +101,27 @@ class ReplayBackend:
         self._base_end = np.zeros((n + 1, *self.dag.start_s.shape[1:]))
         self._base_start = np.zeros_like(self.dag.start_s)
         evaluate(self.dag.levels, self._base_end, self._base_start, self._launch, self._transfer)
-        self._tail = _downstream_levels(self.dag, self._paced)
+        self._tail = _downstream_levels(self.dag, np.concatenate([self._paced, self._co_paced]))
         self._group_members = [np.flatnonzero(self.dag.group == self.dag.group[p]) for p in self._paced]
         self._paced_mask = np.zeros(n, dtype=bool)
         self._paced_mask[self._paced] = True
         self._k = -1
         self._clock_s = 0.0
+
+    def _find_co_paced(self) -> IntArray:
+        """The compute op after the paced collective's launch, per stage (``pacing_blocks_compute``).
+
+        Raises:
+            ConfigError: some stage lacks it.
+        """
+        seq = int(self.dag.seq_id[self._paced[0]]) + 1
+        co = self.dag.find("backward-compute", seq)
+        if len(co) != len(self._paced):
+            raise ConfigError(
+                f"a trace paced by a host sleep (pacing_blocks_compute) needs backward-compute {seq} after "
+                f"the paced collective on every stage, got {len(co)} of {len(self._paced)} (in {self.trace.source})"
+            )
+        return co
 
     def _find_paced(self, optype: str) -> IntArray:
         paced = self.dag.find(optype, 0)
@@ -162,6 +178,8 @@ class ReplayBackend:
         start = self._base_start[:, k].copy()
         pace = np.zeros_like(start)
         pace[self._paced] = delays
+        if len(self._co_paced):
+            pace[self._co_paced] = delays
         evaluate(
             self._tail, end, start, self._launch[:, k], self._transfer[:, k], pace, self._transfer_hook()
         )
@@ -265,6 +283,8 @@ class ReplayBackend:
             dp, pp = self.trace.meta.dp_size, self.trace.meta.pp_size
             pace = np.zeros_like(self._base_start)
             pace[self._paced] = np.asarray(delays, dtype=np.float64).reshape(-1, pp, dp).transpose(1, 0, 2)
+            if len(self._co_paced):
+                pace[self._co_paced] = pace[self._paced]
         end = self._base_end.copy()
         start = self._base_start.copy()
         if launch_s is None and transfer_s is None:

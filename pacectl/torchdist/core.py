@@ -488,6 +488,7 @@ def marks_to_ops(
     applied_delay_s: float,
     serialize_buckets: bool = True,
     decisions_before: int = 0,
+    delay_blocks_compute: bool = False,
 ) -> list[tuple[Any, ...]]:
     """The canonical op rows of one rank in one iteration (times from the aligned iteration start).
 
@@ -506,8 +507,9 @@ def marks_to_ops(
       iteration's start.
 
     On CPU/gloo the pacing sleep blocks the training thread, so it also sits in the gap between
-    ``backward-compute`` 0 and 1; the replay (which models a comm-side delay, the CUDA semantic)
-    therefore reproduces recorded runs exactly but keeps that gap in counterfactuals.
+    ``backward-compute`` 0 and 1: with ``delay_blocks_compute`` that op carries the applied delay in
+    ``delay_s`` too, and the trace is marked ``pacing_blocks_compute`` (:func:`rows_to_trace`), so the
+    replay takes the sleep out of zero-delay counterfactuals and puts a controller's delay there.
 
     Returns:
         Rows ``(step, dp_rank, stage, rank, optype, seq_id, mc, start_ts, duration, delay_s)``.
@@ -525,11 +527,18 @@ def marks_to_ops(
     for j, (call, ret, enter, exit_) in enumerate(
         zip(hook_call_s, hook_return_s, enter_s, exit_s, strict=True)
     ):
-        add("backward-compute", j, seg_start, call)
+        add(
+            "backward-compute",
+            j,
+            seg_start,
+            call,
+            applied_delay_s if j == 1 and delay_blocks_compute else 0.0,
+        )
         start = enter if j == 0 or not serialize_buckets else max(enter, prev_exit)
         add("grads-reduce-scatter", j, start, exit_, applied_delay_s if j == 0 else 0.0, mc=-1)
         seg_start, prev_exit = ret, exit_
-    add("backward-compute", len(enter_s), seg_start, backward_end_s)
+    tail_blocked = delay_blocks_compute and len(enter_s) == 1
+    add("backward-compute", len(enter_s), seg_start, backward_end_s, applied_delay_s if tail_blocked else 0.0)
     add("optimizer-clip-main-grad", 0, backward_end_s, sync_exit_s, mc=-1)
     return rows
 
@@ -548,7 +557,14 @@ _ROW_COLUMNS = (
 )
 
 
-def rows_to_trace(rows: Sequence[tuple[Any, ...]], *, world_size: int, name: str, source: str) -> OpTrace:
+def rows_to_trace(
+    rows: Sequence[tuple[Any, ...]],
+    *,
+    world_size: int,
+    name: str,
+    source: str,
+    pacing_blocks_compute: bool = False,
+) -> OpTrace:
     """Validate the op rows of every rank as an :class:`~pacectl.traces.model.OpTrace` (dp_size = world).
 
     Steps whose bucket count differs from the most common one (DDP rebuilds its buckets after
@@ -564,7 +580,13 @@ def rows_to_trace(rows: Sequence[tuple[Any, ...]], *, world_size: int, name: str
     keep = per_step.index[(per_step["min"] == mode) & (per_step["max"] == mode)]
     ops = ops[ops["step"].isin(keep)]
     meta = JobMeta(name=name, dp_size=world_size, pp_size=1, world_size=world_size)
-    return OpTrace(ops=validate_ops(ops, meta, source=source), meta=meta, source=source, fmt="torch-live")
+    return OpTrace(
+        ops=validate_ops(ops, meta, source=source),
+        meta=meta,
+        source=source,
+        fmt="torch-live",
+        pacing_blocks_compute=pacing_blocks_compute,
+    )
 
 
 def replay_fidelity(trace: OpTrace) -> dict[str, float]:

@@ -122,6 +122,8 @@ class LiveRun:
             self.straggler, num_iterations=self.total, world_size=self.world, seed=self.seed
         )
         self.fault = spec.get("fault") or {}
+        # gloo on CPU: the pacing delay is a sleep on the training thread (it blocks backward too)
+        self.host_paced = str(spec.get("dist_backend", "gloo")) == "gloo"
         self.engine.controller.enabled = False
         self.loop_s = np.zeros(self.total)
         self.k = 0
@@ -176,7 +178,7 @@ class LiveRun:
                 row
                 for r, rank_marks in enumerate(all_marks)
                 for k, m in enumerate(rank_marks)
-                for row in marks_to_ops(step=k, rank=r, **m)
+                for row in marks_to_ops(step=k, rank=r, delay_blocks_compute=self.host_paced, **m)
             ]
             name = str(self.spec.get("name", "live"))
             record_path = record_dir / f"{family}.parquet"
@@ -199,7 +201,11 @@ class LiveRun:
                 from pacectl.traces.canonical import write_canonical
 
                 trace = rows_to_trace(
-                    rows, world_size=world, name=f"{name}-{family}", source=str(record_path)
+                    rows,
+                    world_size=world,
+                    name=f"{name}-{family}",
+                    source=str(record_path),
+                    pacing_blocks_compute=self.host_paced,
                 )
                 write_canonical(trace, record_path)
                 out["record_path"] = str(record_path)

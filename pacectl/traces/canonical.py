@@ -38,6 +38,7 @@ def write_canonical(trace: OpTrace, path: str | Path) -> None:
         "source_format": trace.fmt,
         "source": trace.source,
         "job": asdict(trace.meta),
+        "pacing_blocks_compute": bool(trace.pacing_blocks_compute),
     }
     table = table.replace_schema_metadata(
         {**(table.schema.metadata or {}), META_KEY: json.dumps(meta).encode()}
@@ -77,4 +78,10 @@ def load_canonical(path: str | Path) -> OpTrace:
             f"canonical format version must be <= {FORMAT_VERSION}, got {version} (in {p}); upgrade pacectl"
         )
     ops = validate_ops(table.to_pandas(), job, source=str(p))
-    return OpTrace(ops=ops, meta=job, source=str(p), fmt=str(meta.get("source_format", "canonical")))
+    return OpTrace(
+        ops=ops,
+        meta=job,
+        source=str(p),
+        fmt=str(meta.get("source_format", "canonical")),
+        pacing_blocks_compute=bool(meta.get("pacing_blocks_compute", False)),
+    )

@@ -83,12 +83,17 @@ class OpTrace:
         meta: the job layout.
         source: where it came from (path or description), used in messages and outputs.
         fmt: importer name (``"bytedance"``, ``"kineto"``, ...).
+        pacing_blocks_compute: the recorded job paced with a host sleep on the training thread
+            (CPU/gloo live runs), so a pacing delay also delays the compute op that follows the paced
+            collective's launch (``backward-compute`` with the next ``seq_id``); the replay then delays
+            that op too. False: the delay is on the communication side only (CUDA/NCCL, the default).
     """
 
     ops: pd.DataFrame = field(repr=False)
     meta: JobMeta
     source: str
     fmt: str
+    pacing_blocks_compute: bool = False
 
     @property
     def steps(self) -> np.ndarray:
