@@ -22,6 +22,7 @@ are fixed, so pacing can only keep or lengthen iterations; any gain needs a timi
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,8 @@ from pacectl.errors import ConfigError, PacectlError
 from pacectl.experiment import make_experiment
 
 BASELINE = "none"
+#: console lines; Hydra's job logging (conf/hydra/job_logging/pacectl.yaml) also files them
+log = logging.getLogger("pacectl.run")
 
 
 def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
@@ -167,9 +170,11 @@ def _hydra_main(cfg: DictConfig) -> None:
     try:
         if cfg.analysis.name == "whatif":
             result = run_whatif(cfg, out_dir)
-            print(f"what-if analysis of {result.trace} (comm model: null, {result.num_replays} replays)")
-            print("\n".join(result.worst_offenders()))
-            print(f"outputs: {out_dir} (whatif.json, whatif_heatmap.png, timeline.json for ui.perfetto.dev)")
+            log.info(f"what-if analysis of {result.trace} (comm model: null, {result.num_replays} replays)")
+            log.info("\n".join(result.worst_offenders()))
+            log.info(
+                f"outputs: {out_dir} (whatif.json, whatif_heatmap.png, timeline.json for ui.perfetto.dev)"
+            )
             return
         summary = run_experiment(cfg, out_dir)
     except MissingMandatoryValue as err:
@@ -183,38 +188,40 @@ def _hydra_main(cfg: DictConfig) -> None:
         _fail(f"could not write the outputs into {out_dir}: {err}")
     except KeyboardInterrupt:
         print(f"pacectl.run: interrupted; no outputs were written into {out_dir}", file=sys.stderr)
+        report.discard_run_dir(out_dir)
         sys.exit(130)
-    print(report.format_console_table(summary["runs"], baseline=BASELINE))
+    log.info(report.format_console_table(summary["runs"], baseline=BASELINE))
     fid = summary.get("fidelity")
     if fid:
-        print(
+        log.info(
             f"replay fidelity (null model, zero delay vs recorded step time): median {fid['step_time_median_abs_err_frac']:.2e}, "
             f"p90 {fid['step_time_p90_abs_err_frac']:.2e}"
         )
     wi = summary.get("whatif")
     if wi:
-        print(
+        log.info(
             f"stragglers' cost (what-if, Lin et al. OSDI'25, null model): blocking slowdown S = {wi['blocking_slowdown']:.3f}, "
             f"ideal mean iteration {wi['ideal_iteration_time_mean_s']:.4g} s"
         )
     if summary.get("comm_model_timing_dependent"):
-        print(f"comm model in force: {summary['comm_model_description']}")
+        log.info(f"comm model in force: {summary['comm_model_description']}")
     if "pacing" in summary:
-        print(f"live pacing: figures exchanged by {summary['pacing'].get('gather', 'piggyback')!r}")
+        log.info(f"live pacing: figures exchanged by {summary['pacing'].get('gather', 'piggyback')!r}")
         for family, measured in summary.get("measured", {}).items():
             for c in measured.get("runtime_controls", []):
                 state = "applied" if c["applied"] else "ignored"
-                print(
+                log.info(
                     f"runtime control v{c['version']} ({family}): {json.dumps(c['control'])} {state} "
                     f"from the decision on iteration {c['observation']}"
                 )
     if "note" in summary:
-        print(f"note: {summary['note']}")
-    print(f"outputs: {out_dir}")
+        log.info(f"note: {summary['note']}")
+    log.info(f"outputs: {out_dir}")
 
 
 def _fail(message: str) -> None:
     print(f"pacectl.run: error: {message}", file=sys.stderr)
+    report.discard_run_dir(Path(HydraConfig.get().runtime.output_dir))
     sys.exit(2)
 
 

@@ -28,6 +28,7 @@ Examples::
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -45,7 +46,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from pacectl.config import CONF_DIR, controller_params, selected_controller
 from pacectl.controllers import CONTROLLERS
 from pacectl.errors import ConfigError, PacectlError
-from pacectl.report import atomic_write_text, jsonable
+from pacectl.report import atomic_write_text, discard_run_dir, jsonable
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet, build_scenarios
 from pacectl.tuning.space import SearchSpace, load_space
 from pacectl.tuning.study import (
@@ -66,6 +67,9 @@ from pacectl.tuning.study import (
     trial_points,
     worker_seed,
 )
+
+#: console lines; Hydra's job logging (conf/hydra/job_logging/pacectl.yaml) also files them
+log = logging.getLogger("pacectl.tune")
 
 #: The family whose defaults (``conf/controller/threshold.yaml``) are the paper's reference point.
 REFERENCE = "threshold"
@@ -419,7 +423,7 @@ def _json(value: Any) -> str:
 def _hydra_main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        result = run_tuning(cfg, out_dir)
+        result = run_tuning(cfg, out_dir, echo=log.info)
     except MissingMandatoryValue as err:
         _fail(f"config value {err.full_key} must be set, got '???'")
     except OmegaConfBaseException as err:
@@ -428,24 +432,25 @@ def _hydra_main(cfg: DictConfig) -> None:
         _fail(str(err))
     s = result.summary
     c = result.chosen
-    print(
+    log.info(
         f"pareto front: {len(result.front)} of {len(result.points)} completed trials; chosen trial {c.number}: "
         f"{c.throughput_it_per_s:.6g} it/s ({-c.throughput_loss_frac:+.3%} vs no pacing), cv {c.cv:.4g} "
         f"(no pacing {result.baseline.cv:.4g}, paper threshold {result.reference.cv:.4g})"
         + ("" if c.feasible else " [no trial met the throughput-loss cap]")
     )
-    print(f"chosen params: {c.params}")
+    log.info(f"chosen params: {c.params}")
     if "note" in s:
-        print(f"note: {s['note']}")
-    print(f"outputs: {out_dir} (pareto.json, pareto.png, controller.yaml, tune.json)")
-    print(
+        log.info(f"note: {s['note']}")
+    log.info(f"outputs: {out_dir} (pareto.json, pareto.png, controller.yaml, tune.json)")
+    log.info(
         f"use it:  python -m pacectl.run controller_file={out_dir / 'controller.yaml'} {s['run_overrides']}"
     )
-    print(f"inspect: {result.storage.dashboard_command()}   (pip install optuna-dashboard)")
+    log.info(f"inspect: {result.storage.dashboard_command()}   (pip install optuna-dashboard)")
 
 
 def _fail(message: str) -> None:
     print(f"pacectl.tune: error: {message}", file=sys.stderr)
+    discard_run_dir(Path(HydraConfig.get().runtime.output_dir))
     sys.exit(2)
 
 

@@ -44,6 +44,10 @@ def test_default_run_writes_the_contract(tmp_path: Path) -> None:
     for name in ("iterations.parquet", "iteration_time.png", "spread.png", "report.md"):
         assert (out / name).stat().st_size > 0
     assert "comm model: null" in proc.stdout and "threshold" in proc.stdout
+    # the job log keeps the console lines (plain on the console, timestamped in the file)
+    log = (out / "run.log").read_text()
+    assert "[pacectl.run][INFO] - outputs:" in log and "threshold" in log
+    assert not proc.stdout.startswith("[")
 
 
 def test_one_controller_with_override_on_another_trace(tmp_path: Path) -> None:
@@ -107,7 +111,7 @@ def test_user_errors_are_clear_and_leave_no_output(tmp_path: Path, args: list[st
     assert proc.returncode != 0
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert not (out / "summary.json").exists()
+    assert not out.exists(), sorted(p.name for p in out.iterdir())  # not even Hydra's .hydra/ and run.log
 
 
 def test_corrupt_trace_file(tmp_path: Path) -> None:
@@ -121,7 +125,7 @@ def test_corrupt_trace_file(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "must be a Parquet file" in proc.stderr and "bad.parquet" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert not (out / "summary.json").exists()
+    assert not out.exists()
 
 
 def test_whatif_entry_point(tmp_path: Path) -> None:
