@@ -214,6 +214,8 @@ def _hydra_main(cfg: DictConfig) -> None:
                     f"runtime control v{c['version']} ({family}): {json.dumps(c['control'])} {state} "
                     f"from the decision on iteration {c['observation']}"
                 )
+            for c in measured.get("runtime_controls_rejected", []):
+                log.info(f"runtime control file ignored ({family}, iteration {c['iteration']}): {c['error']}")
     if "note" in summary:
         log.info(f"note: {summary['note']}")
     log.info(f"outputs: {out_dir}")

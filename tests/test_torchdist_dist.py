@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from pacectl.config import CONF_DIR  # noqa: E402
+from pacectl.controllers.guard import PacingGuardWarning  # noqa: E402
 from pacectl.errors import BackendError  # noqa: E402
 
 pytestmark = pytest.mark.dist
@@ -167,8 +168,14 @@ def test_runtime_control_in_process(tmp_path, gather: str) -> None:
                 control.write_text(json.dumps({"enabled": False}))
             if k == 4:
                 control.write_text(json.dumps({"enabled": True, "controller": {"name": "pid", "kp": 0.2}}))
-            all_reduce(grad)
-            all_reduce(grad)
+            if k == 5:  # a mistyped version: ignored with a warning, and listed
+                control.write_text(json.dumps({"guard": 5}))
+                with pytest.warns(PacingGuardWarning, match="control file ignored"):
+                    all_reduce(grad)
+                    all_reduce(grad)
+            else:
+                all_reduce(grad)
+                all_reduce(grad)
             if k == 2 + lag:
                 assert not engine.controller.enabled and engine.version == 1
         pacer.flush()
@@ -179,6 +186,8 @@ def test_runtime_control_in_process(tmp_path, gather: str) -> None:
             (4, 2, True),
         ]
         assert pacer.controls_applied[0]["control"] == {"enabled": False}
+        assert [c["iteration"] for c in pacer.controls_rejected] == [5]
+        assert "guard" in pacer.controls_rejected[0]["error"]
         assert torch.equal(grad, torch.ones(8))  # world of 1: the carried figures never leak into grad
         assert len(pacer.observations) == 6 and len(pacer.marks) == 6
         assert [o.iteration for o in pacer.observations] == list(range(6))

@@ -383,6 +383,8 @@ class ControlWatcher:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._stamp: tuple[int, int] | None = None  # a file present at start is applied at the first poll
+        #: every version of the file that was ignored, in order: ``{"error": why}``
+        self.rejected: list[dict[str, Any]] = []
 
     def _current_stamp(self) -> tuple[int, int] | None:
         try:
@@ -401,6 +403,7 @@ class ControlWatcher:
             return validate_control(json.loads(self.path.read_text()), source=str(self.path))
         except (OSError, ValueError) as err:
             warnings.warn(f"pacing control file ignored: {err}", PacingGuardWarning, stacklevel=2)
+            self.rejected.append({"error": str(err)})
             return None
 
 

@@ -182,6 +182,7 @@ class TorchExperiment:
                 "gather_median_s": float(np.median(x["gather_s"])) if len(x["gather_s"]) else float("nan"),
                 "delay_error_median_s": _delay_error(x, self._episodes[f]),
                 "runtime_controls": list(x.get("controls_applied", [])),
+                "runtime_controls_rejected": list(x.get("controls_rejected", [])),
             }
             for f, x in self._extras.items()
         }

@@ -300,6 +300,8 @@ class Pacer:
         self.controls_applied: list[dict[str, Any]] = [
             {**c, "observation": 0, "carried": True} for c in getattr(self, "controls_applied", [])
         ]
+        #: rank 0: control file versions ignored as invalid: ``error``, ``iteration`` (in this log)
+        self.controls_rejected: list[dict[str, Any]] = []
         self.gather_s: list[float] = []
         self.delay_actual_s: list[float] = []
 
@@ -568,9 +570,12 @@ class Pacer:
         if self._undecided is not None:  # a runtime-control version: decided on this thread
             self._settle_exchange()
         if self.watcher is not None and k % self.control_poll_iters == 0:
+            seen = len(self.watcher.rejected)
             control = self.watcher.poll()
             if control is not None:
                 self.request_control(control)
+            for bad in self.watcher.rejected[seen:]:
+                self.controls_rejected.append({**bad, "iteration": len(self._raw_marks)})
         if k >= 1 and self._sizes:
             # The smallest bucket of this iteration's layout carries the next rows (bucket 0 often
             # holds an output layer, the largest tensor of a language model). DDP's layout is the

@@ -196,6 +196,7 @@ class LiveRun:
                 "delay_actual_s": out["delay_actual_s"],
                 "periods_s": periods,
                 "controls_applied": pacer.controls_applied,
+                "controls_rejected": pacer.controls_rejected,
             }
             try:
                 from pacectl.traces.canonical import write_canonical
