@@ -13,7 +13,13 @@
    - ``py_hook``: DDP with torch's own Python ``allreduce_hook``: the floor of *any* Python DDP
      communication hook (a Python completion callback per bucket);
    - ``async`` / ``piggyback`` / ``collective``: the pacer in each exchange mode (``gather=``);
+   - ``piggyback_k10``: piggyback with ``gather_every=10`` (the figures of 10 iterations at once:
+     the exchange's cost amortized, decisions up to 10 iterations more stale);
    - ``no_gather``: the pacer with the exchange switched off (hook, timestamps, delay logic only).
+
+   ``--bucket-cap-mb`` and ``--batch`` move the workload towards real training: DDP's default
+   bucket is 25 MB (fewer buckets, fewer Python hook calls per iteration), and a larger batch
+   lengthens the iteration the per-iteration host cost is compared with.
 
    Reported per configuration: plain's median iteration time; per variant the median paired
    difference in ms and as a fraction of plain's iteration (against plain, and against ``py_hook``,
@@ -47,6 +53,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "async": {"attach": True, "gather": "async", "gather_every": 1},
     "piggyback": {"attach": True, "gather": "piggyback", "gather_every": 1},
     "collective": {"attach": True, "gather": "collective", "gather_every": 1},
+    "piggyback_k10": {"attach": True, "gather": "piggyback", "gather_every": 10},
     "no_gather": {"attach": True, "gather": "collective", "gather_every": 10**9},
 }
 
@@ -131,7 +138,16 @@ def _paired(diff: np.ndarray, scale: float) -> dict[str, float]:
     }
 
 
-def bench_overhead(nproc: int, width: int, rounds: int, block: int, variants: list[str]) -> dict[str, Any]:
+def bench_overhead(
+    nproc: int,
+    width: int,
+    rounds: int,
+    block: int,
+    variants: list[str],
+    *,
+    batch: int = 32,
+    bucket_cap_mb: float = 1.0,
+) -> dict[str, Any]:
     """One interleaved ``nproc``-rank job at ``width``; figures from rank 0 (see the module docstring)."""
     from pacectl.torchdist.launch import launch_workers
 
@@ -140,7 +156,13 @@ def bench_overhead(nproc: int, width: int, rounds: int, block: int, variants: li
         "variants": variants,
         "rounds": rounds,
         "block": block,
-        "workload": {"model": "mlp", "width": width, "depth": 4, "batch_size": 32, "bucket_cap_mb": 1.0},
+        "workload": {
+            "model": "mlp",
+            "width": width,
+            "depth": 4,
+            "batch_size": batch,
+            "bucket_cap_mb": bucket_cap_mb,
+        },
     }
     out = launch_workers(spec, nproc_per_node=nproc, start_method="fork", entrypoint=overhead_worker)[0]
     times = out["times_s"]
@@ -148,7 +170,7 @@ def bench_overhead(nproc: int, width: int, rounds: int, block: int, variants: li
     scale = float(np.median(plain))
     result: dict[str, Any] = {
         "world_size": nproc,
-        "workload": f"mlp width {width} depth 4 batch 32, bucket_cap_mb 1",
+        "workload": f"mlp width {width} depth 4 batch {batch}, bucket_cap_mb {bucket_cap_mb:g}",
         "rounds": rounds,
         "block_iterations": block,
         "plain_iteration_median_ms": scale * 1e3,
@@ -194,14 +216,14 @@ def bench_delay_precision(reps: int) -> dict[str, Any]:
 
 def _table(configs: list[dict[str, Any]]) -> str:
     """The overhead figures as a plain-text table (also in the JSON record)."""
-    lines = ["ranks  width  plain (ms)  variant      vs plain (% [95 % CI])  minus py_hook (% of plain)"]
+    lines = ["ranks  width  plain (ms)  variant        vs plain (% [95 % CI])  minus py_hook (% of plain)"]
     for c in configs:
         width = c["workload"].split()[2]
         for v, x in c["overhead_vs_plain"].items():
             hook = c.get("overhead_vs_py_hook", {}).get(v)
             vs_hook = "" if hook is None else f"{100 * hook['frac']:+14.1f}"
             lines.append(
-                f"{c['world_size']:>5}  {width:>5}  {c['plain_iteration_median_ms']:>10.2f}  {v:<11}"
+                f"{c['world_size']:>5}  {width:>5}  {c['plain_iteration_median_ms']:>10.2f}  {v:<13}"
                 f"  {100 * x['frac']:+6.1f} [{100 * x['ci95_frac'][0]:+6.1f}, {100 * x['ci95_frac'][1]:+6.1f}]"
                 f"  {vs_hook}"
             )
@@ -218,6 +240,10 @@ def main() -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=[512, 1024], help="MLP widths")
     parser.add_argument("--rounds", type=int, default=60, help="interleaved rounds per configuration")
     parser.add_argument("--block", type=int, default=5, help="iterations per variant per round")
+    parser.add_argument("--batch", type=int, default=32, help="workload batch size")
+    parser.add_argument(
+        "--bucket-cap-mb", type=float, default=1.0, help="DDP bucket size, MB (DDP's own default: 25)"
+    )
     parser.add_argument("--reps", type=int, default=300, help="delay-precision samples per delay")
     parser.add_argument(
         "--variants",
@@ -245,12 +271,23 @@ def main() -> None:
                 f"{nproc} ranks, width {width}: {args.rounds} rounds of {args.block} iterations ...",
                 flush=True,
             )
-            configs.append(bench_overhead(nproc, width, args.rounds, args.block, variants))
+            configs.append(
+                bench_overhead(
+                    nproc,
+                    width,
+                    args.rounds,
+                    args.block,
+                    variants,
+                    batch=args.batch,
+                    bucket_cap_mb=args.bucket_cap_mb,
+                )
+            )
             configs[-1]["wall_time_s"] = time.perf_counter() - t1
     precision = bench_delay_precision(args.reps)
     command = (
         f"python experiments/bench/bench_torchdist.py --nproc {' '.join(map(str, args.nproc))} "
         f"--widths {' '.join(map(str, args.widths))} --rounds {args.rounds} --block {args.block} "
+        f"--batch {args.batch} --bucket-cap-mb {args.bucket_cap_mb:g} "
         f"--reps {args.reps} --variants {','.join(variants)} --out {args.out}"
     )
     write_record(
