@@ -17,6 +17,8 @@ from pacectl.torchdist.core import (
     ControlWatcher,
     DecisionEngine,
     StragglerSpec,
+    common_periods,
+    counterfactual_error,
     marks_to_ops,
     observation_from_table,
     one_hot_row,
@@ -170,6 +172,41 @@ def test_record_rows_round_trip_through_the_replay(tmp_path) -> None:
     paced = backend.dag.find("grads-reduce-scatter", 0)[0]
     # zero-delay counterfactual: rank 0 arrives 2 ms earlier on paced steps
     np.testing.assert_allclose(start[paced, 1, 0], 0.010, atol=1e-9)
+
+
+def test_common_periods_average_out_exit_stamp_jitter() -> None:
+    """Ranks leave together but stamp late by their own jitter: the mean period telescopes to the wall time."""
+    rng = np.random.default_rng(0)
+    true_exits = np.cumsum(np.full(200, 0.040))  # a common exit every 40 ms
+    jitter = rng.uniform(0.0, 0.010, size=(4, 201))  # each rank's stamp is late by 0-10 ms
+    stamps = np.concatenate([np.zeros((4, 1)), true_exits[None, :] + jitter[:, 1:]], axis=1) + jitter[:, :1]
+    own = np.diff(stamps, axis=1)  # each rank's own periods (sync_exit_s)
+    marks = [[{"sync_exit_s": p} for p in row] for row in own]
+    periods = common_periods(marks)
+    assert periods.shape == (200,)
+    np.testing.assert_allclose(periods.sum(), own.sum(axis=1).mean(), rtol=1e-12)  # the wall time
+    assert abs(periods.mean() - 0.040) < 1e-4  # unbiased
+    assert own.max(axis=0).mean() > 0.043  # the largest rank's period is biased up (~10 %) by the jitter
+    with pytest.raises(ValueError, match="different numbers of iterations"):
+        common_periods([marks[0], marks[1][:-1]])
+
+
+def test_fidelity_compares_against_the_live_iteration_times() -> None:
+    delays = np.where(np.arange(6) % 2, 0.002, 0.0)
+    trace = rows_to_trace(_synthetic_rows(6, delays), world_size=2, name="t", source="synthetic")
+    recorded = trace.recorded_step_time_s().to_numpy()
+    assert replay_fidelity(trace, recorded)["step_time_max_abs_err_frac"] < 1e-9
+    fid = replay_fidelity(trace, recorded * 0.9)  # live iterations 10 % shorter than the record says
+    np.testing.assert_allclose(fid["step_time_median_abs_err_frac"], 1 / 0.9 - 1, rtol=1e-9)
+    with pytest.raises(ValueError, match="shape"):
+        replay_fidelity(trace, recorded[:-1])
+    # the paired effect: the record replayed with its delays minus without them (rank 0 was paced
+    # by 2 ms on odd steps, where rank 1 is 3 ms late: the delay is absorbed, no effect)
+    cf = counterfactual_error(trace, recorded, recorded)
+    assert cf["live_pacing_effect_s"] == 0.0
+    np.testing.assert_allclose(cf["predicted_pacing_effect_s"], 0.0, atol=1e-12)
+    cf = counterfactual_error(trace, recorded, recorded + 0.001)
+    np.testing.assert_allclose(cf["live_pacing_effect_s"], 0.001, rtol=1e-9)
 
 
 def test_engine_warns_on_a_failing_controller(monkeypatch) -> None:

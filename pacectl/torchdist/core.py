@@ -592,11 +592,37 @@ def rows_to_trace(
     )
 
 
-def replay_fidelity(trace: OpTrace) -> dict[str, float]:
+def common_periods(marks_by_rank: Sequence[Sequence[Mapping[str, Any]]]) -> FloatArray:
+    """The iteration periods of a live run: per iteration, the mean over ranks of each rank's own period.
+
+    Every rank leaves the iteration's last collective at the same moment, but each stamps that exit on
+    its own thread when it gets a core, so one rank's period (``sync_exit_s``, from its previous
+    stamp) carries milliseconds of stamp jitter on a busy host. The largest of the ranks' periods is
+    biased up by that jitter (by ~10 % with 4 ranks on 2 cores); their mean is not: summed over
+    iterations each rank's periods telescope to the same wall time, and so does their mean.
+
+    Args:
+        marks_by_rank: per rank, its :attr:`~pacectl.torchdist.pacer.Pacer.marks` (same iterations).
+
+    Returns:
+        ``float64[num_iterations]`` seconds.
+
+    Raises:
+        ValueError: the ranks logged different numbers of iterations.
+    """
+    table = [[float(m["sync_exit_s"]) for m in marks] for marks in marks_by_rank]
+    if len({len(row) for row in table}) > 1:
+        raise ValueError(f"ranks logged different numbers of iterations: {[len(row) for row in table]}")
+    return np.asarray(table, dtype=np.float64).mean(axis=0)
+
+
+def replay_fidelity(trace: OpTrace, live_step_time_s: FloatArray | None = None) -> dict[str, float]:
     """Replay a live record with its own recorded pacing delays; compare step times with the live ones.
 
     Args:
         trace: a record written by a live run (``delay_s`` on ``grads-reduce-scatter`` 0).
+        live_step_time_s: ``float64[num_steps]`` the live run's iteration times of the record's steps
+            (:func:`common_periods`), seconds; None: the record's own step spans.
 
     Returns:
         ``step_time_median_abs_err_frac``, ``step_time_p90_abs_err_frac``,
@@ -610,7 +636,12 @@ def replay_fidelity(trace: OpTrace) -> dict[str, float]:
     delays = recorded_delays(trace)
     _, end = backend.replayed_times(delays)
     replayed = end.max(axis=(0, 2))
-    live = trace.recorded_step_time_s().to_numpy()
+    if live_step_time_s is None:
+        live = trace.recorded_step_time_s().to_numpy()
+    else:
+        live = np.asarray(live_step_time_s, dtype=np.float64)
+        if live.shape != replayed.shape:
+            raise ValueError(f"live_step_time_s must have shape {replayed.shape}, got {live.shape}")
     err = np.abs(replayed - live) / live
     return {
         "step_time_median_abs_err_frac": float(np.median(err)),
@@ -632,15 +663,23 @@ def recorded_delays(trace: OpTrace) -> FloatArray:
     return table.to_numpy(np.float64)
 
 
-def counterfactual_error(trace: OpTrace, live_step_time_s: FloatArray) -> dict[str, float]:
+def counterfactual_error(
+    trace: OpTrace, live_step_time_s: FloatArray, live_paced_step_time_s: FloatArray | None = None
+) -> dict[str, float]:
     """Replay a paced record with zero delays and compare with a live unpaced run on the same schedule.
 
     Args:
         trace: a paced live record.
         live_step_time_s: ``float64[num_steps]`` live unpaced step times of the same steps, seconds.
+        live_paced_step_time_s: ``float64[num_steps]`` the paced run's own live step times, seconds;
+            with it the replay's predicted effect of pacing is set against the live one.
 
     Returns:
-        Median and p90 of |replayed - live| / live, and the mean step times of both.
+        Median and p90 of |replayed - live| / live, and the mean step times of both. With
+        ``live_paced_step_time_s`` also ``predicted_pacing_effect_s`` (the record replayed with its
+        recorded delays minus with none: what the replay says pacing cost or saved per step, a
+        paired difference in which the replay's own bias cancels) and ``live_pacing_effect_s`` (the
+        paced run's mean step time minus the unpaced run's: noisier, two runs).
     """
     from pacectl.backends.replay import ReplayBackend
 
@@ -650,12 +689,19 @@ def counterfactual_error(trace: OpTrace, live_step_time_s: FloatArray) -> dict[s
     live = np.asarray(live_step_time_s, dtype=np.float64)[: len(replayed)]
     replayed = replayed[: len(live)]
     err = np.abs(replayed - live) / live
-    return {
+    out = {
         "step_time_median_abs_err_frac": float(np.median(err)),
         "step_time_p90_abs_err_frac": float(np.percentile(err, 90)),
         "replayed_mean_s": float(replayed.mean()),
         "live_mean_s": float(live.mean()),
     }
+    if live_paced_step_time_s is not None:
+        _, end_paced = backend.replayed_times(recorded_delays(trace))
+        paced = end_paced.max(axis=(0, 2))[: len(live)]
+        live_paced = np.asarray(live_paced_step_time_s, dtype=np.float64)[: len(live)]
+        out["predicted_pacing_effect_s"] = float((paced - replayed).mean())
+        out["live_pacing_effect_s"] = float(live_paced.mean() - live.mean())
+    return out
 
 
 def episode_from_log(

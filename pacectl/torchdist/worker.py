@@ -30,6 +30,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from pacectl.torchdist.core import (
     DecisionEngine,
     StragglerSpec,
+    common_periods,
     episode_from_log,
     marks_to_ops,
     rows_to_trace,
@@ -174,15 +175,23 @@ class LiveRun:
         if self.rank == 0:
             record_dir = Path(self.spec["record_dir"])
             record_dir.mkdir(parents=True, exist_ok=True)
+            # One period per iteration for every rank: each rank's last op ends at the common exit
+            # (the mean of the ranks' jittery exit stamps; see common_periods), in the record and the
+            # episode alike, so a record replays against the iteration times the run reports.
+            periods = common_periods(all_marks)
             rows = [
                 row
                 for r, rank_marks in enumerate(all_marks)
                 for k, m in enumerate(rank_marks)
-                for row in marks_to_ops(step=k, rank=r, delay_blocks_compute=self.host_paced, **m)
+                for row in marks_to_ops(
+                    step=k,
+                    rank=r,
+                    delay_blocks_compute=self.host_paced,
+                    **{**m, "sync_exit_s": float(periods[k])},
+                )
             ]
             name = str(self.spec.get("name", "live"))
             record_path = record_dir / f"{family}.parquet"
-            periods = np.array([m["sync_exit_s"] for m in marks], dtype=np.float64)
             episode = episode_from_log(
                 controller=family,
                 comm_model=str(self.spec["comm_model"]),
