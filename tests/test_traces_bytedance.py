@@ -11,6 +11,7 @@ import pytest
 from pacectl.data import shipped_trace
 from pacectl.errors import TraceError
 from pacectl.traces.bytedance import load_bytedance, load_meta
+from pacectl.traces.model import TraceWarning, validate_ops
 
 ST_PARQUET, ST_META = shipped_trace("ST")
 
@@ -174,3 +175,38 @@ def test_fractional_step_ids_are_rejected(st_frame: pd.DataFrame, tmp_path: Path
     df.loc[4, "step"] = 23.5
     with pytest.raises(TraceError, match=r"column step must hold integers, got 23.5 \(in .*row 4"):
         load_bytedance(_write(df, tmp_path), ST_META)
+
+
+def test_exact_duplicate_row_is_dropped_with_a_warning(st_frame: pd.DataFrame, tmp_path: Path) -> None:
+    df = pd.concat([st_frame, st_frame.iloc[[40]]], ignore_index=True)
+    row = st_frame.iloc[40]
+    with pytest.warns(
+        TraceWarning,
+        match=rf"dropped 1 exact duplicate row .*first: row {len(st_frame)}, step {row['step']}, rank {row['rank']}",
+    ):
+        trace = load_bytedance(_write(df, tmp_path), ST_META)
+    pd.testing.assert_frame_equal(trace.ops, load_bytedance(ST_PARQUET, ST_META).ops)
+
+
+def test_conflicting_duplicate_has_its_own_message(st_frame: pd.DataFrame, tmp_path: Path) -> None:
+    extra = st_frame.iloc[[40]].assign(duration=st_frame["duration"].iloc[40] + 1.0)
+    row = st_frame.iloc[40]
+    with pytest.raises(
+        TraceError,
+        match=rf"must appear once, got 2 rows with different duration for step {row['step']}, dp_rank "
+        rf"{row['dp_rank']}, stage {row['stage']}, optype {row['optype']}, seq_id {row['seq_id']} .*rows \[40, {len(st_frame)}\]",
+    ) as err:
+        load_bytedance(_write(pd.concat([st_frame, extra], ignore_index=True), tmp_path), ST_META)
+    assert "incomplete" not in str(err.value) and "np." not in str(err.value)
+
+
+def test_duplicate_without_repair_is_an_error_in_validate_ops() -> None:
+    trace = load_bytedance(ST_PARQUET, ST_META)
+    ops = pd.concat([trace.ops, trace.ops.iloc[[3]]], ignore_index=True)
+    with pytest.raises(TraceError, match="exact duplicate rows for step"):
+        validate_ops(ops, trace.meta, source="x")
+
+
+def test_real_traces_are_in_seconds() -> None:
+    trace = load_bytedance(ST_PARQUET, ST_META)
+    assert trace.time_unit == "s" and not trace.time_normalized

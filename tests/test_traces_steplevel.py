@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,8 @@ import pytest
 from pacectl.backends.dag import compile_dag, estimate_intrinsic
 from pacectl.data import DATA_DIR
 from pacectl.errors import TraceError
+from pacectl.traces.canonical import load_canonical, write_canonical
+from pacectl.traces.model import TraceWarning
 from pacectl.traces.steplevel import load_steplevel
 
 JOB1 = DATA_DIR / "alibaba-pai" / "job_1_norm.csv"
@@ -81,8 +84,83 @@ def test_incomplete_steps_are_dropped(tmp_path: Path) -> None:
     d = pd.concat(
         [_base(), pd.DataFrame({"worker": [0], "gpu": 25, "time": [21], "batch_time_norm": [500.0]})]
     )
-    trace = load_steplevel(_csv(tmp_path, d.reset_index(drop=True)))
+    with pytest.warns(TraceWarning, match=r"dropped 1 of 3 steps \(1 row\): not recorded by all 2 workers"):
+        trace = load_steplevel(_csv(tmp_path, d.reset_index(drop=True)))
     assert trace.steps.tolist() == [1, 11]
+
+
+@pytest.fixture(scope="module")
+def job1_frame() -> pd.DataFrame:
+    """The shipped Alibaba job 1 as read, without the unnamed index column pandas wrote with it."""
+    return pd.read_csv(JOB1, index_col=0)
+
+
+def test_exact_duplicate_row_is_dropped_with_a_warning(tmp_path: Path, job1_frame: pd.DataFrame) -> None:
+    # like the upstream job_2_norm.csv: one row repeated (its index column differs, the data does not)
+    i = int(np.flatnonzero(((job1_frame["worker"] == 3) & (job1_frame["time"] == 1001)).to_numpy())[0])
+    d = pd.concat([job1_frame.iloc[: i + 1], job1_frame.iloc[i : i + 1], job1_frame.iloc[i + 1 :]])
+    match = rf"dropped 1 exact duplicate row \(same worker, gpu, time and batch_time_norm .*row {i + 3}, worker 3, time 1001"
+    with pytest.warns(TraceWarning, match=match):
+        trace = load_steplevel(_csv(tmp_path, d.reset_index(drop=True)))
+    ref = load_steplevel(JOB1)
+    assert len(trace.steps) == 300
+    pd.testing.assert_frame_equal(trace.ops, ref.ops)
+
+
+def test_conflicting_duplicate_is_an_error_naming_the_key(tmp_path: Path, job1_frame: pd.DataFrame) -> None:
+    row = job1_frame[(job1_frame["worker"] == 3) & (job1_frame["time"] == 1001)].assign(batch_time_norm=1.0)
+    d = pd.concat([job1_frame, row]).reset_index(drop=True)
+    with pytest.raises(
+        TraceError, match=r"got 2 rows with different values for worker 3 time 1001.*rows \["
+    ) as err:
+        load_steplevel(_csv(tmp_path, d))
+    assert "Drop incomplete" not in str(err.value)
+
+
+def test_a_missing_row_drops_its_step_with_a_warning(tmp_path: Path, job1_frame: pd.DataFrame) -> None:
+    d = job1_frame[~((job1_frame["worker"] == 7) & (job1_frame["time"] == 2001))].reset_index(drop=True)
+    with pytest.warns(TraceWarning) as caught:
+        trace = load_steplevel(_csv(tmp_path, d))
+    (w,) = [str(c.message) for c in caught if issubclass(c.category, TraceWarning)]
+    assert "dropped 1 of 300 steps (9 rows): not recorded by all 10 workers: steps [2001]" in w
+    assert len(trace.steps) == 299 and 2001 not in trace.steps
+
+
+def test_complete_file_gives_no_warning() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceWarning)
+        assert len(load_steplevel(JOB1).steps) == 300
+
+
+def test_normalised_times_are_marked_and_survive_convert(tmp_path: Path, job1_frame: pd.DataFrame) -> None:
+    trace = load_steplevel(JOB1, unit_s=0.002)
+    assert trace.time_unit == "normalized" and trace.time_normalized and trace.norm_unit_s == 0.002
+    fwd = trace.ops[trace.ops["optype"] == "forward-compute"].sort_values(["step", "rank"])
+    assert np.allclose(
+        fwd["duration"].to_numpy() / trace.norm_unit_s,
+        job1_frame.sort_values(["time", "worker"])["batch_time_norm"],
+    )
+    write_canonical(trace, tmp_path / "t.parquet")
+    back = load_canonical(tmp_path / "t.parquet")
+    assert (back.time_unit, back.norm_unit_s) == ("normalized", 0.002)
+    seconds = job1_frame.rename(columns={"batch_time_norm": "step_time_s"}).assign(
+        step_time_s=lambda d: d["step_time_s"] / 1e3
+    )
+    real = load_steplevel(_csv(tmp_path, seconds))
+    assert real.time_unit == "s" and not real.time_normalized and real.norm_unit_s == 1.0
+
+
+@pytest.mark.parametrize(
+    ("edit", "shown"),
+    [
+        (lambda d: d.assign(worker=[0, -5, 0, 1]), "got -5 "),
+        (lambda d: d.assign(batch_time_norm=[1.0, np.nan, 2, 3]), "got nan "),
+    ],
+)
+def test_values_in_messages_are_plain_python(tmp_path: Path, edit: object, shown: str) -> None:
+    with pytest.raises(TraceError) as err:
+        load_steplevel(_csv(tmp_path, edit(_base())))  # type: ignore[operator]
+    assert shown in str(err.value) and "np." not in str(err.value)
 
 
 def test_not_csv_and_wide_cv_file(tmp_path: Path) -> None:

@@ -4,6 +4,10 @@ Format: the artifact of Lin et al., "Understanding Stragglers in Large Model Tra
 Analysis" (OSDI 2025), github.com/ByteDance-Seed/StragglerAnalysis. One parquet row per recorded op;
 ``start_ts`` is seconds from the step start with clocks already aligned across ranks. The YAML gives
 ``dp_size``, ``pp_size``, ``tp_size``, ``dsp_size``, ``vpp_size``, ``world_size`` (and ``trial_name``).
+
+Exact duplicate rows (equal in every column) are dropped with a
+:class:`~pacectl.traces.model.TraceWarning` that says how many; two different rows for one op
+(step, rank, optype, seq_id) are an error.
 """
 
 from __future__ import annotations
@@ -15,7 +19,14 @@ import pyarrow.parquet as pq
 import yaml
 
 from pacectl.errors import TraceError
-from pacectl.traces.model import JobMeta, OpTrace, require_file, validate_ops
+from pacectl.traces.model import (
+    JobMeta,
+    OpTrace,
+    describe_op_row,
+    drop_exact_duplicates,
+    require_file,
+    validate_ops,
+)
 
 META_KEYS = ("dp_size", "pp_size", "tp_size", "world_size")
 
@@ -76,8 +87,12 @@ def load_bytedance(path: str | Path, meta: str | Path) -> OpTrace:
     Returns:
         The validated :class:`OpTrace` (``fmt="bytedance"``).
 
+    Warns:
+        TraceWarning: exact duplicate rows were dropped (how many, the first one).
+
     Raises:
-        TraceError: the file is missing or not Parquet, or fails :func:`validate_ops`.
+        TraceError: the file is missing or not Parquet, or fails :func:`validate_ops` (for example
+            two different rows for one op).
 
     Example:
         >>> from pacectl.data import shipped_trace
@@ -94,6 +109,7 @@ def load_bytedance(path: str | Path, meta: str | Path) -> OpTrace:
             f"trace file must be a Parquet file, could not read it (in {p}): {str(err).rstrip('.')}. "
             "For other formats pick another trace= importer."
         ) from err
-    return OpTrace(
-        ops=validate_ops(table.to_pandas(), job, source=str(p)), meta=job, source=str(p), fmt="bytedance"
+    raw = drop_exact_duplicates(
+        table.to_pandas(), source=str(p), what="values in every column", describe=describe_op_row
     )
+    return OpTrace(ops=validate_ops(raw, job, source=str(p)), meta=job, source=str(p), fmt="bytedance")

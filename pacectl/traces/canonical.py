@@ -3,13 +3,15 @@
 One file holds everything replay needs: the columns of :data:`~pacectl.traces.model.CANONICAL_COLUMNS`
 (plus the optional ``delay_s``, the pacing delay a live run applied before that op) and, in the
 Parquet schema metadata under the key ``pacectl``, a JSON object with the :class:`JobMeta` fields,
-the source format and a format version. Live runs (``backend=torch``), the simulator and
+the source format, the time unit (``time_unit``: ``"s"`` or ``"normalized"``, with ``norm_unit_s``;
+absent in older files, which are seconds) and a format version. Live runs (``backend=torch``), the simulator and
 ``python -m pacectl.traces convert`` write it; ``trace=canonical trace.path=<file>`` replays it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -18,7 +20,16 @@ import pyarrow.parquet as pq
 
 from pacectl.errors import TraceError
 from pacectl.report import atomic_path
-from pacectl.traces.model import CANONICAL_COLUMNS, JobMeta, OpTrace, require_file, validate_ops
+from pacectl.traces.model import (
+    CANONICAL_COLUMNS,
+    TIME_UNITS,
+    JobMeta,
+    OpTrace,
+    describe_op_row,
+    drop_exact_duplicates,
+    require_file,
+    validate_ops,
+)
 
 FORMAT_VERSION = 1
 META_KEY = b"pacectl"
@@ -39,6 +50,8 @@ def write_canonical(trace: OpTrace, path: str | Path) -> None:
         "source": trace.source,
         "job": asdict(trace.meta),
         "pacing_blocks_compute": bool(trace.pacing_blocks_compute),
+        "time_unit": trace.time_unit,
+        "norm_unit_s": float(trace.norm_unit_s),
     }
     table = table.replace_schema_metadata(
         {**(table.schema.metadata or {}), META_KEY: json.dumps(meta).encode()}
@@ -77,11 +90,29 @@ def load_canonical(path: str | Path) -> OpTrace:
         raise TraceError(
             f"canonical format version must be <= {FORMAT_VERSION}, got {version} (in {p}); upgrade pacectl"
         )
-    ops = validate_ops(table.to_pandas(), job, source=str(p))
+    raw_ops = drop_exact_duplicates(
+        table.to_pandas(), source=str(p), what="values in every column", describe=describe_op_row
+    )
+    ops = validate_ops(raw_ops, job, source=str(p))
+    time_unit = meta.get("time_unit", "s")
+    norm_unit_s = meta.get("norm_unit_s", 1.0)
+    unit_ok = (
+        not isinstance(norm_unit_s, bool)
+        and isinstance(norm_unit_s, (int, float))
+        and math.isfinite(norm_unit_s)
+        and norm_unit_s > 0
+    )
+    if time_unit not in TIME_UNITS or not unit_ok:
+        raise TraceError(
+            f"the 'pacectl' metadata must hold time_unit in {list(TIME_UNITS)} and a positive norm_unit_s, "
+            f"got {time_unit!r} and {norm_unit_s!r} (in {p}). Write the file again with pacectl."
+        )
     return OpTrace(
         ops=ops,
         meta=job,
         source=str(p),
         fmt=str(meta.get("source_format", "canonical")),
         pacing_blocks_compute=bool(meta.get("pacing_blocks_compute", False)),
+        time_unit=str(time_unit),
+        norm_unit_s=float(norm_unit_s),
     )

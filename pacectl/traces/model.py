@@ -25,8 +25,11 @@ column         dtype     meaning
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -44,6 +47,84 @@ OPTYPES = COMPUTE_OPTYPES + P2P_OPTYPES + DP_COLLECTIVES + LOCAL_OPTYPES + OTHER
 CANONICAL_COLUMNS = ("step", "dp_rank", "stage", "rank", "optype", "seq_id", "mc", "start_ts", "duration")
 #: Durations above this are treated as corrupt (one week, seconds).
 MAX_DURATION_S = 7 * 24 * 3600.0
+#: Values of :attr:`OpTrace.time_unit`.
+TIME_UNITS = ("s", "normalized")
+#: The columns that identify one op: at most one row per key.
+OP_KEY = ("step", "dp_rank", "stage", "optype", "seq_id")
+
+
+class TraceWarning(UserWarning):
+    """A trace was usable, but something in it was repaired, guessed or dropped (the message says what)."""
+
+
+def plain(value: Any) -> Any:
+    """``value`` with numpy scalars turned into Python ones, so messages show ``-5``, not ``np.int64(-5)``."""
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _ids(ids: Sequence[int], limit: int = 10) -> str:
+    shown = ", ".join(str(int(i)) for i in ids[:limit])
+    more = len(ids) - limit
+    return f"[{shown}{f', ... ({more} more)' if more > 0 else ''}]"
+
+
+def dropped_steps_note(
+    dropped: Mapping[int, str], total: int, *, source: str | None = None, rows: int | None = None
+) -> str:
+    """The one wording every importer uses for steps it leaves out.
+
+    Example:
+        >>> dropped_steps_note({7: "not recorded by every worker", 9: "not recorded by every worker"}, 10,
+        ...                    source="job.csv", rows=3)
+        'job.csv: dropped 2 of 10 steps (3 rows): not recorded by every worker: steps [7, 9]'
+    """
+    by_reason: dict[str, list[int]] = {}
+    for step, reason in sorted(dropped.items()):
+        by_reason.setdefault(reason, []).append(int(step))
+    parts = "; ".join(f"{reason}: steps {_ids(ids)}" for reason, ids in by_reason.items())
+    head = f"{source}: " if source else ""
+    tail = f" ({rows} row{'s' if rows != 1 else ''})" if rows is not None else ""
+    return f"{head}dropped {len(dropped)} of {total} steps{tail}: {parts}"
+
+
+def describe_op_row(row: pd.Series) -> str:
+    """``"step 23, rank 0, optype forward-compute, seq_id 3"`` for a row of an op table."""
+    return ", ".join(f"{c} {plain(row[c])}" for c in ("step", "rank", "optype", "seq_id") if c in row.index)
+
+
+def drop_exact_duplicates(
+    df: pd.DataFrame, *, source: str, what: str, describe: Any = None, row_offset: int = 0
+) -> pd.DataFrame:
+    """Drop rows equal in every column to an earlier row, with a :class:`TraceWarning` saying how many.
+
+    Rows that share a key but differ in a value are *not* touched here: the importer's key check
+    reports them as an error, because which one is right cannot be known.
+
+    Args:
+        df: the raw table (columns as read; an unnamed CSV index column must already be removed).
+        source: file name for the warning.
+        what: what the columns compare, for the warning (``"worker, time and values"``).
+        describe: optional ``row -> str`` naming the first duplicate (``"worker 3, time 2381"``).
+        row_offset: added to the 0-based row index to name the row as the user sees it in the file.
+
+    Returns:
+        ``df`` without the duplicates (the first occurrence is kept).
+    """
+    dup = df.duplicated(keep="first")
+    count = int(dup.sum())
+    if count == 0:
+        return df
+    i = int(np.flatnonzero(dup.to_numpy())[0])
+    first = f"row {i + row_offset}" + (f", {describe(df.iloc[i])}" if describe is not None else "")
+    warnings.warn(
+        f"{source}: dropped {count} exact duplicate row{'s' if count != 1 else ''} "
+        f"(same {what} as an earlier row; first: {first})",
+        TraceWarning,
+        stacklevel=3,
+    )
+    return df[~dup.to_numpy()]
 
 
 @dataclass(frozen=True)
@@ -87,6 +168,13 @@ class OpTrace:
             (CPU/gloo live runs), so a pacing delay also delays the compute op that follows the paced
             collective's launch (``backward-compute`` with the next ``seq_id``); the replay then delays
             that op too. False: the delay is on the communication side only (CUDA/NCCL, the default).
+        time_unit: what the times of :attr:`ops` are. ``"s"``: real seconds (every importer but
+            one). ``"normalized"``: the source recorded only normalised times (the Alibaba PAI
+            ``batch_time_norm``, 0-1000 per job), scaled by ``norm_unit_s`` seconds per unit so the
+            replay can run; figures in seconds or it/s derived from such a trace are in arbitrary
+            units and only their ratios (CV, relative throughput) mean something.
+        norm_unit_s: seconds per normalised unit (``"normalized"`` only; 1.0 otherwise), so
+            ``seconds / norm_unit_s`` gives back the file's normalised values.
     """
 
     ops: pd.DataFrame = field(repr=False)
@@ -94,6 +182,19 @@ class OpTrace:
     source: str
     fmt: str
     pacing_blocks_compute: bool = False
+    time_unit: str = "s"
+    norm_unit_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.time_unit not in TIME_UNITS:
+            raise TraceError(f"time_unit must be one of {list(TIME_UNITS)}, got {self.time_unit!r}")
+        if not (np.isfinite(self.norm_unit_s) and self.norm_unit_s > 0):
+            raise TraceError(f"norm_unit_s must be a positive number of seconds, got {self.norm_unit_s!r}")
+
+    @property
+    def time_normalized(self) -> bool:
+        """True when the times are normalised units, not measured seconds (see ``time_unit``)."""
+        return self.time_unit == "normalized"
 
     @property
     def steps(self) -> np.ndarray:
@@ -153,6 +254,7 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
                 f"(in {source}: row {i}, step {row['step']}, rank {row['rank']}, op {row['optype']}); "
                 f"{int(bad.sum())} rows are bad. Drop or repair them before replay."
             )
+    _check_unique_keys(out, source)
     unknown = sorted(set(out["optype"].unique()) - set(OPTYPES))
     if unknown:
         raise TraceError(
@@ -198,6 +300,37 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
         )
     return out.sort_values(["step", "dp_rank", "stage", "optype", "seq_id"], kind="stable").reset_index(
         drop=True
+    )
+
+
+def _check_unique_keys(out: pd.DataFrame, source: str) -> None:
+    """At most one row per op key; exact duplicates and conflicting ones get their own messages."""
+    keyed = out.duplicated(subset=list(OP_KEY), keep=False)
+    if not keyed.any():
+        return
+    dups = out[keyed]
+    exact = dups.duplicated(keep=False)
+    n_keys = int(dups.drop_duplicates(subset=list(OP_KEY)).shape[0])
+    conflicting = dups[~exact.to_numpy()]
+    if len(conflicting):
+        first = conflicting.iloc[0]
+        key = {c: plain(first[c]) for c in OP_KEY}
+        same = conflicting[(conflicting[list(OP_KEY)] == pd.Series(key)).all(axis=1)]
+        rows = [int(i) for i in same.index[:4]]
+        differ = [c for c in out.columns if c not in OP_KEY and same[c].nunique(dropna=False) > 1]
+        raise TraceError(
+            f"each op (step, dp_rank, stage, optype, seq_id) must appear once, got {len(same)} rows with "
+            f"different {', '.join(differ)} for step {key['step']}, dp_rank {key['dp_rank']}, stage "
+            f"{key['stage']}, optype {key['optype']}, seq_id {key['seq_id']} (in {source}: rows {rows}); "
+            f"{n_keys} op(s) are recorded more than once. Which row is right cannot be told: keep one "
+            "row per op (was the file merged from two recordings?)."
+        )
+    first = dups.iloc[0]
+    raise TraceError(
+        f"each op (step, dp_rank, stage, optype, seq_id) must appear once, got exact duplicate rows for "
+        f"step {plain(first['step'])}, rank {plain(first['rank'])}, optype {first['optype']}, seq_id "
+        f"{plain(first['seq_id'])} (in {source}); {n_keys} op(s) are duplicated. Drop the duplicated rows "
+        "(pandas: df.drop_duplicates())."
     )
 
 

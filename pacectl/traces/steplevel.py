@@ -17,18 +17,36 @@ worker (``rank`` = worker's index in sorted order, pure data parallel, ``pp_size
   synchronisation, which the file cannot separate, so arrival spreads here are upper bounds.
 
 No absolute time is recorded, so no clock alignment is needed (or possible); the values are
-normalised, so ``unit_s`` only scales the result (default: 1 unit = 1 ms, so 1000 -> 1 s).
+normalised, so ``unit_s`` only scales the result (default: 1 unit = 1 ms, so 1000 -> 1 s), and the
+trace is marked ``time_unit="normalized"`` (``norm_unit_s = unit_s``): times, step times and it/s
+derived from it are not real units (a ``step_time_s`` column is real seconds, ``time_unit="s"``).
+
+Repairs, each with a :class:`~pacectl.traces.model.TraceWarning` that says how much was dropped:
+exact duplicate rows (same worker, step and values; the unnamed index column is ignored) are
+dropped, and so are steps that some worker did not record. Rows that share a (worker, step) but
+differ in a value are an error.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from pacectl.errors import TraceError
-from pacectl.traces.model import MAX_DURATION_S, JobMeta, OpTrace, require_file, validate_ops
+from pacectl.traces.model import (
+    MAX_DURATION_S,
+    JobMeta,
+    OpTrace,
+    TraceWarning,
+    drop_exact_duplicates,
+    dropped_steps_note,
+    plain,
+    require_file,
+    validate_ops,
+)
 
 _STEP_COLS = ("time", "iteration", "step")
 _VALUE_COLS = ("batch_time_norm", "step_time_s")
@@ -52,11 +70,15 @@ def load_steplevel(
         name: job name (default: the file stem).
 
     Returns:
-        The validated :class:`OpTrace` (``fmt="steplevel"``); only steps recorded by every worker.
+        The validated :class:`OpTrace` (``fmt="steplevel"``, ``time_unit="normalized"`` for
+        ``batch_time_norm``); only steps recorded by every worker.
+
+    Warns:
+        TraceWarning: exact duplicate rows or incomplete steps were dropped (how many, which).
 
     Raises:
         TraceError: the file is missing or not CSV, lacks a column, holds a NaN, negative or absurd
-            time, a duplicated (worker, step) row, or no step recorded by every worker.
+            time, two different rows for one (worker, step), or no step recorded by every worker.
 
     Example:
         >>> from pacectl.data import DATA_DIR
@@ -97,18 +119,32 @@ def load_steplevel(
             i = int(np.flatnonzero(bad)[0])
             what = "a finite time >= 0 (and not absurd)" if col == value_col else "a non-negative integer"
             raise TraceError(
-                f"{col} must be {what}, got {df[col].iloc[i]!r} (in {p}:row {i + 2}); "
+                f"{col} must be {what}, got {plain(df[col].iloc[i])!r} (in {p}:row {i + 2}); "
                 f"{int(bad.sum())} rows are bad. Drop or repair them."
             )
-    worker = df["worker"].to_numpy(dtype=float).astype(np.int64)
-    step = df[step_col].to_numpy(dtype=float).astype(np.int64)
-    value = df[value_col].to_numpy(dtype=float) * scale
-    dup = pd.DataFrame({"w": worker, "s": step}).duplicated()
+    # the unnamed first column is the index pandas wrote with the file: it differs on every row
+    data = df.drop(columns=[c for c in df.columns if str(c).startswith("Unnamed: ")])
+    data = drop_exact_duplicates(
+        data,
+        source=str(p),
+        what=" and ".join([", ".join(map(str, data.columns[:-1])), str(data.columns[-1])]),
+        describe=lambda r: f"worker {plain(r['worker'])}, {step_col} {plain(r[step_col])}",
+        row_offset=2,
+    )
+    worker = data["worker"].to_numpy(dtype=float).astype(np.int64)
+    step = data[step_col].to_numpy(dtype=float).astype(np.int64)
+    value = data[value_col].to_numpy(dtype=float) * scale
+    rows = data.index.to_numpy() + 2  # line numbers in the file (header is line 1)
+    dup = pd.DataFrame({"w": worker, "s": step}).duplicated(keep=False).to_numpy()
     if dup.any():
-        i = int(np.flatnonzero(dup.to_numpy())[0])
+        i = int(np.flatnonzero(dup)[0])
+        same = np.flatnonzero((worker == worker[i]) & (step == step[i]))
+        n_keys = int(pd.DataFrame({"w": worker[dup], "s": step[dup]}).drop_duplicates().shape[0])
         raise TraceError(
-            f"each (worker, {step_col}) must appear once, got worker {worker[i]} step {step[i]} again "
-            f"(in {p}:row {i + 2}). Remove the duplicated rows."
+            f"each (worker, {step_col}) must appear once, got {len(same)} rows with different values for "
+            f"worker {worker[i]} {step_col} {step[i]} (in {p}: rows {rows[same][:4].tolist()}); "
+            f"{n_keys} (worker, {step_col}) pair(s) are recorded more than once with different values. "
+            "Which one is right cannot be told: keep one row per worker and step."
         )
     workers = np.unique(worker)
     table = pd.DataFrame({"w": worker, "s": step, "t": value}).pivot(index="s", columns="w", values="t")
@@ -116,6 +152,19 @@ def load_steplevel(
     if len(complete) == 0:
         raise TraceError(
             f"at least one step must be recorded by all {len(workers)} workers, got none (in {p})"
+        )
+    if len(complete) < len(table):
+        partial = table.index[table.isna().any(axis=1).to_numpy()]
+        reason = f"not recorded by all {len(workers)} workers"
+        warnings.warn(
+            dropped_steps_note(
+                {int(s2): reason for s2 in partial},
+                len(table),
+                source=str(p),
+                rows=int(np.isin(step, partial.to_numpy()).sum()),
+            ),
+            TraceWarning,
+            stacklevel=2,
         )
     t = complete.to_numpy()  # [num_steps, num_workers], seconds
     n_steps, n = t.shape
@@ -147,4 +196,12 @@ def load_steplevel(
         ignore_index=True,
     )
     meta = JobMeta(name=name or p.stem, dp_size=n, pp_size=1)
-    return OpTrace(ops=validate_ops(ops, meta, source=str(p)), meta=meta, source=str(p), fmt="steplevel")
+    normalized = value_col != "step_time_s"
+    return OpTrace(
+        ops=validate_ops(ops, meta, source=str(p)),
+        meta=meta,
+        source=str(p),
+        fmt="steplevel",
+        time_unit="normalized" if normalized else "s",
+        norm_unit_s=float(unit_s) if normalized else 1.0,
+    )
