@@ -21,6 +21,7 @@ from pacectl.data import DATA_DIR
 from pacectl.errors import TraceError
 from pacectl.traces.jsonstream import stream_events
 from pacectl.traces.kineto import KinetoWarning, TraceProblems, import_kineto, load_kineto
+from pacectl.traces.model import TraceWarning
 
 H200 = DATA_DIR / "h200-capture"
 HTA = DATA_DIR / "hta"
@@ -512,3 +513,83 @@ def test_load_kineto_returns_trace() -> None:
         trace = load_kineto(CPU_ONLY)
     assert trace.fmt == "kineto" and math.isfinite(float(trace.ops["duration"].sum()))
     assert os.path.basename(trace.source).startswith("rank-34")
+
+
+def _h200_with_rank1_cut(tmp_path: Path, keep: float) -> Path:
+    """The shipped 4-rank gloo set with rank 1 decompressed and cut to ``keep`` of its text."""
+    for r in (0, 2, 3):
+        (tmp_path / f"gloo4_rank{r}.json.gz").write_bytes((H200 / f"gloo4_rank{r}.json.gz").read_bytes())
+    text = gzip.decompress((H200 / "gloo4_rank1.json.gz").read_bytes())
+    cut = tmp_path / "gloo4_rank1.json"
+    cut.write_bytes(text[: int(len(text) * keep)])
+    return cut
+
+
+def test_heavily_truncated_rank_is_named(tmp_path: Path) -> None:
+    cut = _h200_with_rank1_cut(tmp_path, 1.5 / 5.87)  # the review's case: 1.5 MB of 5.9 MB
+    with pytest.raises(TraceProblems) as info:
+        _quiet_import(tmp_path)
+    (problem,) = info.value.problems
+    assert problem.file == str(cut)
+    for text in (
+        "disjoint step sets",
+        "looks truncated",
+        "JSON ended early",
+        "Re-export",
+        "gloo4_rank0.json.gz",
+    ):
+        assert text in problem.message
+    assert str(cut) in str(info.value) and "field file" not in str(info.value)
+    # half the file: one step survives on rank 1; the collective mismatch names the truncated file too
+    _h200_with_rank1_cut(tmp_path, 0.5)
+    with pytest.raises(TraceProblems, match="every rank must record the same collectives.*looks truncated"):
+        _quiet_import(tmp_path)
+    # the suggested fix works: the complete ranks alone load
+    trace, rep = _quiet_import([tmp_path / f"gloo4_rank{r}.json.gz" for r in (0, 2, 3)])
+    assert trace.meta.dp_size == 3 and rep.steps == [23, 24, 25, 26]
+
+
+def test_mildly_truncated_rank_still_recovers(tmp_path: Path, h200: Any) -> None:
+    _h200_with_rank1_cut(tmp_path, 0.9)
+    with pytest.warns(KinetoWarning, match="truncated"):
+        trace, rep = import_kineto(tmp_path)
+    assert rep.steps == h200[1].steps and rep.buckets_per_step == 3
+
+
+def test_folder_with_two_jobs_suggests_a_glob(tmp_path: Path, small_pair: list[dict[str, Any]]) -> None:
+    for r, d in enumerate(small_pair):
+        _write(tmp_path / f"gloo4_rank{r}.json.gz", d, gz=True)
+    single = json.loads(json.dumps(small_pair[0]))
+    single["distributedInfo"]["world_size"] = 1
+    _write(tmp_path / "nccl1_rank0.json.gz", single, gz=True)
+    with pytest.raises(TraceProblems) as info:
+        _quiet_import(tmp_path)
+    (problem,) = info.value.problems
+    assert "files of 2 jobs" in problem.message and "in this folder" in problem.message
+    assert f"'{tmp_path / 'gloo4_rank*.json.gz'}'" in problem.message
+    trace, _ = _quiet_import(str(tmp_path / "gloo4_rank*.json.gz"))  # the suggested glob works
+    assert trace.meta.dp_size == 2
+
+
+def test_dropped_steps_wording_and_plain_values(tmp_path: Path, small_pair: list[dict[str, Any]]) -> None:
+    docs = json.loads(json.dumps(small_pair))
+    evs = docs[1]["traceEvents"]
+    del evs[next(i for i, e in enumerate(evs) if e.get("name") == "gloo:all_reduce")]
+    with pytest.raises(TraceError) as err:
+        import_kineto(_pair_dir(tmp_path, docs))
+    assert "np." not in str(err.value) and "{0: 3, 1: 2}" in str(err.value)
+    with pytest.warns(
+        KinetoWarning, match=r"dropped 1 of 4 steps: unmatched collectives across ranks: steps \[\d+\]"
+    ):
+        import_kineto(tmp_path, drop_unmatched=True)
+    docs = json.loads(json.dumps(small_pair))
+    docs[1]["traceEvents"].append(
+        dict(next(e for e in docs[1]["traceEvents"] if e.get("name") == "gloo:all_reduce"))
+    )
+    with pytest.raises(TraceProblems) as err2:
+        import_kineto(_pair_dir(tmp_path, docs))
+    assert "np." not in str(err2.value)
+
+
+def test_kineto_warning_is_a_trace_warning() -> None:
+    assert issubclass(KinetoWarning, TraceWarning)

@@ -57,7 +57,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pandas as pd
@@ -65,7 +65,15 @@ from numpy.typing import NDArray
 
 from pacectl.errors import TraceError
 from pacectl.traces.jsonstream import DEFAULT_MAX_BYTES, stream_events
-from pacectl.traces.model import MAX_DURATION_S, JobMeta, OpTrace, validate_ops
+from pacectl.traces.model import (
+    MAX_DURATION_S,
+    JobMeta,
+    OpTrace,
+    TraceWarning,
+    dropped_steps_note,
+    plain,
+    validate_ops,
+)
 
 ALIGN_MODES = ("auto", "end", "none")
 GRAD_KINDS = ("all_reduce", "reduce_scatter")
@@ -103,7 +111,7 @@ def _kind(raw: str) -> str:
     return _KINDS.get(key, key or "unknown")
 
 
-class KinetoWarning(UserWarning):
+class KinetoWarning(TraceWarning):
     """A Kineto trace was usable but something was recovered, guessed or dropped."""
 
 
@@ -141,7 +149,12 @@ class TraceProblems(TraceError):
             if more
             else ""
         )
-        super().__init__(f"{first.message} (in {first.file}:{first.where}, field {first.field}){tail}")
+        where = (
+            f"in {first.file}"
+            if first.where == first.field == "file"
+            else f"in {first.file}:{first.where}, field {first.field}"
+        )
+        super().__init__(f"{first.message} ({where}){tail}")
 
 
 @dataclass
@@ -155,6 +168,7 @@ class _RankFile:
     backend: str | None
     base_us: float | None
     truncated: bool
+    truncated_how: str  # "" when complete, else where and why the JSON ended early
     steps: pd.DataFrame  # step, start, end
     colls: pd.DataFrame  # step, kind, pg, seq, arrival, end, nelems
     fwd_end: pd.Series  # step -> forward end
@@ -402,7 +416,12 @@ def _read_rank_file(
 
     res = stream_events(path, on_event, max_bytes=max_bytes)
     meta = res.meta
+    truncated_how = ""
     if res.truncated is not None:
+        truncated_how = (
+            f"its JSON ended early ({res.truncated.reason}) at character {res.truncated.offset}, "
+            f"after {res.num_events} complete events"
+        )
         lost = (
             "the rest of traceEvents and all metadata after it"
             if res.truncated.in_events
@@ -424,7 +443,7 @@ def _read_rank_file(
                     fname,
                     f"event #{int(row['idx'])}",
                     "event",
-                    f"each event must appear once, got a duplicate of {row['name'][:60] or 'a GPU event'!r} at ts {row['ts']!r}",
+                    f"each event must appear once, got a duplicate of {row['name'][:60] or 'a GPU event'!r} at ts {plain(row['ts'])!r}",
                 )
             )
     # --- rank and world size
@@ -511,7 +530,12 @@ def _read_rank_file(
                 )
             )
             return None
-        notes.append(f"{fname}: no ProfilerStep#N annotation; the whole trace is one step (0)")
+        if res.truncated is not None:
+            notes.append(
+                f"{fname}: no ProfilerStep#N annotation survived the truncation; the recovered part is one step (0)"
+            )
+        else:
+            notes.append(f"{fname}: no ProfilerStep#N annotation; the whole trace is one step (0)")
         steps = pd.DataFrame({"step": [0], "start": [ev["ts"].min()], "end": [(ev["ts"] + ev["dur"]).max()]})
     # --- anchor time (CPU launch of GPU events), then step of every event
     anchor = ev["ts"].to_numpy().copy()
@@ -618,6 +642,7 @@ def _read_rank_file(
         backend=backend,
         base_us=base_us,
         truncated=res.truncated is not None,
+        truncated_how=truncated_how,
         steps=steps,
         colls=coll_df,
         fwd_end=fwd_end,
@@ -725,9 +750,59 @@ def load_kineto(paths: str | Path | Sequence[str | Path], **kwargs: Any) -> OpTr
     return import_kineto(paths, **kwargs)[0]
 
 
+def _job_groups(recs: list[_RankFile]) -> dict[str, list[_RankFile]]:
+    """Files grouped by their name up to the rank number (``gloo4_rank*.json.gz``); {} if a name has none."""
+    groups: dict[str, list[_RankFile]] = {}
+    for r in recs:
+        m = _RANK_RE.search(r.path.name)
+        if m is None:
+            return {}
+        name = r.path.name
+        ext = ".json.gz" if name.endswith(".json.gz") else ".json" if name.endswith(".json") else "*"
+        key = str(r.path.parent / f"{name[: m.start()]}{name[m.start() : m.start() + 4]}*{ext}")
+        groups.setdefault(key, []).append(r)
+    return groups
+
+
+def _several_jobs(recs: list[_RankFile]) -> Problem | None:
+    """One problem when the files are several jobs' (names differ before the rank number), else None."""
+    groups = _job_groups(recs)
+    if len(groups) < 2:
+        return None
+
+    def describe(pattern: str, members: list[_RankFile]) -> str:
+        worlds = sorted({m.world_size for m in members if m.world_size is not None})
+        ranks = sorted(m.rank for m in members)
+        return (
+            f"{Path(pattern).name} ({len(members)} file(s), ranks {ranks[:8]}"
+            + (f", world_size {worlds[0] if len(worlds) == 1 else worlds}" if worlds else "")
+            + ")"
+        )
+
+    parents = sorted({str(r.path.parent) for r in recs})
+    where = parents[0] if len(parents) == 1 else "<set>"
+    best = max(groups, key=lambda k: len(groups[k]))
+    return Problem(
+        where,
+        "file",
+        "file",
+        f"a trace must be the rank files of one job, got files of {len(groups)} jobs "
+        f"({'; '.join(describe(k, v) for k, v in groups.items())})"
+        + (" in this folder" if where != "<set>" else "")
+        + f". Pick one job's files with a quoted glob, e.g. '{best}'",
+    )
+
+
 def _check_ranks(
     recs: list[_RankFile], world_size: int | None, strict: bool, problems: list[Problem], notes: list[str]
 ) -> None:
+    ranks_seen = [r.rank for r in recs]
+    declared_all = {r.world_size for r in recs if r.world_size is not None}
+    if len(set(ranks_seen)) < len(ranks_seen) or (world_size is None and len(declared_all) > 1):
+        several = _several_jobs(recs)
+        if several is not None:
+            problems.append(several)
+            return
     by_rank: dict[int, Path] = {}
     for r in recs:
         if r.rank in by_rank:
@@ -783,6 +858,57 @@ def _check_ranks(
             notes.append(msg + ": replaying the present ranks as their own data-parallel group")
 
 
+def _span_ms(r: _RankFile) -> float:
+    return float(r.steps["end"].max() - r.steps["start"].min()) * 1e-3 if len(r.steps) else 0.0
+
+
+def _truncated_suspects(recs: list[_RankFile], failure: str) -> list[Problem]:
+    """When ranks disagree, the files that look truncated, each as a problem naming it (else none).
+
+    A file looks truncated when its JSON ended early, or when it holds fewer steps, or a step range
+    less than half as long, as the other files (median).
+    """
+    if len(recs) < 2:
+        return []
+    out: list[Problem] = []
+    for r in recs:
+        rest = [o for o in recs if o is not r]
+        n_rest = float(np.median([len(o.steps) for o in rest]))
+        span_rest = float(np.median([_span_ms(o) for o in rest]))
+        short = len(r.steps) < n_rest or _span_ms(r) < 0.5 * span_rest
+        if not (r.truncated or short):
+            continue
+        rest_steps = sorted({int(s) for o in rest for s in o.steps["step"]})
+        held = (
+            f"it holds {len(r.steps)} step(s) {[int(s) for s in r.steps['step']][:10]} with {len(r.colls)} "
+            f"collective(s) over {_span_ms(r):.1f} ms, while the other files hold {n_rest:g} step(s) "
+            f"{rest_steps[:10]} with {float(np.median([len(o.colls) for o in rest])):g} collective(s) "
+            f"over {span_rest:.1f} ms (median)"
+        )
+        why = f"{r.truncated_how}; {held}" if r.truncated else held
+        complete = [str(o.path) for o in rest if not o.truncated]
+        out.append(
+            Problem(
+                str(r.path),
+                "file",
+                "file",
+                f"{failure}, and this file looks truncated: {why}. Re-export this rank's trace (the "
+                "profiler's export or the copy was cut short), or pass only the complete ranks' files "
+                f"({', '.join(complete[:8])}{' ...' if len(complete) > 8 else ''}), which are then "
+                "replayed as their own data-parallel group",
+            )
+        )
+    return out
+
+
+def _fail_across_ranks(recs: list[_RankFile], message: str, failure: str) -> NoReturn:
+    """Raise ``message``, or the truncated-file problems when a file looks truncated."""
+    suspects = _truncated_suspects(recs, failure)
+    if suspects:
+        raise TraceProblems(suspects)
+    raise TraceError(message)
+
+
 def _assemble(
     recs: list[_RankFile],
     files: list[Path],
@@ -828,13 +954,19 @@ def _assemble(
     common = set(recs[0].steps["step"])
     for r in recs[1:]:
         common &= set(r.steps["step"])
-    for r in recs:
-        for s in sorted(set(r.steps["step"]) - common):
-            dropped[int(s)] = "not recorded by every rank"
+    all_steps = set().union(*(set(r.steps["step"]) for r in recs))
+    for s in sorted(all_steps - common):
+        lacking = [o for o in recs if s not in set(o.steps["step"])]
+        cut = [o.path.name for o in lacking if o.truncated]
+        dropped[int(s)] = "not recorded by every rank" + (
+            f" (missing from truncated {', '.join(cut)})" if cut else ""
+        )
     if not common:
-        raise TraceError(
+        _fail_across_ranks(
+            recs,
             f"the rank files must share at least one ProfilerStep#N, got disjoint step sets (in {src}). "
-            "Were they recorded in the same run with the same profiler schedule?"
+            "Were they recorded in the same run with the same profiler schedule?",
+            "the rank files must share at least one ProfilerStep#N, got disjoint step sets",
         )
     # --- match collectives per step across ranks
     use_seq = all(r.colls["seq"].notna().all() for r in recs if len(r.colls))
@@ -861,12 +993,17 @@ def _assemble(
     if len(bad_steps):
         s = int(bad_steps[0])
         row = counts.loc[s]
+        per_rank = {int(k): int(v) for k, v in row.items()}
         msg = (
-            f"every rank must record the same collectives in a step, got {dict(row.items())} "
+            f"every rank must record the same collectives in a step, got {per_rank} "
             f"(collectives per rank) in step {s} (in {src}); {len(bad_steps)} step(s) unmatched"
         )
         if not drop_unmatched:
-            raise TraceError(msg + ". Pass drop_unmatched (--drop-unmatched) to drop those steps.")
+            _fail_across_ranks(
+                recs,
+                msg + ". Pass drop_unmatched (--drop-unmatched) to drop those steps.",
+                f"every rank must record the same collectives in a step, got {per_rank} (collectives per rank) in step {s}",
+            )
         for s2 in bad_steps:
             dropped[int(s2)] = "unmatched collectives across ranks"
         notes.append(msg + "; dropped")
@@ -876,16 +1013,26 @@ def _assemble(
         for s2 in part.index.get_level_values("step").unique():
             if int(s2) not in dropped:
                 if not drop_unmatched:
-                    raise TraceError(
-                        f"every collective must be matched on all {n} ranks, got {part.iloc[0]} rank(s) for "
-                        f"(step, group, {'seq' if use_seq else 'ordinal'}) = {tuple(part.index[0])} (in {src}). "
-                        "Pass drop_unmatched (--drop-unmatched) to drop those steps."
+                    where = tuple(plain(x) for x in part.index[0])
+                    what = (
+                        f"every collective must be matched on all {n} ranks, got {int(part.iloc[0])} rank(s) for "
+                        f"(step, group, {'seq' if use_seq else 'ordinal'}) = {where}"
+                    )
+                    _fail_across_ranks(
+                        recs,
+                        f"{what} (in {src}). Pass drop_unmatched (--drop-unmatched) to drop those steps.",
+                        what,
                     )
                 dropped[int(s2)] = "unmatched collectives across ranks"
     good = sorted(set(common) - set(dropped))
     per_step = counts.loc[good].iloc[:, 0] if good else pd.Series(dtype=int)
     if len(per_step) == 0:
-        raise TraceError(f"at least one step must survive matching, got none (in {src}); dropped: {dropped}")
+        _fail_across_ranks(
+            recs,
+            f"at least one step must survive matching, got none (in {src}); "
+            + dropped_steps_note(dropped, len(all_steps)),
+            "at least one step must survive matching, got none",
+        )
     # uniform structure for the replay: keep the most common bucket count
     mode = int(per_step.mode().iloc[0])
     for s2, k in per_step.items():
@@ -897,7 +1044,7 @@ def _assemble(
             f"steps must contain at least one collective, got none in the common steps (in {src})"
         )
     if dropped:
-        notes.append(f"dropped steps: {dict(sorted(dropped.items()))}")
+        notes.append(dropped_steps_note(dropped, len(all_steps)))
     allc = allc[allc["step"].isin(good)]
     # bucket order: by mean arrival across ranks within the step
     order = allc.groupby(["step", "pg", "ord"])["arrival"].mean().rename("mean_arrival").reset_index()
