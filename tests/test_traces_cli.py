@@ -31,7 +31,7 @@ def test_info_h200_subprocess() -> None:
     for key in (
         "ranks     4",
         "steps     4",
-        "collectives per step per rank (grads-reduce-scatter): 3",
+        "collectives per step per rank (gloo all_reduce): 3",
         "arrival spread",
         "clock alignment",
         "residual",
@@ -116,3 +116,64 @@ def test_run_accepts_kineto_and_steplevel(tmp_path: Path) -> None:
         )
         assert r.returncode == 0, r.stderr[-2000:]
         assert (tmp_path / trace / "summary.json").is_file()
+
+
+def test_info_marks_normalised_steplevel_times(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", str(JOB1)]) == 0
+    out = capsys.readouterr().out
+    assert "NORMALISED units, not real time" in out
+    step_line = next(line for line in out.splitlines() if line.startswith("step time"))
+    assert "units" in step_line and " ms" not in step_line
+    assert "collectives per step per rank (one modelled per step: the file records none): 1" in out
+    assert main(["validate", str(JOB1)]) == 0
+    assert "times in normalised units" in capsys.readouterr().out
+
+
+def test_info_and_validate_print_steplevel_repairs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = JOB1.read_text().splitlines(keepends=True)
+    (tmp_path / "job.csv").write_text("".join(lines[:100] + lines[101:]))  # one row lost
+    for cmd in ("info", "validate"):
+        assert main([cmd, str(tmp_path / "job.csv")]) == 0
+        out = capsys.readouterr().out
+        assert "warning: " in out and "dropped 1 of 300 steps (9 rows): not recorded by all 10 workers" in out
+
+
+@pytest.mark.parametrize("where", ["dir", "under_file", "proc"])
+def test_convert_unwritable_output_is_a_write_error(
+    tmp_path: Path, where: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if where == "proc" and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc on this system")
+    (tmp_path / "afile").write_text("x")
+    out = {
+        "dir": tmp_path,
+        "under_file": tmp_path / "afile" / "y.parquet",
+        "proc": Path("/proc/x/y.parquet"),
+    }[where]
+    before = sorted(tmp_path.rglob("*"))
+    assert main(["convert", str(JOB1), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: could not write {out}: ") and "could not read" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert sorted(tmp_path.rglob("*")) == before  # nothing half-written
+
+
+def test_folder_with_two_jobs_names_a_glob(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for r in range(4):
+        (tmp_path / f"gloo4_rank{r}.json.gz").write_bytes((H200 / f"gloo4_rank{r}.json.gz").read_bytes())
+    (tmp_path / "nccl1_rank0.json.gz").write_bytes(SINGLE.read_bytes())  # another job (world_size 300)
+    assert main(["info", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "files of 2 jobs" in err and f"'{tmp_path / 'gloo4_rank*.json.gz'}'" in err
+
+
+def test_validate_names_a_truncated_rank(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for r in (0, 2, 3):
+        (tmp_path / f"gloo4_rank{r}.json.gz").write_bytes((H200 / f"gloo4_rank{r}.json.gz").read_bytes())
+    text = gzip.decompress((H200 / "gloo4_rank1.json.gz").read_bytes())
+    (tmp_path / "gloo4_rank1.json").write_bytes(text[:1_500_000])
+    assert main(["validate", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'gloo4_rank1.json'}: ") and "looks truncated" in err

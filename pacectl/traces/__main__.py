@@ -10,7 +10,7 @@ Subcommands (``python -m pacectl.traces <cmd> --help`` for options):
 Formats (``--format``, default by file name): ``kineto`` (``*.json``, ``*.json.gz``, or a directory
 or glob of them), ``steplevel`` (``*.csv``), ``canonical`` (``*.parquet`` written by pacectl),
 ``bytedance`` (``*.parquet`` plus ``--meta``). Exit codes: 0 usable, 1 unusable trace (message on
-stderr, no traceback), 2 bad command line.
+stderr, no traceback), 2 bad command line (also an ``-o`` that cannot be written).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from pacectl.errors import PacectlError, TraceError
-from pacectl.traces.model import OpTrace
+from pacectl.traces.model import OpTrace, TraceWarning
 
 FORMATS = ("auto", "kineto", "steplevel", "canonical", "bytedance")
 
@@ -43,8 +43,26 @@ def _detect(paths: list[str], fmt: str, meta: str | None) -> str:
     return "kineto"
 
 
-def _load(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | None]:
-    """Load the trace named on the command line; returns the trace and the Kineto report summary."""
+class OutputError(PacectlError):
+    """The ``-o`` path cannot be written (exit 2: fix the command line)."""
+
+
+def _load(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | None, list[str]]:
+    """Load the trace named on the command line.
+
+    Returns:
+        The trace, the Kineto report summary (None for other formats) and the importer's warnings
+        (what was repaired or dropped), in order.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TraceWarning)
+        trace, rep = _load_quiet(args)
+    notes = list(rep["warnings"]) if rep is not None else []
+    notes += [str(w.message) for w in caught if issubclass(w.category, TraceWarning) and rep is None]
+    return trace, rep, notes
+
+
+def _load_quiet(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | None]:
     fmt = _detect(args.paths, args.format, args.meta)
     if fmt != "kineto" and len(args.paths) != 1:
         raise TraceError(f"a {fmt} trace must be one file, got {len(args.paths)} paths")
@@ -80,6 +98,24 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:.3f} ms"
 
 
+def _time_formatter(trace: OpTrace) -> Any:
+    """Seconds as ms, or, for a normalised trace, as the file's normalised units."""
+    if trace.time_normalized:
+        return lambda x: f"{x / trace.norm_unit_s:.3f} units"
+    return _ms
+
+
+def _collective_label(trace: OpTrace, rep: dict[str, Any] | None) -> str:
+    """What the canonical ``grads-reduce-scatter`` rows are in this trace's source."""
+    if rep is not None:
+        kinds = ", ".join(sorted(rep["collective_kinds"])) or "none"
+        backend = rep.get("backend") or "unknown"
+        return f"{backend} {kinds}" if backend != "unknown" else kinds
+    if trace.fmt == "steplevel":
+        return "one modelled per step: the file records none"
+    return "grads-reduce-scatter"
+
+
 def _spread_stats(trace: OpTrace) -> tuple[np.ndarray, np.ndarray]:
     """Arrival spread per (step, stage) group at the first grads-reduce-scatter, and step times (s)."""
     ops = trace.ops
@@ -89,10 +125,17 @@ def _spread_stats(trace: OpTrace) -> tuple[np.ndarray, np.ndarray]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    trace, rep = _load(args)
+    trace, rep, notes = _load(args)
     m = trace.meta
+    fmt_t = _time_formatter(trace)
     print(f"trace     {trace.source}")
     print(f"format    {trace.fmt}   job {m.name!r}")
+    if trace.time_normalized:
+        print(
+            f"times     NORMALISED units, not real time (the file records no absolute times); replayed "
+            f"as 1 unit = {trace.norm_unit_s:g} s, so seconds and it/s derived from this trace are "
+            "arbitrary: compare only ratios (CV, relative throughput)"
+        )
     ranks = sorted(trace.ops["rank"].unique().tolist())
     print(
         f"ranks     {len(ranks)} recorded {ranks[:16]}{' ...' if len(ranks) > 16 else ''}  "
@@ -104,18 +147,19 @@ def cmd_info(args: argparse.Namespace) -> int:
         trace.ops[trace.ops["optype"] == "grads-reduce-scatter"].groupby(["step", "dp_rank", "stage"]).size()
     )
     print(
-        f"collectives per step per rank (grads-reduce-scatter): {int(per_step.median()) if len(per_step) else 0}"
+        f"collectives per step per rank ({_collective_label(trace, rep)}): "
+        f"{int(per_step.median()) if len(per_step) else 0}"
     )
     spread, step_t = _spread_stats(trace)
     if len(step_t):
         cv = float(step_t.std() / step_t.mean()) if step_t.mean() > 0 else float("nan")
         print(
-            f"step time mean {_ms(float(step_t.mean()))}, median {_ms(float(np.median(step_t)))}, CV {cv:.3f}"
+            f"step time mean {fmt_t(float(step_t.mean()))}, median {fmt_t(float(np.median(step_t)))}, CV {cv:.3f}"
         )
     if len(spread):
         print(
-            f"arrival spread (first bucket, max-min start over DP ranks): median {_ms(float(np.median(spread)))}, "
-            f"p99 {_ms(float(np.quantile(spread, 0.99)))}, max {_ms(float(spread.max()))}"
+            f"arrival spread (first bucket, max-min start over DP ranks): median {fmt_t(float(np.median(spread)))}, "
+            f"p99 {fmt_t(float(np.quantile(spread, 0.99)))}, max {fmt_t(float(spread.max()))}"
         )
     if rep is not None:
         ca = rep["clock_alignment"]
@@ -135,18 +179,19 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(
                 f"arrival spread (all buckets, true arrivals): median {_ms(allb['median'])}, p99 {_ms(allb['p99'])}, max {_ms(allb['max'])}"
             )
-        if rep["dropped_steps"]:
-            print(f"dropped steps: {rep['dropped_steps']}")
-        for w in rep["warnings"]:
-            print(f"warning: {w}")
     else:
         print("clock alignment: not needed (timestamps already aligned or step-level)")
+    for w in notes:
+        print(f"warning: {w}")
     if args.json:
         out = {
             "source": trace.source,
             "format": trace.fmt,
+            "time_unit": trace.time_unit,
+            "norm_unit_s": trace.norm_unit_s,
             "ranks": ranks,
             "steps": steps.tolist(),
+            "warnings": notes,
             "kineto": rep,
         }
         print(json.dumps(out, indent=1, default=float))
@@ -157,7 +202,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from pacectl.traces.kineto import TraceProblems
 
     try:
-        trace, rep = _load(args)
+        trace, _, notes = _load(args)
     except TraceProblems as err:
         for p in err.problems:
             print(f"error: {p}", file=sys.stderr)
@@ -167,20 +212,45 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         print("invalid: 1 problem", file=sys.stderr)
         return 1
-    for w in (rep or {}).get("warnings", []):
+    for w in notes:
         print(f"warning: {w}")
+    unit = ", times in normalised units" if trace.time_normalized else ""
     print(
-        f"ok: {trace.source} ({trace.fmt}, {trace.num_ranks} ranks, {len(trace.steps)} steps, {len(trace.ops)} ops)"
+        f"ok: {trace.source} ({trace.fmt}, {trace.num_ranks} ranks, {len(trace.steps)} steps, {len(trace.ops)} ops{unit})"
     )
     return 0
+
+
+def _check_output(out: Path) -> None:
+    """Fail before the (possibly long) import when ``-o`` obviously cannot be written."""
+    if out.is_dir():
+        raise OutputError(
+            f"could not write {out}: it is a directory; -o must name the output file, e.g. {out / 'trace.parquet'}"
+        )
+    parent = next((p for p in (out.parent, *out.parent.parents) if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise OutputError(f"could not write {out}: {parent} is not a directory. Pick another -o path.")
+    if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"could not write {out}: {parent} is not writable. Pick another -o path.")
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from pacectl.traces.canonical import write_canonical
 
-    trace, _ = _load(args)
-    write_canonical(trace, args.output)
-    print(f"wrote {args.output} ({len(trace.ops)} ops, {trace.num_ranks} ranks, {len(trace.steps)} steps)")
+    out: Path = args.output
+    _check_output(out)
+    trace, _, notes = _load(args)
+    for w in notes:
+        print(f"warning: {w}")
+    try:
+        write_canonical(trace, out)
+    except OSError as err:
+        reason = err.strerror or str(err) or type(err).__name__
+        raise OutputError(
+            f"could not write {out}: {reason}. Pick another -o path (an existing, writable folder); "
+            "nothing was written."
+        ) from err
+    print(f"wrote {out} ({len(trace.ops)} ops, {trace.num_ranks} ranks, {len(trace.steps)} steps)")
     return 0
 
 
@@ -259,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # warnings are printed by the commands themselves
             return int(args.func(args))
+    except OutputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except PacectlError as err:
         message = str(err).replace(
             "Use trace=bytedance trace.path=... trace.meta=...", "Use --format bytedance --meta <meta.yaml>"
