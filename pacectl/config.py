@@ -255,6 +255,16 @@ def validate_run_config(cfg: DictConfig) -> None:
         value = cfg.output.get(key)
         if not isinstance(value, bool):
             raise ConfigError(f"output.{key} must be true or false, got {value!r}")
+    _check_known_keys(cfg)
+    analysis = cfg.get("analysis")
+    backend = cfg.get("backend")
+    if analysis is not None and analysis.get("name") == "whatif" and backend is not None:
+        if backend.get("name") != "replay":
+            raise ConfigError(
+                f"analysis=whatif analyses a recorded trace, so it needs backend=replay (the default), got "
+                f"backend={backend.get('name')}. Record the run first (backend.record=true for sim; always "
+                "for torch), then: python -m pacectl.run analysis=whatif trace=canonical trace.path=<record>"
+            )
     controller = cfg.get("controller")
     if controller is not None and controller.get("name") == "all":
         extra = sorted({str(k) for k in controller.keys()} - {"name", "families", "units"})
@@ -262,6 +272,55 @@ def validate_run_config(cfg: DictConfig) -> None:
             raise ConfigError(
                 f"controller=all runs every family with its own conf/controller/<family>.yaml, so it takes no "
                 f"parameters, got {extra}. Pick one family to set them, e.g. controller=pid controller.kp=0.8"
+            )
+
+
+def _shipped_keys(group: str, field: str, value: object) -> set[str] | None:
+    """Keys of the shipped ``conf/<group>/*.yaml`` files whose ``field`` is ``value`` (None: no such file)."""
+    keys: set[str] = set()
+    found = False
+    for path in sorted((CONF_DIR / group).glob("*.yaml")):
+        node = OmegaConf.load(path)
+        if isinstance(node, DictConfig) and node.get(field) == value:
+            found = True
+            keys |= {str(k) for k in node.keys()}
+    return keys if found else None
+
+
+def _check_known_keys(cfg: DictConfig) -> None:
+    """Reject keys the shipped configs do not define (typos, or ``+key=`` additions nothing reads).
+
+    The shipped YAML files are the schema: ``guard`` and ``output`` against ``config.yaml``; the
+    ``backend`` against ``conf/backend/<name>.yaml`` (the torch backend checks its own, nested keys);
+    the ``trace`` against every ``conf/trace/*.yaml`` of its ``format``.
+
+    Raises:
+        ConfigError: naming the unknown keys, the known ones and the override that removes them.
+    """
+    import difflib
+
+    base = OmegaConf.load(CONF_DIR / "config.yaml")
+    checks: list[tuple[str, set[str] | None]] = [
+        ("guard", {str(k) for k in base.guard.keys()}),
+        ("output", {str(k) for k in base.output.keys()}),
+    ]
+    backend = cfg.get("backend")
+    if isinstance(backend, DictConfig) and backend.get("name") in ("replay", "sim"):
+        checks.append(("backend", _shipped_keys("backend", "name", backend.get("name"))))
+    trace = cfg.get("trace")
+    if isinstance(trace, DictConfig) and (backend is None or backend.get("name") == "replay"):
+        checks.append(("trace", _shipped_keys("trace", "format", trace.get("format"))))
+    for group, known in checks:
+        node = cfg.get(group)
+        if known is None or not isinstance(node, DictConfig):
+            continue
+        unknown = sorted({str(k) for k in node.keys()} - known)
+        if unknown:
+            hints = [difflib.get_close_matches(k, sorted(known), n=1) for k in unknown]
+            hint = "".join(f"; did you mean {group}.{h[0]}?" for h in hints if h)
+            raise ConfigError(
+                f"{group} has unknown keys {unknown}: nothing reads them (known: {sorted(known)}){hint}. "
+                f"Drop the override +{group}.{unknown[0]}=..."
             )
 
 

@@ -8,6 +8,9 @@ The command-line entry points catch :class:`PacectlError` and print the message 
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 
 class PacectlError(Exception):
     """Base class of every error pacectl raises on purpose (user mistakes and bad input)."""
@@ -27,3 +30,20 @@ class ControllerError(PacectlError, RuntimeError):
 
 class BackendError(PacectlError, RuntimeError):
     """A backend was used out of order or cannot run on this machine."""
+
+
+def one_line_warnings(*, newline: bool = True) -> None:
+    """Show warnings as one ``warning (Category): message`` line (the command-line entry points).
+
+    Python's default format adds the file, line and source line of the code that warned, which
+    means nothing to a user of the command line.
+
+    Args:
+        newline: end the line with a newline (False when ``logging.captureWarnings`` logs them).
+    """
+    end = "\n" if newline else ""
+
+    def fmt(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
+        return f"warning ({category.__name__}): {message}{end}"
+
+    warnings.formatwarning = fmt  # type: ignore[assignment]

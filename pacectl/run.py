@@ -25,6 +25,7 @@ import json
 import logging
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from pacectl import metrics, report, whatif
 from pacectl.config import CONF_DIR, controller_families, load_trace, validate_run_config
-from pacectl.errors import ConfigError, PacectlError
+from pacectl.errors import ConfigError, PacectlError, one_line_warnings
 from pacectl.experiment import make_experiment
 
 BASELINE = "none"
@@ -59,9 +60,15 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     validate_run_config(cfg)
     families = controller_families(cfg)
-    experiment = make_experiment(cfg)
-    summary: dict[str, Any] = experiment.describe()
-    episodes = {family: experiment.run(family, params) for family, params in families.items()}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # once per place: a warning in a loop is listed once
+        experiment = make_experiment(cfg)
+        summary: dict[str, Any] = experiment.describe()
+        episodes = {family: experiment.run(family, params) for family, params in families.items()}
+    # what the run warned about stays with its results (dropped ranks or steps, guard interventions)
+    summary["warnings"] = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     summaries = {name: metrics.summarize(ep) for name, ep in episodes.items()}
     for name, ep in episodes.items():
         if name != BASELINE:
@@ -130,6 +137,8 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
             f"median {fid['step_time_median_abs_err_frac']:.2e}, p90 {fid['step_time_p90_abs_err_frac']:.2e} "
             f"abs. rel. error of step time: {fid.get('compares', 'replay vs recorded step times')}"
         )
+    if summary.get("warnings"):
+        context["warnings"] = "; ".join(summary["warnings"])
     wi = summary.get("whatif")
     if wi:
         context["stragglers' cost (what-if, null model)"] = (
@@ -164,9 +173,34 @@ def run_whatif(cfg: DictConfig, out_dir: Path) -> whatif.WhatIfResult:
     return result
 
 
+def ignored_overrides(overrides: list[str], cfg: DictConfig) -> list[str]:
+    """Command-line overrides that the chosen backend or analysis never reads, with the reason.
+
+    Args:
+        overrides: Hydra's task overrides (``HydraConfig.get().overrides.task``).
+        cfg: the composed config.
+    """
+    backend = str(cfg.backend.get("name"))
+    analysis = str(cfg.analysis.get("name"))
+    out = []
+    for o in overrides:
+        key = o.lstrip("+~").split("=", 1)[0].split(".", 1)[0]
+        if key == "trace" and backend != "replay":
+            out.append(f"{o}: backend={backend} does not read a trace (only backend=replay does)")
+        elif key in ("comm", "cluster") and backend == "torch":
+            out.append(f"{o}: backend=torch runs on this machine's real fabric, not a modelled one")
+        elif key in ("comm", "cluster", "controller", "controller_file", "guard") and analysis == "whatif":
+            out.append(f"{o}: analysis=whatif replays under the null model with no controller")
+    return out
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
+    one_line_warnings(newline=False)
+    logging.captureWarnings(True)  # through Hydra's job logging: the console and run.log
+    for line in ignored_overrides(list(HydraConfig.get().overrides.task), cfg):
+        log.warning(f"warning: override ignored: {line}")
     try:
         if cfg.analysis.name == "whatif":
             result = run_whatif(cfg, out_dir)

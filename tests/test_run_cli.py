@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pacectl.data import shipped_trace
+from pacectl.data import DATA_DIR, shipped_trace
 
 RUN_KEYS = {
     "throughput_it_per_s",
@@ -96,6 +96,12 @@ def test_multirun_sweep(tmp_path: Path) -> None:
             "must be an existing file",
         ),
         (["backend.paced_optype=optimizer"], "paced_optype must be a DP collective"),
+        # keys nothing reads (typos, + additions) and combinations that cannot run
+        (["+guard.foo=1"], "guard has unknown keys ['foo']"),
+        (["+backend.num_ranks=8"], "backend has unknown keys ['num_ranks']"),
+        (["+trace.bogus=1"], "trace has unknown keys ['bogus']"),
+        (["backend=sim", "+backend.bogus=2"], "backend has unknown keys ['bogus']"),
+        (["analysis=whatif", "backend=sim"], "analysis=whatif analyses a recorded trace"),
         # backend=torch: checked before any rank starts
         (["backend=torch", "backend.pacing.gather=bogus"], "backend.pacing.gather must be one of"),
         (["backend=torch", "backend.nproc_per_node=abc"], "backend.nproc_per_node must be an integer"),
@@ -146,3 +152,33 @@ def test_whatif_bad_timeline_step(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2 and "timeline_step_index must be in [0, 32)" in proc.stderr
     assert not (out / "whatif.json").exists()
+
+
+def test_warnings_are_one_line_and_kept_with_the_results(tmp_path: Path) -> None:
+    """A replay of 3 of the 4 recorded ranks warns: on one line, in summary.json, report.md, run.log."""
+    out = tmp_path / "run"
+    ranks = DATA_DIR / "h200-capture" / "gloo4_rank[012].json.gz"
+    proc = _run(
+        "trace=kineto", f"trace.path='{ranks}'", "controller=threshold", f"hydra.run.dir={out}", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = "warning (KinetoWarning): the number of rank files must equal world_size=4, got 3"
+    assert line in proc.stdout and "kineto.py" not in proc.stdout + proc.stderr  # no source lines
+    summary = json.loads((out / "summary.json").read_text())
+    assert [w for w in summary["warnings"] if w.startswith("KinetoWarning: the number of rank files")]
+    assert "KinetoWarning" in (out / "report.md").read_text()
+    assert line in (out / "run.log").read_text()
+
+
+def test_overrides_the_backend_never_reads_are_reported(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _run(
+        "backend=sim",
+        "backend.num_iterations=20",
+        "trace=st",
+        "controller=none",
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "override ignored: trace=st: backend=sim does not read a trace" in proc.stdout

@@ -402,7 +402,7 @@ class ControlWatcher:
         try:
             return validate_control(json.loads(self.path.read_text()), source=str(self.path))
         except (OSError, ValueError) as err:
-            warnings.warn(f"pacing control file ignored: {err}", PacingGuardWarning, stacklevel=2)
+            warnings.warn(f"pacing control file {self.path} ignored: {err}", PacingGuardWarning, stacklevel=2)
             self.rejected.append({"error": str(err)})
             return None
 

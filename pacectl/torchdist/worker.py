@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from pacectl.errors import one_line_warnings
 from pacectl.torchdist.core import (
     DecisionEngine,
     StragglerSpec,
@@ -267,6 +268,7 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
     # Ctrl-C in a terminal reaches every process of the group: the agent alone handles it (it stops
     # the ranks), so a rank does not die mid-collective with a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    one_line_warnings()
     torch.set_num_threads(int(spec.get("threads", 1)))
     dist.init_process_group(
         backend=str(spec.get("dist_backend", "gloo")), timeout=timedelta(seconds=float(spec["pg_timeout_s"]))
