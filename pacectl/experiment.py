@@ -84,6 +84,7 @@ class ReplayExperiment:
                 "pp_size": trace.meta.pp_size,
                 "tp_size": trace.meta.tp_size,
                 "num_steps": backend.num_iterations,
+                "time_unit": trace.time_unit,
             },
             "paced_optype": backend.paced_optype,
             "fidelity": {

@@ -102,6 +102,12 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
             f"comm model is {experiment.comm_model} (fixed durations, max-plus): delaying a rank can never "
             "shorten an iteration, so no controller can beat no pacing here; gains need a timing-dependent model."
         )
+    if summary.get("trace", {}).get("time_unit") == "normalized":
+        summary["time_unit_note"] = (
+            "this trace's times are normalised per job (not real time), scaled by trace.unit_s to "
+            "'seconds': every time, throughput and second-based threshold here is on that arbitrary "
+            "scale; compare the runs with each other, not with other jobs"
+        )
     summary["wall_time_s"] = time.perf_counter() - t0
     with report.staged_outputs(out_dir) as stage:
         report.write_iterations_parquet(stage / "iterations.parquet", episodes)
@@ -137,6 +143,8 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
             f"median {fid['step_time_median_abs_err_frac']:.2e}, p90 {fid['step_time_p90_abs_err_frac']:.2e} "
             f"abs. rel. error of step time: {fid.get('compares', 'replay vs recorded step times')}"
         )
+    if "time_unit_note" in summary:
+        context["time unit"] = summary["time_unit_note"]
     if summary.get("warnings"):
         context["warnings"] = "; ".join(summary["warnings"])
     wi = summary.get("whatif")
@@ -252,6 +260,8 @@ def _hydra_main(cfg: DictConfig) -> None:
                 log.info(f"runtime control file ignored ({family}, iteration {c['iteration']}): {c['error']}")
     if "note" in summary:
         log.info(f"note: {summary['note']}")
+    if "time_unit_note" in summary:
+        log.info(f"time unit: {summary['time_unit_note']}")
     log.info(f"outputs: {out_dir}")
 
 

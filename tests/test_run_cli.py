@@ -182,3 +182,16 @@ def test_overrides_the_backend_never_reads_are_reported(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "override ignored: trace=st: backend=sim does not read a trace" in proc.stdout
+
+
+def test_normalised_trace_times_are_flagged(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _run("trace=alibaba", "controller=none", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trace"]["time_unit"] == "normalized" and "not real time" in summary["time_unit_note"]
+    assert "time unit: this trace's times are normalised" in proc.stdout
+    st = tmp_path / "st"
+    assert _run("trace=st", "controller=none", f"hydra.run.dir={st}", cwd=tmp_path).returncode == 0
+    other = json.loads((st / "summary.json").read_text())
+    assert other["trace"]["time_unit"] == "s" and "time_unit_note" not in other
