@@ -253,6 +253,10 @@ def run_interleaved(runs: list[LiveRun], block: int) -> None:
 
 
 @record
+def _exit_on_interrupt(signum: int, frame: Any) -> None:
+    os._exit(128 + signum)
+
+
 def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
     """Entry point of one rank: join the process group, run every requested controller, leave.
 
@@ -265,9 +269,10 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
     Returns:
         ``{family: LiveRun.finish()}`` for this rank.
     """
-    # Ctrl-C in a terminal reaches every process of the group: the agent alone handles it (it stops
-    # the ranks), so a rank does not die mid-collective with a traceback of its own.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C in a terminal reaches every process of the group. A rank leaves at once and quietly
+    # (no traceback from the middle of a collective); the agent reports the interruption. (Ignoring
+    # SIGINT instead made the agent, which forwards it, wait 30 s before it killed the ranks.)
+    signal.signal(signal.SIGINT, _exit_on_interrupt)
     one_line_warnings()
     torch.set_num_threads(int(spec.get("threads", 1)))
     dist.init_process_group(
