@@ -108,6 +108,10 @@ def test_multirun_sweep(tmp_path: Path) -> None:
         (["backend=torch", "backend.pacing.spin_s=-1"], "backend.pacing.spin_s must be a finite number"),
         (["backend=torch", "backend.workload.model=cnn"], "backend.workload.model must be one of"),
         (["backend=torch", "backend.straggler.prob=2"], "backend.straggler.prob must be in [0, 1]"),
+        (
+            ["backend=torch", "backend.record_dir=/proc/nope"],
+            "backend.record_dir: cannot write the live records",
+        ),
     ],
 )
 def test_user_errors_are_clear_and_leave_no_output(tmp_path: Path, args: list[str], message: str) -> None:

@@ -31,6 +31,26 @@ from pacectl.types import Episode
 _REQUIRED = ("nproc_per_node", "num_iterations", "warmup_iterations", "pg_timeout_s", "workload", "straggler")
 
 
+def _check_writable(folder: Path) -> None:
+    """Fail before any rank starts if records cannot be written under ``folder`` (created if missing).
+
+    Raises:
+        ConfigError: naming ``backend.record_dir``, the folder and the reason.
+    """
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        if not probe.is_dir():
+            raise NotADirectoryError(f"{probe} is not a folder")
+        os.rmdir(tempfile.mkdtemp(dir=probe, prefix=".pacectl-probe-"))
+    except OSError as err:
+        raise ConfigError(
+            f"backend.record_dir: cannot write the live records under {folder} ({err}). "
+            "Pick a writable folder, e.g. backend.record_dir=/tmp/pacectl-records"
+        ) from None
+
+
 class TorchExperiment:
     """Live torch.distributed experiment (``backend=torch``, see ``conf/backend/torch.yaml``).
 
@@ -72,6 +92,7 @@ class TorchExperiment:
         # the records into place only when the whole run succeeded (a failed or interrupted run
         # leaves none; the partial folder is removed at exit).
         self.final_record_dir = Path(self._record_dir())
+        _check_writable(self.final_record_dir.parent)
         self.record_dir = self.final_record_dir.with_name(
             f".{self.final_record_dir.name}.partial-{uuid.uuid4().hex[:8]}"
         )
