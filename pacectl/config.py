@@ -251,7 +251,7 @@ def validate_run_config(cfg: DictConfig) -> None:
     seed = cfg.get("seed")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be an integer >= 0, got {seed!r} (override: seed=<int>)")
-    for key in ("plots", "report"):
+    for key in ("iterations", "plots", "report"):
         value = cfg.output.get(key)
         if not isinstance(value, bool):
             raise ConfigError(f"output.{key} must be true or false, got {value!r}")

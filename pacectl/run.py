@@ -33,6 +33,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
+from tqdm import tqdm
 
 from pacectl import metrics, report, whatif
 from pacectl.config import CONF_DIR, controller_families, load_trace, validate_run_config
@@ -40,6 +41,8 @@ from pacectl.errors import ConfigError, PacectlError, one_line_warnings
 from pacectl.experiment import make_experiment
 
 BASELINE = "none"
+#: (run, iteration, rank) rows above which writing iterations.parquet is announced with its cost.
+LARGE_PARQUET_ROWS = 5_000_000
 #: console lines; Hydra's job logging (conf/hydra/job_logging/pacectl.yaml) also files them
 log = logging.getLogger("pacectl.run")
 
@@ -64,7 +67,15 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         warnings.simplefilter("default")  # once per place: a warning in a loop is listed once
         experiment = make_experiment(cfg)
         summary: dict[str, Any] = experiment.describe()
-        episodes = {family: experiment.run(family, params) for family, params in families.items()}
+        episodes = {}
+        # a bar on a terminal only (tqdm's disable=None); one step per run: no pacing, each controller
+        with tqdm(
+            total=len(families), unit="run", desc="runs", file=sys.stderr, disable=None, leave=False
+        ) as bar:
+            for family, params in families.items():
+                bar.set_postfix_str(family)
+                episodes[family] = experiment.run(family, params)
+                bar.update()
     # what the run warned about stays with its results (dropped ranks or steps, guard interventions)
     summary["warnings"] = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
     for w in caught:
@@ -109,8 +120,15 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
             "scale; compare the runs with each other, not with other jobs"
         )
     summary["wall_time_s"] = time.perf_counter() - t0
+    cells = sum(ep.arrival_s.size for ep in episodes.values())  # (run, iteration, rank) rows
+    if cfg.output.get("iterations", True) and cells > LARGE_PARQUET_ROWS:
+        log.info(
+            f"writing iterations.parquet: {cells:,} rows (about {cells * 200 / 1e9:.1f} GB in memory while "
+            "it is built); output.iterations=false skips it"
+        )
     with report.staged_outputs(out_dir) as stage:
-        report.write_iterations_parquet(stage / "iterations.parquet", episodes)
+        if cfg.output.get("iterations", True):
+            report.write_iterations_parquet(stage / "iterations.parquet", episodes)
         if cfg.output.plots:
             report.plot_iteration_time(stage / "iteration_time.png", episodes)
             report.plot_spread(stage / "spread.png", episodes)

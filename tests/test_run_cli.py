@@ -199,3 +199,20 @@ def test_normalised_trace_times_are_flagged(tmp_path: Path) -> None:
     assert _run("trace=st", "controller=none", f"hydra.run.dir={st}", cwd=tmp_path).returncode == 0
     other = json.loads((st / "summary.json").read_text())
     assert other["trace"]["time_unit"] == "s" and "time_unit_note" not in other
+
+
+def test_output_iterations_false_skips_the_per_rank_parquet(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _run(
+        "backend=sim",
+        "backend.num_ranks=8",
+        "backend.num_iterations=30",
+        "controller=threshold",
+        "output.iterations=false",
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "summary.json").is_file() and not (out / "iterations.parquet").exists()
+    bad = _run("backend=sim", "output.iterations=maybe", f"hydra.run.dir={tmp_path / 'bad'}", cwd=tmp_path)
+    assert bad.returncode == 2 and "output.iterations must be true or false" in bad.stderr
