@@ -183,6 +183,20 @@ def controller_families(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     parameters of its own ``conf/controller/<family>.yaml``. ``controller_file=PATH`` replaces the
     ``controller`` group with a controller YAML file (see :func:`selected_controller`).
     """
+    if cfg.get("controller_file") in (None, ""):
+        return _controller_runs(cfg)
+    try:
+        return _controller_runs(cfg)
+    except ConfigError as err:
+        if "controller_file" in str(err):  # already names the file
+            raise
+        raise ConfigError(
+            f"controller_file {str(cfg.controller_file)!r}: {err}. Such a file holds 'name: <family>' plus "
+            "that family's parameters, as python -m pacectl.tune writes it (<run dir>/controller.yaml)"
+        ) from None
+
+
+def _controller_runs(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     name, params = controller_params(selected_controller(cfg))
     runs: dict[str, dict[str, Any]] = {"none": {}}
     if name == "all":

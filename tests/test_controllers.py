@@ -146,7 +146,11 @@ def test_parameters_are_keyword_only() -> None:
 @pytest.mark.parametrize(
     ("name", "params", "shown"),
     [
-        ("threshold", {"gain": 1.5}, "gain must be in (0, 1], got 1.5 (controller 'threshold')"),
+        (
+            "threshold",
+            {"gain": 1.5},
+            "gain must be in (0, 1], got 1.5 (controller 'threshold'; override: controller.gain=<value>)",
+        ),
         ("threshold", {"gain": 0}, "got 0"),
         ("threshold", {"smoothing": 1.0}, "smoothing must be in [0, 1), got 1.0"),
         ("threshold", {"on_threshold_s": -0.1}, "got -0.1"),
@@ -161,7 +165,7 @@ def test_parameters_are_keyword_only() -> None:
         ("ewma", {"min_dwell_iters": 1.5}, "got 1.5"),
         ("quantile", {"quantile": 0.0}, "quantile must be in (0, 1], got 0.0"),
         ("quantile", {"window_iters": 0}, "window_iters must be an integer >= 1, got 0"),
-        ("quantile", {"window_iters": np.int64(0)}, "got 0 (controller 'quantile')"),
+        ("quantile", {"window_iters": np.int64(0)}, "got 0 (controller 'quantile';"),
     ],
 )
 def test_validation_message_shows_bad_value(name: str, params: dict[str, object], shown: str) -> None:

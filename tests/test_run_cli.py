@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pacectl.config import CONF_DIR
 from pacectl.data import DATA_DIR, shipped_trace
 
 RUN_KEYS = {
@@ -102,6 +103,9 @@ def test_multirun_sweep(tmp_path: Path) -> None:
         (["+trace.bogus=1"], "trace has unknown keys ['bogus']"),
         (["backend=sim", "+backend.bogus=2"], "backend has unknown keys ['bogus']"),
         (["analysis=whatif", "backend=sim"], "analysis=whatif analyses a recorded trace"),
+        (["guard.window_iters=0"], "(override: guard.window_iters=<value>)"),
+        ([f"controller_file={CONF_DIR / 'cluster' / 'st.yaml'}"], "st.yaml': controller must be one of"),
+        (["backend=torch", "backend.nproc_per_node=1"], "or backend.straggler.rank=null for no straggler"),
         # backend=torch: checked before any rank starts
         (["backend=torch", "backend.pacing.gather=bogus"], "backend.pacing.gather must be one of"),
         (["backend=torch", "backend.nproc_per_node=abc"], "backend.nproc_per_node must be an integer"),

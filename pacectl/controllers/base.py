@@ -38,6 +38,13 @@ def _shown(value: object) -> str:
     return repr(value)
 
 
+def _where(controller: str, name: str) -> str:
+    """Where a bad parameter came from, and the override that sets it."""
+    if controller == "guard":
+        return f"(override: guard.{name}=<value>)"
+    return f"(controller {controller!r}; override: controller.{name}=<value>)"
+
+
 def check_float(
     controller: str,
     name: str,
@@ -63,12 +70,13 @@ def check_float(
         ``value`` as a Python ``float``.
 
     Raises:
-        ConfigError: ``"gain must be in (0, 1], got 1.5 (controller 'threshold')"`` and the like.
+        ConfigError: ``"gain must be in (0, 1], got 1.5 (controller 'threshold'; override:
+            controller.gain=<value>)"`` and the like.
     """
     constraint = _interval(low, high, low_open, high_open)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, _REAL_TYPES):
         raise ConfigError(
-            f"{name} must be a real number {constraint}, got {_shown(value)} (controller {controller!r})"
+            f"{name} must be a real number {constraint}, got {_shown(value)} {_where(controller, name)}"
         )
     x = float(value)
     ok = math.isfinite(x)
@@ -79,7 +87,7 @@ def check_float(
     if not ok:
         finite = "" if math.isfinite(x) else "a finite number "
         raise ConfigError(
-            f"{name} must be {finite}{constraint}, got {_shown(value)} (controller {controller!r})"
+            f"{name} must be {finite}{constraint}, got {_shown(value)} {_where(controller, name)}"
         )
     return x
 
@@ -88,12 +96,12 @@ def check_int(controller: str, name: str, value: object, *, low: int) -> int:
     """Validate an integer parameter ``>= low`` (integral floats such as ``16.0`` are accepted).
 
     Raises:
-        ConfigError: ``"window_iters must be an integer >= 1, got 0 (controller 'quantile')"``.
+        ConfigError: ``"window_iters must be an integer >= 1, got 0 (controller 'quantile'; ...)"``.
     """
     integral = isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer())
     if isinstance(value, (bool, np.bool_)) or not integral or int(value) < low:  # type: ignore[call-overload]
         raise ConfigError(
-            f"{name} must be an integer >= {low}, got {_shown(value)} (controller {controller!r})"
+            f"{name} must be an integer >= {low}, got {_shown(value)} {_where(controller, name)}"
         )
     return int(value)  # type: ignore[call-overload]
 

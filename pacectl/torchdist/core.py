@@ -169,7 +169,7 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
     if spec.rank is not None and not -1 <= spec.rank < nproc:
         raise ConfigError(
             f"backend.straggler.rank must be in [-1, {nproc}) (backend.nproc_per_node={nproc}) or null, "
-            f"got {spec.rank!r}"
+            f"got {spec.rank!r}: pick a rank that exists, or backend.straggler.rank=null for no straggler"
         )
     pacing = b.get("pacing", {})
     if not isinstance(pacing, Mapping):
