@@ -262,3 +262,37 @@ def test_compose_tune_config_for_a_sim_profile() -> None:
         cfg = compose("tune", overrides=["cluster=generic"])
     assert cfg.tune.sim.num_ranks == 32  # defaults when a profile has no tune_sim section
     assert run_tuning is not None
+
+
+# --- experiments/tuning/run_tuning.py --out ---------------------------------------------------------------
+
+
+def test_run_tuning_experiment_writes_to_out(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parents[1] / "experiments" / "tuning" / "run_tuning.py"
+    helped = subprocess.run(
+        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert helped.returncode == 0 and "--out" in helped.stdout and "committed record" in helped.stdout
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--trials=2",
+            "--workers=1",
+            "--profiles",
+            "st",
+            "--families",
+            "threshold",
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["profiles"]["st"]["families"]) == ["threshold"]
+    assert (out / "results.md").read_text().startswith("| profile")

@@ -2,8 +2,12 @@
 
 Usage::
 
-    python experiments/tuning/run_tuning.py                   # writes results/results.json, results.md
-    python experiments/tuning/run_tuning.py --trials 30 --profiles st paper_like
+    python experiments/tuning/run_tuning.py                   # overwrites the committed results/ record
+    python experiments/tuning/run_tuning.py --trials 30 --profiles st paper_like --out /tmp/tuning
+    python experiments/tuning/run_tuning.py --trials 4 --profiles st --families threshold --out /tmp/tuning-quick
+
+``--out DIR`` (default: ``experiments/tuning/results``, the committed record, which a run
+overwrites) receives ``results.json`` and ``results.md``.
 
 For each profile (``ar`` and ``st``: replay of the shipped ByteDance traces, comm model null;
 ``paper_like``: the scaling study's sim scenario, comm model contention, or ``contended`` when
@@ -58,7 +62,13 @@ def _row(ev: Evaluation, base: Evaluation) -> dict[str, float]:
     }
 
 
-def run(profiles: list[str], trials: int, workers: int, out_root: Path) -> dict[str, Any]:
+def run(
+    profiles: list[str],
+    trials: int,
+    workers: int,
+    out_root: Path,
+    families: tuple[str, ...] | list[str] = FAMILIES,
+) -> dict[str, Any]:
     """Tune and evaluate; return the results dict."""
     results: dict[str, Any] = {"trials_per_study": trials, "workers": workers, "profiles": {}}
     for profile in profiles:
@@ -80,7 +90,7 @@ def run(profiles: list[str], trials: int, workers: int, out_root: Path) -> dict[
             "heldout_paper_threshold": _row(paper, none),
             "families": {},
         }
-        for family in FAMILIES:
+        for family in families:
             t0 = time.perf_counter()
             cfg = _cfg(
                 [
@@ -144,19 +154,38 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trials", type=int, default=60)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--trials", type=int, default=60, help="trials per study (default: 60)")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes per study (default: 2)")
     default_sim = "paper_like" if (CONF_DIR / "cluster" / "paper_like.yaml").is_file() else "contended"
-    parser.add_argument("--profiles", nargs="+", default=["ar", "st", default_sim])
-    args = parser.parse_args()
+    parser.add_argument(
+        "--profiles",
+        nargs="+",
+        default=["ar", "st", default_sim],
+        help=f"cluster profiles (default: ar st {default_sim})",
+    )
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        default=list(FAMILIES),
+        choices=FAMILIES,
+        help=f"controller families (default: {' '.join(FAMILIES)})",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=HERE / "results",
+        help="folder for results.json and results.md (default: experiments/tuning/results, the "
+        "committed record, which this run then overwrites)",
+    )
+    args = parser.parse_args(argv)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        results = run(args.profiles, args.trials, args.workers, Path(tmp))
+        results = run(args.profiles, args.trials, args.workers, Path(tmp), families=args.families)
     results["wall_s"] = time.perf_counter() - t0
-    out = HERE / "results"
+    out = args.out
     atomic_write_text(out / "results.json", json.dumps(jsonable(results), indent=2) + "\n")
     atomic_write_text(out / "results.md", markdown(results))
     print(markdown(results))
