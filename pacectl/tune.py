@@ -14,7 +14,16 @@ Outputs in the Hydra run directory:
 - ``controller.yaml``: the chosen trial (rule: :data:`pacectl.tuning.study.CHOICE_RULE`) as a
   controller config: ``python -m pacectl.run controller_file=DIR/controller.yaml``;
 - ``tune.json``: baseline, reference, choice, study, storage and the optuna-dashboard command;
-- ``optuna.journal``: the study (default storage), resumable after a crash.
+- ``optuna.journal``: the study (default storage), resumable after a crash or Ctrl-C.
+
+A study resumes only with the settings that determine a trial's result (the controller family and
+its fixed parameters, ``units`` included; the search space as sampled; the episodes: profile,
+traces or sim scenario, comm model, guard, seed); they are recorded in the study
+(:func:`trial_settings`) and a command that differs is refused, naming each difference.
+
+When no trial improves on no pacing (:data:`pacectl.tuning.study.IMPROVEMENT_RULE`), the console,
+``tune.json`` (``improves_on_no_pacing: false``, ``recommendation``) and the header of
+``controller.yaml`` say so and recommend no pacing; ``controller.yaml`` still holds the best trial.
 
 Examples::
 
@@ -28,7 +37,10 @@ Examples::
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import logging
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -43,25 +55,40 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from pacectl.config import CONF_DIR, controller_params, selected_controller
-from pacectl.controllers import CONTROLLERS
+from pacectl.config import (
+    CONF_DIR,
+    RUN_KEYS,
+    controller_factory,
+    controller_params,
+    selected_controller,
+    validate_run_config,
+)
+from pacectl.controllers import CONTROLLERS, SafetyGuard
 from pacectl.errors import ConfigError, PacectlError
-from pacectl.report import atomic_write_text, discard_run_dir, jsonable
+from pacectl.report import atomic_write_text, discard_run_dir, jsonable, staged_outputs
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet, build_scenarios
 from pacectl.tuning.space import SearchSpace, load_space
 from pacectl.tuning.study import (
     CHOICE_RULE,
     DIRECTIONS,
     FINISHED,
+    IMPROVEMENT_RULE,
     SAMPLERS,
+    SETTINGS_ATTR,
     Objective,
+    Progress,
     StorageSpec,
     TrialPoint,
+    beats_no_pacing,
+    check_interrupt,
     choose,
+    deferred_interrupts,
     fail_stale_trials,
+    interruptible,
     pareto_front,
     plot_pareto,
     run_workers,
+    settings_diff,
     split_quota,
     storage_spec,
     trial_points,
@@ -73,6 +100,40 @@ log = logging.getLogger("pacectl.tune")
 
 #: The family whose defaults (``conf/controller/threshold.yaml``) are the paper's reference point.
 REFERENCE = "threshold"
+
+
+#: The keys of ``tune`` (conf/tune.yaml) and of ``tune.sim``; anything else (``+tune.bogus=1``) is refused.
+TUNE_KEYS = frozenset(
+    {
+        "n_trials",
+        "timeout_s",
+        "sampler",
+        "population_size",
+        "seed",
+        "n_workers",
+        "study_name",
+        "storage",
+        "space",
+        "max_throughput_loss_frac",
+        "progress",
+        "on",
+        "sim",
+    }
+)
+SIM_KEYS = frozenset({"num_ranks", "num_iterations", "comm", "seeds", "heldout_seeds"})
+
+
+def _check_keys(node: Any, allowed: frozenset[str], where: str) -> None:
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{where} must be a mapping of settings (conf/tune.yaml), got {node!r}")
+    unknown = sorted({str(k) for k in node.keys()} - allowed)
+    if unknown:
+        hints = [difflib.get_close_matches(k, sorted(allowed), n=1) for k in unknown]
+        hint = "".join(f"; did you mean {where}.{h[0]}?" for h in hints if h)
+        raise ConfigError(
+            f"{where} keys must be among {sorted(allowed)}, got unknown {[f'{where}.{k}' for k in unknown]}"
+            f"{hint}. Remove or correct the override (conf/tune.yaml documents each key)"
+        )
 
 
 @dataclass(frozen=True)
@@ -96,8 +157,12 @@ class Settings:
         """Read and check ``cfg.tune``.
 
         Raises:
-            ConfigError: a value out of range, with the key and value.
+            ConfigError: an unknown key (listing the valid ones), or a value out of range, with the
+                key and value.
         """
+        _check_keys(tune, TUNE_KEYS, "tune")
+        if "sim" in tune:
+            _check_keys(tune.sim, SIM_KEYS, "tune.sim")
 
         def integer(key: str, low: int) -> int:
             value = tune.get(key)
@@ -152,6 +217,22 @@ class TuneResult:
     summary: dict[str, Any]
 
 
+class TuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C after the study was opened: its finished trials are kept in the storage.
+
+    Attributes:
+        study_name: the study.
+        storage: where it lives.
+        finished: its finished trials (COMPLETE or PRUNED) when interrupted, or None if unknown.
+    """
+
+    def __init__(self, study_name: str, storage: StorageSpec, finished: int | None) -> None:
+        super().__init__(study_name)
+        self.study_name = study_name
+        self.storage = storage
+        self.finished = finished
+
+
 def _abs(path: str) -> Path:
     try:
         from hydra.utils import to_absolute_path
@@ -161,18 +242,80 @@ def _abs(path: str) -> Path:
         return Path(path).expanduser().resolve()
 
 
+def validate_tune_config(cfg: DictConfig) -> None:
+    """Every check of ``pacectl.run``'s config that applies to the tuner, before any storage is made:
+    :func:`pacectl.config.validate_run_config` on every key but ``tune`` (top-level keys, seed, output
+    flags, and whatever else it checks), then one guard built around no pacing (a key
+    :class:`~pacectl.controllers.SafetyGuard` does not take, or a value it rejects).
+
+    Raises:
+        ConfigError: naming the key, the value and the fix.
+    """
+    unknown = sorted({str(k) for k in cfg.keys()} - RUN_KEYS - {"tune"})
+    if unknown:
+        allowed = sorted(RUN_KEYS | {"tune"})
+        hints = [difflib.get_close_matches(k, allowed, n=1) for k in unknown]
+        hint = "".join(f"; did you mean {h[0]!r}?" for h in hints if h)
+        raise ConfigError(f"top-level keys must be among {allowed}, got unknown {unknown}{hint}")
+    validate_run_config(OmegaConf.masked_copy(cfg, [str(k) for k in cfg.keys() if str(k) != "tune"]))
+    try:
+        controller_factory("none", {}, cfg.guard)()
+    except TypeError as err:  # an unknown keyword of SafetyGuard
+        keys = sorted(p for p in inspect.signature(SafetyGuard).parameters if p != "inner")
+        raise ConfigError(
+            f"guard keys must be among {keys}, got {sorted(str(k) for k in cfg.guard.keys())} ({err}); "
+            "remove the unknown key (conf/config.yaml documents the guard)"
+        ) from err
+
+
 def tune_space(cfg: DictConfig, settings: Settings) -> SearchSpace:
     """The validated search space of the selected controller family (before anything runs).
 
+    The default file is ``conf/tune/space/<family>.yaml`` (times in seconds), or
+    ``conf/tune/space/<family>.iteration.yaml`` with ``controller.units=iteration`` (times as fractions
+    of the median iteration time); ``tune.space=FILE`` replaces either.
+
     Raises:
-        ConfigError: nothing to tune (``none``, ``all``), or a bad space file.
+        ConfigError: nothing to tune (``none``, ``all``), a bad space file, or a command-line
+            ``controller.<key>=`` on a key the space tunes (it would be ignored).
     """
     family, fixed = controller_params(selected_controller(cfg))
     tunable = sorted(k for k in CONTROLLERS if k != "none")
     if family not in tunable:
         raise ConfigError(f"controller must be one family to tune, one of {tunable}, got {family!r}")
-    path = _abs(settings.space) if settings.space else CONF_DIR / "tune" / "space" / f"{family}.yaml"
-    return load_space(family, path, fixed=fixed)
+    suffix = ".iteration" if fixed.get("units") == "iteration" else ""
+    default = CONF_DIR / "tune" / "space" / f"{family}{suffix}.yaml"
+    path = _abs(settings.space) if settings.space else default
+    space = load_space(family, path, fixed=fixed)
+    for override in _task_overrides():
+        key = _override_key(override)
+        if key.startswith("controller.") and key.removeprefix("controller.") in space.keys:
+            raise ConfigError(
+                f"{override} sets a key the search space {space.source} tunes, so the value would be "
+                f"ignored; to fix {key} at that value, use a space without it (tune.space=FILE), or drop "
+                "the override to tune it"
+            )
+    return space
+
+
+def trial_settings(space: SearchSpace, scenarios: ScenarioSet) -> dict[str, Any]:
+    """Everything that determines a trial's result, JSON-normalized; recorded in the study.
+
+    ``controller``: the family and its untuned parameters (the controller group over the
+    constructor's defaults, ``units`` included); ``space``: every tuned key's distribution (the
+    content, not the file); ``episodes``: the scenario descriptor (profile, traces or sim cluster,
+    seeds, iterations, ranks, comm model, guard, seed). Not included, so free to change on resume:
+    ``tune.n_trials``, ``tune.timeout_s``, sampler and its seed, workers, ``tune.progress`` and
+    ``tune.max_throughput_loss_frac`` (feasibility is recomputed with the current cap).
+    """
+    import json
+
+    value = {
+        "controller": {"name": space.family, **space.fixed_settings()},
+        "space": space.describe(),
+        "episodes": scenarios.descriptor,
+    }
+    return json.loads(json.dumps(jsonable(value), sort_keys=True, default=str))  # type: ignore[no-any-return]
 
 
 def reference_params() -> dict[str, Any]:
@@ -186,12 +329,22 @@ def _cached(study: optuna.Study, key: str, compute: Callable[[], Evaluation]) ->
     attrs = study.user_attrs
     if key in attrs:
         return Evaluation.from_json(attrs[key])
-    value = compute()
+    with interruptible():  # Ctrl-C may stop the episodes, not the storage write below
+        value = compute()
     study.set_user_attr(key, value.to_json())
     return value
 
 
-def _open_study(spec: StorageSpec, name: str, scenarios: ScenarioSet, family: str) -> optuna.Study:
+#: how a refused resume ends: the two ways out
+_RESUME_FIX = (
+    "Restore the setting(s) to resume this study, or start a new one with another tune.study_name "
+    "(or another hydra.run.dir when tune.storage is null, or another tune.storage)"
+)
+
+
+def _open_study(
+    spec: StorageSpec, name: str, scenarios: ScenarioSet, settings: dict[str, Any]
+) -> optuna.Study:
     storage = spec.open()
     try:
         study = optuna.create_study(
@@ -205,18 +358,27 @@ def _open_study(spec: StorageSpec, name: str, scenarios: ScenarioSet, family: st
             f"got {[d.name.lower() for d in study.directions]}; choose another tune.study_name"
         )
     attrs = study.user_attrs
-    expected = {"family": family, "scenario_fingerprint": scenarios.fingerprint}
-    for key, value in expected.items():
-        if key in attrs and attrs[key] != value:
-            raise ConfigError(
-                f"study {name!r} in {spec.display} was created with {key}={attrs[key]!r}, got {value!r}: "
-                "a study resumes only with the same controller family, profile, episodes and guard; "
-                "choose another tune.study_name"
-            )
-        if key not in attrs:
-            study.set_user_attr(key, value)
-    if "scenarios" not in attrs:
+    recorded = attrs.get(SETTINGS_ATTR)
+    if recorded is None and (attrs or study.get_trials(deepcopy=False)):
+        raise ConfigError(
+            f"study {name!r} in {spec.display} was made by an older pacectl.tune that did not record the "
+            "settings that determine a trial's result (controller parameters, search space), so it cannot "
+            f"be resumed safely. {_RESUME_FIX}"
+        )
+    if recorded is None:
+        study.set_user_attr(SETTINGS_ATTR, settings)  # first, so a concurrent opener sees it
+        study.set_user_attr("family", settings["controller"]["name"])
+        study.set_user_attr("scenario_fingerprint", scenarios.fingerprint)
         study.set_user_attr("scenarios", jsonable(scenarios.descriptor))
+    elif recorded != settings:
+        diffs = settings_diff(recorded, settings)
+        shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
+        raise ConfigError(
+            f"study {name!r} in {spec.display} was run with other settings than this command's, and a "
+            f"study resumes only with the settings that determine a trial's result (controller family "
+            f"and fixed parameters, units, search space, episodes, comm, guard): {shown or 'see tune.json'}. "
+            f"{_RESUME_FIX}"
+        )
     return study
 
 
@@ -226,8 +388,16 @@ def export_controller(path: Path, family: str, params: dict[str, Any], header: l
     atomic_write_text(path, "".join(f"# {line}\n" for line in header) + body)
 
 
+def _change(loss_frac: float) -> float:
+    """Throughput change against no pacing from a loss (``0.0 - x``, so no loss prints ``+0.000%``)."""
+    return 0.0 - loss_frac
+
+
 def run_tuning(cfg: DictConfig, out_dir: Path, *, echo: Callable[[str], None] = print) -> TuneResult:
     """Tune ``cfg.controller`` on ``cfg.cluster``; write the results into ``out_dir``.
+
+    Every check that needs no trial (config keys, guard, space, episodes) runs before the storage is
+    created. The outputs are written together (staged, then moved), so none is half written.
 
     Args:
         cfg: the composed config (``conf/tune.yaml``).
@@ -238,9 +408,13 @@ def run_tuning(cfg: DictConfig, out_dir: Path, *, echo: Callable[[str], None] = 
         The :class:`TuneResult`.
 
     Raises:
-        PacectlError: a user mistake (bad space, profile, settings, storage) or no completed trial.
+        PacectlError: a user mistake (bad space, profile, settings, storage, a resume with other
+            settings) or no completed trial.
+        TuneInterrupted: Ctrl-C once the study exists (its finished trials are kept; no output written).
+        KeyboardInterrupt: Ctrl-C before that.
     """
     t0 = time.perf_counter()
+    validate_tune_config(cfg)
     settings = Settings.from_cfg(cfg.tune)
     space = tune_space(cfg, settings)  # every check that needs no episode, before anything runs
     scenarios = build_scenarios(cfg)
@@ -248,7 +422,33 @@ def run_tuning(cfg: DictConfig, out_dir: Path, *, echo: Callable[[str], None] = 
     name = settings.study_name or f"{scenarios.profile}-{family}"
     spec = storage_spec(settings.storage, out_dir, cwd=_abs("."))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = _open_study(spec, name, scenarios, family)
+    study = _open_study(spec, name, scenarios, trial_settings(space, scenarios))
+    try:
+        with deferred_interrupts():
+            return _tune_study(out_dir, echo, t0, settings, space, scenarios, spec, name, study)
+    except KeyboardInterrupt:
+        finished: int | None = None
+        with deferred_interrupts():  # another Ctrl-C now is the same request
+            try:
+                reopened = optuna.load_study(study_name=name, storage=spec.open())
+                finished = len(reopened.get_trials(deepcopy=False, states=FINISHED))
+            except Exception:  # noqa: BLE001 (the count is a courtesy; the interrupt is what matters)
+                finished = None
+        raise TuneInterrupted(name, spec, finished) from None
+
+
+def _tune_study(
+    out_dir: Path,
+    echo: Callable[[str], None],
+    t0: float,
+    settings: Settings,
+    space: SearchSpace,
+    scenarios: ScenarioSet,
+    spec: StorageSpec,
+    name: str,
+    study: optuna.Study,
+) -> TuneResult:
+    family = space.family
     stale = fail_stale_trials(study)
     if stale:
         echo(f"marked {len(stale)} trial(s) left running by a killed process as FAIL: {stale}")
@@ -283,28 +483,57 @@ def run_tuning(cfg: DictConfig, out_dir: Path, *, echo: Callable[[str], None] = 
             sampler=settings.sampler,
             population_size=settings.population_size,
             timeout_s=settings.timeout_s,
-            total=settings.n_trials,
+            progress=Progress(done, settings.n_trials),
             echo=echo if settings.progress else None,
         )
+    check_interrupt()  # a Ctrl-C that arrived outside an evaluation: stop before writing any output
     study = optuna.load_study(study_name=name, storage=spec.open())
     trials = study.get_trials(deepcopy=False)
     points = trial_points(study, space, baseline, settings.max_loss_frac)
     front = pareto_front(points)
     chosen = choose(front)
-    params = space.resolve(study.trials[chosen.number].params)
+    chosen_trial = study.trials[chosen.number]
+    params = space.resolve(chosen_trial.params)
     ref_loss = 1.0 - reference.throughput_it_per_s / baseline.throughput_it_per_s
+    improving = [p.number for p in points if beats_no_pacing(p, baseline, settings.max_loss_frac)]
+    improves = beats_no_pacing(chosen, baseline, settings.max_loss_frac)
+    chosen_episodes = chosen_trial.user_attrs.get("per_episode")
 
     def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
         return a[0] >= b[0] and a[1] <= b[1] and a != b
 
     ref_xy = (reference.throughput_it_per_s, reference.cv)
+    overrides, differences = run_overrides(
+        scenarios.descriptor,
+        user_overrides=_task_overrides(),
+        chosen_episodes=chosen_episodes,
+        baseline=baseline,
+    )
+    if improves:
+        recommendation = f"the chosen {family} controller (controller.yaml)"
+        warning = None
+    else:
+        recommendation = "no pacing (controller=none)"
+        warning = (
+            f"no trial improves on no pacing ({len(points)} completed; rule: improvement_rule in tune.json): the chosen "
+            f"trial {chosen.number} has {_change(chosen.throughput_loss_frac):+.3%} throughput and cv "
+            f"{chosen.cv:.4g} against no pacing's cv {baseline.cv:.4g}. Recommended: no pacing. "
+            f"controller.yaml holds that trial anyway, flagged; to search further raise tune.n_trials, "
+            "try another family or search space"
+            + (
+                ""
+                if scenarios.comm_timing_dependent
+                else ", or a timing-dependent comm model (comm=contention)"
+            )
+        )
     summary: dict[str, Any] = {
         "study_name": name,
         "storage": spec.display,
         "dashboard": spec.dashboard_command(),
         "family": family,
         "profile": scenarios.profile,
-        "run_overrides": run_overrides(scenarios.descriptor),
+        "run_overrides": overrides,
+        "run_overrides_differences": differences,
         "scenarios": {
             "kind": scenarios.kind,
             "labels": scenarios.labels,
@@ -312,7 +541,12 @@ def run_tuning(cfg: DictConfig, out_dir: Path, *, echo: Callable[[str], None] = 
         },
         "comm_model": scenarios.comm_model,
         "comm_model_timing_dependent": scenarios.comm_timing_dependent,
-        "space": {"source": space.source, "tuned": space.keys, "fixed": dict(space.fixed)},
+        "space": {
+            "source": space.source,
+            "tuned": space.keys,
+            "distributions": space.describe(),
+            "fixed": dict(space.fixed),
+        },
         "sampler": settings.sampler,
         "objectives": {
             "throughput_it_per_s": "maximize (mean over episodes)",
@@ -334,12 +568,22 @@ def run_tuning(cfg: DictConfig, out_dir: Path, *, echo: Callable[[str], None] = 
             "throughput_loss_frac": ref_loss,
         },
         "choice_rule": CHOICE_RULE,
-        "chosen": {**chosen.to_json(), "controller": {"name": family, **params}},
+        "chosen": {
+            **chosen.to_json(),
+            "controller": {"name": family, **params},
+            "per_episode": chosen_episodes,
+        },
+        "improvement_rule": IMPROVEMENT_RULE,
+        "improves_on_no_pacing": improves,
+        "trials_improving_on_no_pacing": len(improving),
+        "recommendation": recommendation,
         "chosen_dominates_reference": dominates((chosen.throughput_it_per_s, chosen.cv), ref_xy),
         "front_dominates_reference": any(dominates((p.throughput_it_per_s, p.cv), ref_xy) for p in front),
         "pareto_size": len(front),
         "wall_time_s": time.perf_counter() - t0,
     }
+    if warning:
+        summary["warning"] = warning
     if not scenarios.comm_timing_dependent:
         summary["note"] = (
             "comm model is null (fixed durations, max-plus): no delay can shorten an iteration, so no "
@@ -348,31 +592,35 @@ def run_tuning(cfg: DictConfig, out_dir: Path, *, echo: Callable[[str], None] = 
     title = (
         f"{family} on {scenarios.profile} ({scenarios.kind}, {len(scenarios.labels)} episode(s)), "
         f"{len(points)} trials\ncomm model: {scenarios.comm_model}"
+        + ("" if improves else "; no trial improves on no pacing")
     )
-    plot_pareto(
-        out_dir / "pareto.png",
-        points,
-        front,
-        baseline=baseline,
-        reference=reference,
-        chosen=chosen,
-        title=title,
-        max_loss_frac=settings.max_loss_frac,
-    )
-    atomic_write_text(out_dir / "pareto.json", _json([p.to_json() for p in front]))
-    export_controller(
-        out_dir / "controller.yaml",
-        family,
-        params,
-        [
-            f"Tuned by pacectl.tune: study {name!r}, trial {chosen.number}, profile {scenarios.profile} "
-            f"({scenarios.kind}), comm model {scenarios.comm_model}",
-            f"throughput {chosen.throughput_it_per_s:.6g} it/s ({-chosen.throughput_loss_frac:+.3%} vs no pacing), "
-            f"cv {chosen.cv:.4g}{'' if chosen.feasible else ' (over the throughput-loss cap)'}",
-            "Use: python -m pacectl.run controller_file=<this file>",
-        ],
-    )
-    atomic_write_text(out_dir / "tune.json", _json(summary))
+    header = [
+        f"Tuned by pacectl.tune: study {name!r}, trial {chosen.number}, profile {scenarios.profile} "
+        f"({scenarios.kind}), comm model {scenarios.comm_model}",
+        f"throughput {chosen.throughput_it_per_s:.6g} it/s ({_change(chosen.throughput_loss_frac):+.3%} vs no "
+        f"pacing), cv {chosen.cv:.4g} (no pacing: cv {baseline.cv:.4g})"
+        f"{'' if chosen.feasible else ' (over the throughput-loss cap)'}",
+    ]
+    if not improves:
+        header += [
+            "WARNING: no trial improves on no pacing on these episodes (tune.json: improvement_rule):",
+            "this is the best trial found, not an improvement; recommended: no pacing (controller=none).",
+        ]
+    header.append(f"Use: python -m pacectl.run controller_file=<this file> {overrides}".rstrip())
+    with staged_outputs(out_dir) as stage:
+        plot_pareto(
+            stage / "pareto.png",
+            points,
+            front,
+            baseline=baseline,
+            reference=reference,
+            chosen=chosen,
+            title=title,
+            max_loss_frac=settings.max_loss_frac,
+        )
+        atomic_write_text(stage / "pareto.json", _json([p.to_json() for p in front]))
+        export_controller(stage / "controller.yaml", family, params, header)
+        atomic_write_text(stage / "tune.json", _json(summary))
     return TuneResult(
         study_name=name,
         storage=spec,
@@ -388,29 +636,128 @@ def run_tuning(cfg: DictConfig, out_dir: Path, *, echo: Callable[[str], None] = 
     )
 
 
-def run_overrides(descriptor: dict[str, Any]) -> str:
-    """``python -m pacectl.run`` overrides that evaluate the episodes a study tuned on (its first trace,
-    or its simulated cluster), so the exported controller is tried where it was tuned."""
+def _task_overrides() -> list[str]:
+    """The command line's overrides of the job (empty outside a Hydra app)."""
+    if not HydraConfig.initialized():
+        return []
+    return [str(o) for o in HydraConfig.get().overrides.task]
+
+
+def _override_value(value: Any) -> str:
+    """A value as a Hydra override writes it (``null``, ``[0,1]``, ``0.5``, ``name``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_override_value(v) for v in value) + "]"
+    return str(value)
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def run_overrides(
+    descriptor: dict[str, Any],
+    *,
+    user_overrides: list[str] | None = None,
+    chosen_episodes: list[dict[str, Any]] | None = None,
+    baseline: Evaluation | None = None,
+) -> tuple[str, list[str]]:
+    """``python -m pacectl.run`` overrides that rerun the episodes a study tuned on, and what differs.
+
+    Sim profiles: ``backend=sim cluster= comm= backend.num_ranks= backend.num_iterations=`` and the
+    first of ``tune.sim.seeds`` as ``seed=``; traces: the first trace (``trace=`` or its format, path,
+    meta), ``comm=``/``cluster=`` when comm is not null, ``seed=`` when not 0. Both: ``guard.*`` that
+    differ from ``conf/config.yaml``, and the command line's ``cluster.*`` and (traces) ``backend.*``
+    overrides. ``pacectl.run`` runs one episode, so with several (seeds, traces) the run reproduces
+    the first: each difference is listed, with the chosen trial's own figures on that episode.
+
+    Args:
+        descriptor: the scenario descriptor of the study.
+        user_overrides: the tune command's overrides (``cluster.*``, ``backend.*`` are passed on).
+        chosen_episodes: the chosen trial's ``per_episode`` figures, if recorded.
+        baseline: no pacing on the same episodes (its ``per_episode`` figures).
+
+    Returns:
+        ``(overrides, differences)``: the overrides as one string, the differences as sentences.
+    """
     comm = descriptor.get("comm") or "null"
     profile = descriptor.get("profile", "generic")
+    differences: list[str] = []
+    labels: list[str]
     if descriptor.get("kind") == "sim":
         backend = descriptor.get("backend", {})
-        return f"backend=sim cluster={profile} comm={comm} backend.num_ranks={backend.get('num_ranks')}"
-    trace = (descriptor.get("traces") or [{}])[0]
-    name = str(trace.get("name") or "")
-    if (
-        trace.get("format") == "bytedance"
-        and name.upper() in ("AR", "ST")
-        and "pacectl/data" in str(trace.get("path"))
-    ):
-        parts = [f"trace={name.lower()}"]
+        seeds = list(descriptor.get("seeds") or [0])
+        labels = [f"seed={s}" for s in seeds]
+        parts = [
+            "backend=sim",
+            f"cluster={profile}",
+            f"comm={comm}",
+            f"backend.num_ranks={backend.get('num_ranks')}",
+            f"backend.num_iterations={backend.get('num_iterations')}",
+            f"seed={seeds[0]}",
+        ]
     else:
-        parts = [f"trace={trace.get('format')}", f"trace.path={trace.get('path')}"]
-        if trace.get("meta"):
-            parts.append(f"trace.meta={trace.get('meta')}")
-    if comm != "null":
-        parts += [f"comm={comm}", f"cluster={profile}"]
-    return " ".join(parts)
+        traces = descriptor.get("traces") or [{}]
+        labels = [str(t.get("name") or f"trace{i}") for i, t in enumerate(traces)]
+        trace = traces[0]
+        name = str(trace.get("name") or "")
+        if (
+            trace.get("format") == "bytedance"
+            and name.upper() in ("AR", "ST")
+            and "pacectl/data" in str(trace.get("path"))
+        ):
+            parts = [f"trace={name.lower()}"]
+        else:
+            parts = [f"trace={trace.get('format')}", f"trace.path={trace.get('path')}"]
+            if trace.get("meta"):
+                parts.append(f"trace.meta={trace.get('meta')}")
+        if comm != "null":
+            parts += [f"comm={comm}", f"cluster={profile}"]
+        if descriptor.get("seed") not in (None, 0):
+            parts.append(f"seed={descriptor['seed']}")
+    defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml").guard, resolve=True)
+    assert isinstance(defaults, dict)
+    for key, value in (descriptor.get("guard") or {}).items():
+        if key not in defaults:
+            parts.append(f"+guard.{key}={_override_value(value)}")
+        elif defaults[key] != value:
+            parts.append(f"guard.{key}={_override_value(value)}")
+    passed = ("cluster.",) if descriptor.get("kind") == "sim" else ("cluster.", "backend.")
+    for override in user_overrides or []:
+        key = _override_key(override)
+        if key.startswith(passed) and not key.startswith("cluster.tune_sim"):
+            parts.append(override)
+    if len(labels) > 1:
+        what = "seeds" if descriptor.get("kind") == "sim" else "traces"
+        own = ""
+        if chosen_episodes and baseline is not None and baseline.per_episode:
+            ep, base = chosen_episodes[0], baseline.per_episode[0]
+            own = (
+                f" (the chosen trial on {ep['label']}: "
+                f"{ep['throughput_it_per_s'] / base['throughput_it_per_s'] - 1.0:+.3%} throughput, "
+                f"cv {ep['cv']:.4g}; no pacing cv {base['cv']:.4g})"
+            )
+        differences.append(
+            f"the tuned figures are means over the {what} {', '.join(labels)}; this runs {labels[0]} only{own}"
+        )
+    return " ".join(shlex.quote(p) for p in parts), differences
+
+
+def resume_command(out_dir: Path, storage: str | None) -> str:
+    """The command that resumes this study: this command's overrides, plus ``hydra.run.dir=`` when the
+    study is the default journal of the run directory and the command did not name one."""
+    if not HydraConfig.initialized():
+        return "the same run_tuning call (same storage and study name)"
+    hc = HydraConfig.get()
+    parts = ["python", "-m", "pacectl.tune", *[str(o) for o in hc.overrides.task]]
+    parts += [str(o) for o in hc.overrides.hydra if _override_key(str(o)) != "hydra.mode"]  # Hydra adds it
+    named_dir = any(_override_key(str(o)) == "hydra.run.dir" for o in hc.overrides.hydra)
+    if storage in (None, "") and not named_dir:
+        parts.append(f"hydra.run.dir={out_dir}")
+    return " ".join(shlex.quote(p) for p in parts)
 
 
 def _json(value: Any) -> str:
@@ -430,22 +777,44 @@ def _hydra_main(cfg: DictConfig) -> None:
         _fail(f"bad config: {err}")
     except PacectlError as err:
         _fail(str(err))
+    except TuneInterrupted as err:
+        _interrupted(
+            f"interrupted; the study's {'' if err.finished is None else f'{err.finished} '}finished trial(s) "
+            f"are kept in {err.storage.display} (study {err.study_name!r}) and this run wrote no outputs; "
+            f"resume with the same command: {resume_command(out_dir, cfg.tune.get('storage'))}"
+        )
+    except KeyboardInterrupt:
+        _interrupted("interrupted before the study was created; nothing was written")
     s = result.summary
     c = result.chosen
     log.info(
         f"pareto front: {len(result.front)} of {len(result.points)} completed trials; chosen trial {c.number}: "
-        f"{c.throughput_it_per_s:.6g} it/s ({-c.throughput_loss_frac:+.3%} vs no pacing), cv {c.cv:.4g} "
+        f"{c.throughput_it_per_s:.6g} it/s ({_change(c.throughput_loss_frac):+.3%} vs no pacing), cv {c.cv:.4g} "
         f"(no pacing {result.baseline.cv:.4g}, paper threshold {result.reference.cv:.4g})"
         + ("" if c.feasible else " [no trial met the throughput-loss cap]")
     )
     log.info(f"chosen params: {c.params}")
+    if "warning" in s:
+        log.warning(f"warning: {s['warning']}")
     if "note" in s:
         log.info(f"note: {s['note']}")
     log.info(f"outputs: {out_dir} (pareto.json, pareto.png, controller.yaml, tune.json)")
     log.info(
-        f"use it:  python -m pacectl.run controller_file={out_dir / 'controller.yaml'} {s['run_overrides']}"
+        f"use it:  python -m pacectl.run controller_file={shlex.quote(str(out_dir / 'controller.yaml'))} "
+        f"{s['run_overrides']}"
     )
+    for line in s["run_overrides_differences"]:
+        log.info(f"         note: {line}")
     log.info(f"inspect: {result.storage.dashboard_command()}   (pip install optuna-dashboard)")
+
+
+def _interrupted(message: str) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not print a traceback
+    print(f"pacectl.tune: {message}", file=sys.stderr, flush=True)
+    discard_run_dir(Path(HydraConfig.get().runtime.output_dir))
+    sys.exit(130)
 
 
 def _fail(message: str) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,8 +21,17 @@ from hydra import compose, initialize_config_dir
 from pacectl.config import CONF_DIR
 from pacectl.errors import ConfigError
 from pacectl.tune import run_tuning
-from pacectl.tuning.space import parse_space
-from pacectl.tuning.study import StorageSpec, TrialPoint, choose, pareto_front, pareto_mask
+from pacectl.tuning.scenarios import Evaluation
+from pacectl.tuning.space import load_space, parse_space
+from pacectl.tuning.study import (
+    StorageSpec,
+    TrialPoint,
+    beats_no_pacing,
+    choose,
+    pareto_front,
+    pareto_mask,
+    settings_diff,
+)
 
 FAST = ["cluster=st", "tune.population_size=4"]
 
@@ -142,6 +154,8 @@ def test_two_workers_share_one_study(tmp_path: Path, storage: str) -> None:
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
+    counts = [int(m.group(1)) for m in re.finditer(r"^\[(\d+)/10\] trial", proc.stdout, re.M)]
+    assert counts == list(range(1, 11))  # one line per trial, counting up by one across both workers
     trials = _trials(location, "shared")
     assert sorted(t.number for t in trials) == list(range(10))  # no duplicate, no lost trial
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
@@ -264,6 +278,311 @@ def test_compose_tune_config_for_a_sim_profile() -> None:
     assert run_tuning is not None
 
 
+# --- resume only with the same trial settings -------------------------------------------------------
+
+
+def _copy_study(study_dir: Path, dest: Path) -> Path:
+    """A fresh run dir holding a copy of ``study_dir``'s journal (the module's study stays as it is)."""
+    dest.mkdir(parents=True)
+    shutil.copy(study_dir / "optuna.journal", dest / "optuna.journal")
+    return dest
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["controller.units=iteration"], "controller.units: the study has 's', this command 'iteration'"),
+        (
+            ["tune.space={gain_only}", "controller.on_threshold_s=5"],
+            "controller.on_threshold_s: the study has tuned (in the search space), this command 5",
+        ),
+        (["tune.space={wider_gain}"], "search space key gain: the study has {type: 'float', low: 0.05"),
+        (["guard.max_delay_frac=0.3"], "episodes: guard.max_delay_frac: the study has 0.5, this command 0.3"),
+        (["comm=contention"], "episodes: comm: the study has 'null', this command 'contention'"),
+    ],
+)
+def test_resume_with_other_trial_settings_is_refused(
+    small_study: Path, tmp_path: Path, overrides: list[str], expected: str
+) -> None:
+    """A study resumes only with what determines a trial's result; anything else is refused before
+    any trial, naming the setting (old and new), and the study and its outputs are left untouched."""
+    gain_only = tmp_path / "gain_only.yaml"
+    gain_only.write_text("gain: {type: float, low: 0.05, high: 1.0}\n")
+    wider = tmp_path / "wider.yaml"
+    wider.write_text(
+        (CONF_DIR / "tune" / "space" / "threshold.yaml").read_text().replace("low: 0.05", "low: 0.01")
+    )
+    out = _copy_study(small_study, tmp_path / "run")
+    journal = str(out / "optuna.journal")
+    before = [(t.number, t.state, t.values) for t in _trials(journal, "st-threshold")]
+    args = [a.format(gain_only=gain_only, wider_gain=wider) for a in overrides]
+    proc = _tune(
+        *FAST, "controller=threshold", "tune.n_trials=8", *args, f"hydra.run.dir={out}", cwd=tmp_path
+    )
+    assert proc.returncode == 2, proc.stdout
+    assert expected in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+    assert "another tune.study_name" in proc.stderr
+    assert [(t.number, t.state, t.values) for t in _trials(journal, "st-threshold")] == before
+    assert not (out / "controller.yaml").exists()
+
+
+def test_resume_accepts_settings_that_do_not_change_a_trial(small_study: Path, tmp_path: Path) -> None:
+    """Trial count, cap, sampler seed and an explicit default value (units=s) may change on resume."""
+    out = _copy_study(small_study, tmp_path / "run")
+    proc = _tune(
+        *FAST,
+        "controller=threshold",
+        "controller.units=s",
+        "tune.n_trials=7",
+        "tune.seed=5",
+        "tune.max_throughput_loss_frac=0.01",
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "6 finished trial(s), 1 to run" in proc.stdout
+    assert json.loads((out / "tune.json").read_text())["num_trials"]["complete"] == 7
+
+
+def test_settings_diff_names_each_difference() -> None:
+    old = {
+        "controller": {"name": "threshold", "units": "s", "gain": 0.5},
+        "space": {"on_threshold_s": {"type": "float", "low": 0.001, "high": 10.0, "log": True}},
+        "episodes": {"guard": {"max_delay_frac": 0.5}, "seeds": [0, 1, 2]},
+    }
+    new = {
+        "controller": {"name": "threshold", "units": "iteration"},
+        "space": {
+            "on_threshold_s": {"type": "float", "low": 0.001, "high": 1.0, "log": True},
+            "gain": {"type": "float", "low": 0.1, "high": 1.0},
+        },
+        "episodes": {"guard": {"max_delay_frac": 0.5}, "seeds": [0, 1]},
+    }
+    assert settings_diff(old, new) == [
+        "controller.gain: the study has 0.5, this command tuned (in the search space)",
+        "controller.units: the study has 's', this command 'iteration'",
+        "episodes: seeds: the study has [0, 1, 2], this command [0, 1]",
+        "search space key gain: the study has not tuned, this command {type: 'float', low: 0.1, high: 1.0}",
+        "search space key on_threshold_s: the study has {type: 'float', low: 0.001, high: 10.0, log: True}, "
+        "this command {type: 'float', low: 0.001, high: 1.0, log: True}",
+    ]
+    assert settings_diff(old, old) == []
+
+
+# --- Ctrl-C and bad overrides -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_reports_once_keeps_the_study_and_resumes(tmp_path: Path, workers: int) -> None:
+    """SIGINT to the process group (the terminal's Ctrl-C): one line on stderr, exit 130, no outputs,
+    the journal kept with no trial left RUNNING, and the printed command resumes the study."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pacectl.tune",
+            *FAST,
+            "controller=pid",
+            "tune.n_trials=100000",
+            f"tune.n_workers={workers}",
+            f"hydra.run.dir={out}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's job
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    seen = 0
+    for line in proc.stdout:
+        seen += line.startswith("[")
+        if seen >= 3:
+            break
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    assert stderr.startswith("pacectl.tune: interrupted; the study's ")
+    assert f"kept in {out / 'optuna.journal'}" in stderr
+    for name in ("pareto.json", "pareto.png", "controller.yaml", "tune.json"):
+        assert not (out / name).exists()
+    trials = _trials(str(out / "optuna.journal"), "st-pid")
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    finished = [t for t in trials if t.state.is_finished() and t.state != optuna.trial.TrialState.FAIL]
+    assert len(finished) >= 3
+    assert f"the study's {len(finished)} finished trial(s)" in stderr
+    command = shlex.split(stderr.split("resume with the same command: ", 1)[1])
+    assert command[:3] == ["python", "-m", "pacectl.tune"] and f"hydra.run.dir={out}" in command
+    command = [c.replace("tune.n_trials=100000", f"tune.n_trials={len(finished) + 2}") for c in command]
+    resumed = subprocess.run(
+        [sys.executable, *command[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{len(finished)} finished trial(s), 2 to run" in resumed.stdout
+    assert (out / "controller.yaml").is_file()
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("+tune.bogus=1", ["tune keys must be among ['max_throughput_loss_frac', 'n_trials',", "tune.bogus"]),
+        ("+tune.sim.num_rank=8", ["tune.sim keys must be among", "did you mean tune.sim.num_ranks?"]),
+        ("+guard.foo=1", ["guard", "foo", "max_delay_frac"]),
+        ("+foo=1", ["top-level keys must be among", "'tune'", "foo"]),
+        ("controller.smoothing=0.9", ["controller.smoothing=0.9 sets a key the search space", "tune.space"]),
+        (
+            "tune.space={iteration_bad}",
+            ["on_threshold_s must have high <= 1.0 with controller.units=iteration"],
+        ),
+    ],
+)
+def test_bad_overrides_stop_before_the_storage(tmp_path: Path, override: str, expected: list[str]) -> None:
+    """Unknown keys (tune.*, guard.*, top level) and a seconds-sized space in iteration units: one
+    line, exit 2, before any storage exists."""
+    bad = tmp_path / "space.yaml"  # a space in seconds, used with iteration units
+    bad.write_text("on_threshold_s: {type: float, low: 0.001, high: 10.0, log: true}\n")
+    extra = ["controller.units=iteration"] if "iteration_bad" in override else []
+    out = tmp_path / "run"
+    proc = _tune(
+        *FAST,
+        "controller=threshold",
+        *extra,
+        override.format(iteration_bad=bad),
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    for text in expected:
+        assert text in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert not list(tmp_path.glob("**/optuna.journal*"))
+    assert not out.exists()  # the run dir Hydra made is removed
+
+
+# --- no improvement over no pacing ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("thr", "cv", "base_cv", "cap", "expected"),
+    [
+        (1.001, 0.20, 0.20, 0.005, True),  # higher throughput, same CV: dominates
+        (0.996, 0.19, 0.20, 0.005, True),  # lower CV within the cap
+        (0.990, 0.19, 0.20, 0.005, False),  # lower CV, over the cap
+        (0.990, 0.19, 0.20, None, True),  # lower CV, no cap
+        (1.000, 0.20, 0.20, 0.005, False),  # the same on both
+        (0.99659, 0.17, 0.1698, 0.005, False),  # the reported case: -0.341 %, CV 0.17 vs 0.1698
+        (1.000 + 1e-12, 0.20, 0.20, 0.005, False),  # float noise is a tie
+    ],
+)
+def test_beats_no_pacing(thr: float, cv: float, base_cv: float, cap: float | None, expected: bool) -> None:
+    point = TrialPoint(0, {}, thr, cv, 1.0 - thr, cap is None or 1.0 - thr <= cap)
+    assert beats_no_pacing(point, Evaluation(1.0, base_cv), cap) is expected
+
+
+def test_no_improvement_is_flagged_everywhere(tmp_path: Path) -> None:
+    """Thresholds far above ST's arrival spread never pace: every trial equals no pacing, so the
+    console, tune.json and controller.yaml say so and recommend no pacing; the export still loads."""
+    space = tmp_path / "space.yaml"
+    space.write_text("on_threshold_s: {type: float, low: 50.0, high: 100.0}\n")
+    out = tmp_path / "run"
+    proc = _tune(
+        *FAST,
+        "controller=threshold",
+        "tune.n_trials=3",
+        f"tune.space={space}",
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: no trial improves on no pacing (3 completed" in proc.stdout
+    assert "Recommended: no pacing" in proc.stdout
+    summary = json.loads((out / "tune.json").read_text())
+    assert summary["improves_on_no_pacing"] is False and summary["trials_improving_on_no_pacing"] == 0
+    assert summary["recommendation"] == "no pacing (controller=none)"
+    assert summary["chosen"]["cv"] == summary["baseline_none"]["cv"]
+    text = (out / "controller.yaml").read_text()
+    assert "# WARNING: no trial improves on no pacing" in text and "recommended: no pacing" in text
+    exported = yaml.safe_load(text)
+    assert exported["name"] == "threshold" and 50.0 <= exported["on_threshold_s"] <= 100.0
+
+
+# --- the "use it" hint reruns the tuned episode ---------------------------------------------------------
+
+
+def test_hint_reruns_the_tuned_sim_episode(tmp_path: Path) -> None:
+    """The printed pacectl.run command (sim profile) runs the first tuned seed with the tuned ranks,
+    iterations, comm model and guard, so it reproduces the chosen trial's figures on that seed exactly;
+    the line under it says the tuned figures are a mean over the seeds."""
+    out = tmp_path / "tune"
+    proc = _tune(
+        "cluster=contended",
+        "controller=threshold",
+        "tune.population_size=4",
+        "tune.n_trials=2",
+        "tune.sim.num_ranks=8",
+        "tune.sim.num_iterations=30",
+        "tune.sim.seeds=[3,4]",
+        "guard.max_delay_frac=0.4",
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    hint = next(line for line in proc.stdout.splitlines() if line.startswith("use it:"))
+    command = shlex.split(hint.removeprefix("use it:"))
+    assert {"backend.num_iterations=30", "backend.num_ranks=8", "seed=3", "guard.max_delay_frac=0.4"} <= set(
+        command
+    )
+    assert "this runs seed=3 only" in proc.stdout
+    run_dir = tmp_path / "run"
+    ran = subprocess.run(
+        [
+            sys.executable,
+            *command[1:],
+            "output.plots=false",
+            "output.report=false",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    runs = json.loads((run_dir / "summary.json").read_text())["runs"]
+    summary = json.loads((out / "tune.json").read_text())
+    tuned, base = summary["chosen"]["per_episode"][0], summary["baseline_none"]["per_episode"][0]
+    assert tuned["label"] == "seed=3"
+    assert runs["threshold"]["throughput_it_per_s"] == pytest.approx(tuned["throughput_it_per_s"], rel=1e-12)
+    assert runs["threshold"]["cv"] == pytest.approx(tuned["cv"], rel=1e-12)
+    assert runs["none"]["cv"] == pytest.approx(base["cv"], rel=1e-12)
+
+
+# --- iteration units -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["threshold", "pid", "ewma", "quantile"])
+def test_iteration_units_get_an_iteration_space(family: str) -> None:
+    """controller.units=iteration picks conf/tune/space/<family>.iteration.yaml: no time bound above
+    one iteration (1.0); every shipped space parses with its own unit."""
+    from pacectl.tune import Settings, tune_space
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("tune", overrides=[f"controller={family}", "controller.units=iteration"])
+    space = tune_space(cfg, Settings.from_cfg(cfg.tune))
+    assert space.source.endswith(f"{family}.iteration.yaml")
+    times = [d for d in space.dimensions if d.key.endswith("_s") and not d.fraction_of]
+    assert times and all(float(d.high or 0) <= 1.0 for d in times)
+    seconds_file = CONF_DIR / "tune" / "space" / f"{family}.yaml"
+    assert load_space(family, seconds_file, fixed={"units": "s"}).keys == space.keys
+    if family != "quantile":  # the seconds spaces reach 10 s; quantile's stops at 1 s, valid in both units
+        with pytest.raises(ConfigError, match="high <= 1.0 with controller.units=iteration"):
+            load_space(family, seconds_file, fixed={"units": "iteration"})
+
+
 # --- experiments/tuning/run_tuning.py --out ---------------------------------------------------------------
 
 
@@ -295,4 +614,24 @@ def test_run_tuning_experiment_writes_to_out(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     results = json.loads((out / "results.json").read_text())
     assert list(results["profiles"]["st"]["families"]) == ["threshold"]
+    assert "improves_on_no_pacing" in results["profiles"]["st"]["families"]["threshold"]["tune_set"]
     assert (out / "results.md").read_text().startswith("| profile")
+
+
+def test_study_without_recorded_settings_is_refused(tmp_path: Path) -> None:
+    """A study made by an older pacectl.tune (no trial settings recorded) cannot be checked, so it is
+    refused rather than mixed with new trials."""
+    out = tmp_path / "run"
+    out.mkdir()
+    journal = out / "optuna.journal"
+    study = optuna.create_study(
+        study_name="st-threshold",
+        storage=StorageSpec("journal", str(journal)).open(),
+        directions=["maximize", "minimize"],
+    )
+    study.set_user_attr("scenario_fingerprint", "0123456789abcdef")
+    study.add_trial(optuna.trial.create_trial(values=[1.0, 0.1]))
+    proc = _tune(*FAST, "controller=threshold", "tune.n_trials=3", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 2 and "made by an older pacectl.tune" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+    assert len(_trials(str(journal), "st-threshold")) == 1

@@ -112,6 +112,7 @@ def run(
                     "throughput_change_frac": -res.chosen.throughput_loss_frac,
                     "cv": res.chosen.cv,
                     "feasible": res.chosen.feasible,
+                    "improves_on_no_pacing": res.summary["improves_on_no_pacing"],
                     "paper_threshold_cv": res.reference.cv,
                     "none_cv": res.baseline.cv,
                     "pareto_size": len(res.front),

@@ -72,7 +72,8 @@ class ScenarioSet:
         experiments: one experiment per episode.
         comm_model: the communication model in force (``"null"`` = fixed durations).
         comm_timing_dependent: whether durations depend on timing (only then can pacing gain).
-        descriptor: JSON-ready description; its hash is :attr:`fingerprint`.
+        descriptor: JSON-ready description of everything that shapes an episode (profile, traces or
+            sim cluster, seeds or seed, backend, comm model, guard); its hash is :attr:`fingerprint`.
     """
 
     kind: str
@@ -182,7 +183,12 @@ def build_scenarios(cfg: DictConfig, *, seeds: Sequence[int] | None = None) -> S
             "traces": items,
             "comm": cfg.get("comm"),
             "backend": backend,
+            "seed": cfg.get("seed"),
         }
+        if experiments[0].comm_timing_dependent:  # the profile's fabric shapes every episode
+            fabric = OmegaConf.to_container(cfg.cluster, resolve=True)
+            assert isinstance(fabric, dict)
+            descriptor["cluster"] = {k: v for k, v in fabric.items() if k not in ("tune_sim", "traces")}
     else:
         sim = cfg.tune.sim
         run_seeds = [int(s) for s in (sim.seeds if seeds is None else seeds)]

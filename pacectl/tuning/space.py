@@ -19,6 +19,11 @@ controller gets ``fraction * <other>``. The shipped threshold and EWMA spaces sa
 ``off_threshold_s`` as a fraction of ``on_threshold_s`` in [0, 1], so the constructor's
 ``off_threshold_s <= on_threshold_s`` always holds and no trial is spent on an invalid pair.
 
+Units: with ``controller.units=iteration`` every ``*_s`` parameter is a fraction of the median
+iteration time (1.0 = one iteration), so the default space is ``conf/tune/space/<family>.iteration.yaml``
+(time bounds up to one iteration) instead of ``<family>.yaml`` (seconds, up to 10 s); a ``tune.space``
+file whose time bounds go above 1.0 is refused with that unit (:func:`check_units`).
+
 Every mistake (unknown key or field, bad bounds, unknown type) is a :class:`ConfigError` raised by
 :func:`parse_space` before any trial runs.
 """
@@ -66,6 +71,22 @@ def accepted_params(family: str) -> list[str]:
     return sorted(keys | {"units"})  # the reserved key make_controller takes for every family
 
 
+def constructor_defaults(family: str) -> dict[str, Any]:
+    """The default of every keyword parameter of ``family``'s constructor, plus ``units: "s"``.
+
+    Raises:
+        ConfigError: unknown family.
+    """
+    accepted_params(family)
+    signature = inspect.signature(CONTROLLERS[family])
+    defaults = {
+        p.name: p.default
+        for p in signature.parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty
+    }
+    return {**defaults, "units": "s"}
+
+
 @dataclass(frozen=True)
 class Dimension:
     """One tuned controller parameter.
@@ -110,6 +131,19 @@ class Dimension:
         return trial.suggest_float(
             self.optuna_name, float(self.low or 0.0), float(self.high or 0.0), step=self.step, log=self.log
         )
+
+    def describe(self) -> dict[str, Any]:
+        """The distribution as a JSON-ready mapping (the fields of a space file, defaults included)."""
+        if self.type == "categorical":
+            return {"type": self.type, "choices": list(self.choices)}
+        return {
+            "type": self.type,
+            "low": self.low,
+            "high": self.high,
+            "log": self.log,
+            "step": self.step,
+            "fraction_of": self.fraction_of,
+        }
 
     def midpoint(self) -> Any:
         """A representative value (geometric middle on a log scale; the first choice if categorical)."""
@@ -166,6 +200,17 @@ class SearchSpace:
     def tuned(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Only the tuned keys of ``params`` (resolved values)."""
         return {key: params[key] for key in self.keys}
+
+    def describe(self) -> dict[str, Any]:
+        """Every tuned key and its distribution (:meth:`Dimension.describe`), sorted by key: what the
+        space samples, independent of the file it came from (comments, order, path)."""
+        return {d.key: d.describe() for d in sorted(self.dimensions, key=lambda d: d.key)}
+
+    def fixed_settings(self) -> dict[str, Any]:
+        """The untuned constructor parameters as a trial sees them: the controller group's values over
+        the constructor's defaults (``units`` included), sorted by key."""
+        merged = {**constructor_defaults(self.family), **self.fixed}
+        return {k: merged[k] for k in sorted(merged) if k not in self.keys}
 
 
 def _number(value: Any, what: str) -> float:
@@ -248,8 +293,9 @@ def parse_space(family: str, raw: Any, *, fixed: Mapping[str, Any], source: str)
         The validated :class:`SearchSpace`.
 
     Raises:
-        ConfigError: unknown family or key, bad field, ``low > high``, or a space whose middle point
-            the controller rejects (every trial would be invalid).
+        ConfigError: unknown family or key, bad field, ``low > high``, time bounds above one iteration
+            with ``units: iteration`` (:func:`check_units`), or a space whose middle point the
+            controller rejects (every trial would be invalid).
     """
     params = accepted_params(family)
     if not isinstance(raw, Mapping) or not raw:
@@ -295,6 +341,7 @@ def parse_space(family: str, raw: Any, *, fixed: Mapping[str, Any], source: str)
                 f"search space {source}: {dim.key}.fraction_of names {dim.fraction_of!r}, which must be tuned "
                 f"or have a numeric value in the controller config, got {space.fixed.get(dim.fraction_of)!r}"
             )
+    check_units(space)
     middle = space.resolve({d.optuna_name: d.midpoint() for d in dims})
     try:
         make_controller(family, **middle)
@@ -303,6 +350,30 @@ def parse_space(family: str, raw: Any, *, fixed: Mapping[str, Any], source: str)
             f"search space {source}: the controller rejects the middle of the space ({middle}): {err}"
         ) from err
     return space
+
+
+def check_units(space: SearchSpace) -> None:
+    """Refuse time bounds above one iteration when the controller works in iteration units.
+
+    With ``units: iteration`` (a fixed controller value) every ``*_s`` parameter is a fraction of the
+    median iteration time, so a seconds-sized bound such as ``high: 10.0`` (ten iterations) spends
+    most trials where no arrival spread reaches and no delay passes the guard.
+
+    Raises:
+        ConfigError: a ``*_s`` dimension (not a ``fraction_of``) with ``high > 1``, naming the file,
+            the key and the shipped iteration-unit space.
+    """
+    if space.fixed.get("units") != "iteration":
+        return
+    for dim in space.dimensions:
+        if dim.key.endswith("_s") and dim.type != "categorical" and not dim.fraction_of:
+            if float(dim.high or 0.0) > 1.0:
+                raise ConfigError(
+                    f"search space {space.source}: {dim.key} must have high <= 1.0 with controller.units=iteration "
+                    f"(1.0 = one median iteration time), got high={dim.high!r}; this space looks written for "
+                    f"seconds. Use a space in iteration units (conf/tune/space/{space.family}.iteration.yaml is "
+                    "the default with controller.units=iteration) or controller.units=s"
+                )
 
 
 def load_space(family: str, path: str | Path, *, fixed: Mapping[str, Any]) -> SearchSpace:

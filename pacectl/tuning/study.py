@@ -30,11 +30,16 @@ shipped spaces avoid the one known case (``off_threshold_s > on_threshold_s``) b
 from __future__ import annotations
 
 import fcntl
+import logging
 import math
 import os
+import signal
 import socket
 import sys
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -211,6 +216,63 @@ def fail_stale_trials(study: optuna.Study) -> list[int]:
     return marked
 
 
+#: Study user attribute holding :func:`pacectl.tune.trial_settings` of the command that created it.
+SETTINGS_ATTR = "trial_settings"
+
+#: Section of the trial settings -> how a message names its keys, and what a missing key means there.
+_SECTIONS = {
+    "controller": ("controller.{}", "tuned (in the search space)"),
+    "space": ("search space key {}", "not tuned"),
+    "episodes": ("episodes: {}", "absent"),
+}
+#: field order of a distribution in messages (as a space file writes them)
+_FIELD_ORDER = ("type", "low", "high", "log", "step", "choices", "fraction_of")
+
+
+def settings_diff(old: Any, new: Any) -> list[str]:
+    """The differences between two trial-settings mappings, one ``"<setting>: the study has X, this
+    command Y"`` per differing setting: controller parameters and search-space keys whole, episode
+    settings by their dotted path down to the first level where one side lacks the key.
+
+    Example:
+        >>> settings_diff({"controller": {"units": "s"}}, {"controller": {"units": "iteration"}})
+        ["controller.units: the study has 's', this command 'iteration'"]
+    """
+    lines: list[str] = []
+
+    def walk(a: Any, b: Any, path: str, depth: int, template: str, absent: str) -> None:
+        if a == b:
+            return
+        if isinstance(a, dict) and isinstance(b, dict) and depth != 0:
+            for key in sorted(set(a) | set(b), key=str):
+                sub = f"{path}.{key}" if path else str(key)
+                walk(a.get(key, _ABSENT), b.get(key, _ABSENT), sub, depth - 1, template, absent)
+            return
+        lines.append(
+            f"{template.format(path)}: the study has {_show(a, absent)}, this command {_show(b, absent)}"
+        )
+
+    for section in sorted(set(old) | set(new)):
+        template, absent = _SECTIONS.get(section, (section + ".{}", "absent"))
+        depth = -1 if section == "episodes" else 1
+        walk(old.get(section, {}), new.get(section, {}), "", depth, template, absent)
+    return lines
+
+
+_ABSENT = object()
+
+
+def _show(value: Any, absent: str) -> str:
+    if value is _ABSENT:
+        return absent
+    if isinstance(value, dict):
+        keys = sorted(value, key=lambda k: (_FIELD_ORDER.index(k) if k in _FIELD_ORDER else 99, k))
+        text = "{" + ", ".join(f"{k}: {value[k]!r}" for k in keys if value[k] not in (None, False)) + "}"
+    else:
+        text = repr(value)
+    return text if len(text) <= 100 else text[:96] + " ...}"
+
+
 @dataclass
 class Objective:
     """The trial objective: sample, build the controller, run every episode, average.
@@ -229,8 +291,6 @@ class Objective:
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
         """Returns ``(throughput_it_per_s, cv)``, both averaged over the episodes."""
-        import time
-
         trial.set_user_attr("worker", owner_tag())
         params = self.space.sample(trial)
         try:
@@ -239,39 +299,153 @@ class Objective:
             trial.set_user_attr("invalid_params", str(err))
             raise optuna.TrialPruned(f"invalid parameters: {err}") from err
         t0 = time.perf_counter()
-        ev = self.scenarios.evaluate(self.space.family, params)
+        with interruptible():  # Ctrl-C: Optuna records this trial as FAIL
+            ev = self.scenarios.evaluate(self.space.family, params)
         loss = 1.0 - ev.throughput_it_per_s / self.baseline.throughput_it_per_s
         trial.set_user_attr("objective_s", time.perf_counter() - t0)
         trial.set_user_attr("throughput_loss_frac", loss)
+        trial.set_user_attr("per_episode", ev.per_episode)
         if self.max_loss_frac is not None:
             trial.set_constraint(CONSTRAINT, loss - self.max_loss_frac)
         return ev.throughput_it_per_s, ev.cv
 
 
+class Progress:
+    """The ``[k/N]`` counter of the progress lines, shared by the forked workers of one command.
+
+    ``k`` counts the study's finished trials (COMPLETE or PRUNED): those it had when the command
+    started plus one per trial finished by a worker of this command since. It is incremented and
+    printed under one lock, so the lines of several workers count up by one each, in the order they
+    are printed. (Trials finished at the same time by other machines sharing the study are not counted.)
+
+    Args:
+        start: finished trials of the study when the command started.
+        total: ``tune.n_trials``.
+    """
+
+    def __init__(self, start: int, total: int) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+        self.total = total
+        self._lock = ctx.Lock()
+        self._count = ctx.Value("q", start, lock=False)
+
+    def next(self, echo: Callable[[str], None], line: Callable[[int], str], *, finished: bool = True) -> None:
+        """Count one finished trial (unless ``finished`` is false: a FAIL) and ``echo`` ``line(count)``,
+        both under the lock."""
+        with self._lock:
+            self._count.value += int(finished)
+            echo(line(int(self._count.value)))
+
+
 def progress_callback(
-    total: int, baseline: Evaluation, echo: Callable[[str], None]
+    progress: Progress, baseline: Evaluation, echo: Callable[[str], None]
 ) -> Callable[[optuna.Study, FrozenTrial], None]:
-    """One line per finished trial: count, objectives, change against no pacing, parameters."""
+    """One line per finished trial: count (:class:`Progress`), objectives, change against no pacing,
+    parameters."""
 
     def callback(study: optuna.Study, trial: FrozenTrial) -> None:
-        done = len(study.get_trials(deepcopy=False, states=FINISHED))
-        head = f"[{done}/{total}] trial {trial.number}"
         params = " ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
         if trial.state == TrialState.COMPLETE and trial.values is not None:
             thr, cv = trial.values
             change = thr / baseline.throughput_it_per_s - 1.0
             cons = trial.system_attrs.get(f"constraints:{CONSTRAINT}")
             feas = "" if cons is None else (" feasible" if cons <= 0 else " infeasible")
-            echo(f"{head}: {thr:.6g} it/s ({change:+.3%} vs none), cv {cv:.4g}{feas} | {params}")
+            body = f"{thr:.6g} it/s ({change:+.3%} vs none), cv {cv:.4g}{feas} | {params}"
         else:
             reason = trial.user_attrs.get("invalid_params", trial.state.name.lower())
-            echo(f"{head}: {trial.state.name.lower()} ({reason}) | {params}")
+            body = f"{trial.state.name.lower()} ({reason}) | {params}"
+        progress.next(
+            echo,
+            lambda k: f"[{k}/{progress.total}] trial {trial.number}: {body}",
+            finished=trial.state in FINISHED,  # a FAIL is not counted (tune.n_trials counts finished ones)
+        )
 
     return callback
 
 
 def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+# --- Ctrl-C ---------------------------------------------------------------------------------------
+#
+# A KeyboardInterrupt raised at an arbitrary bytecode can land inside Optuna's bookkeeping (a storage
+# write in ``tell``), where Optuna itself then fails with a second traceback. So while a study runs,
+# SIGINT is handled by :func:`_on_sigint`: it raises KeyboardInterrupt only inside an
+# :func:`interruptible` block (an episode evaluation, a wait for workers), where Optuna catches it
+# and records the trial as FAIL; anywhere else it only sets a flag, acted on at the next safe point
+# (the next evaluation, the trial callback, the end of ``optimize``).
+
+
+class _InterruptState:
+    requested = False  # a SIGINT arrived
+    interruptible = False  # inside an interruptible() block
+
+
+_INTERRUPTS = _InterruptState()
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    _INTERRUPTS.requested = True
+    if _INTERRUPTS.interruptible:
+        _INTERRUPTS.interruptible = False  # a second SIGINT while this one unwinds only sets the flag
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Handle SIGINT as described above for the block (main thread only; elsewhere a no-op), then
+    restore the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    _INTERRUPTS.requested = _INTERRUPTS.interruptible = False
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _INTERRUPTS.interruptible = False
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """A block that Ctrl-C may interrupt at once (KeyboardInterrupt), under :func:`deferred_interrupts`.
+
+    Raises:
+        KeyboardInterrupt: on entry if a SIGINT already arrived, or from inside the block.
+    """
+    check_interrupt()
+    _INTERRUPTS.interruptible = True
+    try:
+        yield
+    finally:
+        _INTERRUPTS.interruptible = False
+
+
+def check_interrupt() -> None:
+    """A safe point: raise the KeyboardInterrupt a SIGINT deferred.
+
+    Raises:
+        KeyboardInterrupt: a SIGINT arrived under :func:`deferred_interrupts`.
+    """
+    if _INTERRUPTS.requested:
+        raise KeyboardInterrupt
+
+
+def _stop_if_interrupted(study: optuna.Study, trial: FrozenTrial) -> None:
+    if _INTERRUPTS.requested:
+        study.stop()
+
+
+def _drop_interrupts(record: logging.LogRecord) -> bool:
+    """Logging filter of Optuna's trial loop: once Ctrl-C was pressed, drop its "Trial N failed ..."
+    warnings (with a KeyboardInterrupt traceback), since the command reports Ctrl-C once."""
+    exc = record.exc_info
+    interrupted = exc and exc[0] is not None and issubclass(exc[0], KeyboardInterrupt)
+    return not (interrupted or _INTERRUPTS.requested)
 
 
 def run_worker(
@@ -284,10 +458,15 @@ def run_worker(
     population_size: int,
     n_trials: int,
     timeout_s: float | None,
-    total: int,
+    progress: Progress,
     echo: Callable[[str], None] | None,
 ) -> None:
-    """Run ``n_trials`` trials of the study in this process, against its own storage connection."""
+    """Run ``n_trials`` trials of the study in this process, against its own storage connection.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C; the trial it interrupted is FAIL in the storage.
+    """
+    logging.getLogger("optuna.study._optimize").addFilter(_drop_interrupts)
     storage = spec.open()
     study = optuna.load_study(
         study_name=study_name,
@@ -295,24 +474,44 @@ def run_worker(
         sampler=make_sampler(sampler, seed=seed, population_size=population_size),
     )
     study.set_user_attr(f"worker:{owner_tag()}", True)
-    callbacks = [progress_callback(total, objective.baseline, echo)] if echo else []
+    callbacks = [progress_callback(progress, objective.baseline, echo)] if echo else []
+    callbacks.append(_stop_if_interrupted)
     study.optimize(objective, n_trials=n_trials, timeout=timeout_s, callbacks=callbacks)
+    check_interrupt()
+
+
+#: exit status of a worker stopped by Ctrl-C (128 + SIGINT, as a shell reports it)
+EXIT_INTERRUPTED = 130
 
 
 def _worker_main(index: int, kwargs: dict[str, Any]) -> None:
+    _INTERRUPTS.requested = _INTERRUPTS.interruptible = False
+    signal.signal(signal.SIGINT, _on_sigint)
     try:
         run_worker(**kwargs)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)  # the main process reports Ctrl-C, once
     except PacectlError as err:
         print(f"pacectl.tune: error: worker {index}: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
 
 
+#: seconds the main process waits for interrupted workers to record their trials before SIGTERM
+INTERRUPT_GRACE_S = 30.0
+
+
 def run_workers(num_workers: int, quotas: Sequence[int], seeds: Sequence[int], **kwargs: Any) -> None:
     """Run the study in ``num_workers`` forked processes (one in-process when 1).
+
+    Ctrl-C (under :func:`deferred_interrupts`): each worker records the trial it was running as FAIL
+    and exits (a SIGINT to the process group reaches every worker; one sent to the main process only
+    is forwarded to them); workers still running after :data:`INTERRUPT_GRACE_S` are terminated (their
+    trials stay RUNNING until a resume marks them FAIL). Then KeyboardInterrupt propagates.
 
     Raises:
         ConfigError: ``fork`` is unavailable (Windows) and more than one worker was asked for.
         PacectlError: a worker failed.
+        KeyboardInterrupt: Ctrl-C.
     """
     if num_workers == 1:
         run_worker(n_trials=quotas[0], seed=seeds[0], **kwargs)
@@ -336,8 +535,21 @@ def run_workers(num_workers: int, quotas: Sequence[int], seeds: Sequence[int], *
     for proc in procs:
         proc.start()
     try:
+        with interruptible():
+            for proc in procs:
+                proc.join()
+    except KeyboardInterrupt:
         for proc in procs:
-            proc.join()
+            if proc.is_alive() and proc.pid is not None:
+                os.kill(proc.pid, signal.SIGINT)
+        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+        raise
     except BaseException:
         for proc in procs:
             if proc.is_alive():
@@ -443,6 +655,42 @@ def choose(front: Sequence[TrialPoint]) -> TrialPoint:
     if all(p.feasible for p in front):
         return min(front, key=lambda p: (p.cv, -p.throughput_it_per_s, p.number))
     return max(front, key=lambda p: (p.throughput_it_per_s, -p.cv, -p.number))
+
+
+IMPROVEMENT_RULE = (
+    "a trial improves on no pacing when it dominates it (throughput at least as high and CV at least "
+    "as low, one of them strictly) or when its CV is lower while its throughput loss is within "
+    "tune.max_throughput_loss_frac (any loss when the cap is null); relative differences under 1e-9 "
+    "are ties"
+)
+
+#: relative tolerance of :func:`beats_no_pacing` (float noise of identical episodes)
+TIE_RTOL = 1e-9
+
+
+def beats_no_pacing(point: TrialPoint, baseline: Evaluation, cap: float | None) -> bool:
+    """Whether ``point`` improves on no pacing (:data:`IMPROVEMENT_RULE`).
+
+    Args:
+        point: a completed trial.
+        baseline: no pacing on the same episodes.
+        cap: ``tune.max_throughput_loss_frac`` (a fraction), or None for no cap.
+
+    Example:
+        >>> base = Evaluation(1.0, 0.2)
+        >>> beats_no_pacing(TrialPoint(0, {}, 0.996, 0.15, 0.004, True), base, 0.005)
+        True
+        >>> beats_no_pacing(TrialPoint(1, {}, 0.997, 0.21, 0.003, True), base, 0.005)
+        False
+    """
+    thr_b, cv_b = baseline.throughput_it_per_s, baseline.cv
+    thr_higher = point.throughput_it_per_s > thr_b * (1.0 + TIE_RTOL)
+    thr_lower = point.throughput_it_per_s < thr_b * (1.0 - TIE_RTOL)
+    cv_lower = point.cv < cv_b * (1.0 - TIE_RTOL)
+    cv_higher = point.cv > cv_b * (1.0 + TIE_RTOL)
+    dominates = not thr_lower and not cv_higher and (thr_higher or cv_lower)
+    within_cap = cap is None or point.throughput_loss_frac <= cap
+    return dominates or (cv_lower and within_cap)
 
 
 def plot_pareto(
