@@ -402,7 +402,8 @@ class ControlWatcher:
         try:
             return validate_control(json.loads(self.path.read_text()), source=str(self.path))
         except (OSError, ValueError) as err:
-            warnings.warn(f"pacing control file {self.path} ignored: {err}", PacingGuardWarning, stacklevel=2)
+            where = "" if str(self.path) in str(err) else f" {self.path}"
+            warnings.warn(f"pacing control file{where} ignored: {err}", PacingGuardWarning, stacklevel=2)
             self.rejected.append({"error": str(err)})
             return None
 
