@@ -7,6 +7,7 @@ points at the traces shipped inside the package (``pacectl/data/<rel>``).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,9 @@ def selected_controller(cfg: DictConfig) -> DictConfig:
         raise ConfigError(f"controller_file {str(file)!r} must be valid YAML: {err}") from err
     if not isinstance(node, DictConfig):
         raise ConfigError(f"controller_file {str(file)!r} must hold a mapping with a 'name', got {node!r}")
+    flagged = [line[1:].strip() for line in file.read_text().splitlines() if line.startswith("# WARNING")]
+    if flagged:  # pacectl.tune found nothing better than no pacing
+        warnings.warn(f"controller_file {file}: {' '.join(flagged)}", UserWarning, stacklevel=2)
     return node
 
 

@@ -155,6 +155,23 @@ def discard_run_dir(out_dir: str | os.PathLike[str]) -> bool:
     return True
 
 
+def run_dir_argument_error(argv: list[str]) -> str | None:
+    """Why a ``hydra.run.dir=`` / ``hydra.sweep.dir=`` argument cannot become a run folder, or None.
+
+    Hydra creates the folder before the job runs and fails with a traceback when the path, or
+    one of its parents, is an existing file; the entry points check the argument first.
+    """
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or key.lstrip("+") not in ("hydra.run.dir", "hydra.sweep.dir"):
+            continue
+        path = Path(value.strip("'\"")).expanduser()
+        for p in (path, *path.parents):
+            if p.exists() and not p.is_dir():
+                return f"{key.lstrip('+')} must be a folder (new or existing), but {p} is a file; pick another path"
+    return None
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`atomic_path`)."""
     with atomic_path(path) as tmp:

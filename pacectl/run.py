@@ -26,6 +26,7 @@ import logging
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,13 @@ LARGE_PARQUET_ROWS = 5_000_000
 log = logging.getLogger("pacectl.run")
 
 
-def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ()) -> dict[str, Any]:
     """Run the experiment described by ``cfg`` and write its outputs into ``out_dir``.
 
     Args:
         cfg: the composed config (see ``conf/config.yaml``).
         out_dir: the run directory.
+        notes: warnings found before the run (overrides it ignores), kept in ``summary["warnings"]``.
 
     Returns:
         The summary dict that was written to ``summary.json``.
@@ -62,9 +64,9 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     """
     t0 = time.perf_counter()
     validate_run_config(cfg)
-    families = controller_families(cfg)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")  # once per place: a warning in a loop is listed once
+        families = controller_families(cfg)
         experiment = make_experiment(cfg)
         summary: dict[str, Any] = experiment.describe()
         episodes = {}
@@ -77,7 +79,9 @@ def run_experiment(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
                 episodes[family] = experiment.run(family, params)
                 bar.update()
     # what the run warned about stays with its results (dropped ranks or steps, guard interventions)
-    summary["warnings"] = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
+    summary["warnings"] = list(
+        dict.fromkeys([*notes, *(f"{w.category.__name__}: {w.message}" for w in caught)])
+    )
     for w in caught:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     summaries = {name: metrics.summarize(ep) for name, ep in episodes.items()}
@@ -217,6 +221,8 @@ def ignored_overrides(overrides: list[str], cfg: DictConfig) -> list[str]:
             out.append(f"{o}: backend=torch runs on this machine's real fabric, not a modelled one")
         elif key in ("comm", "cluster", "controller", "controller_file", "guard") and analysis == "whatif":
             out.append(f"{o}: analysis=whatif replays under the null model with no controller")
+        elif key == "controller" and cfg.get("controller_file"):
+            out.append(f"{o}: controller_file={cfg.controller_file} replaces the controller group")
     return out
 
 
@@ -225,8 +231,11 @@ def _hydra_main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     one_line_warnings(newline=False)
     logging.captureWarnings(True)  # through Hydra's job logging: the console and run.log
-    for line in ignored_overrides(list(HydraConfig.get().overrides.task), cfg):
-        log.warning(f"warning: override ignored: {line}")
+    ignored = [
+        f"override ignored: {line}" for line in ignored_overrides(list(HydraConfig.get().overrides.task), cfg)
+    ]
+    for line in ignored:
+        log.warning(f"warning: {line}")
     try:
         if cfg.analysis.name == "whatif":
             result = run_whatif(cfg, out_dir)
@@ -236,7 +245,7 @@ def _hydra_main(cfg: DictConfig) -> None:
                 f"outputs: {out_dir} (whatif.json, whatif_heatmap.png, timeline.json for ui.perfetto.dev)"
             )
             return
-        summary = run_experiment(cfg, out_dir)
+        summary = run_experiment(cfg, out_dir, notes=ignored)
     except MissingMandatoryValue as err:
         _fail(
             f"config value {err.full_key} must be set, got '???'. "
@@ -291,6 +300,10 @@ def _fail(message: str) -> None:
 
 def main() -> None:
     """Console entry point (``pacectl-run``)."""
+    problem = report.run_dir_argument_error(sys.argv[1:])
+    if problem:
+        print(f"pacectl.run: error: {problem}", file=sys.stderr)
+        sys.exit(2)
     _hydra_main()
 
 

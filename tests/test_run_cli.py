@@ -116,6 +116,8 @@ def test_multirun_sweep(tmp_path: Path) -> None:
             ["backend=torch", "backend.record_dir=/proc/nope"],
             "backend.record_dir: cannot write the live records",
         ),
+        (["backend=torch", f"backend.record_dir={__file__}"], "backend.record_dir must be a folder"),
+        ([f"hydra.run.dir={__file__}"], "hydra.run.dir must be a folder (new or existing)"),
     ],
 )
 def test_user_errors_are_clear_and_leave_no_output(tmp_path: Path, args: list[str], message: str) -> None:
@@ -220,3 +222,20 @@ def test_output_iterations_false_skips_the_per_rank_parquet(tmp_path: Path) -> N
     assert (out / "summary.json").is_file() and not (out / "iterations.parquet").exists()
     bad = _run("backend=sim", "output.iterations=maybe", f"hydra.run.dir={tmp_path / 'bad'}", cwd=tmp_path)
     assert bad.returncode == 2 and "output.iterations must be true or false" in bad.stderr
+
+
+def test_controller_overrides_beside_a_controller_file_are_reported(tmp_path: Path) -> None:
+    """controller_file replaces the controller group; a file pacectl.tune flagged says so when run."""
+    ctl = tmp_path / "controller.yaml"
+    ctl.write_text(
+        "# WARNING: no trial improves on no pacing on these episodes.\n"
+        "name: threshold\non_threshold_s: 0.5\noff_threshold_s: 0.1\n"
+    )
+    out = tmp_path / "run"
+    proc = _run("trace=st", f"controller_file={ctl}", "controller=pid", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "override ignored: controller=pid: controller_file=" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["runs"]) == {"none", "threshold"}
+    assert any(w.startswith("override ignored: controller=pid") for w in summary["warnings"])
+    assert any("WARNING: no trial improves on no pacing" in w for w in summary["warnings"])

@@ -92,6 +92,10 @@ class TorchExperiment:
         # the records into place only when the whole run succeeded (a failed or interrupted run
         # leaves none; the partial folder is removed at exit).
         self.final_record_dir = Path(self._record_dir())
+        if self.final_record_dir.exists() and not self.final_record_dir.is_dir():
+            raise ConfigError(
+                f"backend.record_dir must be a folder, but {self.final_record_dir} is a file; pick another path"
+            )
         _check_writable(self.final_record_dir.parent)
         self.record_dir = self.final_record_dir.with_name(
             f".{self.final_record_dir.name}.partial-{uuid.uuid4().hex[:8]}"
