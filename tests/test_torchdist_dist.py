@@ -192,6 +192,9 @@ def test_runtime_control_in_process(tmp_path, gather: str) -> None:
         assert len(pacer.observations) == 6 and len(pacer.marks) == 6
         assert [o.iteration for o in pacer.observations] == list(range(6))
         assert all(len(m["enter_s"]) == 2 for m in pacer.marks)
+        pacer.reset_log()  # a new episode (the live run's warm-up ends so): the log carries both lists
+        assert [(c["version"], c["carried"]) for c in pacer.controls_applied] == [(1, True), (2, True)]
+        assert [(c["iteration"], c["carried"]) for c in pacer.controls_rejected] == [(0, True)]
     finally:
         dist.destroy_process_group()
 

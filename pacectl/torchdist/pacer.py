@@ -300,8 +300,11 @@ class Pacer:
         self.controls_applied: list[dict[str, Any]] = [
             {**c, "observation": 0, "carried": True} for c in getattr(self, "controls_applied", [])
         ]
-        #: rank 0: control file versions ignored as invalid: ``error``, ``iteration`` (in this log)
-        self.controls_rejected: list[dict[str, Any]] = []
+        #: rank 0: control file versions ignored as invalid: ``error``, ``iteration`` (in this log);
+        #: those seen before this log started are kept at iteration 0 (``carried``), as the controls are.
+        self.controls_rejected: list[dict[str, Any]] = [
+            {**c, "iteration": 0, "carried": True} for c in getattr(self, "controls_rejected", [])
+        ]
         self.gather_s: list[float] = []
         self.delay_actual_s: list[float] = []
 
