@@ -90,7 +90,8 @@ class ReplayExperiment:
             "fidelity": {
                 "comm_model": "null",
                 "compares": "the trace replayed with its recorded pacing delays (none in a production "
-                "trace) against its recorded step times",
+                "trace) against its recorded step times"
+                + (" (the measured iteration times it carries)" if trace.measured_step_time_s else ""),
                 "step_time_median_abs_err_frac": fidelity.step_time_median_abs_err_frac,
                 "step_time_p90_abs_err_frac": fidelity.step_time_p90_abs_err_frac,
                 "step_time_max_abs_err_frac": fidelity.step_time_max_abs_err_frac,

@@ -161,10 +161,11 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
         context["paced collective"] = summary.get("paced_collective", summary["paced_optype"])
     fid = summary.get("fidelity")
     if fid:
-        context["replay fidelity (null model)"] = (
-            f"median {fid['step_time_median_abs_err_frac']:.2e}, p90 {fid['step_time_p90_abs_err_frac']:.2e} "
-            f"abs. rel. error of step time: {fid.get('compares', 'replay vs recorded step times')}"
-        )
+        for name, f in fid.get("by_run", {"": fid}).items():
+            context[f"replay fidelity{f' of {name}' if name else ''} (null model)"] = (
+                f"median {f['step_time_median_abs_err_frac']:.2%}, p90 {f['step_time_p90_abs_err_frac']:.2%} "
+                f"abs. rel. error of step time: {fid.get('compares', 'replay vs recorded step times')}"
+            )
     if "time_unit_note" in summary:
         context["time unit"] = summary["time_unit_note"]
     if summary.get("warnings"):
@@ -262,10 +263,13 @@ def _hydra_main(cfg: DictConfig) -> None:
     log.info(report.format_console_table(summary["runs"], baseline=BASELINE))
     fid = summary.get("fidelity")
     if fid:
-        log.info(
-            f"replay fidelity (null model; {fid.get('compares', 'replay vs recorded step times')}): "
-            f"median {fid['step_time_median_abs_err_frac']:.2e}, p90 {fid['step_time_p90_abs_err_frac']:.2e}"
-        )
+        what = fid.get("compares", "replay vs recorded step times")
+        runs = fid.get("by_run", {"": fid})
+        for name, f in runs.items():
+            log.info(
+                f"replay fidelity{f' of {name}' if name else ''} (null model; {what}): median "
+                f"{f['step_time_median_abs_err_frac']:.2%}, p90 {f['step_time_p90_abs_err_frac']:.2%} abs. rel. error"
+            )
     wi = summary.get("whatif")
     if wi:
         log.info(

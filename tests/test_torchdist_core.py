@@ -314,3 +314,31 @@ def test_a_host_sleep_also_delays_the_next_compute_in_the_replay(tmp_path, block
     paced_start, _ = backend.replayed_times(np.full((6, 2), 0.003))  # every rank paced by 3 ms
     shift = paced_start[compute1, 1, 0] - start[compute1, 1, 0]
     np.testing.assert_allclose(shift, 0.003 if blocks else 0.0, atol=1e-9)
+
+
+def test_live_records_carry_their_measured_iteration_times(tmp_path) -> None:
+    """A standalone replay of a live record is judged against the live periods, not its stamps' span."""
+    from pacectl.errors import TraceError
+    from pacectl.traces.canonical import load_canonical, write_canonical
+    from pacectl.traces.model import OpTrace
+
+    delays = np.zeros(6)
+    rows = _synthetic_rows(6, delays)
+    span = rows_to_trace(rows, world_size=2, name="t", source="synthetic").recorded_step_time_s().to_numpy()
+    periods = list(span * 0.9)  # the live iterations were 10 % shorter than the stamps' span
+    trace = rows_to_trace(rows, world_size=2, name="t", source="synthetic", step_time_s=periods)
+    write_canonical(trace, tmp_path / "rec.parquet")
+    back = load_canonical(tmp_path / "rec.parquet")
+    np.testing.assert_allclose(back.measured_step_time_s, periods)
+    np.testing.assert_allclose(back.reference_step_time_s().to_numpy(), periods)
+    fid = ReplayBackend(back).fidelity()
+    np.testing.assert_allclose(fid.step_time_median_abs_err_frac, 1 / 0.9 - 1, rtol=1e-6)
+    np.testing.assert_allclose(replay_fidelity(back)["step_time_median_abs_err_frac"], 1 / 0.9 - 1, rtol=1e-6)
+    # a trace without measured times (production traces, older records) keeps the span
+    plain = rows_to_trace(rows, world_size=2, name="t", source="synthetic")
+    assert (
+        plain.measured_step_time_s is None
+        and ReplayBackend(plain).fidelity().step_time_max_abs_err_frac < 1e-9
+    )
+    with pytest.raises(TraceError, match="one positive finite time per step"):
+        OpTrace(ops=trace.ops, meta=trace.meta, source="x", fmt="torch-live", measured_step_time_s=(1.0,))

@@ -236,7 +236,8 @@ class ReplayBackend:
         return delays
 
     def fidelity(self) -> Fidelity:
-        """Compare the replay with the recorded step times (the null model's check).
+        """Compare the replay with the recorded step times (the null model's check): the trace's
+        ``measured_step_time_s`` where it has them (live records), else the span of its op stamps.
 
         The replay applies the pacing delays the recording itself carried (``delay_s`` of the paced
         ops: zero for ByteDance traces, the controller's delays for a paced live or simulated run).
@@ -247,7 +248,10 @@ class ReplayBackend:
             replayed = end.max(axis=(0, 2))
         else:
             replayed = self._base_end[:-1].max(axis=(0, 2))
-        recorded = (self.dag.start_s + self.dag.duration_s).max(axis=(0, 2))
+        if self.trace.measured_step_time_s is None:
+            recorded = (self.dag.start_s + self.dag.duration_s).max(axis=(0, 2))
+        else:  # a live record: its measured iteration times, not the span of its jittery stamps
+            recorded = np.asarray(self.trace.measured_step_time_s, dtype=np.float64)
         err = np.abs(replayed - recorded) / recorded
         return Fidelity(
             step_time_median_abs_err_frac=float(np.median(err)),

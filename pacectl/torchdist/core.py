@@ -568,11 +568,14 @@ def rows_to_trace(
     name: str,
     source: str,
     pacing_blocks_compute: bool = False,
+    step_time_s: Sequence[float] | None = None,
 ) -> OpTrace:
     """Validate the op rows of every rank as an :class:`~pacectl.traces.model.OpTrace` (dp_size = world).
 
     Steps whose bucket count differs from the most common one (DDP rebuilds its buckets after
-    iteration 0) are dropped so that every step has the same structure.
+    iteration 0) are dropped so that every step has the same structure. ``step_time_s`` (the live
+    iteration times, indexed by step id; :func:`common_periods`) becomes the trace's
+    ``measured_step_time_s`` for the steps kept.
 
     Raises:
         TraceError: the rows do not form a valid trace.
@@ -590,6 +593,9 @@ def rows_to_trace(
         source=source,
         fmt="torch-live",
         pacing_blocks_compute=pacing_blocks_compute,
+        measured_step_time_s=None
+        if step_time_s is None
+        else tuple(float(step_time_s[int(k)]) for k in sorted(keep)),
     )
 
 
@@ -623,7 +629,8 @@ def replay_fidelity(trace: OpTrace, live_step_time_s: FloatArray | None = None) 
     Args:
         trace: a record written by a live run (``delay_s`` on ``grads-reduce-scatter`` 0).
         live_step_time_s: ``float64[num_steps]`` the live run's iteration times of the record's steps
-            (:func:`common_periods`), seconds; None: the record's own step spans.
+            (:func:`common_periods`), seconds; None: those the record carries
+            (:meth:`~pacectl.traces.model.OpTrace.reference_step_time_s`).
 
     Returns:
         ``step_time_median_abs_err_frac``, ``step_time_p90_abs_err_frac``,
@@ -638,7 +645,7 @@ def replay_fidelity(trace: OpTrace, live_step_time_s: FloatArray | None = None) 
     _, end = backend.replayed_times(delays)
     replayed = end.max(axis=(0, 2))
     if live_step_time_s is None:
-        live = trace.recorded_step_time_s().to_numpy()
+        live = trace.reference_step_time_s().to_numpy()
     else:
         live = np.asarray(live_step_time_s, dtype=np.float64)
         if live.shape != replayed.shape:

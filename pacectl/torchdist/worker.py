@@ -217,6 +217,7 @@ class LiveRun:
                     name=f"{name}-{family}",
                     source=str(record_path),
                     pacing_blocks_compute=self.host_paced,
+                    step_time_s=periods.tolist(),
                 )
                 write_canonical(trace, record_path)
                 out["record_path"] = str(record_path)

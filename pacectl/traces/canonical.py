@@ -52,6 +52,9 @@ def write_canonical(trace: OpTrace, path: str | Path) -> None:
         "pacing_blocks_compute": bool(trace.pacing_blocks_compute),
         "time_unit": trace.time_unit,
         "norm_unit_s": float(trace.norm_unit_s),
+        "measured_step_time_s": None
+        if trace.measured_step_time_s is None
+        else [float(v) for v in trace.measured_step_time_s],
     }
     table = table.replace_schema_metadata(
         {**(table.schema.metadata or {}), META_KEY: json.dumps(meta).encode()}
@@ -115,4 +118,19 @@ def load_canonical(path: str | Path) -> OpTrace:
         pacing_blocks_compute=bool(meta.get("pacing_blocks_compute", False)),
         time_unit=str(time_unit),
         norm_unit_s=float(norm_unit_s),
+        measured_step_time_s=_measured(meta.get("measured_step_time_s"), p),
     )
+
+
+def _measured(value: object, path: Path) -> tuple[float, ...] | None:
+    """The ``measured_step_time_s`` metadata list, or None (older files have none)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    ):
+        raise TraceError(
+            f"the 'pacectl' metadata field measured_step_time_s must be a list of seconds or null, "
+            f"got {str(value)[:80]} (in {path}). Write the file again with pacectl."
+        )
+    return tuple(float(v) for v in value)

@@ -175,6 +175,10 @@ class OpTrace:
             units and only their ratios (CV, relative throughput) mean something.
         norm_unit_s: seconds per normalised unit (``"normalized"`` only; 1.0 otherwise), so
             ``seconds / norm_unit_s`` gives back the file's normalised values.
+        measured_step_time_s: the step times the source measured apart from its op stamps, one
+            per step of :attr:`steps`, seconds; None: the op spans are the step times. Live records
+            carry their iteration periods here (the mean of the ranks' own periods), because the
+            span of jittery per-rank stamps overstates them; fidelity compares against these.
     """
 
     ops: pd.DataFrame = field(repr=False)
@@ -184,12 +188,22 @@ class OpTrace:
     pacing_blocks_compute: bool = False
     time_unit: str = "s"
     norm_unit_s: float = 1.0
+    measured_step_time_s: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.time_unit not in TIME_UNITS:
             raise TraceError(f"time_unit must be one of {list(TIME_UNITS)}, got {self.time_unit!r}")
         if not (np.isfinite(self.norm_unit_s) and self.norm_unit_s > 0):
             raise TraceError(f"norm_unit_s must be a positive number of seconds, got {self.norm_unit_s!r}")
+        measured = self.measured_step_time_s
+        if measured is not None:
+            values = np.asarray(measured, dtype=np.float64)
+            if values.shape != (len(self.steps),) or not (np.isfinite(values).all() and (values > 0).all()):
+                raise TraceError(
+                    f"measured_step_time_s must hold one positive finite time per step ({len(self.steps)}), "
+                    f"got {len(values)} values (in {self.source})"
+                )
+            object.__setattr__(self, "measured_step_time_s", tuple(float(v) for v in values))
 
     @property
     def time_normalized(self) -> bool:
@@ -210,6 +224,15 @@ class OpTrace:
         """Recorded wall time of each step: latest op end minus the step start (0), seconds."""
         end = self.ops["start_ts"] + self.ops["duration"]
         return end.groupby(self.ops["step"]).max().rename("step_time_s")
+
+    def reference_step_time_s(self) -> pd.Series:
+        """The step times a replay is judged against: :attr:`measured_step_time_s` if the source
+        measured them, else :meth:`recorded_step_time_s`; seconds, indexed by step."""
+        if self.measured_step_time_s is None:
+            return self.recorded_step_time_s()
+        return pd.Series(
+            self.measured_step_time_s, index=pd.Index(self.steps, name="step"), name="step_time_s"
+        )
 
 
 def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFrame:
