@@ -136,3 +136,207 @@ def test_topology_validation() -> None:
         FatTree(oversubscription=0.5)
     assert FatTree(ranks_per_node=8).num_nodes(1024) == 128
     assert math.isinf(ContentionComm(FatTree(), 8, message_bytes=1e9).ring_rate_Bps(()))
+
+
+# --- cluster profile validation (pacectl.fabric.profile.validate_cluster) -------------------------
+
+PROFILES = ("generic", "ar", "st", "contended", "paper_like")
+
+
+def _profile(name: str = "generic", overrides: tuple[str, ...] = ()) -> dict[str, object]:
+    """A shipped profile as the run sees it (composed by Hydra, interpolations resolved)."""
+    from hydra import compose, initialize_config_dir
+
+    from pacectl.config import CONF_DIR, as_dict
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"cluster={name}", *overrides])
+    return as_dict(cfg.cluster)
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_shipped_profiles_validate_and_build(name: str) -> None:
+    from pacectl.fabric.profile import compute_from, sim_fabric, validate_cluster
+
+    cluster = _profile(name)
+    profile = validate_cluster(cluster)
+    assert isinstance(profile["topology"]["ranks_per_node"], int)
+    assert isinstance(profile["cross_traffic"]["links"], tuple)
+    for comm in ("null", "alpha_beta", "contention"):
+        model, _ = sim_fabric(cluster, comm, 64)
+        assert math.isfinite(model.free_time_s) and model.free_time_s > 0
+    assert compute_from(cluster).compute_s == cluster["compute"]["compute_s"]  # type: ignore[index]
+
+
+def test_schema_covers_the_shipped_profiles_and_matches_the_model_classes() -> None:
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from pacectl.config import CONF_DIR
+    from pacectl.fabric.noise import NOISE_COMPONENTS
+    from pacectl.fabric.profile import FABRIC_SCHEMA, NOISE_SCHEMA
+
+    def init_fields(cls: type) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls) if f.init}
+
+    assert set(FABRIC_SCHEMA["topology"]) == init_fields(FatTree)
+    assert set(FABRIC_SCHEMA["cross_traffic"]) == init_fields(CrossTraffic)
+    assert set(FABRIC_SCHEMA["interference"]) == init_fields(EarlyArrivalInterference) - {"ranks_per_node"}
+    assert set(NOISE_SCHEMA) == set(NOISE_COMPONENTS)
+    for kind, cls in NOISE_COMPONENTS.items():
+        assert set(NOISE_SCHEMA[kind]) == init_fields(cls), kind
+    for path in sorted((CONF_DIR / "cluster").glob("*.yaml")):
+        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        assert isinstance(node, dict)
+        for section, schema in FABRIC_SCHEMA.items():
+            assert set(node.get(section) or {}) <= set(schema), (path.name, section)
+        for item in (node.get("compute") or {}).get("noise") or []:
+            assert set(item) - {"kind"} <= set(NOISE_SCHEMA[item["kind"]]), path.name
+
+
+BAD_VALUES = [
+    (
+        "cluster.topology.ranks_per_node=abc",
+        "cluster.topology.ranks_per_node must be an integer >= 1, got 'abc'",
+    ),
+    ("cluster.topology.ranks_per_node=0", "cluster.topology.ranks_per_node must be an integer >= 1, got 0"),
+    (
+        "cluster.topology.ranks_per_node=2.5",
+        "cluster.topology.ranks_per_node must be an integer >= 1, got 2.5",
+    ),
+    (
+        "cluster.topology.nodes_per_leaf=true",
+        "cluster.topology.nodes_per_leaf must be an integer >= 1, got True",
+    ),
+    (
+        "cluster.topology.nic_bandwidth_Bps=inf",
+        "cluster.topology.nic_bandwidth_Bps must be a finite number > 0, got inf",
+    ),
+    (
+        "cluster.topology.nvlink_bandwidth_Bps=0",
+        "cluster.topology.nvlink_bandwidth_Bps must be a finite number > 0",
+    ),
+    (
+        "cluster.topology.oversubscription=0.5",
+        "cluster.topology.oversubscription must be a finite number >= 1",
+    ),
+    (
+        "cluster.topology.oversubscription=nan",
+        "cluster.topology.oversubscription must be a finite number >= 1, got nan",
+    ),
+    (
+        "cluster.topology.rail_optimized=maybe",
+        "cluster.topology.rail_optimized must be true or false, got 'maybe'",
+    ),
+    (
+        "cluster.collective.algorithm=foo",
+        "cluster.collective.algorithm must be one of ['ring', 'tree', 'hierarchical'], got 'foo'",
+    ),
+    ("cluster.collective.algorithm=rign", "got 'rign' (did you mean 'ring'?)"),
+    (
+        "cluster.collective.message_bytes=nan",
+        "cluster.collective.message_bytes must be a finite number >= 0, got nan",
+    ),
+    (
+        "cluster.collective.message_bytes=-1",
+        "cluster.collective.message_bytes must be a finite number >= 0, got -1",
+    ),
+    (
+        "cluster.collective.alpha_inter_s=abc",
+        "cluster.collective.alpha_inter_s must be a finite number >= 0, got 'abc'",
+    ),
+    (
+        "cluster.cross_traffic.links=leaf_up:0",
+        "cluster.cross_traffic.links must be a list of strings, got 'leaf_up:0'",
+    ),
+    (
+        "cluster.cross_traffic.rate_frac=0",
+        "cluster.cross_traffic.rate_frac must be a finite number > 0 and <= 1, got 0",
+    ),
+    ("cluster.cross_traffic.on_s=-inf", "cluster.cross_traffic.on_s must be a finite number >= 0, got -inf"),
+    (
+        "+cluster.cross_traffic.stagger=1.5",
+        "cluster.cross_traffic.stagger must be a finite number >= 0 and <= 1",
+    ),
+    ("cluster.interference.kappa=inf", "cluster.interference.kappa must be a finite number >= 0, got inf"),
+    ("cluster.compute.compute_s=0", "cluster.compute.compute_s must be a finite number > 0, got 0"),
+    ("cluster.compute.noise=3", "cluster.compute.noise must be a list of noise components, got 3"),
+    (
+        "cluster.compute.noise.0.sigma=abc",
+        "cluster.compute.noise.0.sigma must be a finite number >= 0, got 'abc'",
+    ),
+    ("cluster.compute.noise.0.kind=lognormall", "cluster.compute.noise.0.kind must be one of"),
+    ("cluster.topology=3", "cluster.topology must be a mapping, got 3"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), BAD_VALUES)
+def test_validate_cluster_rejects_bad_values_naming_the_key(override: str, message: str) -> None:
+    from pacectl.fabric.profile import validate_cluster
+
+    key = override.lstrip("+").split("=")[0]
+    with pytest.raises(ConfigError) as err:
+        validate_cluster(_profile("generic", (override,)))
+    text = str(err.value)
+    assert message in text
+    assert "\n" not in text
+    if key != "cluster.topology":  # the example fix is an override of the same key
+        assert f"; e.g. {key}=" in text or f"; e.g. '{key}=" in text  # quoted for the shell
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("+cluster.foo=1", "cluster has unknown key(s) ['foo']: nothing reads them (known: ['collective',"),
+        ("+cluster.topology.foo=1", "cluster.topology has unknown key(s) ['foo']"),
+        ("+cluster.topology.rank_per_node=4", "Did you mean cluster.topology.ranks_per_node=4?"),
+        ("+cluster.collective.mesage_bytes=1", "Did you mean cluster.collective.message_bytes=1?"),
+        ("+cluster.compute.noise.0.sigm=0.1", "cluster.compute.noise.0 has unknown key(s) ['sigm']"),
+        ("+cluster.tune_sim.num_rank=8", "Did you mean cluster.tune_sim.num_ranks=8?"),
+    ],
+)
+def test_validate_cluster_rejects_unknown_keys_at_every_level(override: str, message: str) -> None:
+    from pacectl.fabric.profile import validate_cluster
+
+    with pytest.raises(ConfigError) as err:
+        validate_cluster(_profile("contended", (override,)))
+    assert message in str(err.value)
+    assert "drop the override +" in str(err.value).lower()
+
+
+def test_validate_cluster_keeps_defaults_for_keys_left_out() -> None:
+    from pacectl.fabric.profile import sim_fabric, validate_cluster
+
+    cluster = {"name": "bare", "compute": {"compute_s": 0.1}}
+    profile = validate_cluster(cluster)
+    assert profile["topology"] == {} and profile["compute"]["noise"] == []
+    model, interference = sim_fabric(cluster, "contention", 16)
+    assert model.free_time_s > 0 and interference.kappa == 0.0
+
+
+def test_nan_message_bytes_names_the_key_not_the_null_model() -> None:
+    from pacectl.fabric.profile import ReplayContention, sim_fabric
+
+    cluster = _profile("generic", ("cluster.collective.message_bytes=nan",))
+    for build in (lambda: sim_fabric(cluster, "contention", 64), lambda: ReplayContention(cluster, 64)):
+        with pytest.raises(ConfigError, match=r"^cluster\.collective\.message_bytes must be") as err:
+            build()
+        assert "null" not in str(err.value)
+
+
+def test_overflowing_collective_is_rejected_with_the_keys() -> None:
+    from pacectl.fabric.contention import AlphaBetaComm, FixedComm
+    from pacectl.fabric.profile import sim_fabric
+
+    cluster = _profile(
+        "generic", ("cluster.collective.message_bytes=1e300", "cluster.topology.nic_bandwidth_Bps=1e-300")
+    )
+    with pytest.raises(ConfigError, match="cluster.collective.message_bytes is too large"):
+        sim_fabric(cluster, "null", 64)
+    with pytest.raises(
+        ConfigError, match=r"^null comm duration must be a finite number >= 0 seconds, got inf"
+    ):
+        FixedComm(math.inf)
+    with pytest.raises(ConfigError, match=r"^alpha_beta comm duration"):
+        AlphaBetaComm(FatTree(nic_bandwidth_Bps=1e-300), 64, message_bytes=1e300)

@@ -187,3 +187,75 @@ def test_sim_cli_contract(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "null" / "summary.json").read_text())["comm_model"] == "null"
+
+
+def _cli(*overrides: str, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pacectl.run", *overrides, "output.plots=false", f"hydra.run.dir={out}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+SIM = ("backend=sim", "backend.num_ranks=16", "backend.num_iterations=5")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ("comm=contention", "cluster.topology.ranks_per_node=abc"),
+            "cluster.topology.ranks_per_node must be an integer >= 1, got 'abc'; "
+            "e.g. cluster.topology.ranks_per_node=8",
+        ),
+        (
+            (*SIM, "comm=contention", "cluster.topology.ranks_per_node=abc"),
+            "cluster.topology.ranks_per_node must be an integer >= 1, got 'abc'",
+        ),
+        (
+            ("comm=contention", "cluster.topology.nic_bandwidth_Bps=inf"),
+            "cluster.topology.nic_bandwidth_Bps must be a finite number > 0, got inf",
+        ),
+        (
+            ("comm=contention", "cluster.collective.algorithm=foo"),
+            "cluster.collective.algorithm must be one of ['ring', 'tree', 'hierarchical'], got 'foo'",
+        ),
+        (("comm=contention", "+cluster.foo=1"), "cluster has unknown key(s) ['foo']"),
+        (
+            (*SIM, "comm=contention", "+cluster.topology.foo=1"),
+            "cluster.topology has unknown key(s) ['foo']: nothing reads them (known: ['nic_bandwidth_Bps',",
+        ),
+        (
+            (*SIM, "comm=contention", "cluster.collective.message_bytes=nan"),
+            "cluster.collective.message_bytes must be a finite number >= 0, got nan",
+        ),
+        (
+            ("comm=contention", "cluster.collective.message_bytes=nan"),
+            "cluster.collective.message_bytes must be a finite number >= 0, got nan",
+        ),
+    ],
+)
+def test_cli_rejects_bad_cluster_values_in_one_line(
+    tmp_path: Path, overrides: tuple[str, ...], message: str
+) -> None:
+    proc = _cli(*overrides, out=tmp_path / "run")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"pacectl.run: error: {message}"), proc.stderr
+    assert "Traceback" not in proc.stderr and "null" not in proc.stderr
+
+
+def test_cli_null_replay_does_not_read_the_cluster(tmp_path: Path) -> None:
+    # Decided in pacectl.fabric.profile.validate_cluster: the null replay never reads the profile.
+    proc = _cli(
+        "comm=null",
+        "trace=st",
+        "controller=none",
+        "cluster.topology.ranks_per_node=abc",
+        "output.iterations=false",
+        "output.report=false",
+        out=tmp_path / "run",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["comm_model"] == "null"

@@ -215,8 +215,9 @@ def _expand(patterns: tuple[str, ...], names: list[str]) -> list[int]:
             hits = [i for i, n in enumerate(names) if n == pattern]
         if not hits:
             raise ConfigError(
-                f"cross_traffic.links entries must name links of this topology, got {pattern!r}; "
-                f"links look like {names[:3] + names[-2:]}"
+                f"cluster.cross_traffic.links entries must name links of this topology, got {pattern!r}; "
+                f"links look like {names[:3] + names[-2:]} ('leaf_up:*': every leaf uplink); "
+                "e.g. cluster.cross_traffic.links=[leaf_up:*]"
             )
         out.extend(hits)
     return out
@@ -229,8 +230,11 @@ class FixedComm:
     timing_dependent = False
 
     def __init__(self, duration_s: float) -> None:
-        if not duration_s >= 0:
-            raise ConfigError(f"null comm duration must be >= 0 seconds, got {duration_s!r}")
+        if not (math.isfinite(duration_s) and duration_s >= 0):
+            # self.name: AlphaBetaComm passes its closed-form cost through here
+            raise ConfigError(
+                f"{self.name} comm duration must be a finite number >= 0 seconds, got {duration_s!r}"
+            )
         self._time = float(duration_s)
         self.description = "null (fixed durations, max-plus: pacing cannot shorten an iteration)"
 

@@ -3,17 +3,26 @@
 ``comm`` picks the communication model: ``null`` (fixed durations, max-plus), ``alpha_beta``
 (closed-form collective cost, still max-plus) or ``contention`` (max-min fair fat-tree with cross
 traffic, plus early-arrival interference: timing-dependent). The profile gives the parameters.
+
+:func:`validate_cluster` checks a whole profile (known keys at every level, types, finiteness,
+ranges, enums) and returns its values converted; every builder here goes through it, so the
+simulator (:func:`sim_fabric`, :func:`compute_from`) and the contended replay
+(:class:`ReplayContention`) share one set of checks and messages.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+import math
+from collections.abc import Callable, Mapping
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from pacectl.errors import ConfigError
+from pacectl.fabric.collectives import ALGORITHMS
 from pacectl.fabric.contention import (
     AlphaBetaComm,
     ContentionComm,
@@ -37,75 +46,361 @@ def comm_name(value: object) -> str:
     """
     name = "null" if value is None else str(value)
     if name not in COMM_NAMES:
-        import difflib
-
         close = difflib.get_close_matches(name, COMM_NAMES, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"comm must be one of {list(COMM_NAMES)}, got {name!r}{hint}")
     return name
 
 
-def _section(cluster: Mapping[str, Any], key: str) -> dict[str, Any]:
-    value = cluster.get(key) or {}
+# ---------------------------------------------------------------------------------------------
+# Validation of a profile. Each field is (checker, example value for the hint); a checker takes the
+# value and its override key and returns the converted value or raises a ConfigError naming the key.
+
+_Check = Callable[[object, str], Any]
+
+
+def _fail(key: str, expected: str, value: object, example: str, hint: str = "") -> ConfigError:
+    return ConfigError(f"{key} must be {expected}, got {value!r}{hint}; e.g. {key}={example}")
+
+
+def _integer(low: int, example: str) -> tuple[_Check, str]:
+    def check(value: object, key: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise _fail(key, f"an integer >= {low}", value, example)
+        return int(value)
+
+    return check, example
+
+
+def _number(
+    example: str, *, low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False
+) -> tuple[_Check, str]:
+    """A finite real number in the interval given by ``low``/``high`` (open or closed ends)."""
+    lo = f"> {low:g}" if low_open else f">= {low:g}"
+    hi = "" if high == math.inf else (f" and < {high:g}" if high_open else f" and <= {high:g}")
+    expected = f"a finite number {lo}{hi}"
+
+    def check(value: object, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise _fail(key, expected, value, example)
+        x = float(value)
+        ok = (
+            math.isfinite(x)
+            and (x > low if low_open else x >= low)
+            and (x < high if high_open else x <= high)
+        )
+        if not ok:
+            raise _fail(key, expected, value, example)
+        return x
+
+    return check, example
+
+
+def _boolean(example: str) -> tuple[_Check, str]:
+    def check(value: object, key: str) -> bool:
+        if not isinstance(value, bool):
+            raise _fail(key, "true or false", value, example)
+        return value
+
+    return check, example
+
+
+def _choice(choices: tuple[str, ...], example: str) -> tuple[_Check, str]:
+    def check(value: object, key: str) -> str:
+        if not isinstance(value, str) or value not in choices:
+            close = difflib.get_close_matches(str(value), choices, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise _fail(key, f"one of {list(choices)}", value, example, hint)
+        return value
+
+    return check, example
+
+
+def _text(example: str) -> tuple[_Check, str]:
+    def check(value: object, key: str) -> str:
+        if not isinstance(value, str) or not value:
+            raise _fail(key, "a non-empty string", value, example)
+        return value
+
+    return check, example
+
+
+def _strings(example: str) -> tuple[_Check, str]:
+    def check(value: object, key: str) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise _fail(key, "a list of strings", value, example)
+        for item in value:
+            if not isinstance(item, str) or not item:
+                raise _fail(key, "a list of non-empty strings", value, example)
+        return tuple(value)
+
+    return check, example
+
+
+def _indices(example: str) -> tuple[_Check, str]:
+    def check(value: object, key: str) -> tuple[int, ...]:
+        if value is None:
+            return ()
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise _fail(key, "a list of integers >= 0", value, example)
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, (int, np.integer)) or item < 0:
+                raise _fail(key, "a list of integers >= 0", value, example)
+        return tuple(int(item) for item in value)
+
+    return check, example
+
+
+#: The fabric sections of a profile and their fields (the examples are the generic profile's values
+#: where it sets them). tests/test_fabric.py checks that every key of every shipped profile is here
+#: and that each field is a parameter of the class it configures.
+FABRIC_SCHEMA: dict[str, dict[str, tuple[_Check, str]]] = {
+    "topology": {  # FatTree
+        "ranks_per_node": _integer(1, "8"),
+        "nodes_per_leaf": _integer(1, "4"),
+        "oversubscription": _number("2.0", low=1.0),
+        "nic_bandwidth_Bps": _number("5.0e10", low=0.0, low_open=True),
+        "nvlink_bandwidth_Bps": _number("4.5e11", low=0.0, low_open=True),
+        "rail_optimized": _boolean("false"),
+    },
+    "collective": {  # AlphaBetaComm / ContentionComm
+        "algorithm": _choice(ALGORITHMS, "ring"),
+        "message_bytes": _number("2.0e9", low=0.0),
+        "alpha_inter_s": _number("5.0e-6", low=0.0),
+        "alpha_intra_s": _number("2.0e-6", low=0.0),
+    },
+    "cross_traffic": {  # CrossTraffic
+        "links": _strings("[leaf_up:*]"),
+        "rate_frac": _number("1.0", low=0.0, high=1.0, low_open=True),
+        "on_s": _number("0.4", low=0.0),
+        "off_s": _number("1.2", low=0.0),
+        "stagger": _number("0.37", low=0.0, high=1.0),
+    },
+    "interference": {  # EarlyArrivalInterference (ranks_per_node comes from the topology)
+        "kappa": _number("0.05", low=0.0),
+    },
+    "compute": {  # ComputeModel; noise items below
+        "compute_s": _number("0.5", low=0.0, low_open=True),
+        "noise": (lambda value, key: value, "[{kind:lognormal,sigma:0.02}]"),  # checked item by item
+    },
+}
+
+#: Fields of each ``cluster.compute.noise`` item kind (besides ``kind``), as in :data:`NOISE_COMPONENTS`.
+NOISE_SCHEMA: dict[str, dict[str, tuple[_Check, str]]] = {
+    "lognormal": {"sigma": _number("0.02", low=0.0)},
+    "pareto": {
+        "prob": _number("0.0045", low=0.0, high=1.0),
+        "scale_s": _number("0.2", low=0.0, low_open=True),
+        "alpha": _number("3.0", low=1.0, low_open=True),
+    },
+    "periodic": {"period_iters": _integer(1, "50"), "duration_s": _number("0.01", low=0.0)},
+    "slow_ranks": {
+        "ranks": _indices("[0,5]"),
+        "fraction": _number("0.05", low=0.0, high=1.0),
+        "factor": _number("1.15", low=1.0),
+    },
+    "empirical": {"path": _text("job_norm.csv")},
+}
+
+
+@lru_cache(maxsize=1)
+def shipped_cluster_keys() -> dict[str, frozenset[str] | None]:
+    """Top-level keys of the shipped ``conf/cluster/*.yaml`` files (``defaults`` aside).
+
+    The shipped files are the schema of the top level: each key maps to the union of the keys its
+    value has in them when that is a mapping (``tune_sim``), else None (not descended into:
+    ``name``, ``description``, ``traces``, whose items are trace configs checked when tuning loads
+    them). The fabric sections are checked against :data:`FABRIC_SCHEMA` instead.
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    from pacectl.config import CONF_DIR
+
+    keys: dict[str, set[str] | None] = {}
+    for path in sorted((CONF_DIR / "cluster").glob("*.yaml")):
+        node = OmegaConf.load(path)
+        if not isinstance(node, DictConfig):
+            continue
+        for key in node.keys():
+            key = str(key)
+            if key == "defaults":
+                continue
+            value = node.get(key)
+            if isinstance(value, DictConfig):
+                sub = keys.get(key) or set()
+                keys[key] = sub | {str(k) for k in value.keys()}
+            else:
+                keys.setdefault(key, None)
+    return {k: (frozenset(v) if v is not None else None) for k, v in keys.items()}
+
+
+def _unknown(where: str, section: Mapping[str, Any], known: list[str]) -> ConfigError:
+    """The error for the keys of ``section`` (at ``where``) that are not in ``known``."""
+    unknown = sorted(str(k) for k in section if k not in known)
+    first = unknown[0]
+    value = section[first]
+    shown = (
+        str(value).lower()
+        if isinstance(value, bool)
+        else value
+        if isinstance(value, (int, float, str))
+        else "..."
+    )
+    close = difflib.get_close_matches(first, known, n=1)
+    fix = f"Drop the override +{where}.{first}={shown}"
+    if close:
+        fix = f"Did you mean {where}.{close[0]}={shown}? Otherwise drop the override +{where}.{first}={shown}"
+    return ConfigError(f"{where} has unknown key(s) {unknown}: nothing reads them (known: {known}). {fix}")
+
+
+def _mapping(value: object, key: str, example: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(f"cluster.{key} must be a mapping, got {value!r} (cluster {cluster.get('name')!r})")
-    return dict(value)
+        raise ConfigError(f"{key} must be a mapping, got {value!r}; e.g. {example}")
+    return value
 
 
-def _build(cls: type, section: dict[str, Any], where: str) -> Any:
-    try:
-        return cls(**section)
-    except TypeError as err:
-        raise ConfigError(f"{where} has an unknown or missing key: {err}") from err
+def _check_fields(
+    section: Mapping[str, Any], schema: dict[str, tuple[_Check, str]], where: str
+) -> dict[str, Any]:
+    if any(k not in schema for k in section):
+        raise _unknown(where, section, sorted(schema))
+    return {str(k): schema[k][0](v, f"{where}.{k}") for k, v in section.items()}
+
+
+def _noise_items(value: object) -> list[dict[str, Any]]:
+    where = "cluster.compute.noise"
+    if value is None:
+        return []
+    if isinstance(value, (str, Mapping)) or not isinstance(value, (list, tuple)):
+        raise ConfigError(
+            f"{where} must be a list of noise components, got {value!r}; "
+            f"e.g. '{where}=[{{kind:lognormal,sigma:0.02}}]'"
+        )
+    items = []
+    for i, raw in enumerate(value):
+        key = f"{where}.{i}"
+        item = dict(_mapping(raw, key, f"'{where}=[{{kind:lognormal,sigma:0.02}}]'"))
+        kind = item.pop("kind", None)
+        if kind not in NOISE_SCHEMA:
+            close = difflib.get_close_matches(str(kind), sorted(NOISE_SCHEMA), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise _fail(f"{key}.kind", f"one of {sorted(NOISE_SCHEMA)}", kind, "lognormal", hint)
+        items.append({"kind": kind, **_check_fields(item, NOISE_SCHEMA[kind], f"{key}")})
+    return items
+
+
+def validate_cluster(cluster: Mapping[str, Any]) -> dict[str, Any]:
+    """Check a cluster profile and return it with its fabric values converted.
+
+    Checks every key at every level against the schema (the shipped profiles' top-level keys,
+    :data:`FABRIC_SCHEMA`, :data:`NOISE_SCHEMA`, with a "did you mean" for typos), and every value a
+    model converts: integers, finite numbers in range, booleans, ``collective.algorithm`` and the
+    noise kinds. Keys left out keep the model's defaults (every shipped profile sets them all).
+
+    The whole profile is checked, not only the sections the chosen model reads: a profile describes
+    one cluster, and a bad value in it is a mistake whichever model runs. It is called wherever a
+    profile is read: always in the simulator (even ``comm=null`` takes its fixed duration from the
+    profile's collective and its compute model from ``compute``), and in replay with
+    ``comm=contention``. Replay with ``comm=null`` (the default run) never reads the profile, so it
+    is not checked there: the ``cluster`` group is composed into every run, its values cannot change
+    such a run's result (the summary does not record them), and the replay's comm model is built in
+    pacectl/config.py (``make_comm_model``), which could call this function if that is ever wanted.
+
+    Args:
+        cluster: the ``cluster`` config node as a plain mapping, interpolations resolved.
+
+    Returns:
+        A new dict: the fabric sections (``topology``, ``collective``, ``cross_traffic``,
+        ``interference``, ``compute``) with converted values (``compute.noise`` a list of dicts with
+        ``kind``), the other keys as given.
+
+    Raises:
+        ConfigError: one line naming the override key, what was expected and an example.
+    """
+    shipped = shipped_cluster_keys()
+    known = sorted(set(shipped) | set(FABRIC_SCHEMA))
+    if any(k not in known for k in cluster):
+        raise _unknown("cluster", cluster, known)
+    out: dict[str, Any] = dict(cluster)
+    for name, schema in FABRIC_SCHEMA.items():
+        where = f"cluster.{name}"
+        example = f"{where}.{next(iter(schema))}={next(iter(schema.values()))[1]}"
+        section = dict(_mapping(cluster.get(name), where, example))
+        out[name] = _check_fields(section, schema, where)
+    out["compute"]["noise"] = _noise_items(out["compute"].get("noise"))
+    for name, sub_known in shipped.items():
+        if sub_known is None or name in FABRIC_SCHEMA or cluster.get(name) is None:
+            continue
+        other = _mapping(cluster.get(name), f"cluster.{name}", f"+cluster.{name}.{min(sub_known)}=...")
+        if any(k not in sub_known for k in other):
+            raise _unknown(f"cluster.{name}", other, sorted(sub_known))
+    return out
+
+
+def _overflow(what: str) -> ConfigError:
+    """Every value is finite and in range, yet the all-reduce's duration overflows to inf."""
+    return ConfigError(
+        f"the {what} all-reduce of this profile would take inf s: cluster.collective.message_bytes "
+        "is too large for cluster.topology.nic_bandwidth_Bps / nvlink_bandwidth_Bps; "
+        "e.g. cluster.collective.message_bytes=2.0e9"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Builders. Each validates the profile it is given (cheap) so that it can also be called alone.
 
 
 def topology_from(cluster: Mapping[str, Any]) -> FatTree:
     """The :class:`FatTree` of a profile."""
-    return _build(FatTree, _section(cluster, "topology"), "cluster.topology")  # type: ignore[no-any-return]
+    return FatTree(**validate_cluster(cluster)["topology"])
 
 
 def compute_from(cluster: Mapping[str, Any]) -> ComputeModel:
     """The simulator's :class:`ComputeModel` of a profile (``compute.compute_s`` and ``compute.noise``)."""
-    compute = _section(cluster, "compute")
+    compute = validate_cluster(cluster)["compute"]
     components = []
-    for i, item in enumerate(compute.get("noise") or []):
-        item = dict(item)
-        kind = item.pop("kind", None)
-        if kind not in NOISE_COMPONENTS:
-            raise ConfigError(
-                f"cluster.compute.noise[{i}].kind must be one of {sorted(NOISE_COMPONENTS)}, got {kind!r}"
-            )
-        if kind == "slow_ranks" and "ranks" in item:
-            item["ranks"] = tuple(item["ranks"])
-        components.append(_build(NOISE_COMPONENTS[kind], item, f"cluster.compute.noise[{i}] ({kind})"))
+    for item in compute["noise"]:
+        params = {k: v for k, v in item.items() if k != "kind"}
+        components.append(NOISE_COMPONENTS[item["kind"]](**params))
     if "compute_s" not in compute:
-        raise ConfigError("cluster.compute.compute_s must be set (seconds of compute per iteration)")
-    return ComputeModel(compute_s=float(compute["compute_s"]), components=tuple(components))
+        raise ConfigError(
+            "cluster.compute.compute_s must be set (seconds of compute per iteration); e.g. cluster.compute.compute_s=0.5"
+        )
+    return ComputeModel(compute_s=compute["compute_s"], components=tuple(components))
 
 
-def _collective(cluster: Mapping[str, Any]) -> dict[str, Any]:
-    c = _section(cluster, "collective")
+def _collective(profile: Mapping[str, Any]) -> dict[str, Any]:
+    c = profile["collective"]
     return {
-        "algorithm": str(c.get("algorithm", "ring")),
-        "message_bytes": float(c.get("message_bytes", 2e9)),
-        "alpha_inter_s": float(c.get("alpha_inter_s", 5e-6)),
-        "alpha_intra_s": float(c.get("alpha_intra_s", 2e-6)),
+        "algorithm": c.get("algorithm", "ring"),
+        "message_bytes": c.get("message_bytes", 2e9),
+        "alpha_inter_s": c.get("alpha_inter_s", 5e-6),
+        "alpha_intra_s": c.get("alpha_intra_s", 2e-6),
     }
 
 
-def contention_from(cluster: Mapping[str, Any], num_ranks: int) -> ContentionComm:
-    """The :class:`ContentionComm` of a profile for ``num_ranks`` ranks."""
-    coll = _collective(cluster)
-    cross = _section(cluster, "cross_traffic")
-    cross["links"] = tuple(cross.get("links") or ())
-    return ContentionComm(
-        topology_from(cluster),
+def _contention(profile: Mapping[str, Any], num_ranks: int) -> ContentionComm:
+    coll = _collective(profile)
+    model = ContentionComm(
+        FatTree(**profile["topology"]),
         num_ranks,
         message_bytes=coll["message_bytes"],
         alpha_inter_s=coll["alpha_inter_s"],
         alpha_intra_s=coll["alpha_intra_s"],
-        cross_traffic=_build(CrossTraffic, cross, "cluster.cross_traffic"),
+        cross_traffic=CrossTraffic(**profile["cross_traffic"]),
     )
+    if not math.isfinite(model.free_time_s):
+        raise _overflow("contention")
+    return model
+
+
+def contention_from(cluster: Mapping[str, Any], num_ranks: int) -> ContentionComm:
+    """The :class:`ContentionComm` of a profile for ``num_ranks`` ranks."""
+    return _contention(validate_cluster(cluster), num_ranks)
 
 
 def sim_fabric(
@@ -117,16 +412,20 @@ def sim_fabric(
     three models share the same uncontended mean and differ only in timing dependence.
     """
     name = comm_name(comm)
-    topology = topology_from(cluster)
-    coll = _collective(cluster)
-    alpha_beta = AlphaBetaComm(topology, num_ranks, **coll)
+    profile = validate_cluster(cluster)
+    topology = FatTree(**profile["topology"])
+    coll = _collective(profile)
+    try:
+        alpha_beta = AlphaBetaComm(topology, num_ranks, **coll)
+    except ConfigError as err:  # every input is validated: only an overflow to inf is left
+        raise _overflow(coll["algorithm"]) from err
     no_interference = EarlyArrivalInterference(kappa=0.0, ranks_per_node=topology.ranks_per_node)
     if name == "null":
         return FixedComm(alpha_beta.free_time_s), no_interference
     if name == "alpha_beta":
         return alpha_beta, no_interference
-    kappa = float(_section(cluster, "interference").get("kappa", 0.0))
-    return contention_from(cluster, num_ranks), EarlyArrivalInterference(kappa, topology.ranks_per_node)
+    kappa = profile["interference"].get("kappa", 0.0)
+    return _contention(profile, num_ranks), EarlyArrivalInterference(kappa, topology.ranks_per_node)
 
 
 class ReplayContention:
