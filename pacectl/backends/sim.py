@@ -38,7 +38,8 @@ class SimBackend:
         comm: communication model with ``name``, ``timing_dependent``, ``description`` and
             ``time_s(start_s)`` (:mod:`pacectl.fabric.contention`).
         interference: early-arrival interference (``kappa = 0`` disables it).
-        record: keep per-iteration records for :meth:`to_trace`.
+        record: keep per-iteration records for :meth:`to_trace`; a bool (``backend.record``:
+            true or false, a string such as "maybe" is a ConfigError).
 
     Example:
         >>> from pacectl.fabric.contention import FixedComm
@@ -60,16 +61,22 @@ class SimBackend:
         interference: EarlyArrivalInterference | None = None,
         record: bool = False,
     ) -> None:
-        if int(num_ranks) < 1 or int(num_iterations) < 1:
+        for key, value in (("num_ranks", num_ranks), ("num_iterations", num_iterations)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ConfigError(
+                    f"backend.{key} must be an integer >= 1, got {value!r}; e.g. backend.{key}=64"
+                )
+        # true/false only: a string such as "maybe" must not pass as true (it would record)
+        if not isinstance(record, (bool, np.bool_)):
             raise ConfigError(
-                f"backend.num_ranks and backend.num_iterations must be >= 1, got {num_ranks!r}, {num_iterations!r}"
+                f"backend.record must be true or false, got {record!r}; e.g. backend.record=true"
             )
         self.num_ranks = int(num_ranks)
         self._num_iterations = int(num_iterations)
         self.compute = compute
         self.comm = comm
         self.interference = interference or EarlyArrivalInterference(kappa=0.0)
-        self.record = record
+        self.record = bool(record)
         self.domains: tuple[Domain, ...] = (Domain(name="world", ranks=tuple(range(self.num_ranks))),)
         self.rank_labels: IntArray = np.arange(self.num_ranks, dtype=np.int64)
         self.step_ids: IntArray = np.arange(self._num_iterations, dtype=np.int64)
