@@ -142,7 +142,7 @@ class SimExperiment:
             compute=compute_from(cluster),
             comm=comm,
             interference=interference,
-            record=bool(cfg.backend.get("record", False)),
+            record=cfg.backend.get("record", False),
         )
         self.comm_model = self.backend.comm_model
         self.comm_description = self.backend.comm_description

@@ -405,6 +405,8 @@ def _fmt(value: Any, spec: str) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
     text = format(value, spec)
+    if text.startswith("-") and float(text) == 0.0:  # a tiny negative rounds to "-0.00": no sign
+        text = ("+" if "+" in spec else "") + text[1:]
     return text[:-1] if text.endswith(".") else text  # "#.4g" keeps 47.00 but would print 3443.
 
 

@@ -248,10 +248,12 @@ def _hydra_main(cfg: DictConfig) -> None:
             return
         summary = run_experiment(cfg, out_dir, notes=ignored)
     except MissingMandatoryValue as err:
-        _fail(
-            f"config value {err.full_key} must be set, got '???'. "
-            "Example: trace=bytedance trace.path=<trace.parquet> trace.meta=<meta.yaml>"
+        example = (
+            "trace=canonical trace.path=<record.parquet>"
+            if cfg.trace.get("format") == "canonical"
+            else "trace=bytedance trace.path=<trace.parquet> trace.meta=<meta.yaml>"
         )
+        _fail(f"config value {err.full_key} must be set, got '???'. Example: {example}")
     except PacectlError as err:
         _fail(str(err))
     except OSError as err:

@@ -232,3 +232,12 @@ def test_discard_run_dir_removes_only_what_hydra_wrote(tmp_path: Path) -> None:
     (plain / "notes.log").write_text("mine\n")
     assert not report.discard_run_dir(plain) and (plain / "notes.log").exists()
     assert not report.discard_run_dir(tmp_path / "missing")
+
+
+def test_console_table_prints_no_negative_zero() -> None:
+    runs = {
+        "none": {"throughput_it_per_s": 2.0, "comm_model": "null"},
+        "pid": {"throughput_it_per_s": 1.99999, "comm_model": "null", "throughput_change_ci95_frac": 1e-4},
+    }
+    table = report.format_console_table(runs)
+    assert "+0.00 ±0.01" in table and "-0.00" not in table

@@ -277,12 +277,6 @@ def test_cli_null_replay_does_not_read_the_cluster(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["comm_model"] == "null"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pacectl/experiment.py (SimExperiment) passes bool(cfg.backend.record) to SimBackend, so "
-    "'maybe' arrives as True; SimBackend rejects non-booleans (test_backend_arguments_are_checked). "
-    "Remove this marker once experiment.py passes the raw value.",
-)
 def test_cli_rejects_a_non_boolean_record(tmp_path: Path) -> None:
     proc = _cli(*SIM, "backend.record=maybe", "controller=none", out=tmp_path / "run")
     assert proc.returncode == 2, proc.stderr

@@ -7,7 +7,6 @@ job kills a rank mid-run. Ranks start through torch's elastic launcher on 127.0.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -130,11 +129,10 @@ def test_record_then_replay_round_trips(live) -> None:
 def test_a_killed_rank_ends_the_job_with_a_clear_error(tmp_path) -> None:
     from pacectl.torchdist.experiment import TorchExperiment
 
+    # The job must end (a hang would stall the suite) with a message that names the rank and why.
     cfg = _cfg(tmp_path, "controller=none", "+backend.fault={rank: 1, iteration: 3}")
-    t0 = time.perf_counter()
-    with pytest.raises(BackendError, match=r"rank 1 failed \(exit code 17.*no error message \(killed"):
+    with pytest.raises(BackendError, match=r"rank 1 failed \(exit code 17.*the fault injected by backend.fault"):
         TorchExperiment(cfg).describe()
-    assert time.perf_counter() - t0 < 30.0
 
 
 @pytest.mark.parametrize("gather", ["async", "piggyback", "collective"])

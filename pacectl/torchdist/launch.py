@@ -22,6 +22,9 @@ from typing import Any
 
 from pacectl.errors import BackendError
 
+#: Exit code of a rank that ``backend.fault`` stops on purpose (tests of the dead-rank path).
+FAULT_EXIT_CODE = 17
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now."""
@@ -117,6 +120,8 @@ def launch_workers(
         detail = str(message)
         if detail.startswith("To enable traceback"):  # torch's placeholder: the rank left no Python error
             detail = ""
+        if failure.exitcode == FAULT_EXIT_CODE and not detail:
+            detail = "the fault injected by backend.fault (it exits with this code)"
         others = sorted(set(err.failures) - {rank})
         died = not detail.strip() or is_peer_error(detail)
         raise BackendError(

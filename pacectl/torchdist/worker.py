@@ -37,7 +37,7 @@ from pacectl.torchdist.core import (
     rows_to_trace,
     straggler_schedule,
 )
-from pacectl.torchdist.launch import is_peer_error
+from pacectl.torchdist.launch import FAULT_EXIT_CODE, is_peer_error
 from pacectl.torchdist.pacer import Pacer
 
 #: Seconds a rank that lost a peer waits before it fails (see :func:`worker_main`).
@@ -145,7 +145,7 @@ class LiveRun:
                 self.engine.controller.enabled = True
                 self.engine.controller.reset(self.world, np.random.default_rng([self.seed, 0, 0]))
             if self.fault.get("rank") == self.rank and self.fault.get("iteration") == k - self.warmup:
-                os._exit(17)  # simulate a crashed rank (tests)
+                os._exit(FAULT_EXIT_CODE)  # simulate a crashed rank (tests)
             self.opt.zero_grad(set_to_none=True)
             inject(float(self.schedule[k, self.rank]), self.straggler.kind)
             self.ddp(self.x).float().pow(2).mean().backward()
@@ -215,7 +215,7 @@ class LiveRun:
                     rows,
                     world_size=world,
                     name=f"{name}-{family}",
-                    source=str(record_path),
+                    source=str(Path(self.spec.get("final_record_dir", record_dir)) / f"{family}.parquet"),
                     pacing_blocks_compute=self.host_paced,
                     step_time_s=periods.tolist(),
                 )
