@@ -136,6 +136,7 @@ class TorchExperiment:
             "pacing": {**PACING_DEFAULTS, **dict(container.get("pacing") or {})},
             "pg_timeout_s": float(b.pg_timeout_s),
             "record_dir": str(self.record_dir),
+            "final_record_dir": str(self.final_record_dir),  # where the records end up (their source)
             "comm_model": self.comm_model,
             "fault": container.get("fault"),
             "threads": int(container.get("threads", 1)),
