@@ -452,6 +452,14 @@ def _tune_study(
     stale = fail_stale_trials(study)
     if stale:
         echo(f"marked {len(stale)} trial(s) left running by a killed process as FAIL: {stale}")
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    if running:
+        owners = sorted({str(t.user_attrs.get("worker", "owner unknown")) for t in running})
+        echo(
+            f"note: {len(running)} trial(s) of the study are running in other live processes "
+            f"({', '.join(owners)}): {[t.number for t in running]}; this command's results count only "
+            "finished trials"
+        )
     baseline = _cached(study, "baseline_none", lambda: scenarios.evaluate("none", {}))
     reference = _cached(
         study, "reference_threshold", lambda: scenarios.evaluate(REFERENCE, reference_params())

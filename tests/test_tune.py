@@ -137,6 +137,77 @@ def test_kill_and_resume_loses_no_finished_trial(tmp_path: Path) -> None:
     assert not [t for t in after if t.state == optuna.trial.TrialState.RUNNING]  # a killed trial is FAIL
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_killed_command_takes_its_workers_and_any_resume_fails_their_trials(tmp_path: Path) -> None:
+    """kill -KILL of the command (not its process group) with 2 workers: the workers die with it (no
+    orphan goes on adding trials), and a resume with no trial left to run still marks their stranded
+    trials FAIL before writing its outputs."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pacectl.tune",
+            *FAST,
+            "controller=pid",
+            "tune.n_trials=100000",
+            "tune.n_workers=2",
+            f"hydra.run.dir={out}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    seen = 0
+    for line in proc.stdout:
+        seen += line.startswith("[")
+        if seen >= 6:
+            break
+    journal = str(out / "optuna.journal")
+    study = optuna.load_study(study_name="st-pid", storage=StorageSpec("journal", journal).open())
+    workers = [int(k.rpartition(":")[2]) for k in study.user_attrs if k.startswith("worker:")]
+    assert len(workers) == 2
+    os.kill(proc.pid, signal.SIGKILL)  # the command only, as `kill -KILL <pid>`
+    proc.wait(timeout=30)
+    try:
+        for _ in range(100):
+            if not any(_alive(w) for w in workers):
+                break
+            subprocess.run(["sleep", "0.1"], check=True)
+        assert not any(_alive(w) for w in workers), "a worker outlived the killed command"
+    finally:
+        for w in workers:
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)
+    trials = _trials(journal, "st-pid")
+    stranded = sorted(t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING)
+    finished = sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    if not stranded:  # ~0.2 %: both workers were between trials (~4 % of a worker's time each)
+        pytest.skip("both workers were killed between trials, so no trial was stranded to check")
+    resumed = _tune(*FAST, "controller=pid", "tune.n_trials=2", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert (
+        f"marked {len(stranded)} trial(s) left running by a killed process as FAIL: {stranded}"
+        in resumed.stdout
+    )
+    assert f"{finished} finished trial(s), 0 to run" in resumed.stdout
+    after = _trials(journal, "st-pid")
+    assert not [t for t in after if t.state == optuna.trial.TrialState.RUNNING]
+    assert sorted(t.number for t in after if t.state == optuna.trial.TrialState.FAIL) == stranded
+    assert (out / "tune.json").is_file()
+
+
 @pytest.mark.parametrize("storage", ["journal", "sqlite"])
 def test_two_workers_share_one_study(tmp_path: Path, storage: str) -> None:
     out = tmp_path / "run"

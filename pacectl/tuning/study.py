@@ -16,8 +16,10 @@ Storage (``tune.storage``):
 Workers (``tune.n_workers=N``): N forked processes, each opening its own connection to the same
 storage and sampling with its own seed; the trial budget is split between them so the study ends
 with exactly ``tune.n_trials`` finished trials. ``tune.n_trials`` is the study's total: a resumed
-study runs only the trials still missing. Trials left ``RUNNING`` by a killed process of this host
-are marked ``FAIL`` on resume (their owner, ``host:pid``, is a user attribute of every trial).
+study runs only the trials still missing. A worker dies with the main process (``kill -KILL`` of the
+command ends its workers too). Trials left ``RUNNING`` by a killed process of this host are marked
+``FAIL`` by every resume, whether or not it has trials left to run (their owner, ``host:pid``, is a
+user attribute of every trial).
 
 Invalid parameter combinations: the controller is built before any episode runs; if its
 constructor raises :class:`~pacectl.errors.ConfigError`, the trial is marked ``PRUNED`` with the
@@ -484,7 +486,32 @@ def run_worker(
 EXIT_INTERRUPTED = 130
 
 
-def _worker_main(index: int, kwargs: dict[str, Any]) -> None:
+def _die_with_parent(parent: int) -> None:
+    """End this worker when the main process ``parent`` dies (``kill -KILL`` of the command), so that no
+    orphan goes on adding trials: the trial it was running stays RUNNING with a dead owner, which the
+    next resume marks FAIL. Linux: ``PR_SET_PDEATHSIG``; elsewhere a thread that polls the parent."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0:  # 1 = PR_SET_PDEATHSIG
+                if os.getppid() != parent:  # the parent died before the call
+                    os._exit(1)
+                return
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="pacectl-parent-watch").start()
+
+
+def _worker_main(index: int, parent: int, kwargs: dict[str, Any]) -> None:
+    _die_with_parent(parent)
     _INTERRUPTS.requested = _INTERRUPTS.interruptible = False
     signal.signal(signal.SIGINT, _on_sigint)
     try:
@@ -525,9 +552,12 @@ def run_workers(num_workers: int, quotas: Sequence[int], seeds: Sequence[int], *
     ctx = mp.get_context("fork")
     sys.stdout.flush()
     sys.stderr.flush()
+    parent = os.getpid()
     procs = [
         ctx.Process(
-            target=_worker_main, args=(i, dict(kwargs, n_trials=quotas[i], seed=seeds[i])), daemon=False
+            target=_worker_main,
+            args=(i, parent, dict(kwargs, n_trials=quotas[i], seed=seeds[i])),
+            daemon=False,
         )
         for i in range(num_workers)
         if quotas[i] > 0
