@@ -8,7 +8,8 @@ driven directly (no hydra-optuna-sweeper); NSGA-II by default, ``tune.sampler=tp
 Outputs in the Hydra run directory:
 
 - ``pareto.json``: every Pareto-optimal trial (of those within the loss cap), a list of
-  ``{"trial", "params", "throughput_it_per_s", "cv", "throughput_loss_frac", "feasible"}``;
+  ``{"trial", "params", "throughput_it_per_s", "cv", "throughput_loss_frac", "feasible",
+  "duplicate_trials"}`` (a parameter set drawn again appears once, under its first trial);
 - ``pareto.png``: every trial, the front, no pacing, the paper's threshold controller at its
   default parameters, and the chosen trial;
 - ``controller.yaml``: the chosen trial (rule: :data:`pacectl.tuning.study.CHOICE_RULE`) as a

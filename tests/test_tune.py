@@ -68,6 +68,8 @@ def test_small_study_end_to_end(small_study: Path) -> None:
         assert {"params", "throughput_it_per_s", "cv"} <= set(item)
         assert set(item["params"]) == {"on_threshold_s", "off_threshold_s", "gain", "smoothing"}
         assert item["params"]["off_threshold_s"] <= item["params"]["on_threshold_s"]
+    keys = [json.dumps(item["params"], sort_keys=True) for item in pareto]
+    assert len(set(keys)) == len(keys)  # each parameter set once (repeats listed in duplicate_trials)
     summary = json.loads((small_study / "tune.json").read_text())
     assert summary["num_trials"]["complete"] == 6
     assert summary["comm_model"] == "null" and summary["scenarios"]["labels"] == ["ST"]
@@ -335,6 +337,22 @@ def test_pareto_and_choice_rule() -> None:
     assert choose(front).number == 2  # lowest CV within the cap
     infeasible = [TrialPoint(0, {}, 0.9, 0.1, 0.1, False), TrialPoint(1, {}, 0.95, 0.2, 0.05, False)]
     assert choose(pareto_front(infeasible)).number == 1  # none meets the cap: highest throughput
+
+
+def test_pareto_front_lists_a_repeated_point_once() -> None:
+    """NSGA-II may draw the same parameters again: the front keeps the first trial and lists the others."""
+    same = {"gain": 0.5, "on_threshold_s": 0.1}
+    pts = [
+        TrialPoint(3, same, 1.0, 0.10, 0.0, True),
+        TrialPoint(1, same, 1.0, 0.10, 0.0, True),
+        TrialPoint(7, same, 1.0, 0.10, 0.0, True),
+        # the same figures with other parameters: another point
+        TrialPoint(2, {"gain": 0.2, "on_threshold_s": 0.1}, 1.0, 0.10, 0.0, True),
+        TrialPoint(4, {"gain": 0.9, "on_threshold_s": 0.1}, 0.99, 0.05, 0.01, True),
+    ]
+    front = pareto_front(pts)
+    assert [(p.number, p.duplicates) for p in front] == [(1, (3, 7)), (2, ()), (4, ())]
+    assert front[0].to_json()["duplicate_trials"] == [3, 7]
 
 
 def test_compose_tune_config_for_a_sim_profile() -> None:

@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -625,9 +625,10 @@ class TrialPoint:
     cv: float
     throughput_loss_frac: float
     feasible: bool
+    duplicates: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """The ``pareto.json`` entry."""
+        """The ``pareto.json`` entry (``duplicate_trials``: later trials that drew the same parameters)."""
         return {
             "trial": self.number,
             "params": self.params,
@@ -635,6 +636,7 @@ class TrialPoint:
             "cv": self.cv,
             "throughput_loss_frac": self.throughput_loss_frac,
             "feasible": self.feasible,
+            "duplicate_trials": list(self.duplicates),
         }
 
 
@@ -661,10 +663,25 @@ def trial_points(
 
 
 def pareto_front(points: Sequence[TrialPoint]) -> list[TrialPoint]:
-    """The Pareto front of the feasible points (of all points when none is feasible), by throughput."""
+    """The Pareto front of the feasible points (of all points when none is feasible), by throughput.
+
+    Trials with the same parameters and the same results (a sampler such as NSGA-II may draw a point
+    again) are one point of the front: the first trial, with the others' numbers in
+    :attr:`TrialPoint.duplicates`.
+    """
+    import json
+
     pool = [p for p in points if p.feasible] or list(points)
     mask = pareto_mask([p.throughput_it_per_s for p in pool], [p.cv for p in pool])
-    front = [p for p, keep in zip(pool, mask, strict=True) if keep]
+    groups: dict[tuple[str, float, float], list[TrialPoint]] = {}
+    for p, keep in zip(pool, mask, strict=True):
+        if keep:
+            key = (json.dumps(p.params, sort_keys=True, default=str), p.throughput_it_per_s, p.cv)
+            groups.setdefault(key, []).append(p)
+    front = []
+    for group in groups.values():
+        first, *rest = sorted(group, key=lambda p: p.number)
+        front.append(replace(first, duplicates=tuple(p.number for p in rest)))
     return sorted(front, key=lambda p: (-p.throughput_it_per_s, p.cv, p.number))
 
 
