@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pacectl.controllers import SafetyGuard, make_controller
 from pacectl.data import DATA_DIR
-from pacectl.errors import ConfigError
+from pacectl.errors import ConfigError, unknown_keys_error
 from pacectl.fabric.base import CommModel, NullComm
 from pacectl.traces.bytedance import load_bytedance
 from pacectl.traces.model import OpTrace
@@ -315,7 +315,6 @@ def _check_known_keys(cfg: DictConfig) -> None:
     Raises:
         ConfigError: naming the unknown keys, the known ones and the override that removes them.
     """
-    import difflib
 
     base = OmegaConf.load(CONF_DIR / "config.yaml")
     checks: list[tuple[str, set[str] | None]] = [
@@ -330,16 +329,8 @@ def _check_known_keys(cfg: DictConfig) -> None:
         checks.append(("trace", _shipped_keys("trace", "format", trace.get("format"))))
     for group, known in checks:
         node = cfg.get(group)
-        if known is None or not isinstance(node, DictConfig):
-            continue
-        unknown = sorted({str(k) for k in node.keys()} - known)
-        if unknown:
-            hints = [difflib.get_close_matches(k, sorted(known), n=1) for k in unknown]
-            hint = "".join(f"; did you mean {group}.{h[0]}?" for h in hints if h)
-            raise ConfigError(
-                f"{group} has unknown keys {unknown}: nothing reads them (known: {sorted(known)}){hint}. "
-                f"Drop the override +{group}.{unknown[0]}=..."
-            )
+        if known is not None and isinstance(node, DictConfig) and set(map(str, node.keys())) - known:
+            raise unknown_keys_error(group, node, known)
 
 
 def config_int(value: object, key: str, *, low: int = 1) -> int:

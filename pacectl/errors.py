@@ -8,7 +8,9 @@ The command-line entry points catch :class:`PacectlError` and print the message 
 
 from __future__ import annotations
 
+import difflib
 import warnings
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -47,3 +49,31 @@ def one_line_warnings(*, newline: bool = True) -> None:
         return f"warning ({category.__name__}): {message}{end}"
 
     warnings.formatwarning = fmt  # type: ignore[assignment]
+
+
+def unknown_keys_error(where: str, section: Mapping[str, Any], known: Iterable[str]) -> ConfigError:
+    """The error for the keys of the config ``section`` (at override path ``where``) not in ``known``.
+
+    It lists the unknown and the known keys, and suggests the closest known key with the value given
+    (``Did you mean guard.window_iters=4?``) or dropping the ``+`` override.
+
+    Example:
+        >>> print(unknown_keys_error("guard", {"windo_iters": 4}, ["window_iters"]))
+        guard has unknown key(s) ['windo_iters']: nothing reads them (known: ['window_iters']). Did you mean guard.window_iters=4? Otherwise drop the override +guard.windo_iters=4
+    """
+    known = sorted(known)
+    unknown = sorted(str(k) for k in section if str(k) not in known)
+    first = unknown[0]
+    value = section[first]
+    shown = (
+        str(value).lower()
+        if isinstance(value, bool)
+        else value
+        if isinstance(value, (int, float, str))
+        else "..."
+    )
+    close = difflib.get_close_matches(first, known, n=1)
+    fix = f"Drop the override +{where}.{first}={shown}"
+    if close:
+        fix = f"Did you mean {where}.{close[0]}={shown}? Otherwise drop the override +{where}.{first}={shown}"
+    return ConfigError(f"{where} has unknown key(s) {unknown}: nothing reads them (known: {known}). {fix}")

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from pacectl.errors import ConfigError
+from pacectl.errors import ConfigError, unknown_keys_error
 from pacectl.fabric.collectives import ALGORITHMS
 from pacectl.fabric.contention import (
     AlphaBetaComm,
@@ -236,25 +236,6 @@ def shipped_cluster_keys() -> dict[str, frozenset[str] | None]:
     return {k: (frozenset(v) if v is not None else None) for k, v in keys.items()}
 
 
-def _unknown(where: str, section: Mapping[str, Any], known: list[str]) -> ConfigError:
-    """The error for the keys of ``section`` (at ``where``) that are not in ``known``."""
-    unknown = sorted(str(k) for k in section if k not in known)
-    first = unknown[0]
-    value = section[first]
-    shown = (
-        str(value).lower()
-        if isinstance(value, bool)
-        else value
-        if isinstance(value, (int, float, str))
-        else "..."
-    )
-    close = difflib.get_close_matches(first, known, n=1)
-    fix = f"Drop the override +{where}.{first}={shown}"
-    if close:
-        fix = f"Did you mean {where}.{close[0]}={shown}? Otherwise drop the override +{where}.{first}={shown}"
-    return ConfigError(f"{where} has unknown key(s) {unknown}: nothing reads them (known: {known}). {fix}")
-
-
 def _mapping(value: object, key: str, example: str) -> Mapping[str, Any]:
     if value is None:
         return {}
@@ -267,7 +248,7 @@ def _check_fields(
     section: Mapping[str, Any], schema: dict[str, tuple[_Check, str]], where: str
 ) -> dict[str, Any]:
     if any(k not in schema for k in section):
-        raise _unknown(where, section, sorted(schema))
+        raise unknown_keys_error(where, section, sorted(schema))
     return {str(k): schema[k][0](v, f"{where}.{k}") for k, v in section.items()}
 
 
@@ -324,7 +305,7 @@ def validate_cluster(cluster: Mapping[str, Any]) -> dict[str, Any]:
     shipped = shipped_cluster_keys()
     known = sorted(set(shipped) | set(FABRIC_SCHEMA))
     if any(k not in known for k in cluster):
-        raise _unknown("cluster", cluster, known)
+        raise unknown_keys_error("cluster", cluster, known)
     out: dict[str, Any] = dict(cluster)
     for name, schema in FABRIC_SCHEMA.items():
         where = f"cluster.{name}"
@@ -337,7 +318,7 @@ def validate_cluster(cluster: Mapping[str, Any]) -> dict[str, Any]:
             continue
         other = _mapping(cluster.get(name), f"cluster.{name}", f"+cluster.{name}.{min(sub_known)}=...")
         if any(k not in sub_known for k in other):
-            raise _unknown(f"cluster.{name}", other, sorted(sub_known))
+            raise unknown_keys_error(f"cluster.{name}", other, sorted(sub_known))
     return out
 
 
