@@ -65,6 +65,7 @@ from pacectl.config import (
     validate_run_config,
 )
 from pacectl.controllers import CONTROLLERS, SafetyGuard
+from pacectl.controllers.units import UNITS
 from pacectl.errors import ConfigError, PacectlError
 from pacectl.report import atomic_write_text, discard_run_dir, jsonable, staged_outputs
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet, build_scenarios
@@ -284,7 +285,14 @@ def tune_space(cfg: DictConfig, settings: Settings) -> SearchSpace:
     tunable = sorted(k for k in CONTROLLERS if k != "none")
     if family not in tunable:
         raise ConfigError(f"controller must be one family to tune, one of {tunable}, got {family!r}")
-    suffix = ".iteration" if fixed.get("units") == "iteration" else ""
+    units = fixed.get("units", "s")
+    if units not in UNITS:
+        raise ConfigError(
+            f"controller.units must be one of {list(UNITS)}, got {units!r}: 's' reads every *_s parameter "
+            "in seconds, 'iteration' as a fraction of the median iteration time; set controller.units=s "
+            "or controller.units=iteration"
+        )
+    suffix = ".iteration" if units == "iteration" else ""
     default = CONF_DIR / "tune" / "space" / f"{family}{suffix}.yaml"
     path = _abs(settings.space) if settings.space else default
     space = load_space(family, path, fixed=fixed)

@@ -255,16 +255,28 @@ def test_two_workers_share_one_study(tmp_path: Path, storage: str) -> None:
             {"on_threshold_s": {"type": "float", "low": 0.0, "high": 1.0, "log": True}},
             "low must be > 0 with log: true",
         ),
+        (  # the space's range is at fault, not an override: the file, the key and the bound
+            {"gain": {"type": "float", "low": 0, "high": 5}},
+            "space.yaml: gain: the threshold controller rejects high=5 and the middle 2.5 of its range "
+            "[0, 5] (gain must be in (0, 1], got 2.5); set gain's low and high in",
+        ),
+        ({"gain": {"low": 0, "high": 1}}, "gain.type must be set, one of ['float', 'int', 'categorical']"),
+        (
+            "gain: {type: float, low: 0, high: 5\non: [\n",
+            "must be valid YAML: expected ',' or '}', but got ':' at line 2",
+        ),
     ],
 )
-def test_bad_search_space_fails_before_any_trial(tmp_path: Path, space: dict[str, Any], message: str) -> None:
+def test_bad_search_space_fails_before_any_trial(
+    tmp_path: Path, space: dict[str, Any] | str, message: str
+) -> None:
     path = tmp_path / "space.yaml"
-    path.write_text(yaml.safe_dump(space))
+    path.write_text(space if isinstance(space, str) else yaml.safe_dump(space))
     out = tmp_path / "run"
     proc = _tune(*FAST, "controller=threshold", f"tune.space={path}", f"hydra.run.dir={out}", cwd=tmp_path)
     assert proc.returncode == 2
-    assert message in proc.stderr and "Traceback" not in proc.stderr
-    assert proc.stderr.count("\n") == 1
+    assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "override" not in proc.stderr
     for name in ("optuna.journal", "pareto.json", "controller.yaml", "pareto.png", "tune.json"):
         assert not (out / name).exists()
 
@@ -380,14 +392,22 @@ def _copy_study(study_dir: Path, dest: Path) -> Path:
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["controller.units=iteration"], "controller.units: the study has 's', this command 'iteration'"),
+        (["controller.units=iteration"], "controller.units: 's' in the study, 'iteration' in this command"),
         (
             ["tune.space={gain_only}", "controller.on_threshold_s=5"],
-            "controller.on_threshold_s: the study has tuned (in the search space), this command 5",
+            "controller.on_threshold_s: tuned (in the search space) in the study, 5 in this command",
         ),
-        (["tune.space={wider_gain}"], "search space key gain: the study has {type: 'float', low: 0.05"),
-        (["guard.max_delay_frac=0.3"], "episodes: guard.max_delay_frac: the study has 0.5, this command 0.3"),
-        (["comm=contention"], "episodes: comm: the study has 'null', this command 'contention'"),
+        (["tune.space={wider_gain}"], "search space key gain.low: 0.05 in the study, 0.01 in this command"),
+        (
+            ["guard.max_delay_frac=0.3"],
+            "episodes: guard.max_delay_frac: 0.5 in the study, 0.3 in this command",
+        ),
+        (["guard.max_delay_s=2.0"], "episodes: guard.max_delay_s: null in the study, 2.0 in this command"),
+        (  # the fabric the contention model adds is named by its keys, not dumped
+            ["comm=contention"],
+            "episodes: comm: 'null' in the study, 'contention' in this command; episodes: cluster: not set "
+            "in the study, set (",
+        ),
     ],
 )
 def test_resume_with_other_trial_settings_is_refused(
@@ -412,6 +432,9 @@ def test_resume_with_other_trial_settings_is_refused(
     assert expected in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
     assert "another tune.study_name" in proc.stderr
+    assert (
+        "the study has" not in proc.stderr and "'algorithm'" not in proc.stderr and "None" not in proc.stderr
+    )
     assert [(t.number, t.state, t.values) for t in _trials(journal, "st-threshold")] == before
     assert not (out / "controller.yaml").exists()
 
@@ -449,14 +472,22 @@ def test_settings_diff_names_each_difference() -> None:
         "episodes": {"guard": {"max_delay_frac": 0.5}, "seeds": [0, 1]},
     }
     assert settings_diff(old, new) == [
-        "controller.gain: the study has 0.5, this command tuned (in the search space)",
-        "controller.units: the study has 's', this command 'iteration'",
-        "episodes: seeds: the study has [0, 1, 2], this command [0, 1]",
-        "search space key gain: the study has not tuned, this command {type: 'float', low: 0.1, high: 1.0}",
-        "search space key on_threshold_s: the study has {type: 'float', low: 0.001, high: 10.0, log: True}, "
-        "this command {type: 'float', low: 0.001, high: 1.0, log: True}",
+        "controller.gain: 0.5 in the study, tuned (in the search space) in this command",
+        "controller.units: 's' in the study, 'iteration' in this command",
+        "episodes: seeds: [0, 1, 2] in the study, [0, 1] in this command",
+        "search space key gain: not tuned in the study, {type: 'float', low: 0.1, high: 1.0} in this command",
+        "search space key on_threshold_s.high: 10.0 in the study, 1.0 in this command",
     ]
     assert settings_diff(old, old) == []
+    fabric = {"topology": {"kind": "fat_tree"}, "collective": {"algorithm": "ring"}}
+    assert settings_diff(
+        {"episodes": {"comm": "null", "guard": {"max_delay_s": None}}},
+        {"episodes": {"comm": "contention", "cluster": fabric, "guard": {"max_delay_s": 2.0}}},
+    ) == [  # values first, then a mapping present on one side only, by its keys
+        "episodes: comm: 'null' in the study, 'contention' in this command",
+        "episodes: guard.max_delay_s: null in the study, 2.0 in this command",
+        "episodes: cluster: not set in the study, set (2 keys: collective, topology) in this command",
+    ]
 
 
 # --- Ctrl-C and bad overrides -------------------------------------------------------------------------
@@ -527,6 +558,11 @@ def test_ctrl_c_reports_once_keeps_the_study_and_resumes(tmp_path: Path, workers
             "tune.space={iteration_bad}",
             ["on_threshold_s must have high <= 1.0 with controller.units=iteration"],
         ),
+        (
+            "controller.units=hours",
+            ["controller.units must be one of ['s', 'iteration'], got 'hours'", "controller.units=s"],
+        ),
+        ("tune.space={directory}", ["must be a YAML file, got a directory", "tune.space=<file.yaml>"]),
     ],
 )
 def test_bad_overrides_stop_before_the_storage(tmp_path: Path, override: str, expected: list[str]) -> None:
@@ -540,7 +576,7 @@ def test_bad_overrides_stop_before_the_storage(tmp_path: Path, override: str, ex
         *FAST,
         "controller=threshold",
         *extra,
-        override.format(iteration_bad=bad),
+        override.format(iteration_bad=bad, directory=tmp_path),
         f"hydra.run.dir={out}",
         cwd=tmp_path,
     )

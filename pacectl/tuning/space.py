@@ -33,6 +33,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,6 +226,8 @@ def _dimension(key: str, spec: Any, where: str, params: list[str]) -> Dimension:
             f"{where}: must be a mapping like {{type: float, low: 0.1, high: 1.0}}, got {spec!r}"
         )
     kind = spec.get("type")
+    if kind is None:
+        raise ConfigError(f"{where}.type must be set, one of {list(TYPES)} (for example type: float)")
     if kind not in TYPES:
         raise ConfigError(
             f"{where}.type must be one of {list(TYPES)}, got {kind!r}{_hint(str(kind), list(TYPES))}"
@@ -342,14 +345,79 @@ def parse_space(family: str, raw: Any, *, fixed: Mapping[str, Any], source: str)
                 f"or have a numeric value in the controller config, got {space.fixed.get(dim.fraction_of)!r}"
             )
     check_units(space)
-    middle = space.resolve({d.optuna_name: d.midpoint() for d in dims})
-    try:
-        make_controller(family, **middle)
-    except ConfigError as err:
-        raise ConfigError(
-            f"search space {source}: the controller rejects the middle of the space ({middle}): {err}"
-        ) from err
+    check_bounds(space)
     return space
+
+
+#: the suffix of a controller's parameter message that points at a command-line override; a search
+#: space's problem is its bounds, not an override
+_OVERRIDE_HINT = re.compile(r"\s*\(controller '[^']*'(; override: controller\.[^)]*)?\)")
+
+
+def _rejection(family: str, params: Mapping[str, Any]) -> str | None:
+    """The controller's message when it rejects ``params`` (without the override hint), else None."""
+    try:
+        make_controller(family, **params)
+    except ConfigError as err:
+        return _OVERRIDE_HINT.sub("", str(err))
+    return None
+
+
+def check_bounds(space: SearchSpace) -> None:
+    """Refuse a space whose middle point the controller rejects (most trials would be invalid), naming
+    the dimension and the bound(s) at fault.
+
+    Each tuned key is tried at its middle, low and high with every other key at its middle; a key whose
+    middle is rejected is reported with the rejected bounds. Combinations only (no single key at fault,
+    e.g. two keys that must be ordered) are reported as such.
+
+    Raises:
+        ConfigError: naming the space file, the key, the bound and the controller's rule.
+    """
+    dims = space.dimensions
+    raw_middle = {d.optuna_name: d.midpoint() for d in dims}
+    middle = space.resolve(raw_middle)
+    problem = _rejection(space.family, middle)
+    if problem is None:
+        return
+    defaults = constructor_defaults(space.family)
+    for dim in dims:
+        if dim.type == "categorical" or dim.fraction_of or dim.key not in defaults:
+            continue
+        # the middle with this key at the constructor's default: if that passes, the key is at fault
+        if _rejection(space.family, {**middle, dim.key: defaults[dim.key]}) is not None:
+            continue
+
+        def rejected(value: Any, d: Dimension = dim) -> bool:
+            return _rejection(space.family, space.resolve({**raw_middle, d.optuna_name: value})) is not None
+
+        low, high = float(dim.low or 0.0), float(dim.high or 0.0)
+        inward = 1 if dim.type == "int" else 1e-6 * (high - low)
+        cast = int if dim.type == "int" else float
+        # a bound is at fault when it and its inner neighbour are rejected (an open end such as gain's
+        # 0 in (0, 1] is sampled with probability zero, so it is no fault)
+        bad = [
+            f"{field}={_fmt(cast(value))}"
+            for field, value, nudged in (("low", low, low + inward), ("high", high, high - inward))
+            if rejected(cast(value)) and rejected(cast(min(max(nudged, low), high)))
+        ]
+        rule = _rejection(space.family, {**middle, dim.key: dim.midpoint()}) or problem
+        items = [*bad, f"the middle {_fmt(dim.midpoint())}"]
+        listing = " and ".join([", ".join(items[:-1]), items[-1]] if bad else items)
+        raise ConfigError(
+            f"search space {space.source}: {dim.key}: the {space.family} controller rejects {listing} of "
+            f"its range [{_fmt(dim.low)}, {_fmt(dim.high)}] ({rule}); set {dim.key}'s low and high in "
+            f"{space.source} within what the controller accepts"
+        )
+    raise ConfigError(
+        f"search space {space.source}: the {space.family} controller rejects the middle of the space "
+        f"({', '.join(f'{k}={_fmt(v)}' for k, v in middle.items() if k in space.keys)}): {problem}; "
+        f"change the bounds in {space.source} so that its middle is a valid controller"
+    )
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def check_units(space: SearchSpace) -> None:
@@ -383,13 +451,32 @@ def load_space(family: str, path: str | Path, *, fixed: Mapping[str, Any]) -> Se
         ConfigError: missing or unparsable file, or an invalid space.
     """
     file = Path(path)
+    if file.is_dir():
+        raise ConfigError(
+            f"search space {str(path)!r} must be a YAML file, got a directory; pass tune.space=<file.yaml> "
+            f"(conf/tune/space/{family}.yaml is an example)"
+        )
     if not file.is_file():
         raise ConfigError(
-            f"search space file must exist, got {str(path)!r}; ship conf/tune/space/{family}.yaml or pass "
-            "tune.space=<file.yaml>"
+            f"search space {str(path)!r} must be an existing YAML file, got a path that does not exist; "
+            f"pass tune.space=<file.yaml> (conf/tune/space/{family}.yaml is an example)"
         )
     try:
         raw = yaml.safe_load(file.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise ConfigError(f"search space {file} must be valid YAML: {err}") from err
+        raise ConfigError(
+            f"search space {file} must be valid YAML: {_yaml_problem(err)}; fix the file"
+        ) from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"search space {file} must be a readable UTF-8 YAML file: {err}") from err
     return parse_space(family, raw, fixed=fixed, source=str(file))
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error on one line: what is wrong and where (line, column)."""
+    if isinstance(err, yaml.MarkedYAMLError):
+        mark = err.problem_mark or err.context_mark
+        what = err.problem or err.context or "syntax error"
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{what}{where}"
+    return " ".join(str(err).split())

@@ -225,54 +225,79 @@ SETTINGS_ATTR = "trial_settings"
 _SECTIONS = {
     "controller": ("controller.{}", "tuned (in the search space)"),
     "space": ("search space key {}", "not tuned"),
-    "episodes": ("episodes: {}", "absent"),
+    "episodes": ("episodes: {}", "not set"),
 }
 #: field order of a distribution in messages (as a space file writes them)
 _FIELD_ORDER = ("type", "low", "high", "log", "step", "choices", "fraction_of")
 
 
 def settings_diff(old: Any, new: Any) -> list[str]:
-    """The differences between two trial-settings mappings, one ``"<setting>: the study has X, this
-    command Y"`` per differing setting: controller parameters and search-space keys whole, episode
-    settings by their dotted path down to the first level where one side lacks the key.
+    """The differences between two trial-settings mappings, one ``"<setting>: X in the study, Y in this
+    command"`` per differing setting: controller parameters whole, search-space keys by field (a key
+    tuned on one side only: its whole distribution), episode settings by their dotted path down to the
+    values that differ (a mapping present on one side only: its key names, not its values).
 
     Example:
         >>> settings_diff({"controller": {"units": "s"}}, {"controller": {"units": "iteration"}})
-        ["controller.units: the study has 's', this command 'iteration'"]
+        ["controller.units: 's' in the study, 'iteration' in this command"]
     """
     lines: list[str] = []
 
-    def walk(a: Any, b: Any, path: str, depth: int, template: str, absent: str) -> None:
+    def walk(
+        a: Any, b: Any, path: str, depth: int, template: str, absent: str, out: list[tuple[bool, str]]
+    ) -> None:
         if a == b:
             return
         if isinstance(a, dict) and isinstance(b, dict) and depth != 0:
             for key in sorted(set(a) | set(b), key=str):
                 sub = f"{path}.{key}" if path else str(key)
-                walk(a.get(key, _ABSENT), b.get(key, _ABSENT), sub, depth - 1, template, absent)
+                walk(a.get(key, _ABSENT), b.get(key, _ABSENT), sub, depth - 1, template, absent, out)
             return
-        lines.append(
-            f"{template.format(path)}: the study has {_show(a, absent)}, this command {_show(b, absent)}"
+        if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and depth != 0:
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                walk(x, y, f"{path}[{i}]", depth - 1, template, absent, out)
+            return
+        whole = a is _ABSENT or b is _ABSENT  # a dict on the other side is shown by its keys
+        line = (
+            f"{template.format(path)}: {_show(a, absent, whole)} in the study, "
+            f"{_show(b, absent, whole)} in this command"
         )
+        out.append((whole and (_is_settings(a) or _is_settings(b)), line))
 
     for section in sorted(set(old) | set(new)):
-        template, absent = _SECTIONS.get(section, (section + ".{}", "absent"))
-        depth = -1 if section == "episodes" else 1
-        walk(old.get(section, {}), new.get(section, {}), "", depth, template, absent)
+        template, absent = _SECTIONS.get(section, (section + ".{}", "not set"))
+        depth = {"controller": 1, "space": 2}.get(section, -1)
+        found: list[tuple[bool, str]] = []
+        walk(old.get(section, {}), new.get(section, {}), "", depth, template, absent, found)
+        # values first; a whole mapping added or removed (usually a consequence of one of them) last
+        lines += [line for _, line in sorted(found, key=lambda item: item[0])]
     return lines
 
 
 _ABSENT = object()
 
 
-def _show(value: Any, absent: str) -> str:
+def _is_settings(value: Any) -> bool:
+    """A mapping of settings (not a search-space distribution, whose fields are :data:`_FIELD_ORDER`)."""
+    return isinstance(value, dict) and not set(value) <= set(_FIELD_ORDER)
+
+
+def _show(value: Any, absent: str, whole: bool = False) -> str:
     if value is _ABSENT:
         return absent
+    if value is None:
+        return "null"
     if isinstance(value, dict):
-        keys = sorted(value, key=lambda k: (_FIELD_ORDER.index(k) if k in _FIELD_ORDER else 99, k))
+        keys = sorted(value, key=lambda k: (_FIELD_ORDER.index(k) if k in _FIELD_ORDER else 99, str(k)))
+        if whole and _is_settings(value):  # a mapping of settings: its keys, not its values
+            names = ", ".join(str(k) for k in keys[:6]) + (", ..." if len(keys) > 6 else "")
+            return f"set ({len(keys)} key{'s' if len(keys) != 1 else ''}: {names})"
         text = "{" + ", ".join(f"{k}: {value[k]!r}" for k in keys if value[k] not in (None, False)) + "}"
     else:
         text = repr(value)
-    return text if len(text) <= 100 else text[:96] + " ...}"
+    if len(text) <= 100:
+        return text
+    return text[:96] + " ..." + (text[-1] if text[-1] in "]})" else "")
 
 
 @dataclass
