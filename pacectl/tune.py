@@ -53,7 +53,7 @@ import hydra
 import optuna
 import yaml
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from pacectl.config import (
@@ -187,6 +187,22 @@ class Settings:
             raise ConfigError(
                 f"tune.max_throughput_loss_frac must be null or in [0, 1) (0.005 = 0.5 %), got {cap!r}"
             )
+        progress = tune.get("progress", True)
+        if not isinstance(progress, bool):
+            raise ConfigError(
+                f"tune.progress must be true or false (one line per finished trial), got {progress!r}"
+            )
+        if "sim" in tune:
+            for key in ("seeds", "heldout_seeds"):
+                seeds = tune.sim.get(key)
+                if (
+                    not isinstance(seeds, list | ListConfig)
+                    or not seeds
+                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds)
+                ):
+                    raise ConfigError(
+                        f"tune.sim.{key} must be a non-empty list of integer seeds such as [0,1,2], got {_plain(seeds)!r}"
+                    )
         return Settings(
             n_trials=integer("n_trials", 1),
             timeout_s=None if timeout is None else float(timeout),
@@ -198,8 +214,15 @@ class Settings:
             storage=None if tune.get("storage") in (None, "") else str(tune.storage),
             space=None if tune.get("space") in (None, "") else str(tune.space),
             max_loss_frac=None if cap is None else float(cap),
-            progress=bool(tune.get("progress", True)),
+            progress=progress,
         )
+
+
+def _plain(value: Any) -> Any:
+    """A config node as plain Python (for messages)."""
+    if isinstance(value, DictConfig | ListConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
 
 
 @dataclass(frozen=True)
@@ -305,6 +328,30 @@ def tune_space(cfg: DictConfig, settings: Settings) -> SearchSpace:
                 "the override to tune it"
             )
     return space
+
+
+def ignored_overrides(scenarios: ScenarioSet, overrides: list[str]) -> list[str]:
+    """The command line's ``tune.sim.*`` overrides that this study does not use, each with the reason:
+    all of them when the episodes are traces, ``tune.sim.heldout_seeds`` always (only
+    ``experiments/tuning/run_tuning.py`` reads it)."""
+    lines = []
+    for override in overrides:
+        key = _override_key(override)
+        if key != "tune.sim" and not key.startswith("tune.sim."):
+            continue
+        if key == "tune.sim.heldout_seeds":
+            lines.append(
+                f"{override} is ignored: pacectl.tune does not use held-out seeds "
+                "(experiments/tuning/run_tuning.py reads them to judge a choice)"
+            )
+        elif scenarios.kind == "traces":
+            lines.append(
+                f"{override} is ignored: cluster={scenarios.profile} is tuned on its recorded traces "
+                f"({', '.join(scenarios.labels)}), which fix the ranks and iterations; tune.sim.* applies only "
+                "to simulated episodes (a profile without traces, or tune.on=sim), and on traces the comm "
+                "model is the top-level comm="
+            )
+    return lines
 
 
 def trial_settings(space: SearchSpace, scenarios: ScenarioSet) -> dict[str, Any]:
@@ -427,6 +474,8 @@ def run_tuning(cfg: DictConfig, out_dir: Path, *, echo: Callable[[str], None] = 
     settings = Settings.from_cfg(cfg.tune)
     space = tune_space(cfg, settings)  # every check that needs no episode, before anything runs
     scenarios = build_scenarios(cfg)
+    for line in ignored_overrides(scenarios, _task_overrides()):
+        echo(f"warning: {line}")
     family = space.family
     name = settings.study_name or f"{scenarios.profile}-{family}"
     spec = storage_spec(settings.storage, out_dir, cwd=_abs("."))

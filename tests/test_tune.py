@@ -558,6 +558,8 @@ def test_ctrl_c_reports_once_keeps_the_study_and_resumes(tmp_path: Path, workers
             "tune.space={iteration_bad}",
             ["on_threshold_s must have high <= 1.0 with controller.units=iteration"],
         ),
+        ("tune.progress=maybe", ["tune.progress must be true or false", "got 'maybe'"]),
+        ("tune.sim.seeds=[a]", ["tune.sim.seeds must be a non-empty list of integer seeds", "got ['a']"]),
         (
             "controller.units=hours",
             ["controller.units must be one of ['s', 'iteration'], got 'hours'", "controller.units=s"],
@@ -633,6 +635,23 @@ def test_no_improvement_is_flagged_everywhere(tmp_path: Path) -> None:
     assert "# WARNING: no trial improves on no pacing" in text and "recommended: no pacing" in text
     exported = yaml.safe_load(text)
     assert exported["name"] == "threshold" and 50.0 <= exported["on_threshold_s"] <= 100.0
+
+
+def test_sim_settings_on_a_trace_profile_are_reported_as_ignored(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _tune(
+        *FAST,
+        "controller=threshold",
+        "tune.n_trials=1",
+        "tune.sim.num_ranks=16",
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning: tune.sim")]
+    assert len(warnings) == 1, proc.stdout
+    assert "tune.sim.num_ranks=16 is ignored: cluster=st is tuned on its recorded traces (ST)" in warnings[0]
+    assert json.loads((out / "tune.json").read_text())["scenarios"]["kind"] == "traces"
 
 
 # --- the "use it" hint reruns the tuned episode ---------------------------------------------------------
