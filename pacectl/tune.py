@@ -22,9 +22,11 @@ its fixed parameters, ``units`` included; the search space as sampled; the episo
 traces or sim scenario, comm model, guard, seed); they are recorded in the study
 (:func:`trial_settings`) and a command that differs is refused, naming each difference.
 
-When no trial improves on no pacing (:data:`pacectl.tuning.study.IMPROVEMENT_RULE`), the console,
-``tune.json`` (``improves_on_no_pacing: false``, ``recommendation``) and the header of
-``controller.yaml`` say so and recommend no pacing; ``controller.yaml`` still holds the best trial.
+When no trial improves on no pacing by more than noise (:class:`pacectl.tuning.study.ImprovementRule`:
+``tune.min_cv_gain_frac``, ``tune.min_throughput_gain_frac``), the console, ``tune.json``
+(``improves_on_no_pacing: false``, ``recommendation``) and the header of ``controller.yaml`` say so
+and recommend the paper's threshold controller at its defaults if it meets the rule, else no pacing;
+``controller.yaml`` still holds the best trial.
 
 Examples::
 
@@ -74,9 +76,9 @@ from pacectl.tuning.study import (
     CHOICE_RULE,
     DIRECTIONS,
     FINISHED,
-    IMPROVEMENT_RULE,
     SAMPLERS,
     SETTINGS_ATTR,
+    ImprovementRule,
     Objective,
     Progress,
     StorageSpec,
@@ -117,6 +119,8 @@ TUNE_KEYS = frozenset(
         "storage",
         "space",
         "max_throughput_loss_frac",
+        "min_cv_gain_frac",
+        "min_throughput_gain_frac",
         "progress",
         "on",
         "sim",
@@ -152,6 +156,8 @@ class Settings:
     storage: str | None
     space: str | None
     max_loss_frac: float | None
+    min_cv_gain_frac: float
+    min_throughput_gain_frac: float
     progress: bool
 
     @staticmethod
@@ -187,6 +193,13 @@ class Settings:
             raise ConfigError(
                 f"tune.max_throughput_loss_frac must be null or in [0, 1) (0.005 = 0.5 %), got {cap!r}"
             )
+
+        def fraction(key: str, example: str) -> float:
+            value = tune.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+                raise ConfigError(f"tune.{key} must be a number in [0, 1) ({example}), got {value!r}")
+            return float(value)
+
         progress = tune.get("progress", True)
         if not isinstance(progress, bool):
             raise ConfigError(
@@ -214,8 +227,17 @@ class Settings:
             storage=None if tune.get("storage") in (None, "") else str(tune.storage),
             space=None if tune.get("space") in (None, "") else str(tune.space),
             max_loss_frac=None if cap is None else float(cap),
+            min_cv_gain_frac=fraction("min_cv_gain_frac", "0.01: the CV at least 1 % lower than no pacing's"),
+            min_throughput_gain_frac=fraction(
+                "min_throughput_gain_frac", "0.005: the throughput at least 0.5 % higher than no pacing's"
+            ),
             progress=progress,
         )
+
+    @property
+    def rule(self) -> ImprovementRule:
+        """When a trial improves on no pacing, with these settings."""
+        return ImprovementRule(self.min_cv_gain_frac, self.min_throughput_gain_frac, self.max_loss_frac)
 
 
 def _plain(value: Any) -> Any:
@@ -361,8 +383,9 @@ def trial_settings(space: SearchSpace, scenarios: ScenarioSet) -> dict[str, Any]
     constructor's defaults, ``units`` included); ``space``: every tuned key's distribution (the
     content, not the file); ``episodes``: the scenario descriptor (profile, traces or sim cluster,
     seeds, iterations, ranks, comm model, guard, seed). Not included, so free to change on resume:
-    ``tune.n_trials``, ``tune.timeout_s``, sampler and its seed, workers, ``tune.progress`` and
-    ``tune.max_throughput_loss_frac`` (feasibility is recomputed with the current cap).
+    ``tune.n_trials``, ``tune.timeout_s``, sampler and its seed, workers, ``tune.progress``,
+    ``tune.max_throughput_loss_frac`` (feasibility is recomputed with the current cap) and the
+    improvement thresholds ``tune.min_cv_gain_frac`` and ``tune.min_throughput_gain_frac``.
     """
     import json
 
@@ -442,6 +465,11 @@ def export_controller(path: Path, family: str, params: dict[str, Any], header: l
     """Write a controller config (``name`` plus parameters) that ``pacectl.run controller_file=`` loads."""
     body = yaml.safe_dump({"name": family, **jsonable(params)}, sort_keys=False)
     atomic_write_text(path, "".join(f"# {line}\n" for line in header) + body)
+
+
+def _cv_change(cv: float, base_cv: float) -> float:
+    """Relative CV change against no pacing (``-0.01``: 1 % lower)."""
+    return cv / base_cv - 1.0 if base_cv > 0 else 0.0
 
 
 def _change(loss_frac: float) -> float:
@@ -557,12 +585,22 @@ def _tune_study(
     trials = study.get_trials(deepcopy=False)
     points = trial_points(study, space, baseline, settings.max_loss_frac)
     front = pareto_front(points)
-    chosen = choose(front)
+    rule = settings.rule
+    improving = [p.number for p in points if beats_no_pacing(p, baseline, rule)]
+    chosen = choose(front, improving)
     chosen_trial = study.trials[chosen.number]
     params = space.resolve(chosen_trial.params)
     ref_loss = 1.0 - reference.throughput_it_per_s / baseline.throughput_it_per_s
-    improving = [p.number for p in points if beats_no_pacing(p, baseline, settings.max_loss_frac)]
-    improves = beats_no_pacing(chosen, baseline, settings.max_loss_frac)
+    ref_point = TrialPoint(
+        -1,
+        {},
+        reference.throughput_it_per_s,
+        reference.cv,
+        ref_loss,
+        rule.cap is None or ref_loss <= rule.cap,
+    )
+    ref_improves = beats_no_pacing(ref_point, baseline, rule)
+    improves = beats_no_pacing(chosen, baseline, rule)
     chosen_episodes = chosen_trial.user_attrs.get("per_episode")
 
     def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -575,15 +613,27 @@ def _tune_study(
         chosen_episodes=chosen_episodes,
         baseline=baseline,
     )
+    reference_command = f"python -m pacectl.run controller={REFERENCE} {overrides}".rstrip()
     if improves:
         recommendation = f"the chosen {family} controller (controller.yaml)"
         warning = None
     else:
-        recommendation = "no pacing (controller=none)"
+        if ref_improves:
+            recommendation = f"the paper's threshold controller at its defaults (controller={REFERENCE})"
+            advice = (
+                f"The paper's threshold controller at its defaults does ({_change(ref_loss):+.3%} throughput, "
+                f"cv {reference.cv:.4g}, {_cv_change(reference.cv, baseline.cv):+.3%}): recommended, "
+                f"run it with: {reference_command}. "
+            )
+        else:
+            recommendation = "no pacing (controller=none)"
+            advice = "Recommended: no pacing. "
         warning = (
-            f"no trial improves on no pacing ({len(points)} completed; rule: improvement_rule in tune.json): the chosen "
-            f"trial {chosen.number} has {_change(chosen.throughput_loss_frac):+.3%} throughput and cv "
-            f"{chosen.cv:.4g} against no pacing's cv {baseline.cv:.4g}. Recommended: no pacing. "
+            f"no trial improves on no pacing ({len(points)} completed; rule: CV at least "
+            f"{rule.min_cv_gain_frac:.2%} lower within the throughput-loss cap, or throughput at least "
+            f"{rule.min_throughput_gain_frac:.2%} higher; improvement_rule in tune.json): the chosen trial "
+            f"{chosen.number} has {_change(chosen.throughput_loss_frac):+.3%} throughput and cv {chosen.cv:.4g} "
+            f"({_cv_change(chosen.cv, baseline.cv):+.3%} against no pacing's {baseline.cv:.4g}). {advice}"
             f"controller.yaml holds that trial anyway, flagged; to search further raise tune.n_trials, "
             "try another family or search space"
             + (
@@ -639,10 +689,21 @@ def _tune_study(
             "controller": {"name": family, **params},
             "per_episode": chosen_episodes,
         },
-        "improvement_rule": IMPROVEMENT_RULE,
+        "improvement_rule": rule.describe(),
+        "min_cv_gain_frac": rule.min_cv_gain_frac,
+        "min_throughput_gain_frac": rule.min_throughput_gain_frac,
         "improves_on_no_pacing": improves,
         "trials_improving_on_no_pacing": len(improving),
+        "reference_improves_on_no_pacing": ref_improves,
         "recommendation": recommendation,
+        "recommendation_command": (
+            f"python -m pacectl.run controller_file={shlex.quote(str(out_dir / 'controller.yaml'))} "
+            f"{overrides}".rstrip()
+            if improves
+            else reference_command
+            if ref_improves
+            else None
+        ),
         "chosen_dominates_reference": dominates((chosen.throughput_it_per_s, chosen.cv), ref_xy),
         "front_dominates_reference": any(dominates((p.throughput_it_per_s, p.cv), ref_xy) for p in front),
         "pareto_size": len(front),
@@ -670,7 +731,7 @@ def _tune_study(
     if not improves:
         header += [
             "WARNING: no trial improves on no pacing on these episodes (tune.json: improvement_rule):",
-            "this is the best trial found, not an improvement; recommended: no pacing (controller=none).",
+            f"this is the best trial found, not an improvement; recommended: {recommendation}.",
         ]
     header.append(f"Use: python -m pacectl.run controller_file=<this file> {overrides}".rstrip())
     with staged_outputs(out_dir) as stage:
@@ -856,8 +917,8 @@ def _hydra_main(cfg: DictConfig) -> None:
     log.info(
         f"pareto front: {len(result.front)} of {len(result.points)} completed trials; chosen trial {c.number}: "
         f"{c.throughput_it_per_s:.6g} it/s ({_change(c.throughput_loss_frac):+.3%} vs no pacing), cv {c.cv:.4g} "
-        f"(no pacing {result.baseline.cv:.4g}, paper threshold {result.reference.cv:.4g})"
-        + ("" if c.feasible else " [no trial met the throughput-loss cap]")
+        f"({_cv_change(c.cv, result.baseline.cv):+.3%} vs no pacing's {result.baseline.cv:.4g}; paper threshold "
+        f"{result.reference.cv:.4g})" + ("" if c.feasible else " [no trial met the throughput-loss cap]")
     )
     log.info(f"chosen params: {c.params}")
     if "warning" in s:

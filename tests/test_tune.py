@@ -24,6 +24,7 @@ from pacectl.tune import run_tuning
 from pacectl.tuning.scenarios import Evaluation
 from pacectl.tuning.space import load_space, parse_space
 from pacectl.tuning.study import (
+    ImprovementRule,
     StorageSpec,
     TrialPoint,
     beats_no_pacing,
@@ -72,6 +73,9 @@ def test_small_study_end_to_end(small_study: Path) -> None:
     assert len(set(keys)) == len(keys)  # each parameter set once (repeats listed in duplicate_trials)
     summary = json.loads((small_study / "tune.json").read_text())
     assert summary["num_trials"]["complete"] == 6
+    assert (
+        summary["min_cv_gain_frac"] == 0.01 and "at least 0.01 (1.00%) lower" in summary["improvement_rule"]
+    )
     assert summary["comm_model"] == "null" and summary["scenarios"]["labels"] == ["ST"]
     assert summary["chosen"]["trial"] in {p["trial"] for p in pareto}
     assert (small_study / "pareto.png").stat().st_size > 0
@@ -349,6 +353,8 @@ def test_pareto_and_choice_rule() -> None:
     assert choose(front).number == 2  # lowest CV within the cap
     infeasible = [TrialPoint(0, {}, 0.9, 0.1, 0.1, False), TrialPoint(1, {}, 0.95, 0.2, 0.05, False)]
     assert choose(pareto_front(infeasible)).number == 1  # none meets the cap: highest throughput
+    # a trial that improves on no pacing is preferred to a lower CV that does not (noise-sized)
+    assert choose(front, improving=[0]).number == 0
 
 
 def test_pareto_front_lists_a_repeated_point_once() -> None:
@@ -549,7 +555,10 @@ def test_ctrl_c_reports_once_keeps_the_study_and_resumes(tmp_path: Path, workers
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("+tune.bogus=1", ["tune keys must be among ['max_throughput_loss_frac', 'n_trials',", "tune.bogus"]),
+        (
+            "+tune.bogus=1",
+            ["tune keys must be among ['max_throughput_loss_frac', 'min_cv_gain_frac',", "tune.bogus"],
+        ),
         ("+tune.sim.num_rank=8", ["tune.sim keys must be among", "did you mean tune.sim.num_ranks?"]),
         ("+guard.foo=1", ["guard", "foo", "max_delay_frac"]),
         ("+foo=1", ["top-level keys must be among", "'tune'", "foo"]),
@@ -559,6 +568,7 @@ def test_ctrl_c_reports_once_keeps_the_study_and_resumes(tmp_path: Path, workers
             ["on_threshold_s must have high <= 1.0 with controller.units=iteration"],
         ),
         ("tune.progress=maybe", ["tune.progress must be true or false", "got 'maybe'"]),
+        ("tune.min_cv_gain_frac=1.5", ["tune.min_cv_gain_frac must be a number in [0, 1)", "got 1.5"]),
         ("tune.sim.seeds=[a]", ["tune.sim.seeds must be a non-empty list of integer seeds", "got ['a']"]),
         (
             "controller.units=hours",
@@ -596,23 +606,49 @@ def test_bad_overrides_stop_before_the_storage(tmp_path: Path, override: str, ex
 @pytest.mark.parametrize(
     ("thr", "cv", "base_cv", "cap", "expected"),
     [
-        (1.001, 0.20, 0.20, 0.005, True),  # higher throughput, same CV: dominates
-        (0.996, 0.19, 0.20, 0.005, True),  # lower CV within the cap
+        (1.001, 0.20, 0.20, 0.005, False),  # +0.1 % throughput, same CV: under the 0.5 % throughput gain
+        (1.006, 0.20, 0.20, 0.005, True),  # +0.6 % throughput, same CV
+        (1.006, 0.2001, 0.20, 0.005, False),  # more throughput but a higher CV
+        (0.996, 0.19, 0.20, 0.005, True),  # CV 5 % lower within the cap
+        (0.996, 0.198, 0.20, 0.005, True),  # CV exactly 1 % lower: the threshold counts
+        (0.996, 0.1985, 0.20, 0.005, False),  # CV 0.75 % lower: noise
         (0.990, 0.19, 0.20, 0.005, False),  # lower CV, over the cap
         (0.990, 0.19, 0.20, None, True),  # lower CV, no cap
         (1.000, 0.20, 0.20, 0.005, False),  # the same on both
-        (0.99659, 0.17, 0.1698, 0.005, False),  # the reported case: -0.341 %, CV 0.17 vs 0.1698
+        (0.99659, 0.17, 0.1698, 0.005, False),  # -0.341 %, CV 0.17 vs 0.1698
         (1.000 + 1e-12, 0.20, 0.20, 0.005, False),  # float noise is a tie
+        # the reported ST case: CV 0.0228676 vs 0.0228712 (-0.016 %) at -0.005 % throughput
+        (0.99995, 0.0228676, 0.0228712, 0.005, False),
+        (1.00001, 0.0228676, 0.0228712, 0.005, False),  # and a noise-sized gain on both
     ],
 )
 def test_beats_no_pacing(thr: float, cv: float, base_cv: float, cap: float | None, expected: bool) -> None:
     point = TrialPoint(0, {}, thr, cv, 1.0 - thr, cap is None or 1.0 - thr <= cap)
-    assert beats_no_pacing(point, Evaluation(1.0, base_cv), cap) is expected
+    rule = ImprovementRule(min_cv_gain_frac=0.01, min_throughput_gain_frac=0.005, cap=cap)
+    assert beats_no_pacing(point, Evaluation(1.0, base_cv), rule) is expected
 
 
-def test_no_improvement_is_flagged_everywhere(tmp_path: Path) -> None:
+def test_min_cv_gain_frac_sets_the_threshold() -> None:
+    point = TrialPoint(0, {}, 0.99995, 0.0228676, 0.00005, True)  # CV 0.016 % lower
+    base = Evaluation(1.0, 0.0228712)
+    assert not beats_no_pacing(point, base, ImprovementRule(0.001, 0.005, 0.005))
+    assert beats_no_pacing(point, base, ImprovementRule(0.0001, 0.005, 0.005))
+    assert beats_no_pacing(point, base, ImprovementRule(0.0, 0.005, 0.005))  # any strictly lower CV
+
+
+@pytest.mark.parametrize(
+    ("min_gain", "recommended"),
+    [
+        # ST's paper-threshold reference has a CV 0.33 % below no pacing's: not an improvement at 1 %
+        ("0.01", "no pacing (controller=none)"),
+        # at 0.1 % it is, and no trial is: the reference is recommended
+        ("0.001", "the paper's threshold controller at its defaults (controller=threshold)"),
+    ],
+)
+def test_no_improvement_is_flagged_everywhere(tmp_path: Path, min_gain: str, recommended: str) -> None:
     """Thresholds far above ST's arrival spread never pace: every trial equals no pacing, so the
-    console, tune.json and controller.yaml say so and recommend no pacing; the export still loads."""
+    console, tune.json and controller.yaml say so and recommend no pacing, or the paper's threshold at
+    its defaults when that meets the rule; the export still loads."""
     space = tmp_path / "space.yaml"
     space.write_text("on_threshold_s: {type: float, low: 50.0, high: 100.0}\n")
     out = tmp_path / "run"
@@ -621,18 +657,30 @@ def test_no_improvement_is_flagged_everywhere(tmp_path: Path) -> None:
         "controller=threshold",
         "tune.n_trials=3",
         f"tune.space={space}",
+        f"tune.min_cv_gain_frac={min_gain}",
         f"hydra.run.dir={out}",
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
     assert "warning: no trial improves on no pacing (3 completed" in proc.stdout
-    assert "Recommended: no pacing" in proc.stdout
     summary = json.loads((out / "tune.json").read_text())
     assert summary["improves_on_no_pacing"] is False and summary["trials_improving_on_no_pacing"] == 0
-    assert summary["recommendation"] == "no pacing (controller=none)"
+    assert summary["min_cv_gain_frac"] == float(min_gain)
+    assert f"at least {float(min_gain):.3g}" in summary["improvement_rule"]
+    assert summary["recommendation"] == recommended
     assert summary["chosen"]["cv"] == summary["baseline_none"]["cv"]
     text = (out / "controller.yaml").read_text()
-    assert "# WARNING: no trial improves on no pacing" in text and "recommended: no pacing" in text
+    assert "# WARNING: no trial improves on no pacing" in text and f"recommended: {recommended}" in text
+    if recommended.startswith("no pacing"):
+        assert "Recommended: no pacing" in proc.stdout
+        assert (
+            summary["reference_improves_on_no_pacing"] is False and summary["recommendation_command"] is None
+        )
+    else:
+        assert "The paper's threshold controller at its defaults does" in proc.stdout
+        assert summary["reference_improves_on_no_pacing"] is True
+        assert summary["recommendation_command"] == "python -m pacectl.run controller=threshold trace=st"
+        assert summary["recommendation_command"] in proc.stdout
     exported = yaml.safe_load(text)
     assert exported["name"] == "threshold" and 50.0 <= exported["on_threshold_s"] <= 100.0
 

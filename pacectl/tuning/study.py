@@ -711,58 +711,92 @@ def pareto_front(points: Sequence[TrialPoint]) -> list[TrialPoint]:
 
 
 CHOICE_RULE = (
-    "lowest mean CV among the Pareto-optimal trials whose throughput loss against no pacing is within "
-    "tune.max_throughput_loss_frac (ties: higher throughput, then lower trial number); with no cap, "
-    "lowest CV on the whole front; if no trial meets the cap, the trial with the highest throughput "
-    "(flagged infeasible)"
+    "among the Pareto-optimal trials whose throughput loss against no pacing is within "
+    "tune.max_throughput_loss_frac (the whole front with no cap): the lowest mean CV among those that "
+    "improve on no pacing (improvement_rule), or the lowest mean CV when none does (ties: higher "
+    "throughput, then lower trial number); if no trial meets the cap, the trial with the highest "
+    "throughput (flagged infeasible)"
 )
 
 
-def choose(front: Sequence[TrialPoint]) -> TrialPoint:
-    """Apply :data:`CHOICE_RULE` to a front from :func:`pareto_front`."""
+def choose(front: Sequence[TrialPoint], improving: Sequence[int] | None = None) -> TrialPoint:
+    """Apply :data:`CHOICE_RULE` to a front from :func:`pareto_front`.
+
+    Args:
+        front: the Pareto front.
+        improving: the numbers of the trials that improve on no pacing (:func:`beats_no_pacing`);
+            the choice is among those of them on the front when there are any.
+    """
     if not front:
         raise PacectlError(
             "no trial completed, so there is nothing to choose; raise tune.n_trials or tune.timeout_s"
         )
     if all(p.feasible for p in front):
-        return min(front, key=lambda p: (p.cv, -p.throughput_it_per_s, p.number))
+        better = [p for p in front if p.number in set(improving or ())]
+        return min(better or front, key=lambda p: (p.cv, -p.throughput_it_per_s, p.number))
     return max(front, key=lambda p: (p.throughput_it_per_s, -p.cv, -p.number))
 
 
-IMPROVEMENT_RULE = (
-    "a trial improves on no pacing when it dominates it (throughput at least as high and CV at least "
-    "as low, one of them strictly) or when its CV is lower while its throughput loss is within "
-    "tune.max_throughput_loss_frac (any loss when the cap is null); relative differences under 1e-9 "
-    "are ties"
-)
+@dataclass(frozen=True)
+class ImprovementRule:
+    """When a controller *improves on no pacing*: a gain that is larger than noise.
+
+    Attributes:
+        min_cv_gain_frac: ``tune.min_cv_gain_frac``: the CV must be at least this fraction lower than
+            no pacing's (0.01: at least 1 % lower), with the throughput loss within ``cap``.
+        min_throughput_gain_frac: ``tune.min_throughput_gain_frac``: or the throughput at least this
+            fraction higher, with the CV no higher.
+        cap: ``tune.max_throughput_loss_frac``, or None for no cap.
+    """
+
+    min_cv_gain_frac: float
+    min_throughput_gain_frac: float
+    cap: float | None
+
+    def describe(self) -> str:
+        """The rule in words, with its current values (``improvement_rule`` in ``tune.json``)."""
+        cap = (
+            "any throughput loss (tune.max_throughput_loss_frac=null)"
+            if self.cap is None
+            else f"a throughput loss of at most {self.cap:.3g} (tune.max_throughput_loss_frac)"
+        )
+        return (
+            f"a controller improves on no pacing when its mean CV is at least {self.min_cv_gain_frac:.3g} "
+            f"({self.min_cv_gain_frac:.2%}) lower than no pacing's (tune.min_cv_gain_frac) with {cap}, or "
+            f"when its mean throughput is at least {self.min_throughput_gain_frac:.3g} "
+            f"({self.min_throughput_gain_frac:.2%}) higher (tune.min_throughput_gain_frac) with a CV no "
+            "higher than no pacing's; smaller differences are treated as noise (relative differences "
+            "under 1e-9 are ties)"
+        )
+
 
 #: relative tolerance of :func:`beats_no_pacing` (float noise of identical episodes)
 TIE_RTOL = 1e-9
 
 
-def beats_no_pacing(point: TrialPoint, baseline: Evaluation, cap: float | None) -> bool:
-    """Whether ``point`` improves on no pacing (:data:`IMPROVEMENT_RULE`).
+def beats_no_pacing(point: TrialPoint, baseline: Evaluation, rule: ImprovementRule) -> bool:
+    """Whether ``point`` improves on no pacing (:class:`ImprovementRule`).
 
     Args:
-        point: a completed trial.
+        point: a completed trial (or the reference, as a :class:`TrialPoint`).
         baseline: no pacing on the same episodes.
-        cap: ``tune.max_throughput_loss_frac`` (a fraction), or None for no cap.
+        rule: the rule (gains and cap).
 
     Example:
         >>> base = Evaluation(1.0, 0.2)
-        >>> beats_no_pacing(TrialPoint(0, {}, 0.996, 0.15, 0.004, True), base, 0.005)
+        >>> rule = ImprovementRule(min_cv_gain_frac=0.01, min_throughput_gain_frac=0.005, cap=0.005)
+        >>> beats_no_pacing(TrialPoint(0, {}, 0.996, 0.15, 0.004, True), base, rule)
         True
-        >>> beats_no_pacing(TrialPoint(1, {}, 0.997, 0.21, 0.003, True), base, 0.005)
+        >>> beats_no_pacing(TrialPoint(1, {}, 0.9999, 0.1999, 0.0001, True), base, rule)  # noise
         False
     """
     thr_b, cv_b = baseline.throughput_it_per_s, baseline.cv
-    thr_higher = point.throughput_it_per_s > thr_b * (1.0 + TIE_RTOL)
-    thr_lower = point.throughput_it_per_s < thr_b * (1.0 - TIE_RTOL)
-    cv_lower = point.cv < cv_b * (1.0 - TIE_RTOL)
-    cv_higher = point.cv > cv_b * (1.0 + TIE_RTOL)
-    dominates = not thr_lower and not cv_higher and (thr_higher or cv_lower)
-    within_cap = cap is None or point.throughput_loss_frac <= cap
-    return dominates or (cv_lower and within_cap)
+    thr_gain = point.throughput_it_per_s / thr_b - 1.0 if thr_b > 0 else 0.0
+    cv_gain = 1.0 - point.cv / cv_b if cv_b > 0 else 0.0
+    within_cap = rule.cap is None or point.throughput_loss_frac <= rule.cap + TIE_RTOL
+    cv_better = cv_gain > TIE_RTOL and cv_gain >= rule.min_cv_gain_frac - TIE_RTOL
+    thr_better = thr_gain > TIE_RTOL and thr_gain >= rule.min_throughput_gain_frac - TIE_RTOL
+    return (cv_better and within_cap) or (thr_better and cv_gain >= -TIE_RTOL)
 
 
 def plot_pareto(
