@@ -15,7 +15,8 @@ Outputs in the Hydra run directory:
 - ``controller.yaml``: the chosen trial (rule: :data:`pacectl.tuning.study.CHOICE_RULE`) as a
   controller config: ``python -m pacectl.run controller_file=DIR/controller.yaml``;
 - ``tune.json``: baseline, reference, choice, study, storage and the optuna-dashboard command;
-- ``optuna.journal``: the study (default storage), resumable after a crash or Ctrl-C.
+- ``optuna.journal``: the study (default storage), resumable after a crash or Ctrl-C;
+- ``tune.log``: the console lines with timestamps (Hydra's job log; a resume appends).
 
 A study resumes only with the settings that determine a trial's result (the controller family and
 its fixed parameters, ``units`` included; the search space as sampled; the episodes: profile,
@@ -925,7 +926,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         log.warning(f"warning: {s['warning']}")
     if "note" in s:
         log.info(f"note: {s['note']}")
-    log.info(f"outputs: {out_dir} (pareto.json, pareto.png, controller.yaml, tune.json)")
+    log.info(f"outputs: {out_dir} (pareto.json, pareto.png, controller.yaml, tune.json, tune.log)")
     log.info(
         f"use it:  python -m pacectl.run controller_file={shlex.quote(str(out_dir / 'controller.yaml'))} "
         f"{s['run_overrides']}"
