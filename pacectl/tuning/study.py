@@ -536,9 +536,11 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _worker_main(index: int, parent: int, kwargs: dict[str, Any]) -> None:
-    _die_with_parent(parent)
-    _INTERRUPTS.requested = _INTERRUPTS.interruptible = False
+    # the handler and the flag a Ctrl-C sets are inherited from the main process (requested is false
+    # there when it forks), so a Ctrl-C that reaches this worker while it starts is not lost
+    _INTERRUPTS.interruptible = False
     signal.signal(signal.SIGINT, _on_sigint)
+    _die_with_parent(parent)
     try:
         run_worker(**kwargs)
     except KeyboardInterrupt:
