@@ -69,7 +69,7 @@ from pacectl.config import (
 )
 from pacectl.controllers import CONTROLLERS, SafetyGuard
 from pacectl.controllers.units import UNITS
-from pacectl.errors import ConfigError, PacectlError
+from pacectl.errors import ConfigError, PacectlError, unknown_keys_error
 from pacectl.report import atomic_write_text, discard_run_dir, jsonable, staged_outputs
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet, build_scenarios
 from pacectl.tuning.space import SearchSpace, load_space
@@ -133,14 +133,8 @@ SIM_KEYS = frozenset({"num_ranks", "num_iterations", "comm", "seeds", "heldout_s
 def _check_keys(node: Any, allowed: frozenset[str], where: str) -> None:
     if not isinstance(node, DictConfig):
         raise ConfigError(f"{where} must be a mapping of settings (conf/tune.yaml), got {node!r}")
-    unknown = sorted({str(k) for k in node.keys()} - allowed)
-    if unknown:
-        hints = [difflib.get_close_matches(k, sorted(allowed), n=1) for k in unknown]
-        hint = "".join(f"; did you mean {where}.{h[0]}?" for h in hints if h)
-        raise ConfigError(
-            f"{where} keys must be among {sorted(allowed)}, got unknown {[f'{where}.{k}' for k in unknown]}"
-            f"{hint}. Remove or correct the override (conf/tune.yaml documents each key)"
-        )
+    if {str(k) for k in node.keys()} - allowed:
+        raise unknown_keys_error(where, node, allowed)
 
 
 @dataclass(frozen=True)
