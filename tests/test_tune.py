@@ -151,11 +151,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_killed_command_takes_its_workers_and_any_resume_fails_their_trials(tmp_path: Path) -> None:
-    """kill -KILL of the command (not its process group) with 2 workers: the workers die with it (no
-    orphan goes on adding trials), and a resume with no trial left to run still marks their stranded
-    trials FAIL before writing its outputs."""
-    out = tmp_path / "run"
+def _start_endless_tune(
+    tmp_path: Path, out: Path, workers: int, *, trials_seen: int
+) -> subprocess.Popen[str]:
+    """Start an endless tuning job in its own process group (a terminal's job); return once it has
+    printed ``trials_seen`` progress lines. Its stdout is left open; stderr is piped."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -164,12 +164,12 @@ def test_killed_command_takes_its_workers_and_any_resume_fails_their_trials(tmp_
             *FAST,
             "controller=pid",
             "tune.n_trials=100000",
-            "tune.n_workers=2",
+            f"tune.n_workers={workers}",
             f"hydra.run.dir={out}",
         ],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -178,8 +178,17 @@ def test_killed_command_takes_its_workers_and_any_resume_fails_their_trials(tmp_
     seen = 0
     for line in proc.stdout:
         seen += line.startswith("[")
-        if seen >= 6:
+        if seen >= trials_seen:
             break
+    return proc
+
+
+def test_killed_command_takes_its_workers_and_any_resume_fails_their_trials(tmp_path: Path) -> None:
+    """kill -KILL of the command (not its process group) with 2 workers: the workers die with it (no
+    orphan goes on adding trials), and a resume with no trial left to run still marks their stranded
+    trials FAIL before writing its outputs."""
+    out = tmp_path / "run"
+    proc = _start_endless_tune(tmp_path, out, 2, trials_seen=6)
     journal = str(out / "optuna.journal")
     study = optuna.load_study(study_name="st-pid", storage=StorageSpec("journal", journal).open())
     workers = [int(k.rpartition(":")[2]) for k in study.user_attrs if k.startswith("worker:")]
@@ -504,30 +513,7 @@ def test_ctrl_c_reports_once_keeps_the_study_and_resumes(tmp_path: Path, workers
     """SIGINT to the process group (the terminal's Ctrl-C): one line on stderr, exit 130, no outputs,
     the journal kept with no trial left RUNNING, and the printed command resumes the study."""
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pacectl.tune",
-            *FAST,
-            "controller=pid",
-            "tune.n_trials=100000",
-            f"tune.n_workers={workers}",
-            f"hydra.run.dir={out}",
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a terminal's job
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert proc.stdout is not None
-    seen = 0
-    for line in proc.stdout:
-        seen += line.startswith("[")
-        if seen >= 3:
-            break
+    proc = _start_endless_tune(tmp_path, out, workers, trials_seen=3)
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
