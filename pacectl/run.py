@@ -163,7 +163,7 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
     if fid:
         for name, f in fid.get("by_run", {"": fid}).items():
             context[f"replay fidelity{f' of {name}' if name else ''} (null model)"] = (
-                f"median {f['step_time_median_abs_err_frac']:.2%}, p90 {f['step_time_p90_abs_err_frac']:.2%} "
+                f"median {100 * f['step_time_median_abs_err_frac']:.3g} %, p90 {100 * f['step_time_p90_abs_err_frac']:.3g} % "
                 f"abs. rel. error of step time: {fid.get('compares', 'replay vs recorded step times')}"
             )
     if "time_unit_note" in summary:
@@ -270,7 +270,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         for name, f in runs.items():
             log.info(
                 f"replay fidelity{f' of {name}' if name else ''} (null model; {what}): median "
-                f"{f['step_time_median_abs_err_frac']:.2%}, p90 {f['step_time_p90_abs_err_frac']:.2%} abs. rel. error"
+                f"{100 * f['step_time_median_abs_err_frac']:.3g} %, p90 {100 * f['step_time_p90_abs_err_frac']:.3g} % abs. rel. error"
             )
     wi = summary.get("whatif")
     if wi:
