@@ -204,18 +204,29 @@ def run_job(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--iters", type=int, default=60)
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--rate-mbit", type=float, default=200.0)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0] + " Needs root and iproute2; removes what it creates.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--ranks", type=int, default=4, help="gloo ranks, one network namespace each")
+    parser.add_argument("--iters", type=int, default=60, help="measured iterations per run")
+    parser.add_argument("--width", type=int, default=512, help="MLP width of the built-in workload")
+    parser.add_argument(
+        "--rate-mbit", type=float, default=200.0, help="tc tbf cap of rank 0's uplink, Mbit/s"
+    )
     parser.add_argument("--cross-mbit-on-s", type=float, default=0.3, help="mean burst length, s (0: none)")
     parser.add_argument("--cross-off-s", type=float, default=0.3, help="mean pause between bursts, s")
-    parser.add_argument("--straggler-prob", type=float, default=0.3)
-    parser.add_argument("--controllers", default="threshold,pid,ewma,quantile")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout-s", type=float, default=900.0)
-    parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument(
+        "--straggler-prob", type=float, default=0.3, help="per-iteration probability that rank 1 sleeps"
+    )
+    parser.add_argument(
+        "--controllers", default="threshold,pid,ewma,quantile", help="comma-separated families"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="workload, straggler and cross-traffic seed")
+    parser.add_argument("--timeout-s", type=float, default=900.0, help="give up on the job after this long")
+    parser.add_argument(
+        "--out", default=str(HERE / "results"), help="results folder (the default is the committed record)"
+    )
     args = parser.parse_args(argv)
     reason = preflight()
     if reason:
