@@ -117,11 +117,13 @@ for _ in range(50):
     try: c = socket.create_connection((host, 5201), timeout=2); break
     except OSError: time.sleep(0.1)
 else: sys.exit(0)
-while time.time() < deadline and sent < max_bytes:
-    burst_end = time.time() + rng.uniform(0.5, 1.5) * on_s
-    while time.time() < min(burst_end, deadline) and sent < max_bytes:
-        sent += c.send(chunk)
-    time.sleep(rng.uniform(0.5, 1.5) * off_s)
+try:
+    while time.time() < deadline and sent < max_bytes:
+        burst_end = time.time() + rng.uniform(0.5, 1.5) * on_s
+        while time.time() < min(burst_end, deadline) and sent < max_bytes:
+            sent += c.send(chunk)
+        time.sleep(rng.uniform(0.5, 1.5) * off_s)
+except OSError: pass  # the sink went away first (the job ended): nothing to report
 c.close()
 """
 
