@@ -227,6 +227,45 @@ def ignored_overrides(overrides: list[str], cfg: DictConfig) -> list[str]:
     return out
 
 
+def log_summary(summary: dict[str, Any], out_dir: Path) -> None:
+    """Log the console lines of a finished run: the table, fidelity, what-if, live-pacing controls,
+    notes and where the outputs are (Hydra's job logging also files them in ``run.log``)."""
+    log.info(report.format_console_table(summary["runs"], baseline=BASELINE))
+    fid = summary.get("fidelity")
+    if fid:
+        what = fid.get("compares", "replay vs recorded step times")
+        runs = fid.get("by_run", {"": fid})
+        for name, f in runs.items():
+            log.info(
+                f"replay fidelity{f' of {name}' if name else ''} (null model; {what}): median "
+                f"{100 * f['step_time_median_abs_err_frac']:.3g} %, p90 {100 * f['step_time_p90_abs_err_frac']:.3g} % abs. rel. error"
+            )
+    wi = summary.get("whatif")
+    if wi:
+        log.info(
+            f"stragglers' cost (what-if, Lin et al. OSDI'25, null model): blocking slowdown S = {wi['blocking_slowdown']:.3f}, "
+            f"ideal mean iteration {wi['ideal_iteration_time_mean_s']:.4g} s"
+        )
+    if summary.get("comm_model_timing_dependent"):
+        log.info(f"comm model in force: {summary['comm_model_description']}")
+    if "pacing" in summary:
+        log.info(f"live pacing: figures exchanged by {summary['pacing'].get('gather', 'piggyback')!r}")
+        for family, measured in summary.get("measured", {}).items():
+            for c in measured.get("runtime_controls", []):
+                state = "applied" if c["applied"] else "ignored"
+                log.info(
+                    f"runtime control v{c['version']} ({family}): {json.dumps(c['control'])} {state} "
+                    f"from the decision on iteration {c['observation']}"
+                )
+            for c in measured.get("runtime_controls_rejected", []):
+                log.info(f"runtime control file ignored ({family}, iteration {c['iteration']}): {c['error']}")
+    if "note" in summary:
+        log.info(f"note: {summary['note']}")
+    if "time_unit_note" in summary:
+        log.info(f"time unit: {summary['time_unit_note']}")
+    log.info(f"outputs: {out_dir}")
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -262,40 +301,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         print(f"pacectl.run: interrupted; no outputs were written into {out_dir}", file=sys.stderr)
         report.discard_run_dir(out_dir)
         sys.exit(130)
-    log.info(report.format_console_table(summary["runs"], baseline=BASELINE))
-    fid = summary.get("fidelity")
-    if fid:
-        what = fid.get("compares", "replay vs recorded step times")
-        runs = fid.get("by_run", {"": fid})
-        for name, f in runs.items():
-            log.info(
-                f"replay fidelity{f' of {name}' if name else ''} (null model; {what}): median "
-                f"{100 * f['step_time_median_abs_err_frac']:.3g} %, p90 {100 * f['step_time_p90_abs_err_frac']:.3g} % abs. rel. error"
-            )
-    wi = summary.get("whatif")
-    if wi:
-        log.info(
-            f"stragglers' cost (what-if, Lin et al. OSDI'25, null model): blocking slowdown S = {wi['blocking_slowdown']:.3f}, "
-            f"ideal mean iteration {wi['ideal_iteration_time_mean_s']:.4g} s"
-        )
-    if summary.get("comm_model_timing_dependent"):
-        log.info(f"comm model in force: {summary['comm_model_description']}")
-    if "pacing" in summary:
-        log.info(f"live pacing: figures exchanged by {summary['pacing'].get('gather', 'piggyback')!r}")
-        for family, measured in summary.get("measured", {}).items():
-            for c in measured.get("runtime_controls", []):
-                state = "applied" if c["applied"] else "ignored"
-                log.info(
-                    f"runtime control v{c['version']} ({family}): {json.dumps(c['control'])} {state} "
-                    f"from the decision on iteration {c['observation']}"
-                )
-            for c in measured.get("runtime_controls_rejected", []):
-                log.info(f"runtime control file ignored ({family}, iteration {c['iteration']}): {c['error']}")
-    if "note" in summary:
-        log.info(f"note: {summary['note']}")
-    if "time_unit_note" in summary:
-        log.info(f"time unit: {summary['time_unit_note']}")
-    log.info(f"outputs: {out_dir}")
+    log_summary(summary, out_dir)
 
 
 def _fail(message: str) -> None:
