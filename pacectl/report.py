@@ -20,6 +20,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -170,6 +171,14 @@ def run_dir_argument_error(argv: list[str]) -> str | None:
             if p.exists() and not p.is_dir():
                 return f"{key.lstrip('+')} must be a folder (new or existing), but {p} is a file; pick another path"
     return None
+
+
+def exit_on_bad_run_dir(prog: str) -> None:
+    """Entry points, before Hydra starts: one error line and exit 2 for a bad run-folder argument."""
+    problem = run_dir_argument_error(sys.argv[1:])
+    if problem:
+        print(f"{prog}: error: {problem}", file=sys.stderr)
+        sys.exit(2)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

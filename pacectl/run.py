@@ -312,10 +312,7 @@ def _fail(message: str) -> None:
 
 def main() -> None:
     """Console entry point (``pacectl-run``)."""
-    problem = report.run_dir_argument_error(sys.argv[1:])
-    if problem:
-        print(f"pacectl.run: error: {problem}", file=sys.stderr)
-        sys.exit(2)
+    report.exit_on_bad_run_dir("pacectl.run")
     _hydra_main()
 
 

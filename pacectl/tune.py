@@ -70,7 +70,7 @@ from pacectl.config import (
 from pacectl.controllers import CONTROLLERS, SafetyGuard
 from pacectl.controllers.units import UNITS
 from pacectl.errors import ConfigError, PacectlError, unknown_keys_error
-from pacectl.report import atomic_write_text, discard_run_dir, jsonable, staged_outputs
+from pacectl.report import atomic_write_text, discard_run_dir, exit_on_bad_run_dir, jsonable, staged_outputs
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet, build_scenarios
 from pacectl.tuning.space import SearchSpace, load_space
 from pacectl.tuning.study import (
@@ -947,6 +947,7 @@ def _fail(message: str) -> None:
 
 def main() -> None:
     """Console entry point (``pacectl-tune``)."""
+    exit_on_bad_run_dir("pacectl.tune")
     _hydra_main()
 
 

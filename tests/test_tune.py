@@ -817,3 +817,14 @@ def test_study_without_recorded_settings_is_refused(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "made by an older pacectl.tune" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
     assert len(_trials(str(journal), "st-threshold")) == 1
+
+
+def test_run_dir_at_a_file_is_one_error_line(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    proc = _tune(f"hydra.run.dir={afile / 'sub'}", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == (
+        f"pacectl.tune: error: hydra.run.dir must be a folder (new or existing), but {afile} is a file; "
+        "pick another path"
+    )
