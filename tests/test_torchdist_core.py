@@ -24,6 +24,7 @@ from pacectl.torchdist.core import (
     one_hot_row,
     replay_fidelity,
     rows_to_trace,
+    shared_clock_marks,
     straggler_schedule,
     validate_control,
     validate_torch_backend,
@@ -342,3 +343,88 @@ def test_live_records_carry_their_measured_iteration_times(tmp_path) -> None:
     )
     with pytest.raises(TraceError, match="one positive finite time per step"):
         OpTrace(ops=trace.ops, meta=trace.meta, source="x", fmt="torch-live", measured_step_time_s=(1.0,))
+
+
+def _staggered_live_marks(num_iter: int = 60, world: int = 4, seed: int = 0) -> tuple[list, np.ndarray]:
+    """Marks of ranks on one host clock: every rank leaves each bucket at a common instant but
+    stamps it late (comm thread 0-1 ms, training thread 0-4 ms), and starts the next iteration at
+    its own late stamp. Returns ``(marks_by_rank, true common exits)``."""
+    rng = np.random.default_rng(seed)
+    marks: list[list[dict]] = [[] for _ in range(world)]
+    start = 100.0 + rng.uniform(0.0, 0.001, world)  # the align() exit stamps
+    exits = []
+    for _ in range(num_iter):
+        fwd = start + 0.010 + rng.uniform(0.0, 0.004, world)
+        call0 = fwd + 0.003
+        c0 = call0.max() + 0.001  # bucket 0's common completion
+        call1 = call0 + 0.002
+        c1 = max(call1.max(), c0) + 0.002  # the last bucket's
+        stamp = [c0 + rng.uniform(0.0, 0.001, world), c1 + rng.uniform(0.0, 0.001, world)]
+        bwd_end = c1 + rng.uniform(0.0, 0.004, world)
+        sync = bwd_end + 0.0001
+        for r in range(world):
+            s = start[r]
+            marks[r].append(
+                {
+                    "start_clock_s": s,
+                    "restarted": not exits,
+                    "forward_end_s": fwd[r] - s,
+                    "hook_call_s": [call0[r] - s, call1[r] - s],
+                    "hook_return_s": [call0[r] + 1e-4 - s, call1[r] + 1e-4 - s],
+                    "enter_s": [call0[r] + 2e-5 - s, call1[r] + 2e-5 - s],
+                    "exit_s": [stamp[0][r] - s, stamp[1][r] - s],
+                    "backward_end_s": bwd_end[r] - s,
+                    "sync_exit_s": sync[r] - s,
+                    "applied_delay_s": 0.0,
+                    "decisions_before": 0,
+                }
+            )
+        exits.append(c1)
+        start = sync
+    return marks, np.asarray(exits)
+
+
+def _record(marks: list, periods: np.ndarray):
+    rows = [
+        row
+        for r, rank_marks in enumerate(marks)
+        for k, m in enumerate(rank_marks)
+        for row in marks_to_ops(step=k, rank=r, **{**m, "sync_exit_s": float(periods[k])})
+    ]
+    return rows_to_trace(rows, world_size=len(marks), name="t", source="synthetic", step_time_s=list(periods))
+
+
+def test_shared_clock_marks_place_each_ranks_lag() -> None:
+    """On one host clock the stamp lags are placed exactly: the record replays its own periods, which
+    sum to the wall time; per-rank clocks replayed from a common barrier run long."""
+    marks, true_exit = _staggered_live_marks()
+    aligned, periods = shared_clock_marks(marks)
+    first_start = min(m[0]["start_clock_s"] for m in marks)
+    np.testing.assert_allclose(periods.sum(), true_exit[-1] - first_start, atol=1e-3)
+    np.testing.assert_allclose(periods[1:], np.diff(true_exit), atol=1e-3)  # off by the earliest stamp's lag
+    for rank_marks in aligned:
+        for k, m in enumerate(rank_marks):
+            assert m["sync_exit_s"] == periods[k] and m["backward_end_s"] <= periods[k]
+            assert m["exit_s"][-1] == pytest.approx(periods[k])  # the last bucket's common exit ends it
+    assert aligned[0][0]["exit_s"] == aligned[1][0]["exit_s"]  # one completion per bucket, on every rank
+    fid = replay_fidelity(_record(aligned, periods))
+    assert fid["step_time_max_abs_err_frac"] < 1e-9
+    assert fid["launch_clipped"] == 0 and fid["transfer_clipped"] == 0  # no stamp contradicts the model
+    # the per-rank clocks, each from its own late start: the replay runs long by the ranks' lags
+    local = replay_fidelity(_record(marks, common_periods(marks)))
+    assert local["step_time_median_abs_err_frac"] > 0.03
+
+
+def test_shared_clock_marks_restart_at_align_and_reject_mismatches() -> None:
+    marks, _ = _staggered_live_marks(num_iter=6, world=2)
+    for rank_marks in marks:  # an align() before iteration 3: its clock starts 1 s later
+        for m in rank_marks[3:]:
+            m["start_clock_s"] += 1.0
+        rank_marks[3]["restarted"] = True
+    _, periods = shared_clock_marks(marks)
+    assert periods.max() < 0.1  # the gap before the align is in no iteration
+    marks[1][2]["restarted"] = True
+    with pytest.raises(ValueError, match="restarted"):
+        shared_clock_marks(marks)
+    with pytest.raises(ValueError, match="different numbers of iterations"):
+        shared_clock_marks([marks[0], marks[1][:-1]])

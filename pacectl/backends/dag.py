@@ -17,7 +17,8 @@ Dependency model (after Lin et al., OSDI 2025, section 4, rewritten for pacectl)
 - after the last compute: ``gc -> layernorm-grads-all-reduce -> embedding-grads-all-reduce
   (first and last stage) -> grads-reduce-scatter... -> optimizer-clip-main-grad -> optimizer``;
   gradient buckets recorded while compute was still running (DDP-style overlap) are instead posted
-  after the compute op that ended last before them; a bucket waits for the previous one only if the
+  after the compute op that ended last before them in every recorded step; a bucket waits for the
+  previous one only if the
   recording shows them one after the other (NCCL's single stream), not when they overlap (gloo's
   worker threads); what follows waits for every bucket.
 
@@ -150,7 +151,7 @@ def compile_dag(trace: OpTrace) -> StepDag:
         rank_labels[s] = ranks[:, col]
 
     deps, group_members, group_dp_sync = _dependency_model(
-        t_stage, t_optype, t_seq, mc, start[:, 0, 0], duration[:, 0, 0], pp, trace.source
+        t_stage, t_optype, t_seq, mc, start, duration, pp, trace.source
     )
     group = np.empty(n, dtype=np.int64)
     for g, members in enumerate(group_members):
@@ -194,9 +195,18 @@ def _dependency_model(
     pp: int,
     source: str,
 ) -> tuple[list[list[int]], list[list[int]], list[bool]]:
-    """Deps per node and synchronisation groups, from the template block (see module docstring)."""
+    """Deps per node and synchronisation groups (see module docstring).
+
+    ``start`` and ``duration`` are ``float64[N, num_steps, dp_size]``. The template block (step 0,
+    DP rank 0) orders the ops, except for overlapped gradient buckets, whose dependencies must hold
+    in *every* block: a bucket is posted after the last compute op that ended before it in every
+    block (one that queued behind the previous bucket starts later than it was posted, and in the
+    template alone would wait for compute it never waited for), and waits for the previous bucket
+    only if it started after that one ended in every block.
+    """
     n = len(stage)
-    end = start + duration
+    block_start, block_end = start, start + duration
+    start, end = block_start[:, 0, 0], block_end[:, 0, 0]
     deps: list[list[int]] = [[] for _ in range(n)]
     groups: list[list[int]] = []
     dp_sync: list[bool] = []
@@ -255,13 +265,15 @@ def _dependency_model(
         # pass (DDP-style buckets): it is posted after the compute op that ended last before it,
         # follows the previous bucket, and the clip all-reduce waits for the last bucket.
         last_end = end[comp].max() if len(comp) else -np.inf
+        last_start = start[comp[np.argmax(end[comp])]] if len(comp) else -np.inf
         buckets = nodes(s, "grads-reduce-scatter")
-        overlapped = buckets[start[buckets] + _EPS_S < last_end]
+        # (also one that started before the last compute op did: posted before it, however short)
+        overlapped = buckets[(start[buckets] + _EPS_S < last_end) | (start[buckets] < last_start)]
         for prev, v in zip(overlapped[:-1], overlapped[1:], strict=True):
-            if start[v] + _EPS_S >= end[prev]:  # recorded one after the other: a serial stream
+            if (block_start[v] + _EPS_S >= block_end[prev]).all():  # one after the other: a serial stream
                 deps[int(v)].append(int(prev))  # (else concurrent, e.g. gloo's worker threads)
         for v in overlapped:
-            before = comp[end[comp] <= start[v] + _EPS_S]
+            before = comp[(block_end[comp] <= block_start[v] + _EPS_S).all(axis=(1, 2))]
             if len(before):
                 deps[int(v)].append(int(before[np.argmax(end[before])]))
         tail: list[int] = []

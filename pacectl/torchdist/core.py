@@ -490,9 +490,12 @@ def marks_to_ops(
     backward_end_s: float,
     sync_exit_s: float,
     applied_delay_s: float,
-    serialize_buckets: bool = True,
+    backward_compute_end_s: float | None = None,
+    serialize_buckets: bool = False,
     decisions_before: int = 0,
     delay_blocks_compute: bool = False,
+    start_clock_s: float = math.nan,
+    restarted: bool = False,
 ) -> list[tuple[Any, ...]]:
     """The canonical op rows of one rank in one iteration (times from the aligned iteration start).
 
@@ -501,10 +504,13 @@ def marks_to_ops(
     - ``forward-compute`` 0: ``[0, forward_end)``: optimizer step of the previous iteration, data,
       injected straggling and the forward pass (everything before backward);
     - ``backward-compute`` j: the backward segment before bucket j's hook (j = 0..B-1) and the tail
-      after the last hook (j = B);
-    - ``grads-reduce-scatter`` j: bucket j's all-reduce, ``[max(enter_j, exit_{j-1}), exit_j)``
-      (a bucket cannot start before the previous one on the same process group finished);
-      ``delay_s`` on bucket 0 = the applied pacing delay, 0 elsewhere;
+      after the last hook (j = B), until ``backward_compute_end_s`` (None: ``backward_end_s``, when
+      the tail also holds the wait for the buckets to finish);
+    - ``grads-reduce-scatter`` j: bucket j's all-reduce, ``[enter_j, exit_j)``;
+      ``delay_s`` on bucket 0 = the applied pacing delay, 0 elsewhere. The replay infers from
+      these stamps whether buckets ran one after the other (NCCL's one stream) or overlapped (gloo's
+      two worker threads: a later bucket can finish first). ``serialize_buckets`` instead starts
+      each at ``max(enter_j, exit_{j-1})``;
     - ``optimizer-clip-main-grad`` 0: the end-of-sync bookkeeping ``[backward_end, sync_exit)``:
       the tiny all-rank gather in ``gather: collective`` mode, only issuing it in ``async`` mode,
       nearly nothing in ``piggyback`` mode (the figures rode on bucket 0); its exit is the next
@@ -517,7 +523,8 @@ def marks_to_ops(
 
     Returns:
         Rows ``(step, dp_rank, stage, rank, optype, seq_id, mc, start_ts, duration, delay_s)``.
-        ``decisions_before`` (episode bookkeeping in the marks) is accepted and ignored here.
+        ``decisions_before``, ``start_clock_s`` and ``restarted`` (bookkeeping in the marks) are
+        accepted and ignored here.
     """
     rows: list[tuple[Any, ...]] = []
 
@@ -542,7 +549,8 @@ def marks_to_ops(
         add("grads-reduce-scatter", j, start, exit_, applied_delay_s if j == 0 else 0.0, mc=-1)
         seg_start, prev_exit = ret, exit_
     tail_blocked = delay_blocks_compute and len(enter_s) == 1
-    add("backward-compute", len(enter_s), seg_start, backward_end_s, applied_delay_s if tail_blocked else 0.0)
+    tail_end = backward_end_s if backward_compute_end_s is None else backward_compute_end_s
+    add("backward-compute", len(enter_s), seg_start, tail_end, applied_delay_s if tail_blocked else 0.0)
     add("optimizer-clip-main-grad", 0, backward_end_s, sync_exit_s, mc=-1)
     return rows
 
@@ -623,6 +631,95 @@ def common_periods(marks_by_rank: Sequence[Sequence[Mapping[str, Any]]]) -> Floa
     return np.asarray(table, dtype=np.float64).mean(axis=0)
 
 
+def shared_clock_marks(
+    marks_by_rank: Sequence[Sequence[Mapping[str, Any]]],
+) -> tuple[list[list[dict[str, Any]]], FloatArray]:
+    """Put the marks of ranks that share one clock (one host) on a common time axis per iteration.
+
+    Each rank's marks count from its own iteration start, the moment *it* stamped the previous
+    iteration's exit. The ranks leave the last gradient collective together, at some instant ``T``,
+    but each one stamps that exit when its thread next gets a core: on a busy host milliseconds
+    apart. Replaying such per-rank clocks from a common barrier mixes the ranks' lags into every
+    cross-rank comparison, and the replay runs ~10 % long. With a clock shared by every rank
+    (``start_clock_s``: ``time.perf_counter``, system-wide on one host) the lag can be placed:
+
+    - a bucket's all-reduce completes at one instant on every rank, and every rank's stamp of it is
+      late by a lag >= 0: its exit becomes the earliest stamp over ranks, on every rank;
+    - ``T_k`` = the completion of the iteration's last bucket;
+    - iteration ``k`` spans ``[T_{k-1}, T_k)`` (from the earliest start instead when its clock was
+      restarted by :meth:`~pacectl.torchdist.pacer.Pacer.align`, or when it is the first);
+    - each rank's marks move to that origin, so its lag after ``T_{k-1}`` becomes part of its
+      ``forward-compute`` 0 (its own work, as it is), and its tail after ``T_k`` (waking up, the
+      end-of-backward bookkeeping) moves to the next iteration: ``backward_end_s`` and
+      ``sync_exit_s`` are ``T_k`` for every rank, and ``backward_compute_end_s`` (new) ends the
+      backward compute at the last bucket's hook, so that the wait for the buckets is not taken
+      for compute.
+
+    A zero-delay replay then reproduces every stamp, and the periods ``T_k - T_{k-1}`` sum to the
+    wall time between the first start and the last common exit.
+
+    Args:
+        marks_by_rank: per rank, its :attr:`~pacectl.torchdist.pacer.Pacer.marks` (same iterations,
+            with ``start_clock_s`` and ``restarted``), all from one host.
+
+    Returns:
+        ``(marks_by_rank, periods_s)``: the marks on the common axis (new dicts), and
+        ``float64[num_iterations]`` the iteration periods, seconds.
+
+    Raises:
+        ValueError: the ranks logged different numbers of iterations, or disagree on which
+            iterations were restarted.
+    """
+    lengths = {len(marks) for marks in marks_by_rank}
+    if len(lengths) > 1:
+        raise ValueError(f"ranks logged different numbers of iterations: {[len(m) for m in marks_by_rank]}")
+    n = lengths.pop() if lengths else 0
+    restarted = np.array([[bool(m["restarted"]) for m in marks] for marks in marks_by_rank]).reshape(-1, n)
+    if (restarted != restarted[:1]).any():
+        raise ValueError("ranks disagree on which iterations were restarted by align()")
+    start = np.array([[float(m["start_clock_s"]) for m in marks] for marks in marks_by_rank]).reshape(-1, n)
+    # Bucket j's all-reduce completes at one instant on every rank; each rank's stamp of it is late.
+    exits: list[FloatArray] = []  # per iteration: float64[buckets], the common completions (host clock)
+    for k in range(n):
+        per_rank = [
+            start[r, k] + np.asarray(marks[k]["exit_s"], dtype=np.float64)
+            for r, marks in enumerate(marks_by_rank)
+        ]
+        if len({len(e) for e in per_rank}) > 1:
+            raise ValueError(f"ranks logged different numbers of buckets in iteration {k}")
+        exits.append(np.min(per_rank, axis=0) if per_rank and len(per_rank[0]) else np.zeros(0))
+    backward_end = np.array([[float(m["backward_end_s"]) for m in marks] for marks in marks_by_rank]).reshape(
+        -1, n
+    )
+    common_exit = np.array(
+        [e.max() if len(e) else (start[:, k] + backward_end[:, k]).min() for k, e in enumerate(exits)]
+    )
+    origin = start.min(axis=0)
+    chained = ~restarted[0]
+    chained[:1] = False
+    origin[chained] = common_exit[np.flatnonzero(chained) - 1]
+    periods = common_exit - origin
+    out: list[list[dict[str, Any]]] = []
+    for r, marks in enumerate(marks_by_rank):
+        rows = []
+        for k, m in enumerate(marks):
+            shift = max(start[r, k] - origin[k], 0.0)
+            row = dict(m)
+            row["forward_end_s"] = float(m["forward_end_s"]) + shift
+            for key in ("hook_call_s", "hook_return_s", "enter_s"):
+                row[key] = [float(t) + shift for t in m[key]]
+            row["exit_s"] = (exits[k] - origin[k]).tolist()
+            # No autograd work is left after the last bucket's hook (it fires once the first
+            # layer's gradients are in); what follows on this rank is the wait for the buckets.
+            row["backward_compute_end_s"] = (
+                row["hook_return_s"][-1] if m["hook_return_s"] else row["forward_end_s"]
+            )
+            row["backward_end_s"] = row["sync_exit_s"] = float(periods[k])
+            rows.append(row)
+        out.append(rows)
+    return out, periods
+
+
 def replay_fidelity(trace: OpTrace, live_step_time_s: FloatArray | None = None) -> dict[str, float]:
     """Replay a live record with its own recorded pacing delays; compare step times with the live ones.
 
@@ -683,7 +780,8 @@ def counterfactual_error(
             with it the replay's predicted effect of pacing is set against the live one.
 
     Returns:
-        Median and p90 of |replayed - live| / live, and the mean step times of both. With
+        Median and p90 of |replayed - live| / live per step (two runs: per-iteration jitter
+        included), the mean step times of both and ``mean_err_frac`` (replayed mean / live mean - 1). With
         ``live_paced_step_time_s`` also ``predicted_pacing_effect_s`` (the record replayed with its
         recorded delays minus with none: what the replay says pacing cost or saved per step, a
         paired difference in which the replay's own bias cancels) and ``live_pacing_effect_s`` (the
@@ -702,6 +800,7 @@ def counterfactual_error(
         "step_time_p90_abs_err_frac": float(np.percentile(err, 90)),
         "replayed_mean_s": float(replayed.mean()),
         "live_mean_s": float(live.mean()),
+        "mean_err_frac": float(replayed.mean() / live.mean() - 1.0),
     }
     if live_paced_step_time_s is not None:
         _, end_paced = backend.replayed_times(recorded_delays(trace))

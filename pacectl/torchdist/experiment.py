@@ -238,9 +238,15 @@ class TorchExperiment:
         trace = load_canonical(path)
         kept = np.unique(trace.ops["step"].to_numpy())  # steps of the common bucket layout
         live = self._episodes[family].iteration_time_s if family in self._episodes else None
+        clock = self._extras.get(family, {}).get("clock", "per-rank")
+        periods = (
+            "the common exits of the last gradient bucket, on the host clock the ranks share"
+            if clock == "host"
+            else "the mean of the ranks' own periods"
+        )
         fid: dict[str, Any] = {
-            "compares": "each live record replayed with its recorded pacing delays against the live "
-            "iteration times (the mean of the ranks' own periods)",
+            "compares": f"each live record replayed with its recorded pacing delays against the live "
+            f"iteration times ({periods})",
             **replay_fidelity(trace, None if live is None else live[kept]),
         }
         if family != "none" and "none" in self._episodes:

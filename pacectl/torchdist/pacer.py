@@ -317,13 +317,22 @@ class Pacer:
         ``backward_end_s`` (every bucket done), ``sync_exit_s`` (exchange and decision done: the next
         iteration's start), ``applied_delay_s`` and ``decisions_before`` (decisions logged before
         this iteration's delay was applied). The input of
-        :func:`~pacectl.torchdist.core.marks_to_ops`.
+        :func:`~pacectl.torchdist.core.marks_to_ops`. Also ``start_clock_s``, the iteration's start
+        on the host's ``time.perf_counter`` clock (a system-wide monotonic clock on Linux: comparable
+        across the ranks of one host, see :func:`~pacectl.torchdist.core.shared_clock_marks`), and
+        ``restarted``: the iteration's clock was started by :meth:`align`, not by the previous
+        iteration's exit.
         """
         out = []
+        prev_exit = float("nan")
         for start, fwd_end, calls, returns, enters, exits, t_end, t_exit, applied, before in self._raw_marks:
             fwd = fwd_end if math.isfinite(fwd_end) else (calls or [t_end])[0]
+            restarted = start != prev_exit
+            prev_exit = t_exit
             out.append(
                 {
+                    "start_clock_s": start,
+                    "restarted": restarted,
                     "forward_end_s": max(fwd - start, 0.0),
                     "hook_call_s": [t - start for t in calls],
                     "hook_return_s": [t - start for t in returns],

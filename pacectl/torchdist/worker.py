@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -35,6 +36,7 @@ from pacectl.torchdist.core import (
     episode_from_log,
     marks_to_ops,
     rows_to_trace,
+    shared_clock_marks,
     straggler_schedule,
 )
 from pacectl.torchdist.launch import FAULT_EXIT_CODE, is_peer_error
@@ -171,15 +173,22 @@ class LiveRun:
             "gather_s": np.array(pacer.gather_s),
         }
         marks = pacer.marks
-        all_marks: list[Any] = [None] * world
-        dist.all_gather_object(all_marks, marks)
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, (host_clock_id(), marks))
         if self.rank == 0:
             record_dir = Path(self.spec["record_dir"])
             record_dir.mkdir(parents=True, exist_ok=True)
-            # One period per iteration for every rank: each rank's last op ends at the common exit
-            # (the mean of the ranks' jittery exit stamps; see common_periods), in the record and the
-            # episode alike, so a record replays against the iteration times the run reports.
-            periods = common_periods(all_marks)
+            # One period per iteration for every rank, each rank's last op ending at the common exit,
+            # in the record and the episode alike, so a record replays against the iteration times
+            # the run reports. Ranks on one host share a clock: their lags are placed exactly
+            # (shared_clock_marks); otherwise the mean of the ranks' own periods (common_periods).
+            all_marks = [m for _, m in gathered]
+            if len({clock for clock, _ in gathered}) == 1:
+                all_marks, periods = shared_clock_marks(all_marks)
+                clock = "host"
+            else:
+                periods = common_periods(all_marks)
+                clock = "per-rank"
             rows = [
                 row
                 for r, rank_marks in enumerate(all_marks)
@@ -205,6 +214,7 @@ class LiveRun:
                 "gather_s": out["gather_s"],
                 "delay_actual_s": out["delay_actual_s"],
                 "periods_s": periods,
+                "clock": clock,
                 "controls_applied": pacer.controls_applied,
                 "controls_rejected": pacer.controls_rejected,
             }
@@ -229,6 +239,18 @@ class LiveRun:
             out["episode_path"] = str(episode_path)
         dist.barrier()
         return out
+
+
+def host_clock_id() -> str:
+    """Identifies the clock behind ``time.perf_counter``: ranks with the same id can compare stamps.
+
+    On Linux ``perf_counter`` is ``CLOCK_MONOTONIC``, one clock per kernel boot (containers on one
+    host share it): the boot id, else the host name.
+    """
+    try:
+        return "boot:" + Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "host:" + socket.gethostname()
 
 
 def run_interleaved(runs: list[LiveRun], block: int) -> None:

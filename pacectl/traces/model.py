@@ -177,8 +177,9 @@ class OpTrace:
             ``seconds / norm_unit_s`` gives back the file's normalised values.
         measured_step_time_s: the step times the source measured apart from its op stamps, one
             per step of :attr:`steps`, seconds; None: the op spans are the step times. Live records
-            carry their iteration periods here (the mean of the ranks' own periods), because the
-            span of jittery per-rank stamps overstates them; fidelity compares against these.
+            carry their iteration periods here (between common exits on the host clock the ranks
+            share, else the mean of the ranks' own periods), because the span of jittery per-rank
+            stamps can overstate them; fidelity compares against these.
     """
 
     ops: pd.DataFrame = field(repr=False)
