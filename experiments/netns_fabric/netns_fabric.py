@@ -18,7 +18,8 @@ failure or Ctrl-C):
 Each rank is one elastic agent (``python -m pacectl.torchdist.launch``, one process per namespace,
 c10d rendezvous on 10.77.0.10). Every controller of ``--controllers`` runs in the same job after no
 pacing, on the same seed and straggler schedule. Results (``metrics.summarize`` per run,
-``vs_baseline``) go to ``--out`` (default ``results/``) as ``netns_results.json``.
+``vs_baseline``) go to ``--out`` (default ``results/``) as ``netns_results.json`` (or to ``--out``
+itself when it names a ``.json`` file).
 """
 
 from __future__ import annotations
@@ -161,13 +162,13 @@ def run_job(
     procs: list[subprocess.Popen[bytes]] = []
     budget_s = args.timeout_s
     try:
-        if args.cross_mbit_on_s > 0:
+        if args.cross_on_s > 0:
             procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", f"{PREFIX}r0", sys.executable, "-c", SINK, f"{SUBNET}.10", str(budget_s)]))  # fmt: skip
             time.sleep(0.3)
             procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", f"{PREFIX}x", sys.executable, "-c", BLASTER, f"{SUBNET}.10", str(budget_s),
-                 str(args.cross_mbit_on_s), str(args.cross_off_s), str(20e9), str(args.seed)]))  # fmt: skip
+                 str(args.cross_on_s), str(args.cross_off_s), str(20e9), str(args.seed)]))  # fmt: skip
         agents = []
         for i in range(args.ranks):
             cmd = ["ip", "netns", "exec", f"{PREFIX}r{i}", sys.executable, "-m", "pacectl.torchdist.launch",
@@ -216,8 +217,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rate-mbit", type=float, default=200.0, help="tc tbf cap of rank 0's uplink, Mbit/s"
     )
-    parser.add_argument("--cross-mbit-on-s", type=float, default=0.3, help="mean burst length, s (0: none)")
-    parser.add_argument("--cross-off-s", type=float, default=0.3, help="mean pause between bursts, s")
+    parser.add_argument(
+        "--cross-on-s",
+        "--cross-mbit-on-s",  # the old, misleading spelling
+        dest="cross_on_s",
+        type=float,
+        default=0.3,
+        help="mean burst length of the cross traffic, s (0: no cross traffic)",
+    )
+    parser.add_argument(
+        "--cross-off-s", type=float, default=0.3, help="mean pause between cross-traffic bursts, s"
+    )
     parser.add_argument(
         "--straggler-prob", type=float, default=0.3, help="per-iteration probability that rank 1 sleeps"
     )
@@ -227,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="workload, straggler and cross-traffic seed")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="give up on the job after this long")
     parser.add_argument(
-        "--out", default=str(HERE / "results"), help="results folder (the default is the committed record)"
+        "--out",
+        default=str(HERE / "results"),
+        help="results folder (written as netns_results.json) or a .json file; the default is the committed record",
     )
     args = parser.parse_args(argv)
     reason = preflight()
@@ -260,12 +272,16 @@ def main(argv: list[str] | None = None) -> int:
     result["wall_time_s"] = time.time() - t0
     result["topology"] = (
         f"{args.ranks} ranks, one netns each, on a bridge; rank-0 link capped at {args.rate_mbit:g} Mbit/s "
-        f"(tc tbf both ways); cross traffic TCP bursts (~{args.cross_mbit_on_s}s on / ~{args.cross_off_s}s off) "
+        f"(tc tbf both ways); cross traffic TCP bursts (~{args.cross_on_s}s on / ~{args.cross_off_s}s off) "
         "from a fifth namespace to a sink in rank 0's namespace"
     )
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "netns_results.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
+    path = out if out.suffix == ".json" else out / "netns_results.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(result, indent=2, default=float) + "\n")
+    tmp.replace(path)  # never a half-written record
+    print(f"results: {path}")
     for fam, s in result["runs"].items():
         print(f"{fam:10s} mean {s['iteration_time_mean_s']:.4f}s p99 {s['iteration_time_p99_s']:.4f}s "
               f"cv {s['cv']:.3f} spread p50 {s['spread_median_s']:.4f}s delay {s['pacing_delay_total_s']:.3f}s")  # fmt: skip
