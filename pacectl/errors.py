@@ -72,7 +72,7 @@ def unknown_keys_error(where: str, section: Mapping[str, Any], known: Iterable[s
         if isinstance(value, (int, float, str))
         else "..."
     )
-    close = difflib.get_close_matches(first, known, n=1)
+    close = difflib.get_close_matches(first, known, n=1) or [k for k in known if k.startswith(first)][:1]
     fix = f"Drop the override +{where}.{first}={shown}"
     if close:
         fix = f"Did you mean {where}.{close[0]}={shown}? Otherwise drop the override +{where}.{first}={shown}"

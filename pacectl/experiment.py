@@ -89,8 +89,9 @@ class ReplayExperiment:
             "paced_optype": backend.paced_optype,
             "fidelity": {
                 "comm_model": "null",
-                "compares": "the trace replayed with its recorded pacing delays (none in a production "
-                "trace) against its recorded step times"
+                "compares": "the trace replayed with its recorded pacing delays ("
+                + ("its own, a paced record" if backend.dag.delay_s.any() else "none recorded")
+                + ") against its recorded step times"
                 + (" (the measured iteration times it carries)" if trace.measured_step_time_s else ""),
                 "step_time_median_abs_err_frac": fidelity.step_time_median_abs_err_frac,
                 "step_time_p90_abs_err_frac": fidelity.step_time_p90_abs_err_frac,

@@ -150,6 +150,29 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
     return summary
 
 
+def counterfactual_lines(fidelity: dict[str, Any] | None) -> dict[str, str]:
+    """Per paced live run, its counterfactual check as one line (empty for replay and simulation).
+
+    See :func:`pacectl.torchdist.core.counterfactual_error` for the fields.
+    """
+    out = {}
+    for name, f in (fidelity or {}).get("by_run", {}).items():
+        c = f.get("counterfactual_vs_live_none")
+        if not c:
+            continue
+        line = (
+            f"its record replayed with zero delays vs the live no-pacing run: mean iteration "
+            f"{100 * c['mean_err_frac']:+.3g} %"
+        )
+        if "predicted_pacing_effect_s" in c:
+            line += (
+                f"; pacing effect per iteration predicted {1e3 * c['predicted_pacing_effect_s']:+.3g} ms, "
+                f"live {1e3 * c['live_pacing_effect_s']:+.3g} ms"
+            )
+        out[name] = line
+    return out
+
+
 def _report_context(summary: dict[str, Any]) -> dict[str, str]:
     """Context lines of report.md from the summary fields the experiment provided."""
     trace = summary["trace"]
@@ -166,6 +189,8 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
                 f"median {100 * f['step_time_median_abs_err_frac']:.3g} %, p90 {100 * f['step_time_p90_abs_err_frac']:.3g} % "
                 f"abs. rel. error of step time: {fid.get('compares', 'replay vs recorded step times')}"
             )
+    for name, line in counterfactual_lines(fid).items():
+        context[f"replay counterfactual of {name}"] = line
     if "time_unit_note" in summary:
         context["time unit"] = summary["time_unit_note"]
     if summary.get("warnings"):
@@ -240,6 +265,8 @@ def log_summary(summary: dict[str, Any], out_dir: Path) -> None:
                 f"replay fidelity{f' of {name}' if name else ''} (null model; {what}): median "
                 f"{100 * f['step_time_median_abs_err_frac']:.3g} %, p90 {100 * f['step_time_p90_abs_err_frac']:.3g} % abs. rel. error"
             )
+        for name, line in counterfactual_lines(fid).items():
+            log.info(f"replay counterfactual of {name}: {line}")
     wi = summary.get("whatif")
     if wi:
         log.info(

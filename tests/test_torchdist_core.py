@@ -270,16 +270,18 @@ def _torch_backend(**changes: object) -> dict:
         ({"workload__model": "transformer", "workload__heads": 3}, "multiple of backend.workload.heads"),
         ({"straggler__prob": "x"}, "backend.straggler.prob must be in [0, 1]"),
         ({"straggler__rank": 9}, "backend.straggler.rank must be in [-1, 4)"),
-        ({"straggler__bogus": 1}, "backend.straggler keys must be among"),
+        ({"straggler__rnk": 1}, "backend.straggler has unknown key(s) ['rnk']"),
+        ({"straggler__rnk": 1}, "Did you mean backend.straggler.rank=1?"),
         ({"start_method": "bogus"}, "backend.start_method must be one of"),
         ({"nproc_per_node": "abc"}, "backend.nproc_per_node must be an integer >= 1"),
-        ({"bogus": 1}, "backend has unknown keys ['bogus']"),
-        ({"workload__dropout": 0.1}, "backend.workload has unknown keys ['dropout']"),
-        ({"pacing__bogus": 1}, "backend.pacing has unknown keys ['bogus']"),
+        ({"bogus": 1}, "backend has unknown key(s) ['bogus']"),
+        ({"nproc": 2}, "Did you mean backend.nproc_per_node=2?"),
+        ({"workload__dropout": 0.1}, "backend.workload has unknown key(s) ['dropout']"),
+        ({"pacing__bogus": 1}, "backend.pacing has unknown key(s) ['bogus']"),
         ({"comm_model": "nvlink"}, "backend.comm_model labels the real fabric"),
         ({"fault": 7}, "backend.fault must be null or"),
         ({"fault": {"rank": 5, "iteration": 3}}, "backend.fault.rank must be < backend.nproc_per_node=4"),
-        ({"fault": {"rank": 1, "iteration": 3, "x": 1}}, "backend.fault has unknown keys ['x']"),
+        ({"fault": {"rank": 1, "iteration": 3, "x": 1}}, "backend.fault has unknown key(s) ['x']"),
         ({"socket_ifname": "nonexistent0"}, "backend.socket_ifname names no network interface"),
     ],
 )
@@ -343,6 +345,28 @@ def test_live_records_carry_their_measured_iteration_times(tmp_path) -> None:
     )
     with pytest.raises(TraceError, match="one positive finite time per step"):
         OpTrace(ops=trace.ops, meta=trace.meta, source="x", fmt="torch-live", measured_step_time_s=(1.0,))
+
+
+def test_a_live_record_without_its_delays_is_refused(tmp_path) -> None:
+    """Dropping delay_s would replay a paced record as unpaced with a perfect-looking fidelity."""
+    import pyarrow.parquet as pq
+
+    from pacectl.errors import TraceError
+    from pacectl.traces.canonical import load_canonical, write_canonical
+
+    trace = rows_to_trace(
+        _synthetic_rows(4, np.full(4, 0.002)),
+        world_size=2,
+        name="t",
+        source="synthetic",
+        pacing_blocks_compute=True,
+    )
+    path = tmp_path / "rec.parquet"
+    write_canonical(trace, path)
+    table = pq.read_table(path)
+    pq.write_table(table.drop(["delay_s"]), tmp_path / "cut.parquet")
+    with pytest.raises(TraceError, match=r"must have the column delay_s.*cut.parquet"):
+        load_canonical(tmp_path / "cut.parquet")
 
 
 def _staggered_live_marks(num_iter: int = 60, world: int = 4, seed: int = 0) -> tuple[list, np.ndarray]:
@@ -428,3 +452,15 @@ def test_shared_clock_marks_restart_at_align_and_reject_mismatches() -> None:
         shared_clock_marks(marks)
     with pytest.raises(ValueError, match="different numbers of iterations"):
         shared_clock_marks([marks[0], marks[1][:-1]])
+
+
+def test_counterfactual_lines_for_the_console_and_report() -> None:
+    from pacectl.run import counterfactual_lines
+
+    cf = {"mean_err_frac": 0.0244, "predicted_pacing_effect_s": 0.0004, "live_pacing_effect_s": -0.00126}
+    fid = {"by_run": {"none": {}, "threshold": {"counterfactual_vs_live_none": cf}}}
+    lines = counterfactual_lines(fid)
+    assert list(lines) == ["threshold"]
+    assert "mean iteration +2.44 %" in lines["threshold"]
+    assert "predicted +0.4 ms, live -1.26 ms" in lines["threshold"]
+    assert counterfactual_lines(None) == {} and counterfactual_lines({"compares": "x"}) == {}

@@ -287,3 +287,12 @@ def test_runtime_control_never_reaches_the_no_pacing_baseline(tmp_path) -> None:
     assert not exp.run("none", {}).applied_delay_s.any()
     (applied,) = summary["measured"]["threshold"]["runtime_controls"]
     assert applied["applied"] and applied["control"]["controller"]["name"] == "pid"
+
+
+def test_records_about_to_be_replaced_are_named_before_the_run(tmp_path) -> None:
+    from pacectl.torchdist.experiment import TorchExperiment
+
+    (tmp_path / "none.parquet").write_bytes(b"an earlier record")
+    with pytest.warns(UserWarning, match=r"already holds \['none.parquet'\]: this run replaces them"):
+        TorchExperiment(_cfg(tmp_path, "controller=none"))  # no rank starts before describe()
+    assert (tmp_path / "none.parquet").read_bytes() == b"an earlier record"

@@ -81,14 +81,17 @@ def test_meta_too_small_world(tmp_path: Path) -> None:
 def test_not_parquet(tmp_path: Path) -> None:
     path = tmp_path / "trace.parquet"
     path.write_text("step,rank\n1,2\n")
-    with pytest.raises(TraceError, match=r"must be a Parquet file.*trace.parquet"):
+    with pytest.raises(TraceError, match=r"must be a Parquet file.*trace.parquet: it is not Parquet"):
         load_bytedance(path, ST_META)
 
 
 def test_truncated_parquet(tmp_path: Path) -> None:
     path = tmp_path / "trace.parquet"
     path.write_bytes(ST_PARQUET.read_bytes()[:30000])
-    with pytest.raises(TraceError, match=r"must be a Parquet file"):
+    with pytest.raises(TraceError, match=r"must be a Parquet file.*truncated.*Copy or write the file again"):
+        load_bytedance(path, ST_META)
+    path.write_bytes(b"")
+    with pytest.raises(TraceError, match=r"must be a Parquet file.*it is empty"):
         load_bytedance(path, ST_META)
 
 

@@ -23,7 +23,7 @@ import json
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from pacectl.controllers import PacingGuardWarning, SafetyGuard, make_controller
-from pacectl.errors import ConfigError, PacectlError
+from pacectl.errors import ConfigError, PacectlError, unknown_keys_error
 from pacectl.traces.model import JobMeta, OpTrace, validate_ops
 from pacectl.types import Action, Episode, FloatArray, Observation
 
@@ -108,12 +108,9 @@ PACING_DEFAULTS: dict[str, Any] = {
 
 
 def _known_keys(section: str, node: Mapping[str, Any]) -> None:
-    unknown = sorted(set(node) - _BACKEND_KEYS[section])
-    if unknown:
+    if set(node) - _BACKEND_KEYS[section]:
         where = f"backend.{section}" if section else "backend"
-        raise ConfigError(
-            f"{where} has unknown keys {unknown}; the keys are {sorted(_BACKEND_KEYS[section])} ({_HINT})"
-        )
+        raise unknown_keys_error(where, node, _BACKEND_KEYS[section])
 
 
 def validate_torch_backend(b: Mapping[str, Any]) -> None:
@@ -160,12 +157,10 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
     straggler = b.get("straggler")
     if not isinstance(straggler, Mapping):
         raise ConfigError(f"backend.straggler must be a mapping, got {straggler!r} ({_HINT})")
-    try:
-        spec = StragglerSpec(**dict(straggler))
-    except TypeError as err:
-        raise ConfigError(
-            f"backend.straggler keys must be among rank, prob, duration_s, kind, jitter_frac: {err} ({_HINT})"
-        ) from err
+    known = {f.name for f in fields(StragglerSpec)}
+    if set(straggler) - known:
+        raise unknown_keys_error("backend.straggler", straggler, known)
+    spec = StragglerSpec(**dict(straggler))
     if spec.rank is not None and not -1 <= spec.rank < nproc:
         raise ConfigError(
             f"backend.straggler.rank must be in [-1, {nproc}) (backend.nproc_per_node={nproc}) or null, "

@@ -97,6 +97,19 @@ class TorchExperiment:
                 f"backend.record_dir must be a folder, but {self.final_record_dir} is a file; pick another path"
             )
         _check_writable(self.final_record_dir.parent)
+        replaced = sorted(
+            path.name
+            for f in self.families
+            for path in (self.final_record_dir / f"{f}.parquet", self.final_record_dir / f"{f}.episode.pkl")
+            if path.exists()
+        )
+        if replaced:
+            warnings.warn(
+                f"backend.record_dir={self.final_record_dir} already holds {replaced}: this run replaces "
+                "them when it succeeds (pick another backend.record_dir to keep them)",
+                UserWarning,
+                stacklevel=2,
+            )
         self.record_dir = self.final_record_dir.with_name(
             f".{self.final_record_dir.name}.partial-{uuid.uuid4().hex[:8]}"
         )

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import yaml
 
 from pacectl.errors import TraceError
@@ -24,6 +22,7 @@ from pacectl.traces.model import (
     OpTrace,
     describe_op_row,
     drop_exact_duplicates,
+    read_parquet_table,
     require_file,
     validate_ops,
 )
@@ -102,13 +101,7 @@ def load_bytedance(path: str | Path, meta: str | Path) -> OpTrace:
     """
     p = require_file(path, "trace file")
     job = load_meta(meta)
-    try:
-        table = pq.read_table(p)
-    except (pa.ArrowInvalid, OSError) as err:
-        raise TraceError(
-            f"trace file must be a Parquet file, could not read it (in {p}): {str(err).rstrip('.')}. "
-            "For other formats pick another trace= importer."
-        ) from err
+    table = read_parquet_table(p, other_formats="For other formats pick another trace= importer")
     raw = drop_exact_duplicates(
         table.to_pandas(), source=str(p), what="values in every column", describe=describe_op_row
     )

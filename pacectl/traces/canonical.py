@@ -27,6 +27,7 @@ from pacectl.traces.model import (
     OpTrace,
     describe_op_row,
     drop_exact_duplicates,
+    read_parquet_table,
     require_file,
     validate_ops,
 )
@@ -71,10 +72,10 @@ def load_canonical(path: str | Path) -> OpTrace:
             format version, or fails validation.
     """
     p = require_file(path, "trace file")
-    try:
-        table = pq.read_table(p)
-    except (pa.ArrowInvalid, OSError) as err:
-        raise TraceError(f"trace file must be a Parquet file, could not read it (in {p}): {err}") from err
+    table = read_parquet_table(
+        p,
+        other_formats="For other formats pick their importer: trace=bytedance, trace=kineto, trace=steplevel",
+    )
     raw = (table.schema.metadata or {}).get(META_KEY)
     if raw is None:
         raise TraceError(
@@ -97,6 +98,14 @@ def load_canonical(path: str | Path) -> OpTrace:
         table.to_pandas(), source=str(p), what="values in every column", describe=describe_op_row
     )
     ops = validate_ops(raw_ops, job, source=str(p))
+    fmt = str(meta.get("source_format", "canonical"))
+    if (fmt == "torch-live" or meta.get("pacing_blocks_compute")) and "delay_s" not in ops.columns:
+        # without it a paced record would replay as unpaced, and its fidelity would hide that
+        raise TraceError(
+            f"a live record must have the column delay_s (the pacing delay applied before each op), "
+            f"got columns {list(raw_ops.columns)} (in {p}). Use the record as the live run wrote it, "
+            "or re-run the job"
+        )
     time_unit = meta.get("time_unit", "s")
     norm_unit_s = meta.get("norm_unit_s", 1.0)
     unit_ok = (
@@ -114,7 +123,7 @@ def load_canonical(path: str | Path) -> OpTrace:
         ops=ops,
         meta=job,
         source=str(p),
-        fmt=str(meta.get("source_format", "canonical")),
+        fmt=fmt,
         pacing_blocks_compute=bool(meta.get("pacing_blocks_compute", False)),
         time_unit=str(time_unit),
         norm_unit_s=float(norm_unit_s),

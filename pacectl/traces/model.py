@@ -386,6 +386,34 @@ def _float_column(ops: pd.DataFrame, col: str, source: str) -> np.ndarray:
     return values.to_numpy(np.float64)
 
 
+def read_parquet_table(path: Path, *, other_formats: str) -> Any:
+    """Read a Parquet file as a ``pyarrow.Table``, or raise one TraceError that says what to do.
+
+    Args:
+        path: an existing file (see :func:`require_file`).
+        other_formats: the hint for a file that is not Parquet at all (which importer to use).
+
+    Raises:
+        TraceError: the file is empty, truncated (no Parquet footer) or not Parquet.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+        if head == b"PAR1":  # a Parquet header without its footer: cut short
+            why = "it starts as Parquet but its end is missing (truncated: an interrupted copy or write?)"
+            fix = "Copy or write the file again (a live record: re-run the job that wrote it)"
+        elif not head:
+            why, fix = "it is empty", "Copy or write the file again"
+        else:
+            why, fix = f"it is not Parquet ({str(err).rstrip('.')})", other_formats
+        raise TraceError(f"trace.path must be a Parquet file, could not read {path}: {why}. {fix}.") from err
+
+
 def require_file(path: str | Path, what: str) -> Path:
     """Return ``path`` as a Path, or raise TraceError if it is not an existing file."""
     p = Path(path).expanduser()
