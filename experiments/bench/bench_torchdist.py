@@ -28,6 +28,15 @@
    (encode, pack, decode: ``Pacer.gather_s``). An exchange still in flight at the end of a block
    completes during the next variant's first iteration: its cost leaks into that block (at most one
    tiny all-reduce in ``--block`` iterations).
+
+   The paired wall-time differences carry this machine's scheduling noise (a few % on 2 cores).
+   The CPU time of the hook code itself does not: each variant's comm hook (and the pacer's
+   end-of-iteration callback) is wrapped to sum its ``time.thread_time()`` on the training thread,
+   and the pacer's completion callbacks sum theirs on gloo's threads. Reported per variant as
+   microseconds per iteration and as a fraction of plain's iteration time (``hook_cpu``). For
+   ``py_hook`` only the training-thread part is timed (its completion callback is torch's own
+   lambda). The pacer's own code is the difference between a pacer variant and ``py_hook``; what
+   any Python hook costs beyond that (GIL hand-offs, thread wake-ups) shows only in wall time.
 2. Delay precision of the host delay (``time.sleep`` + spin tail, and sleep only): median and p99 of
    actual minus requested for 0.1, 1 and 10 ms.
 
@@ -38,6 +47,7 @@ Usage: ``python experiments/bench/bench_torchdist.py [--nproc 2 4] [--widths 512
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import time
 from datetime import timedelta
@@ -77,6 +87,20 @@ def overhead_worker(spec: dict[str, Any]) -> dict[str, Any]:
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
     seed, workload, variants = int(spec["seed"]), spec["workload"], list(spec["variants"])
+    # per variant: CPU seconds in the hook code, on the training thread and on gloo's threads
+    cpu = {name: {"train": 0.0, "comm": 0.0} for name in variants}
+
+    def timed(fn: Any, acc: dict[str, float], key: str) -> Any:
+        @functools.wraps(fn)  # DDP reads the hook's signature
+        def call(*args: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return fn(*args)
+            finally:
+                acc[key] += time.thread_time() - t0
+
+        return call
+
     setups = []
     for name in variants:
         torch.manual_seed(seed)
@@ -90,10 +114,20 @@ def overhead_worker(spec: dict[str, Any]) -> dict[str, Any]:
         if how["attach"] == "allreduce_hook":
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-            ddp.register_comm_hook(dist.group.WORLD, allreduce_hook)
+            ddp.register_comm_hook(dist.group.WORLD, timed(allreduce_hook, cpu[name], "train"))
         elif how["attach"]:
             engine = DecisionEngine("none", {}, {"max_delay_frac": 0.5}, num_ranks=world, seed=seed)
-            pacer = Pacer(engine, gather=how["gather"], gather_every=how["gather_every"]).attach(ddp)
+            pacer = Pacer(engine, gather=how["gather"], gather_every=how["gather_every"])
+            # instance attributes: looked up at each call by the hook lambda and the queued callback
+            for attr, thread in (
+                ("_comm_hook", "train"),
+                ("_end_iteration", "train"),
+                ("_on_exit", "comm"),
+                ("_on_piggyback_exit", "comm"),
+                ("_on_async_exchange", "comm"),
+            ):
+                setattr(pacer, attr, timed(getattr(pacer, attr), cpu[name], thread))
+            pacer.attach(ddp)
         setups.append((ddp, opt, x, pacer))
 
     def step(ddp: Any, opt: Any, x: Any) -> None:
@@ -105,6 +139,8 @@ def overhead_worker(spec: dict[str, Any]) -> dict[str, Any]:
         for _ in range(3):
             step(ddp, opt, x)
     rounds, block = int(spec["rounds"]), int(spec["block"])
+    for acc in cpu.values():
+        acc.update(train=0.0, comm=0.0)
     times = np.zeros((rounds, len(setups)))
     for r in range(rounds):
         shift = r % len(setups)
@@ -121,7 +157,8 @@ def overhead_worker(spec: dict[str, Any]) -> dict[str, Any]:
             gather[name] = np.asarray(pacer.gather_s, dtype=np.float64)
     dist.barrier()
     dist.destroy_process_group()
-    return {"times_s": times, "gather_s": gather}
+    per_iter = {name: {k: v / (rounds * block) for k, v in acc.items()} for name, acc in cpu.items()}
+    return {"times_s": times, "gather_s": gather, "hook_cpu_s": per_iter}
 
 
 def _paired(diff: np.ndarray, scale: float) -> dict[str, float]:
@@ -186,6 +223,15 @@ def bench_overhead(
             for i, v in enumerate(variants)
             if v not in ("plain", "py_hook")
         }
+    result["hook_cpu"] = {
+        v: {
+            "train_us_per_iter": c["train"] * 1e6,
+            "comm_us_per_iter": c["comm"] * 1e6,
+            "frac_of_plain_iter": (c["train"] + c["comm"]) / scale,
+        }
+        for v, c in out["hook_cpu_s"].items()
+        if v != "plain"
+    }
     result["exchange_host_time_us"] = {
         v: {
             "median": float(np.median(g)) * 1e6 if len(g) else float("nan"),
@@ -216,16 +262,27 @@ def bench_delay_precision(reps: int) -> dict[str, Any]:
 
 def _table(configs: list[dict[str, Any]]) -> str:
     """The overhead figures as a plain-text table (also in the JSON record)."""
-    lines = ["ranks  width  plain (ms)  variant        vs plain (% [95 % CI])  minus py_hook (% of plain)"]
+    lines = [
+        "ranks  width  plain (ms)  variant        vs plain (% [95 % CI])  minus py_hook (% of plain)"
+        "  hook CPU (us/iter: train + comm, % of plain)"
+    ]
     for c in configs:
         width = c["workload"].split()[2]
         for v, x in c["overhead_vs_plain"].items():
             hook = c.get("overhead_vs_py_hook", {}).get(v)
             vs_hook = "" if hook is None else f"{100 * hook['frac']:+14.1f}"
+            h = c.get("hook_cpu", {}).get(v)
+            cpu = (
+                ""
+                if h is None
+                else (
+                    f"{h['train_us_per_iter']:8.0f} + {h['comm_us_per_iter']:4.0f}  {100 * h['frac_of_plain_iter']:5.2f}"
+                )
+            )
             lines.append(
                 f"{c['world_size']:>5}  {width:>5}  {c['plain_iteration_median_ms']:>10.2f}  {v:<13}"
                 f"  {100 * x['frac']:+6.1f} [{100 * x['ci95_frac'][0]:+6.1f}, {100 * x['ci95_frac'][1]:+6.1f}]"
-                f"  {vs_hook}"
+                f"  {vs_hook:<26}  {cpu}"
             )
     return "\n".join(lines)
 
