@@ -12,6 +12,12 @@
    - ``plain``: DDP with its built-in C++ all-reduce;
    - ``py_hook``: DDP with torch's own Python ``allreduce_hook``: the floor of *any* Python DDP
      communication hook (a Python completion callback per bucket);
+   - ``cpp_hook``: DDP with torch's built-in C++ all-reduce hook
+     (``_register_builtin_comm_hook(ALLREDUCE)``): the floor of *any* comm hook. Without a hook
+     DDP fuses the averaging into its copy of the gradients into the bucket; with one, the hook
+     must divide, one more pass over the gradients;
+   - ``py_hook_no_div``: torch's Python hook without that division (the gradients become sums:
+     for timing only), to see what the extra pass costs;
    - ``async`` / ``piggyback`` / ``collective``: the pacer in each exchange mode (``gather=``);
    - ``piggyback_k10``: piggyback with ``gather_every=10`` (the figures of 10 iterations at once:
      the exchange's cost amortized, decisions up to 10 iterations more stale);
@@ -60,6 +66,8 @@ import numpy as np
 VARIANTS: dict[str, dict[str, Any]] = {
     "plain": {"attach": False},
     "py_hook": {"attach": "allreduce_hook"},
+    "cpp_hook": {"attach": "builtin_allreduce"},
+    "py_hook_no_div": {"attach": "sum_hook"},
     "async": {"attach": True, "gather": "async", "gather_every": 1},
     "piggyback": {"attach": True, "gather": "piggyback", "gather_every": 1},
     "collective": {"attach": True, "gather": "collective", "gather_every": 1},
@@ -111,7 +119,16 @@ def overhead_worker(spec: dict[str, Any]) -> dict[str, Any]:
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
         how = VARIANTS[name]
         pacer = None
-        if how["attach"] == "allreduce_hook":
+        if how["attach"] == "builtin_allreduce":
+            ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+        elif how["attach"] == "sum_hook":
+
+            def sum_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP reads real annotations only
+                work = dist.all_reduce(bucket.buffer(), async_op=True)
+                return work.get_future().then(lambda fut: fut.value()[0])
+
+            ddp.register_comm_hook(None, timed(sum_hook, cpu[name], "train"))
+        elif how["attach"] == "allreduce_hook":
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
             ddp.register_comm_hook(dist.group.WORLD, timed(allreduce_hook, cpu[name], "train"))
@@ -230,7 +247,7 @@ def bench_overhead(
             "frac_of_plain_iter": (c["train"] + c["comm"]) / scale,
         }
         for v, c in out["hook_cpu_s"].items()
-        if v != "plain"
+        if v not in ("plain", "cpp_hook")  # nothing to time in Python
     }
     result["exchange_host_time_us"] = {
         v: {
