@@ -55,10 +55,14 @@ def test_aggregate_pairs_live_and_predicted_effects(lf) -> None:
     assert s["counterfactual_mean_err_frac"]["mean"] == pytest.approx(0.005)
 
 
-def test_bad_arguments_exit_with_a_message(lf, capsys) -> None:
+def test_bad_arguments_exit_with_a_message(lf, capsys, tmp_path) -> None:
     with pytest.raises(SystemExit) as err:
         lf.main(["--runs", "1"])
     assert err.value.code == 2 and "--runs must be at least 2" in capsys.readouterr().err
     with pytest.raises(SystemExit) as err:
         lf.main(["--controller", "none"])
     assert err.value.code == 2 and "must be a pacing controller" in capsys.readouterr().err
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(SystemExit) as err:  # checked before any live job starts
+        lf.main(["--out", str(tmp_path / "a_file" / "out.json")])
+    assert err.value.code == 2 and "--out: cannot write" in capsys.readouterr().err

@@ -155,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--controller must be a pacing controller (threshold, pid, ewma, quantile), not none")
     out = Path(args.out)
     path = out if out.suffix == ".json" else out / "live_fidelity.json"
+    try:  # before minutes of live jobs, not after
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=path.parent).close()
+    except OSError as err:
+        parser.error(f"--out: cannot write {path}: {err.strerror or err}; pick another path")
     from tqdm import tqdm
 
     t0 = time.perf_counter()
