@@ -19,7 +19,7 @@ iteration, so a live effect reliably below the predicted one would point at a ti
 mechanism (contention, interference) the replay does not model; an interval that holds zero says
 the replay and the live job agree within this machine's noise.
 
-Usage: ``python experiments/live_fidelity/live_fidelity.py [--runs 8] [--nproc 4]
+Usage: ``python experiments/live_fidelity/live_fidelity.py [--runs 12] [--nproc 4]
 [--controller threshold] [--out results/]``. About 20 s per run on 2 cores.
 """
 
@@ -38,6 +38,14 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+#: overrides the script sets itself for every job, and the option that sets each
+_SET_BY_SCRIPT = {
+    "backend": "the script (backend=torch)",
+    "backend.nproc_per_node": "--nproc",
+    "controller": "--controller",
+    "seed": "--seed0",
+    "hydra.run.dir": "the script (a temporary folder per job)",
+}
 
 
 def run_once(seed: int, nproc: int, controller: str, extra: list[str], workdir: Path) -> dict[str, Any]:
@@ -53,8 +61,10 @@ def run_once(seed: int, nproc: int, controller: str, extra: list[str], workdir: 
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
-        raise RuntimeError(f"live run with seed={seed} failed (exit {proc.returncode}): {tail}")
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip() and "HYDRA_FULL_ERROR" not in ln]
+        raise RuntimeError(
+            f"live run with seed={seed} failed (exit {proc.returncode}): " + " | ".join(lines[-3:])
+        )
     summary = json.loads((out / "summary.json").read_text())
     by_run = summary["fidelity"]["by_run"]
     cf = by_run[controller]["counterfactual_vs_live_none"]
@@ -117,33 +127,32 @@ def plot(rows: list[dict[str, Any]], path: Path, controller: str) -> None:
     lo, hi = min(pred.min(), live.min(), 0.0) - 0.2, max(pred.max(), live.max(), 0.0) + 0.2
     ax.plot([lo, hi], [lo, hi], color="0.6", lw=1, label="live = predicted")
     ax.axhline(0.0, color="0.85", lw=0.8)
-    ax.scatter(pred, live, color="C0", zorder=3, label="one live job (seed)")
+    ax.scatter(pred, live, color="C0", zorder=3, label="one live job")
     ax.set_xlabel("predicted by the replay (ms per iteration)")
     ax.set_ylabel("measured live (ms per iteration)")
     ax.set_title(f"Effect of pacing ({controller}) on the iteration time", fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".partial.png")
-    fig.savefig(tmp, dpi=120)
+    fig.savefig(path, dpi=120, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Repeat a live job (no pacing + a controller, recorded) and test whether the replay of "
-        "its records predicts it: self-replay, counterfactual and the effect of pacing, with 95 %% intervals. "
+        "its records predicts it: self-replay, counterfactual and the effect of pacing, with 95 % intervals. "
         "About 20 s per run on 2 cores.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--runs", type=int, default=8, help="live jobs, seeds --seed0 .. --seed0 + runs - 1")
+    parser.add_argument("--runs", type=int, default=12, help="live jobs, seeds --seed0 .. --seed0 + runs - 1")
     parser.add_argument("--seed0", type=int, default=0, help="seed of the first job")
     parser.add_argument("--nproc", type=int, default=4, help="gloo ranks per job")
     parser.add_argument("--controller", default="threshold", help="controller family paced against none")
     parser.add_argument(
         "--out",
         default=str(HERE / "results"),
-        help="results folder (live_fidelity.json and .png) or a .json file; the default is the committed record",
+        help="results folder (live_fidelity.json and .png, created if missing) or a .json file; the default "
+        "overwrites the committed record",
     )
     parser.add_argument(
         "overrides", nargs="*", help="more pacectl.run overrides, e.g. backend.num_iterations=120"
@@ -151,8 +160,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 2:
         parser.error(f"--runs must be at least 2 for an interval, got {args.runs}")
-    if args.controller == "none":
-        parser.error("--controller must be a pacing controller (threshold, pid, ewma, quantile), not none")
+    from pacectl.config import CONF_DIR
+
+    families = sorted(
+        p.stem for p in (CONF_DIR / "controller").glob("*.yaml") if p.stem not in ("none", "all")
+    )
+    if args.controller not in families:
+        parser.error(f"--controller must be a pacing controller, one of {families}, got {args.controller!r}")
+    for override in args.overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key in _SET_BY_SCRIPT:
+            parser.error(
+                f"the override {override!r} sets what {_SET_BY_SCRIPT[key]} sets; use that option instead"
+            )
     out = Path(args.out)
     path = out if out.suffix == ".json" else out / "live_fidelity.json"
     try:  # before minutes of live jobs, not after
@@ -185,11 +205,18 @@ def main(argv: list[str] | None = None) -> int:
         "summary": aggregate(rows),
         "runs": rows,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_json = path.with_name(path.name + ".partial")
-    tmp_json.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp_json, path)
-    plot(rows, path.with_suffix(".png"), args.controller)
+    png = path.with_suffix(".png")
+    tmp_json, tmp_png = path.with_name(path.name + ".partial"), png.with_name(png.name + ".partial.png")
+    try:  # both written in full before either replaces the record
+        tmp_json.write_text(json.dumps(result, indent=2) + "\n")
+        plot(rows, tmp_png, args.controller)
+        os.replace(tmp_png, png)
+        os.replace(tmp_json, path)
+    except OSError as err:
+        for tmp in (tmp_json, tmp_png):
+            tmp.unlink(missing_ok=True)
+        print(f"live_fidelity: error: cannot write {path} and {png.name}: {err}", file=sys.stderr)
+        return 1
     s = result["summary"]
     ms = 1e3
 
@@ -205,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"effect of pacing per iteration: predicted {show(s['predicted_pacing_effect_s'], ms, 'ms')}, "
           f"live {show(s['live_pacing_effect_s'], ms, 'ms')}, live - predicted "
           f"{show(s['live_minus_predicted_effect_s'], ms, 'ms')}")  # fmt: skip
-    print(f"results: {path} (plot {path.with_suffix('.png').name})")
+    print(f"results: {path}, plot: {png}")
     return 0
 
 
