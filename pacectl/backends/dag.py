@@ -18,9 +18,8 @@ Dependency model (after Lin et al., OSDI 2025, section 4, rewritten for pacectl)
   (first and last stage) -> grads-reduce-scatter... -> optimizer-clip-main-grad -> optimizer``;
   gradient buckets recorded while compute was still running (DDP-style overlap) are instead posted
   after the compute op that ended last before them in every recorded step; a bucket waits for the
-  previous one only if the
-  recording shows them one after the other (NCCL's single stream), not when they overlap (gloo's
-  worker threads); what follows waits for every bucket.
+  previous one only if every recorded step shows them one after the other (NCCL's single stream),
+  not when they overlap (gloo's worker threads); what follows waits for every bucket.
 
 Synchronisation groups: a p2p pair; ``embedding-grads-all-reduce`` of the first and last stage;
 ``params-all-gather`` and ``grads-reduce-scatter`` across the DP ranks of a stage (``dp_sync``);
