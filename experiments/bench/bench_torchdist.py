@@ -115,7 +115,11 @@ def overhead_worker(spec: dict[str, Any]) -> dict[str, Any]:
         model, x = build_model(workload)
         torch.manual_seed(seed * 1009 + rank + 1)
         x = torch.randn_like(x)
-        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=float(workload["bucket_cap_mb"]))
+        ddp = nn.parallel.DistributedDataParallel(
+            model,
+            bucket_cap_mb=float(workload["bucket_cap_mb"]),
+            gradient_as_bucket_view=bool(spec.get("grad_as_bucket_view", False)),
+        )
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
         how = VARIANTS[name]
         pacer = None
@@ -147,8 +151,12 @@ def overhead_worker(spec: dict[str, Any]) -> dict[str, Any]:
             pacer.attach(ddp)
         setups.append((ddp, opt, x, pacer))
 
+    # gradient_as_bucket_view keeps the gradients as views of DDP's buckets only if they are kept
+    # between iterations (zeroed, not set to None); then plain DDP divides in place, as a hook does
+    set_to_none = not spec.get("grad_as_bucket_view", False)
+
     def step(ddp: Any, opt: Any, x: Any) -> None:
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=set_to_none)
         ddp(x).float().pow(2).mean().backward()
         opt.step()
 
@@ -201,6 +209,7 @@ def bench_overhead(
     *,
     batch: int = 32,
     bucket_cap_mb: float = 1.0,
+    grad_as_bucket_view: bool = False,
 ) -> dict[str, Any]:
     """One interleaved ``nproc``-rank job at ``width``; figures from rank 0 (see the module docstring)."""
     from pacectl.torchdist.launch import launch_workers
@@ -217,6 +226,7 @@ def bench_overhead(
             "batch_size": batch,
             "bucket_cap_mb": bucket_cap_mb,
         },
+        "grad_as_bucket_view": grad_as_bucket_view,
     }
     out = launch_workers(spec, nproc_per_node=nproc, start_method="fork", entrypoint=overhead_worker)[0]
     times = out["times_s"]
@@ -224,7 +234,8 @@ def bench_overhead(
     scale = float(np.median(plain))
     result: dict[str, Any] = {
         "world_size": nproc,
-        "workload": f"mlp width {width} depth 4 batch {batch}, bucket_cap_mb {bucket_cap_mb:g}",
+        "workload": f"mlp width {width} depth 4 batch {batch}, bucket_cap_mb {bucket_cap_mb:g}"
+        + (", gradient_as_bucket_view (grads kept between iterations)" if grad_as_bucket_view else ""),
         "rounds": rounds,
         "block_iterations": block,
         "plain_iteration_median_ms": scale * 1e3,
@@ -324,6 +335,12 @@ def main() -> None:
     parser.add_argument(
         "--bucket-cap-mb", type=float, default=1.0, help="DDP bucket size, MB (DDP's own default: 25)"
     )
+    parser.add_argument(
+        "--grad-as-bucket-view",
+        action="store_true",
+        help="DDP gradient_as_bucket_view=True with gradients zeroed, not set to None, between "
+        "iterations: plain DDP then divides in place as a comm hook does, so the hook's extra pass is gone",
+    )
     parser.add_argument("--reps", type=int, default=300, help="delay-precision samples per delay")
     parser.add_argument(
         "--variants",
@@ -360,6 +377,7 @@ def main() -> None:
                     variants,
                     batch=args.batch,
                     bucket_cap_mb=args.bucket_cap_mb,
+                    grad_as_bucket_view=args.grad_as_bucket_view,
                 )
             )
             configs[-1]["wall_time_s"] = time.perf_counter() - t1
@@ -368,7 +386,8 @@ def main() -> None:
         f"python experiments/bench/bench_torchdist.py --nproc {' '.join(map(str, args.nproc))} "
         f"--widths {' '.join(map(str, args.widths))} --rounds {args.rounds} --block {args.block} "
         f"--batch {args.batch} --bucket-cap-mb {args.bucket_cap_mb:g} "
-        f"--reps {args.reps} --variants {','.join(variants)} --out {args.out}"
+        + ("--grad-as-bucket-view " if args.grad_as_bucket_view else "")
+        + f"--reps {args.reps} --variants {','.join(variants)} --out {args.out}"
     )
     write_record(
         Path(args.out),
