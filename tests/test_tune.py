@@ -828,3 +828,43 @@ def test_run_dir_at_a_file_is_one_error_line(tmp_path: Path) -> None:
         f"pacectl.tune: error: hydra.run.dir must be a folder (new or existing), but {afile} is a file; "
         "pick another path"
     )
+
+
+def test_ctrl_c_while_a_worker_is_being_reaped_still_exits_as_an_interrupt(monkeypatch) -> None:
+    """The race seen in CI: SIGINT lands just as join() reaps a worker, so multiprocessing still
+    thinks it alive and os.kill finds no such process. That must stay a KeyboardInterrupt (exit 130),
+    not become a ProcessLookupError traceback."""
+    import multiprocessing as mp
+
+    from pacectl.tuning import study as study_mod
+
+    class ReapedWorker:
+        pid = 2**22 + 12345  # no such process
+
+        def __init__(self, *args, **kwargs) -> None:
+            self.joins = 0
+
+        def start(self) -> None:
+            pass
+
+        def join(self, timeout=None) -> None:
+            self.joins += 1
+            if self.joins == 1:
+                raise KeyboardInterrupt  # the interrupt arrives inside the first join
+
+        def is_alive(self) -> bool:
+            return self.joins == 1  # reaped, but its exit code not recorded yet
+
+        def terminate(self) -> None:
+            pass
+
+    class Ctx:
+        Process = ReapedWorker
+
+    def no_such_process(pid: int, sig: int) -> None:
+        raise ProcessLookupError(3, "No such process")
+
+    monkeypatch.setattr(mp, "get_context", lambda method: Ctx())
+    monkeypatch.setattr(study_mod.os, "kill", no_such_process)
+    with pytest.raises(KeyboardInterrupt):
+        study_mod.run_workers(2, [1, 1], [0, 1])

@@ -598,7 +598,12 @@ def run_workers(num_workers: int, quotas: Sequence[int], seeds: Sequence[int], *
     except KeyboardInterrupt:
         for proc in procs:
             if proc.is_alive() and proc.pid is not None:
-                os.kill(proc.pid, signal.SIGINT)
+                try:
+                    os.kill(proc.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    # already exited and reaped: Ctrl-C can land just as join() reaps a worker,
+                    # before multiprocessing records its exit code
+                    pass
         deadline = time.monotonic() + INTERRUPT_GRACE_S
         for proc in procs:
             proc.join(max(0.0, deadline - time.monotonic()))
