@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,6 +87,16 @@ def test_multirun_sweep(tmp_path: Path) -> None:
     assert len(summaries) == 2
 
 
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def _torch_case(args: list[str], message: str) -> Any:
+    """A backend=torch case: its own check runs only where torch is installed."""
+    return pytest.param(
+        args, message, marks=pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (backend=torch checks)")
+    )
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -105,19 +117,37 @@ def test_multirun_sweep(tmp_path: Path) -> None:
         (["analysis=whatif", "backend=sim"], "analysis=whatif analyses a recorded trace"),
         (["guard.window_iters=0"], "(override: guard.window_iters=<value>)"),
         ([f"controller_file={CONF_DIR / 'cluster' / 'st.yaml'}"], "st.yaml': controller must be one of"),
-        (["backend=torch", "backend.nproc_per_node=1"], "or backend.straggler.rank=null for no straggler"),
+        _torch_case(
+            ["backend=torch", "backend.nproc_per_node=1"], "or backend.straggler.rank=null for no straggler"
+        ),
         # backend=torch: checked before any rank starts
-        (["backend=torch", "backend.pacing.gather=bogus"], "backend.pacing.gather must be one of"),
-        (["backend=torch", "backend.nproc_per_node=abc"], "backend.nproc_per_node must be an integer"),
-        (["backend=torch", "backend.pacing.spin_s=-1"], "backend.pacing.spin_s must be a finite number"),
-        (["backend=torch", "backend.workload.model=cnn"], "backend.workload.model must be one of"),
-        (["backend=torch", "backend.straggler.prob=2"], "backend.straggler.prob must be in [0, 1]"),
-        (
+        _torch_case(["backend=torch", "backend.pacing.gather=bogus"], "backend.pacing.gather must be one of"),
+        _torch_case(
+            ["backend=torch", "backend.nproc_per_node=abc"], "backend.nproc_per_node must be an integer"
+        ),
+        _torch_case(
+            ["backend=torch", "backend.pacing.spin_s=-1"], "backend.pacing.spin_s must be a finite number"
+        ),
+        _torch_case(["backend=torch", "backend.workload.model=cnn"], "backend.workload.model must be one of"),
+        _torch_case(
+            ["backend=torch", "backend.straggler.prob=2"], "backend.straggler.prob must be in [0, 1]"
+        ),
+        _torch_case(
             ["backend=torch", "backend.record_dir=/proc/nope"],
             "backend.record_dir: cannot write the live records",
         ),
-        (["backend=torch", f"backend.record_dir={__file__}"], "backend.record_dir must be a folder"),
+        _torch_case(
+            ["backend=torch", f"backend.record_dir={__file__}"], "backend.record_dir must be a folder"
+        ),
         ([f"hydra.run.dir={__file__}"], "hydra.run.dir must be a folder (new or existing)"),
+        # without torch, the live backend says so before anything else
+        pytest.param(
+            ["backend=torch"],
+            "backend=torch needs PyTorch, which is not installed",
+            marks=pytest.mark.skipif(
+                HAVE_TORCH, reason="torch is installed: the live backend's own checks run"
+            ),
+        ),
     ],
 )
 def test_user_errors_are_clear_and_leave_no_output(tmp_path: Path, args: list[str], message: str) -> None:
