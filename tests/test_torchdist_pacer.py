@@ -1,7 +1,7 @@
 """The pacer's three ways of exchanging the skew figures: a tiny all-reduce (async or blocking), or
 piggybacked on bucket 0.
 
-The encoding tests need only torch. The ``dist`` test forks one 2-rank gloo job (no elastic agent, a
+The encoding tests need only torch. The ``dist`` test spawns one 2-rank gloo job (no elastic agent, a
 couple of seconds) that trains the same seeded model with plain DDP and the pacer in each mode (and
 piggyback with ``gradient_as_bucket_view``, where DDP's gradients alias its buckets), with a
 straggler on rank 1, a pacing controller and a runtime retune mid-run.
@@ -10,6 +10,7 @@ straggler on rank 1, a pacing controller and a runtime retune mid-run.
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue as queue_module
 import time
 from datetime import timedelta
 from typing import Any
@@ -116,15 +117,28 @@ def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
 def two_ranks() -> dict[int, dict[str, Any]]:
     from pacectl.torchdist.launch import free_port
 
-    ctx = mp.get_context("fork")
+    # spawn, not fork: this pytest process may already hold gloo or OpenMP threads from earlier
+    # tests, and a child forked from it can deadlock (seen in CI: both ranks hung silently).
+    ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, queue), daemon=True) for r in range(2)]
     for p in procs:
         p.start()
-    results = dict(queue.get(timeout=60) for _ in procs)
-    for p in procs:
-        p.join(timeout=20)
+    try:
+        results = {}
+        for _ in procs:
+            try:
+                rank, res = queue.get(timeout=120)
+            except queue_module.Empty:
+                pytest.fail(f"no result from ranks {sorted(set(range(2)) - set(results))} within 120 s")
+            results[rank] = res
+    finally:
+        for p in procs:
+            p.join(timeout=20)
+            if p.is_alive():  # never leave a hung rank behind for the interpreter's exit to wait on
+                p.kill()
+                p.join()
     for r, res in results.items():
         assert "error" not in res, f"rank {r}: {res.get('error')}"
     return results
