@@ -18,6 +18,9 @@
      must divide, one more pass over the gradients;
    - ``py_hook_no_div``: torch's Python hook without that division (the gradients become sums:
      for timing only), to see what the extra pass costs;
+   - ``py_hook_mul``: torch's Python hook averaging as DDP does without a hook (times 1 / world,
+     not divided by world; what the pacer does): bit-identical to plain DDP's gradients, and a
+     multiply pass is cheaper than a divide pass on CPU;
    - ``async`` / ``piggyback`` / ``collective``: the pacer in each exchange mode (``gather=``);
    - ``piggyback_k10``: piggyback with ``gather_every=10`` (the figures of 10 iterations at once:
      the exchange's cost amortized, decisions up to 10 iterations more stale);
@@ -68,6 +71,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "py_hook": {"attach": "allreduce_hook"},
     "cpp_hook": {"attach": "builtin_allreduce"},
     "py_hook_no_div": {"attach": "sum_hook"},
+    "py_hook_mul": {"attach": "mul_hook"},
     "async": {"attach": True, "gather": "async", "gather_every": 1},
     "piggyback": {"attach": True, "gather": "piggyback", "gather_every": 1},
     "collective": {"attach": True, "gather": "collective", "gather_every": 1},
@@ -132,6 +136,13 @@ def overhead_worker(spec: dict[str, Any]) -> dict[str, Any]:
                 return work.get_future().then(lambda fut: fut.value()[0])
 
             ddp.register_comm_hook(None, timed(sum_hook, cpu[name], "train"))
+        elif how["attach"] == "mul_hook":
+
+            def mul_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP reads real annotations only
+                work = dist.all_reduce(bucket.buffer().mul_(1.0 / world), async_op=True)
+                return work.get_future().then(lambda fut: fut.value()[0])
+
+            ddp.register_comm_hook(None, timed(mul_hook, cpu[name], "train"))
         elif how["attach"] == "allreduce_hook":
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
@@ -322,6 +333,7 @@ def main() -> None:
         "The defaults take about 5 minutes on 2 cores.",
         epilog="variants: plain = DDP without a comm hook; py_hook / cpp_hook = torch's own Python / C++ "
         "all-reduce hook; py_hook_no_div = the Python hook without its division (timing only); "
+        "py_hook_mul = the Python hook averaging as DDP does (times 1/world, as the pacer does); "
         "async / piggyback / collective = the pacer exchanging its figures every iteration that way; "
         "piggyback_k10 = the pacer exchanging every 10 iterations; no_gather = the pacer without the "
         "exchange.",
@@ -344,7 +356,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=300, help="delay-precision samples per delay")
     parser.add_argument(
         "--variants",
-        default=",".join(v for v in VARIANTS if v not in ("cpp_hook", "py_hook_no_div")),
+        default=",".join(v for v in VARIANTS if v not in ("cpp_hook", "py_hook_no_div", "py_hook_mul")),
         help=f"comma-separated, 'plain' included; among {', '.join(VARIANTS)}",
     )
     parser.add_argument(

@@ -26,7 +26,7 @@ Per iteration, on every rank:
      the smallest bucket (in bytes) of the previous iteration's layout, which DDP keeps identical on
      every rank (bucket 0 in iteration 1, before DDP's rebuilt layout is known; bucket 0 itself
      often holds an output layer, a language model's largest tensor). Its hook in iteration
-     ``k + 1`` all-reduces ``cat([bucket / world, rows of k])`` instead of the bucket alone (only the
+     ``k + 1`` all-reduces ``cat([bucket * (1 / world), rows of k])`` instead of the bucket alone (only the
      gradient part is averaged). The future returns a view of the gradient part (DDP copies a
      hook's result into the gradients anyway), and on CPU its completion callback decodes the rows
      and runs the controller on the communication thread while the backward pass of ``k + 1`` goes
@@ -233,6 +233,11 @@ class Pacer:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
+        # Averaging multiplies by the reciprocal, as DDP does without a hook: the gradients stay
+        # bit-identical to plain DDP's (torch's own ``allreduce_hook`` divides, which differs in
+        # the last bit for world sizes that are not powers of two), and on CPU a multiply pass
+        # costs about 40 % of a divide pass (``experiments/bench``, ``hook_floor``).
+        self._inv_world = 1.0 / self.world_size
         if engine.num_ranks != self.world_size:
             raise ConfigError(
                 f"DecisionEngine num_ranks={engine.num_ranks} must equal the process group's world size "
@@ -419,7 +424,7 @@ class Pacer:
         return extra
 
     def _pack(self, buf: torch.Tensor, extra: torch.Tensor, average: bool) -> torch.Tensor:
-        """``[buf / world (or buf), extra]`` in one reused buffer: what the piggybacked all-reduce sums."""
+        """``[buf * (1 / world) (or buf), extra]`` in one reused buffer: what the piggybacked all-reduce sums."""
         t0 = now()
         n = buf.numel()
         size = n + extra.numel()
@@ -436,7 +441,7 @@ class Pacer:
             self._combined = combined
         grad_part = combined[:n].view(buf.shape)
         if average:
-            torch.div(buf, self.world_size, out=grad_part)
+            torch.mul(buf, self._inv_world, out=grad_part)
         else:
             grad_part.copy_(buf)
         combined[n:].copy_(extra)
@@ -475,7 +480,7 @@ class Pacer:
         extra = self._take_piggyback(buf) if slot == self._carrier else None
         if extra is None:
             if average:
-                buf.div_(self.world_size)
+                buf.mul_(self._inv_world)
             target = buf
         else:
             target = self._pack(buf, extra, average)
@@ -540,7 +545,7 @@ class Pacer:
             buf.record_stream(stream)
             if extra is None:
                 if average:
-                    buf.div_(self.world_size)
+                    buf.mul_(self._inv_world)
                 target = buf
             else:
                 extra.record_stream(stream)  # made on the current stream, read on this one
@@ -757,7 +762,7 @@ class PacedAllReduce:
         pacer.align()
 
     def __call__(self, tensor: torch.Tensor, average: bool = False) -> None:
-        """All-reduce ``tensor`` in place (sum; ``average=True`` divides by the world size first)."""
+        """All-reduce ``tensor`` in place (sum; ``average=True`` multiplies by 1 / world size first, as DDP does)."""
         pacer = self.pacer
         t_call = now()
         first = self._count == 0
