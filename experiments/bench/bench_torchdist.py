@@ -19,8 +19,9 @@
    - ``py_hook_no_div``: torch's Python hook without that division (the gradients become sums:
      for timing only), to see what the extra pass costs;
    - ``py_hook_mul``: torch's Python hook averaging as DDP does without a hook (times 1 / world,
-     not divided by world; what the pacer does): bit-identical to plain DDP's gradients, and a
-     multiply pass is cheaper than a divide pass on CPU;
+     not divided by world; what the pacer does): bit-identical to plain DDP's gradients. A
+     multiply pass is about half a divide pass in isolation, but here both are memory-bound and
+     cost the same (record ``torchdist_mul.json``);
    - ``async`` / ``piggyback`` / ``collective``: the pacer in each exchange mode (``gather=``);
    - ``piggyback_k10``: piggyback with ``gather_every=10`` (the figures of 10 iterations at once:
      the exchange's cost amortized, decisions up to 10 iterations more stale);

@@ -235,8 +235,8 @@ class Pacer:
         self.world_size = dist.get_world_size(group)
         # Averaging multiplies by the reciprocal, as DDP does without a hook: the gradients stay
         # bit-identical to plain DDP's (torch's own ``allreduce_hook`` divides, which differs in
-        # the last bit for world sizes that are not powers of two), and on CPU a multiply pass
-        # costs about 40 % of a divide pass (``experiments/bench``, ``hook_floor``).
+        # the last bit for world sizes that are not powers of two). Not faster in the benchmark:
+        # the extra pass over the bucket is memory-bound either way (record torchdist_mul.json).
         self._inv_world = 1.0 / self.world_size
         if engine.num_ranks != self.world_size:
             raise ConfigError(
