@@ -31,7 +31,8 @@ Per iteration, on every rank:
      hook's result into the gradients anyway), and on CPU its completion callback decodes the rows
      and runs the controller on the communication thread while the backward pass of ``k + 1`` goes
      on (CUDA: at the end of ``k + 1``). No extra collective at all; the cost is a few hundred bytes
-     on the carrier and one copy of it. The price is one more iteration of lag: the observation of
+     on the carrier and one copy of it (on CPU, 1.4 ms per iteration for a 17 MB carrier: a model
+     whose gradients fit in one 25 MB bucket copies them all; ``gather_every`` amortizes it). The price is one more iteration of lag: the observation of
      iteration ``k`` is decided on during ``k + 1`` and its delay applies from ``k + 2``. Float32 buckets carry each float64 figure as a (hi, lo) float32 pair (about 48
      bits kept; every rank decodes the same bits); float64 buckets carry it as is; other dtypes
      (fp16/bf16) fall back to collective mode with a warning, on every rank at the same iteration.
