@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import sys
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -124,61 +122,6 @@ def staged_outputs(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
         for p in stage.iterdir():
             p.unlink()
         stage.rmdir()
-
-
-#: What Hydra puts into a run directory before the job runs: its config snapshot and job log.
-_HYDRA_FILES = (".hydra",)
-
-
-def discard_run_dir(out_dir: str | os.PathLike[str]) -> bool:
-    """Remove a run directory that holds nothing but what Hydra wrote before a job that failed.
-
-    A user mistake must leave no output behind: Hydra creates the run directory, ``.hydra/`` and
-    the job log before the job checks its config. They are removed only when nothing else is in
-    the directory (a pre-existing directory, or one with a resumable study, is left alone).
-
-    Returns:
-        True if the directory was removed.
-    """
-    out = Path(out_dir)
-    if not out.is_dir():
-        return False
-    entries = list(out.iterdir())
-    ours = [p for p in entries if p.name in _HYDRA_FILES or (p.suffix == ".log" and p.is_file())]
-    if len(ours) != len(entries) or not any(p.name == ".hydra" for p in ours):
-        return False
-    for p in ours:
-        if p.is_dir():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
-    out.rmdir()
-    return True
-
-
-def run_dir_argument_error(argv: list[str]) -> str | None:
-    """Why a ``hydra.run.dir=`` / ``hydra.sweep.dir=`` argument cannot become a run folder, or None.
-
-    Hydra creates the folder before the job runs and fails with a traceback when the path, or
-    one of its parents, is an existing file; the entry points check the argument first.
-    """
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key.lstrip("+") not in ("hydra.run.dir", "hydra.sweep.dir"):
-            continue
-        path = Path(value.strip("'\"")).expanduser()
-        for p in (path, *path.parents):
-            if p.exists() and not p.is_dir():
-                return f"{key.lstrip('+')} must be a folder (new or existing), but {p} is a file; pick another path"
-    return None
-
-
-def exit_on_bad_run_dir(prog: str) -> None:
-    """Entry points, before Hydra starts: one error line and exit 2 for a bad run-folder argument."""
-    problem = run_dir_argument_error(sys.argv[1:])
-    if problem:
-        print(f"{prog}: error: {problem}", file=sys.stderr)
-        sys.exit(2)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

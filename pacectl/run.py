@@ -36,7 +36,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 from tqdm import tqdm
 
-from pacectl import metrics, report, whatif
+from pacectl import cli, metrics, report, whatif
 from pacectl.config import CONF_DIR, controller_families, load_trace, validate_run_config
 from pacectl.errors import ConfigError, PacectlError, one_line_warnings
 from pacectl.experiment import make_experiment
@@ -326,21 +326,28 @@ def _hydra_main(cfg: DictConfig) -> None:
         _fail(f"could not write the outputs into {out_dir}: {err}")
     except KeyboardInterrupt:
         print(f"pacectl.run: interrupted; no outputs were written into {out_dir}", file=sys.stderr)
-        report.discard_run_dir(out_dir)
+        cli.discard_run_dir(out_dir)
         sys.exit(130)
     log_summary(summary, out_dir)
 
 
 def _fail(message: str) -> None:
     print(f"pacectl.run: error: {message}", file=sys.stderr)
-    report.discard_run_dir(Path(HydraConfig.get().runtime.output_dir))
+    cli.discard_run_dir(Path(HydraConfig.get().runtime.output_dir))
     sys.exit(2)
 
 
 def main() -> None:
     """Console entry point (``pacectl-run``)."""
-    report.exit_on_bad_run_dir("pacectl.run")
+    cli.exit_on_bad_run_dir("pacectl.run")
+    cli.check_command_line("pacectl.run", CONF_DIR, "config", validate=_check_config)
     _hydra_main()
+
+
+def _check_config(cfg: DictConfig) -> None:
+    """What the job would refuse at once, checked before Hydra creates the run folder."""
+    validate_run_config(cfg)
+    controller_families(cfg)
 
 
 if __name__ == "__main__":

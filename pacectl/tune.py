@@ -59,6 +59,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from pacectl.cli import check_command_line, discard_run_dir, exit_on_bad_run_dir
 from pacectl.config import (
     CONF_DIR,
     RUN_KEYS,
@@ -70,7 +71,7 @@ from pacectl.config import (
 from pacectl.controllers import CONTROLLERS, SafetyGuard
 from pacectl.controllers.units import UNITS
 from pacectl.errors import ConfigError, PacectlError, unknown_keys_error
-from pacectl.report import atomic_write_text, discard_run_dir, exit_on_bad_run_dir, jsonable, staged_outputs
+from pacectl.report import atomic_write_text, jsonable, staged_outputs
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet, build_scenarios
 from pacectl.tuning.space import SearchSpace, load_space
 from pacectl.tuning.study import (
@@ -948,6 +949,7 @@ def _fail(message: str) -> None:
 def main() -> None:
     """Console entry point (``pacectl-tune``)."""
     exit_on_bad_run_dir("pacectl.tune")
+    check_command_line("pacectl.tune", CONF_DIR, "tune")
     _hydra_main()
 
 

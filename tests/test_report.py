@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -212,26 +211,6 @@ def test_write_report_md(tmp_path, episodes):
     assert len(table_lines) == 2 + len(summaries)
     assert "| none |" in text and "| threshold |" in text
     assert _leftovers(tmp_path) == []
-
-
-def test_discard_run_dir_removes_only_what_hydra_wrote(tmp_path: Path) -> None:
-    failed = tmp_path / "failed"
-    (failed / ".hydra").mkdir(parents=True)
-    (failed / ".hydra" / "config.yaml").write_text("seed: 0\n")
-    (failed / "run.log").write_text("")
-    assert report.discard_run_dir(failed) and not failed.exists()
-
-    kept = tmp_path / "kept"  # a resumable study (or anything else the user has there) stays
-    (kept / ".hydra").mkdir(parents=True)
-    (kept / "optuna.journal").write_text("{}\n")
-    assert not report.discard_run_dir(kept)
-    assert (kept / ".hydra").is_dir() and (kept / "optuna.journal").exists()
-
-    plain = tmp_path / "plain"  # not a Hydra run directory at all
-    plain.mkdir()
-    (plain / "notes.log").write_text("mine\n")
-    assert not report.discard_run_dir(plain) and (plain / "notes.log").exists()
-    assert not report.discard_run_dir(tmp_path / "missing")
 
 
 def test_console_table_prints_no_negative_zero() -> None:

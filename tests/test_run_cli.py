@@ -100,7 +100,7 @@ def _torch_case(args: list[str], message: str) -> Any:
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["controller=pidd"], "Could not find 'controller/pidd'"),
+        (["controller=pidd"], "controller=pidd: no such option in conf/controller/"),
         (["controller=pid", "controller.kpp=1"], "kpp"),
         (["controller=pid", "controller.kp=-1"], "kp must be"),
         (["trace=bytedance"], "trace.path must be set"),
@@ -140,6 +140,12 @@ def _torch_case(args: list[str], message: str) -> Any:
             ["backend=torch", f"backend.record_dir={__file__}"], "backend.record_dir must be a folder"
         ),
         ([f"hydra.run.dir={__file__}"], "hydra.run.dir must be a folder (new or existing)"),
+        # Hydra's composition errors, in one line with a did-you-mean (checked before Hydra runs)
+        (["controler=threshold"], "no such config key. Did you mean controller=threshold?"),
+        (["backend=sim", "backend.num_rank=8"], "Did you mean backend.num_ranks=8?"),
+        (["controller=thresh"], "no such option in conf/controller/ (available: all, ewma,"),
+        (["controller.gain=0.3"], "controller=all (the default) runs every family"),
+        (["controller=pid", "controller.kp=0.5,0.6"], "add --multirun"),
         # without torch, the live backend says so before anything else
         pytest.param(
             ["backend=torch"],
@@ -154,10 +160,35 @@ def test_user_errors_are_clear_and_leave_no_output(tmp_path: Path, args: list[st
     out = tmp_path / "run"
     trace = [] if any(a.startswith("trace") for a in args) else ["trace=st"]
     proc = _run(*trace, *args, f"hydra.run.dir={out}", cwd=tmp_path)
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not out.exists(), sorted(p.name for p in out.iterdir())  # not even Hydra's .hydra/ and run.log
+
+
+def test_a_failed_run_leaves_no_dated_folders(tmp_path: Path) -> None:
+    """Hydra's default run folder is outputs/<date>/<time>: a failed job removes all three again."""
+    bad = tmp_path / "short.parquet"
+    bad.write_bytes(shipped_trace("ST")[0].read_bytes()[:3000])  # passes every check before the read
+    proc = _run("trace=canonical", f"trace.path={bad}", cwd=tmp_path)
+    assert proc.returncode == 2 and "truncated" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["short.parquet"]
+
+
+def test_a_failed_rerun_keeps_the_earlier_run_folder_as_it_was(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    good = _run(
+        "trace=st", "controller=threshold", "output.plots=false", f"hydra.run.dir={out}", cwd=tmp_path
+    )
+    assert good.returncode == 0, good.stderr
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    bad = tmp_path / "short.parquet"
+    bad.write_bytes(shipped_trace("ST")[0].read_bytes()[:3000])
+    proc = _run("trace=canonical", f"trace.path={bad}", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 2 and "truncated" in proc.stderr
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before  # .hydra/ put back (it named the failed trace), run.log cut back
 
 
 def test_corrupt_trace_file(tmp_path: Path) -> None:

@@ -1,0 +1,245 @@
+"""What the entry points (``pacectl.run``, ``pacectl.tune``) do around Hydra, so that a user mistake
+costs one line, exit status 2, and nothing on disk.
+
+Hydra creates the run folder and writes ``.hydra/`` (the config snapshot) and the job log before the
+job sees its config, and reports its own composition errors (a misspelled key, an unknown config
+group option) in several lines with exit status 1. So, in this order:
+
+1. :func:`exit_on_bad_run_dir`: a ``hydra.run.dir=`` that cannot become a folder.
+2. :func:`check_command_line`: the overrides are composed with Hydra's compose API first; a
+   composition error becomes one line with a did-you-mean, and the composed config goes through the
+   entry point's own checks, all before any folder exists. (Not for ``--multirun`` or other flags:
+   Hydra handles those itself.)
+3. :class:`RunDirGuard`, a Hydra callback (``hydra.callbacks`` in ``conf/*.yaml``), notes which
+   folders of the run path exist, and what ``.hydra/`` held, before Hydra writes into them; a job
+   that then fails (a truncated trace, an interrupt) calls :func:`discard_run_dir`, which removes
+   what this run created and puts back what it overwrote.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from pacectl.errors import PacectlError
+
+#: What Hydra puts into a run directory before the job runs: its config snapshot and job log.
+_HYDRA_FILES = (".hydra",)
+
+#: The run folder of this process's job as found before Hydra wrote into it (see RunDirGuard).
+_before: dict[str, Any] = {}
+
+
+class RunDirGuard(Callback):
+    """Hydra callback: remember the run folder's state before Hydra creates or writes into it.
+
+    Remembered: the path's folders that do not exist yet (Hydra will create them), and the files
+    of an existing ``.hydra/`` and the sizes of existing job logs (a rerun into the same folder).
+    :func:`discard_run_dir` uses this after a failed job.
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        remember_run_dir(Path(str(config.hydra.run.dir)))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        remember_run_dir(Path(str(config.hydra.sweep.dir)))
+
+
+def remember_run_dir(run_dir: Path) -> None:
+    """Record ``run_dir``'s state before Hydra writes into it (see :class:`RunDirGuard`)."""
+    run_dir = run_dir.absolute()
+    snapshot = run_dir / ".hydra"
+    _before.clear()
+    _before.update(
+        run_dir=run_dir,
+        missing=[p for p in (run_dir, *run_dir.parents) if not p.exists()],
+        hydra_files=(
+            {p.name: p.read_bytes() for p in snapshot.iterdir() if p.is_file()} if snapshot.is_dir() else None
+        ),
+        log_sizes={p.name: p.stat().st_size for p in run_dir.glob("*.log") if p.is_file()}
+        if run_dir.is_dir()
+        else {},
+    )
+
+
+def discard_run_dir(out_dir: str | os.PathLike[str]) -> bool:
+    """Undo what Hydra wrote for a job that failed, keeping everything that was there before.
+
+    A folder holding nothing but Hydra's files (``.hydra/`` and job logs) is removed, and so are the
+    parent folders this run created (for example ``outputs/<date>/``), if empty. In a folder that
+    existed before the run (a rerun into it, a resumable study), ``.hydra/`` is put back as it was
+    and the job logs are cut back to their earlier length (with :class:`RunDirGuard` installed).
+
+    Returns:
+        True if the directory was removed.
+    """
+    out = Path(out_dir).absolute()
+    before = _before if _before.get("run_dir") in (out, out.parent) else {}
+    if not out.is_dir():
+        return False
+    if before.get("run_dir") == out and out not in before["missing"]:
+        _restore(out, before)
+        return False
+    entries = list(out.iterdir())
+    ours = [p for p in entries if p.name in _HYDRA_FILES or (p.suffix == ".log" and p.is_file())]
+    if len(ours) != len(entries) or not any(p.name == ".hydra" for p in ours):
+        return False
+    for p in ours:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    out.rmdir()
+    for parent in before.get("missing", []):  # deepest first: the folders this run created
+        if parent != out and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+    return True
+
+
+def _restore(out: Path, before: dict[str, Any]) -> None:
+    """Put ``.hydra/`` and the job logs of a pre-existing run folder back as they were."""
+    snapshot = out / ".hydra"
+    old = before["hydra_files"]
+    if old is None:
+        shutil.rmtree(snapshot, ignore_errors=True)
+    else:
+        for p in snapshot.iterdir() if snapshot.is_dir() else ():
+            if p.is_file() and p.name not in old:
+                p.unlink()
+        for name, data in old.items():
+            (snapshot / name).write_bytes(data)
+    for p in out.glob("*.log"):
+        size = before["log_sizes"].get(p.name)
+        if size is None:
+            p.unlink()
+        elif p.stat().st_size > size:
+            os.truncate(p, size)
+
+
+def run_dir_argument_error(argv: list[str]) -> str | None:
+    """Why a ``hydra.run.dir=`` / ``hydra.sweep.dir=`` argument cannot become a run folder, or None.
+
+    Hydra creates the folder before the job runs and fails with a traceback when the path, or
+    one of its parents, is an existing file; the entry points check the argument first.
+    """
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or key.lstrip("+") not in ("hydra.run.dir", "hydra.sweep.dir"):
+            continue
+        path = Path(value.strip("'\"")).expanduser()
+        for p in (path, *path.parents):
+            if p.exists() and not p.is_dir():
+                return f"{key.lstrip('+')} must be a folder (new or existing), but {p} is a file; pick another path"
+    return None
+
+
+def exit_on_bad_run_dir(prog: str) -> None:
+    """Entry points, before Hydra starts: one error line and exit 2 for a bad run-folder argument."""
+    problem = run_dir_argument_error(sys.argv[1:])
+    if problem:
+        print(f"{prog}: error: {problem}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _closest(word: str, known: Sequence[str]) -> str | None:
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.5) or [k for k in known if k.startswith(word)][:1]
+    return close[0] if close else None
+
+
+def composition_error(config_dir: Path, config_name: str, overrides: list[str], err: Exception) -> str:
+    """One line for a Hydra composition error of ``overrides``, with a did-you-mean where one fits.
+
+    Args:
+        config_dir: the config folder (``conf/``).
+        config_name: the primary config (``config`` or ``tune``).
+        overrides: the command-line overrides that failed to compose.
+        err: Hydra's exception (``ConfigCompositionException``, ``MissingConfigException``,
+            ``OverrideParseException``).
+    """
+    text = str(err)
+    missing = re.search(r"Could not find '([^'/]+)/([^']+)'", text)
+    if missing:
+        group, option = missing.groups()
+        available = re.findall(r"^\t(\S+)$", text.split("Config search path")[0], flags=re.M)
+        hint = _closest(option, available)
+        fix = f" Did you mean {group}={hint}?" if hint else ""
+        return f"{group}={option}: no such option in conf/{group}/ (available: {', '.join(available)}).{fix}"
+    bad_key = re.search(r"Could not override '([^']+)'", text)
+    if bad_key:
+        key = bad_key.group(1)
+        given = next((o.partition("=")[2] for o in overrides if o.partition("=")[0] == key), "...")
+        parent, _, leaf = key.rpartition(".")
+        node = _compose_without(config_dir, config_name, overrides, key)
+        section = OmegaConf.select(node, parent) if node is not None and parent else node
+        known = sorted(str(k) for k in section.keys()) if isinstance(section, DictConfig) else []
+        where = f"{parent}." if parent else ""
+        if parent == "controller" and isinstance(section, DictConfig) and section.get("name") == "all":
+            return (
+                f"{key}: controller=all (the default) runs every family with its own "
+                f"conf/controller/<family>.yaml and takes no parameters; pick one family to set them, "
+                f"e.g. controller=threshold {key}={given}"
+            )
+        hint = _closest(leaf, known)
+        fix = f" Did you mean {where}{hint}={given}?" if hint else ""
+        shown = f" (known under {parent}: {known})" if parent and known else ""
+        return (
+            f"{key}={given}: no such config key{shown}.{fix} A key the config does not have needs a "
+            f"leading + (+{key}={given}), but then nothing reads it"
+        )
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    line = " ".join(lines[:4])
+    grammar = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+    return line if "https://" in line else f"{line} (see {grammar})"
+
+
+def _compose_without(config_dir: Path, config_name: str, overrides: list[str], key: str) -> DictConfig | None:
+    from hydra import compose, initialize_config_dir
+
+    rest = [o for o in overrides if o.partition("=")[0] != key]
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            return compose(config_name=config_name, overrides=rest)
+    except Exception:  # noqa: BLE001 - only for a hint: another override fails as well
+        return None
+
+
+def check_command_line(
+    prog: str,
+    config_dir: Path,
+    config_name: str,
+    validate: Callable[[DictConfig], None] | None = None,
+    argv: Sequence[str] | None = None,
+) -> None:
+    """Entry points, before Hydra starts: compose the overrides and check them; one line and exit 2.
+
+    Skipped when the command line holds a flag (``--help``, ``-m``, ``--cfg``...): Hydra handles
+    those. ``validate`` gets the composed config (without Hydra's runtime section) and raises a
+    :class:`~pacectl.errors.PacectlError` for a value the job would refuse.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a.startswith("-") for a in args):
+        return
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=args)
+    except HydraException as err:
+        print(f"{prog}: error: {composition_error(config_dir, config_name, args, err)}", file=sys.stderr)
+        sys.exit(2)
+    if validate is not None:
+        try:
+            validate(cfg)
+        except PacectlError as err:
+            print(f"{prog}: error: {err}", file=sys.stderr)
+            sys.exit(2)

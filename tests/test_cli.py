@@ -1,0 +1,99 @@
+"""The entry points' handling around Hydra (pacectl/cli.py): run folders of failed jobs, and
+composition errors turned into one line. End-to-end cases are in test_run_cli.py and test_tune.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pacectl import cli
+from pacectl.config import CONF_DIR
+
+
+@pytest.fixture(autouse=True)
+def _forget_run_dir():
+    cli._before.clear()
+    yield
+    cli._before.clear()
+
+
+def test_discard_run_dir_removes_only_what_hydra_wrote(tmp_path: Path) -> None:
+    failed = tmp_path / "failed"
+    (failed / ".hydra").mkdir(parents=True)
+    (failed / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    (failed / "run.log").write_text("")
+    assert cli.discard_run_dir(failed) and not failed.exists()
+
+    kept = tmp_path / "kept"  # a resumable study (or anything else the user has there) stays
+    (kept / ".hydra").mkdir(parents=True)
+    (kept / "optuna.journal").write_text("{}\n")
+    assert not cli.discard_run_dir(kept)
+    assert (kept / ".hydra").is_dir() and (kept / "optuna.journal").exists()
+
+    plain = tmp_path / "plain"  # not a Hydra run directory at all
+    plain.mkdir()
+    (plain / "notes.log").write_text("mine\n")
+    assert not cli.discard_run_dir(plain) and (plain / "notes.log").exists()
+    assert not cli.discard_run_dir(tmp_path / "missing")
+
+
+def _hydra_files(run: Path, config: str) -> None:
+    (run / ".hydra").mkdir(parents=True, exist_ok=True)
+    (run / ".hydra" / "config.yaml").write_text(config)
+
+
+def test_discard_removes_the_dated_parents_this_run_created(tmp_path: Path) -> None:
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "older-run.txt").write_text("keep\n")
+    run = tmp_path / "outputs" / "2026-11-30" / "08-00-00"
+    cli.remember_run_dir(run)  # what RunDirGuard does before Hydra creates it
+    _hydra_files(run, "seed: 0\n")
+    (run / "run.log").write_text("started\n")
+    assert cli.discard_run_dir(run)
+    assert not (tmp_path / "outputs" / "2026-11-30").exists()  # created by this run, now empty
+    assert (tmp_path / "outputs" / "older-run.txt").exists()  # existed before: kept
+
+
+def test_discard_restores_a_rerun_folder(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _hydra_files(run, "trace: good\n")
+    (run / ".hydra" / "overrides.yaml").write_text("- trace=good\n")
+    (run / "run.log").write_text("good run\n")
+    (run / "summary.json").write_text("{}\n")
+    cli.remember_run_dir(run)
+    _hydra_files(run, "trace: broken\n")  # what Hydra writes for the failing rerun
+    (run / ".hydra" / "extra.yaml").write_text("x\n")
+    (run / "run.log").write_text("good run\nfailed run\n")
+    (run / "other.log").write_text("new\n")
+    assert not cli.discard_run_dir(run)
+    assert (run / ".hydra" / "config.yaml").read_text() == "trace: good\n"
+    assert sorted(p.name for p in (run / ".hydra").iterdir()) == ["config.yaml", "overrides.yaml"]
+    assert (run / "run.log").read_text() == "good run\n"
+    assert not (run / "other.log").exists() and (run / "summary.json").exists()
+
+
+def _check(capsys, args: list[str], config_name: str = "config") -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.check_command_line("pacectl.run", CONF_DIR, config_name, argv=args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_composition_errors_are_one_line_with_a_did_you_mean(capsys) -> None:
+    err = _check(capsys, ["controller=pid", "controller.kq=0.5"])
+    assert "controller.kq=0.5: no such config key" in err and "Did you mean controller.kp=0.5?" in err
+    err = _check(capsys, ["cluster=paper_lik"], "tune")
+    assert "Did you mean cluster=paper_like?" in err and "available: ar, contended," in err
+    err = _check(capsys, ["trace=st", "seed"])
+    assert "missing EQUAL" in err
+
+
+def test_the_composed_config_goes_through_the_entry_points_check(capsys) -> None:
+    seen = []
+    cli.check_command_line("p", CONF_DIR, "config", validate=seen.append, argv=["controller=pid"])
+    assert seen[0].controller.name == "pid"
+    cli.check_command_line("p", CONF_DIR, "config", validate=seen.append, argv=["--help"])  # Hydra's
+    assert len(seen) == 1
