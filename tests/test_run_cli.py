@@ -300,3 +300,38 @@ def test_controller_overrides_beside_a_controller_file_are_reported(tmp_path: Pa
     assert set(summary["runs"]) == {"none", "threshold"}
     assert any(w.startswith("override ignored: controller=pid") for w in summary["warnings"])
     assert any("WARNING: no trial improves on no pacing" in w for w in summary["warnings"])
+
+
+@pytest.mark.parametrize("with_parquet", [True, False])
+def test_a_job_too_large_for_memory_stops_after_its_first_run(
+    tmp_path: Path, monkeypatch, with_parquet
+) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from pacectl import run
+    from pacectl.errors import ConfigError
+
+    overrides = ["backend=sim", "backend.num_ranks=8", "backend.num_iterations=50", "output.plots=false"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(
+            config_name="config", overrides=[*overrides, f"output.iterations={str(with_parquet).lower()}"]
+        )
+    rows = 5 * 50 * 8  # none and four families, 50 iterations, 8 ranks
+    monkeypatch.setattr(run, "available_memory_bytes", lambda: rows * run.BYTES_PER_ROW[with_parquet] - 1)
+    calls = []
+    original = run.make_experiment
+
+    def counting(cfg):  # type: ignore[no-untyped-def]
+        exp = original(cfg)
+        inner = exp.run
+        exp.run = lambda *a, **k: calls.append(a[0]) or inner(*a, **k)
+        return exp
+
+    monkeypatch.setattr(run, "make_experiment", counting)
+    with pytest.raises(ConfigError, match="would need about .* GB of memory") as err:
+        run.run_experiment(cfg, tmp_path)
+    assert ("output.iterations=false" in str(err.value)) == with_parquet
+    assert calls == ["none"] and not any(tmp_path.iterdir())
+    monkeypatch.setattr(run, "available_memory_bytes", lambda: rows * run.BYTES_PER_ROW[with_parquet])
+    run.run_experiment(cfg, tmp_path)  # exactly enough: runs
+    assert (tmp_path / "summary.json").exists()
