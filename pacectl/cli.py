@@ -19,6 +19,7 @@ group option) in several lines with exit status 1. So, in this order:
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import re
 import shutil
@@ -125,6 +126,18 @@ def _restore(out: Path, before: dict[str, Any]) -> None:
             os.truncate(p, size)
 
 
+class BelowLevel(logging.Filter):
+    """Logging filter passing records below ``level``: the console's stdout handler leaves warnings
+    to its stderr twin (``conf/hydra/job_logging/pacectl.yaml``)."""
+
+    def __init__(self, level: int = logging.WARNING) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < self.level
+
+
 def run_dir_argument_error(argv: list[str]) -> str | None:
     """Why a ``hydra.run.dir=`` / ``hydra.sweep.dir=`` argument cannot become a run folder, or None.
 
@@ -151,7 +164,10 @@ def exit_on_bad_run_dir(prog: str) -> None:
 
 
 def _closest(word: str, known: Sequence[str]) -> str | None:
-    close = difflib.get_close_matches(word, known, n=1, cutoff=0.5) or [k for k in known if k.startswith(word)][:1]
+    close = (
+        difflib.get_close_matches(word, known, n=1, cutoff=0.5)
+        or [k for k in known if k.startswith(word)][:1]
+    )
     return close[0] if close else None
 
 

@@ -473,7 +473,17 @@ def _change(loss_frac: float) -> float:
     return 0.0 - loss_frac
 
 
-def run_tuning(cfg: DictConfig, out_dir: Path, *, echo: Callable[[str], None] = print) -> TuneResult:
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def run_tuning(
+    cfg: DictConfig,
+    out_dir: Path,
+    *,
+    echo: Callable[[str], None] = print,
+    warn: Callable[[str], None] = _to_stderr,
+) -> TuneResult:
     """Tune ``cfg.controller`` on ``cfg.cluster``; write the results into ``out_dir``.
 
     Every check that needs no trial (config keys, guard, space, episodes) runs before the storage is
@@ -483,6 +493,7 @@ def run_tuning(cfg: DictConfig, out_dir: Path, *, echo: Callable[[str], None] = 
         cfg: the composed config (``conf/tune.yaml``).
         out_dir: the run directory.
         echo: where progress lines go.
+        warn: where warnings go (overrides the tuning ignores).
 
     Returns:
         The :class:`TuneResult`.
@@ -499,7 +510,7 @@ def run_tuning(cfg: DictConfig, out_dir: Path, *, echo: Callable[[str], None] = 
     space = tune_space(cfg, settings)  # every check that needs no episode, before anything runs
     scenarios = build_scenarios(cfg)
     for line in ignored_overrides(scenarios, _task_overrides()):
-        echo(f"warning: {line}")
+        warn(f"warning: {line}")
     family = space.family
     name = settings.study_name or f"{scenarios.profile}-{family}"
     spec = storage_spec(settings.storage, out_dir, cwd=_abs("."))
@@ -893,7 +904,7 @@ def _json(value: Any) -> str:
 def _hydra_main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        result = run_tuning(cfg, out_dir, echo=log.info)
+        result = run_tuning(cfg, out_dir, echo=log.info, warn=log.warning)
     except MissingMandatoryValue as err:
         _fail(f"config value {err.full_key} must be set, got '???'")
     except OmegaConfBaseException as err:

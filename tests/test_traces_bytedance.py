@@ -213,3 +213,14 @@ def test_duplicate_without_repair_is_an_error_in_validate_ops() -> None:
 def test_real_traces_are_in_seconds() -> None:
     trace = load_bytedance(ST_PARQUET, ST_META)
     assert trace.time_unit == "s" and not trace.time_normalized
+
+
+def test_canonical_names_a_runs_own_output_file(tmp_path: Path) -> None:
+    from pacectl.report import write_iterations_parquet
+    from pacectl.testing.episodes import make_episode
+    from pacectl.traces.canonical import load_canonical
+
+    out = tmp_path / "iterations.parquet"
+    write_iterations_parquet(out, {"none": make_episode([[0.0, 0.1], [0.2, 0.3]])})
+    with pytest.raises(TraceError, match=r"per-iteration output \(iterations.parquet\), not a trace"):
+        load_canonical(out)

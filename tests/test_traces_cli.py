@@ -155,7 +155,7 @@ def test_convert_unwritable_output_is_a_write_error(
     before = sorted(tmp_path.rglob("*"))
     assert main(["convert", str(JOB1), "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: could not write {out}: ") and "could not read" not in err
+    assert err.startswith(f"pacectl.traces: error: could not write {out}: ") and "could not read" not in err
     assert len(err.strip().splitlines()) == 1
     assert sorted(tmp_path.rglob("*")) == before  # nothing half-written
 
@@ -177,3 +177,14 @@ def test_validate_names_a_truncated_rank(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["validate", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tmp_path / 'gloo4_rank1.json'}: ") and "looks truncated" in err
+
+
+def test_errors_use_this_commands_options_not_pacectl_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "garbage.parquet"
+    bad.write_bytes(b"garbage")
+    assert main(["info", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pacectl.traces: error: the trace file must be a Parquet file")
+    assert "--format bytedance, kineto or steplevel" in err and "trace=" not in err

@@ -652,7 +652,7 @@ def test_no_improvement_is_flagged_everywhere(tmp_path: Path, min_gain: str, rec
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "warning: no trial improves on no pacing (3 completed" in proc.stdout
+    assert "warning: no trial improves on no pacing (3 completed" in proc.stderr
     summary = json.loads((out / "tune.json").read_text())
     assert summary["improves_on_no_pacing"] is False and summary["trials_improving_on_no_pacing"] == 0
     assert summary["min_cv_gain_frac"] == float(min_gain)
@@ -662,15 +662,15 @@ def test_no_improvement_is_flagged_everywhere(tmp_path: Path, min_gain: str, rec
     text = (out / "controller.yaml").read_text()
     assert "# WARNING: no trial improves on no pacing" in text and f"recommended: {recommended}" in text
     if recommended.startswith("no pacing"):
-        assert "Recommended: no pacing" in proc.stdout
+        assert "Recommended: no pacing" in proc.stderr
         assert (
             summary["reference_improves_on_no_pacing"] is False and summary["recommendation_command"] is None
         )
     else:
-        assert "The paper's threshold controller at its defaults does" in proc.stdout
+        assert "The paper's threshold controller at its defaults does" in proc.stderr
         assert summary["reference_improves_on_no_pacing"] is True
         assert summary["recommendation_command"] == "python -m pacectl.run controller=threshold trace=st"
-        assert summary["recommendation_command"] in proc.stdout
+        assert summary["recommendation_command"] in proc.stderr
     exported = yaml.safe_load(text)
     assert exported["name"] == "threshold" and 50.0 <= exported["on_threshold_s"] <= 100.0
 
@@ -686,8 +686,8 @@ def test_sim_settings_on_a_trace_profile_are_reported_as_ignored(tmp_path: Path)
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
-    warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning: tune.sim")]
-    assert len(warnings) == 1, proc.stdout
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: tune.sim")]
+    assert len(warnings) == 1, proc.stderr
     assert "tune.sim.num_ranks=16 is ignored: cluster=st is tuned on its recorded traces (ST)" in warnings[0]
     assert json.loads((out / "tune.json").read_text())["scenarios"]["kind"] == "traces"
 

@@ -209,7 +209,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"invalid: {len(err.problems)} problem(s)", file=sys.stderr)
         return 1
     except TraceError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {in_this_commands_words(str(err))}", file=sys.stderr)
         print("invalid: 1 problem", file=sys.stderr)
         return 1
     for w in notes:
@@ -322,6 +322,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: pacectl.run's words in the importers' messages -> this command's options
+_RUN_WORDS = (
+    ("Use trace=bytedance trace.path=... trace.meta=...", "Use --format bytedance --meta <meta.yaml>"),
+    (
+        "For other formats pick their importer: trace=bytedance, trace=kineto, trace=steplevel",
+        "For other formats pass --format bytedance, kineto or steplevel",
+    ),
+    ("trace.path must be", "the trace file must be"),
+)
+
+
+def in_this_commands_words(message: str) -> str:
+    """An importer's message with ``pacectl.run``'s override names replaced by this command's options.
+
+    Example:
+        >>> in_this_commands_words("trace.path must be a Parquet file, could not read x")
+        'the trace file must be a Parquet file, could not read x'
+    """
+    for run_words, ours in _RUN_WORDS:
+        message = message.replace(run_words, ours)
+    return message
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
@@ -330,13 +353,10 @@ def main(argv: list[str] | None = None) -> int:
             warnings.simplefilter("ignore")  # warnings are printed by the commands themselves
             return int(args.func(args))
     except OutputError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"pacectl.traces: error: {err}", file=sys.stderr)
         return 2
     except PacectlError as err:
-        message = str(err).replace(
-            "Use trace=bytedance trace.path=... trace.meta=...", "Use --format bytedance --meta <meta.yaml>"
-        )
-        print(f"error: {message}", file=sys.stderr)
+        print(f"pacectl.traces: error: {in_this_commands_words(str(err))}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader went away (``| head``): not an error of the trace
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

@@ -78,6 +78,12 @@ def load_canonical(path: str | Path) -> OpTrace:
     )
     raw = (table.schema.metadata or {}).get(META_KEY)
     if raw is None:
+        if {"run", "iteration", "rank", "arrival_s"} <= set(table.column_names):
+            raise TraceError(
+                f"{p} is a run's per-iteration output (iterations.parquet), not a trace: it holds "
+                "arrivals, not the operations a replay needs. Replay a live run's record instead "
+                "(<run dir>/records/<run>.parquet) or a recorded trace"
+            )
         raise TraceError(
             f"a canonical trace must carry 'pacectl' metadata, got a Parquet file without it (in {p}). "
             "Is it a ByteDance trace? Use trace=bytedance trace.path=... trace.meta=..."
