@@ -6,10 +6,9 @@ job sees its config, and reports its own composition errors (a misspelled key, a
 group option) in several lines with exit status 1. So, in this order:
 
 1. :func:`exit_on_bad_run_dir`: a ``hydra.run.dir=`` that cannot become a folder.
-2. :func:`check_command_line`: the overrides are composed with Hydra's compose API first; a
-   composition error becomes one line with a did-you-mean, and the composed config goes through the
-   entry point's own checks, all before any folder exists. (Not for ``--multirun`` or other flags:
-   Hydra handles those itself.)
+2. :func:`check_command_line`: the overrides are composed with Hydra's compose API first (each
+   job of a ``--multirun`` sweep); a composition error becomes one line with a did-you-mean, and
+   the composed config goes through the entry point's own checks, all before any folder exists.
 3. :class:`RunDirGuard`, a Hydra callback (``hydra.callbacks`` in ``conf/*.yaml``), notes which
    folders of the run path exist, and what ``.hydra/`` held, before Hydra writes into them; a job
    that then fails (a truncated trace, an interrupt) calls :func:`discard_run_dir`, which removes
@@ -19,6 +18,7 @@ group option) in several lines with exit status 1. So, in this order:
 from __future__ import annotations
 
 import difflib
+import itertools
 import logging
 import os
 import re
@@ -228,6 +228,29 @@ def _compose_without(config_dir: Path, config_name: str, overrides: list[str], k
         return None
 
 
+#: A ``--multirun`` sweep is checked job by job before its first job runs, up to this many jobs.
+MAX_CHECKED_JOBS = 64
+
+
+def sweep_jobs(overrides: Sequence[str]) -> list[list[str]] | None:
+    """The override lists of the jobs a Hydra ``--multirun`` sweep would run (its basic sweeper's
+    cartesian product of ``key=a,b`` / ``range()`` values), or None if the sweep cannot be expanded
+    here (then Hydra reports it)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        choices = []
+        for o in OverridesParser.create().parse_overrides(list(overrides)):
+            if o.is_sweep_override():
+                key = o.get_key_element()
+                choices.append([f"{key}={v}" for v in o.sweep_string_iterator()])
+            else:
+                choices.append([o.input_line])
+    except Exception:  # noqa: BLE001 - a sweep this check does not expand: Hydra reports it
+        return None
+    return [list(job) for job in itertools.product(*choices)]
+
+
 def check_command_line(
     prog: str,
     config_dir: Path,
@@ -237,25 +260,33 @@ def check_command_line(
 ) -> None:
     """Entry points, before Hydra starts: compose the overrides and check them; one line and exit 2.
 
-    Skipped when the command line holds a flag (``--help``, ``-m``, ``--cfg``...): Hydra handles
-    those. ``validate`` gets the composed config (without Hydra's runtime section) and raises a
+    With ``-m``/``--multirun`` every job of the sweep is checked (up to :data:`MAX_CHECKED_JOBS`),
+    so a bad value in the last job stops the sweep before the first runs. Skipped when the command
+    line holds another flag (``--help``, ``--cfg``...): Hydra handles those. ``validate`` gets the
+    composed config (without Hydra's runtime section) and raises a
     :class:`~pacectl.errors.PacectlError` for a value the job would refuse.
     """
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if any(a.startswith("-") for a in args):
+    flags = {a for a in args if a.startswith("-")}
+    if flags - {"-m", "--multirun"}:
         return
-    try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=args)
-    except HydraException as err:
-        print(f"{prog}: error: {composition_error(config_dir, config_name, args, err)}", file=sys.stderr)
-        sys.exit(2)
-    if validate is not None:
+    overrides = [a for a in args if not a.startswith("-")]
+    jobs = sweep_jobs(overrides) if flags else [overrides]
+    for number, job in enumerate((jobs or [])[:MAX_CHECKED_JOBS]):
+        where = f"sweep job #{number} ({' '.join(job)}): " if flags else ""
         try:
-            validate(cfg)
-        except PacectlError as err:
-            print(f"{prog}: error: {err}", file=sys.stderr)
+            with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+                cfg = compose(config_name=config_name, overrides=job)
+        except HydraException as err:
+            line = composition_error(config_dir, config_name, job, err)
+            print(f"{prog}: error: {where}{line}", file=sys.stderr)
             sys.exit(2)
+        if validate is not None:
+            try:
+                validate(cfg)
+            except PacectlError as err:
+                print(f"{prog}: error: {where}{err}", file=sys.stderr)
+                sys.exit(2)

@@ -97,3 +97,27 @@ def test_the_composed_config_goes_through_the_entry_points_check(capsys) -> None
     assert seen[0].controller.name == "pid"
     cli.check_command_line("p", CONF_DIR, "config", validate=seen.append, argv=["--help"])  # Hydra's
     assert len(seen) == 1
+
+
+def test_a_sweep_is_checked_job_by_job_before_the_first_runs(capsys) -> None:
+    assert cli.sweep_jobs(["controller=threshold,pid", "seed=range(0,2)", "+x=1"]) == [
+        ["controller=threshold", "seed=0", "+x=1"],
+        ["controller=threshold", "seed=1", "+x=1"],
+        ["controller=pid", "seed=0", "+x=1"],
+        ["controller=pid", "seed=1", "+x=1"],
+    ]
+    seen = []
+    cli.check_command_line("p", CONF_DIR, "config", validate=seen.append, argv=["-m", "controller=pid,ewma"])
+    assert [c.controller.name for c in seen] == ["pid", "ewma"]
+    from pacectl.run import _check_config
+
+    with pytest.raises(SystemExit):
+        cli.check_command_line(
+            "pacectl.run",
+            CONF_DIR,
+            "config",
+            _check_config,
+            argv=["-m", "controller=pid", "controller.kp=0.5,-1"],
+        )
+    err = capsys.readouterr().err
+    assert err.startswith("pacectl.run: error: sweep job #1 (controller=pid controller.kp=-1): kp must be")
