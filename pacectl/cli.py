@@ -217,13 +217,18 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
     return line if "https://" in line else f"{line} (see {grammar})"
 
 
-def _compose_without(config_dir: Path, config_name: str, overrides: list[str], key: str) -> DictConfig | None:
+def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> DictConfig:
+    """Hydra's compose API on ``config_dir`` (raises Hydra's composition errors)."""
     from hydra import compose, initialize_config_dir
 
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return compose(config_name=config_name, overrides=overrides)
+
+
+def _compose_without(config_dir: Path, config_name: str, overrides: list[str], key: str) -> DictConfig | None:
     rest = [o for o in overrides if o.partition("=")[0] != key]
     try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            return compose(config_name=config_name, overrides=rest)
+        return _compose(config_dir, config_name, rest)
     except Exception:  # noqa: BLE001 - only for a hint: another override fails as well
         return None
 
@@ -239,13 +244,13 @@ def sweep_jobs(overrides: Sequence[str]) -> list[list[str]] | None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
-        choices = []
-        for o in OverridesParser.create().parse_overrides(list(overrides)):
+        choices: list[list[str]] = []
+        for text, o in zip(overrides, OverridesParser.create().parse_overrides(list(overrides)), strict=True):
             if o.is_sweep_override():
                 key = o.get_key_element()
                 choices.append([f"{key}={v}" for v in o.sweep_string_iterator()])
             else:
-                choices.append([o.input_line])
+                choices.append([text])
     except Exception:  # noqa: BLE001 - a sweep this check does not expand: Hydra reports it
         return None
     return [list(job) for job in itertools.product(*choices)]
@@ -266,7 +271,6 @@ def check_command_line(
     composed config (without Hydra's runtime section) and raises a
     :class:`~pacectl.errors.PacectlError` for a value the job would refuse.
     """
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -278,8 +282,7 @@ def check_command_line(
     for number, job in enumerate((jobs or [])[:MAX_CHECKED_JOBS]):
         where = f"sweep job #{number} ({' '.join(job)}): " if flags else ""
         try:
-            with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-                cfg = compose(config_name=config_name, overrides=job)
+            cfg = _compose(config_dir, config_name, job)
         except HydraException as err:
             line = composition_error(config_dir, config_name, job, err)
             print(f"{prog}: error: {where}{line}", file=sys.stderr)
