@@ -20,10 +20,12 @@ from __future__ import annotations
 import difflib
 import itertools
 import logging
+import math
 import os
 import re
 import shutil
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,19 +51,35 @@ class RunDirGuard(Callback):
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        remember_run_dir(Path(str(config.hydra.run.dir)))
+        _remember_safely(config, "run")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        remember_run_dir(Path(str(config.hydra.sweep.dir)))
+        _remember_safely(config, "sweep")
 
 
-def remember_run_dir(run_dir: Path) -> None:
-    """Record ``run_dir``'s state before Hydra writes into it (see :class:`RunDirGuard`)."""
+def _remember_safely(config: DictConfig, which: str) -> None:
+    """The guard must never break a run: a path it cannot resolve (a bad config, reported by the
+    job itself) is simply not remembered."""
+    _before.clear()
+    try:
+        remember_run_dir(Path(str(config.hydra[which].dir)), sweep=which == "sweep")
+    except Exception:  # noqa: BLE001 - see the docstring
+        _before.clear()
+
+
+def remember_run_dir(run_dir: Path, *, sweep: bool = False) -> None:
+    """Record ``run_dir``'s state before Hydra writes into it (see :class:`RunDirGuard`).
+
+    Args:
+        run_dir: the run folder, or with ``sweep`` the multirun's sweep folder (its jobs' parent).
+    """
     run_dir = run_dir.absolute()
     snapshot = run_dir / ".hydra"
+    multirun_yaml = run_dir / "multirun.yaml"
     _before.clear()
     _before.update(
         run_dir=run_dir,
+        sweep=sweep,
         missing=[p for p in (run_dir, *run_dir.parents) if not p.exists()],
         hydra_files=(
             {p.name: p.read_bytes() for p in snapshot.iterdir() if p.is_file()} if snapshot.is_dir() else None
@@ -69,6 +87,7 @@ def remember_run_dir(run_dir: Path) -> None:
         log_sizes={p.name: p.stat().st_size for p in run_dir.glob("*.log") if p.is_file()}
         if run_dir.is_dir()
         else {},
+        multirun_yaml=multirun_yaml.read_bytes() if multirun_yaml.is_file() else None,
     )
 
 
@@ -100,10 +119,26 @@ def discard_run_dir(out_dir: str | os.PathLike[str]) -> bool:
         else:
             p.unlink()
     out.rmdir()
+    if before.get("sweep") and before["run_dir"] == out.parent:
+        _undo_sweep_file(out.parent, before["multirun_yaml"])
     for parent in before.get("missing", []):  # deepest first: the folders this run created
         if parent != out and parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()
     return True
+
+
+def _undo_sweep_file(sweep_dir: Path, old: bytes | None) -> None:
+    """The sweep's ``multirun.yaml`` as it was before, when its first job failed (the basic launcher
+    runs the jobs in turn, so no job of this sweep kept any output); later jobs leave it."""
+    from hydra.core.hydra_config import HydraConfig
+
+    multirun_yaml = sweep_dir / "multirun.yaml"
+    if not multirun_yaml.is_file() or (HydraConfig.initialized() and HydraConfig.get().job.num != 0):
+        return
+    if old is None:
+        multirun_yaml.unlink()
+    else:
+        multirun_yaml.write_bytes(old)
 
 
 def _restore(out: Path, before: dict[str, Any]) -> None:
@@ -124,6 +159,19 @@ def _restore(out: Path, before: dict[str, Any]) -> None:
             p.unlink()
         elif p.stat().st_size > size:
             os.truncate(p, size)
+
+
+def sweep_job_prefix() -> str:
+    """``"sweep job #N (its overrides): "`` inside a Hydra ``--multirun`` job, else ``""``."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return ""
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return ""
+    return f"sweep job #{hc.job.num} ({' '.join(str(o) for o in hc.overrides.task)}): "
 
 
 class BelowLevel(logging.Filter):
@@ -148,6 +196,8 @@ def run_dir_argument_error(argv: list[str]) -> str | None:
         key, sep, value = arg.partition("=")
         if not sep or key.lstrip("+") not in ("hydra.run.dir", "hydra.sweep.dir"):
             continue
+        if not value.strip("'\" "):
+            return f"{key.lstrip('+')} must name a folder, got an empty value (the outputs would land in the current folder)"
         path = Path(value.strip("'\"")).expanduser()
         for p in (path, *path.parents):
             if p.exists() and not p.is_dir():
@@ -198,23 +248,47 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         section = OmegaConf.select(node, parent) if node is not None and parent else node
         known = sorted(str(k) for k in section.keys()) if isinstance(section, DictConfig) else []
         where = f"{parent}." if parent else ""
+        hint = _closest(leaf, known)
+        fix = f" Did you mean {where}{hint}={given}?" if hint else ""
+        owners = _options_with_key(config_dir, parent, leaf) if not hint else {}
+        if owners:  # a key of another option of the group: backend.num_ranks needs backend=sim
+            option, real = next(iter(owners.items()))
+            named = ", ".join(f"{parent}={o}" for o in owners)
+            fix = f" It is a key of {named}: select one, e.g. {parent}={option} {parent}.{real}={given}"
         if parent == "controller" and isinstance(section, DictConfig) and section.get("name") == "all":
             return (
                 f"{key}: controller=all (the default) runs every family with its own "
-                f"conf/controller/<family>.yaml and takes no parameters; pick one family to set them, "
-                f"e.g. controller=threshold {key}={given}"
+                f"conf/controller/<family>.yaml and takes no parameters; pick one family to set them."
+                + (fix or " Each family's keys are in conf/controller/<family>.yaml")
             )
-        hint = _closest(leaf, known)
-        fix = f" Did you mean {where}{hint}={given}?" if hint else ""
         shown = f" (known under {parent}: {known})" if parent and known else ""
-        return (
-            f"{key}={given}: no such config key{shown}.{fix} A key the config does not have needs a "
-            f"leading + (+{key}={given}), but then nothing reads it"
+        plus = (
+            ""
+            if owners
+            else f" A key the config does not have needs a leading + (+{key}={given}), but then nothing reads it"
         )
+        return f"{key}={given}: no such config key{shown}.{fix}{plus}"
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     line = " ".join(lines[:4])
     grammar = "https://hydra.cc/docs/advanced/override_grammar/basic/"
     return line if "https://" in line else f"{line} (see {grammar})"
+
+
+def _options_with_key(config_dir: Path, group: str, key: str) -> dict[str, str]:
+    """Options of config group ``group`` (``conf/<group>/*.yaml``) that define ``key`` or a key
+    close to it: option -> that key. Empty when ``group`` is not a config group."""
+    folder = config_dir / group
+    if not group or "." in group or not folder.is_dir():
+        return {}
+    found: dict[str, str] = {}
+    for path in sorted(folder.glob("*.yaml")):
+        node = OmegaConf.load(path)
+        keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+        match = key if key in keys else _closest(key, keys)
+        if match:
+            found.setdefault(path.stem, match)
+    exact = {option: k for option, k in found.items() if k == key}
+    return exact or found
 
 
 def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> DictConfig:
@@ -233,14 +307,20 @@ def _compose_without(config_dir: Path, config_name: str, overrides: list[str], k
         return None
 
 
-#: A ``--multirun`` sweep is checked job by job before its first job runs, up to this many jobs.
+#: A ``--multirun`` sweep is checked job by job before its first job runs, up to this many jobs;
+#: a larger sweep is checked on as many jobs as its longest list of values, so that every value of
+#: every swept key is checked once.
 MAX_CHECKED_JOBS = 64
+#: Hydra flags the pre-check understands: without an argument, and with one.
+_FLAGS = {"-m", "--multirun", "-h", "--help", "--hydra-help", "-r", "--resolve"}
+_FLAGS_WITH_ARG = {"-c", "--cfg", "-p", "--package"}
 
 
 def sweep_jobs(overrides: Sequence[str]) -> list[list[str]] | None:
     """The override lists of the jobs a Hydra ``--multirun`` sweep would run (its basic sweeper's
-    cartesian product of ``key=a,b`` / ``range()`` values), or None if the sweep cannot be expanded
-    here (then Hydra reports it)."""
+    cartesian product of ``key=a,b`` / ``range()`` values) and checks, at most
+    :data:`MAX_CHECKED_JOBS` of them (see there), or None if the sweep cannot be expanded here
+    (``glob()``, ``interval()``: then Hydra reports it)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
@@ -253,7 +333,9 @@ def sweep_jobs(overrides: Sequence[str]) -> list[list[str]] | None:
                 choices.append([text])
     except Exception:  # noqa: BLE001 - a sweep this check does not expand: Hydra reports it
         return None
-    return [list(job) for job in itertools.product(*choices)]
+    if math.prod(len(c) for c in choices) <= MAX_CHECKED_JOBS:
+        return [list(job) for job in itertools.product(*choices)]
+    return [[c[i % len(c)] for c in choices] for i in range(max(len(c) for c in choices))]
 
 
 def check_command_line(
@@ -265,31 +347,54 @@ def check_command_line(
 ) -> None:
     """Entry points, before Hydra starts: compose the overrides and check them; one line and exit 2.
 
-    With ``-m``/``--multirun`` every job of the sweep is checked (up to :data:`MAX_CHECKED_JOBS`),
-    so a bad value in the last job stops the sweep before the first runs. Skipped when the command
-    line holds another flag (``--help``, ``--cfg``...): Hydra handles those. ``validate`` gets the
-    composed config (without Hydra's runtime section) and raises a
-    :class:`~pacectl.errors.PacectlError` for a value the job would refuse.
+    With ``-m``/``--multirun`` the jobs of the sweep are checked (see :data:`MAX_CHECKED_JOBS`), so
+    a bad value in a late job stops the sweep before the first job runs. With ``--help`` or
+    ``--cfg`` only the composition is checked; with another flag nothing (Hydra handles it).
+    ``validate`` gets the composed config (without Hydra's runtime section) and raises a
+    :class:`~pacectl.errors.PacectlError` for a value the job would refuse; its warnings are left
+    to the job, which reports them in its own log.
     """
     from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     args = list(sys.argv[1:] if argv is None else argv)
-    flags = {a for a in args if a.startswith("-")}
-    if flags - {"-m", "--multirun"}:
-        return
-    overrides = [a for a in args if not a.startswith("-")]
-    jobs = sweep_jobs(overrides) if flags else [overrides]
-    for number, job in enumerate((jobs or [])[:MAX_CHECKED_JOBS]):
-        where = f"sweep job #{number} ({' '.join(job)}): " if flags else ""
+    flags, overrides = set(), []
+    it = iter(args)
+    for a in it:
+        if a in _FLAGS_WITH_ARG:
+            flags.add(a)
+            next(it, None)
+        elif a.startswith("-"):
+            if a not in _FLAGS:
+                return
+            flags.add(a)
+        else:
+            overrides.append(a)
+
+    def fail(line: str) -> None:
+        print(f"{prog}: error: {line}", file=sys.stderr)
+        sys.exit(2)
+
+    for o in overrides:
+        if o.startswith("~"):
+            key = o[1:].partition("=")[0]
+            fail(f"{o}: removing config keys is not supported (every key is read); set {key} instead")
+    multirun = bool(flags & {"-m", "--multirun"})
+    jobs = sweep_jobs(overrides) if multirun else [overrides]
+    inspect_only = bool(flags - {"-m", "--multirun"})
+    for job in jobs or []:
+        where = f"sweep job ({' '.join(job)}): " if multirun else ""
         try:
             cfg = _compose(config_dir, config_name, job)
         except HydraException as err:
-            line = composition_error(config_dir, config_name, job, err)
-            print(f"{prog}: error: {where}{line}", file=sys.stderr)
-            sys.exit(2)
-        if validate is not None:
-            try:
+            fail(where + composition_error(config_dir, config_name, job, err))
+        if validate is None or inspect_only:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
                 validate(cfg)
-            except PacectlError as err:
-                print(f"{prog}: error: {where}{err}", file=sys.stderr)
-                sys.exit(2)
+        except PacectlError as err:
+            fail(f"{where}{err}")
+        except OmegaConfBaseException as err:
+            fail(f"{where}bad config: {str(err).splitlines()[0]}")

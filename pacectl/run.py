@@ -37,7 +37,7 @@ from omegaconf.errors import MissingMandatoryValue
 from tqdm import tqdm
 
 from pacectl import cli, metrics, report, whatif
-from pacectl.config import CONF_DIR, controller_families, load_trace, validate_run_config
+from pacectl.config import CONF_DIR, config_int, controller_families, load_trace, validate_run_config
 from pacectl.errors import ConfigError, PacectlError, one_line_warnings
 from pacectl.experiment import make_experiment
 
@@ -163,7 +163,7 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def _check_memory(rows: int, with_parquet: bool) -> None:
+def _check_memory(rows: int, with_parquet: bool, *, announce: bool = True) -> None:
     """After the first run: stop before the others if the whole job would not fit in memory.
 
     Args:
@@ -174,7 +174,7 @@ def _check_memory(rows: int, with_parquet: bool) -> None:
         ConfigError: the estimate (:data:`BYTES_PER_ROW`) exceeds the memory available now.
     """
     need = rows * BYTES_PER_ROW[with_parquet]
-    if with_parquet and rows > LARGE_PARQUET_ROWS:
+    if announce and with_parquet and rows > LARGE_PARQUET_ROWS:
         log.info(
             f"iterations.parquet will hold {rows:,} rows (about {need / 1e9:.1f} GB in memory while it is "
             "built); output.iterations=false skips it"
@@ -366,15 +366,23 @@ def _hydra_main(cfg: DictConfig) -> None:
         _fail(str(err))
     except OSError as err:
         _fail(f"could not write the outputs into {out_dir}: {err}")
+    except MemoryError as err:
+        _fail(
+            f"out of memory ({err or 'MemoryError'}): run fewer ranks or iterations (backend.num_ranks, "
+            "backend.num_iterations), or set output.iterations=false"
+        )
     except KeyboardInterrupt:
-        print(f"pacectl.run: interrupted; no outputs were written into {out_dir}", file=sys.stderr)
+        print("pacectl.run: interrupted; no outputs were written", file=sys.stderr)
         cli.discard_run_dir(out_dir)
         sys.exit(130)
+    except BaseException:  # a bug, not a user mistake: its traceback follows, but no half run folder
+        cli.discard_run_dir(out_dir)
+        raise
     log_summary(summary, out_dir)
 
 
 def _fail(message: str) -> None:
-    print(f"pacectl.run: error: {message}", file=sys.stderr)
+    print(f"pacectl.run: error: {cli.sweep_job_prefix()}{message}", file=sys.stderr)
     cli.discard_run_dir(Path(HydraConfig.get().runtime.output_dir))
     sys.exit(2)
 
@@ -390,6 +398,11 @@ def _check_config(cfg: DictConfig) -> None:
     """What the job would refuse at once, checked before Hydra creates the run folder."""
     validate_run_config(cfg)
     controller_families(cfg)
+    backend = cfg.get("backend")
+    if backend is not None and backend.get("name") == "sim":  # the job's size is known up front
+        rows = len(controller_families(cfg)) * config_int(backend.get("num_ranks"), "backend.num_ranks")
+        rows *= config_int(backend.get("num_iterations"), "backend.num_iterations")
+        _check_memory(rows, bool(cfg.output.get("iterations", True)), announce=False)
 
 
 if __name__ == "__main__":

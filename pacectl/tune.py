@@ -59,7 +59,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from pacectl.cli import check_command_line, discard_run_dir, exit_on_bad_run_dir
+from pacectl.cli import check_command_line, discard_run_dir, exit_on_bad_run_dir, sweep_job_prefix
 from pacectl.config import (
     CONF_DIR,
     RUN_KEYS,
@@ -420,13 +420,19 @@ _RESUME_FIX = (
 def _open_study(
     spec: StorageSpec, name: str, scenarios: ScenarioSet, settings: dict[str, Any]
 ) -> optuna.Study:
-    storage = spec.open()
     try:
         study = optuna.create_study(
-            storage=storage, study_name=name, directions=list(DIRECTIONS), load_if_exists=True
+            storage=spec.open(), study_name=name, directions=list(DIRECTIONS), load_if_exists=True
         )
+    except PacectlError:
+        raise
     except ValueError as err:
         raise ConfigError(f"study {name!r} in {spec.display} cannot be opened: {err}") from err
+    except (KeyError, TypeError, AssertionError) as err:  # a file whose lines are JSON but no journal's
+        raise ConfigError(
+            f"study {name!r} in {spec.display} cannot be opened: not an Optuna journal "
+            f"({type(err).__name__}: {err}); pick a new tune.storage, or an earlier study's journal to resume it"
+        ) from err
     if [d.name.lower() for d in study.directions] != list(DIRECTIONS):
         raise ConfigError(
             f"study {name!r} in {spec.display} must have directions {list(DIRECTIONS)} (throughput, cv), "
@@ -514,6 +520,8 @@ def run_tuning(
     family = space.family
     name = settings.study_name or f"{scenarios.profile}-{family}"
     spec = storage_spec(settings.storage, out_dir, cwd=_abs("."))
+    if settings.storage in (None, ""):
+        out_dir.mkdir(parents=True, exist_ok=True)  # the default journal lives in the run folder
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = _open_study(spec, name, scenarios, trial_settings(space, scenarios))
     try:
@@ -919,6 +927,9 @@ def _hydra_main(cfg: DictConfig) -> None:
         )
     except KeyboardInterrupt:
         _interrupted("interrupted before the study was created; nothing was written")
+    except BaseException:  # a bug, not a user mistake: its traceback follows, but no half run folder
+        discard_run_dir(out_dir)
+        raise
     s = result.summary
     c = result.chosen
     log.info(
@@ -952,7 +963,7 @@ def _interrupted(message: str) -> None:
 
 
 def _fail(message: str) -> None:
-    print(f"pacectl.tune: error: {message}", file=sys.stderr)
+    print(f"pacectl.tune: error: {sweep_job_prefix()}{message}", file=sys.stderr)
     discard_run_dir(Path(HydraConfig.get().runtime.output_dir))
     sys.exit(2)
 

@@ -120,4 +120,57 @@ def test_a_sweep_is_checked_job_by_job_before_the_first_runs(capsys) -> None:
             argv=["-m", "controller=pid", "controller.kp=0.5,-1"],
         )
     err = capsys.readouterr().err
-    assert err.startswith("pacectl.run: error: sweep job #1 (controller=pid controller.kp=-1): kp must be")
+    assert err.startswith("pacectl.run: error: sweep job (controller=pid controller.kp=-1): kp must be")
+
+
+def test_removing_keys_and_inspection_flags(capsys) -> None:
+    err = _check(capsys, ["~trace"])
+    assert "~trace: removing config keys is not supported" in err
+    err = _check(capsys, ["controller=pidd", "--help"])  # Hydra's help would end in a traceback
+    assert "Did you mean controller=pid?" in err
+    err = _check(capsys, ["--cfg", "job", "controler=pid"])
+    assert "Did you mean controller=pid?" in err
+    seen = []
+    cli.check_command_line(
+        "p", CONF_DIR, "config", validate=seen.append, argv=["--cfg", "job", "controller=pid"]
+    )
+    assert seen == []  # inspecting the config is not running it: no value checks
+    cli.check_command_line("p", CONF_DIR, "config", validate=seen.append, argv=["--info", "controller=pidd"])
+    assert seen == []  # a flag the check does not know: left to Hydra
+
+
+def test_a_large_sweep_checks_every_value_once() -> None:
+    jobs = cli.sweep_jobs(["controller.kp=0.1,0.2,-1", "seed=range(0,33)", "trace=st"])
+    assert len(jobs) == 33  # not 99
+    assert {j[0] for j in jobs} == {"controller.kp=0.1", "controller.kp=0.2", "controller.kp=-1"}
+    assert {j[1] for j in jobs} == {f"seed={i}" for i in range(33)} and all(j[2] == "trace=st" for j in jobs)
+    assert cli.sweep_jobs(["controller=glob(p*)"]) is None  # Hydra expands (and reports) those
+
+
+def test_a_key_of_another_option_names_it(capsys) -> None:
+    err = _check(capsys, ["backend.num_ranks=8"])
+    assert "It is a key of backend=sim: select one, e.g. backend=sim backend.num_ranks=8" in err
+    err = _check(capsys, ["controller.kpp=1"])
+    assert "controller=all (the default)" in err and "e.g. controller=pid controller.kp=1" in err
+
+
+def test_a_sweep_whose_first_job_fails_leaves_no_multirun_yaml(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    cli.remember_run_dir(sweep, sweep=True)
+    (sweep / "0" / ".hydra").mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    assert cli.discard_run_dir(sweep / "0")
+    assert not tmp_path.joinpath("sweep").exists()
+
+    good = tmp_path / "good"  # a sweep into an earlier run's folder: its files stay as they were
+    good.mkdir()
+    (good / "summary.json").write_text("{}\n")
+    cli.remember_run_dir(good, sweep=True)
+    (good / "0" / ".hydra").mkdir(parents=True)
+    (good / "multirun.yaml").write_text("hydra: {}\n")
+    assert cli.discard_run_dir(good / "0")
+    assert sorted(p.name for p in good.iterdir()) == ["summary.json"]
+
+
+def test_an_empty_run_dir_is_refused() -> None:
+    assert "got an empty value" in cli.run_dir_argument_error(["hydra.run.dir="])

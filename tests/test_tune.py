@@ -868,3 +868,24 @@ def test_ctrl_c_while_a_worker_is_being_reaped_still_exits_as_an_interrupt(monke
     monkeypatch.setattr(study_mod.os, "kill", no_such_process)
     with pytest.raises(KeyboardInterrupt):
         study_mod.run_workers(2, [1, 1], [0, 1])
+
+
+def test_a_storage_that_is_no_journal_is_a_config_error(tmp_path: Path) -> None:
+    from pacectl.tuning.study import storage_spec
+
+    (tmp_path / "folder").mkdir()
+    for value, message in (
+        ("folder", "must be a journal file, got a folder"),
+        ("missing/sub/x.journal", "does not exist; create it first"),
+    ):  # a file that is no journal fails when the study is opened, with its own message
+        with pytest.raises(ConfigError, match=message):
+            storage_spec(value, tmp_path, cwd=tmp_path).open()
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_json_lines_file_that_is_no_journal_is_refused_cleanly(tmp_path: Path) -> None:
+    (tmp_path / "other.jsonl").write_text('{"x": 1}\n')
+    proc = _tune(*FAST, "controller=threshold", "tune.n_trials=1", "tune.storage=other.jsonl", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "cannot be opened: not an Optuna journal (KeyError" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.jsonl"]  # no outputs/ left behind

@@ -330,6 +330,7 @@ _RUN_WORDS = (
         "For other formats pass --format bytedance, kineto or steplevel",
     ),
     ("trace.path must be", "the trace file must be"),
+    ("Point trace.path at", "Point the path at"),
 )
 
 

@@ -115,7 +115,14 @@ class StorageSpec:
             ConfigError: the URL cannot be opened (bad scheme, missing driver, unreachable server).
         """
         if self.kind == "journal":
-            Path(self.location).parent.mkdir(parents=True, exist_ok=True)
+            path = Path(self.location)
+            if path.exists() and not path.is_file():
+                raise ConfigError(f"tune.storage must be a journal file, got a folder: {path}")
+            if not path.parent.is_dir():
+                raise ConfigError(
+                    f"tune.storage {path}: its folder {path.parent} does not exist; create it first or pick "
+                    "another path"
+                )
             lock = FlockLock(self.location)
             return JournalStorage(JournalFileBackend(self.location, lock_obj=lock))  # type: ignore[arg-type]
         try:
