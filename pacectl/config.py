@@ -149,6 +149,18 @@ def controller_params(controller_cfg: DictConfig | dict[str, Any]) -> tuple[str,
     return name, params
 
 
+def _flagged_header(text: str) -> list[str]:
+    """The ``# WARNING`` paragraph of a controller file's header (``pacectl.tune`` writes it when no
+    trial improves on no pacing): the WARNING line and the comment lines after it, up to ``# Use:``."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("# WARNING") or (out and line.startswith("# ") and not line.startswith("# Use:")):
+            out.append(line[1:].strip())
+        elif out:
+            break
+    return out
+
+
 def selected_controller(cfg: DictConfig) -> DictConfig:
     """The controller config of ``cfg``: the ``controller`` group, or the file ``controller_file``.
 
@@ -174,7 +186,7 @@ def selected_controller(cfg: DictConfig) -> DictConfig:
         raise ConfigError(f"controller_file {str(file)!r} must be valid YAML: {err}") from err
     if not isinstance(node, DictConfig):
         raise ConfigError(f"controller_file {str(file)!r} must hold a mapping with a 'name', got {node!r}")
-    flagged = [line[1:].strip() for line in file.read_text().splitlines() if line.startswith("# WARNING")]
+    flagged = _flagged_header(file.read_text())
     if flagged:  # pacectl.tune found nothing better than no pacing
         warnings.warn(f"controller_file {file}: {' '.join(flagged)}", UserWarning, stacklevel=2)
     return node

@@ -295,7 +295,10 @@ def test_controller_overrides_beside_a_controller_file_are_reported(tmp_path: Pa
     """controller_file replaces the controller group; a file pacectl.tune flagged says so when run."""
     ctl = tmp_path / "controller.yaml"
     ctl.write_text(
-        "# WARNING: no trial improves on no pacing on these episodes.\n"
+        "# Tuned by pacectl.tune\n"
+        "# WARNING: no trial improves on no pacing on these episodes (tune.json: improvement_rule):\n"
+        "# this is the best trial found, not an improvement; recommended: no pacing (controller=none).\n"
+        "# Use: python -m pacectl.run controller_file=<this file>\n"
         "name: threshold\non_threshold_s: 0.5\noff_threshold_s: 0.1\n"
     )
     out = tmp_path / "run"
@@ -305,7 +308,9 @@ def test_controller_overrides_beside_a_controller_file_are_reported(tmp_path: Pa
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["runs"]) == {"none", "threshold"}
     assert any(w.startswith("override ignored: controller=pid") for w in summary["warnings"])
-    assert any("WARNING: no trial improves on no pacing" in w for w in summary["warnings"])
+    flagged = [w for w in summary["warnings"] if "WARNING: no trial improves on no pacing" in w]
+    assert len(flagged) == 1 and flagged[0].endswith("recommended: no pacing (controller=none).")
+    assert proc.stderr.count("no trial improves") == 1  # once, from the job (not also from the pre-check)
 
 
 @pytest.mark.parametrize("with_parquet", [True, False])
