@@ -91,13 +91,14 @@ def remember_run_dir(run_dir: Path, *, sweep: bool = False) -> None:
     )
 
 
-def discard_run_dir(out_dir: str | os.PathLike[str]) -> bool:
+def discard_run_dir(out_dir: str | os.PathLike[str], *, keep_logs: bool = False) -> bool:
     """Undo what Hydra wrote for a job that failed, keeping everything that was there before.
 
     A folder holding nothing but Hydra's files (``.hydra/`` and job logs) is removed, and so are the
     parent folders this run created (for example ``outputs/<date>/``), if empty. In a folder that
     existed before the run (a rerun into it, a resumable study), ``.hydra/`` is put back as it was
-    and the job logs are cut back to their earlier length (with :class:`RunDirGuard` installed).
+    and the job logs are cut back to their earlier length (with :class:`RunDirGuard` installed),
+    unless ``keep_logs`` (an interrupted tuning keeps its finished trials, and their log lines).
 
     Returns:
         True if the directory was removed.
@@ -107,7 +108,7 @@ def discard_run_dir(out_dir: str | os.PathLike[str]) -> bool:
     if not out.is_dir():
         return False
     if before.get("run_dir") == out and out not in before["missing"]:
-        _restore(out, before)
+        _restore(out, before, keep_logs=keep_logs)
         return False
     entries = list(out.iterdir())
     ours = [p for p in entries if p.name in _HYDRA_FILES or (p.suffix == ".log" and p.is_file())]
@@ -141,7 +142,7 @@ def _undo_sweep_file(sweep_dir: Path, old: bytes | None) -> None:
         multirun_yaml.write_bytes(old)
 
 
-def _restore(out: Path, before: dict[str, Any]) -> None:
+def _restore(out: Path, before: dict[str, Any], *, keep_logs: bool) -> None:
     """Put ``.hydra/`` and the job logs of a pre-existing run folder back as they were."""
     snapshot = out / ".hydra"
     old = before["hydra_files"]
@@ -153,7 +154,7 @@ def _restore(out: Path, before: dict[str, Any]) -> None:
                 p.unlink()
         for name, data in old.items():
             (snapshot / name).write_bytes(data)
-    for p in out.glob("*.log"):
+    for p in [] if keep_logs else out.glob("*.log"):
         size = before["log_sizes"].get(p.name)
         if size is None:
             p.unlink()

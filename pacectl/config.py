@@ -30,8 +30,14 @@ if not OmegaConf.has_resolver("pacectl_data"):
     OmegaConf.register_new_resolver("pacectl_data", lambda rel: str(DATA_DIR / rel))
 
 
-def user_path(value: str) -> str:
-    """Resolve a user path against the directory the command was started from."""
+def user_path(value: str, key: str = "path") -> str:
+    """Resolve a user path against the directory the command was started from.
+
+    Raises:
+        ConfigError: an empty value (it would resolve to the current folder), naming ``key``.
+    """
+    if not str(value).strip():
+        raise ConfigError(f"{key} must name a file, got an empty value")
     try:
         from hydra.utils import to_absolute_path
 
@@ -41,13 +47,15 @@ def user_path(value: str) -> str:
 
 
 def _load_bytedance(trace_cfg: DictConfig) -> OpTrace:
-    return load_bytedance(user_path(str(trace_cfg.path)), user_path(str(trace_cfg.meta)))
+    return load_bytedance(
+        user_path(str(trace_cfg.path), "trace.path"), user_path(str(trace_cfg.meta), "trace.meta")
+    )
 
 
 def _load_canonical(trace_cfg: DictConfig) -> OpTrace:
     from pacectl.traces.canonical import load_canonical
 
-    return load_canonical(user_path(str(trace_cfg.path)))
+    return load_canonical(user_path(str(trace_cfg.path), "trace.path"))
 
 
 def _load_kineto(trace_cfg: DictConfig) -> OpTrace:
@@ -72,7 +80,7 @@ def _load_steplevel(trace_cfg: DictConfig) -> OpTrace:
     from pacectl.traces.steplevel import load_steplevel
 
     return load_steplevel(
-        user_path(str(trace_cfg.path)),
+        user_path(str(trace_cfg.path), "trace.path"),
         unit_s=float(trace_cfg.get("unit_s", 1e-3)),
         collective_s=trace_cfg.get("collective_s"),
         collective_frac=float(trace_cfg.get("collective_frac", 0.01)),
@@ -174,7 +182,7 @@ def selected_controller(cfg: DictConfig) -> DictConfig:
     path = cfg.get("controller_file")
     if path is None or str(path) == "":
         return cfg.controller  # type: ignore[no-any-return]
-    file = Path(user_path(str(path)))
+    file = Path(user_path(str(path), "controller_file"))
     if not file.is_file():
         raise ConfigError(
             f"controller_file must be an existing controller YAML, got {str(path)!r} (resolved to {file}); "

@@ -921,9 +921,10 @@ def _hydra_main(cfg: DictConfig) -> None:
         _fail(str(err))
     except TuneInterrupted as err:
         _interrupted(
-            f"interrupted; the study's {'' if err.finished is None else f'{err.finished} '}finished trial(s) "
+            keep_logs=True,
+            message=f"interrupted; the study's {'' if err.finished is None else f'{err.finished} '}finished trial(s) "
             f"are kept in {err.storage.display} (study {err.study_name!r}) and this run wrote no outputs; "
-            f"resume with the same command: {resume_command(out_dir, cfg.tune.get('storage'))}"
+            f"resume with the same command: {resume_command(out_dir, cfg.tune.get('storage'))}",
         )
     except KeyboardInterrupt:
         _interrupted("interrupted before the study was created; nothing was written")
@@ -953,12 +954,12 @@ def _hydra_main(cfg: DictConfig) -> None:
     log.info(f"inspect: {result.storage.dashboard_command()}   (pip install optuna-dashboard)")
 
 
-def _interrupted(message: str) -> None:
+def _interrupted(message: str, *, keep_logs: bool = False) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not print a traceback
     print(f"pacectl.tune: {message}", file=sys.stderr, flush=True)
-    discard_run_dir(Path(HydraConfig.get().runtime.output_dir))
+    discard_run_dir(Path(HydraConfig.get().runtime.output_dir), keep_logs=keep_logs)
     sys.exit(130)
 
 

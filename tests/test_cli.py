@@ -174,3 +174,15 @@ def test_a_sweep_whose_first_job_fails_leaves_no_multirun_yaml(tmp_path: Path) -
 
 def test_an_empty_run_dir_is_refused() -> None:
     assert "got an empty value" in cli.run_dir_argument_error(["hydra.run.dir="])
+
+
+def test_an_interrupted_tuning_keeps_its_log_lines(tmp_path: Path) -> None:
+    run = tmp_path / "study"
+    _hydra_files(run, "n_trials: 10\n")
+    (run / "tune.log").write_text("trial 0\n")
+    cli.remember_run_dir(run)
+    _hydra_files(run, "n_trials: 20\n")
+    (run / "tune.log").write_text("trial 0\ntrial 1 (kept in the journal)\n")
+    assert not cli.discard_run_dir(run, keep_logs=True)
+    assert (run / ".hydra" / "config.yaml").read_text() == "n_trials: 10\n"
+    assert (run / "tune.log").read_text().endswith("trial 1 (kept in the journal)\n")

@@ -147,6 +147,7 @@ def _torch_case(args: list[str], message: str) -> Any:
         (["controller.gain=0.3"], "controller=all (the default) runs every family"),
         (["controller=pid", "controller.kp=0.5,0.6"], "add --multirun"),
         (["~guard"], "removing config keys is not supported"),
+        (["trace=st", "trace.path="], "trace.path must name a file, got an empty value"),
         # a simulation too large for memory stops before it allocates anything
         (["backend=sim", "backend.num_ranks=100000000", "backend.num_iterations=100000"], "GB of memory"),
         # without torch, the live backend says so before anything else
