@@ -397,10 +397,10 @@ def main() -> None:
 def _check_config(cfg: DictConfig) -> None:
     """What the job would refuse at once, checked before Hydra creates the run folder."""
     validate_run_config(cfg)
-    controller_families(cfg)
+    runs = len(controller_families(cfg))
     backend = cfg.get("backend")
     if backend is not None and backend.get("name") == "sim":  # the job's size is known up front
-        rows = len(controller_families(cfg)) * config_int(backend.get("num_ranks"), "backend.num_ranks")
+        rows = runs * config_int(backend.get("num_ranks"), "backend.num_ranks")
         rows *= config_int(backend.get("num_iterations"), "backend.num_iterations")
         _check_memory(rows, bool(cfg.output.get("iterations", True)), announce=False)
 
