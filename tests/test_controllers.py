@@ -416,3 +416,13 @@ def test_pickled_controller_keeps_parameters() -> None:
     controller = ThresholdController(gain=0.3)
     assert pickle.loads(pickle.dumps(controller)).gain == 0.3
     assert "gain=0.3" in repr(controller)
+
+
+def test_a_quoted_number_is_named_as_a_string() -> None:
+    from pacectl.controllers.base import check_float
+    from pacectl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"got '0.5' \(a string: drop the quotes around the number\)"):
+        check_float("pid", "kp", "0.5", low=0.0)
+    with pytest.raises(ConfigError, match=r"got 'abc' \(controller 'pid'"):  # not a number at all
+        check_float("pid", "kp", "abc", low=0.0)

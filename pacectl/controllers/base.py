@@ -32,9 +32,16 @@ def _interval(low: float | None, high: float | None, low_open: bool, high_open: 
 
 
 def _shown(value: object) -> str:
-    """``repr`` of a user value, with numpy scalars shown as plain Python numbers."""
+    """``repr`` of a user value, with numpy scalars shown as plain Python numbers; a number given
+    as a string (quoted on the command line: Hydra then keeps it a string) says so."""
     if isinstance(value, np.generic):
         return repr(value.item())
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return repr(value)
+        return f"{value!r} (a string: drop the quotes around the number)"
     return repr(value)
 
 
