@@ -417,6 +417,17 @@ _RESUME_FIX = (
 )
 
 
+def _previous_study_name(out_dir: Path) -> str | None:
+    """The study whose outputs ``out_dir/tune.json`` holds, or None (no readable tune.json)."""
+    import json
+
+    try:
+        name = json.loads((out_dir / "tune.json").read_text()).get("study_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(name) if name is not None else None
+
+
 def _open_study(
     spec: StorageSpec, name: str, scenarios: ScenarioSet, settings: dict[str, Any]
 ) -> optuna.Study:
@@ -522,6 +533,13 @@ def run_tuning(
     spec = storage_spec(settings.storage, out_dir, cwd=_abs("."))
     if settings.storage in (None, ""):
         out_dir.mkdir(parents=True, exist_ok=True)  # the default journal lives in the run folder
+    previous = _previous_study_name(out_dir)
+    if previous not in (None, name):
+        warn(
+            f"warning: {out_dir} holds the outputs of study {previous!r}: this study ({name!r}) replaces its "
+            "controller.yaml, tune.json and pareto files (its trials stay in their storage); use another "
+            "hydra.run.dir to keep both"
+        )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = _open_study(spec, name, scenarios, trial_settings(space, scenarios))
     try:

@@ -889,3 +889,18 @@ def test_a_json_lines_file_that_is_no_journal_is_refused_cleanly(tmp_path: Path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "cannot be opened: not an Optuna journal (KeyError" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.jsonl"]  # no outputs/ left behind
+
+
+def test_a_second_study_into_the_same_folder_says_it_replaces_the_first_ones_outputs(tmp_path: Path) -> None:
+    out = tmp_path / "study"
+    first = _tune(*FAST, "controller=threshold", "tune.n_trials=2", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "holds the outputs" not in first.stderr
+    again = _tune(*FAST, "controller=threshold", "tune.n_trials=3", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert again.returncode == 0 and "holds the outputs" not in again.stderr  # a resume: same study
+    other = _tune(*FAST, "controller=ewma", "tune.n_trials=2", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert other.returncode == 0, other.stderr
+    assert f"warning: {out} holds the outputs of study 'st-threshold': this study ('st-ewma') replaces" in (
+        other.stderr
+    )
+    assert json.loads((out / "tune.json").read_text())["study_name"] == "st-ewma"
