@@ -351,6 +351,7 @@ def check_command_line(
     With ``-m``/``--multirun`` the jobs of the sweep are checked (see :data:`MAX_CHECKED_JOBS`), so
     a bad value in a late job stops the sweep before the first job runs. With ``--help`` or
     ``--cfg`` only the composition is checked; with another flag nothing (Hydra handles it).
+    ``~key`` (removing a key) is refused: every key of the shipped configs is read.
     ``validate`` gets the composed config (without Hydra's runtime section) and raises a
     :class:`~pacectl.errors.PacectlError` for a value the job would refuse; its warnings are left
     to the job, which reports them in its own log.
