@@ -164,7 +164,8 @@ def available_memory_bytes() -> int | None:
 
 
 def _check_memory(rows: int, with_parquet: bool, *, announce: bool = True) -> None:
-    """After the first run: stop before the others if the whole job would not fit in memory.
+    """Stop if the whole job would not fit in memory: before a simulation starts (its size is in the
+    config), else after the first run, before the others.
 
     Args:
         rows: (run, iteration, rank) rows of the whole job.
