@@ -79,9 +79,17 @@ def test_unusable_exits_nonzero_without_traceback(
 def test_empty_directory_and_bad_args(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info", str(tmp_path)]) == 1
     assert "empty directory" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as info:
-        main(["info"])
-    assert info.value.code == 2
+    for argv, match in (
+        (["info"], "required: PATH"),
+        (["convrt", "x"], "invalid choice: 'convrt'"),
+        (["convert", "x"], "required: -o/--output"),
+        (["info", "x", "--max-mb", "abc"], "--max-mb: invalid float value"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and match in err and "--help" in err, err  # one line, no usage block
 
 
 def test_convert_writes_canonical_atomically(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

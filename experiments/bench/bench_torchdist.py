@@ -27,9 +27,11 @@
      the exchange's cost amortized, decisions up to 10 iterations more stale);
    - ``no_gather``: the pacer with the exchange switched off (hook, timestamps, delay logic only).
 
-   ``--bucket-cap-mb`` and ``--batch`` move the workload towards real training: DDP's default
-   bucket is 25 MB (fewer buckets, fewer Python hook calls per iteration), and a larger batch
-   lengthens the iteration the per-iteration host cost is compared with.
+   ``--bucket-cap-mb``, ``--batch`` and ``--model transformer`` move the workload towards real
+   training: DDP's default bucket is 25 MB (fewer buckets, fewer Python hook calls per iteration),
+   and a larger batch or the transformer (``--seq-len`` tokens per sample) lengthens the iteration
+   the per-iteration host cost is compared with (records ``torchdist_batch512.json`` and
+   ``torchdist_transformer.json``).
 
    Reported per configuration: plain's median iteration time; per variant the median paired
    difference in ms and as a fraction of plain's iteration (against plain, and against ``py_hook``,
@@ -222,6 +224,8 @@ def bench_overhead(
     batch: int = 32,
     bucket_cap_mb: float = 1.0,
     grad_as_bucket_view: bool = False,
+    model: str = "mlp",
+    seq_len: int = 32,
 ) -> dict[str, Any]:
     """One interleaved ``nproc``-rank job at ``width``; figures from rank 0 (see the module docstring)."""
     from pacectl.torchdist.launch import launch_workers
@@ -232,10 +236,11 @@ def bench_overhead(
         "rounds": rounds,
         "block": block,
         "workload": {
-            "model": "mlp",
+            "model": model,
             "width": width,
             "depth": 4,
             "batch_size": batch,
+            "seq_len": seq_len,
             "bucket_cap_mb": bucket_cap_mb,
         },
         "grad_as_bucket_view": grad_as_bucket_view,
@@ -246,7 +251,9 @@ def bench_overhead(
     scale = float(np.median(plain))
     result: dict[str, Any] = {
         "world_size": nproc,
-        "workload": f"mlp width {width} depth 4 batch {batch}, bucket_cap_mb {bucket_cap_mb:g}"
+        "workload": f"{model} width {width} depth 4 batch {batch}"
+        + (f" seq_len {seq_len}" if model == "transformer" else "")
+        + f", bucket_cap_mb {bucket_cap_mb:g}"
         + (", gradient_as_bucket_view (grads kept between iterations)" if grad_as_bucket_view else ""),
         "rounds": rounds,
         "block_iterations": block,
@@ -341,7 +348,13 @@ def main() -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--nproc", type=int, nargs="+", default=[2, 4], help="world sizes (gloo ranks)")
-    parser.add_argument("--widths", type=int, nargs="+", default=[512, 1024], help="MLP widths")
+    parser.add_argument(
+        "--model", choices=("mlp", "transformer"), default="mlp", help="the built-in workload's model"
+    )
+    parser.add_argument(
+        "--widths", type=int, nargs="+", default=[512, 1024], help="MLP widths (transformer: d_model)"
+    )
+    parser.add_argument("--seq-len", type=int, default=32, help="transformer sequence length")
     parser.add_argument("--rounds", type=int, default=60, help="interleaved rounds per configuration")
     parser.add_argument("--block", type=int, default=5, help="iterations per variant per round")
     parser.add_argument("--batch", type=int, default=32, help="workload batch size")
@@ -391,13 +404,16 @@ def main() -> None:
                     batch=args.batch,
                     bucket_cap_mb=args.bucket_cap_mb,
                     grad_as_bucket_view=args.grad_as_bucket_view,
+                    model=args.model,
+                    seq_len=args.seq_len,
                 )
             )
             configs[-1]["wall_time_s"] = time.perf_counter() - t1
     precision = bench_delay_precision(args.reps)
     command = (
         f"python experiments/bench/bench_torchdist.py --nproc {' '.join(map(str, args.nproc))} "
-        f"--widths {' '.join(map(str, args.widths))} --rounds {args.rounds} --block {args.block} "
+        + (f"--model transformer --seq-len {args.seq_len} " if args.model == "transformer" else "")
+        + f"--widths {' '.join(map(str, args.widths))} --rounds {args.rounds} --block {args.block} "
         f"--batch {args.batch} --bucket-cap-mb {args.bucket_cap_mb:g} "
         + ("--grad-as-bucket-view " if args.grad_as_bucket_view else "")
         + f"--reps {args.reps} --variants {','.join(variants)} --out {args.out}"

@@ -21,7 +21,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -254,9 +254,16 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """argparse with a command-line mistake reported in one line (no usage block), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}. See: {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for tests and docs)."""
-    parser = argparse.ArgumentParser(
+    """The argument parser (exposed for tests and docs); sub-commands share its one-line errors."""
+    parser = _OneLineErrors(
         prog="python -m pacectl.traces",
         description="Inspect, validate and convert distributed-training traces "
         "(Kineto/PyTorch-profiler JSON, step-level CSV, ByteDance and pacectl Parquet).",
