@@ -1,7 +1,9 @@
-"""A CPU dry run of the GPU check's overhead comparison, so device time is not spent on its bugs.
+"""A CPU dry run of the GPU check's device-agnostic parts, so device time is not spent on their bugs.
 
-The CUDA checks themselves need a GPU (``experiments/gpu_check``); the overhead function runs the
-same code on a 1-rank gloo group here.
+The CUDA-only checks (device-delay precision, streams not blocked) need a GPU
+(``experiments/gpu_check``). The DDP end-to-end checks, the forced-delay check and the overhead
+comparison run the same code on a 1-rank gloo group here, with the host delay in place of the
+device-side one.
 """
 
 from __future__ import annotations
@@ -17,33 +19,46 @@ torch = pytest.importorskip("torch")
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "gpu_check" / "gpu_check.py"
 
 
-def _overhead_on_one_rank(port: int, queue) -> None:
+def _load_script():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    return gpu_check
+
+
+def _on_one_rank(port: int, what: str, queue) -> None:
     import os
 
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = _load_script()
     dist.init_process_group("gloo", rank=0, world_size=1)
+    cpu = torch.device("cpu")
     try:
-        result = gpu_check.overhead(torch.device("cpu"), rounds=2, block=1, width=32)
-        queue.put((result, sorted(gpu_check.OVERHEAD_VARIANTS)))
+        if what == "overhead":
+            result = gpu_check.overhead(cpu, rounds=2, block=1, width=32)
+            queue.put((result, sorted(gpu_check.OVERHEAD_VARIANTS)))
+        else:
+            plain, _ = gpu_check.train(cpu, None, iters=6)
+            e2e = {
+                g: gpu_check.end_to_end(cpu, g, plain, iters=6) for g in ("piggyback", "async", "collective")
+            }
+            queue.put((e2e, gpu_check.delayed_run(cpu, delay_s=0.02, iters=16)))
     except BaseException as err:  # noqa: BLE001 - report to the parent instead of hanging it
         queue.put(repr(err))
     finally:
         dist.destroy_process_group()
 
 
-def test_overhead_comparison_runs_on_cpu() -> None:
+def _run_child(what: str):
     from pacectl.torchdist.launch import free_port
 
     # In a spawned child: gloo's threads must not live on in this pytest process, whose later
     # tests fork (a fork of a process holding them can deadlock).
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_overhead_on_one_rank, args=(free_port(), queue), daemon=True)
+    proc = ctx.Process(target=_on_one_rank, args=(free_port(), what, queue), daemon=True)
     proc.start()
     try:
         got = queue.get(timeout=120)
@@ -52,7 +67,11 @@ def test_overhead_comparison_runs_on_cpu() -> None:
         if proc.is_alive():
             proc.kill()
     assert not isinstance(got, str), got
-    result, variants = got
+    return got
+
+
+def test_overhead_comparison_runs_on_cpu() -> None:
+    result, variants = _run_child("overhead")
     assert set(result["variants"]) == set(variants) - {"plain"}
     assert result["plain_iteration_median_s"] > 0
     for v in result["variants"].values():
@@ -61,11 +80,20 @@ def test_overhead_comparison_runs_on_cpu() -> None:
         )
 
 
+def test_end_to_end_and_forced_delay_checks_pass_on_cpu() -> None:
+    """Checks 5 and 5b on gloo: every mode matches plain DDP; a forced delay shows where it should."""
+    e2e, (delayed, delayed_ok) = _run_child("end_to_end")
+    for gather, (record, ok) in e2e.items():
+        assert ok, (gather, record)
+        assert record["iterations"] == 6 and record["max_abs_param_diff_vs_plain"] == 0.0
+    assert delayed_ok, delayed
+    assert delayed["applied_delay_s"] == [0.02]
+    assert delayed["iteration_longer_by_median_s"] >= 0.016
+
+
 def test_without_cuda_it_skips_with_exit_77(tmp_path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the check would run for real")
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = _load_script()
     assert gpu_check.main(["--out", str(tmp_path)]) == 77
     assert not any(tmp_path.iterdir())  # no record of a check that did not run

@@ -10,30 +10,38 @@ Checks (each prints PASS/FAIL and is recorded):
 1. ``DeviceDelay`` calibration: ``torch.cuda._sleep`` cycles per second, and how well a requested
    device delay of 0.1 / 1 / 10 ms is met (CUDA events; median and p99 error).
 2. The host is not blocked: issuing a paced NCCL all-reduce with a 10 ms device-side delay returns to
-   the host in far less than 10 ms.
-3. The delay really delays the collective: the all-reduce's completion event comes >= the delay after
-   the enter event on the pacing stream.
+   the host in far less than 10 ms (NCCL's communicator and cuBLAS are warmed up first, so their
+   one-time set-up is not timed).
+3. The delay really delays the collective: from an event on the current stream just before the
+   pacing stream is ordered after it, the all-reduce completes >= the delay later.
 4. The compute stream is not blocked: a kernel queued on the current stream after the paced
-   all-reduce finishes before the collective does.
+   all-reduce completes well within the delay, timed from the same event.
 5. End to end, for each exchange mode (``piggyback``, ``async``, ``collective``): a 1-rank DDP model
    on CUDA with the :class:`~pacectl.torchdist.pacer.Pacer` attached trains 20 iterations;
    observations are recorded and finite, and the trained parameters equal plain DDP's (same seed).
+   Then a fixed 5 ms delay in every iteration (:func:`delayed_run`): the iterations grow by it, and
+   the observed arrival includes it (natural arrival = arrival - delay is the undelayed arrival).
 6. Zero-delay overhead on the GPU (controller ``none``): plain DDP, torch's Python and C++
    all-reduce hooks (the floor of any comm hook) and the pacer (exchange every iteration and every
    10) train interleaved in blocks of 5 iterations, 40 rounds; per variant the median paired
    difference of the block means against plain, seconds and fraction of plain's iteration
    (recorded, not a pass/fail check).
 
-Every check runs even if an earlier one failed; the record says which failed and why.
+Every check runs even if an earlier one failed; the record says which failed and why. The record is
+rewritten after every check (``"complete": false`` until the end), and a watchdog (``--watchdog-s``)
+prints every thread's stack and exits 1 before an outer time limit kills the run, so a hang or a
+crash still leaves the results so far.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -116,12 +124,128 @@ def overhead(dev: Any, rounds: int = 40, block: int = 5, width: int = 4096) -> d
     }
 
 
+def setup(dev: Any, gather: str | None) -> tuple[Any, Callable[[float], None], Any]:
+    """A 4-layer MLP under DDP on ``dev`` (a 1-rank group), paced by a ``threshold`` pacer.
+
+    Args:
+        dev: ``torch.device`` (CUDA for the check; CPU with a gloo group for the dry run).
+        gather: the pacer's exchange mode, or None for plain DDP.
+
+    Returns:
+        ``(model, step, pacer or None)``; ``step(delay_s)`` trains one iteration, with ``delay_s`` > 0
+        forced as the delay bucket 0's hook applies (the controller's own decision replaced).
+    """
+    import torch
+
+    from pacectl.torchdist.core import DecisionEngine
+    from pacectl.torchdist.pacer import Pacer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).to(dev)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[dev.index or 0] if dev.type == "cuda" else None, bucket_cap_mb=4
+    )
+    engine = DecisionEngine("threshold", {}, {"max_delay_frac": 1.0}, num_ranks=1, seed=0)
+    pacer = None if gather is None else Pacer(engine, gather=gather).attach(ddp)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    gen = torch.Generator(device=dev).manual_seed(1)
+
+    def step(delay_s: float = 0.0) -> None:
+        if pacer is not None and delay_s > 0.0:
+            pacer._next_delay = delay_s
+        opt.zero_grad()
+        ddp(torch.randn(64, 1024, device=dev, generator=gen)).pow(2).mean().backward()
+        opt.step()
+
+    return model, step, pacer
+
+
+def train(dev: Any, gather: str | None, iters: int = 20) -> tuple[Any, Any]:
+    """Train :func:`setup`'s model ``iters`` iterations; returns ``(flattened parameters, pacer or None)``."""
+    import torch
+
+    model, step, pacer = setup(dev, gather)
+    for _ in range(iters):
+        step(0.0)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    if pacer is not None:
+        pacer.flush()  # the figures still in flight
+    return torch.cat([q.detach().reshape(-1) for q in model.parameters()]), pacer
+
+
+def end_to_end(dev: Any, gather: str, plain_params: Any, iters: int = 20) -> tuple[dict[str, Any], bool]:
+    """Check 5 for one exchange mode: every iteration observed, finite, parameters equal plain DDP's."""
+    import torch
+
+    params, pacer = train(dev, gather, iters)
+    it = np.array([o.iteration_time_s for o in pacer.observations])
+    record = {
+        "iterations": len(pacer.observations),
+        "iteration_median_s": float(np.median(it)),
+        "gather_median_s": float(np.median(pacer.gather_s)),
+        "max_abs_param_diff_vs_plain": float((params - plain_params).abs().max()),
+    }
+    ok = (
+        len(pacer.observations) == iters
+        and bool(np.isfinite(it).all())
+        and bool(torch.allclose(params, plain_params, rtol=1e-5, atol=1e-6))
+    )
+    return record, ok
+
+
+def delayed_run(dev: Any, delay_s: float = 0.005, iters: int = 20) -> tuple[dict[str, Any], bool]:
+    """Check 5b: a fixed delay inside DDP's backward lengthens the iteration and shows in the arrival.
+
+    Two copies of the model train in turn, one iteration each (so machine drift hits both; each
+    pacer's iteration clock restarts at its own step, see :meth:`Pacer.align`): one with no delay, one with ``delay_s`` on every iteration (collective exchange). Per iteration
+    pair: the delayed iteration minus the undelayed one, and the delayed run's natural arrival
+    (arrival minus delay) minus the undelayed arrival. Passes when the median of the first is at
+    least 0.8 ``delay_s``, the median of the second within 0.5 ``delay_s`` of zero, and every
+    observation records the applied delay. The first 2 iterations are left out (DDP rebuilds its
+    buckets after iteration 0).
+    """
+    import torch
+
+    runs = [setup(dev, "collective"), setup(dev, "collective")]
+    for _ in range(iters):
+        for (_, step, pacer), delay in zip(runs, (0.0, delay_s), strict=True):
+            pacer.align()  # restart its iteration clock here: the other model's step is not in it
+            step(delay)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    for _, _, pacer in runs:
+        pacer.flush()
+    obs0, obs1 = (pacer.observations[2:] for _, _, pacer in runs)
+    it0 = np.array([o.iteration_time_s for o in obs0])
+    it1 = np.array([o.iteration_time_s for o in obs1])
+    arr0 = np.array([o.arrival_s[0] for o in obs0])
+    arr1 = np.array([o.arrival_s[0] for o in obs1])
+    nat1 = np.array([o.natural_arrival_s[0] for o in obs1])
+    applied = [float(o.applied_delay_s[0]) for o in obs1]
+    record = {
+        "delay_s": delay_s,
+        "iteration_median_s": {"undelayed": float(np.median(it0)), "delayed": float(np.median(it1))},
+        "iteration_longer_by_median_s": float(np.median(it1 - it0)),
+        "arrival_median_s": {"undelayed": float(np.median(arr0)), "delayed": float(np.median(arr1))},
+        "natural_minus_undelayed_arrival_median_s": float(np.median(nat1 - arr0)),
+        "applied_delay_s": sorted(set(applied)),
+    }
+    ok = (
+        record["iteration_longer_by_median_s"] >= 0.8 * delay_s
+        and all(a == delay_s for a in applied)
+        and abs(record["natural_minus_undelayed_arrival_median_s"]) < 0.5 * delay_s
+    )
+    return record, ok
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Check the CUDA/NCCL pacing path on one GPU: device-delay precision, host and compute "
-        "stream not blocked, the collective really delayed, DDP end to end in each exchange mode, and the "
-        "zero-delay cost of comm hooks and the pacer against plain DDP. Exit 77 without CUDA, 1 if a check "
-        "failed. About a minute.",
+        "stream not blocked, the collective really delayed, DDP end to end in each exchange mode, a "
+        "forced delay inside DDP, and the zero-delay cost of comm hooks and the pacer against plain DDP. "
+        "Exit 77 without CUDA, 1 if a check failed (or the watchdog fired), 2 if the set-up failed. About "
+        "a minute.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
@@ -129,126 +253,160 @@ def main(argv: list[str] | None = None) -> int:
         default=str(Path(__file__).resolve().parent / "results"),
         help="results folder (written as gpu_check.json) or a .json file; with the device tool: $OUT",
     )
+    parser.add_argument(
+        "--watchdog-s",
+        type=float,
+        default=270.0,
+        help="after this many seconds print every thread's stack and exit 1 (the record so far is kept)",
+    )
     args = parser.parse_args(argv)
     target = Path(args.out)
     target = target if target.suffix == ".json" else target / "gpu_check.json"
     import torch
     import torch.distributed as dist
 
-    out: dict[str, object] = {"torch": torch.__version__}
     if not torch.cuda.is_available():
         print("gpu_check: skipped: CUDA is not available", file=sys.stderr)
         return 77
-    from pacectl.torchdist.core import DecisionEngine
-    from pacectl.torchdist.launch import free_port
-    from pacectl.torchdist.pacer import DeviceDelay, Pacer
-
-    out["device"] = torch.cuda.get_device_name(0)
-    out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    torch.cuda.set_device(0)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    dist.init_process_group("nccl", rank=0, world_size=1, timeout=timedelta(seconds=60))
+    faulthandler.dump_traceback_later(args.watchdog_s, exit=True)
+    t_start = time.perf_counter()
+    out: dict[str, Any] = {"torch": torch.__version__, "complete": False}
     checks: dict[str, bool] = {}
+
+    def save() -> None:
+        out["checks"] = checks
+        out["elapsed_s"] = time.perf_counter() - t_start
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")
+        partial.write_text(json.dumps(out, indent=2) + "\n")
+        partial.replace(target)
+
+    def step(name: str, fn: Callable[[], None]) -> None:
+        """Run one check; an exception fails it (recorded) and the next one runs."""
+        print(f"gpu_check: {name} ...", flush=True)
+        try:
+            fn()
+        except Exception as err:  # noqa: BLE001 - record the failure, run the other checks
+            out[name] = {"error": f"{type(err).__name__}: {err}"}
+            checks[name] = False
+        print(f"gpu_check: {name}: {'error' if 'error' in out.get(name, {}) else 'done'}", flush=True)
+        save()
+
+    os.environ.setdefault("NCCL_DEBUG", "WARN")
     try:
+        from pacectl.torchdist.launch import free_port
+        from pacectl.torchdist.pacer import DeviceDelay
+
+        out["device"] = torch.cuda.get_device_name(0)
+        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        torch.cuda.set_device(0)
         dev = torch.device("cuda", 0)
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        dist.init_process_group("nccl", rank=0, world_size=1, timeout=timedelta(seconds=60))
         dd = DeviceDelay(dev)
         out["cycles_per_s"] = dd.cycles_per_s
-        precision = {}
+        out["calibration_rates"] = dd.calibration_rates
+    except Exception as err:  # noqa: BLE001 - the record says why nothing ran
+        out["setup_error"] = f"{type(err).__name__}: {err}"
+        save()
+        print(f"gpu_check: set-up failed: {out['setup_error']}", file=sys.stderr)
+        return 2
+    save()
+
+    def precision() -> None:
+        """Check 1: device-delay error; the stream is kept busy first, so both events are device-timed."""
+        result = {}
         for req in (1e-4, 1e-3, 1e-2):
             errs = []
             for _ in range(50):
-                s = dd.paced_stream(0.0)
+                with torch.cuda.stream(dd.stream):
+                    torch.cuda._sleep(int(1e-3 * dd.cycles_per_s))  # covers the host time below
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record(s)
+                a.record(dd.stream)
                 dd.paced_stream(req)
-                b.record(s)
+                b.record(dd.stream)
                 b.synchronize()
                 errs.append(a.elapsed_time(b) / 1e3 - req)
-            precision[f"{req * 1e3:g}ms"] = {
+            result[f"{req * 1e3:g}ms"] = {
                 "median_error_s": float(np.median(errs)),
                 "p99_error_s": float(np.percentile(errs, 99)),
             }
-        out["device_delay_precision"] = precision
-        checks["precision_1ms_within_5pct"] = abs(precision["1ms"]["median_error_s"]) < 5e-5
+        out["device_delay_precision"] = result
+        checks["precision_1ms_within_5pct"] = abs(result["1ms"]["median_error_s"]) < 5e-5
 
+    def not_blocked() -> None:
+        """Checks 2-4: a paced all-reduce with a 10 ms device delay, timed from the current stream."""
+        delay = 0.010
         buf = torch.ones(1 << 20, device=dev)
         x = torch.randn(2048, 2048, device=dev)
+        dist.all_reduce(buf)  # NCCL's communicator is created at the first collective: not timed
+        (x @ x).sum().item()  # cuBLAS set-up: not timed
         torch.cuda.synchronize()
+        start_ev, enter_ev, compute_ev, exit_ev = (torch.cuda.Event(enable_timing=True) for _ in range(4))
         t0 = time.perf_counter()
-        stream = dd.paced_stream(0.010)
-        enter_ev, exit_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start_ev.record()  # the pacing stream is ordered after this point
+        stream = dd.paced_stream(delay)
         with torch.cuda.stream(stream):
-            enter_ev.record(stream)
+            enter_ev.record(stream)  # after the delay
             work = dist.all_reduce(buf, async_op=True)
         host_s = time.perf_counter() - t0
         y = x @ x  # compute on the current stream, queued after the paced collective
-        compute_ev = torch.cuda.Event(enable_timing=True)
         compute_ev.record()
-        work.wait()  # current stream waits for the collective
+        work.wait()  # the current stream waits for the collective
         exit_ev.record()
         torch.cuda.synchronize()
         del y
         out["host_issue_s"] = host_s
-        out["collective_after_enter_s"] = enter_ev.elapsed_time(exit_ev) / 1e3
-        out["compute_done_after_enter_s"] = enter_ev.elapsed_time(compute_ev) / 1e3
+        out["delay_applied_s"] = start_ev.elapsed_time(enter_ev) / 1e3
+        out["collective_done_after_start_s"] = start_ev.elapsed_time(exit_ev) / 1e3
+        out["compute_done_after_start_s"] = start_ev.elapsed_time(compute_ev) / 1e3
         checks["host_not_blocked"] = host_s < 0.002
-        checks["collective_delayed"] = out["collective_after_enter_s"] >= 0.0095  # type: ignore[operator]
-        checks["compute_not_blocked"] = out["compute_done_after_enter_s"] < out["collective_after_enter_s"]  # type: ignore[operator]
+        checks["collective_delayed"] = out["collective_done_after_start_s"] >= 0.95 * delay
+        checks["compute_not_blocked"] = out["compute_done_after_start_s"] < 0.5 * delay
 
-        def train(gather: str | None, iters: int = 20) -> tuple[torch.Tensor, Pacer | None]:
-            torch.manual_seed(0)
-            model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).to(dev)
-            ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0], bucket_cap_mb=4)
-            engine = DecisionEngine("threshold", {}, {}, num_ranks=1, seed=0)
-            pacer = None if gather is None else Pacer(engine, gather=gather).attach(ddp)
-            opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-            gen = torch.Generator(device=dev).manual_seed(1)
-            for _ in range(iters):
-                opt.zero_grad()
-                ddp(torch.randn(64, 1024, device=dev, generator=gen)).pow(2).mean().backward()
-                opt.step()
-            torch.cuda.synchronize()
-            if pacer is not None:
-                pacer.flush()  # the figures still in flight
-            return torch.cat([q.detach().reshape(-1) for q in model.parameters()]), pacer
+    plain: dict[str, Any] = {}
 
-        plain_params, _ = train(None)
+    def plain_ddp() -> None:
+        plain["params"], _ = train(dev, None)
+
+    def e2e(gather: str) -> Callable[[], None]:
+        def run() -> None:
+            checks[f"ddp_end_to_end_{gather}"] = False  # until it has run
+            out[f"ddp_{gather}"], checks[f"ddp_end_to_end_{gather}"] = end_to_end(
+                dev, gather, plain["params"]
+            )
+
+        return run
+
+    def delayed() -> None:
+        checks["ddp_delay_applied"] = False
+        out["ddp_delay_applied"], checks["ddp_delay_applied"] = delayed_run(dev)
+
+    def overhead_on_gpu() -> None:
+        out["overhead_zero_delay"] = overhead(dev)
+
+    try:
+        step("device_delay_precision", precision)
+        step("not_blocked", not_blocked)
+        step("ddp_plain", plain_ddp)
         for gather in ("piggyback", "async", "collective"):
-            try:
-                params, pacer = train(gather)
-                assert pacer is not None
-                it = np.array([o.iteration_time_s for o in pacer.observations])
-                out[f"ddp_{gather}"] = {
-                    "iterations": len(pacer.observations),
-                    "iteration_median_s": float(np.median(it)),
-                    "gather_median_s": float(np.median(pacer.gather_s)),
-                    "max_abs_param_diff_vs_plain": float((params - plain_params).abs().max()),
-                }
-                checks[f"ddp_end_to_end_{gather}"] = (
-                    len(pacer.observations) == 20
-                    and bool(np.isfinite(it).all())
-                    and bool(torch.allclose(params, plain_params, rtol=1e-5, atol=1e-6))
-                )
-            except Exception as err:  # noqa: BLE001 - record the failure, run the other checks
-                out[f"ddp_{gather}"] = {"error": f"{type(err).__name__}: {err}"}
-                checks[f"ddp_end_to_end_{gather}"] = False
-
-        try:
-            out["overhead_zero_delay"] = overhead(dev)
-        except Exception as err:  # noqa: BLE001
-            out["overhead_zero_delay"] = {"error": f"{type(err).__name__}: {err}"}
+            step(f"ddp_{gather}", e2e(gather))
+        step("ddp_delay_applied", delayed)
+        step("overhead_zero_delay", overhead_on_gpu)
     finally:
-        dist.destroy_process_group()
-    out["checks"] = checks
+        save()  # before the process group is destroyed, which may wait on NCCL work
+        try:
+            dist.destroy_process_group()
+        except Exception as err:  # noqa: BLE001
+            print(f"gpu_check: destroy_process_group: {type(err).__name__}: {err}", file=sys.stderr)
+    faulthandler.cancel_dump_traceback_later()
+    out["complete"] = True
+    save()
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'} {name}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".partial")
-    partial.write_text(json.dumps(out, indent=2) + "\n")
-    partial.replace(target)
     print(json.dumps(out, indent=2))
-    return 0 if all(checks.values()) else 1
+    return 0 if checks and all(checks.values()) else 1
 
 
 if __name__ == "__main__":

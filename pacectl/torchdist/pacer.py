@@ -8,7 +8,9 @@ Per iteration, on every rank:
      so the backward pass after bucket 0 waits too), finished by a short spin for precision;
    - CUDA/NCCL: a device-side wait, ``torch.cuda._sleep(cycles)`` on a side "pacing" stream that the
      collective is issued on; the host and the compute stream are not blocked.
-   Then record ``enter``; the future's completion records ``exit``.
+   Then record ``enter``; the future's completion records ``exit``. On CUDA both are events on
+   the device, timed from an event marking the iteration start, so the arrival includes the
+   device-side delay as it includes the host delay on CPU.
 2. Exchange the per-rank figures :data:`~pacectl.torchdist.core.GATHER_FIELDS` of the iteration as
    one-hot rows (:func:`~pacectl.torchdist.core.one_hot_row`): a sum all-reduce of them is an exact
    all-gather, so every rank gets the bit-identical table. Three modes (``gather=``), compared in
@@ -122,18 +124,28 @@ class DeviceDelay:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
+        #: cycles per second of each calibration repeat (their spread shows clock drift)
+        self.calibration_rates: list[float] = []
         self.cycles_per_s = self.calibrate()
 
-    def calibrate(self, cycles: int = 20_000_000) -> float:
-        """Clock cycles per second of ``torch.cuda._sleep``, measured with CUDA events."""
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    def calibrate(self, cycles: int = 20_000_000, repeats: int = 5) -> float:
+        """Clock cycles per second of ``torch.cuda._sleep``: the median of ``repeats`` CUDA-event timings.
+
+        ``_sleep`` counts SM clock cycles, so a first, untimed sleep of the same length lets the
+        clock leave its idle state before anything is timed (about 10 ms per sleep on an H200).
+        """
+        rates = []
         with torch.cuda.device(self.device):
-            torch.cuda._sleep(1000)  # warm-up
-            start.record()
-            torch.cuda._sleep(cycles)
-            end.record()
-            end.synchronize()
-        return cycles / (start.elapsed_time(end) / 1e3)
+            torch.cuda._sleep(cycles)  # warm-up: the SM clock ramps up from idle
+            for _ in range(repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                torch.cuda._sleep(cycles)
+                end.record()
+                end.synchronize()
+                rates.append(cycles / (start.elapsed_time(end) / 1e3))
+        self.calibration_rates = rates
+        return float(np.median(rates))
 
     def paced_stream(self, delay_s: float) -> torch.cuda.Stream:
         """The pacing stream, ordered after the current stream, with a device wait of ``delay_s`` queued."""
@@ -271,6 +283,7 @@ class Pacer:
         self._forward_end = float("nan")
         self._clear_iteration()
         self._iter_start = now()
+        self._start_ev: Any = None
 
     # ----------------------------------------------------------------------------------- set-up
     def attach(self, ddp: torch.nn.parallel.DistributedDataParallel) -> Pacer:
@@ -290,6 +303,23 @@ class Pacer:
         buf = torch.zeros(1, dtype=torch.float64, device=self._device())
         dist.all_reduce(buf, group=self.group)
         self._iter_start = now()
+        self._start_ev = self._device_clock_start(buf.device)
+
+    @staticmethod
+    def _device_clock_start(device: torch.device) -> Any:
+        """CUDA: an event on the current stream marking the iteration start in device time (else None).
+
+        On CUDA the host runs ahead of the device, so a host timestamp at the hook call is not when
+        the device reached the collective. The marks of an iteration are this event's elapsed times
+        to the enter and exit events, placed on the host clock at the iteration start (the host has
+        synchronized with the device at the previous iteration's end, so the two starts coincide up
+        to the host's own work between them).
+        """
+        if device.type != "cuda":
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(torch.cuda.current_stream(device))
+        return ev
 
     def reset_log(self) -> None:
         """Start a new episode's log (observations, decisions, marks); the engine is kept.
@@ -572,16 +602,21 @@ class Pacer:
         """Wait for the buckets, exchange the figures, decide the next delay (identically on every rank)."""
         for fut in self._futures:
             fut.wait()
-        if self._cuda_events:
-            # Device times: resolve the events (one host sync per iteration, at the gradient sync end).
-            self._cuda_events[-1][1].synchronize()
-            ref = self._enter[0]
-            enter0_ev = self._cuda_events[0][0]
-            for j, (enter_ev, exit_ev) in enumerate(self._cuda_events):
-                self._exit[j] = ref + enter0_ev.elapsed_time(exit_ev) / 1e3
-                self._enter[j] = ref + enter0_ev.elapsed_time(enter_ev) / 1e3
-        t_end = now()
         start = self._iter_start
+        if self._cuda_events:
+            # Device times: resolve the events (one host sync per iteration, at the gradient sync
+            # end). Each exit event is recorded on the stream its future's callback ran on, so
+            # every one is synchronized, not only the last.
+            for _, exit_ev in self._cuda_events:
+                exit_ev.synchronize()
+            # enter events follow the device-side delay, so arrival includes it, as on CPU
+            ref, ref_ev = start, self._start_ev
+            if ref_ev is None:  # attached without align(): anchor at the first enter, host clock
+                ref, ref_ev = self._enter[0], self._cuda_events[0][0]
+            for j, (enter_ev, exit_ev) in enumerate(self._cuda_events):
+                self._exit[j] = ref + ref_ev.elapsed_time(exit_ev) / 1e3
+                self._enter[j] = ref + ref_ev.elapsed_time(enter_ev) / 1e3
+        t_end = now()
         k = self._k
         if self._inflight is not None:  # CUDA: decoded here, after the events resolved
             self._decide(*self._decode_inflight())
@@ -629,6 +664,8 @@ class Pacer:
         )
         self._forward_end = float("nan")
         self._iter_start = t_exit
+        if self._cuda_events and self._device_delay is not None:
+            self._start_ev = self._device_clock_start(self._device_delay.device)
         self._k += 1
 
     def _decode_inflight(self) -> tuple[int, np.ndarray]:
@@ -696,8 +733,9 @@ class Pacer:
         tensor = torch.from_numpy(buf).to(self._device())
         t0 = now()
         dist.all_reduce(tensor, group=self.group)
-        self.gather_s.append(now() - t0)
+        # on CUDA the all-reduce returns once queued: the wait is in the copy to the host
         tables = tensor.cpu().numpy().reshape(len(rows), self.world_size, NUM_GATHER_FIELDS)
+        self.gather_s.append(now() - t0)
         self._decide(self._pending_first, tables)
 
     def _decide(self, first_iteration: int, tables: np.ndarray) -> None:

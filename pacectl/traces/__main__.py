@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="{info,validate,convert}")
-    common = argparse.ArgumentParser(add_help=False)
+    common = _OneLineErrors(add_help=False)
     common.add_argument(
         "paths", nargs="+", metavar="PATH", help="trace file(s), a directory of rank files, or a glob"
     )
