@@ -400,3 +400,44 @@ def check_command_line(
             fail(f"{where}{err}")
         except OmegaConfBaseException as err:
             fail(f"{where}bad config: {str(err).splitlines()[0]}")
+    if multirun and jobs:
+        base_error = multirun_base_error(config_dir, config_name, overrides)
+        if base_error:
+            fail(base_error)
+
+
+def multirun_base_error(config_dir: Path, config_name: str, overrides: Sequence[str]) -> str | None:
+    """Why Hydra's first composition of a ``-m`` sweep fails although each job composes, or None.
+
+    Hydra composes a sweep's config once *without* the swept values before it runs any job (a swept
+    group at its default: ``controller=threshold,pid`` leaves ``controller=all``). A plain override of
+    a key only the swept options have (``controller.gain=0.25``) fails there. Hydra's ``++key=value``
+    sets the key where it exists and adds it where it does not, so it passes.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return None  # reported per job
+    swept = [o.get_key_element() for o in parsed if o.is_sweep_override()]
+    base = [text for text, o in zip(overrides, parsed, strict=True) if not o.is_sweep_override()]
+    if not swept:
+        return None
+    try:
+        _compose(config_dir, config_name, base)
+    except HydraException as err:
+        bad = re.search(r"Could not override '([^']+)'", str(err))
+        override = next((o for o in base if bad and o.partition("=")[0] == bad.group(1)), None)
+        fix = (
+            f"write ++{override} (Hydra's set-or-add) instead of {override}"
+            if override
+            else composition_error(config_dir, config_name, base, err)
+        )
+        return (
+            f"-m sweep: Hydra first composes the config without the swept values ({', '.join(swept)} at "
+            f"{'its default' if len(swept) == 1 else 'their defaults'}), and there "
+            f"{bad.group(1) if bad else 'an override'} does not exist: {fix}"
+        )
+    return None

@@ -7,6 +7,7 @@ points at the traces shipped inside the package (``pacectl/data/<rel>``).
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -71,9 +72,19 @@ def _load_kineto(trace_cfg: DictConfig) -> OpTrace:
         strict=bool(trace_cfg.get("strict", False)),
         align=str(trace_cfg.get("align", "auto")),
         drop_unmatched=bool(trace_cfg.get("drop_unmatched", False)),
-        max_bytes=int(float(trace_cfg.get("max_mb", 1024)) * 2**20),
+        max_bytes=_max_bytes(trace_cfg.get("max_mb", 1024)),
         name=trace_cfg.get("name"),
     )
+
+
+def _max_bytes(max_mb: Any) -> int:
+    """``trace.max_mb`` (MiB, a finite number > 0) in bytes; anything else is a ConfigError."""
+    if isinstance(max_mb, bool) or not isinstance(max_mb, int | float) or not 0 < max_mb < math.inf:
+        raise ConfigError(
+            f"trace.max_mb must be a finite number of MiB > 0 (the cap on each Kineto file's size and "
+            f"decompressed text), got {max_mb!r}: for example trace.max_mb=2048"
+        )
+    return int(max_mb * 2**20)
 
 
 def _load_steplevel(trace_cfg: DictConfig) -> OpTrace:

@@ -123,6 +123,22 @@ def test_a_sweep_is_checked_job_by_job_before_the_first_runs(capsys) -> None:
     assert err.startswith("pacectl.run: error: sweep job (controller=pid controller.kp=-1): kp must be")
 
 
+def test_a_sweep_setting_a_key_only_the_swept_options_have(capsys) -> None:
+    """Hydra composes a sweep once without its swept values (controller=all), where controller.gain
+    does not exist, although each job (threshold, pid) has it: caught, with the ++ fix."""
+    argv = ["-m", "controller=threshold,pid", "controller.gain=0.25"]
+    with pytest.raises(SystemExit) as info:
+        cli.check_command_line("p", CONF_DIR, "config", argv=argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "controller at its default" in err and "write ++controller.gain=0.25" in err, err
+    assert err.count("\n") == 1
+    cli.check_command_line(
+        "p", CONF_DIR, "config", argv=["-m", "controller=threshold,pid", "++controller.gain=0.25"]
+    )
+    assert cli.multirun_base_error(CONF_DIR, "config", ["controller=pid", "controller.gain=0.25"]) is None
+
+
 def test_removing_keys_and_inspection_flags(capsys) -> None:
     err = _check(capsys, ["~trace"])
     assert "~trace: removing config keys is not supported" in err

@@ -84,6 +84,9 @@ def test_empty_directory_and_bad_args(tmp_path: Path, capsys: pytest.CaptureFixt
         (["convrt", "x"], "invalid choice: 'convrt'"),
         (["convert", "x"], "required: -o/--output"),
         (["info", "x", "--max-mb", "abc"], "--max-mb: invalid float value"),
+        (["info", "x", "--max-mb", "nan"], "--max-mb: must be a finite number > 0, got 'nan'"),
+        (["validate", "x", "--collective-s", "-1"], "--collective-s: must be a finite number > 0"),
+        (["info", "x", "--world-size", "0"], "--world-size: must be an integer >= 1, got '0'"),
     ):
         with pytest.raises(SystemExit) as info:
             main(argv)

@@ -593,3 +593,15 @@ def test_dropped_steps_wording_and_plain_values(tmp_path: Path, small_pair: list
 
 def test_kineto_warning_is_a_trace_warning() -> None:
     assert issubclass(KinetoWarning, TraceWarning)
+
+
+@pytest.mark.parametrize("max_mb", [float("nan"), float("inf"), -1, 0, "abc", True])
+def test_trace_max_mb_must_be_a_positive_number(max_mb: Any) -> None:
+    from omegaconf import OmegaConf
+
+    from pacectl.config import load_trace
+    from pacectl.errors import ConfigError
+
+    cfg = OmegaConf.create({"format": "kineto", "path": str(DATA_DIR / "h200-capture"), "max_mb": max_mb})
+    with pytest.raises(ConfigError, match=r"trace\.max_mb must be a finite number of MiB > 0"):
+        load_trace(cfg)

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -261,6 +263,20 @@ class _OneLineErrors(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}. See: {self.prog} --help\n")
 
 
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number > 0 of ``kind``, else a usage error (exit 2)."""
+
+    def parse(text: str) -> float:
+        value = kind(text)  # ValueError: argparse reports "invalid <kind> value"
+        if not (math.isfinite(value) and value > 0):
+            expected = "an integer >= 1" if kind is int else "a finite number > 0"
+            raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs); sub-commands share its one-line errors."""
     parser = _OneLineErrors(
@@ -285,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--meta", help="job meta YAML (ByteDance traces only)")
     common.add_argument("--rank", type=int, nargs="+", help="Kineto: rank of each file, in sorted-path order")
     common.add_argument(
-        "--world-size", type=int, help="Kineto: expected world size (overrides distributedInfo)"
+        "--world-size", type=_positive(int), help="Kineto: expected world size (overrides distributedInfo)"
     )
     common.add_argument(
         "--strict", action="store_true", help="Kineto: truncated files and missing ranks are errors"
@@ -303,13 +319,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--max-mb",
-        type=float,
+        type=_positive(float),
         default=1024.0,
         help="Kineto: cap on each file's size and decompressed text, MiB (default 1024)",
     )
     common.add_argument(
         "--collective-s",
-        type=float,
+        type=_positive(float),
         help="step-level: collective transfer time, s (default 1%% of median step)",
     )
     p_info = sub.add_parser(
