@@ -881,6 +881,16 @@ def test_a_storage_that_is_no_journal_is_a_config_error(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=message):
             storage_spec(value, tmp_path, cwd=tmp_path).open()
     assert not (tmp_path / "missing").exists()
+    if Path("/proc/self").is_dir():  # a folder nobody can create files in, root included
+        with pytest.raises(ConfigError, match="cannot create or open the journal there"):
+            storage_spec("/proc/pacectl-test.journal", tmp_path).open()
+
+
+def test_trace_names_in_cluster_traces_are_refused_cleanly(tmp_path: Path) -> None:
+    proc = _tune(*FAST, "controller=threshold", "tune.n_trials=1", "cluster.traces=[ar,st]", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "cluster.traces[0] must be a trace like {format: bytedance" in proc.stderr
+    assert "got 'ar'" in proc.stderr
 
 
 def test_a_json_lines_file_that_is_no_journal_is_refused_cleanly(tmp_path: Path) -> None:

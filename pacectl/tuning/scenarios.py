@@ -173,6 +173,12 @@ def build_scenarios(cfg: DictConfig, *, seeds: Sequence[int] | None = None) -> S
             )
         items = []
         for i, item in enumerate(cfg.cluster.traces):
+            if not isinstance(item, DictConfig):
+                raise ConfigError(
+                    f"cluster.traces[{i}] must be a trace like {{format: bytedance, name: ST, path: ..., "
+                    f"meta: ...}} (see conf/cluster/st.yaml), got {item!r}; to tune on a shipped "
+                    "profile's traces pick it with cluster=<name> (conf/cluster/)"
+                )
             experiment = make_experiment(_episode_cfg(cfg, trace=item))
             labels.append(str(item.get("name") or f"trace{i}"))
             experiments.append(experiment)

@@ -123,8 +123,14 @@ class StorageSpec:
                     f"tune.storage {path}: its folder {path.parent} does not exist; create it first or pick "
                     "another path"
                 )
-            lock = FlockLock(self.location)
-            return JournalStorage(JournalFileBackend(self.location, lock_obj=lock))  # type: ignore[arg-type]
+            try:
+                lock = FlockLock(self.location)
+                return JournalStorage(JournalFileBackend(self.location, lock_obj=lock))  # type: ignore[arg-type]
+            except OSError as err:  # an unwritable folder (permissions, read-only or virtual file system)
+                raise ConfigError(
+                    f"tune.storage {path}: cannot create or open the journal there "
+                    f"({err.strerror or type(err).__name__}); pick a path in a folder you can write to"
+                ) from err
         try:
             return optuna.storages.RDBStorage(self.location)
         except Exception as err:  # sqlalchemy.exc.ArgumentError, OperationalError, ImportError
