@@ -233,10 +233,12 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
             ``OverrideParseException``).
     """
     text = str(err)
-    missing = re.search(r"Could not find '([^'/]+)/([^']+)'", text)
+    missing = re.search(r"Could not find '([^'/]+)/([^']*)'", text)
     if missing:
         group, option = missing.groups()
         available = re.findall(r"^\t(\S+)$", text.split("Config search path")[0], flags=re.M)
+        if not option:
+            return f"{group}= needs an option of conf/{group}/: one of {', '.join(available)}"
         hint = _closest(option, available)
         fix = f" Did you mean {group}={hint}?" if hint else ""
         return f"{group}={option}: no such option in conf/{group}/ (available: {', '.join(available)}).{fix}"

@@ -82,6 +82,11 @@ def _check(capsys, args: list[str], config_name: str = "config") -> str:
     return err
 
 
+def test_an_empty_group_choice_lists_every_option(capsys) -> None:
+    err = _check(capsys, ["controller="])
+    assert "controller= needs an option of conf/controller/: one of all, ewma, none, pid, quantile, threshold" in err
+
+
 def test_composition_errors_are_one_line_with_a_did_you_mean(capsys) -> None:
     err = _check(capsys, ["controller=pid", "controller.kq=0.5"])
     assert "controller.kq=0.5: no such config key" in err and "Did you mean controller.kp=0.5?" in err
