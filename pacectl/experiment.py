@@ -31,6 +31,10 @@ class Experiment(Protocol):
         comm_model: name of the communication model in force (``"null"`` = fixed durations).
         comm_description: one line for reports.
         comm_timing_dependent: whether durations depend on timing (only then can pacing gain).
+
+    Optional: ``paired_blocks``, ``(block, offset)`` for
+    :func:`~pacectl.metrics.paired_change_ci95_frac` when the runs' iterations are not independent
+    samples (live runs interleaved in blocks); absent means ``(1, 0)``.
     """
 
     backend_name: str

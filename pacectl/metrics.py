@@ -335,7 +335,7 @@ def compare(baseline: dict[str, Any], other: dict[str, Any]) -> dict[str, float]
     }
 
 
-def paired_change_ci95_frac(baseline: Episode, other: Episode) -> float:
+def paired_change_ci95_frac(baseline: Episode, other: Episode, *, block: int = 1, offset: int = 0) -> float:
     """Half-width of the 95 % confidence interval of the mean iteration-time change, as a fraction.
 
     Both runs see the same iterations (same trace steps, seed or straggler schedule), so the test is
@@ -344,15 +344,35 @@ def paired_change_ci95_frac(baseline: Episode, other: Episode) -> float:
     smaller than this is indistinguishable from run-to-run noise. It bounds the throughput change to
     first order too.
 
+    Live runs train in interleaved blocks (``block`` iterations of each run in turn): the iterations
+    of one block share the machine's state at that time, so their differences are not independent
+    and the formula above is too narrow. With ``block > 1`` the interval is computed on the block
+    means of ``d`` instead (the method of batch means): ``t_{0.975, m-1} * std(means, ddof=1) /
+    sqrt(m)`` over ``m`` blocks, Student's t because ``m`` is small.
+
     Args:
         baseline: the reference run (no pacing).
         other: the run to judge.
+        block: iterations per block (1: every iteration its own sample).
+        offset: iterations of the first block that are not in the episodes (unlogged warm-up):
+            iteration ``k`` is in block ``(k + offset) // block``.
 
     Returns:
-        The half-width (>= 0), or NaN when the runs differ in length or have fewer than 2 iterations.
+        The half-width (>= 0), or NaN when the runs differ in length or have fewer than 2 samples
+        (iterations, or blocks when ``block > 1``).
     """
     n = baseline.num_iterations
     if n != other.num_iterations or n < 2:
         return math.nan
     d = other.iteration_time_s - baseline.iteration_time_s
-    return float(1.96 * d.std(ddof=1) / math.sqrt(n) / baseline.iteration_time_s.mean())
+    scale = float(baseline.iteration_time_s.mean())
+    if block <= 1:
+        return float(1.96 * d.std(ddof=1) / math.sqrt(n) / scale)
+    from scipy import stats
+
+    ids = (np.arange(n) + int(offset)) // int(block)
+    means = np.array([d[ids == i].mean() for i in np.unique(ids)])
+    m = means.size
+    if m < 2:
+        return math.nan
+    return float(stats.t.ppf(0.975, m - 1) * means.std(ddof=1) / math.sqrt(m) / scale)

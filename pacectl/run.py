@@ -72,6 +72,10 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         warnings.simplefilter("default")  # once per place: a warning in a loop is listed once
         families = controller_families(cfg)
         experiment = make_experiment(cfg)
+        # the set-up's warnings (a slow configuration, an ignored key) now, not after the runs
+        for w in caught:
+            log.warning("warning (%s): %s", w.category.__name__, w.message)
+        shown = len(caught)
         summary: dict[str, Any] = experiment.describe()
         episodes = {}
         # a bar on a terminal only (tqdm's disable=None); one step per run: no pacing, each controller
@@ -89,13 +93,15 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
     summary["warnings"] = list(
         dict.fromkeys([*notes, *(f"{w.category.__name__}: {w.message}" for w in caught)])
     )
-    for w in caught:
+    for w in caught[shown:]:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     summaries = {name: metrics.summarize(ep) for name, ep in episodes.items()}
+    # live runs: iterations of one interleave block share the machine's state (batch means)
+    block, offset = getattr(experiment, "paired_blocks", (1, 0))
     for name, ep in episodes.items():
         if name != BASELINE:
             summaries[name]["throughput_change_ci95_frac"] = metrics.paired_change_ci95_frac(
-                episodes[BASELINE], ep
+                episodes[BASELINE], ep, block=block, offset=offset
             )
     summary.update(
         {

@@ -84,7 +84,10 @@ def _check(capsys, args: list[str], config_name: str = "config") -> str:
 
 def test_an_empty_group_choice_lists_every_option(capsys) -> None:
     err = _check(capsys, ["controller="])
-    assert "controller= needs an option of conf/controller/: one of all, ewma, none, pid, quantile, threshold" in err
+    assert (
+        "controller= needs an option of conf/controller/: one of all, ewma, none, pid, quantile, threshold"
+        in err
+    )
 
 
 def test_composition_errors_are_one_line_with_a_did_you_mean(capsys) -> None:

@@ -198,3 +198,27 @@ def test_paired_change_ci95_frac() -> None:
     assert paired_change_ci95_frac(base, other) == pytest.approx(1.96 * d.std(ddof=1) / 2.0)
     assert paired_change_ci95_frac(base, base) == 0.0
     assert math.isnan(paired_change_ci95_frac(base, make_episode([[0.0, 0.1]] * 3)))
+
+
+def test_paired_interval_over_blocks_uses_block_means() -> None:
+    """Live runs: differences correlated within interleave blocks widen the interval (batch means)."""
+    from scipy import stats
+
+    from pacectl.metrics import paired_change_ci95_frac
+
+    rng = np.random.default_rng(0)
+    n, block, offset = 60, 10, 5
+    base_t = np.full(n, 1.0)
+    block_shift = rng.normal(0.0, 0.05, size=(n + offset) // block + 1)  # drift shared by a block
+    other_t = base_t + block_shift[(np.arange(n) + offset) // block] + rng.normal(0.0, 0.001, n)
+    base = make_episode([[0.0, 0.1]] * n, iteration_time_s=base_t)
+    other = make_episode([[0.0, 0.1]] * n, iteration_time_s=other_t)
+    per_iteration = paired_change_ci95_frac(base, other)
+    blocked = paired_change_ci95_frac(base, other, block=block, offset=offset)
+    d = other_t - base_t
+    ids = (np.arange(n) + offset) // block  # 7 blocks: 5, 10, ..., 10, 5 iterations
+    means = np.array([d[ids == i].mean() for i in np.unique(ids)])
+    expected = stats.t.ppf(0.975, means.size - 1) * means.std(ddof=1) / np.sqrt(means.size)
+    assert blocked == pytest.approx(expected)
+    assert blocked > 2 * per_iteration  # the per-iteration formula is too narrow here
+    assert np.isnan(paired_change_ci95_frac(base, other, block=100))  # one block: no interval
