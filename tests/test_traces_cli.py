@@ -171,6 +171,22 @@ def test_convert_unwritable_output_is_a_write_error(
     assert sorted(tmp_path.rglob("*")) == before  # nothing half-written
 
 
+def test_convert_output_must_be_a_parquet_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "job.csv"
+    assert main(["convert", str(JOB1), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "its name must end in .parquet (e.g. " in err and str(out.with_suffix(".parquet")) in err
+    assert not out.exists()
+
+
+def test_a_whole_file_problem_names_the_file_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "rank0.json.gz"
+    bad.write_bytes((H200 / "gloo4_rank0.json.gz").read_bytes()[:3000])
+    assert main(["info", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "ends early" in err and err.count(str(bad)) == 1, err
+
+
 def test_folder_with_two_jobs_names_a_glob(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for r in range(4):
         (tmp_path / f"gloo4_rank{r}.json.gz").write_bytes((H200 / f"gloo4_rank{r}.json.gz").read_bytes())

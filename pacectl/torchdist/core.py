@@ -179,6 +179,13 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"backend.pacing.control_path must be a file path or null, got {control!r} ({_HINT})"
         )
+    if isinstance(control, str) and not Path(control).expanduser().parent.is_dir():
+        warnings.warn(
+            f"backend.pacing.control_path={control}: its folder does not exist (yet), so no control "
+            "message can appear there until it is created; check the path",
+            UserWarning,
+            stacklevel=2,
+        )
     fault = b.get("fault")
     if fault is not None:
         if not isinstance(fault, Mapping):

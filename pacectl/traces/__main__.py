@@ -229,6 +229,11 @@ def _check_output(out: Path) -> None:
         raise OutputError(
             f"could not write {out}: it is a directory; -o must name the output file, e.g. {out / 'trace.parquet'}"
         )
+    if out.suffix.lower() != ".parquet":
+        raise OutputError(
+            f"-o {out}: the canonical trace is a Parquet file, so its name must end in .parquet "
+            f"(e.g. {out.with_suffix('.parquet')}); nothing was written"
+        )
     parent = next((p for p in (out.parent, *out.parent.parents) if p.exists()), None)
     if parent is not None and not parent.is_dir():
         raise OutputError(f"could not write {out}: {parent} is not a directory. Pick another -o path.")
@@ -299,7 +304,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--format", choices=FORMATS, default="auto", help="input format (default: by file name)"
     )
     common.add_argument("--meta", help="job meta YAML (ByteDance traces only)")
-    common.add_argument("--rank", type=int, nargs="+", help="Kineto: rank of each file, in sorted-path order")
+    common.add_argument(
+        "--rank",
+        type=int,
+        nargs="+",
+        help="Kineto: rank of each file, in sorted-path order (put it after the paths: it takes every "
+        "number that follows)",
+    )
     common.add_argument(
         "--world-size", type=_positive(int), help="Kineto: expected world size (overrides distributedInfo)"
     )

@@ -154,7 +154,8 @@ class TraceProblems(TraceError):
             if first.where == first.field == "file"
             else f"in {first.file}:{first.where}, field {first.field}"
         )
-        super().__init__(f"{first.message} ({where}){tail}")
+        located = f"({where})" in first.message  # a whole-file message from the reader names it
+        super().__init__(f"{first.message}{'' if located else f' ({where})'}{tail}")
 
 
 @dataclass
