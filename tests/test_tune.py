@@ -914,3 +914,44 @@ def test_a_second_study_into_the_same_folder_says_it_replaces_the_first_ones_out
         other.stderr
     )
     assert json.loads((out / "tune.json").read_text())["study_name"] == "st-ewma"
+
+
+def test_two_commands_sharing_a_study_stop_at_its_total(tmp_path: Path) -> None:
+    """tune.n_trials is the study's total also when two commands (machines) run it at the same time:
+    each would otherwise run its own quota of the trials missing when it started."""
+    import optuna
+
+    n = 30
+    args = [
+        sys.executable,
+        "-m",
+        "pacectl.tune",
+        *FAST,
+        "controller=pid",
+        f"tune.n_trials={n}",
+        "tune.storage=shared.journal",
+        "tune.study_name=shared",
+    ]
+    procs = [
+        subprocess.Popen(
+            [*args, f"hydra.run.dir=out{i}"],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "shared.journal"))
+    )
+    trials = optuna.load_study(study_name="shared", storage=storage).get_trials(deepcopy=False)
+    finished = [
+        t for t in trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    ]
+    # Without the shared stop: up to 2 n. With it: n, or n + 1 when both commands ask for a new trial
+    # in the same instant (a check-then-create race the stop cannot close).
+    assert n <= len(finished) <= n + 1, [t.state for t in trials]

@@ -16,7 +16,10 @@ Storage (``tune.storage``):
 Workers (``tune.n_workers=N``): N forked processes, each opening its own connection to the same
 storage and sampling with its own seed; the trial budget is split between them so the study ends
 with exactly ``tune.n_trials`` finished trials. ``tune.n_trials`` is the study's total: a resumed
-study runs only the trials still missing. A worker dies with the main process (``kill -KILL`` of the
+study runs only the trials still missing, and commands started at the same time on one study (several
+machines) each stop once the study holds ``tune.n_trials`` trials finished or running anywhere
+(Optuna's ``MaxTrialsCallback``): the total is exact, give or take a trial when two commands ask for
+a new trial in the same instant or a trial still running elsewhere fails. A worker dies with the main process (``kill -KILL`` of the
 command ends its workers too). Trials left ``RUNNING`` by a killed process of this host are marked
 ``FAIL`` by every resume, whether or not it has trials left to run (their owner, ``host:pid``, is a
 user attribute of every trial).
@@ -515,6 +518,9 @@ def run_worker(
     )
     study.set_user_attr(f"worker:{owner_tag()}", True)
     callbacks = [progress_callback(progress, objective.baseline, echo)] if echo else []
+    # Other commands (machines) sharing the study add trials this worker's quota does not know of:
+    # stop once the study holds tune.n_trials trials finished or still running anywhere.
+    callbacks.append(optuna.study.MaxTrialsCallback(progress.total, states=(*FINISHED, TrialState.RUNNING)))
     callbacks.append(_stop_if_interrupted)
     study.optimize(objective, n_trials=n_trials, timeout=timeout_s, callbacks=callbacks)
     check_interrupt()
