@@ -12,8 +12,8 @@ overwrites) receives ``results.json`` and ``results.md``.
 For each profile (``ar`` and ``st``: replay of the shipped ByteDance traces, comm model null;
 ``paper_like``: the scaling study's sim scenario, comm model contention, or ``contended`` when
 ``conf/cluster/paper_like.yaml`` is missing) and each family (threshold, pid, ewma, quantile), it
-runs :func:`pacectl.tune.run_tuning` (NSGA-II, the throughput-loss cap of ``conf/tune.yaml``, two
-workers) and takes the exported choice. Then it evaluates, on episodes that tuning never saw:
+runs :func:`pacectl.tune.run_tuning` (NSGA-II, the throughput-loss cap of ``conf/tune.yaml``, one
+worker by default, so that a rerun reproduces the record) and takes the exported choice. Then it evaluates, on episodes that tuning never saw:
 
 - sim profiles: the held-out seeds ``tune.sim.heldout_seeds``;
 - trace profiles: the other shipped trace (tuned on AR -> judged on ST, and the reverse).
@@ -159,7 +159,13 @@ def main(argv: list[str] | None = None) -> None:
     """Command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=60, help="trials per study (default: 60)")
-    parser.add_argument("--workers", type=int, default=2, help="worker processes per study (default: 2)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes per study (default: 1, so that a rerun reproduces the record: workers "
+        "interleave their trials differently every time)",
+    )
     default_sim = "paper_like" if (CONF_DIR / "cluster" / "paper_like.yaml").is_file() else "contended"
     parser.add_argument(
         "--profiles",
