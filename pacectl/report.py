@@ -234,16 +234,29 @@ def write_iterations_parquet(path: str | os.PathLike[str], episodes: Mapping[str
 # --- plots ----------------------------------------------------------------------------------------
 
 
+TIMING_DEPENDENT_NOTE = "timing-dependent durations: pacing can shorten or lengthen an iteration"
+
+
 def comm_model_note(comm_model: str) -> str:
     """Human-readable line naming the communication model, e.g. for plot titles and tables.
+
+    Fixed-duration (max-plus) models (:data:`~pacectl.fabric.base.FIXED_DURATION_MODELS`) say that
+    pacing cannot shorten an iteration; the others that durations depend on timing, the only way a
+    gain can arise.
 
     Example:
         >>> comm_model_note("null")
         'comm model: null (fixed durations: pacing cannot shorten an iteration)'
+        >>> comm_model_note("contention")
+        'comm model: contention (timing-dependent durations: pacing can shorten or lengthen an iteration)'
     """
-    if comm_model == "null":
-        return f"comm model: null ({NULL_MODEL_NOTE})"
-    return f"comm model: {comm_model}"
+    from pacectl.fabric.base import FIXED_DURATION_MODELS
+
+    if comm_model in FIXED_DURATION_MODELS:
+        return f"comm model: {comm_model} ({NULL_MODEL_NOTE})"
+    if comm_model == "unknown":
+        return "comm model: unknown"
+    return f"comm model: {comm_model} ({TIMING_DEPENDENT_NOTE})"
 
 
 def _models_note(models: list[str]) -> str:

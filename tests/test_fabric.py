@@ -340,3 +340,27 @@ def test_overflowing_collective_is_rejected_with_the_keys() -> None:
         FixedComm(math.inf)
     with pytest.raises(ConfigError, match=r"^alpha_beta comm duration"):
         AlphaBetaComm(FatTree(nic_bandwidth_Bps=1e-300), 64, message_bytes=1e300)
+
+
+def test_every_fixed_duration_model_is_named_as_such_in_reports() -> None:
+    """Reports call a model max-plus from the name an episode carries: the list must be complete."""
+    import inspect
+
+    import pacectl.fabric.base as base
+    import pacectl.fabric.contention as contention
+    import pacectl.fabric.profile as profile
+    from pacectl.report import comm_model_note
+
+    models = [
+        obj
+        for module in (base, contention, profile)
+        for _, obj in inspect.getmembers(module, inspect.isclass)
+        if isinstance(getattr(obj, "name", None), str)
+        and isinstance(getattr(obj, "timing_dependent", None), bool)
+    ]
+    assert {m.name for m in models} >= {"null", "alpha_beta", "contention"}
+    for model in models:
+        assert (model.name in base.FIXED_DURATION_MODELS) == (not model.timing_dependent), model
+        note = comm_model_note(model.name)
+        assert ("pacing cannot shorten" in note) == (not model.timing_dependent), note
+    assert "timing-dependent" in comm_model_note("live-gloo")

@@ -172,7 +172,12 @@ def test_comm_model_note():
     assert report.comm_model_note("null") == (
         "comm model: null (fixed durations: pacing cannot shorten an iteration)"
     )
-    assert report.comm_model_note("contention") == "comm model: contention"
+    assert report.comm_model_note("alpha_beta") == (
+        "comm model: alpha_beta (fixed durations: pacing cannot shorten an iteration)"
+    )
+    assert report.comm_model_note("contention") == (
+        "comm model: contention (timing-dependent durations: pacing can shorten or lengthen an iteration)"
+    )
 
 
 # --- tables and report.md -------------------------------------------------------------------------

@@ -34,6 +34,12 @@ class CommModel(Protocol):
         ...
 
 
+#: Names of the communication models with fixed durations (max-plus: delaying a rank can never
+#: shorten an iteration). Every model whose ``timing_dependent`` is False is listed here (a test
+#: checks it), so reports can say so from the name an episode carries.
+FIXED_DURATION_MODELS = ("null", "alpha_beta")
+
+
 class NullComm:
     """The null model: every transfer takes exactly its recorded intrinsic time (max-plus, no contention)."""
 

@@ -231,15 +231,19 @@ class TorchExperiment:
         }
         out["measured"] = costs
         block = int(b.get("interleave_block", 10))
+        interval = (
+            "the throughput-change interval is computed on the paired differences' block means (Student's t)"
+            if block > 1
+            else "the throughput-change interval pairs iterations"
+        )
         how = (
-            f"interleaved in blocks of {block} iterations (drift spreads over every run)"
+            f"interleaved in blocks of {block} iterations (drift spreads over every run); {interval}"
             if block > 0
-            else "one after the other (backend.interleave_block=0: drift between runs is not covered)"
+            else f"one after the other (backend.interleave_block=0: drift between runs is not covered); {interval}"
         )
         out["note"] = (
             f"live runs: no pacing and each controller are trained in the same job, on the same seed and "
-            f"straggler schedule, {how}; the throughput-change interval pairs iterations (on a shared machine plain "
-            "DDP's per-run medians drift by up to ~10 %)"
+            f"straggler schedule, {how} (on a shared machine plain DDP's per-run medians drift by up to ~10 %)"
         )
         return out
 
