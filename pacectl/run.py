@@ -235,8 +235,7 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
     if fid:
         for name, f in fid.get("by_run", {"": fid}).items():
             context[f"replay fidelity{f' of {name}' if name else ''} (null model)"] = (
-                f"median {100 * f['step_time_median_abs_err_frac']:.3g} %, p90 {100 * f['step_time_p90_abs_err_frac']:.3g} % "
-                f"abs. rel. error of step time: {fid.get('compares', 'replay vs recorded step times')}"
+                f"{fidelity_figures(f)} of step time: {fid.get('compares', 'replay vs recorded step times')}"
             )
     for name, line in counterfactual_lines(fid).items():
         context[f"replay counterfactual of {name}"] = line
@@ -301,6 +300,23 @@ def ignored_overrides(overrides: list[str], cfg: DictConfig) -> list[str]:
     return out
 
 
+def fidelity_figures(f: dict[str, Any]) -> str:
+    """``median x %, p90 y % abs. rel. error``, plus the clipped estimates when there are any.
+
+    A clipped launch or transfer estimate (:func:`pacectl.backends.dag.estimate_intrinsic`) is an op
+    whose recorded timing could not be explained by its inputs; a few of them can move the replay
+    of their step by tens of %, so the line names them where the error comes from.
+    """
+    text = (
+        f"median {100 * f['step_time_median_abs_err_frac']:.3g} %, "
+        f"p90 {100 * f['step_time_p90_abs_err_frac']:.3g} % abs. rel. error"
+    )
+    clipped = int(f.get("launch_clipped", 0)) + int(f.get("transfer_clipped", 0))
+    if clipped:
+        text += f" ({clipped} of {f.get('num_op_instances', '?')} op timing estimates clipped)"
+    return text
+
+
 def log_summary(summary: dict[str, Any], out_dir: Path) -> None:
     """Log the console lines of a finished run: the table, fidelity, what-if, live-pacing controls,
     notes and where the outputs are (Hydra's job logging also files them in ``run.log``)."""
@@ -311,8 +327,7 @@ def log_summary(summary: dict[str, Any], out_dir: Path) -> None:
         runs = fid.get("by_run", {"": fid})
         for name, f in runs.items():
             log.info(
-                f"replay fidelity{f' of {name}' if name else ''} (null model; {what}): median "
-                f"{100 * f['step_time_median_abs_err_frac']:.3g} %, p90 {100 * f['step_time_p90_abs_err_frac']:.3g} % abs. rel. error"
+                f"replay fidelity{f' of {name}' if name else ''} (null model; {what}): {fidelity_figures(f)}"
             )
         for name, line in counterfactual_lines(fid).items():
             log.info(f"replay counterfactual of {name}: {line}")

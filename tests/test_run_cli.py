@@ -347,3 +347,12 @@ def test_a_job_too_large_for_memory_stops_after_its_first_run(
     monkeypatch.setattr(run, "available_memory_bytes", lambda: rows * run.BYTES_PER_ROW[with_parquet])
     run.run_experiment(cfg, tmp_path)  # exactly enough: runs
     assert (tmp_path / "summary.json").exists()
+
+
+def test_fidelity_line_names_clipped_estimates() -> None:
+    from pacectl.run import fidelity_figures
+
+    f = {"step_time_median_abs_err_frac": 0.0, "step_time_p90_abs_err_frac": 0.169}
+    assert fidelity_figures(f) == "median 0 %, p90 16.9 % abs. rel. error"
+    f.update(launch_clipped=15, transfer_clipped=2, num_op_instances=1240)
+    assert fidelity_figures(f).endswith("(17 of 1240 op timing estimates clipped)")
