@@ -188,9 +188,11 @@ def _check_memory(rows: int, with_parquet: bool, *, announce: bool = True) -> No
         )
     free = available_memory_bytes()
     if free is not None and need > free:
+        without = rows * BYTES_PER_ROW[False]
         fix = (
-            "set output.iterations=false (the summary, plots and report need about a quarter of that), or "
-            if with_parquet
+            f"set output.iterations=false (then about {without / 1e9:.1f} GB: the summary, plots and report "
+            "only), or "
+            if with_parquet and without <= free
             else ""
         )
         raise ConfigError(

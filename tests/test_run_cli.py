@@ -356,3 +356,17 @@ def test_fidelity_line_names_clipped_estimates() -> None:
     assert fidelity_figures(f) == "median 0 %, p90 16.9 % abs. rel. error"
     f.update(launch_clipped=15, transfer_clipped=2, num_op_instances=1240)
     assert fidelity_figures(f).endswith("(17 of 1240 op timing estimates clipped)")
+
+
+def test_memory_refusal_suggests_skipping_the_parquet_only_when_that_fits(monkeypatch) -> None:
+    from pacectl import run
+    from pacectl.errors import ConfigError
+
+    rows = 1_000_000
+    monkeypatch.setattr(run, "available_memory_bytes", lambda: rows * run.BYTES_PER_ROW[False])
+    with pytest.raises(ConfigError, match=r"output\.iterations=false \(then about 0\.1 GB"):
+        run._check_memory(rows, True, announce=False)
+    monkeypatch.setattr(run, "available_memory_bytes", lambda: rows * run.BYTES_PER_ROW[False] - 1)
+    with pytest.raises(ConfigError) as err:
+        run._check_memory(rows, True, announce=False)
+    assert "output.iterations=false" not in str(err.value) and "run fewer iterations or ranks" in str(err.value)
