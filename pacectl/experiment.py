@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -66,6 +67,7 @@ class ReplayExperiment:
         self.cfg = cfg
         self.trace = load_trace(cfg.trace)
         comm = make_comm_model(cfg, self.trace.meta.world_size)
+        _warn_if_inert(cfg, comm.name, simulated=False)
         self.backend = ReplayBackend(self.trace, paced_optype=str(cfg.backend.paced_optype), comm_model=comm)
         self.comm_model = comm.name
         self.comm_description = comm.description
@@ -125,6 +127,18 @@ class ReplayExperiment:
         )
 
 
+def _warn_if_inert(cfg: DictConfig, comm_name: str, *, simulated: bool) -> None:
+    """Warn when ``comm=contention`` has no timing-dependent mechanism on this cluster profile."""
+    if comm_name != "contention":
+        return
+    from pacectl.config import as_dict
+    from pacectl.fabric.profile import inert_contention_note
+
+    note = inert_contention_note(as_dict(cfg.cluster), simulated=simulated)
+    if note:
+        warnings.warn(note, UserWarning, stacklevel=3)
+
+
 class SimExperiment:
     """The synthetic cluster (``backend=sim``): ``backend.num_ranks`` ranks of pure data parallelism,
     compute noise and fabric from the ``cluster`` profile, communication model from ``comm``."""
@@ -141,6 +155,16 @@ class SimExperiment:
         self.cluster_name = str(cluster.get("name", "?"))
         num_ranks = config_int(cfg.backend.num_ranks, "backend.num_ranks")
         comm, interference = sim_fabric(cluster, cfg.get("comm"), num_ranks)
+        _warn_if_inert(cfg, comm.name, simulated=True)
+        if cluster.get("traces"):
+            warnings.warn(
+                f"cluster={self.cluster_name} stands for recorded traces (cluster.traces), which backend=sim "
+                "does not use: it simulates the profile's topology, collective, interference and compute "
+                "sections (for a trace profile, the generic ones it inherits). Replay the traces with "
+                f"trace=<name> (backend=replay), or simulate a fabric profile (cluster=paper_like)",
+                UserWarning,
+                stacklevel=2,
+            )
         self.backend = SimBackend(
             num_ranks=num_ranks,
             num_iterations=config_int(cfg.backend.num_iterations, "backend.num_iterations"),

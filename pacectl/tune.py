@@ -70,7 +70,7 @@ from pacectl.config import (
 )
 from pacectl.controllers import CONTROLLERS, SafetyGuard
 from pacectl.controllers.units import UNITS
-from pacectl.errors import ConfigError, PacectlError, unknown_keys_error
+from pacectl.errors import ConfigError, PacectlError, one_line_warnings, unknown_keys_error
 from pacectl.report import atomic_write_text, jsonable, staged_outputs
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet, build_scenarios
 from pacectl.tuning.space import SearchSpace, load_space
@@ -929,6 +929,8 @@ def _json(value: Any) -> str:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="tune")
 def _hydra_main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
+    one_line_warnings(newline=False)  # Python warnings (the episodes' set-up) as pacectl.run shows them
+    logging.captureWarnings(True)
     try:
         result = run_tuning(cfg, out_dir, echo=log.info, warn=log.warning)
     except MissingMandatoryValue as err:

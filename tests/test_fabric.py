@@ -364,3 +364,18 @@ def test_every_fixed_duration_model_is_named_as_such_in_reports() -> None:
         note = comm_model_note(model.name)
         assert ("pacing cannot shorten" in note) == (not model.timing_dependent), note
     assert "timing-dependent" in comm_model_note("live-gloo")
+
+
+def test_contention_without_a_timing_dependent_mechanism_is_called_out() -> None:
+    """comm=contention on a profile with no cross traffic (and, simulated, no interference) has fixed
+    durations: the run must not present it as a setting where pacing could gain."""
+    from pacectl.fabric.profile import inert_contention_note
+
+    quiet = {"name": "generic", "cross_traffic": {"links": []}, "interference": {"kappa": 0.0}}
+    note = inert_contention_note(quiet)
+    assert note is not None and "no controller can gain" in note and "interference kappa 0" in note
+    interfering = {**quiet, "name": "contended", "interference": {"kappa": 0.05}}
+    assert inert_contention_note(interfering) is None
+    assert "no cross-traffic links" in (inert_contention_note(interfering, simulated=False) or "")  # replay
+    crossed = {**quiet, "cross_traffic": {"links": ["leaf_up:*"]}}
+    assert inert_contention_note(crossed) is None and inert_contention_note(crossed, simulated=False) is None

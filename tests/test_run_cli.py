@@ -369,4 +369,6 @@ def test_memory_refusal_suggests_skipping_the_parquet_only_when_that_fits(monkey
     monkeypatch.setattr(run, "available_memory_bytes", lambda: rows * run.BYTES_PER_ROW[False] - 1)
     with pytest.raises(ConfigError) as err:
         run._check_memory(rows, True, announce=False)
-    assert "output.iterations=false" not in str(err.value) and "run fewer iterations or ranks" in str(err.value)
+    assert "output.iterations=false" not in str(err.value) and "run fewer iterations or ranks" in str(
+        err.value
+    )

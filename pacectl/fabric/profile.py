@@ -38,6 +38,32 @@ FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
 
+def inert_contention_note(profile: dict[str, Any], *, simulated: bool = True) -> str | None:
+    """Why ``comm=contention`` has nothing timing-dependent to model on this profile, or None.
+
+    The contention model's durations depend on timing only through cross traffic on named links
+    (the ring's rate while a burst is on) and, in the simulator, early-arrival interference
+    (``kappa``; the replay does not model it). A profile with neither (``generic``, the trace
+    profiles) gives fixed durations, as under max-plus: no controller can gain there, whatever the
+    model's name says.
+
+    Args:
+        profile: the ``cluster`` profile.
+        simulated: ``backend=sim`` (interference counts) or a replay (it does not).
+    """
+    links = (profile.get("cross_traffic") or {}).get("links") or []
+    kappa = float((profile.get("interference") or {}).get("kappa", 0.0) or 0.0)
+    if links or (simulated and kappa > 0.0):
+        return None
+    missing = "no cross-traffic links, interference kappa 0" if simulated else "no cross-traffic links"
+    return (
+        f"cluster={profile.get('name', '?')} gives comm=contention no timing-dependent mechanism "
+        f"({missing}), so durations are fixed here, as under max-plus, and no controller can gain; pick a "
+        f"profile with cross traffic{' or interference' if simulated else ''} (cluster=paper_like"
+        f"{', cluster=contended' if simulated else ''})"
+    )
+
+
 def comm_name(value: object) -> str:
     """Normalise the ``comm`` setting (``comm=null`` on the command line arrives as None).
 
