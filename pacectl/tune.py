@@ -926,6 +926,17 @@ def _json(value: Any) -> str:
     return json.dumps(jsonable(value), indent=2, sort_keys=False) + "\n"
 
 
+def _ties_note(result: TuneResult) -> str:
+    """`` (k of them tie exactly with no pacing)`` when some front points never paced, else ``""``.
+
+    A trial whose controller never engaged reproduces no pacing's objectives bit for bit; several
+    such trials all sit on the front (none dominates another), which would overstate its size.
+    """
+    base = result.baseline
+    ties = sum(p.throughput_it_per_s == base.throughput_it_per_s and p.cv == base.cv for p in result.front)
+    return f" ({ties} of them tie exactly with no pacing)" if ties > 1 else ""
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="tune")
 def _hydra_main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -954,7 +965,8 @@ def _hydra_main(cfg: DictConfig) -> None:
     s = result.summary
     c = result.chosen
     log.info(
-        f"pareto front: {len(result.front)} of {len(result.points)} completed trials; chosen trial {c.number}: "
+        f"pareto front: {len(result.front)} of {len(result.points)} completed trials{_ties_note(result)}; "
+        f"chosen trial {c.number}: "
         f"{c.throughput_it_per_s:.6g} it/s ({_change(c.throughput_loss_frac):+.3%} vs no pacing), cv {c.cv:.4g} "
         f"({_cv_change(c.cv, result.baseline.cv):+.3%} vs no pacing's {result.baseline.cv:.4g}; paper threshold "
         f"{result.reference.cv:.4g})" + ("" if c.feasible else " [no trial met the throughput-loss cap]")

@@ -956,3 +956,18 @@ def test_two_commands_sharing_a_study_stop_at_its_total(tmp_path: Path) -> None:
     # Without the shared stop: up to 2 n. With it: n, or n + 1 when both commands ask for a new trial
     # in the same instant (a check-then-create race the stop cannot close).
     assert n <= len(finished) <= n + 1, [t.state for t in trials]
+
+
+def test_front_size_names_the_exact_ties_with_no_pacing() -> None:
+    from types import SimpleNamespace
+
+    from pacectl.tune import _ties_note
+    from pacectl.tuning.scenarios import Evaluation
+
+    base = Evaluation(throughput_it_per_s=1.0, cv=0.02)
+    tie = SimpleNamespace(throughput_it_per_s=1.0, cv=0.02)
+    other = SimpleNamespace(throughput_it_per_s=1.01, cv=0.03)
+    assert _ties_note(SimpleNamespace(baseline=base, front=[tie, tie, other])) == (
+        " (2 of them tie exactly with no pacing)"
+    )
+    assert _ties_note(SimpleNamespace(baseline=base, front=[tie, other])) == ""  # one tie: no pacing itself
