@@ -735,7 +735,7 @@ def _tune_study(
             if improves
             else reference_command
             if ref_improves
-            else None
+            else f"python -m pacectl.run controller=none {overrides}".rstrip()
         ),
         "chosen_dominates_reference": dominates((chosen.throughput_it_per_s, chosen.cv), ref_xy),
         "front_dominates_reference": any(dominates((p.throughput_it_per_s, p.cv), ref_xy) for p in front),
