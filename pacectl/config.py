@@ -205,10 +205,58 @@ def selected_controller(cfg: DictConfig) -> DictConfig:
         raise ConfigError(f"controller_file {str(file)!r} must be valid YAML: {err}") from err
     if not isinstance(node, DictConfig):
         raise ConfigError(f"controller_file {str(file)!r} must hold a mapping with a 'name', got {node!r}")
-    flagged = _flagged_header(file.read_text())
+    text = file.read_text()
+    flagged = _flagged_header(text)
     if flagged:  # pacectl.tune found nothing better than no pacing
         warnings.warn(f"controller_file {file}: {' '.join(flagged)}", UserWarning, stacklevel=2)
+    elsewhere = tuned_elsewhere(text, cfg)
+    if elsewhere:
+        advice = (
+            "its thresholds are in iteration units, which transfer better than seconds, but were not "
+            "tested here"
+            if node.get("units") == "iteration"
+            else "tuned thresholds in seconds need not transfer between jobs (experiments/tuning: tuned on "
+            "ST, the threshold controller raised AR's CV); tune on this setting, or with "
+            "controller.units=iteration"
+        )
+        warnings.warn(
+            f"controller_file {file} was tuned for {' '.join(elsewhere[0])}, and this run has "
+            f"{' '.join(elsewhere[1])}: {advice}",
+            UserWarning,
+            stacklevel=2,
+        )
     return node
+
+
+def tuned_elsewhere(header: str, cfg: DictConfig) -> tuple[list[str], list[str]] | None:
+    """Where a tuned controller file's ``# Use:`` line differs from this run, or None.
+
+    ``pacectl.tune`` writes ``# Use: python -m pacectl.run controller_file=<this file> trace=st`` (or
+    the sim profile's ``backend=sim cluster=... comm=...``). Each of its group choices (``trace``,
+    ``backend``, ``cluster``, ``comm``) is compared with this run's Hydra choices, when Hydra runs.
+
+    Returns:
+        ``(the file's overrides that differ, this run's values for them)``.
+    """
+    use = next((line for line in header.splitlines() if line.startswith("# Use:")), None)
+    if use is None:
+        return None
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        choices = dict(HydraConfig.get().runtime.choices)
+    except ValueError:  # not inside a Hydra app (a library call): nothing to compare with
+        return None
+    theirs, ours = [], []
+    for token in use.split()[1:]:
+        key, sep, value = token.partition("=")
+        if not sep or key not in ("trace", "backend", "cluster", "comm"):
+            continue
+        current = choices.get(key)
+        if current is not None and str(current) != value:
+            theirs.append(token)
+            ours.append(f"{key}={current}")
+    return (theirs, ours) if theirs else None
 
 
 def controller_families(cfg: DictConfig) -> dict[str, dict[str, Any]]:

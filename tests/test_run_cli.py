@@ -314,6 +314,20 @@ def test_controller_overrides_beside_a_controller_file_are_reported(tmp_path: Pa
     assert proc.stderr.count("no trial improves") == 1  # once, from the job (not also from the pre-check)
 
 
+def test_a_controller_file_tuned_for_another_trace_says_so(tmp_path: Path) -> None:
+    ctl = tmp_path / "controller.yaml"
+    ctl.write_text(
+        "# Tuned by pacectl.tune: study 'st-threshold'\n"
+        "# Use: python -m pacectl.run controller_file=<this file> trace=st\n"
+        "name: threshold\non_threshold_s: 0.5\noff_threshold_s: 0.1\n"
+    )
+    there = _run("trace=ar", f"controller_file={ctl}", f"hydra.run.dir={tmp_path / 'ar'}", cwd=tmp_path)
+    assert there.returncode == 0, there.stderr
+    assert "was tuned for trace=st, and this run has trace=ar" in there.stderr
+    here = _run("trace=st", f"controller_file={ctl}", f"hydra.run.dir={tmp_path / 'st'}", cwd=tmp_path)
+    assert here.returncode == 0 and "was tuned for" not in here.stderr, here.stderr
+
+
 @pytest.mark.parametrize("with_parquet", [True, False])
 def test_a_job_too_large_for_memory_stops_after_its_first_run(
     tmp_path: Path, monkeypatch, with_parquet
