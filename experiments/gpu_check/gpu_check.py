@@ -231,6 +231,11 @@ def delayed_run(dev: Any, delay_s: float = 0.005, iters: int = 20) -> tuple[dict
         "natural_minus_undelayed_arrival_median_s": float(np.median(nat1 - arr0)),
         "applied_delay_s": sorted(set(applied)),
     }
+    if dev.type == "cpu":  # host delay: hook call and enter are on one clock (on CUDA, enter is device time)
+        paced = runs[1][2]
+        record["hook_call_to_enter_min_s"] = min(
+            m["enter_s"][0] - m["hook_call_s"][0] for m in paced.marks[2:]
+        )
     ok = (
         record["iteration_longer_by_median_s"] >= 0.8 * delay_s
         and all(a == delay_s for a in applied)
