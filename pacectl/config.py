@@ -247,14 +247,16 @@ def tuned_elsewhere(header: str, cfg: DictConfig) -> tuple[list[str], list[str]]
         choices = dict(HydraConfig.get().runtime.choices)
     except ValueError:  # not inside a Hydra app (a library call): nothing to compare with
         return None
+    given = dict(t.partition("=")[::2] for t in use.split()[1:] if "=" in t)
+    given.setdefault("backend", "replay")  # the Use line leaves the default backend out
+    sim = str(choices.get("backend")) == "sim"
     theirs, ours = [], []
-    for token in use.split()[1:]:
-        key, sep, value = token.partition("=")
-        if not sep or key not in ("trace", "backend", "cluster", "comm"):
-            continue
+    for key in ("backend", "trace", "cluster", "comm"):
+        if key not in given or (key == "trace" and (sim or given["backend"] == "sim")):
+            continue  # a simulation reads no trace
         current = choices.get(key)
-        if current is not None and str(current) != value:
-            theirs.append(token)
+        if current is not None and str(current) != given[key]:
+            theirs.append(f"{key}={given[key]}")
             ours.append(f"{key}={current}")
     return (theirs, ours) if theirs else None
 

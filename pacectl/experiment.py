@@ -68,6 +68,7 @@ class ReplayExperiment:
         self.trace = load_trace(cfg.trace)
         comm = make_comm_model(cfg, self.trace.meta.world_size)
         _warn_if_inert(cfg, comm.name, simulated=False)
+        _warn_if_other_trace(cfg)
         self.backend = ReplayBackend(self.trace, paced_optype=str(cfg.backend.paced_optype), comm_model=comm)
         self.comm_model = comm.name
         self.comm_description = comm.description
@@ -124,6 +125,31 @@ class ReplayExperiment:
 
         return run_episode(
             self.backend, controller_factory(family, params, self.cfg.guard), seed=int(self.cfg.seed)
+        )
+
+
+def _warn_if_other_trace(cfg: DictConfig) -> None:
+    """Warn when the ``cluster`` profile stands for traces and the replayed one is not among them.
+
+    ``pacectl.tune`` tunes a trace profile on its ``cluster.traces``; ``pacectl.run`` replays the
+    ``trace`` group (AR by default) whatever the profile, so ``cluster=st`` alone replays AR.
+    """
+    from pacectl.config import as_dict
+
+    cluster = as_dict(cfg.cluster)
+    traces = [t for t in cluster.get("traces") or [] if isinstance(t, dict) and t.get("path")]
+    path = cfg.trace.get("path")
+    if not traces or path is None:
+        return
+    replayed = Path(str(path)).expanduser().resolve()
+    if all(Path(str(t["path"])).expanduser().resolve() != replayed for t in traces):
+        names = ", ".join(str(t.get("name", t["path"])) for t in traces)
+        warnings.warn(
+            f"cluster={cluster.get('name', '?')} stands for trace(s) {names}, but this run replays {replayed.name} "
+            f"(trace=... picks what pacectl.run replays; cluster.traces is what pacectl.tune tunes on): "
+            f"add trace=<name> to replay the profile's own",
+            UserWarning,
+            stacklevel=3,
         )
 
 

@@ -326,6 +326,24 @@ def test_a_controller_file_tuned_for_another_trace_says_so(tmp_path: Path) -> No
     assert "was tuned for trace=st, and this run has trace=ar" in there.stderr
     here = _run("trace=st", f"controller_file={ctl}", f"hydra.run.dir={tmp_path / 'st'}", cwd=tmp_path)
     assert here.returncode == 0 and "was tuned for" not in here.stderr, here.stderr
+    sim = _run(
+        "backend=sim",
+        "backend.num_ranks=8",
+        "backend.num_iterations=20",
+        f"controller_file={ctl}",
+        f"hydra.run.dir={tmp_path / 'sim'}",
+        cwd=tmp_path,
+    )
+    assert sim.returncode == 0, sim.stderr
+    assert "was tuned for backend=replay, and this run has backend=sim:" in sim.stderr  # no trace compared
+
+
+def test_a_trace_profile_without_its_trace_says_what_is_replayed(tmp_path: Path) -> None:
+    proc = _run("cluster=st", "controller=none", f"hydra.run.dir={tmp_path / 'a'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "cluster=st stands for trace(s) ST, but this run replays trace-AR.parquet" in proc.stderr
+    ok = _run("cluster=st", "trace=st", "controller=none", f"hydra.run.dir={tmp_path / 'b'}", cwd=tmp_path)
+    assert ok.returncode == 0 and "stands for trace(s)" not in ok.stderr, ok.stderr
 
 
 @pytest.mark.parametrize("with_parquet", [True, False])
