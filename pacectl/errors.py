@@ -46,9 +46,14 @@ def one_line_warnings(*, newline: bool = True) -> None:
     end = "\n" if newline else ""
 
     def fmt(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
-        return f"warning ({category.__name__}): {message}{end}"
+        return one_line_warning(message, category) + end
 
     warnings.formatwarning = fmt  # type: ignore[assignment]
+
+
+def one_line_warning(message: Warning | str, category: type[Warning]) -> str:
+    """A warning as the command line shows it: ``warning (Category): message``."""
+    return f"warning ({category.__name__}): {message}"
 
 
 def unknown_keys_error(where: str, section: Mapping[str, Any], known: Iterable[str]) -> ConfigError:

@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from pacectl import cli, metrics, report, whatif
 from pacectl.config import CONF_DIR, config_int, controller_families, load_trace, validate_run_config
-from pacectl.errors import ConfigError, PacectlError, one_line_warnings
+from pacectl.errors import ConfigError, PacectlError, one_line_warning, one_line_warnings
 from pacectl.experiment import make_experiment
 
 BASELINE = "none"
@@ -74,7 +74,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         experiment = make_experiment(cfg)
         # the set-up's warnings (a slow configuration, an ignored key) now, not after the runs
         for w in caught:
-            log.warning("warning (%s): %s", w.category.__name__, w.message)
+            log.warning(one_line_warning(w.message, w.category))
         shown = len(caught)
         summary: dict[str, Any] = experiment.describe()
         episodes = {}
