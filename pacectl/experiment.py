@@ -35,7 +35,8 @@ class Experiment(Protocol):
 
     Optional: ``paired_blocks``, ``(block, offset)`` for
     :func:`~pacectl.metrics.paired_change_ci95_frac` when the runs' iterations are not independent
-    samples (live runs interleaved in blocks); absent means ``(1, 0)``.
+    samples (live runs interleaved in blocks); absent means ``(1, 0)``. ``iterations_per_run``: the
+    iterations of one run, for a progress bar that counts iterations; absent counts whole runs.
     """
 
     backend_name: str
@@ -47,8 +48,11 @@ class Experiment(Protocol):
         """Summary fields describing the input: at least ``trace`` (``name``, ``path``)."""
         ...
 
-    def run(self, family: str, params: dict[str, Any]) -> Episode:
-        """One episode of the guarded controller ``family`` with ``params``."""
+    def run(
+        self, family: str, params: dict[str, Any], *, on_iteration: Callable[[], None] | None = None
+    ) -> Episode:
+        """One episode of the guarded controller ``family`` with ``params``; ``on_iteration`` is called
+        after every iteration where the backend can (progress)."""
         ...
 
 
@@ -67,7 +71,7 @@ class ReplayExperiment:
         self.cfg = cfg
         self.trace = load_trace(cfg.trace)
         comm = make_comm_model(cfg, self.trace.meta.world_size)
-        _warn_if_inert(cfg, comm.name, simulated=False)
+        _warn_if_inert(cfg, comm, interference_kappa=None)
         _warn_if_other_trace(cfg)
         self.backend = ReplayBackend(self.trace, paced_optype=str(cfg.backend.paced_optype), comm_model=comm)
         self.comm_model = comm.name
@@ -119,12 +123,22 @@ class ReplayExperiment:
             },
         }
 
-    def run(self, family: str, params: dict[str, Any]) -> Episode:
+    @property
+    def iterations_per_run(self) -> int:
+        """Steps replayed per run."""
+        return int(self.backend.num_iterations)
+
+    def run(
+        self, family: str, params: dict[str, Any], *, on_iteration: Callable[[], None] | None = None
+    ) -> Episode:
         """Replay every recorded step with a guarded ``family`` controller per stage."""
         from pacectl.loop import run_episode
 
         return run_episode(
-            self.backend, controller_factory(family, params, self.cfg.guard), seed=int(self.cfg.seed)
+            self.backend,
+            controller_factory(family, params, self.cfg.guard),
+            seed=int(self.cfg.seed),
+            on_iteration=on_iteration,
         )
 
 
@@ -153,14 +167,17 @@ def _warn_if_other_trace(cfg: DictConfig) -> None:
         )
 
 
-def _warn_if_inert(cfg: DictConfig, comm_name: str, *, simulated: bool) -> None:
-    """Warn when ``comm=contention`` has no timing-dependent mechanism on this cluster profile."""
-    if comm_name != "contention":
+def _warn_if_inert(cfg: DictConfig, comm: object, *, interference_kappa: float | None) -> None:
+    """Warn when ``comm=contention`` has no timing-dependent mechanism on this run (replay: kappa None)."""
+    if getattr(comm, "name", None) != "contention":
         return
-    from pacectl.config import as_dict
     from pacectl.fabric.profile import inert_contention_note
 
-    note = inert_contention_note(as_dict(cfg.cluster), simulated=simulated)
+    note = inert_contention_note(
+        str(cfg.cluster.get("name", "?")),
+        getattr(comm, "inert_reason", None),
+        interference_kappa=interference_kappa,
+    )
     if note:
         warnings.warn(note, UserWarning, stacklevel=3)
 
@@ -181,7 +198,7 @@ class SimExperiment:
         self.cluster_name = str(cluster.get("name", "?"))
         num_ranks = config_int(cfg.backend.num_ranks, "backend.num_ranks")
         comm, interference = sim_fabric(cluster, cfg.get("comm"), num_ranks)
-        _warn_if_inert(cfg, comm.name, simulated=True)
+        _warn_if_inert(cfg, comm, interference_kappa=interference.kappa)
         if cluster.get("traces"):
             warnings.warn(
                 f"cluster={self.cluster_name} stands for recorded traces (cluster.traces), which backend=sim "
@@ -223,12 +240,22 @@ class SimExperiment:
             },
         }
 
-    def run(self, family: str, params: dict[str, Any]) -> Episode:
+    @property
+    def iterations_per_run(self) -> int:
+        """Iterations simulated per run."""
+        return int(self.backend.num_iterations)
+
+    def run(
+        self, family: str, params: dict[str, Any], *, on_iteration: Callable[[], None] | None = None
+    ) -> Episode:
         """One seeded episode; every controller sees the same compute-time draws."""
         from pacectl.loop import run_episode
 
         episode = run_episode(
-            self.backend, controller_factory(family, params, self.cfg.guard), seed=int(self.cfg.seed)
+            self.backend,
+            controller_factory(family, params, self.cfg.guard),
+            seed=int(self.cfg.seed),
+            on_iteration=on_iteration,
         )
         if self.backend.record:
             self.recorded[family] = self.backend.to_trace(name=f"sim-{self.cluster_name}-{family}")

@@ -24,6 +24,7 @@ def run_episode(
     *,
     seed: int = 0,
     num_iterations: int | None = None,
+    on_iteration: Callable[[], None] | None = None,
 ) -> Episode:
     """Run one closed-loop episode.
 
@@ -32,6 +33,7 @@ def run_episode(
         make_controller: factory called once per domain (each domain gets its own state).
         seed: seeds the backend and each controller's ``rng`` (``default_rng([seed, domain])``).
         num_iterations: stop early after this many iterations (default: the backend's length).
+        on_iteration: called after every iteration (e.g. a progress bar's ``update``).
 
     Returns:
         The columnar :class:`~pacectl.types.Episode`.
@@ -67,6 +69,8 @@ def run_episode(
         diag_rows.append(deciding)
         actions = [ctrl.act(obs) for ctrl, obs in zip(controllers, observations, strict=True)]
         deciding = [ctrl.diagnostics() for ctrl in controllers]
+        if on_iteration is not None:
+            on_iteration()
     keys = sorted({key for row in diag_rows for diag in row for key in diag})
     diagnostics = {
         key: np.array(
@@ -84,6 +88,7 @@ def run_episode(
     return Episode(
         backend=backend.name,
         comm_model=backend.comm_model,
+        comm_timing_dependent=getattr(backend, "comm_timing_dependent", None),
         controller=controllers[0].name,
         rank_labels=np.asarray(backend.rank_labels, dtype=np.int64),
         domain_of_rank=domain_of_rank,

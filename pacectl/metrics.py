@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pacectl.errors import PacectlError
+from pacectl.fabric.base import is_timing_dependent
 from pacectl.types import Episode
 
 
@@ -264,7 +265,8 @@ def summarize(ep: Episode) -> dict[str, Any]:
         ``iteration_time_p99_s``, ``cv``, ``spread_median_s``, ``spread_p99_s``,
         ``natural_spread_median_s``, ``natural_spread_p99_s``, ``pacing_delay_total_s``,
         ``wait_fraction``, ``pacing_active_frac``, ``guard_interventions``, ``num_iterations``,
-        ``num_ranks``, ``num_domains``, ``comm_model``, ``controller``, ``backend``, and ``blame`` /
+        ``num_ranks``, ``num_domains``, ``comm_model``, ``comm_timing_dependent`` (only then can pacing
+        gain), ``controller``, ``backend``, and ``blame`` /
         ``natural_blame``: global rank label (as ``str``) -> fraction of iterations that rank arrived
         last in its domain, listing only ranks with a fraction > 0, largest first (ties by label).
         Note that :func:`pacectl.report.write_summary_json` sorts keys, so the file lists them by label.
@@ -298,6 +300,7 @@ def summarize(ep: Episode) -> dict[str, Any]:
         "blame": _blame_dict(ep, blame(ep)),
         "natural_blame": _blame_dict(ep, natural_blame(ep)),
         "comm_model": str(ep.comm_model),
+        "comm_timing_dependent": is_timing_dependent(str(ep.comm_model), ep.comm_timing_dependent),
         "controller": str(ep.controller),
         "backend": str(ep.backend),
     }

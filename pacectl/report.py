@@ -237,33 +237,50 @@ def write_iterations_parquet(path: str | os.PathLike[str], episodes: Mapping[str
 TIMING_DEPENDENT_NOTE = "timing-dependent durations: pacing can shorten or lengthen an iteration"
 
 
-def comm_model_note(comm_model: str) -> str:
+def comm_model_note(comm_model: str, timing_dependent: bool | None = None) -> str:
     """Human-readable line naming the communication model, e.g. for plot titles and tables.
 
-    Fixed-duration (max-plus) models (:data:`~pacectl.fabric.base.FIXED_DURATION_MODELS`) say that
-    pacing cannot shorten an iteration; the others that durations depend on timing, the only way a
-    gain can arise.
+    Fixed-duration (max-plus) models say that pacing cannot shorten an iteration; the others that
+    durations depend on timing, the only way a gain can arise.
+
+    Args:
+        comm_model: the model's name.
+        timing_dependent: whether durations depended on timing in the run (``comm_timing_dependent``
+            of an episode or summary: ``contention`` on a profile with nothing to vary its rate is
+            fixed-duration); None judges by the name (:data:`~pacectl.fabric.base.FIXED_DURATION_MODELS`).
 
     Example:
         >>> comm_model_note("null")
         'comm model: null (fixed durations: pacing cannot shorten an iteration)'
         >>> comm_model_note("contention")
         'comm model: contention (timing-dependent durations: pacing can shorten or lengthen an iteration)'
+        >>> comm_model_note("contention", timing_dependent=False)
+        'comm model: contention (fixed durations: pacing cannot shorten an iteration)'
     """
-    from pacectl.fabric.base import FIXED_DURATION_MODELS
+    from pacectl.fabric.base import is_timing_dependent
 
-    if comm_model in FIXED_DURATION_MODELS:
-        return f"comm model: {comm_model} ({NULL_MODEL_NOTE})"
     if comm_model == "unknown":
         return "comm model: unknown"
+    if not is_timing_dependent(comm_model, timing_dependent):
+        return f"comm model: {comm_model} ({NULL_MODEL_NOTE})"
     return f"comm model: {comm_model} ({TIMING_DEPENDENT_NOTE})"
 
 
-def _models_note(models: list[str]) -> str:
+def _models_note(models: list[tuple[str, bool | None]]) -> str:
+    """One note for several runs: (comm model name, timing-dependent flag or None) per run."""
     unique = list(dict.fromkeys(models))
     if len(unique) == 1:
-        return comm_model_note(unique[0])
-    return "comm models: " + ", ".join(unique) if unique else "comm model: unknown"
+        return comm_model_note(*unique[0])
+    names = list(dict.fromkeys(name for name, _ in unique))
+    return "comm models: " + ", ".join(names) if names else "comm model: unknown"
+
+
+def _episode_models(episodes: Mapping[str, Episode]) -> list[tuple[str, bool | None]]:
+    return [(ep.comm_model, ep.comm_timing_dependent) for ep in episodes.values()]
+
+
+def _summary_models(summaries: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, bool | None]]:
+    return [(str(s.get("comm_model", "unknown")), s.get("comm_timing_dependent")) for s in summaries.values()]
 
 
 def _save_figure(fig: Any, path: str | os.PathLike[str]) -> None:
@@ -296,7 +313,7 @@ def plot_iteration_time(
         if base is not None and run != baseline and ep.num_iterations == base.num_iterations:
             bottom.plot(x, ep.iteration_time_s - base.iteration_time_s, lw=1.0, label=run)
     top.set_ylabel("iteration time (s)")
-    top.set_title(f"Iteration time per run\n{_models_note([ep.comm_model for ep in episodes.values()])}")
+    top.set_title(f"Iteration time per run\n{_models_note(_episode_models(episodes))}")
     if episodes:
         top.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     bottom.axhline(0.0, color="black", lw=1.0)
@@ -349,7 +366,7 @@ def plot_spread(path: str | os.PathLike[str], episodes: Mapping[str, Episode]) -
         ax.set_ylim(bottom=0.0)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("iteration")
-    fig.suptitle(f"Arrival spread per run\n{_models_note([ep.comm_model for ep in episodes.values()])}")
+    fig.suptitle(f"Arrival spread per run\n{_models_note(_episode_models(episodes))}")
     _save_figure(fig, path)
 
 
@@ -431,7 +448,7 @@ def format_console_table(summaries: Mapping[str, Mapping[str, Any]], baseline: s
         first = cells[0].ljust(widths[0])
         return "  ".join([first, *(c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))]).rstrip()
 
-    note = _models_note([str(s.get("comm_model", "unknown")) for s in summaries.values()])
+    note = _models_note(_summary_models(summaries))
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([note, line(_TABLE_HEADERS), rule, *(line(r) for r in rows)])
 
@@ -462,7 +479,7 @@ def write_report_md(
         context: extra facts shown as a bullet list, e.g. ``{"trace": ..., "fidelity_mape": ...}``.
         baseline: run the throughput change is measured against.
     """
-    note = _models_note([str(s.get("comm_model", "unknown")) for s in summaries.values()])
+    note = _models_note(_summary_models(summaries))
     parts = [f"# {title}", "", f"_{note}_", ""]
     if context:
         parts += [f"- **{k}**: {jsonable(v)}" for k, v in context.items()] + [""]

@@ -78,14 +78,24 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         shown = len(caught)
         summary: dict[str, Any] = experiment.describe()
         episodes = {}
-        # a bar on a terminal only (tqdm's disable=None); one step per run: no pacing, each controller
+        # a bar on a terminal only (tqdm's disable=None), over the iterations of every run (no pacing,
+        # each controller) where the backend reports them, else one step per run
+        per_run = getattr(experiment, "iterations_per_run", None)
         with tqdm(
-            total=len(families), unit="run", desc="runs", file=sys.stderr, disable=None, leave=False
+            total=len(families) * (per_run or 1),
+            unit="it" if per_run else "run",
+            desc="runs",
+            file=sys.stderr,
+            disable=None,
+            leave=False,
         ) as bar:
             for family, params in families.items():
                 bar.set_postfix_str(family)
-                episodes[family] = experiment.run(family, params)
-                bar.update()
+                episodes[family] = experiment.run(
+                    family, params, on_iteration=bar.update if per_run else None
+                )
+                if not per_run:
+                    bar.update()
                 if len(episodes) == 1:  # every run has the first one's size: check before the rest
                     rows = episodes[family].arrival_s.size * len(families)
                     _check_memory(rows, bool(cfg.output.get("iterations", True)))

@@ -174,6 +174,9 @@ class Episode:
         diagnostics: name -> ``float64[num_iterations, num_domains]``, every controller diagnostic,
             aligned the same way (row k = state after observing iteration k-1).
         guard_interventions: number of actions the safety guard clipped or zeroed.
+        comm_timing_dependent: whether the comm model's durations depended on timing in this
+            episode (only then can pacing gain); None: judge by ``comm_model``'s name
+            (:func:`pacectl.fabric.base.is_timing_dependent`).
     """
 
     backend: str
@@ -192,6 +195,7 @@ class Episode:
     pacing_active: BoolArray
     diagnostics: Mapping[str, FloatArray] = field(default_factory=dict)
     guard_interventions: int = 0
+    comm_timing_dependent: bool | None = None
 
     @property
     def num_iterations(self) -> int:

@@ -367,15 +367,39 @@ def test_every_fixed_duration_model_is_named_as_such_in_reports() -> None:
 
 
 def test_contention_without_a_timing_dependent_mechanism_is_called_out() -> None:
-    """comm=contention on a profile with no cross traffic (and, simulated, no interference) has fixed
-    durations: the run must not present it as a setting where pacing could gain."""
+    """comm=contention where nothing varies the ring's rate has fixed durations: the model says why,
+    calls itself fixed-duration, and the run must not present it as a setting where pacing could gain."""
     from pacectl.fabric.profile import inert_contention_note
+    from pacectl.report import comm_model_note
 
-    quiet = {"name": "generic", "cross_traffic": {"links": []}, "interference": {"kappa": 0.0}}
-    note = inert_contention_note(quiet)
+    topo = FatTree(ranks_per_node=8, nodes_per_leaf=2, oversubscription=2.0)
+    bursts = CrossTraffic(links=("leaf_up:*",), on_s=1.0, off_s=1.0)
+    live = ContentionComm(topo, 64, message_bytes=1e9, cross_traffic=bursts)
+    assert live.timing_dependent and live.inert_reason is None
+    assert live.time_s(0.0) != live.time_s(1.5)  # the flag is what the model does
+    inert = {
+        "no cross-traffic links": CrossTraffic(),
+        "always on": CrossTraffic(links=("leaf_up:*",), on_s=1.0, off_s=0.0),
+        "never on": CrossTraffic(links=("leaf_up:*",), on_s=0.0, off_s=1.0),
+    }
+    for reason, cross in inert.items():
+        model = ContentionComm(topo, 64, message_bytes=1e9, cross_traffic=cross)
+        assert not model.timing_dependent and reason in (model.inert_reason or ""), model.inert_reason
+        # fixed, as the flag says (to the rounding of end minus start time)
+        assert model.time_s(0.7) == pytest.approx(model.time_s(0.0), rel=1e-12)
+        assert model.time_s(1.5) == pytest.approx(model.time_s(0.0), rel=1e-12)
+        assert "duration is fixed here" in model.description
+    one_node = ContentionComm(topo, 8, message_bytes=1e9, cross_traffic=bursts)
+    assert not one_node.timing_dependent and "one node" in (one_node.inert_reason or "")
+    # bursts on links the ring does not cross: 2 nodes under one leaf never use its uplink
+    off_path = ContentionComm(topo, 16, message_bytes=1e9, cross_traffic=bursts)
+    assert not off_path.timing_dependent and "do not slow the ring" in (off_path.inert_reason or "")
+    assert off_path.time_s(1.5) == pytest.approx(off_path.time_s(0.5), rel=1e-12)
+
+    note = inert_contention_note("generic", "no cross-traffic links", interference_kappa=0.0)
     assert note is not None and "no controller can gain" in note and "interference kappa 0" in note
-    interfering = {**quiet, "name": "contended", "interference": {"kappa": 0.05}}
-    assert inert_contention_note(interfering) is None
-    assert "no cross-traffic links" in (inert_contention_note(interfering, simulated=False) or "")  # replay
-    crossed = {**quiet, "cross_traffic": {"links": ["leaf_up:*"]}}
-    assert inert_contention_note(crossed) is None and inert_contention_note(crossed, simulated=False) is None
+    assert inert_contention_note("contended", "no cross-traffic links", interference_kappa=0.05) is None
+    replay = inert_contention_note("contended", "no cross-traffic links", interference_kappa=None)
+    assert replay is not None and "kappa" not in replay  # the replay has no interference
+    assert inert_contention_note("paper_like", None, interference_kappa=0.0) is None
+    assert "pacing cannot shorten" in comm_model_note("contention", timing_dependent=False)

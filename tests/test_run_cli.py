@@ -404,3 +404,27 @@ def test_memory_refusal_suggests_skipping_the_parquet_only_when_that_fits(monkey
     assert "output.iterations=false" not in str(err.value) and "run fewer iterations or ranks" in str(
         err.value
     )
+
+
+@pytest.mark.parametrize(("cluster", "timing_dependent"), [("generic", False), ("contended", True)])
+def test_inert_contention_is_reported_as_fixed_durations(tmp_path: Path, cluster, timing_dependent) -> None:
+    """comm=contention on a quiet profile is max-plus in all but name: the summary, its note and the
+    report header say fixed durations, and the run warns; on a contended profile they do not."""
+    from hydra import compose, initialize_config_dir
+
+    from pacectl import run
+
+    overrides = ["backend=sim", "backend.num_ranks=16", "backend.num_iterations=20", "comm=contention"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(
+            config_name="config", overrides=[*overrides, f"cluster={cluster}", "output.plots=false"]
+        )
+    summary = run.run_experiment(cfg, tmp_path)
+    warned = any("no timing-dependent mechanism" in w for w in summary["warnings"])
+    assert warned == (not timing_dependent)
+    assert summary["comm_model"] == "contention"
+    assert summary["comm_model_timing_dependent"] is timing_dependent
+    assert {r["comm_timing_dependent"] for r in summary["runs"].values()} == {timing_dependent}
+    assert ("note" in summary) == (not timing_dependent)
+    header = (tmp_path / "report.md").read_text().splitlines()[2]
+    assert ("pacing cannot shorten" in header) == (not timing_dependent), header

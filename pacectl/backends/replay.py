@@ -205,9 +205,10 @@ class ReplayBackend:
         return obs
 
     def _transfer_hook(self):  # type: ignore[no-untyped-def]
-        """For a timing-dependent comm model: scale the paced collective by its slowdown at its start."""
+        """For a contended comm model: scale the paced collective by its slowdown at its start (constant
+        when the model is inert, e.g. cross traffic always on, so applied whatever ``timing_dependent``)."""
         slowdown = getattr(self._comm, "slowdown", None)
-        if not self.comm_timing_dependent or slowdown is None:
+        if slowdown is None:
             return None
         clock, paced = self._clock_s, self._paced_mask
 

@@ -36,8 +36,24 @@ class CommModel(Protocol):
 
 #: Names of the communication models with fixed durations (max-plus: delaying a rank can never
 #: shorten an iteration). Every model whose ``timing_dependent`` is False is listed here (a test
-#: checks it), so reports can say so from the name an episode carries.
+#: checks it), so reports can say so from the name an episode carries. A ``contention`` model can
+#: be fixed-duration too, on a profile where nothing varies its rate (``ContentionComm.inert_reason``):
+#: episodes carry ``comm_timing_dependent`` for that, see :func:`is_timing_dependent`.
 FIXED_DURATION_MODELS = ("null", "alpha_beta")
+
+
+def is_timing_dependent(comm_model: str, timing_dependent: bool | None = None) -> bool:
+    """Whether durations depended on timing: the recorded flag if known, else judged by the model's name.
+
+    Example:
+        >>> is_timing_dependent("contention"), is_timing_dependent("contention", False)
+        (True, False)
+        >>> is_timing_dependent("null")
+        False
+    """
+    if timing_dependent is not None:
+        return bool(timing_dependent)
+    return comm_model not in FIXED_DURATION_MODELS
 
 
 class NullComm:

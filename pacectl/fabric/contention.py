@@ -144,12 +144,33 @@ class ContentionComm:
         self._cross_links = _expand(self.cross.links, names)
         self._link_offsets = np.arange(len(self._cross_links)) * self.cross.stagger
         self._rate_cache: dict[tuple[bool, ...], float] = {}
+        #: why durations cannot vary with timing here (None: they can): then this model is
+        #: fixed-duration, as under max-plus, whatever its name says
+        self.inert_reason: str | None = self._inert_reason(num_ranks)
+        self.timing_dependent = self.inert_reason is None
         self.description = (
             f"contention (max-min fair fat-tree, {topology.ranks_per_node} ranks/node, "
             f"{topology.nodes_per_leaf} nodes/leaf, oversubscription {topology.oversubscription:g}:1"
             f"{', rail-optimized' if topology.rail_optimized else ''}; cross traffic on "
             f"{len(self._cross_links)} link(s), {self.cross.on_s:g} s on / {self.cross.off_s:g} s off)"
         )
+        if self.inert_reason:
+            self.description += f"; the ring's duration is fixed here: {self.inert_reason}"
+
+    def _inert_reason(self, num_ranks: int) -> str | None:
+        """Why the ring's duration cannot depend on its start time, or None when it can."""
+        if not self._cross_links:
+            return "no cross-traffic links"
+        if not self._ring_bytes:
+            return f"{num_ranks} rank(s) fit in one node: no inter-node ring for cross traffic to slow"
+        if self.cross.on_s == 0:
+            return "cross traffic never on (on_s 0)"
+        if self.cross.off_s == 0:
+            return "cross traffic always on (off_s 0): a constant slowdown"
+        n = len(self._cross_links)
+        if self.ring_rate_Bps((True,) * n) >= self.ring_rate_Bps((False,) * n):
+            return "the cross-traffic links do not slow the ring"
+        return None
 
     def ring_rate_Bps(self, cross_on: tuple[bool, ...]) -> float:
         """Rate of the ring's slowest flow when the given cross flows are on, bytes/s."""

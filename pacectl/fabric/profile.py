@@ -38,28 +38,30 @@ FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
 
-def inert_contention_note(profile: dict[str, Any], *, simulated: bool = True) -> str | None:
-    """Why ``comm=contention`` has nothing timing-dependent to model on this profile, or None.
+def inert_contention_note(
+    cluster_name: str, inert_reason: str | None, *, interference_kappa: float | None = None
+) -> str | None:
+    """Why ``comm=contention`` has nothing timing-dependent to model on this run, or None.
 
-    The contention model's durations depend on timing only through cross traffic on named links
-    (the ring's rate while a burst is on) and, in the simulator, early-arrival interference
-    (``kappa``; the replay does not model it). A profile with neither (``generic``, the trace
-    profiles) gives fixed durations, as under max-plus: no controller can gain there, whatever the
-    model's name says.
+    The contention model's durations depend on timing only through cross traffic that switches on
+    and off on links the inter-node ring uses (:attr:`ContentionComm.inert_reason` says why not)
+    and, in the simulator, early-arrival interference (``kappa``; the replay does not model it).
+    Without either (``generic``, the trace profiles, a job inside one node) durations are fixed, as
+    under max-plus: no controller can gain there, whatever the model's name says.
 
     Args:
-        profile: the ``cluster`` profile.
-        simulated: ``backend=sim`` (interference counts) or a replay (it does not).
+        cluster_name: the profile's name, for the message.
+        inert_reason: the contention model's ``inert_reason`` (None: timing-dependent).
+        interference_kappa: the simulator's interference strength; None for a replay.
     """
-    links = (profile.get("cross_traffic") or {}).get("links") or []
-    kappa = float((profile.get("interference") or {}).get("kappa", 0.0) or 0.0)
-    if links or (simulated and kappa > 0.0):
+    simulated = interference_kappa is not None
+    if inert_reason is None or (simulated and float(interference_kappa or 0.0) > 0.0):
         return None
-    missing = "no cross-traffic links, interference kappa 0" if simulated else "no cross-traffic links"
+    missing = f"{inert_reason}, interference kappa 0" if simulated else inert_reason
     return (
-        f"cluster={profile.get('name', '?')} gives comm=contention no timing-dependent mechanism "
+        f"cluster={cluster_name} gives comm=contention no timing-dependent mechanism "
         f"({missing}), so durations are fixed here, as under max-plus, and no controller can gain; pick a "
-        f"profile with cross traffic{' or interference' if simulated else ''} (cluster=paper_like"
+        f"profile with cross traffic{' or interference' if simulated else ''} across nodes (cluster=paper_like"
         f"{', cluster=contended' if simulated else ''})"
     )
 
@@ -447,6 +449,8 @@ class ReplayContention:
 
     def __init__(self, cluster: Mapping[str, Any], num_ranks: int) -> None:
         self.model = contention_from(cluster, num_ranks)
+        self.inert_reason = self.model.inert_reason
+        self.timing_dependent = self.model.timing_dependent
         self.description = self.model.description + "; applied to the paced collective of the replay"
 
     def transfer_s(self, recorded_transfer_s: FloatArray) -> FloatArray:

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import uuid
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -277,8 +278,14 @@ class TorchExperiment:
             )
         return fid
 
-    def run(self, family: str, params: dict[str, Any]) -> Episode:
-        """The episode of the guarded ``family`` controller (launches the job if not done yet)."""
+    def run(
+        self, family: str, params: dict[str, Any], *, on_iteration: Callable[[], None] | None = None
+    ) -> Episode:
+        """The episode of the guarded ``family`` controller (launches the job if not done yet).
+
+        ``on_iteration`` is not called: the ranks run every run interleaved in one job, in their own
+        processes, so progress counts whole runs.
+        """
         if family not in self._episodes or self.families.get(family) != params:
             self.families[family] = dict(params)
             self._launch([(family, dict(params))])

@@ -191,7 +191,8 @@ def build_scenarios(cfg: DictConfig, *, seeds: Sequence[int] | None = None) -> S
             "backend": backend,
             "seed": cfg.get("seed"),
         }
-        if experiments[0].comm_timing_dependent:  # the profile's fabric shapes every episode
+        if experiments[0].comm_model != "null":  # the profile's fabric shapes every episode
+            # (also where contention is inert: cross traffic always on is a constant slowdown)
             fabric = OmegaConf.to_container(cfg.cluster, resolve=True)
             assert isinstance(fabric, dict)
             descriptor["cluster"] = {k: v for k, v in fabric.items() if k not in ("tune_sim", "traces")}
