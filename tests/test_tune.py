@@ -936,15 +936,17 @@ def test_two_commands_sharing_a_study_stop_at_its_total(tmp_path: Path) -> None:
         subprocess.Popen(
             [*args, f"hydra.run.dir=out{i}"],
             cwd=tmp_path,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for i in range(2)
     ]
+    counts = []
     for proc in procs:
-        _, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
+        counts += [int(k) for k in re.findall(rf"^\[(\d+)/{n}\] trial", out, flags=re.MULTILINE)]
     storage = optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(tmp_path / "shared.journal"))
     )
@@ -955,6 +957,8 @@ def test_two_commands_sharing_a_study_stop_at_its_total(tmp_path: Path) -> None:
     # Without the shared stop: up to 2 n. With it: n, or n + 1 when both commands ask for a new trial
     # in the same instant (a check-then-create race the stop cannot close).
     assert n <= len(finished) <= n + 1, [t.state for t in trials]
+    # the [k/N] counter counts the other command's trials too: the study's last trial shows its total
+    assert max(counts) == len(finished), counts
 
 
 def test_front_size_names_the_exact_ties_with_no_pacing() -> None:

@@ -284,15 +284,18 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs); sub-commands share its one-line errors."""
+    # the console script names itself; python -m shows as __main__.py
+    script = Path(sys.argv[0]).name == "pacectl-traces"
     parser = _OneLineErrors(
-        prog="python -m pacectl.traces",
+        prog="pacectl-traces" if script else "python -m pacectl.traces",
         description="Inspect, validate and convert distributed-training traces "
         "(Kineto/PyTorch-profiler JSON, step-level CSV, ByteDance and pacectl Parquet).",
         epilog="Examples:\n"
         "  python -m pacectl.traces info pacectl/data/h200-capture\n"
         "  python -m pacectl.traces validate 'traces/rank*.json.gz'\n"
         "  python -m pacectl.traces convert traces/ -o job.parquet\n"
-        "Exit codes: 0 usable trace, 1 unusable (message on stderr), 2 bad command line.",
+        "Exit codes: 0 usable trace, 1 unusable (message on stderr), 2 bad command line.\n"
+        "pacectl-traces ... is the same command (pip install puts it on the PATH).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="{info,validate,convert}")

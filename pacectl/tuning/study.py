@@ -357,9 +357,9 @@ class Progress:
     """The ``[k/N]`` counter of the progress lines, shared by the forked workers of one command.
 
     ``k`` counts the study's finished trials (COMPLETE or PRUNED): those it had when the command
-    started plus one per trial finished by a worker of this command since. It is incremented and
-    printed under one lock, so the lines of several workers count up by one each, in the order they
-    are printed. (Trials finished at the same time by other machines sharing the study are not counted.)
+    started plus one per trial finished by a worker of this command since, or the finished trials
+    the storage holds now if that is more (other commands sharing the study). It is updated and
+    printed under one lock, so the lines of this command's workers never count down.
 
     Args:
         start: finished trials of the study when the command started.
@@ -374,12 +374,22 @@ class Progress:
         self._lock = ctx.Lock()
         self._count = ctx.Value("q", start, lock=False)
 
-    def next(self, echo: Callable[[str], None], line: Callable[[int], str], *, finished: bool = True) -> None:
+    def next(
+        self,
+        echo: Callable[[str], None],
+        line: Callable[[int], str],
+        *,
+        finished: bool = True,
+        stored: Callable[[], int] | None = None,
+    ) -> None:
         """Count one finished trial (unless ``finished`` is false: a FAIL) and ``echo`` ``line(count)``,
-        both under the lock."""
+        both under the lock; ``stored`` gives the finished trials in the storage, counted if more."""
         with self._lock:
-            self._count.value += int(finished)
-            echo(line(int(self._count.value)))
+            count = int(self._count.value) + int(finished)
+            if stored is not None:
+                count = max(count, int(stored()))
+            self._count.value = count
+            echo(line(count))
 
 
 def progress_callback(
@@ -403,6 +413,7 @@ def progress_callback(
             echo,
             lambda k: f"[{k}/{progress.total}] trial {trial.number}: {body}",
             finished=trial.state in FINISHED,  # a FAIL is not counted (tune.n_trials counts finished ones)
+            stored=lambda: len(study.get_trials(deepcopy=False, states=FINISHED)),
         )
 
     return callback
