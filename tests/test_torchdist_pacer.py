@@ -47,7 +47,7 @@ def test_encoded_rows_survive_a_one_hot_sum_bit_identically(dtype: Any) -> None:
 _STEPS = 10
 # 3 ranks: averaging by 1/3 is inexact, so bit-identity with plain DDP checks the arithmetic too
 _WORLD = 3
-_MODES = ("plain", "async", "piggyback", "piggyback-view", "collective")
+_MODES = ("plain", "async", "piggyback", "piggyback-view", "piggyback-beside", "collective")
 
 
 def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
@@ -79,8 +79,10 @@ def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
                 num_ranks=world,
                 seed=0,
             )
-            gather = mode.removesuffix("-view")
-            pacer = None if mode == "plain" else Pacer(engine, gather=gather).attach(ddp)
+            gather = mode.split("-")[0]
+            # -beside: every carrier counts as large, so the rows go in a tiny all-reduce beside it
+            beside = {"piggyback_max_bytes": 0} if mode.endswith("-beside") else {}
+            pacer = None if mode == "plain" else Pacer(engine, gather=gather, **beside).attach(ddp)
             gen = torch.Generator().manual_seed(100 + rank)
             for k in range(_STEPS):
                 if pacer is not None and k == 5:
@@ -106,6 +108,7 @@ def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
                     gather_s=np.array(pacer.gather_s),
                     carrier=pacer._carrier,
                     bucket_bytes=list(pacer._sizes),
+                    appended=pacer._combined is not None,  # rows appended to a copy of the carrier
                 )
             out[mode] = result
         queue.put((rank, out))
@@ -153,7 +156,7 @@ def ranks() -> dict[int, dict[str, Any]]:
 def test_gradients_are_unchanged_by_the_pacer(ranks, mode: str) -> None:
     for rank in range(_WORLD):
         plain, paced = ranks[rank]["plain"]["params"], ranks[rank][mode]["params"]
-        if mode.startswith("piggyback"):
+        if mode in ("piggyback", "piggyback-view"):
             # the carrier bucket is longer by the rows, so gloo may sum its elements in another order
             np.testing.assert_allclose(paced, plain, rtol=1e-6, atol=1e-7)  # figures not averaged in
         else:
@@ -182,7 +185,8 @@ def test_every_mode_decides_identically_on_every_rank_and_pace(ranks, mode: str)
 
 @pytest.mark.dist
 @pytest.mark.parametrize(
-    ("mode", "lag"), [("async", 1), ("collective", 1), ("piggyback", 2), ("piggyback-view", 2)]
+    ("mode", "lag"),
+    [("async", 1), ("collective", 1), ("piggyback", 2), ("piggyback-view", 2), ("piggyback-beside", 2)],
 )
 def test_decision_lag_of_each_mode(ranks, mode: str, lag: int) -> None:
     """The decision on iteration k's figures is applied at k + 1 (async, collective) or k + 2 (piggyback)."""
@@ -195,9 +199,11 @@ def test_decision_lag_of_each_mode(ranks, mode: str, lag: int) -> None:
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("mode", ["piggyback", "piggyback-view"])
+@pytest.mark.parametrize("mode", ["piggyback", "piggyback-view", "piggyback-beside"])
 def test_piggyback_rides_on_the_smallest_bucket(ranks, mode: str) -> None:
-    """Not bucket 0 (the large output layer here) but the smallest bucket, the same on every rank."""
+    """Not bucket 0 (the large output layer here) but the smallest bucket, the same on every rank;
+    appended to a copy of it, or (a carrier over piggyback_max_bytes) all-reduced beside it."""
     sizes = ranks[0][mode]["bucket_bytes"]
     assert len(sizes) >= 3 and sizes[0] == max(sizes)
     assert {ranks[r][mode]["carrier"] for r in range(_WORLD)} == {int(np.argmin(sizes))} != {0}
+    assert {ranks[r][mode]["appended"] for r in range(_WORLD)} == {not mode.endswith("-beside")}

@@ -23,6 +23,8 @@
      multiply pass is about half a divide pass in isolation, but here both are memory-bound and
      cost the same (record ``torchdist_mul.json``);
    - ``async`` / ``piggyback`` / ``collective``: the pacer in each exchange mode (``gather=``);
+   - ``piggyback_cat``: piggyback always appending the rows to the carrier, however large (before
+     ``Pacer(piggyback_max_bytes=)``: a carrier over 1 MiB now sends the rows beside it);
    - ``piggyback_k10``: piggyback with ``gather_every=10`` (the figures of 10 iterations at once:
      the exchange's cost amortized, decisions up to 10 iterations more stale);
    - ``no_gather``: the pacer with the exchange switched off (hook, timestamps, delay logic only).
@@ -77,6 +79,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "py_hook_mul": {"attach": "mul_hook"},
     "async": {"attach": True, "gather": "async", "gather_every": 1},
     "piggyback": {"attach": True, "gather": "piggyback", "gather_every": 1},
+    "piggyback_cat": {
+        "attach": True,
+        "gather": "piggyback",
+        "gather_every": 1,
+        "piggyback_max_bytes": 1 << 62,
+    },
     "collective": {"attach": True, "gather": "collective", "gather_every": 1},
     "piggyback_k10": {"attach": True, "gather": "piggyback", "gather_every": 10},
     "no_gather": {"attach": True, "gather": "collective", "gather_every": 10**9},
@@ -152,7 +160,12 @@ def overhead_worker(spec: dict[str, Any]) -> dict[str, Any]:
             ddp.register_comm_hook(dist.group.WORLD, timed(allreduce_hook, cpu[name], "train"))
         elif how["attach"]:
             engine = DecisionEngine("none", {}, {"max_delay_frac": 0.5}, num_ranks=world, seed=seed)
-            pacer = Pacer(engine, gather=how["gather"], gather_every=how["gather_every"])
+            pacer = Pacer(
+                engine,
+                gather=how["gather"],
+                gather_every=how["gather_every"],
+                piggyback_max_bytes=how.get("piggyback_max_bytes", 1 << 20),
+            )
             # instance attributes: looked up at each call by the hook lambda and the queued callback
             for attr, thread in (
                 ("_comm_hook", "train"),
@@ -160,6 +173,7 @@ def overhead_worker(spec: dict[str, Any]) -> dict[str, Any]:
                 ("_on_exit", "comm"),
                 ("_on_piggyback_exit", "comm"),
                 ("_on_async_exchange", "comm"),
+                ("_on_rows_beside_exit", "comm"),
             ):
                 setattr(pacer, attr, timed(getattr(pacer, attr), cpu[name], thread))
             pacer.attach(ddp)

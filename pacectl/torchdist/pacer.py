@@ -28,14 +28,18 @@ Per iteration, on every rank:
      the smallest bucket (in bytes) of the previous iteration's layout, which DDP keeps identical on
      every rank (bucket 0 in iteration 1, before DDP's rebuilt layout is known; bucket 0 itself
      often holds an output layer, a language model's largest tensor). Its hook in iteration
-     ``k + 1`` all-reduces ``cat([bucket * (1 / world), rows of k])`` instead of the bucket alone (only the
-     gradient part is averaged). The future returns a view of the gradient part (DDP copies a
+     ``k + 1`` all-reduces ``cat([bucket * (1 / world), rows of k])`` instead of the bucket alone
+     (only the gradient part is averaged). The future returns a view of the gradient part (DDP copies a
      hook's result into the gradients anyway), and on CPU its completion callback decodes the rows
      and runs the controller on the communication thread while the backward pass of ``k + 1`` goes
-     on (CUDA: at the end of ``k + 1``). No extra collective at all; the cost is a few hundred bytes
-     on the carrier and one copy of it (on CPU, 1.4 ms per iteration for a 17 MB carrier: a model
-     whose gradients fit in one 25 MB bucket copies them all; ``gather_every`` amortizes it). The price is one more iteration of lag: the observation of
-     iteration ``k`` is decided on during ``k + 1`` and its delay applies from ``k + 2``. Float32 buckets carry each float64 figure as a (hi, lo) float32 pair (about 48
+     on (CUDA: at the end of ``k + 1``). No extra collective; the cost is a few hundred bytes on
+     the carrier and one copy of it. On CPU a carrier over ``piggyback_max_bytes`` (1 MiB) is not
+     copied: a model whose gradients fit in one 25 MB bucket would copy them all (17 MB: 0.9 ms more
+     hook CPU per iteration, record ``torchdist_2rank_beside.json``), so there the rows go in one
+     tiny all-reduce issued beside the carrier's, in the same hook call, and are decoded when both
+     complete; the gradients' own all-reduce is then untouched. The price is one more iteration of
+     lag: the observation of iteration ``k`` is decided on during ``k + 1`` and its delay applies
+     from ``k + 2``. Float32 buckets carry each float64 figure as a (hi, lo) float32 pair (about 48
      bits kept; every rank decodes the same bits); float64 buckets carry it as is; other dtypes
      (fp16/bf16) fall back to collective mode with a warning, on every rank at the same iteration.
    - ``"collective"``: the same tiny all-reduce as ``"async"``, but blocking, and decided on at once
@@ -212,6 +216,9 @@ class Pacer:
         control_path: JSON file rank 0 watches for runtime control, or None.
         control_poll_iters: poll the file every this many iterations.
         device_delay: ``"auto"`` (device-side on CUDA tensors, host sleep otherwise), ``"host"``.
+        piggyback_max_bytes: on CPU, a carrier bucket larger than this (bytes) is not copied to append
+            the rows: they go in one tiny all-reduce issued beside it, in the same hook call (see the
+            module doc). CUDA always appends (the copy is a few microseconds of device memory traffic).
 
     Raises:
         ConfigError: an unknown ``gather`` mode, ``gather_every`` or ``control_poll_iters`` below 1,
@@ -234,6 +241,7 @@ class Pacer:
         control_path: str | Path | None = None,
         control_poll_iters: int = 10,
         device_delay: str = "auto",
+        piggyback_max_bytes: int = 1 << 20,
     ) -> None:
         if gather not in GATHER_MODES:
             raise ConfigError(f"Pacer gather must be one of {list(GATHER_MODES)}, got {gather!r}")
@@ -242,6 +250,14 @@ class Pacer:
                 raise ConfigError(f"Pacer {name} must be an integer >= 1, got {value!r}")
         if not (isinstance(spin_s, (int, float)) and math.isfinite(spin_s) and spin_s >= 0.0):
             raise ConfigError(f"Pacer spin_s must be a finite number of seconds >= 0, got {spin_s!r}")
+        if (
+            isinstance(piggyback_max_bytes, bool)
+            or not isinstance(piggyback_max_bytes, int)
+            or piggyback_max_bytes < 0
+        ):
+            raise ConfigError(
+                f"Pacer piggyback_max_bytes must be an integer >= 0, got {piggyback_max_bytes!r}"
+            )
         self.engine = engine
         self.group = group
         self.rank = dist.get_rank(group)
@@ -259,6 +275,7 @@ class Pacer:
         self.spin_s = float(spin_s)
         self.gather_every = gather_every
         self.gather = gather
+        self.piggyback_max_bytes = piggyback_max_bytes
         self.watcher = ControlWatcher(control_path) if control_path and self.rank == 0 else None
         self.control_poll_iters = control_poll_iters
         self.device_delay_mode = device_delay
@@ -509,7 +526,9 @@ class Pacer:
             self._applied = delay
             self.delay_actual_s.append(host_delay(delay, spin_s=self.spin_s))
         extra = self._take_piggyback(buf) if slot == self._carrier else None
-        if extra is None:
+        # a carrier too large to copy cheaply sends the rows beside it instead (see piggyback_max_bytes)
+        beside = extra is not None and self._sizes[-1] > self.piggyback_max_bytes
+        if extra is None or beside:
             if average:
                 buf.mul_(self._inv_world)
             target = buf
@@ -519,6 +538,12 @@ class Pacer:
         fut = dist.all_reduce(target, group=self.group, async_op=True).get_future()
         if extra is None:
             chained = fut.then(functools.partial(self._on_exit, slot))
+        elif beside:
+            assert self._inflight is not None
+            self._inflight = (*self._inflight[:2], extra, 0)
+            rows = dist.all_reduce(extra, group=self.group, async_op=True).get_future()
+            bucket = fut.then(functools.partial(self._on_exit, slot))
+            chained = torch.futures.collect_all([bucket, rows]).then(self._on_rows_beside_exit)
         else:
             chained = fut.then(functools.partial(self._on_piggyback_exit, slot, buf, in_place))
         self._futures.append(chained)
@@ -541,6 +566,13 @@ class Pacer:
         self._exit[slot] = now()
         self._decide_off_thread(*self._decode_inflight())
         return _gradient_part(fut.value()[0], buf, in_place)
+
+    def _on_rows_beside_exit(self, fut: torch.futures.Future[Any]) -> torch.Tensor:
+        """Completion of a large carrier and the tiny all-reduce of the rows issued beside it (CPU):
+        decide, return the bucket (its exit was stamped by its own callback)."""
+        bucket, _ = fut.value()
+        self._decide_off_thread(*self._decode_inflight())
+        return bucket.value()
 
     def _decide_off_thread(self, first_iteration: int, tables: np.ndarray) -> None:
         """Decide in a completion callback, unless a runtime-control version is due.
