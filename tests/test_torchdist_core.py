@@ -263,6 +263,11 @@ def _torch_backend(**changes: object) -> dict:
     [
         ({"pacing__gather": "bogus"}, "backend.pacing.gather must be one of"),
         ({"pacing__gather_every": 0}, "backend.pacing.gather_every must be an integer >= 1"),
+        ({"pacing__piggyback_max_bytes": -1}, "backend.pacing.piggyback_max_bytes must be an integer >= 0"),
+        (
+            {"pacing__piggyback_max_bytes": "1MB"},
+            "backend.pacing.piggyback_max_bytes must be an integer >= 0",
+        ),
         ({"pacing__control_poll_iters": 0}, "backend.pacing.control_poll_iters must be an integer >= 1"),
         ({"pacing__spin_s": -1}, "backend.pacing.spin_s must be a finite number >= 0"),
         ({"workload__width": 0}, "backend.workload.width must be an integer >= 1"),

@@ -94,7 +94,7 @@ _BACKEND_KEYS = {
         "pacing", "fault",
     },
     "workload": {"model", "width", "depth", "batch_size", "seq_len", "heads", "bucket_cap_mb", "lr"},
-    "pacing": {"spin_s", "gather", "gather_every", "control_path", "control_poll_iters"},
+    "pacing": {"spin_s", "gather", "gather_every", "piggyback_max_bytes", "control_path", "control_poll_iters"},
     "fault": {"rank", "iteration"},
 }  # fmt: skip
 #: Defaults of ``backend.pacing`` (what a missing key means).
@@ -102,6 +102,7 @@ PACING_DEFAULTS: dict[str, Any] = {
     "spin_s": 2e-4,
     "gather": "piggyback",
     "gather_every": 1,
+    "piggyback_max_bytes": None,
     "control_path": None,
     "control_poll_iters": 10,
 }
@@ -173,6 +174,8 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
     _real(pacing, "pacing.spin_s", low=0.0, low_open=False, default=2e-4)
     _choice(pacing, "pacing.gather", GATHER_MODES, "piggyback")
     _int(pacing, "pacing.gather_every", low=1, default=1)
+    if pacing.get("piggyback_max_bytes") is not None:
+        _int(pacing, "pacing.piggyback_max_bytes", low=0)
     _int(pacing, "pacing.control_poll_iters", low=1, default=10)
     control = pacing.get("control_path")
     if control is not None and not isinstance(control, str):

@@ -33,11 +33,13 @@ Per iteration, on every rank:
      hook's result into the gradients anyway), and on CPU its completion callback decodes the rows
      and runs the controller on the communication thread while the backward pass of ``k + 1`` goes
      on (CUDA: at the end of ``k + 1``). No extra collective; the cost is a few hundred bytes on
-     the carrier and one copy of it. On CPU a carrier over ``piggyback_max_bytes`` (1 MiB) is not
-     copied: a model whose gradients fit in one 25 MB bucket would copy them all (17 MB: 0.9 ms more
-     hook CPU per iteration, record ``torchdist_2rank_beside.json``), so there the rows go in one
-     tiny all-reduce issued beside the carrier's, in the same hook call, and are decoded when both
-     complete; the gradients' own all-reduce is then untouched. The price is one more iteration of
+     the carrier and one copy of it: for a model whose gradients fit in one 25 MB bucket, a copy
+     of them all (17 MB: 0.9 ms of hook CPU per iteration on the benchmark machine). With
+     ``piggyback_max_bytes`` set, a larger carrier is not copied: the rows go in one tiny
+     all-reduce issued beside it, in the same hook call, decoded when both complete. That saves the
+     copy's CPU but adds a collective; on the benchmark machine (4 gloo ranks on 2 cores) it cost
+     +1.9 % [-0.2, +3.4] more wall time than appending (record ``torchdist_beside_ab.json``), so
+     appending stays the default. The price is one more iteration of
      lag: the observation of iteration ``k`` is decided on during ``k + 1`` and its delay applies
      from ``k + 2``. Float32 buckets carry each float64 figure as a (hi, lo) float32 pair (about 48
      bits kept; every rank decodes the same bits); float64 buckets carry it as is; other dtypes
@@ -218,7 +220,8 @@ class Pacer:
         device_delay: ``"auto"`` (device-side on CUDA tensors, host sleep otherwise), ``"host"``.
         piggyback_max_bytes: on CPU, a carrier bucket larger than this (bytes) is not copied to append
             the rows: they go in one tiny all-reduce issued beside it, in the same hook call (see the
-            module doc). CUDA always appends (the copy is a few microseconds of device memory traffic).
+            module doc). None (default): always append. CUDA always appends (the copy is a few
+            microseconds of device memory traffic).
 
     Raises:
         ConfigError: an unknown ``gather`` mode, ``gather_every`` or ``control_poll_iters`` below 1,
@@ -241,7 +244,7 @@ class Pacer:
         control_path: str | Path | None = None,
         control_poll_iters: int = 10,
         device_delay: str = "auto",
-        piggyback_max_bytes: int = 1 << 20,
+        piggyback_max_bytes: int | None = None,
     ) -> None:
         if gather not in GATHER_MODES:
             raise ConfigError(f"Pacer gather must be one of {list(GATHER_MODES)}, got {gather!r}")
@@ -250,13 +253,13 @@ class Pacer:
                 raise ConfigError(f"Pacer {name} must be an integer >= 1, got {value!r}")
         if not (isinstance(spin_s, (int, float)) and math.isfinite(spin_s) and spin_s >= 0.0):
             raise ConfigError(f"Pacer spin_s must be a finite number of seconds >= 0, got {spin_s!r}")
-        if (
+        if piggyback_max_bytes is not None and (
             isinstance(piggyback_max_bytes, bool)
             or not isinstance(piggyback_max_bytes, int)
             or piggyback_max_bytes < 0
         ):
             raise ConfigError(
-                f"Pacer piggyback_max_bytes must be an integer >= 0, got {piggyback_max_bytes!r}"
+                f"Pacer piggyback_max_bytes must be an integer >= 0 or None, got {piggyback_max_bytes!r}"
             )
         self.engine = engine
         self.group = group
@@ -526,8 +529,12 @@ class Pacer:
             self._applied = delay
             self.delay_actual_s.append(host_delay(delay, spin_s=self.spin_s))
         extra = self._take_piggyback(buf) if slot == self._carrier else None
-        # a carrier too large to copy cheaply sends the rows beside it instead (see piggyback_max_bytes)
-        beside = extra is not None and self._sizes[-1] > self.piggyback_max_bytes
+        # a carrier over piggyback_max_bytes is not copied: the rows go beside it
+        beside = (
+            extra is not None
+            and self.piggyback_max_bytes is not None
+            and self._sizes[-1] > self.piggyback_max_bytes
+        )
         if extra is None or beside:
             if average:
                 buf.mul_(self._inv_world)
