@@ -198,7 +198,9 @@ class SimExperiment:
         self.cluster_name = str(cluster.get("name", "?"))
         num_ranks = config_int(cfg.backend.num_ranks, "backend.num_ranks")
         comm, interference = sim_fabric(cluster, cfg.get("comm"), num_ranks)
-        _warn_if_inert(cfg, comm, interference_kappa=interference.kappa)
+        _warn_if_inert(
+            cfg, comm, interference_kappa=interference.kappa if interference.active(num_ranks) else 0.0
+        )
         if cluster.get("traces"):
             warnings.warn(
                 f"cluster={self.cluster_name} stands for recorded traces (cluster.traces), which backend=sim "

@@ -746,12 +746,15 @@ def _tune_study(
         summary["warning"] = warning
     if not scenarios.comm_timing_dependent:
         summary["note"] = (
-            "comm model is null (fixed durations, max-plus): no delay can shorten an iteration, so no "
-            "trial can beat no pacing on throughput here; use comm=contention or a sim profile for gains."
+            f"comm model is {scenarios.comm_model} (fixed durations, max-plus, here): no delay can shorten "
+            "an iteration, so no trial can beat no pacing on throughput; gains need a timing-dependent "
+            "fabric (comm=contention on a profile with bursty cross traffic or interference)."
         )
+    from pacectl.report import comm_model_note
+
     title = (
         f"{family} on {scenarios.profile} ({scenarios.kind}, {len(scenarios.labels)} episode(s)), "
-        f"{len(points)} trials\ncomm model: {scenarios.comm_model}"
+        f"{len(points)} trials\n{comm_model_note(scenarios.comm_model, scenarios.comm_timing_dependent)}"
         + ("" if improves else "; no trial improves on no pacing")
     )
     header = [

@@ -388,7 +388,7 @@ def test_contention_without_a_timing_dependent_mechanism_is_called_out() -> None
         # fixed, as the flag says (to the rounding of end minus start time)
         assert model.time_s(0.7) == pytest.approx(model.time_s(0.0), rel=1e-12)
         assert model.time_s(1.5) == pytest.approx(model.time_s(0.0), rel=1e-12)
-        assert "duration is fixed here" in model.description
+        assert "ring duration fixed here" in model.description
     one_node = ContentionComm(topo, 8, message_bytes=1e9, cross_traffic=bursts)
     assert not one_node.timing_dependent and "one node" in (one_node.inert_reason or "")
     # bursts on links the ring does not cross: 2 nodes under one leaf never use its uplink
@@ -397,7 +397,18 @@ def test_contention_without_a_timing_dependent_mechanism_is_called_out() -> None
     assert off_path.time_s(1.5) == pytest.approx(off_path.time_s(0.5), rel=1e-12)
 
     note = inert_contention_note("generic", "no cross-traffic links", interference_kappa=0.0)
-    assert note is not None and "no controller can gain" in note and "interference kappa 0" in note
+    assert note is not None and "no controller can gain" in note and "no early-arrival interference" in note
+    assert "cluster=paper_like or cluster=contended" in note
+    # never recommends the profile in use; a job inside one node needs more ranks, not another profile
+    mine = inert_contention_note("paper_like", "cross traffic always on (off_s 0)", interference_kappa=0.0)
+    assert mine is not None and "cluster=paper_like" not in mine.replace("cluster=paper_like gives", "")
+    small = inert_contention_note("paper_like", "2 rank(s) fit in one node: ...", interference_kappa=None)
+    assert small is not None and "more ranks than one node holds" in small and "pick" not in small
+    # interference needs co-located ranks
+    assert EarlyArrivalInterference(0.05, ranks_per_node=8).active(16)
+    assert not EarlyArrivalInterference(0.05, ranks_per_node=1).active(16)
+    assert not EarlyArrivalInterference(0.05, ranks_per_node=8).active(1)
+    assert not EarlyArrivalInterference(0.0, ranks_per_node=8).active(16)
     assert inert_contention_note("contended", "no cross-traffic links", interference_kappa=0.05) is None
     replay = inert_contention_note("contended", "no cross-traffic links", interference_kappa=None)
     assert replay is not None and "kappa" not in replay  # the replay has no interference

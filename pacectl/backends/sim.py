@@ -80,11 +80,11 @@ class SimBackend:
         self.domains: tuple[Domain, ...] = (Domain(name="world", ranks=tuple(range(self.num_ranks))),)
         self.rank_labels: IntArray = np.arange(self.num_ranks, dtype=np.int64)
         self.step_ids: IntArray = np.arange(self._num_iterations, dtype=np.int64)
-        timing = bool(comm.timing_dependent) or self.interference.kappa > 0
+        interfering = self.interference.active(self.num_ranks)
         self.comm_model: str = str(comm.name)
-        self.comm_timing_dependent = timing
+        self.comm_timing_dependent = bool(comm.timing_dependent) or interfering
         self.comm_description = str(comm.description)
-        if self.interference.kappa > 0:
+        if interfering:
             self.comm_description += f" + early-arrival interference (kappa {self.interference.kappa:g})"
         self._k = -1
 

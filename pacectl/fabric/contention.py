@@ -155,7 +155,7 @@ class ContentionComm:
             f"{len(self._cross_links)} link(s), {self.cross.on_s:g} s on / {self.cross.off_s:g} s off)"
         )
         if self.inert_reason:
-            self.description += f"; the ring's duration is fixed here: {self.inert_reason}"
+            self.description += f" [ring duration fixed here: {self.inert_reason}]"
 
     def _inert_reason(self, num_ranks: int) -> str | None:
         """Why the ring's duration cannot depend on its start time, or None when it can."""
@@ -321,6 +321,10 @@ class EarlyArrivalInterference:
 
     kappa: float = 0.0
     ranks_per_node: int = 8
+
+    def active(self, num_ranks: int) -> bool:
+        """Whether it can change any finish time: ``kappa > 0`` and some rank has a peer on its node."""
+        return self.kappa > 0.0 and min(self.ranks_per_node, num_ranks) > 1
 
     def __post_init__(self) -> None:
         if not self.kappa >= 0:

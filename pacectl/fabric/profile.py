@@ -45,24 +45,32 @@ def inert_contention_note(
 
     The contention model's durations depend on timing only through cross traffic that switches on
     and off on links the inter-node ring uses (:attr:`ContentionComm.inert_reason` says why not)
-    and, in the simulator, early-arrival interference (``kappa``; the replay does not model it).
-    Without either (``generic``, the trace profiles, a job inside one node) durations are fixed, as
-    under max-plus: no controller can gain there, whatever the model's name says.
+    and, in the simulator, early-arrival interference between co-located ranks (the replay does not
+    model it). Without either (``generic``, the trace profiles, a job inside one node) durations are
+    fixed, as under max-plus: no controller can gain there, whatever the model's name says.
 
     Args:
         cluster_name: the profile's name, for the message.
         inert_reason: the contention model's ``inert_reason`` (None: timing-dependent).
-        interference_kappa: the simulator's interference strength; None for a replay.
+        interference_kappa: the simulator's effective interference strength (0 when no rank has a
+            co-located peer, :meth:`EarlyArrivalInterference.active`); None for a replay.
     """
     simulated = interference_kappa is not None
     if inert_reason is None or (simulated and float(interference_kappa or 0.0) > 0.0):
         return None
-    missing = f"{inert_reason}, interference kappa 0" if simulated else inert_reason
+    missing = f"{inert_reason}; no early-arrival interference" if simulated else inert_reason
+    if "one node" in inert_reason:
+        fix = "run more ranks than one node holds"
+    else:
+        others = [
+            p for p in (("paper_like", "contended") if simulated else ("paper_like",)) if p != cluster_name
+        ]
+        fix = "give the profile bursty cross traffic on links the ring crosses (cluster.cross_traffic: links, on_s > 0, off_s > 0)"
+        fix += " or interference (cluster.interference.kappa > 0, ranks sharing a node)" if simulated else ""
+        fix += f", or pick {' or '.join(f'cluster={p}' for p in others)}" if others else ""
     return (
-        f"cluster={cluster_name} gives comm=contention no timing-dependent mechanism "
-        f"({missing}), so durations are fixed here, as under max-plus, and no controller can gain; pick a "
-        f"profile with cross traffic{' or interference' if simulated else ''} across nodes (cluster=paper_like"
-        f"{', cluster=contended' if simulated else ''})"
+        f"cluster={cluster_name} gives comm=contention no timing-dependent mechanism ({missing}), so "
+        f"durations are fixed here, as under max-plus, and no controller can gain; to model contention, {fix}"
     )
 
 
