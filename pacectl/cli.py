@@ -255,9 +255,10 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         fix = f" Did you mean {where}{hint}={given}?" if hint else ""
         owners = _options_with_key(config_dir, parent, leaf) if not hint else {}
         if owners:  # a key of another option of the group: backend.num_ranks needs backend=sim
+            group = parent.partition(".")[0]
             option, real = next(iter(owners.items()))
-            named = ", ".join(f"{parent}={o}" for o in owners)
-            fix = f" It is a key of {named}: select one, e.g. {parent}={option} {parent}.{real}={given}"
+            named = ", ".join(f"{group}={o}" for o in owners)
+            fix = f" It is a key of {named}: select one, e.g. {group}={option} {parent}.{real}={given}"
         if parent == "controller" and isinstance(section, DictConfig) and section.get("name") == "all":
             return (
                 f"{key}: controller=all (the default) runs every family with its own "
@@ -277,15 +278,19 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
     return line if "https://" in line else f"{line} (see {grammar})"
 
 
-def _options_with_key(config_dir: Path, group: str, key: str) -> dict[str, str]:
-    """Options of config group ``group`` (``conf/<group>/*.yaml``) that define ``key`` or a key
-    close to it: option -> that key. Empty when ``group`` is not a config group."""
+def _options_with_key(config_dir: Path, parent: str, key: str) -> dict[str, str]:
+    """Options of the config group that ``parent`` starts with (``conf/<group>/*.yaml``) that define
+    ``key`` or a key close to it under the rest of ``parent`` (``backend.pacing``: the ``pacing``
+    section of each backend): option -> that key. Empty when ``parent`` is not in a config group."""
+    group, _, section = parent.partition(".")
     folder = config_dir / group
-    if not group or "." in group or not folder.is_dir():
+    if not group or not folder.is_dir():
         return {}
     found: dict[str, str] = {}
     for path in sorted(folder.glob("*.yaml")):
-        node = OmegaConf.load(path)
+        node: Any = OmegaConf.load(path)
+        if section and isinstance(node, DictConfig):
+            node = OmegaConf.select(node, section)
         keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
         match = key if key in keys else _closest(key, keys)
         if match:

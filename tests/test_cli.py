@@ -176,6 +176,15 @@ def test_a_key_of_another_option_names_it(capsys) -> None:
     assert "It is a key of backend=sim: select one, e.g. backend=sim backend.num_ranks=8" in err
     err = _check(capsys, ["controller.kpp=1"])
     assert "controller=all (the default)" in err and "e.g. controller=pid controller.kp=1" in err
+    # nested: a key of a section another option has (not a hint to add it with +)
+    err = _check(capsys, ["backend.pacing.piggyback_max_bytes=1048576"])
+    assert (
+        "It is a key of backend=torch: select one, e.g. backend=torch backend.pacing.piggyback_max_bytes=1048576"
+        in err
+    )
+    assert "leading +" not in err
+    err = _check(capsys, ["backend=sim", "backend.workload.width=256"])
+    assert "e.g. backend=torch backend.workload.width=256" in err
 
 
 def test_a_sweep_whose_first_job_fails_leaves_no_multirun_yaml(tmp_path: Path) -> None:
