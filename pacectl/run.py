@@ -35,6 +35,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from pacectl import cli, metrics, report, whatif
 from pacectl.config import CONF_DIR, config_int, controller_families, load_trace, validate_run_config
@@ -76,19 +77,25 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         for w in caught:
             log.warning(one_line_warning(w.message, w.category))
         shown = len(caught)
+        if not getattr(experiment, "iterations_per_run", None):  # live: one job runs them all, no bar
+            log.info(f"running {len(families)} run(s) ({', '.join(families)}) in one job; no progress bar")
         summary: dict[str, Any] = experiment.describe()
         episodes = {}
         # a bar on a terminal only (tqdm's disable=None), over the iterations of every run (no pacing,
         # each controller) where the backend reports them, else one step per run
         per_run = getattr(experiment, "iterations_per_run", None)
-        with tqdm(
-            total=len(families) * (per_run or 1),
-            unit="it" if per_run else "run",
-            desc="runs",
-            file=sys.stderr,
-            disable=None,
-            leave=False,
-        ) as bar:
+        # log lines while the bar is up go through tqdm.write, so they do not break the bar
+        with (
+            logging_redirect_tqdm(),
+            tqdm(
+                total=len(families) * (per_run or 1),
+                unit="iter" if per_run else "run",
+                desc="iterations (all runs)" if per_run else "runs",
+                file=sys.stderr,
+                disable=None,
+                leave=False,
+            ) as bar,
+        ):
             for family, params in families.items():
                 bar.set_postfix_str(family)
                 episodes[family] = experiment.run(
@@ -147,6 +154,9 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             "scale; compare the runs with each other, not with other jobs"
         )
     summary["wall_time_s"] = time.perf_counter() - t0
+    rows = sum(ep.arrival_s.size for ep in episodes.values())
+    if cfg.output.get("iterations", True) and rows > LARGE_PARQUET_ROWS:
+        log.info(f"writing iterations.parquet ({rows:,} rows) and the other outputs ...")
     with report.staged_outputs(out_dir) as stage:
         if cfg.output.get("iterations", True):
             report.write_iterations_parquet(stage / "iterations.parquet", episodes)
@@ -352,7 +362,14 @@ def log_summary(summary: dict[str, Any], out_dir: Path) -> None:
     if summary.get("comm_model_timing_dependent"):
         log.info(f"comm model in force: {summary['comm_model_description']}")
     if "pacing" in summary:
-        log.info(f"live pacing: figures exchanged by {summary['pacing'].get('gather', 'piggyback')!r}")
+        pacing = summary["pacing"]
+        limit = pacing.get("piggyback_max_bytes")
+        beside = (
+            f" (beside carrier buckets over {limit} bytes)"
+            if limit is not None and pacing.get("gather", "piggyback") == "piggyback"
+            else ""
+        )
+        log.info(f"live pacing: figures exchanged by {pacing.get('gather', 'piggyback')!r}{beside}")
         for family, measured in summary.get("measured", {}).items():
             for c in measured.get("runtime_controls", []):
                 state = "applied" if c["applied"] else "ignored"

@@ -266,7 +266,7 @@ def _torch_backend(**changes: object) -> dict:
         ({"pacing__piggyback_max_bytes": -1}, "backend.pacing.piggyback_max_bytes must be an integer >= 0"),
         (
             {"pacing__piggyback_max_bytes": "1MB"},
-            "backend.pacing.piggyback_max_bytes must be an integer >= 0",
+            "or null, got '1MB': e.g. backend.pacing.piggyback_max_bytes=1048576 (1 MiB), or null to always",
         ),
         ({"pacing__control_poll_iters": 0}, "backend.pacing.control_poll_iters must be an integer >= 1"),
         ({"pacing__spin_s": -1}, "backend.pacing.spin_s must be a finite number >= 0"),
@@ -469,3 +469,13 @@ def test_counterfactual_lines_for_the_console_and_report() -> None:
     assert "mean iteration +2.44 %" in lines["threshold"]
     assert "predicted +0.4 ms, live -1.26 ms" in lines["threshold"]
     assert counterfactual_lines(None) == {} and counterfactual_lines({"compares": "x"}) == {}
+
+
+def test_piggyback_max_bytes_outside_piggyback_warns() -> None:
+    """The limit applies to the piggyback exchange only: set with another mode, say it is ignored."""
+    with pytest.warns(UserWarning, match="applies to gather=piggyback only; gather=async ignores it"):
+        validate_torch_backend(_torch_backend(pacing__gather="async", pacing__piggyback_max_bytes=1 << 20))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        validate_torch_backend(_torch_backend(pacing__piggyback_max_bytes=1 << 20))  # piggyback: no warning
+        validate_torch_backend(_torch_backend(pacing__piggyback_max_bytes=None))

@@ -174,8 +174,21 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
     _real(pacing, "pacing.spin_s", low=0.0, low_open=False, default=2e-4)
     _choice(pacing, "pacing.gather", GATHER_MODES, "piggyback")
     _int(pacing, "pacing.gather_every", low=1, default=1)
-    if pacing.get("piggyback_max_bytes") is not None:
-        _int(pacing, "pacing.piggyback_max_bytes", low=0)
+    limit = pacing.get("piggyback_max_bytes")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ConfigError(
+                f"backend.pacing.piggyback_max_bytes must be an integer >= 0 (bytes) or null, got {limit!r}: "
+                "e.g. backend.pacing.piggyback_max_bytes=1048576 (1 MiB), or null to always append the "
+                f"figures to the carrier bucket ({_HINT})"
+            )
+        if pacing.get("gather", "piggyback") != "piggyback":
+            warnings.warn(
+                f"backend.pacing.piggyback_max_bytes={limit} applies to gather=piggyback only; "
+                f"gather={pacing.get('gather')} ignores it",
+                UserWarning,
+                stacklevel=2,
+            )
     _int(pacing, "pacing.control_poll_iters", low=1, default=10)
     control = pacing.get("control_path")
     if control is not None and not isinstance(control, str):
