@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pacectl.controllers import SafetyGuard, make_controller
 from pacectl.data import DATA_DIR
-from pacectl.errors import ConfigError, unknown_keys_error
+from pacectl.errors import ConfigError, unknown_keys_error, yaml_problem
 from pacectl.fabric.base import CommModel, NullComm
 from pacectl.traces.bytedance import load_bytedance
 from pacectl.traces.model import OpTrace
@@ -202,7 +202,9 @@ def selected_controller(cfg: DictConfig) -> DictConfig:
     try:
         node = OmegaConf.load(file)
     except Exception as err:  # yaml.YAMLError, OSError, omegaconf errors
-        raise ConfigError(f"controller_file {str(file)!r} must be valid YAML: {err}") from err
+        raise ConfigError(
+            f"controller_file {str(file)!r} must be valid YAML: {yaml_problem(err)}; fix the file"
+        ) from err
     if not isinstance(node, DictConfig):
         raise ConfigError(f"controller_file {str(file)!r} must hold a mapping with a 'name', got {node!r}")
     text = file.read_text()
@@ -275,9 +277,11 @@ def controller_families(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     except ConfigError as err:
         if "controller_file" in str(err):  # already names the file
             raise
+        text = str(err)
+        end = "" if text.endswith((".", "?", "!")) else "."
         raise ConfigError(
-            f"controller_file {str(cfg.controller_file)!r}: {err}. Such a file holds 'name: <family>' plus "
-            "that family's parameters, as python -m pacectl.tune writes it (<run dir>/controller.yaml)"
+            f"controller_file {str(cfg.controller_file)!r}: {text}{end} Such a file holds 'name: <family>' "
+            "plus that family's parameters, as python -m pacectl.tune writes it (<run dir>/controller.yaml)"
         ) from None
 
 

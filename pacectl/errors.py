@@ -82,3 +82,25 @@ def unknown_keys_error(where: str, section: Mapping[str, Any], known: Iterable[s
     if close:
         fix = f"Did you mean {where}.{close[0]}={shown}? Otherwise drop the override +{where}.{first}={shown}"
     return ConfigError(f"{where} has unknown key(s) {unknown}: nothing reads them (known: {known}). {fix}")
+
+
+def yaml_problem(err: BaseException) -> str:
+    """A YAML parse error on one line: what is wrong and where (line, column); other errors squeezed
+    onto one line.
+
+    Example:
+        >>> import yaml
+        >>> try:
+        ...     yaml.safe_load("a: [1, 2")
+        ... except yaml.YAMLError as err:
+        ...     print(yaml_problem(err))
+        expected ',' or ']', but got '<stream end>' at line 1, column 9
+    """
+    import yaml
+
+    if isinstance(err, yaml.MarkedYAMLError):
+        mark = err.problem_mark or err.context_mark
+        what = err.problem or err.context or "syntax error"
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{what}{where}"
+    return " ".join(str(err).split())

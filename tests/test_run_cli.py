@@ -406,7 +406,15 @@ def test_memory_refusal_suggests_skipping_the_parquet_only_when_that_fits(monkey
     )
 
 
-@pytest.mark.parametrize(("cluster", "timing_dependent"), [("generic", False), ("contended", True)])
+@pytest.mark.parametrize(
+    ("cluster", "timing_dependent"),
+    [
+        ("generic", False),
+        ("contended", True),
+        # interference without co-located ranks (and no cross traffic): max-plus in all but name
+        ("contended cluster.topology.ranks_per_node=1", False),
+    ],
+)
 def test_inert_contention_is_reported_as_fixed_durations(tmp_path: Path, cluster, timing_dependent) -> None:
     """comm=contention on a quiet profile is max-plus in all but name: the summary, its note and the
     report header say fixed durations, and the run warns; on a contended profile they do not."""
@@ -417,7 +425,7 @@ def test_inert_contention_is_reported_as_fixed_durations(tmp_path: Path, cluster
     overrides = ["backend=sim", "backend.num_ranks=16", "backend.num_iterations=20", "comm=contention"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(
-            config_name="config", overrides=[*overrides, f"cluster={cluster}", "output.plots=false"]
+            config_name="config", overrides=[*overrides, *f"cluster={cluster}".split(), "output.plots=false"]
         )
     summary = run.run_experiment(cfg, tmp_path)
     warned = any("no timing-dependent mechanism" in w for w in summary["warnings"])
@@ -428,3 +436,14 @@ def test_inert_contention_is_reported_as_fixed_durations(tmp_path: Path, cluster
     assert ("note" in summary) == (not timing_dependent)
     header = (tmp_path / "report.md").read_text().splitlines()[2]
     assert ("pacing cannot shorten" in header) == (not timing_dependent), header
+
+
+def test_a_controller_file_that_is_not_yaml_gets_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "controller.yaml"
+    bad.write_text("name: threshold\ngain: [0.5\n")
+    proc = _run(f"controller_file={bad}", f"hydra.run.dir={tmp_path / 'out'}", cwd=tmp_path)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "must be valid YAML" in lines[0] and "at line 3, column 1" in lines[0], (
+        proc.stderr
+    )

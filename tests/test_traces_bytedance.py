@@ -105,7 +105,7 @@ def test_missing_file(tmp_path: Path) -> None:
     [
         ("dp_size: 2\npp_size: 4\n", r"missing \['tp_size', 'world_size'\]"),
         ("- 1\n- 2\n", r"must be a YAML mapping"),
-        ("dp_size: [\n", r"could not parse"),
+        ("dp_size: [\n", r"could not parse it \(in .*meta.yaml\): .* at line 2, column 1; fix the file$"),
         (
             "dp_size: two\npp_size: 4\ntp_size: 1\nworld_size: 8\n",
             r"dp_size must be a positive integer, got 'two'",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from pacectl.errors import TraceError
+from pacectl.errors import TraceError, yaml_problem
 from pacectl.traces.model import (
     JobMeta,
     OpTrace,
@@ -47,7 +47,9 @@ def load_meta(path: str | Path) -> JobMeta:
     try:
         raw = yaml.safe_load(p.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise TraceError(f"trace meta must be a YAML mapping, could not parse it (in {p}): {err}") from err
+        raise TraceError(
+            f"trace meta must be a YAML mapping, could not parse it (in {p}): {yaml_problem(err)}; fix the file"
+        ) from err
     if not isinstance(raw, dict):
         raise TraceError(f"trace meta must be a YAML mapping of sizes, got {type(raw).__name__} (in {p})")
     missing = [k for k in META_KEYS if k not in raw]

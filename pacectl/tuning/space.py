@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 
 from pacectl.controllers import CONTROLLERS, make_controller
-from pacectl.errors import ConfigError
+from pacectl.errors import ConfigError, yaml_problem
 
 TYPES = ("float", "int", "categorical")
 FIELDS = {
@@ -465,18 +465,8 @@ def load_space(family: str, path: str | Path, *, fixed: Mapping[str, Any]) -> Se
         raw = yaml.safe_load(file.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise ConfigError(
-            f"search space {file} must be valid YAML: {_yaml_problem(err)}; fix the file"
+            f"search space {file} must be valid YAML: {yaml_problem(err)}; fix the file"
         ) from err
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"search space {file} must be a readable UTF-8 YAML file: {err}") from err
     return parse_space(family, raw, fixed=fixed, source=str(file))
-
-
-def _yaml_problem(err: yaml.YAMLError) -> str:
-    """A YAML error on one line: what is wrong and where (line, column)."""
-    if isinstance(err, yaml.MarkedYAMLError):
-        mark = err.problem_mark or err.context_mark
-        what = err.problem or err.context or "syntax error"
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        return f"{what}{where}"
-    return " ".join(str(err).split())
