@@ -43,6 +43,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -187,6 +188,11 @@ def worker_seed(seed: int, worker: int, num_existing: int) -> int:
     """Sampler seed of one worker: distinct per worker, and per resume (so a resume does not redraw
     the trials it already has), reproducible for a fresh single-worker study."""
     return int(np.random.SeedSequence([int(seed), int(worker), int(num_existing)]).generate_state(1)[0])
+
+
+#: This command's id, stored on every trial its workers run (forked workers inherit it), so that
+#: the progress counter can tell the trials of other commands sharing the study.
+COMMAND_ID = uuid.uuid4().hex
 
 
 def owner_tag() -> str:
@@ -335,6 +341,7 @@ class Objective:
     def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
         """Returns ``(throughput_it_per_s, cv)``, both averaged over the episodes."""
         trial.set_user_attr("worker", owner_tag())
+        trial.set_user_attr("command", COMMAND_ID)
         params = self.space.sample(trial)
         try:
             make_controller(self.space.family, **params)
@@ -356,10 +363,11 @@ class Objective:
 class Progress:
     """The ``[k/N]`` counter of the progress lines, shared by the forked workers of one command.
 
-    ``k`` counts the study's finished trials (COMPLETE or PRUNED): those it had when the command
-    started plus one per trial finished by a worker of this command since, or the finished trials
-    the storage holds now if that is more (other commands sharing the study). It is updated and
-    printed under one lock, so the lines of this command's workers never count down.
+    ``k`` counts the study's finished trials (COMPLETE or PRUNED): one per trial finished by a worker
+    of this command, plus those of everyone else (``others``: earlier commands, other commands or
+    machines sharing the study now; the study's finished trials at the start when not given). It
+    is updated and printed under one lock, so the lines of this command's workers count up by one
+    each, in the order they are printed, plus whatever other commands finished in between.
 
     Args:
         start: finished trials of the study when the command started.
@@ -371,8 +379,9 @@ class Progress:
 
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
         self.total = total
+        self.start = start
         self._lock = ctx.Lock()
-        self._count = ctx.Value("q", start, lock=False)
+        self._own = ctx.Value("q", 0, lock=False)
 
     def next(
         self,
@@ -380,15 +389,13 @@ class Progress:
         line: Callable[[int], str],
         *,
         finished: bool = True,
-        stored: Callable[[], int] | None = None,
+        others: Callable[[], int] | None = None,
     ) -> None:
         """Count one finished trial (unless ``finished`` is false: a FAIL) and ``echo`` ``line(count)``,
-        both under the lock; ``stored`` gives the finished trials in the storage, counted if more."""
+        both under the lock; ``others`` gives the finished trials of other commands in the storage."""
         with self._lock:
-            count = int(self._count.value) + int(finished)
-            if stored is not None:
-                count = max(count, int(stored()))
-            self._count.value = count
+            self._own.value += int(finished)
+            count = int(self._own.value) + (self.start if others is None else int(others()))
             echo(line(count))
 
 
@@ -413,7 +420,10 @@ def progress_callback(
             echo,
             lambda k: f"[{k}/{progress.total}] trial {trial.number}: {body}",
             finished=trial.state in FINISHED,  # a FAIL is not counted (tune.n_trials counts finished ones)
-            stored=lambda: len(study.get_trials(deepcopy=False, states=FINISHED)),
+            others=lambda: sum(
+                t.user_attrs.get("command") != COMMAND_ID
+                for t in study.get_trials(deepcopy=False, states=FINISHED)
+            ),
         )
 
     return callback
