@@ -616,6 +616,13 @@ def _tune_study(
     check_interrupt()  # a Ctrl-C that arrived outside an evaluation: stop before writing any output
     study = optuna.load_study(study_name=name, storage=spec.open())
     trials = study.get_trials(deepcopy=False)
+    elsewhere = [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    if elsewhere:
+        echo(
+            f"note: trial(s) {elsewhere} still running in other commands sharing the study: these outputs "
+            f"use the {sum(t.state in FINISHED for t in trials)} finished trial(s); rerun this command after "
+            "they end to include them"
+        )
     points = trial_points(study, space, baseline, settings.max_loss_frac)
     front = pareto_front(points)
     rule = settings.rule
@@ -708,6 +715,7 @@ def _tune_study(
                 optuna.trial.TrialState.COMPLETE,
                 optuna.trial.TrialState.PRUNED,
                 optuna.trial.TrialState.FAIL,
+                optuna.trial.TrialState.RUNNING,  # in other commands sharing the study: not in these outputs
             )
         },
         "baseline_none": baseline.to_json(),

@@ -974,3 +974,22 @@ def test_front_size_names_the_exact_ties_with_no_pacing() -> None:
         " (2 of them tie exactly with no pacing)"
     )
     assert _ties_note(SimpleNamespace(baseline=base, front=[tie, other])) == ""  # one tie: no pacing itself
+
+
+def test_outputs_say_when_trials_still_run_elsewhere(tmp_path: Path) -> None:
+    """A command that ends while another (a live process) still runs a trial of the shared study
+    writes its outputs from the finished trials and says which are missing."""
+    from pacectl.tuning.study import owner_tag
+
+    args = [*FAST, "controller=threshold", "tune.n_trials=2", "tune.storage=s.journal", "tune.study_name=s"]
+    assert _tune(*args, "hydra.run.dir=a", cwd=tmp_path).returncode == 0
+    study = optuna.load_study(
+        study_name="s", storage=StorageSpec("journal", str(tmp_path / "s.journal")).open()
+    )
+    trial = study.ask()  # another command's trial in flight: owned by this (live) test process
+    trial.set_user_attr("worker", owner_tag())
+    proc = _tune(*args, "hydra.run.dir=b", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"trial(s) [{trial.number}] still running in other commands" in proc.stdout
+    num = json.loads((tmp_path / "b" / "tune.json").read_text())["num_trials"]
+    assert num["running"] == 1 and num["complete"] + num["pruned"] == 2
