@@ -77,8 +77,8 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         for w in caught:
             log.warning(one_line_warning(w.message, w.category))
         shown = len(caught)
-        if not getattr(experiment, "iterations_per_run", None):  # live: one job runs them all, no bar
-            log.info(f"running {len(families)} run(s) ({', '.join(families)}) in one job; no progress bar")
+        if not getattr(experiment, "iterations_per_run", None):  # live: one job runs them all
+            log.info(f"running {len(families)} run(s) ({', '.join(families)}) interleaved in one job")
         summary: dict[str, Any] = experiment.describe()
         episodes = {}
         # a bar on a terminal only (tqdm's disable=None), over the iterations of every run (no pacing,

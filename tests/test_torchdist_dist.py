@@ -6,7 +6,9 @@ job kills a rank mid-run. Ranks start through torch's elastic launcher on 127.0.
 
 from __future__ import annotations
 
+import io
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -256,7 +258,9 @@ def test_runs_are_interleaved_in_blocks_with_a_rotating_order() -> None:
             self.k = stop
 
     runs = [FakeRun("none", 7), FakeRun("pid", 7)]
-    run_interleaved(runs, 3)  # type: ignore[arg-type]
+    reported: list[int] = []
+    run_interleaved(runs, 3, reported.append)  # type: ignore[arg-type]
+    assert reported == [3, 6, 9, 12, 13, 14]  # progress after every block, all runs together
     trains = [(f, a, b) for f, a, b in calls if b >= 0]
     assert trains == [
         ("none", 0, 3), ("pid", 0, 3),  # round 0
@@ -266,8 +270,40 @@ def test_runs_are_interleaved_in_blocks_with_a_rotating_order() -> None:
     assert len(calls) == 2 * len(trains)  # every block starts with an align
     sequential = [FakeRun("none", 4), FakeRun("pid", 4)]
     calls.clear()
-    run_interleaved(sequential, 0)  # type: ignore[arg-type]
+    reported.clear()
+    run_interleaved(sequential, 0, reported.append)  # type: ignore[arg-type]
     assert calls == [("none", 0, 4), ("pid", 0, 4)]
+    assert reported == [4, 8]
+
+
+def test_live_progress_is_written_atomically_and_read_into_the_bar(tmp_path, monkeypatch) -> None:
+    """Rank 0 writes the iterations done; the launcher's bar polls the file and ends at the total."""
+    import pacectl.torchdist.experiment as experiment
+    from pacectl.torchdist.worker import progress_writer
+
+    path = tmp_path / "job.progress"
+    assert progress_writer(None) is None
+    write = progress_writer(str(path))
+    assert write is not None
+    write(3)
+    write(12)
+    assert path.read_text() == "12" and not path.with_name("job.progress.tmp").exists()
+
+    bars = []
+    real_tqdm = __import__("tqdm").tqdm
+
+    def visible_bar(*args, **kwargs):  # type: ignore[no-untyped-def]  # as on a terminal
+        bar = real_tqdm(*args, **{**kwargs, "disable": False, "file": io.StringIO()})
+        bars.append(bar)
+        return bar
+
+    monkeypatch.setattr("tqdm.tqdm", visible_bar)
+    with experiment._progress_bar(path, total=14, poll_s=0.01):
+        deadline = time.monotonic() + 10
+        while bars[0].n < 12 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert bars[0].n == 12  # what rank 0 reported, never more than the total
+    assert not path.exists()  # removed with the job
 
 
 def test_runtime_control_never_reaches_the_no_pacing_baseline(tmp_path) -> None:

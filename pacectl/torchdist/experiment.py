@@ -14,10 +14,13 @@ import atexit
 import os
 import pickle
 import shutil
+import sys
 import tempfile
+import threading
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +53,43 @@ def _check_writable(folder: Path) -> None:
             f"backend.record_dir: cannot write the live records under {folder} ({err}). "
             "Pick a writable folder, e.g. backend.record_dir=/tmp/pacectl-records"
         ) from None
+
+
+@contextmanager
+def _progress_bar(path: Path, total: int, poll_s: float = 0.5) -> Iterator[None]:
+    """A terminal progress bar over the live job's iterations (all runs), read from the count rank 0
+    writes to ``path`` (:func:`pacectl.torchdist.worker.progress_writer`); shown on a terminal only."""
+    from tqdm import tqdm
+
+    stop = threading.Event()
+    bar = tqdm(
+        total=total,
+        unit="iter",
+        desc="live iterations (all runs)",
+        file=sys.stderr,
+        disable=None,
+        leave=False,
+    )
+
+    def poll() -> None:
+        while not stop.wait(poll_s):
+            try:
+                done = int(path.read_text())
+            except (OSError, ValueError):  # not written yet
+                continue
+            bar.update(max(0, min(done, total) - bar.n))
+
+    thread = threading.Thread(target=poll, name="pacectl-progress", daemon=True)
+    if not bar.disable:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join()
+        bar.close()
+        path.unlink(missing_ok=True)
 
 
 class TorchExperiment:
@@ -165,12 +205,17 @@ class TorchExperiment:
         from pacectl.torchdist.launch import launch_workers
 
         b = self.cfg.backend
-        results = launch_workers(
-            self.spec(runs),
-            nproc_per_node=self.nproc,
-            start_method=str(b.get("start_method", "spawn")),
-            socket_ifname=b.get("socket_ifname", "lo"),
-        )
+        spec = self.spec(runs)
+        total = len(runs) * (int(b.num_iterations) + int(b.warmup_iterations))
+        progress = self.record_dir.with_name(self.record_dir.name + ".progress")
+        atexit.register(progress.unlink, missing_ok=True)
+        with _progress_bar(progress, total):
+            results = launch_workers(
+                {**spec, "progress_path": str(progress)},
+                nproc_per_node=self.nproc,
+                start_method=str(b.get("start_method", "spawn")),
+                socket_ifname=b.get("socket_ifname", "lo"),
+            )
         for rank, per_family in results.items():
             self._decisions.setdefault(int(rank), {}).update(per_family)
         for family, _ in runs:

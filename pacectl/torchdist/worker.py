@@ -18,6 +18,7 @@ import pickle
 import signal
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -254,17 +255,25 @@ def host_clock_id() -> str:
         return "host:" + socket.gethostname()
 
 
-def run_interleaved(runs: list[LiveRun], block: int) -> None:
+def run_interleaved(
+    runs: list[LiveRun], block: int, on_progress: Callable[[int], None] | None = None
+) -> None:
     """Train every run to its end, ``block`` iterations of each in turn (the order rotates per round).
 
     Interleaving spreads slow drift of a shared machine over every controller, as the benchmark does;
     ``block <= 0`` trains the runs one after the other. Each block starts with the pacer's
     :meth:`~pacectl.torchdist.pacer.Pacer.align` (one tiny all-reduce), so an iteration's clock never
-    counts another run's block.
+    counts another run's block. ``on_progress`` gets the iterations done, all runs together, after
+    every block (or every ``_PROGRESS_EVERY`` iterations of a run trained alone).
     """
+    done = on_progress or (lambda _: None)
     if block <= 0 or len(runs) == 1:
+        finished = 0
         for run in runs:
-            run.train(run.total)
+            while run.k < run.total:
+                run.train(_PROGRESS_EVERY)
+                done(finished + run.k)
+            finished += run.total
         return
     rnd = 0
     while any(run.k < run.total for run in runs):
@@ -273,7 +282,27 @@ def run_interleaved(runs: list[LiveRun], block: int) -> None:
             if run.k < run.total:
                 run.pacer.align()
                 run.train(block)
+                done(sum(r.k for r in runs))
         rnd += 1
+
+
+#: Iterations between progress reports when runs are not interleaved.
+_PROGRESS_EVERY = 10
+
+
+def progress_writer(path: str | None) -> Callable[[int], None] | None:
+    """Rank 0's progress report: the iterations done, written atomically to ``path`` (the launcher
+    polls it for its progress bar); None when there is no path."""
+    if not path:
+        return None
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+
+    def write(done: int) -> None:
+        tmp.write_text(str(done))
+        os.replace(tmp, target)
+
+    return write
 
 
 @record
@@ -304,7 +333,8 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
     )
     try:
         runs = [LiveRun(spec, str(family), dict(params)) for family, params in spec["runs"]]
-        run_interleaved(runs, int(spec.get("interleave_block", 0)))
+        report = progress_writer(spec.get("progress_path")) if dist.get_rank() == 0 else None
+        run_interleaved(runs, int(spec.get("interleave_block", 0)), report)
         return {run.family: run.finish() for run in runs}
     except Exception as err:
         if is_peer_error(str(err)):
