@@ -56,7 +56,31 @@ class Experiment(Protocol):
         ...
 
 
-class ReplayExperiment:
+class _ClosedLoop:
+    """What replay and simulation share: one seeded closed-loop episode per run on ``self.backend``."""
+
+    backend: Any
+    cfg: DictConfig
+
+    @property
+    def iterations_per_run(self) -> int:
+        """Iterations (replayed steps) per run."""
+        return int(self.backend.num_iterations)
+
+    def _episode(
+        self, family: str, params: dict[str, Any], on_iteration: Callable[[], None] | None
+    ) -> Episode:
+        from pacectl.loop import run_episode
+
+        return run_episode(
+            self.backend,
+            controller_factory(family, params, self.cfg.guard),
+            seed=int(self.cfg.seed),
+            on_iteration=on_iteration,
+        )
+
+
+class ReplayExperiment(_ClosedLoop):
     """Closed-loop replay of a recorded trace (``backend=replay``).
 
     Also reports the replay's fidelity and the what-if analysis' blocking slowdown (the most any
@@ -123,23 +147,11 @@ class ReplayExperiment:
             },
         }
 
-    @property
-    def iterations_per_run(self) -> int:
-        """Steps replayed per run."""
-        return int(self.backend.num_iterations)
-
     def run(
         self, family: str, params: dict[str, Any], *, on_iteration: Callable[[], None] | None = None
     ) -> Episode:
         """Replay every recorded step with a guarded ``family`` controller per stage."""
-        from pacectl.loop import run_episode
-
-        return run_episode(
-            self.backend,
-            controller_factory(family, params, self.cfg.guard),
-            seed=int(self.cfg.seed),
-            on_iteration=on_iteration,
-        )
+        return self._episode(family, params, on_iteration)
 
 
 def _warn_if_other_trace(cfg: DictConfig) -> None:
@@ -182,7 +194,7 @@ def _warn_if_inert(cfg: DictConfig, comm: object, *, interference_kappa: float |
         warnings.warn(note, UserWarning, stacklevel=3)
 
 
-class SimExperiment:
+class SimExperiment(_ClosedLoop):
     """The synthetic cluster (``backend=sim``): ``backend.num_ranks`` ranks of pure data parallelism,
     compute noise and fabric from the ``cluster`` profile, communication model from ``comm``."""
 
@@ -242,23 +254,11 @@ class SimExperiment:
             },
         }
 
-    @property
-    def iterations_per_run(self) -> int:
-        """Iterations simulated per run."""
-        return int(self.backend.num_iterations)
-
     def run(
         self, family: str, params: dict[str, Any], *, on_iteration: Callable[[], None] | None = None
     ) -> Episode:
         """One seeded episode; every controller sees the same compute-time draws."""
-        from pacectl.loop import run_episode
-
-        episode = run_episode(
-            self.backend,
-            controller_factory(family, params, self.cfg.guard),
-            seed=int(self.cfg.seed),
-            on_iteration=on_iteration,
-        )
+        episode = self._episode(family, params, on_iteration)
         if self.backend.record:
             self.recorded[family] = self.backend.to_trace(name=f"sim-{self.cluster_name}-{family}")
         return episode
