@@ -29,19 +29,18 @@ Per iteration, on every rank:
      every rank (bucket 0 in iteration 1, before DDP's rebuilt layout is known; bucket 0 itself
      often holds an output layer, a language model's largest tensor). Its hook in iteration
      ``k + 1`` all-reduces ``cat([bucket * (1 / world), rows of k])`` instead of the bucket alone
-     (only the gradient part is averaged). The future returns a view of the gradient part (DDP copies a
-     hook's result into the gradients anyway), and on CPU its completion callback decodes the rows
-     and runs the controller on the communication thread while the backward pass of ``k + 1`` goes
-     on (CUDA: at the end of ``k + 1``). No extra collective; the cost is a few hundred bytes on
+     (only the gradient part is averaged). The future returns a view of the gradient part (DDP
+     copies a hook's result into the gradients anyway), and on CPU its completion callback decodes
+     the rows and runs the controller on the communication thread while the backward pass of
+     ``k + 1`` goes on (CUDA: at the end of ``k + 1``). No extra collective; the cost is a few hundred bytes on
      the carrier and one copy of it: for a model whose gradients fit in one 25 MB bucket, a copy
      of them all (17 MB: 0.9 ms of hook CPU per iteration on the benchmark machine). With
      ``piggyback_max_bytes`` set, a larger carrier is not copied: the rows go in one tiny
      all-reduce issued beside it, in the same hook call, decoded when both complete. That saves the
      copy's CPU but adds a collective; on the benchmark machine (4 gloo ranks on 2 cores) it cost
      +1.9 % [-0.2, +3.4] more wall time than appending (record ``torchdist_beside_ab.json``), so
-     appending stays the default. The price is one more iteration of
-     lag: the observation of iteration ``k`` is decided on during ``k + 1`` and its delay applies
-     from ``k + 2``. Float32 buckets carry each float64 figure as a (hi, lo) float32 pair (about 48
+     appending stays the default. The price is one more iteration of lag: the observation of
+     iteration ``k`` is decided on during ``k + 1`` and its delay applies from ``k + 2``. Float32 buckets carry each float64 figure as a (hi, lo) float32 pair (about 48
      bits kept; every rank decodes the same bits); float64 buckets carry it as is; other dtypes
      (fp16/bf16) fall back to collective mode with a warning, on every rank at the same iteration.
    - ``"collective"``: the same tiny all-reduce as ``"async"``, but blocking, and decided on at once
