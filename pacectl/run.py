@@ -77,13 +77,13 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         for w in caught:
             log.warning(one_line_warning(w.message, w.category))
         shown = len(caught)
-        if not getattr(experiment, "iterations_per_run", None):  # live: one job runs them all
+        per_run = getattr(experiment, "iterations_per_run", None)
+        if not per_run:  # live: one job runs them all
             log.info(f"running {len(families)} run(s) ({', '.join(families)}) interleaved in one job")
         summary: dict[str, Any] = experiment.describe()
         episodes = {}
         # a bar on a terminal only (tqdm's disable=None), over the iterations of every run (no pacing,
         # each controller) where the backend reports them, else one step per run
-        per_run = getattr(experiment, "iterations_per_run", None)
         # log lines while the bar is up go through tqdm.write, so they do not break the bar
         with (
             logging_redirect_tqdm(),

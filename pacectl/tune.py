@@ -71,7 +71,7 @@ from pacectl.config import (
 from pacectl.controllers import CONTROLLERS, SafetyGuard
 from pacectl.controllers.units import UNITS
 from pacectl.errors import ConfigError, PacectlError, one_line_warnings, unknown_keys_error
-from pacectl.report import atomic_write_text, jsonable, staged_outputs
+from pacectl.report import atomic_write_text, comm_model_note, jsonable, staged_outputs
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet, build_scenarios
 from pacectl.tuning.space import SearchSpace, load_space
 from pacectl.tuning.study import (
@@ -758,8 +758,6 @@ def _tune_study(
             "an iteration, so no trial can beat no pacing on throughput; gains need a timing-dependent "
             "fabric (comm=contention on a profile with bursty cross traffic or interference)."
         )
-    from pacectl.report import comm_model_note
-
     title = (
         f"{family} on {scenarios.profile} ({scenarios.kind}, {len(scenarios.labels)} episode(s)), "
         f"{len(points)} trials\n{comm_model_note(scenarios.comm_model, scenarios.comm_timing_dependent)}"

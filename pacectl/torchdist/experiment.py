@@ -208,8 +208,7 @@ class TorchExperiment:
         spec = self.spec(runs)
         total = len(runs) * (int(b.num_iterations) + int(b.warmup_iterations))
         progress = self.record_dir.with_name(self.record_dir.name + ".progress")
-        atexit.register(progress.unlink, missing_ok=True)
-        with _progress_bar(progress, total):
+        with _progress_bar(progress, total):  # removes the file however the job ends
             results = launch_workers(
                 {**spec, "progress_path": str(progress)},
                 nproc_per_node=self.nproc,
@@ -329,7 +328,7 @@ class TorchExperiment:
         """The episode of the guarded ``family`` controller (launches the job if not done yet).
 
         ``on_iteration`` is not called: the ranks run every run interleaved in one job, in their own
-        processes, so progress counts whole runs.
+        processes; the job's own progress bar follows what rank 0 reports (:func:`_progress_bar`).
         """
         if family not in self._episodes or self.families.get(family) != params:
             self.families[family] = dict(params)

@@ -264,16 +264,14 @@ def run_interleaved(
     ``block <= 0`` trains the runs one after the other. Each block starts with the pacer's
     :meth:`~pacectl.torchdist.pacer.Pacer.align` (one tiny all-reduce), so an iteration's clock never
     counts another run's block. ``on_progress`` gets the iterations done, all runs together, after
-    every block (or every ``_PROGRESS_EVERY`` iterations of a run trained alone).
+    every block (after every run when they are not interleaved): between blocks, so that its file
+    write never lands inside a timed iteration (the next block's ``align`` restarts the clock).
     """
     done = on_progress or (lambda _: None)
     if block <= 0 or len(runs) == 1:
-        finished = 0
-        for run in runs:
-            while run.k < run.total:
-                run.train(_PROGRESS_EVERY)
-                done(finished + run.k)
-            finished += run.total
+        for i, run in enumerate(runs):
+            run.train(run.total)
+            done(sum(r.total for r in runs[: i + 1]))
         return
     rnd = 0
     while any(run.k < run.total for run in runs):
@@ -284,10 +282,6 @@ def run_interleaved(
                 run.train(block)
                 done(sum(r.k for r in runs))
         rnd += 1
-
-
-#: Iterations between progress reports when runs are not interleaved.
-_PROGRESS_EVERY = 10
 
 
 def progress_writer(path: str | None) -> Callable[[int], None] | None:

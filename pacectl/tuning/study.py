@@ -16,11 +16,11 @@ Storage (``tune.storage``):
 Workers (``tune.n_workers=N``): N forked processes, each opening its own connection to the same
 storage and sampling with its own seed; the trial budget is split between them so the study ends
 with exactly ``tune.n_trials`` finished trials. ``tune.n_trials`` is the study's total: a resumed
-study runs only the trials still missing, and commands started at the same time on one study (several
-machines) each stop once the study holds ``tune.n_trials`` trials finished or running anywhere
-(Optuna's ``MaxTrialsCallback``): the total is exact, give or take a trial when two commands ask for
-a new trial in the same instant or a trial still running elsewhere fails. A worker dies with the main process (``kill -KILL`` of the
-command ends its workers too). Trials left ``RUNNING`` by a killed process of this host are marked
+study runs only the trials still missing, and commands started at the same time on one study
+(several machines) each stop once the study holds ``tune.n_trials`` trials finished or running
+anywhere (Optuna's ``MaxTrialsCallback``): the total is exact, give or take a trial when two commands
+ask for a new trial in the same instant or a trial still running elsewhere fails. A worker dies with
+the main process (``kill -KILL`` of the command ends its workers too). Trials left ``RUNNING`` by a killed process of this host are marked
 ``FAIL`` by every resume, whether or not it has trials left to run (their owner, ``host:pid``, is a
 user attribute of every trial).
 
