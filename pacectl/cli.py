@@ -206,6 +206,58 @@ def run_dir_argument_error(argv: list[str]) -> str | None:
     return None
 
 
+#: File suffix -> the ``conf/trace/`` option that reads it (``trace=<file>`` shorthand).
+TRACE_FILE_FORMATS = {".parquet": "canonical", ".json": "kineto", ".gz": "kineto", ".csv": "steplevel"}
+
+
+def trace_file_format(value: str) -> str | None:
+    """The ``conf/trace/`` option for a ``trace=`` value that is a path rather than an option name.
+
+    ``.parquet`` -> ``canonical`` (pacectl's own files: live records, converted traces),
+    ``.json``/``.json.gz``, a folder or a glob -> ``kineto``, ``.csv`` -> ``steplevel``. None: the
+    value is an option name (letters, digits, ``-``, ``_``), a sweep (``a,b``), or a path of
+    another kind (a ByteDance Parquet file needs ``trace=bytedance`` and its meta file; so does it
+    here, as a canonical file without pacectl metadata, whose error says so).
+    """
+    value = value.strip("'\"")
+    if not value or re.fullmatch(r"[\w-]+", value) or "," in value:
+        return None
+    path = Path(value).expanduser()
+    suffix = path.suffix.lower()
+    if suffix in TRACE_FILE_FORMATS:
+        return TRACE_FILE_FORMATS[suffix]
+    if path.is_dir() or any(c in value for c in "*?["):
+        return "kineto"
+    return None
+
+
+def expand_trace_file(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``trace=<file>`` -> ``trace=<format> trace.path=<file>`` (see :func:`trace_file_format`).
+
+    Returns:
+        ``(args, notes)``: the arguments with each such shorthand expanded in place (a later
+        ``trace.path=`` on the command line still wins), and one note per expansion for the user.
+    """
+    out: list[str] = []
+    notes: list[str] = []
+    for a in args:
+        key, eq, value = a.partition("=")
+        fmt = trace_file_format(value) if eq and key == "trace" else None
+        if fmt is None:
+            out.append(a)
+            continue
+        out += [f"trace={fmt}", f"trace.path={value}"]
+        notes.append(f"{a} read as trace={fmt} trace.path={value}")
+    return out, notes
+
+
+def expand_trace_file_argv(prog: str) -> None:
+    """Entry points, before Hydra starts: expand the ``trace=<file>`` shorthand in ``sys.argv``."""
+    sys.argv[1:], notes = expand_trace_file(sys.argv[1:])
+    for note in notes:
+        print(f"{prog}: {note}", file=sys.stderr)
+
+
 def exit_on_bad_run_dir(prog: str) -> None:
     """Entry points, before Hydra starts: one error line and exit 2 for a bad run-folder argument."""
     problem = run_dir_argument_error(sys.argv[1:])
@@ -241,6 +293,13 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
             return f"{group}= needs an option of conf/{group}/: one of {', '.join(available)}"
         hint = _closest(option, available)
         fix = f" Did you mean {group}={hint}?" if hint else ""
+        if group == "trace" and not re.fullmatch(r"[\w-]+", option):
+            fix = (
+                " A file given as trace=<file> must end in "
+                + ", ".join(f"{suf} ({fmt})" for suf, fmt in TRACE_FILE_FORMATS.items())
+                + " or be a folder of Kineto files; else name its format, e.g. "
+                "trace=bytedance trace.path=<file> trace.meta=<meta.yaml>"
+            )
         return f"{group}={option}: no such option in conf/{group}/ (available: {', '.join(available)}).{fix}"
     bad_key = re.search(r"Could not override '([^']+)'", text)
     if bad_key:

@@ -122,6 +122,11 @@ class ReplayExperiment(_ClosedLoop):
                 "time_unit": trace.time_unit,
             },
             "paced_optype": backend.paced_optype,
+            **(
+                {"paced_collective": f"{trace.collective} (canonical op type {backend.paced_optype})"}
+                if trace.collective and backend.paced_optype == "grads-reduce-scatter"
+                else {}
+            ),
             "fidelity": {
                 "comm_model": "null",
                 "compares": "the trace replayed with its recorded pacing delays ("

@@ -59,7 +59,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from pacectl.cli import check_command_line, discard_run_dir, exit_on_bad_run_dir, sweep_job_prefix
+from pacectl.cli import (
+    check_command_line,
+    discard_run_dir,
+    exit_on_bad_run_dir,
+    expand_trace_file_argv,
+    sweep_job_prefix,
+)
 from pacectl.config import (
     CONF_DIR,
     RUN_KEYS,
@@ -1012,6 +1018,7 @@ def _fail(message: str) -> None:
 
 def main() -> None:
     """Console entry point (``pacectl-tune``)."""
+    expand_trace_file_argv("pacectl.tune")
     exit_on_bad_run_dir("pacectl.tune")
     check_command_line("pacectl.tune", CONF_DIR, "tune")
     _hydra_main()

@@ -219,3 +219,36 @@ def test_an_interrupted_tuning_keeps_its_log_lines(tmp_path: Path) -> None:
     assert not cli.discard_run_dir(run, keep_logs=True)
     assert (run / ".hydra" / "config.yaml").read_text() == "n_trials: 10\n"
     assert (run / "tune.log").read_text().endswith("trial 1 (kept in the journal)\n")
+
+
+@pytest.mark.parametrize(
+    "value, fmt",
+    [
+        ("ar", None),  # option names stay options
+        ("my-trace_2", None),
+        ("canonical", None),
+        ("a.parquet,b.parquet", None),  # a sweep is left to Hydra
+        ("runs/live/records/none.parquet", "canonical"),
+        ("'/abs/path/H.PARQUET'", "canonical"),
+        ("profiles/rank0.json", "kineto"),
+        ("profiles/rank*.json.gz", "kineto"),
+        ("profiles/rank*", "kineto"),
+        ("job_1_norm.csv", "steplevel"),
+        ("notes.txt", None),
+    ],
+)
+def test_trace_file_shorthand_names_the_format_by_suffix(value: str, fmt: str | None) -> None:
+    assert cli.trace_file_format(value) == fmt
+
+
+def test_trace_file_shorthand_expands_in_place(tmp_path: Path) -> None:
+    args, notes = cli.expand_trace_file(["controller=pid", f"trace={tmp_path}", "seed=1", "trace.x=a.csv"])
+    assert args == ["controller=pid", "trace=kineto", f"trace.path={tmp_path}", "seed=1", "trace.x=a.csv"]
+    assert notes == [f"trace={tmp_path} read as trace=kineto trace.path={tmp_path}"]
+    assert cli.expand_trace_file(["trace=st", "+trace=a.parquet"]) == (["trace=st", "+trace=a.parquet"], [])
+
+
+def test_a_trace_file_of_unknown_kind_says_which_files_the_shorthand_takes(capsys) -> None:
+    err = _check(capsys, ["trace=notes.txt"])
+    assert "trace=notes.txt: no such option in conf/trace/" in err
+    assert ".parquet (canonical)" in err and "trace=bytedance trace.path=<file> trace.meta=<meta.yaml>" in err

@@ -71,6 +71,7 @@ def test_one_controller_with_override_on_another_trace(tmp_path: Path) -> None:
     assert set(summary["runs"]) == {"none", "pid"}
     assert summary["controller_params"]["pid"]["kp"] == 0.8
     assert summary["trace"]["name"] == "ST"
+    assert "paced_collective" not in summary  # Megatron's own reduce-scatter: the op type is its name
 
 
 def test_multirun_sweep(tmp_path: Path) -> None:
@@ -95,6 +96,26 @@ def _torch_case(args: list[str], message: str) -> Any:
     return pytest.param(
         args, message, marks=pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (backend=torch checks)")
     )
+
+
+def test_a_trace_file_replays_by_its_path(tmp_path: Path) -> None:
+    """``trace=<file>`` (the issue's promise for live records and converted traces) names its
+    format from the suffix, and the summary names the collective as the source recorded it."""
+    from pacectl.traces.canonical import write_canonical
+    from pacectl.traces.kineto import load_kineto
+
+    path = tmp_path / "h200.parquet"
+    write_canonical(load_kineto(DATA_DIR / "h200-capture"), path)
+    out = tmp_path / "run"
+    proc = _run(
+        f"trace={path}", "controller=none", "output.plots=false", f"hydra.run.dir={out}", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"trace={path} read as trace=canonical trace.path={path}" in proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trace"]["path"] == str(path) and summary["trace"]["world_size"] == 4
+    assert summary["paced_collective"] == "gloo all_reduce (canonical op type grads-reduce-scatter)"
+    assert "- **paced collective**: gloo all_reduce" in (out / "report.md").read_text()
 
 
 @pytest.mark.parametrize(

@@ -166,6 +166,7 @@ def test_record_rows_round_trip_through_the_replay(tmp_path) -> None:
     write_canonical(trace, path)
     back = load_canonical(path)
     assert back.meta.dp_size == 2 and back.meta.pp_size == 1
+    assert back.collective == trace.collective == "DDP gradient all-reduce"  # kept in the file
     fid = replay_fidelity(back)
     assert fid["step_time_max_abs_err_frac"] < 1e-9
     backend = ReplayBackend(back)

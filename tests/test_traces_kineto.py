@@ -80,6 +80,8 @@ def test_h200_gloo4_imports_as_4_rank_dp(h200: Any) -> None:
     assert rep.arrival_source.startswith("c10d enqueue")
     assert rep.matching.startswith("ordinal")
     assert not rep.align_applied  # one host, one clock
+    # the canonical op type of DDP's gradient collective, named as the capture recorded it
+    assert trace.collective == "gloo all_reduce"
     counts = trace.ops.groupby("optype").size().to_dict()
     assert counts == {
         "forward-compute": 16,

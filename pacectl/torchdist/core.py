@@ -619,6 +619,7 @@ def rows_to_trace(
         source=source,
         fmt="torch-live",
         pacing_blocks_compute=pacing_blocks_compute,
+        collective="DDP gradient all-reduce",
         measured_step_time_s=None
         if step_time_s is None
         else tuple(float(step_time_s[int(k)]) for k in sorted(keep)),

@@ -107,17 +107,6 @@ def _time_formatter(trace: OpTrace) -> Any:
     return _ms
 
 
-def _collective_label(trace: OpTrace, rep: dict[str, Any] | None) -> str:
-    """What the canonical ``grads-reduce-scatter`` rows are in this trace's source."""
-    if rep is not None:
-        kinds = ", ".join(sorted(rep["collective_kinds"])) or "none"
-        backend = rep.get("backend") or "unknown"
-        return f"{backend} {kinds}" if backend != "unknown" else kinds
-    if trace.fmt == "steplevel":
-        return "one modelled per step: the file records none"
-    return "grads-reduce-scatter"
-
-
 def _spread_stats(trace: OpTrace) -> tuple[np.ndarray, np.ndarray]:
     """Arrival spread per (step, stage) group at the first grads-reduce-scatter, and step times (s)."""
     ops = trace.ops
@@ -149,7 +138,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         trace.ops[trace.ops["optype"] == "grads-reduce-scatter"].groupby(["step", "dp_rank", "stage"]).size()
     )
     print(
-        f"collectives per step per rank ({_collective_label(trace, rep)}): "
+        f"collectives per step per rank ({trace.collective or 'grads-reduce-scatter'}): "
         f"{int(per_step.median()) if len(per_step) else 0}"
     )
     spread, step_t = _spread_stats(trace)

@@ -56,6 +56,7 @@ def write_canonical(trace: OpTrace, path: str | Path) -> None:
         "measured_step_time_s": None
         if trace.measured_step_time_s is None
         else [float(v) for v in trace.measured_step_time_s],
+        "collective": trace.collective,
     }
     table = table.replace_schema_metadata(
         {**(table.schema.metadata or {}), META_KEY: json.dumps(meta).encode()}
@@ -134,6 +135,7 @@ def load_canonical(path: str | Path) -> OpTrace:
         time_unit=str(time_unit),
         norm_unit_s=float(norm_unit_s),
         measured_step_time_s=_measured(meta.get("measured_step_time_s"), p),
+        collective=str(meta.get("collective") or ""),
     )
 
 

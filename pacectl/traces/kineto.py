@@ -1136,7 +1136,6 @@ def _assemble(
     job = name or _job_name(files)
     meta = JobMeta(name=job, dp_size=n, pp_size=1, world_size=world)
     ops = validate_ops(ops, meta, source=src)
-    trace = OpTrace(ops=ops, meta=meta, source=src, fmt="kineto")
     spread = (A.max(axis=1) - A.min(axis=1)) * 1e-6  # true arrivals, [S, K]
     kinds_count = allc.groupby("kind").size() / max(n * S, 1)
     folded: dict[str, float] = {}
@@ -1146,6 +1145,14 @@ def _assemble(
     backends = sorted({r.backend for r in recs if r.backend})
     srcs = sorted({r.coll_source for r in recs})
     arr_srcs = sorted({r.arrival_source for r in recs})
+    kinds_label = ", ".join(sorted(str(k2) for k2 in kinds_count.index)) or "none"
+    trace = OpTrace(
+        ops=ops,
+        meta=meta,
+        source=src,
+        fmt="kineto",
+        collective=f"{','.join(backends)} {kinds_label}" if backends else kinds_label,
+    )
     report = KinetoReport(
         files=[str(r.path) for r in recs],
         ranks=rank_ids,

@@ -180,6 +180,10 @@ class OpTrace:
             carry their iteration periods here (between common exits on the host clock the ranks
             share, else the mean of the ranks' own periods), because the span of jittery per-rank
             stamps can overstate them; fidelity compares against these.
+        collective: what the source calls the collectives recorded under the canonical gradient op
+            type ``grads-reduce-scatter`` (the schema has one type for the gradient collective,
+            whatever its algorithm), e.g. ``"gloo all_reduce"`` for a Kineto capture of DDP; empty:
+            the source's own name is that op type (ByteDance Megatron traces).
     """
 
     ops: pd.DataFrame = field(repr=False)
@@ -190,6 +194,7 @@ class OpTrace:
     time_unit: str = "s"
     norm_unit_s: float = 1.0
     measured_step_time_s: tuple[float, ...] | None = None
+    collective: str = ""
 
     def __post_init__(self) -> None:
         if self.time_unit not in TIME_UNITS:

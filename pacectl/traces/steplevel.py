@@ -204,4 +204,5 @@ def load_steplevel(
         fmt="steplevel",
         time_unit="normalized" if normalized else "s",
         norm_unit_s=float(unit_s) if normalized else 1.0,
+        collective="one modelled per step: the file records none",
     )
