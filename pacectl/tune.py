@@ -34,6 +34,7 @@ Examples::
     python -m pacectl.tune cluster=st controller=threshold tune.n_trials=100
     python -m pacectl.tune cluster=ar controller=ewma tune.n_workers=2 tune.sampler=tpe
     python -m pacectl.tune cluster=contended controller=pid tune.timeout_s=60        # sim profile
+    python -m pacectl.tune trace=RUN/records/none.parquet controller=pid              # your own trace
     python -m pacectl.tune cluster=st controller=pid tune.storage=sqlite:///tune.db tune.study_name=st-pid
     python -m pacectl.tune cluster=st controller=threshold hydra.run.dir=DIR         # again: resumes
     python -m pacectl.run controller_file=DIR/controller.yaml trace=st               # use the choice
@@ -370,7 +371,7 @@ def ignored_overrides(scenarios: ScenarioSet, overrides: list[str]) -> list[str]
             )
         elif scenarios.kind == "traces":
             lines.append(
-                f"{override} is ignored: cluster={scenarios.profile} is tuned on its recorded traces "
+                f"{override} is ignored: this study replays recorded traces "
                 f"({', '.join(scenarios.labels)}), which fix the ranks and iterations; tune.sim.* applies only "
                 "to simulated episodes (a profile without traces, or tune.on=sim), and on traces the comm "
                 "model is the top-level comm="
@@ -531,11 +532,11 @@ def run_tuning(
     validate_tune_config(cfg)
     settings = Settings.from_cfg(cfg.tune)
     space = tune_space(cfg, settings)  # every check that needs no episode, before anything runs
-    scenarios = build_scenarios(cfg)
+    scenarios = build_scenarios(cfg, overrides=_task_overrides())
     for line in ignored_overrides(scenarios, _task_overrides()):
         warn(f"warning: {line}")
     family = space.family
-    name = settings.study_name or f"{scenarios.profile}-{family}"
+    name = settings.study_name or f"{scenarios.default_study_name}-{family}"
     spec = storage_spec(settings.storage, out_dir, cwd=_abs("."))
     if settings.storage in (None, ""):
         out_dir.mkdir(parents=True, exist_ok=True)  # the default journal lives in the run folder
@@ -593,7 +594,8 @@ def _tune_study(
     done = sum(t.state in FINISHED for t in existing)
     remaining = max(0, settings.n_trials - done)
     echo(
-        f"study {name!r} ({spec.display}): {family} on {scenarios.profile} ({scenarios.kind}: "
+        f"study {name!r} ({spec.display}): {family} on {scenarios.profile} ({scenarios.kind}"
+        f"{' from the command line' if scenarios.trace_from_command_line else ''}: "
         f"{', '.join(scenarios.labels)}; comm model {scenarios.comm_model}), {done} finished trial(s), "
         f"{remaining} to run with {settings.n_workers} worker(s), sampler {settings.sampler}"
     )

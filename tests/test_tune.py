@@ -394,6 +394,30 @@ def test_compose_tune_config_for_a_sim_profile() -> None:
     assert run_tuning is not None
 
 
+def test_a_trace_on_the_command_line_is_what_the_study_tunes_on() -> None:
+    """``pacectl.tune trace=...`` replaces the profile's traces (it was once ignored silently)."""
+    from pacectl.tuning.scenarios import build_scenarios
+
+    overrides = ["cluster=ar", "trace=st"]
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("tune", overrides=overrides)
+    own = build_scenarios(cfg)  # no override given: the profile's own trace
+    assert own.labels == ["AR"] and own.default_study_name == "ar" and not own.trace_from_command_line
+    given = build_scenarios(cfg, overrides=overrides)
+    assert given.labels == ["ST"] and given.default_study_name == "ST" and given.trace_from_command_line
+    assert given.descriptor["traces"][0]["name"] == "ST" and given.descriptor["profile"] == "ar"
+    assert given.fingerprint != own.fingerprint  # a study resumed on another trace is refused
+    assert given.experiments[0].trace.meta.world_size == 8  # ST's 8 ranks, not AR's 64
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("tune", overrides=["cluster=contended", "trace=st", "tune.on=sim"])
+    with pytest.raises(ConfigError, match=r"tune.on=sim simulates a cluster and replays no trace"):
+        build_scenarios(cfg, overrides=["trace=st"])
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("tune", overrides=["cluster=contended", "trace=st"])
+    on_sim_profile = build_scenarios(cfg, overrides=["trace=st"])  # auto: the trace makes it a replay
+    assert on_sim_profile.kind == "traces" and on_sim_profile.labels == ["ST"]
+
+
 # --- resume only with the same trial settings -------------------------------------------------------
 
 
@@ -688,7 +712,7 @@ def test_sim_settings_on_a_trace_profile_are_reported_as_ignored(tmp_path: Path)
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: tune.sim")]
     assert len(warnings) == 1, proc.stderr
-    assert "tune.sim.num_ranks=16 is ignored: cluster=st is tuned on its recorded traces (ST)" in warnings[0]
+    assert "tune.sim.num_ranks=16 is ignored: this study replays recorded traces (ST)" in warnings[0]
     assert json.loads((out / "tune.json").read_text())["scenarios"]["kind"] == "traces"
 
 

@@ -74,6 +74,8 @@ class ScenarioSet:
         comm_timing_dependent: whether durations depend on timing (only then can pacing gain).
         descriptor: JSON-ready description of everything that shapes an episode (profile, traces or
             sim cluster, seeds or seed, backend, comm model, guard); its hash is :attr:`fingerprint`.
+        trace_from_command_line: the episode is the trace named on the command line (``trace=``),
+            not the profile's own traces (see :func:`trace_from_command_line`).
     """
 
     kind: str
@@ -83,6 +85,12 @@ class ScenarioSet:
     comm_model: str
     comm_timing_dependent: bool
     descriptor: dict[str, Any]
+    trace_from_command_line: bool = False
+
+    @property
+    def default_study_name(self) -> str:
+        """``<profile>-<family>`` without the family: the profile, or the command line's trace."""
+        return self.labels[0] if self.trace_from_command_line else self.profile
 
     @property
     def fingerprint(self) -> str:
@@ -138,6 +146,34 @@ def tune_mode(cfg: DictConfig) -> str:
     return on
 
 
+def trace_from_command_line(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
+    """``cfg`` with the trace the command line names (``trace=...``, ``trace.*=...``) as the profile's
+    only trace, or ``cfg`` itself when it names none.
+
+    ``pacectl.tune trace=<file>`` (or ``trace=st``, ``trace=kineto trace.path=...``) tunes on that
+    trace, replacing the profile's ``traces:`` list; the profile's fabric sections still shape it
+    under ``comm=contention``.
+
+    Args:
+        cfg: the composed tune config.
+        overrides: the command line's overrides (Hydra's task overrides).
+
+    Raises:
+        ConfigError: a trace named together with ``tune.on=sim`` (a simulated study replays none).
+    """
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    if not any(k == "trace" or k.startswith("trace.") for k in keys):
+        return cfg
+    if str(cfg.tune.get("on", "auto")) == "sim":
+        raise ConfigError(
+            "tune.on=sim simulates a cluster and replays no trace, but the command line names one "
+            "(trace=...): drop tune.on=sim to tune on that trace, or drop the trace override"
+        )
+    child = _episode_cfg(cfg)
+    child.cluster.traces = [OmegaConf.to_container(cfg.trace, resolve=True)]
+    return child
+
+
 def _episode_cfg(cfg: DictConfig, **changes: Any) -> DictConfig:
     child = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     assert isinstance(child, DictConfig)
@@ -146,12 +182,16 @@ def _episode_cfg(cfg: DictConfig, **changes: Any) -> DictConfig:
     return child
 
 
-def build_scenarios(cfg: DictConfig, *, seeds: Sequence[int] | None = None) -> ScenarioSet:
+def build_scenarios(
+    cfg: DictConfig, *, seeds: Sequence[int] | None = None, overrides: Sequence[str] = ()
+) -> ScenarioSet:
     """The scenario set of ``cfg.cluster`` (see the module docstring).
 
     Args:
         cfg: the composed tune config (``conf/tune.yaml``).
         seeds: sim only: seeds to run instead of ``tune.sim.seeds`` (for example the held-out seeds).
+        overrides: the command line's overrides: a trace named there replaces the profile's traces
+            (:func:`trace_from_command_line`).
 
     Returns:
         The :class:`ScenarioSet`, every trace loaded and every backend built.
@@ -160,6 +200,9 @@ def build_scenarios(cfg: DictConfig, *, seeds: Sequence[int] | None = None) -> S
         ConfigError: bad profile or settings.
         TraceError: a trace is missing or malformed.
     """
+    given = trace_from_command_line(cfg, overrides)
+    from_command_line = given is not cfg
+    cfg = given
     mode = tune_mode(cfg)
     profile = str(cfg.cluster.get("name", "?"))
     guard = OmegaConf.to_container(cfg.guard, resolve=True)
@@ -180,7 +223,8 @@ def build_scenarios(cfg: DictConfig, *, seeds: Sequence[int] | None = None) -> S
                     "profile's traces pick it with cluster=<name> (conf/cluster/)"
                 )
             experiment = make_experiment(_episode_cfg(cfg, trace=item))
-            labels.append(str(item.get("name") or f"trace{i}"))
+            loaded = getattr(experiment, "trace", None)
+            labels.append(str(item.get("name") or (loaded.meta.name if loaded is not None else f"trace{i}")))
             experiments.append(experiment)
             items.append(OmegaConf.to_container(item, resolve=True))
         descriptor: dict[str, Any] = {
@@ -231,4 +275,5 @@ def build_scenarios(cfg: DictConfig, *, seeds: Sequence[int] | None = None) -> S
         comm_model=first.comm_model,
         comm_timing_dependent=any(e.comm_timing_dependent for e in experiments),
         descriptor=descriptor,
+        trace_from_command_line=from_command_line,
     )
