@@ -16,7 +16,7 @@ from pacectl.fabric.collectives import (
     ring_allreduce_s,
     tree_allreduce_s,
 )
-from pacectl.fabric.contention import ContentionComm, CrossTraffic, EarlyArrivalInterference
+from pacectl.fabric.contention import AlphaBetaComm, ContentionComm, CrossTraffic, EarlyArrivalInterference
 from pacectl.fabric.topology import FatTree, max_min_fair
 
 
@@ -34,7 +34,8 @@ def test_tree_and_hierarchical_forms() -> None:
     h = hierarchical_allreduce_s(
         8e9, 8, 4, alpha_intra_s=0.0, bandwidth_intra_Bps=4e11, alpha_inter_s=0.0, bandwidth_inter_Bps=5e10
     )
-    assert h == pytest.approx(2 * 7 / 8 * 8e9 / 4e11 + 2 * 3 / 4 * 1e9 / 5e10)
+    # the 8 ranks' inter-node rings share the node's 50 GB/s: all 8e9 bytes cross it, 2 (N-1)/N times
+    assert h == pytest.approx(2 * 7 / 8 * 8e9 / 4e11 + 2 * 3 / 4 * 8e9 / 5e10)
     with pytest.raises(ConfigError, match="collective.algorithm must be one of"):
         allreduce_s(
             "butterfly",
@@ -326,7 +327,7 @@ def test_nan_message_bytes_names_the_key_not_the_null_model() -> None:
 
 
 def test_overflowing_collective_is_rejected_with_the_keys() -> None:
-    from pacectl.fabric.contention import AlphaBetaComm, FixedComm
+    from pacectl.fabric.contention import FixedComm
     from pacectl.fabric.profile import sim_fabric
 
     cluster = _profile(
@@ -373,7 +374,7 @@ def test_contention_without_a_timing_dependent_mechanism_is_called_out() -> None
     from pacectl.report import comm_model_note
 
     topo = FatTree(ranks_per_node=8, nodes_per_leaf=2, oversubscription=2.0)
-    bursts = CrossTraffic(links=("leaf_up:*",), on_s=1.0, off_s=1.0)
+    bursts = CrossTraffic(links=("leaf_up:*",), on_s=1.0, off_s=1.0, stagger=0.0)  # in lockstep
     live = ContentionComm(topo, 64, message_bytes=1e9, cross_traffic=bursts)
     assert live.timing_dependent and live.inert_reason is None
     assert live.time_s(0.0) != live.time_s(1.5)  # the flag is what the model does
@@ -381,6 +382,8 @@ def test_contention_without_a_timing_dependent_mechanism_is_called_out() -> None
         "no cross-traffic links": CrossTraffic(),
         "always on": CrossTraffic(links=("leaf_up:*",), on_s=1.0, off_s=0.0),
         "never on": CrossTraffic(links=("leaf_up:*",), on_s=0.0, off_s=1.0),
+        # 4 leaf uplinks, half on, staggered by 0.37 periods: one of them is busy at every instant
+        "one rate through the whole on/off period": CrossTraffic(links=("leaf_up:*",), on_s=1.0, off_s=1.0),
     }
     for reason, cross in inert.items():
         model = ContentionComm(topo, 64, message_bytes=1e9, cross_traffic=cross)
@@ -414,3 +417,62 @@ def test_contention_without_a_timing_dependent_mechanism_is_called_out() -> None
     assert replay is not None and "kappa" not in replay  # the replay has no interference
     assert inert_contention_note("paper_like", None, interference_kappa=0.0) is None
     assert "pacing cannot shorten" in comm_model_note("contention", timing_dependent=False)
+
+
+def _integrated_s(model: ContentionComm, start_s: float) -> float:
+    """The ring's duration integrated switch by switch, with no shortcut and no step limit."""
+    remaining, t = model._ring_bytes, start_s
+    while remaining > 0:
+        state, switch = model._state(t)
+        rate = model.ring_rate_Bps(state)
+        if t + remaining / rate <= switch:
+            return model._fixed_s + t + remaining / rate - start_s
+        remaining -= (switch - t) * rate
+        t = switch
+    return model._fixed_s + t - start_s
+
+
+@pytest.mark.parametrize("on_s", [0.4, 0.01, 1e-4, 1e-5])
+def test_contention_is_never_faster_than_a_quiet_fabric(on_s: float) -> None:
+    """Bursts much shorter than the transfer: once cut short after a fixed number of switches (a
+    congested all-reduce then looked up to 5x *faster* than a quiet one); whole periods are now
+    skipped exactly."""
+    topo = FatTree(ranks_per_node=8, nodes_per_leaf=4, oversubscription=4.0)
+    cross = CrossTraffic(links=("leaf_up:*",), on_s=on_s, off_s=3 * on_s)
+    model = ContentionComm(topo, 64, message_bytes=2e9, cross_traffic=cross)
+    assert model.timing_dependent
+    for start in (0.0, 0.123, 7.77):
+        t = model.time_s(start)
+        assert t >= model.free_time_s
+        assert t == pytest.approx(_integrated_s(model, start), rel=1e-9)
+    if on_s <= 1e-4:  # thousands of periods per transfer: the time-averaged rate
+        assert model.time_s(0.3) / model.free_time_s == pytest.approx(
+            model.time_s(0.0) / model.free_time_s, rel=1e-3
+        )
+
+
+@pytest.mark.parametrize(
+    "num_ranks, timing_dependent", [(32, False), (64, True), (128, True), (256, False), (1024, False)]
+)
+def test_paper_like_cross_traffic_is_timing_dependent_only_where_its_rate_varies(
+    num_ranks: int, timing_dependent: bool
+) -> None:
+    """paper_like: staggered bursts on every leaf uplink. One leaf (<= 32 ranks): the ring crosses
+    no uplink. From 256 ranks some uplink the ring crosses is always busy: a constant slowdown.
+    The flag must agree with the durations the model produces over one period."""
+    topo = FatTree(ranks_per_node=8, nodes_per_leaf=4, oversubscription=4.0)
+    cross = CrossTraffic(links=("leaf_up:*",), on_s=0.4, off_s=1.2)
+    model = ContentionComm(topo, num_ranks, message_bytes=2e9, cross_traffic=cross)
+    durations = np.array([model.time_s(t) for t in np.linspace(0.0, 1.6, 321)])
+    assert model.timing_dependent == timing_dependent, model.inert_reason
+    assert (np.ptp(durations) > 1e-6 * durations.mean()) == timing_dependent
+
+
+def test_hierarchical_alpha_beta_equals_the_quiet_contention_ring() -> None:
+    """Both model NVLink phases plus a ring of nodes whose NICs carry every byte of the node."""
+    for rail_optimized in (False, True):
+        topo = FatTree(ranks_per_node=8, nodes_per_leaf=4, rail_optimized=rail_optimized)
+        for n in (16, 64, 256):
+            quiet = ContentionComm(topo, n, message_bytes=2e9).free_time_s
+            closed = AlphaBetaComm(topo, n, message_bytes=2e9, algorithm="hierarchical").free_time_s
+            assert closed == pytest.approx(quiet, rel=1e-12)

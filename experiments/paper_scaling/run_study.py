@@ -33,7 +33,7 @@ from hydra import compose, initialize_config_dir
 from pacectl import metrics
 from pacectl.config import CONF_DIR, controller_families
 from pacectl.experiment import SimExperiment
-from pacectl.report import atomic_path, atomic_write_text
+from pacectl.report import atomic_path, staged_outputs
 
 SCALES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SCENARIOS: dict[str, tuple[list[str], tuple[int, ...]]] = {
@@ -53,11 +53,17 @@ KEYS = (
 )
 
 
-def run_cell(
-    overrides: list[str], num_ranks: int, iterations: int, seeds: int
-) -> dict[str, dict[str, float]]:
-    """Mean summary per controller family for one scenario and scale."""
+def run_cell(overrides: list[str], num_ranks: int, iterations: int, seeds: int) -> dict[str, dict[str, Any]]:
+    """Mean summary per controller family for one scenario and scale.
+
+    Besides the means of :data:`KEYS`: ``comm_model`` and ``comm_timing_dependent`` (whether the
+    model's durations can depend on timing at this scale: only then can pacing gain), and
+    ``throughput_change_ci95_frac``, the 95 % half-width of the mean paired change against no
+    pacing (:func:`pacectl.metrics.paired_change_ci95_frac` per seed, combined over independent
+    seeds as ``sqrt(sum h_i^2) / seeds``).
+    """
     per_family: dict[str, list[dict[str, Any]]] = {}
+    half_widths: dict[str, list[float]] = {}
     for seed in range(seeds):
         cfg = compose(
             "config",
@@ -71,9 +77,23 @@ def run_cell(
             ],
         )
         experiment = SimExperiment(cfg)
-        for family, params in controller_families(cfg).items():
-            per_family.setdefault(family, []).append(metrics.summarize(experiment.run(family, params)))
-    return {f: {k: float(np.mean([s[k] for s in runs])) for k in KEYS} for f, runs in per_family.items()}
+        episodes = {
+            family: experiment.run(family, params) for family, params in controller_families(cfg).items()
+        }
+        for family, episode in episodes.items():
+            per_family.setdefault(family, []).append(metrics.summarize(episode))
+            half_widths.setdefault(family, []).append(
+                metrics.paired_change_ci95_frac(episodes["none"], episode)
+            )
+    return {
+        f: {
+            **{k: float(np.mean([s[k] for s in runs])) for k in KEYS},
+            "comm_model": runs[0]["comm_model"],
+            "comm_timing_dependent": bool(runs[0]["comm_timing_dependent"]),
+            "throughput_change_ci95_frac": float(np.sqrt(np.sum(np.square(half_widths[f]))) / len(runs)),
+        }
+        for f, runs in per_family.items()
+    }
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
@@ -121,6 +141,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="seeds per cell (results are means)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
+    if args.seeds < 1 or args.iterations < 2:
+        parser.error(f"--seeds must be >= 1 and --iterations >= 2, got {args.seeds} and {args.iterations}")
     rows = []
     t0 = time.perf_counter()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
@@ -141,22 +163,27 @@ def main() -> None:
                         }
                     )
                 best = max(cell, key=lambda f: cell[f]["throughput_it_per_s"])
+                model = f"{base['comm_model']}, {'timing-dependent' if base['comm_timing_dependent'] else 'fixed durations'}"
                 print(
-                    f"[{time.perf_counter() - t0:6.1f} s] {scenario:>18} {n:5d} ranks: no pacing CV {base['cv']:.3f}, "
-                    f"best {best} ({cell[best]['throughput_it_per_s'] / base['throughput_it_per_s'] - 1:+.2%} throughput, "
-                    f"CV {cell[best]['cv']:.3f})",
+                    f"[{time.perf_counter() - t0:6.1f} s] {scenario:>18} {n:5d} ranks ({model}): no pacing CV "
+                    f"{base['cv']:.3f}, best {best} ({cell[best]['throughput_it_per_s'] / base['throughput_it_per_s'] - 1:+.2%} "
+                    f"±{cell[best]['throughput_change_ci95_frac']:.2%} throughput, CV {cell[best]['cv']:.3f})",
                     flush=True,
                 )
     frame = pd.DataFrame(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(args.out / "results.csv") as tmp:
-        frame.to_csv(tmp, index=False)
     table = frame.assign(
-        throughput_change=lambda f: (100 * f["throughput_change_frac"]).map("{:+.2f} %".format)
+        throughput_change=lambda f: (
+            (100 * f["throughput_change_frac"]).map("{:+.2f}".format)
+            + (100 * f["throughput_change_ci95_frac"]).map(" ±{:.2f} %".format)
+        ),
+        comm=lambda f: (
+            f["comm_model"] + f["comm_timing_dependent"].map({True: " (timing-dep.)", False: " (fixed)"})
+        ),
     )[
         [
             "scenario",
             "num_ranks",
+            "comm",
             "controller",
             "throughput_it_per_s",
             "throughput_change",
@@ -166,22 +193,24 @@ def main() -> None:
             "spread_median_s",
         ]
     ]
-    atomic_write_text(args.out / "table.md", markdown_table(table))
-    plot(frame, "cv", "CV of iteration time", args.out / "cv_vs_scale.png")
-    plot(
-        frame,
-        "throughput_change_frac",
-        "throughput change vs no pacing (%)",
-        args.out / "throughput_vs_scale.png",
-        100.0,
-    )
     meta = {
         "iterations": args.iterations,
         "seeds": args.seeds,
         "scales": list(SCALES),
         "wall_time_s": time.perf_counter() - t0,
     }
-    atomic_write_text(args.out / "meta.json", json.dumps(meta, indent=2) + "\n")
+    with staged_outputs(args.out) as stage:  # every file written, then all moved into place
+        frame.to_csv(stage / "results.csv", index=False)
+        (stage / "table.md").write_text(markdown_table(table))
+        plot(frame, "cv", "CV of iteration time", stage / "cv_vs_scale.png")
+        plot(
+            frame,
+            "throughput_change_frac",
+            "throughput change vs no pacing (%)",
+            stage / "throughput_vs_scale.png",
+            100.0,
+        )
+        (stage / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"written: {args.out} ({meta['wall_time_s']:.0f} s)")
 
 

@@ -65,12 +65,27 @@ def hierarchical_allreduce_s(
     bytes per rank, intra-node all-gather (Goyal et al., "Accurate, Large Minibatch SGD", 2017,
     section 4; NCCL's NVLink + network rings).
 
-    Cost: ``2 (g-1) alpha_i + 2 (g-1)/g * n / B_i + ring_allreduce(n / g, N, alpha_e, B_e)``.
+    The g ranks of a node run their inter-node rings at once, so they share the node's network
+    bandwidth ``B_e`` (every NIC of the node): each ring gets ``B_e / g``. Cost:
+    ``2 (g-1) alpha_i + 2 (g-1)/g * n / B_i + ring_allreduce(n / g, N, alpha_e, B_e / g)``, whose
+    network term is ``2 (N-1) alpha_e + 2 (N-1)/N * n / B_e``: all ``n`` bytes of the node cross its
+    NICs, as in :class:`pacectl.fabric.contention.ContentionComm` (whose quiet duration it equals).
+
+    Args:
+        n_bytes: bytes per rank to all-reduce.
+        ranks_per_node: g, ranks per node.
+        num_nodes: N.
+        alpha_intra_s / bandwidth_intra_Bps: NVLink latency (s) and bandwidth per rank (bytes/s).
+        alpha_inter_s / bandwidth_inter_Bps: network latency (s) and the node's network bandwidth,
+            all its NICs together (bytes/s).
+
+    Returns:
+        Seconds.
     """
     g, nodes = ranks_per_node, num_nodes
     _check(n_bytes, g, alpha_intra_s, bandwidth_intra_Bps)
     intra = 2 * (g - 1) * alpha_intra_s + 2 * (g - 1) / g * n_bytes / bandwidth_intra_Bps
-    return intra + ring_allreduce_s(n_bytes / g, nodes, alpha_inter_s, bandwidth_inter_Bps)
+    return intra + ring_allreduce_s(n_bytes / g, nodes, alpha_inter_s, bandwidth_inter_Bps / g)
 
 
 def allreduce_s(

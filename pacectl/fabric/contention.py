@@ -167,10 +167,29 @@ class ContentionComm:
             return "cross traffic never on (on_s 0)"
         if self.cross.off_s == 0:
             return "cross traffic always on (off_s 0): a constant slowdown"
-        n = len(self._cross_links)
-        if self.ring_rate_Bps((True,) * n) >= self.ring_rate_Bps((False,) * n):
-            return "the cross-traffic links do not slow the ring"
+        rates = {self.ring_rate_Bps(state) for state in self._states_in_period()}
+        if len(rates) == 1:
+            # e.g. staggered bursts on many uplinks: some uplink the ring crosses is always busy
+            if rates == {self.ring_rate_Bps((False,) * len(self._cross_links))}:
+                return "the cross-traffic links do not slow the ring"
+            return (
+                "the ring's slowest flow runs at one rate through the whole on/off period (staggered "
+                "bursts keep some uplink it crosses busy at every instant): a constant slowdown"
+            )
         return None
+
+    def _states_in_period(self) -> set[tuple[bool, ...]]:
+        """Every combination of cross flows on that occurs during one on/off period."""
+        period = self.cross.period_s
+        # link i is on while (t + offset_i * period) mod period < on_s: it switches at these times
+        starts = (-self._link_offsets * period) % period
+        switches = np.sort(np.concatenate([starts, (starts + self.cross.on_s) % period, [0.0, period]]))
+        mids = (switches[:-1] + switches[1:]) / 2
+        states = set()
+        for t in mids[np.diff(switches) > 1e-12 * period]:
+            phase = (t + self._link_offsets * period) % period
+            states.add(tuple((phase < self.cross.on_s).tolist()))
+        return states
 
     def ring_rate_Bps(self, cross_on: tuple[bool, ...]) -> float:
         """Rate of the ring's slowest flow when the given cross flows are on, bytes/s."""
@@ -210,21 +229,49 @@ class ContentionComm:
         return self._fixed_s + (self._ring_bytes / rate if self._ring_bytes else 0.0)
 
     def time_s(self, start_s: float) -> float:
-        """Duration of an all-reduce that starts (last rank arrives) at absolute time ``start_s``."""
-        remaining, t = self._ring_bytes, float(start_s)
-        for _ in range(10_000):
-            if remaining <= 0:
-                break
+        """Duration of an all-reduce that starts (last rank arrives) at absolute time ``start_s``, s.
+
+        The ring's bytes are integrated over the cross traffic's switches. The pattern repeats every
+        period, so a transfer longer than a period moves the same bytes in each whole period: those
+        are skipped in one step, and at most two periods are integrated switch by switch (a burst
+        period much shorter than the transfer costs no more than a long one). Always at least
+        :attr:`free_time_s`.
+        """
+        start, total = float(start_s), self._ring_bytes
+        if total <= 0:
+            return self._fixed_s
+        if self.inert_reason:  # one rate through the whole transfer
+            return self._fixed_s + total / self.ring_rate_Bps(self._state(start)[0])
+        period = self.cross.period_s
+        t, left = self._advance(start, total, start + period)
+        if left > 0:  # longer than a period: skip the whole periods it surely needs
+            per_period = total - left
+            whole = max(0, math.floor(left / per_period) - 1)
+            t, left = self._advance(t + whole * period, left - whole * per_period, math.inf)
+        return self._fixed_s + (t - start)
+
+    def _advance(self, t: float, remaining: float, until: float) -> tuple[float, float]:
+        """Move ``remaining`` ring bytes from time ``t``, switch by switch, stopping at ``until``.
+
+        Returns:
+            ``(time, bytes left)``: the finish time and 0, or ``until`` and the bytes still to move.
+
+        Raises:
+            RuntimeError: more switches than the cross traffic can make before ``until`` or the
+                finish (a bug, never a silently short transfer).
+        """
+        for _ in range(8 * len(self._cross_links) + 16):
+            if remaining <= 0 or t >= until:
+                return t, max(remaining, 0.0)
             state, switch = self._state(t)
             rate = self.ring_rate_Bps(state)
+            stop = min(switch, until)
             finish = t + remaining / rate
-            if finish <= switch:
-                t = finish
-                remaining = 0.0
-            else:
-                remaining -= (switch - t) * rate
-                t = switch
-        return self._fixed_s + (t - float(start_s))
+            if finish <= stop:
+                return finish, 0.0
+            remaining -= (stop - t) * rate
+            t = stop
+        raise RuntimeError(f"contention model: no finish after {8 * len(self._cross_links) + 16} switches")
 
 
 def _expand(patterns: tuple[str, ...], names: list[str]) -> list[int]:

@@ -425,8 +425,11 @@ def sim_fabric(
 ) -> tuple[FixedComm | AlphaBetaComm | ContentionComm, EarlyArrivalInterference]:
     """Communication model and interference for the simulator.
 
-    ``null`` uses the alpha-beta cost of the profile's collective as its fixed duration, so the
-    three models share the same uncontended mean and differ only in timing dependence.
+    ``null`` uses the alpha-beta cost of the profile's collective as its fixed duration. With the
+    default ``collective.algorithm: hierarchical`` that is exactly ``contention``'s duration on a
+    quiet fabric (the all-reduce the contention model runs), so the three models share the
+    uncontended duration and differ only in timing dependence; with ``ring`` or ``tree`` the fixed
+    duration is that algorithm's and differs from ``contention``'s.
     """
     name = comm_name(comm)
     profile = validate_cluster(cluster)
