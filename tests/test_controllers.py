@@ -246,6 +246,10 @@ def test_pid_terms_and_delay_mapping() -> None:
     np.testing.assert_allclose(delay, [0.05, 0.05, 0.0])
     delay = controller.act(make_observation([0.5, 0.58, 0.61])).delay_s
     assert delay[1] == pytest.approx(0.03)  # capped by its earliness 0.03 < u = 0.05
+    # the PID feeds back the realised spread (delays included) and reports that one as spread_s
+    controller.act(make_observation([0.5, 0.4, 0.61], [0.05, 0.1, 0.0]))  # natural 0.21, realised 0.11
+    assert controller.diagnostics()["spread_s"] == pytest.approx(0.11)
+    assert "natural_spread_s" not in controller.diagnostics()
 
 
 def test_pid_anti_windup() -> None:

@@ -45,8 +45,8 @@ class PidController(BaseController):
     ``dt`` is ``dt_s`` if given, else ``obs.iteration_time_s``.
 
     Args:
-        setpoint_s: target natural spread, seconds, >= 0. A plain attribute: it may be changed between
-            iterations.
+        setpoint_s: target realised arrival spread ``y`` (pacing delays included), seconds, >= 0. A
+            plain attribute: it may be changed between iterations.
         kp: proportional gain, seconds of budget per second of spread error, >= 0.
         ki: integral gain, 1/s, >= 0.
         kd: derivative gain, seconds, >= 0.
@@ -60,8 +60,9 @@ class PidController(BaseController):
     Raises:
         ConfigError: a parameter is out of range.
 
-    Diagnostics: ``active`` (``u > 0``), ``p``, ``i``, ``d``, ``output_s``, ``error_s``, ``natural_spread_s``
-    (here: the last realised spread ``y``).
+    Diagnostics: ``active`` (``u > 0``), ``p``, ``i``, ``d``, ``output_s``, ``error_s``, ``spread_s``
+    (the last realised spread ``y``; threshold and EWMA report the natural spread as
+    ``natural_spread_s``, a different quantity).
 
     Example:
         >>> c = PidController(setpoint_s=0.005, kp=0.5, ki=0.1)
@@ -125,5 +126,5 @@ class PidController(BaseController):
             "d": self._d,
             "output_s": self._output_s,
             "error_s": self._error_s,
-            "natural_spread_s": 0.0 if self._last_spread_s is None else self._last_spread_s,
+            "spread_s": 0.0 if self._last_spread_s is None else self._last_spread_s,
         }

@@ -453,6 +453,19 @@ class ReplayContention:
     scaled by ``T_contention(t) / T_free``, the contention model's slowdown when the collective
     starts at absolute replay time ``t`` (steps laid end to end). Other ops keep their recorded
     times. Early-arrival interference is simulator-only.
+
+    An approximation to keep in mind: the model is the all-reduce ring of all ``num_ranks`` ranks
+    (the trace's world size, filling nodes in rank order), so whether the bursts reach it is decided
+    by the world's placement on the fat-tree. A trace's paced collective is often that of a smaller
+    group (the DP group of one pipeline stage: 4 ranks of AR's 64), whose real placement the traces
+    do not record; the slowdown factor is the world ring's.
+
+    Args:
+        cluster: the cluster profile (``conf/cluster/*.yaml``), validated here.
+        num_ranks: ranks of the modelled ring (the replay passes the trace's world size).
+
+    Raises:
+        ConfigError: a bad profile value.
     """
 
     name = "contention"
