@@ -20,7 +20,7 @@ from pacectl.fabric.noise import ComputeModel, LognormalJitter, ParetoHiccups, P
 from pacectl.fabric.topology import FatTree
 from pacectl.loop import run_episode
 from pacectl.testing.controller_contract import ControllerContract  # noqa: F401  (import check)
-from pacectl.types import Action
+from pacectl.types import Action, Observation
 
 NOISE = ComputeModel(
     0.5,
@@ -89,23 +89,33 @@ def test_interference_lets_pacing_win() -> None:
 
 
 def test_rank_permutation_symmetry_on_a_symmetric_node() -> None:
-    """One node, i.i.d. noise only: permuting the delay vector permutes arrivals, keeps iteration times."""
-    sim = SimBackend(
-        num_ranks=8,
-        num_iterations=1,
-        compute=ComputeModel(0.5),
-        comm=FixedComm(0.01),
-        interference=EarlyArrivalInterference(0.05, 8),
-    )
+    """One node: relabelling the ranks (work and delays together) relabels the finish times, with
+    interference acting (unequal work, so early ranks' polling slows later ones), and the
+    iteration time is unchanged."""
     rng = np.random.default_rng(0)
-    delays = rng.uniform(0, 0.05, 8)
+    work = 0.5 + rng.uniform(0.0, 0.1, 8)
+    delays = rng.uniform(0.0, 0.05, 8)
     perm = rng.permutation(8)
-    sim.reset(seed=0)
-    a = sim.step([Action(delays)])[0]
-    sim.reset(seed=0)
-    b = sim.step([Action(delays[perm])])[0]
-    assert a.iteration_time_s == pytest.approx(b.iteration_time_s)
-    np.testing.assert_allclose(np.sort(a.arrival_s), np.sort(b.arrival_s))
+    interference = EarlyArrivalInterference(0.05, 8)
+    finish = interference.finish_s(work, delays)
+    assert (finish > work + 1e-6).sum() >= 4  # interference acts on most ranks
+    np.testing.assert_allclose(interference.finish_s(work[perm], delays[perm]), finish[perm], rtol=1e-12)
+
+    # end to end: a slow rank's label does not matter, only where its delay goes
+    def run(slow: int, d: np.ndarray) -> Observation:
+        sim = SimBackend(
+            num_ranks=8,
+            num_iterations=1,
+            compute=ComputeModel(0.5, (SlowRanks(ranks=(slow,), factor=1.2),)),
+            comm=FixedComm(0.01),
+            interference=interference,
+        )
+        sim.reset(seed=0)
+        return sim.step([Action(d)])[0]
+
+    a, b = run(2, delays), run(int(np.argsort(perm)[2]), delays[perm])
+    assert a.iteration_time_s == pytest.approx(b.iteration_time_s, rel=1e-12)
+    np.testing.assert_allclose(b.arrival_s, a.arrival_s[perm], rtol=1e-12)
 
 
 def test_contention_makes_the_collective_time_dependent() -> None:
