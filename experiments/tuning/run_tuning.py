@@ -35,7 +35,7 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 
 from pacectl.config import CONF_DIR
-from pacectl.report import atomic_write_text, jsonable
+from pacectl.report import jsonable, staged_outputs
 from pacectl.tune import reference_params, run_tuning
 from pacectl.tuning.scenarios import Evaluation, build_scenarios
 
@@ -166,12 +166,11 @@ def main(argv: list[str] | None = None) -> None:
         help="worker processes per study (default: 1, so that a rerun reproduces the record: workers "
         "interleave their trials differently every time)",
     )
-    default_sim = "paper_like" if (CONF_DIR / "cluster" / "paper_like.yaml").is_file() else "contended"
     parser.add_argument(
         "--profiles",
         nargs="+",
-        default=["ar", "st", default_sim],
-        help=f"cluster profiles (default: ar st {default_sim})",
+        default=["ar", "st", "paper_like", "contended"],
+        help="cluster profiles (default: ar st paper_like contended, the committed record's)",
     )
     parser.add_argument(
         "--families",
@@ -193,8 +192,9 @@ def main(argv: list[str] | None = None) -> None:
         results = run(args.profiles, args.trials, args.workers, Path(tmp), families=args.families)
     results["wall_s"] = time.perf_counter() - t0
     out = args.out
-    atomic_write_text(out / "results.json", json.dumps(jsonable(results), indent=2) + "\n")
-    atomic_write_text(out / "results.md", markdown(results))
+    with staged_outputs(out) as stage:  # both files, or neither
+        (stage / "results.json").write_text(json.dumps(jsonable(results), indent=2) + "\n")
+        (stage / "results.md").write_text(markdown(results))
     print(markdown(results))
     print(f"total {results['wall_s']:.0f} s; results in {out}")
 
