@@ -7,6 +7,11 @@ reference paper (Gopalan and Ali, "When Scaling Fails"): iteration time is the s
 is std/mean of iteration time, ``spread_s`` is the latest minus the earliest arrival at the paced
 collective of one pacing domain.
 
+Errors, for every function here (the one-line docstrings below do not repeat it): an episode with
+no iterations or ranks, a total time that is not positive, or a pacing domain that owns no rank
+raises :class:`~pacectl.errors.PacectlError` naming what is wrong. Percentiles interpolate
+linearly between order statistics (numpy's default).
+
 Example:
     >>> from pacectl.testing.episodes import make_episode
     >>> ep = make_episode([[0.0, 0.2], [0.1, 0.1]], iteration_time_s=[1.0, 1.0])
