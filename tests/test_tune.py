@@ -652,23 +652,29 @@ def test_min_cv_gain_frac_sets_the_threshold() -> None:
 
 
 @pytest.mark.parametrize(
-    ("min_gain", "recommended"),
+    ("profile", "min_gain", "recommended"),
     [
         # ST's paper-threshold reference has a CV 0.33 % below no pacing's: not an improvement at 1 %
-        ("0.01", "no pacing (controller=none)"),
-        # at 0.1 % it is, and no trial is: the reference is recommended
-        ("0.001", "the paper's threshold controller at its defaults (controller=threshold)"),
+        ("st", "0.01", "no pacing (controller=none)"),
+        # at 0.1 % it would be, but a replay has fixed durations: its lower CV comes only from
+        # lengthening fast iterations, which is never counted as an improvement
+        ("st", "0.001", "no pacing (controller=none)"),
+        # on a timing-dependent profile (interference) the reference does improve, and no trial does
+        ("contended", "0.001", "the paper's threshold controller at its defaults (controller=threshold)"),
     ],
 )
-def test_no_improvement_is_flagged_everywhere(tmp_path: Path, min_gain: str, recommended: str) -> None:
-    """Thresholds far above ST's arrival spread never pace: every trial equals no pacing, so the
+def test_no_improvement_is_flagged_everywhere(
+    tmp_path: Path, profile: str, min_gain: str, recommended: str
+) -> None:
+    """Thresholds far above every arrival spread never pace: every trial equals no pacing, so the
     console, tune.json and controller.yaml say so and recommend no pacing, or the paper's threshold at
-    its defaults when that meets the rule; the export still loads."""
+    its defaults when that meets the rule on a timing-dependent model; the export still loads."""
     space = tmp_path / "space.yaml"
     space.write_text("on_threshold_s: {type: float, low: 50.0, high: 100.0}\n")
     out = tmp_path / "run"
     proc = _tune(
-        *FAST,
+        f"cluster={profile}",
+        "tune.population_size=4",
         "controller=threshold",
         "tune.n_trials=3",
         f"tune.space={space}",
@@ -680,12 +686,17 @@ def test_no_improvement_is_flagged_everywhere(tmp_path: Path, min_gain: str, rec
     assert "warning: no trial improves on no pacing (3 completed" in proc.stderr
     summary = json.loads((out / "tune.json").read_text())
     assert summary["improves_on_no_pacing"] is False and summary["trials_improving_on_no_pacing"] == 0
+    assert summary["trials_lowering_cv_by_lengthening_only"] == 0  # no trial paces at all
     assert summary["min_cv_gain_frac"] == float(min_gain)
     assert f"at least {float(min_gain):.3g}" in summary["improvement_rule"]
     assert summary["recommendation"] == recommended
     assert summary["chosen"]["cv"] == summary["baseline_none"]["cv"]
+    assert summary["comm_model_timing_dependent"] is (profile == "contended")
     text = (out / "controller.yaml").read_text()
     assert "# WARNING: no trial improves on no pacing" in text and f"recommended: {recommended}" in text
+    lengthening = profile == "st" and min_gain == "0.001"
+    assert summary["reference_lowers_cv_by_lengthening_only"] is lengthening
+    assert ("only by lengthening the fast iterations" in proc.stderr) is lengthening
     if recommended.startswith("no pacing"):
         assert "Recommended: no pacing" in proc.stderr
         assert summary["reference_improves_on_no_pacing"] is False
@@ -693,10 +704,38 @@ def test_no_improvement_is_flagged_everywhere(tmp_path: Path, min_gain: str, rec
     else:
         assert "The paper's threshold controller at its defaults does" in proc.stderr
         assert summary["reference_improves_on_no_pacing"] is True
-        assert summary["recommendation_command"] == "python -m pacectl.run controller=threshold trace=st"
+        assert summary["recommendation_command"].startswith("python -m pacectl.run controller=threshold ")
         assert summary["recommendation_command"] in proc.stderr
     exported = yaml.safe_load(text)
     assert exported["name"] == "threshold" and 50.0 <= exported["on_threshold_s"] <= 100.0
+
+
+def test_a_lower_cv_from_lengthening_iterations_is_not_an_improvement(tmp_path: Path) -> None:
+    """A replay has fixed durations: pacing can lower the CV only by lengthening fast iterations.
+    Trials that do meet the CV rule are counted as such, and no pacing stays the recommendation."""
+    space = tmp_path / "space.yaml"
+    space.write_text("on_threshold_s: {type: float, low: 0.001, high: 0.02}\n")
+    out = tmp_path / "run"
+    proc = _tune(
+        *FAST,
+        "controller=threshold",
+        "tune.n_trials=4",
+        f"tune.space={space}",
+        "tune.min_cv_gain_frac=0.0001",
+        "tune.max_throughput_loss_frac=null",
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "tune.json").read_text())
+    assert summary["comm_model_timing_dependent"] is False
+    lowered = summary["trials_lowering_cv_by_lengthening_only"]
+    assert lowered >= 1 and summary["trials_improving_on_no_pacing"] == 0
+    assert summary["chosen"]["cv"] < summary["baseline_none"]["cv"]  # lower CV ...
+    assert summary["chosen"]["throughput_it_per_s"] <= summary["baseline_none"]["throughput_it_per_s"]
+    assert summary["improves_on_no_pacing"] is False  # ... but not an improvement
+    assert summary["recommendation"] == "no pacing (controller=none)"
+    assert f"{lowered} trial(s)" in proc.stderr and "only by lengthening the fast iterations" in proc.stderr
 
 
 def test_sim_settings_on_a_trace_profile_are_reported_as_ignored(tmp_path: Path) -> None:
