@@ -191,18 +191,41 @@ def run_dir_argument_error(argv: list[str]) -> str | None:
     """Why a ``hydra.run.dir=`` / ``hydra.sweep.dir=`` argument cannot become a run folder, or None.
 
     Hydra creates the folder before the job runs and fails with a traceback when the path, or
-    one of its parents, is an existing file; the entry points check the argument first.
+    one of its parents, is an existing file, or when it cannot write there; the entry points check
+    the argument first (without one: the current folder, where the default run folder goes).
     """
+    named = False
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep or key.lstrip("+") not in ("hydra.run.dir", "hydra.sweep.dir"):
             continue
+        named = True
         if not value.strip("'\" "):
             return f"{key.lstrip('+')} must name a folder, got an empty value (the outputs would land in the current folder)"
         path = Path(value.strip("'\"")).expanduser()
         for p in (path, *path.parents):
             if p.exists() and not p.is_dir():
                 return f"{key.lstrip('+')} must be a folder (new or existing), but {p} is a file; pick another path"
+        problem = _unwritable(path)
+        if problem:
+            return f"{key.lstrip('+')}={value}: {problem}; pick a folder you can write to"
+    if not named:  # the default run folder, outputs/..., lands in the current folder
+        problem = _unwritable(Path.cwd() / "outputs")
+        if problem:
+            return (
+                f"the default run folder (outputs/... or multirun/... in the current folder) cannot be "
+                f"created: {problem}; set hydra.run.dir=<a writable folder>"
+            )
+    return None
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why the folder ``path`` (existing or to be created) cannot be written, or None."""
+    for p in (path, *path.parents):
+        if p.is_dir():
+            if os.access(p, os.W_OK | os.X_OK):
+                return None
+            return f"{p} is not writable (permission denied)"
     return None
 
 

@@ -3,6 +3,7 @@ composition errors turned into one line. End-to-end cases are in test_run_cli.py
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -252,3 +253,25 @@ def test_a_trace_file_of_unknown_kind_says_which_files_the_shorthand_takes(capsy
     err = _check(capsys, ["trace=notes.txt"])
     assert "trace=notes.txt: no such option in conf/trace/" in err
     assert ".parquet (canonical)" in err and "trace=bytedance trace.path=<file> trace.meta=<meta.yaml>" in err
+
+
+def test_an_unwritable_run_folder_is_one_line_before_hydra_starts(tmp_path: Path, monkeypatch) -> None:
+    """Hydra would fail with a PermissionError traceback. (Checked through os.access, so that the
+    test also runs as root, for whom every folder is writable.)"""
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: Path(p) != locked and real_access(p, mode))
+    problem = cli.run_dir_argument_error([f"hydra.run.dir={locked}/x/y"])
+    assert (
+        problem
+        == f"hydra.run.dir={locked}/x/y: {locked} is not writable (permission denied); pick a folder you can write to"
+    )
+    assert cli.run_dir_argument_error([f"hydra.run.dir={tmp_path}/ok"]) is None
+    monkeypatch.chdir(locked)
+    problem = cli.run_dir_argument_error(["trace=st"])
+    assert (
+        problem is not None and problem.startswith("the default run folder") and "hydra.run.dir=" in problem
+    )
+    monkeypatch.chdir(tmp_path)
+    assert cli.run_dir_argument_error(["trace=st"]) is None
