@@ -725,13 +725,20 @@ def shared_clock_marks(
             shift = max(start[r, k] - origin[k], 0.0)
             row = dict(m)
             row["forward_end_s"] = float(m["forward_end_s"]) + shift
-            for key in ("hook_call_s", "hook_return_s", "enter_s"):
+            for key in ("hook_call_s", "enter_s"):
                 row[key] = [float(t) + shift for t in m[key]]
+            # A hook that returns after the iteration's last completion T_k returned late because
+            # its thread lost the core after issuing the all-reduce (a busy host): that lag is
+            # after T_k, so it belongs to the next iteration (whose start it delays), not to this
+            # one's backward compute, which the optimizer bookkeeping at T_k would then precede.
+            row["hook_return_s"] = [min(float(t) + shift, float(periods[k])) for t in m["hook_return_s"]]
             row["exit_s"] = (exits[k] - origin[k]).tolist()
             # No autograd work is left after the last bucket's hook (it fires once the first
             # layer's gradients are in); what follows on this rank is the wait for the buckets.
             row["backward_compute_end_s"] = (
-                row["hook_return_s"][-1] if m["hook_return_s"] else row["forward_end_s"]
+                row["hook_return_s"][-1]
+                if m["hook_return_s"]
+                else min(row["forward_end_s"], float(periods[k]))
             )
             row["backward_end_s"] = row["sync_exit_s"] = float(periods[k])
             rows.append(row)
