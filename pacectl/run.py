@@ -268,7 +268,8 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
     wi = summary.get("whatif")
     if wi:
         context["stragglers' cost (what-if, null model)"] = (
-            f"blocking slowdown S = {wi['blocking_slowdown']:.3f}, M_W = {wi['m_w']:.3f}, M_S = {wi['m_s']:.3f}"
+            f"blocking slowdown S = {wi['blocking_slowdown']:.3f}, M_W = {whatif.share_text(wi['m_w'])}, "
+            f"M_S = {whatif.share_text(wi['m_s'])}"
         )
     if "note" in summary:
         context["note"] = summary["note"]

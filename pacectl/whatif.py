@@ -18,7 +18,7 @@ re-implemented on pacectl's vectorized replay (:mod:`pacectl.backends.dag`):
   durations put back; its slowdown ``mean(step time) / t_ideal`` is what that subset alone causes.
   Per-step versions divide step by step. pacectl adds the same for each (DP rank, stage) cell;
 - **M_S** (stage imbalance): ``(t_ori - t_rem) / (t_ori - t_ideal)`` where ``t_rem`` is the original
-  with the last stage's ops set to ideal;
+  with the last stage's ops set to ideal; undefined (NaN, ``null`` in JSON) with one pipeline stage;
 - **M_W** (worker issue): the same with the top 3 % of ranks (at least one) set to ideal, ranks
   scored by ``min(slowdown of their DP rank, slowdown of their stage)``. ``add`` variants put the
   subset's recorded durations back into the ideal instead: ``(t_add - t_ideal) / (t_ori - t_ideal)``.
@@ -49,6 +49,12 @@ P2P_GROUP = {
 }
 MW_TOP_FRAC = 0.03  # share of ranks M_W sets to ideal (the artifact's RATIO = 3 %)
 FloatArray = NDArray[np.float64]
+
+
+def share_text(value: float | None) -> str:
+    """An M_W / M_S value for people: 3 decimals, or ``n/a`` where it is undefined (NaN or None:
+    no gap between original and ideal, or M_S of a job with one pipeline stage)."""
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
 
 
 @dataclass(frozen=True)
@@ -158,7 +164,7 @@ class WhatIfResult:
         lines = [
             f"blocking slowdown S = {self.blocking_slowdown:.3f} (stragglers cost "
             f"{(1 - 1 / self.blocking_slowdown) * 100:.1f} % of step time); "
-            f"M_W = {self.m_w.rem:.3f}, M_S = {self.m_s.rem:.3f}"
+            f"M_W = {share_text(self.m_w.rem)}, M_S = {share_text(self.m_s.rem)}"
         ]
         d, s = np.unravel_index(int(np.argmax(self.by_rank)), self.by_rank.shape)
         lines.append(
@@ -284,8 +290,12 @@ def analyze(backend: ReplayBackend) -> WhatIfResult:
             subset=subset,
         )
 
-    last = np.broadcast_to((dag.stage == pp - 1)[:, None, None], recorded_t.shape)
-    m_s = explain(last, f"every op of the last stage ({pp - 1})")
+    if pp > 1:
+        last = np.broadcast_to((dag.stage == pp - 1)[:, None, None], recorded_t.shape)
+        m_s = explain(last, f"every op of the last stage ({pp - 1})")
+    else:  # the "last stage" would be the whole job: M_S = 1 would read as all stage imbalance
+        nan = math.nan
+        m_s = Explained(t_ori, t_ideal, nan, nan, nan, nan, "undefined: one pipeline stage, no stage imbalance")
     score = np.minimum(
         np.array([by_dp[str(d)] for d in range(dp)])[:, None],
         np.array([by_stage[str(s)] for s in range(pp)])[None, :],

@@ -88,3 +88,16 @@ def test_whatif_json_and_files(results: dict, st_backend: ReplayBackend, tmp_pat
     complete = [e for e in events if e["ph"] == "X"]
     assert len(complete) == 2 * st_backend.dag.num_nodes * 2  # recorded + ideal, 2 DP ranks
     assert all(e["dur"] >= 0 for e in complete)
+
+
+def test_m_s_is_undefined_with_one_pipeline_stage() -> None:
+    """With one stage "the last stage" is the whole job, so M_S would be 1.000 on every pure-DP
+    trace and read as "all of the slowdown is stage imbalance"; it is undefined instead."""
+    from pacectl.traces.kineto import load_kineto
+    from pacectl.whatif import share_text
+
+    result = analyze(ReplayBackend(load_kineto(DATA_DIR / "h200-capture")))
+    assert result.blocking_slowdown > 1.0 and np.isfinite(result.m_w.rem)
+    assert np.isnan(result.m_s.rem) and "one pipeline stage" in result.m_s.subset
+    assert "M_S = n/a" in result.worst_offenders()[0]
+    assert share_text(0.25) == "0.250" and share_text(None) == "n/a"
