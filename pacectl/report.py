@@ -415,7 +415,7 @@ def _table_rows(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> li
                 delta,
                 _fmt(s.get("iteration_time_mean_s"), "#.4g"),
                 _fmt(s.get("iteration_time_p99_s"), "#.4g"),
-                _fmt(s.get("cv"), ".3f"),
+                _fmt(s.get("cv"), "#.3g"),
                 _fmt(s.get("spread_median_s"), "#.4g"),
                 _fmt(s.get("pacing_delay_total_s"), "#.4g"),
                 _fmt(None if active is None else 100.0 * active, ".1f"),
