@@ -341,6 +341,15 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
             option, real = next(iter(owners.items()))
             named = ", ".join(f"{group}={o}" for o in owners)
             fix = f" It is a key of {named}: select one, e.g. {group}={option} {parent}.{real}={given}"
+        controller_file = next(
+            (o.partition("=")[2] for o in overrides if o.startswith("controller_file=")), None
+        )
+        if parent == "controller" and controller_file:
+            return (
+                f"{key}={given}: controller_file={controller_file} sets the controller (the file's values "
+                f"replace the controller group, so controller.* overrides are not read); change {leaf} in "
+                "that file, or drop controller_file to set it here"
+            )
         if parent == "controller" and isinstance(section, DictConfig) and section.get("name") == "all":
             return (
                 f"{key}: controller=all (the default) runs every family with its own "

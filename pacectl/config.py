@@ -249,13 +249,24 @@ def tuned_elsewhere(header: str, cfg: DictConfig) -> tuple[list[str], list[str]]
         choices = dict(HydraConfig.get().runtime.choices)
     except ValueError:  # not inside a Hydra app (a library call): nothing to compare with
         return None
+    return use_line_differences(use, {str(k): str(v) for k, v in choices.items() if v is not None})
+
+
+def use_line_differences(use: str, choices: dict[str, str]) -> tuple[list[str], list[str]] | None:
+    """The group choices of a ``# Use:`` line that differ from ``choices`` (this run's), or None.
+
+    Only what this run reads is compared: the trace only between replays, and for a live run
+    (``backend=torch``, whose fabric is real) only the backend.
+    """
     given = dict(t.partition("=")[::2] for t in use.split()[1:] if "=" in t)
     given.setdefault("backend", "replay")  # the Use line leaves the default backend out
-    sim = str(choices.get("backend")) == "sim"
+    backend = str(choices.get("backend"))
     theirs, ours = [], []
     for key in ("backend", "trace", "cluster", "comm"):
-        if key not in given or (key == "trace" and (sim or given["backend"] == "sim")):
-            continue  # a simulation reads no trace
+        if key not in given or (key == "trace" and (backend != "replay" or given["backend"] != "replay")):
+            continue  # only a replay reads a trace
+        if key != "backend" and backend == "torch":
+            continue  # a live run reads neither a trace nor a modelled fabric: its own is real
         current = choices.get(key)
         if current is not None and str(current) != given[key]:
             theirs.append(f"{key}={given[key]}")

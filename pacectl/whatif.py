@@ -295,7 +295,9 @@ def analyze(backend: ReplayBackend) -> WhatIfResult:
         m_s = explain(last, f"every op of the last stage ({pp - 1})")
     else:  # the "last stage" would be the whole job: M_S = 1 would read as all stage imbalance
         nan = math.nan
-        m_s = Explained(t_ori, t_ideal, nan, nan, nan, nan, "undefined: one pipeline stage, no stage imbalance")
+        m_s = Explained(
+            t_ori, t_ideal, nan, nan, nan, nan, "undefined: one pipeline stage, no stage imbalance"
+        )
     score = np.minimum(
         np.array([by_dp[str(d)] for d in range(dp)])[:, None],
         np.array([by_stage[str(s)] for s in range(pp)])[None, :],

@@ -275,3 +275,9 @@ def test_an_unwritable_run_folder_is_one_line_before_hydra_starts(tmp_path: Path
     )
     monkeypatch.chdir(tmp_path)
     assert cli.run_dir_argument_error(["trace=st"]) is None
+
+
+def test_a_controller_key_beside_a_controller_file_points_at_the_file(capsys) -> None:
+    err = _check(capsys, ["controller_file=/tmp/c.yaml", "controller.gain=0.2"])
+    assert "controller.gain=0.2: controller_file=/tmp/c.yaml sets the controller" in err
+    assert "change gain in that file" in err and "controller=all" not in err

@@ -430,3 +430,11 @@ def test_a_quoted_number_is_named_as_a_string() -> None:
         check_float("pid", "kp", "0.5", low=0.0)
     with pytest.raises(ConfigError, match=r"got 'abc' \(controller 'pid'"):  # not a number at all
         check_float("pid", "kp", "abc", low=0.0)
+
+
+def test_a_non_finite_value_read_as_text_is_not_called_a_quoted_number() -> None:
+    """YAML reads a bare ``nan`` as the string 'nan': no quotes to drop, just not a valid value."""
+    with pytest.raises(ConfigError, match=r"got 'nan' \(not a finite number\)"):
+        ThresholdController(on_threshold_s="nan")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"got '0.5' \(a string: drop the quotes"):
+        ThresholdController(on_threshold_s="0.5")  # type: ignore[arg-type]

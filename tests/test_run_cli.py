@@ -359,6 +359,28 @@ def test_a_controller_file_tuned_for_another_trace_says_so(tmp_path: Path) -> No
     assert "was tuned for backend=replay, and this run has backend=sim:" in sim.stderr  # no trace compared
 
 
+def test_a_tuned_file_is_compared_only_on_what_the_run_reads() -> None:
+    from pacectl.config import use_line_differences
+
+    use = "# Use: python -m pacectl.run controller_file=<this file> trace=st"
+    assert use_line_differences(use, {"backend": "replay", "trace": "ar"}) == (["trace=st"], ["trace=ar"])
+    assert use_line_differences(use, {"backend": "replay", "trace": "st"}) is None
+    # a live run reads no trace (the default trace=ar is still composed) and has its own fabric
+    live = use_line_differences(
+        use, {"backend": "torch", "trace": "ar", "cluster": "generic", "comm": "null"}
+    )
+    assert live == (["backend=replay"], ["backend=torch"])
+    sim_use = "# Use: python -m pacectl.run controller_file=<this file> backend=sim cluster=contended comm=contention"
+    assert (
+        use_line_differences(sim_use, {"backend": "sim", "cluster": "contended", "comm": "contention"})
+        is None
+    )
+    assert use_line_differences(sim_use, {"backend": "sim", "cluster": "generic", "comm": "contention"}) == (
+        ["cluster=contended"],
+        ["cluster=generic"],
+    )
+
+
 def test_a_trace_profile_without_its_trace_says_what_is_replayed(tmp_path: Path) -> None:
     proc = _run("cluster=st", "controller=none", f"hydra.run.dir={tmp_path / 'a'}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -38,9 +38,11 @@ def _shown(value: object) -> str:
         return repr(value.item())
     if isinstance(value, str):
         try:
-            float(value)
+            number = float(value)
         except ValueError:
             return repr(value)
+        if not math.isfinite(number):  # YAML reads a bare nan / inf as text; it is no valid value anyway
+            return f"{value!r} (not a finite number)"
         return f"{value!r} (a string: drop the quotes around the number)"
     return repr(value)
 
