@@ -215,3 +215,18 @@ def test_errors_use_this_commands_options_not_pacectl_runs(
     err = capsys.readouterr().err
     assert err.startswith("pacectl.traces: error: the trace file must be a Parquet file")
     assert "--format bytedance, kineto or steplevel" in err and "trace=" not in err
+
+
+def test_a_bytedance_trace_finds_its_meta_file_beside_it(capsys, tmp_path) -> None:
+    """The shipped layout (trace-AR.parquet next to meta-AR.yaml) needs no --meta; elsewhere a
+    missing --meta is a command-line mistake (exit 2) that says what to add."""
+    from pacectl.data import DATA_DIR
+
+    assert main(["info", str(DATA_DIR / "bytedance" / "trace-ST.parquet")]) == 0
+    captured = capsys.readouterr()
+    assert "as a ByteDance trace with" in captured.err and "meta-ST.yaml" in captured.err
+    assert "job 'ST'" in captured.out
+    lone = tmp_path / "trace-ST.parquet"
+    lone.write_bytes((DATA_DIR / "bytedance" / "trace-ST.parquet").read_bytes())
+    assert main(["info", "--format", "bytedance", str(lone)]) == 2
+    assert "got no --meta; add --meta <meta.yaml>" in capsys.readouterr().err

@@ -49,6 +49,29 @@ class OutputError(PacectlError):
     """The ``-o`` path cannot be written (exit 2: fix the command line)."""
 
 
+class CommandLineError(PacectlError):
+    """The command line lacks what the trace needs (exit 2: fix the command line)."""
+
+
+def _meta_beside(path: str) -> Path | None:
+    """The job meta YAML beside a ByteDance trace (``trace-X.parquet`` -> ``meta-X.yaml``), when the
+    file is not pacectl's own Parquet (which carries its metadata); None otherwise."""
+    p = Path(path)
+    if not p.name.startswith("trace-"):
+        return None
+    meta = p.with_name("meta-" + p.name[len("trace-") :]).with_suffix(".yaml")
+    if not meta.is_file():
+        return None
+    try:
+        import pyarrow.parquet as pq
+
+        if b"pacectl" in (pq.read_schema(p).metadata or {}):
+            return None
+    except Exception:  # noqa: BLE001 - not readable as Parquet: the loader will say why
+        return None
+    return meta
+
+
 def _load(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | None, list[str]]:
     """Load the trace named on the command line.
 
@@ -65,6 +88,11 @@ def _load(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | None, lis
 
 
 def _load_quiet(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | None]:
+    if args.format in ("auto", "bytedance") and not args.meta and len(args.paths) == 1:
+        beside = _meta_beside(args.paths[0])
+        if beside is not None:  # the shipped layout: trace-AR.parquet next to meta-AR.yaml
+            print(f"reading {args.paths[0]} as a ByteDance trace with {beside} (--meta)", file=sys.stderr)
+            args.meta = str(beside)
     fmt = _detect(args.paths, args.format, args.meta)
     if fmt != "kineto" and len(args.paths) != 1:
         raise TraceError(f"a {fmt} trace must be one file, got {len(args.paths)} paths")
@@ -92,7 +120,10 @@ def _load_quiet(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | Non
     from pacectl.traces.bytedance import load_bytedance
 
     if not args.meta:
-        raise TraceError("a bytedance trace needs its job meta YAML, got no --meta")
+        raise CommandLineError(
+            "a bytedance trace needs its job meta YAML, got no --meta; add --meta <meta.yaml> (the "
+            "shipped traces have it beside them: pacectl/data/bytedance/meta-AR.yaml)"
+        )
     return load_bytedance(args.paths[0], args.meta), None
 
 
@@ -374,22 +405,24 @@ def in_this_commands_words(message: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    prog = "pacectl-traces" if parser.prog == "pacectl-traces" else "pacectl.traces"  # as pacectl.run names itself
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # warnings are printed by the commands themselves
             return int(args.func(args))
-    except OutputError as err:
-        print(f"pacectl.traces: error: {err}", file=sys.stderr)
+    except (OutputError, CommandLineError) as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
     except PacectlError as err:
-        print(f"pacectl.traces: error: {in_this_commands_words(str(err))}", file=sys.stderr)
+        print(f"{prog}: error: {in_this_commands_words(str(err))}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader went away (``| head``): not an error of the trace
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
     except (OSError, MemoryError) as err:
-        print(f"error: could not read the trace: {type(err).__name__}: {err}", file=sys.stderr)
+        print(f"{prog}: error: could not read the trace: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
 
 

@@ -155,7 +155,8 @@ class TraceProblems(TraceError):
             else f"in {first.file}:{first.where}, field {first.field}"
         )
         located = f"({where})" in first.message  # a whole-file message from the reader names it
-        super().__init__(f"{first.message}{'' if located else f' ({where})'}{tail}")
+        head = f"{first.message}{'' if located else f' ({where})'}"
+        super().__init__((head[:-1] if tail and head.endswith(".") else head) + tail)  # no ".;"
 
 
 @dataclass
