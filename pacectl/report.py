@@ -289,8 +289,12 @@ def _save_figure(fig: Any, path: str | os.PathLike[str]) -> None:
 
 
 def plot_iteration_time(
-    path: str | os.PathLike[str], episodes: Mapping[str, Episode], baseline: str = "none"
-) -> None:
+    path: str | os.PathLike[str],
+    episodes: Mapping[str, Episode],
+    baseline: str = "none",
+    *,
+    time_unit: str = "s",
+) -> Any:
     """Plot iteration time over iterations (top) and its difference to the baseline run (bottom), PNG.
 
     Runs often coincide on most iterations, so the bottom panel shows where pacing gained (< 0) or
@@ -300,6 +304,11 @@ def plot_iteration_time(
         path: destination PNG.
         episodes: run name (baseline ``"none"`` and each controller) -> episode.
         baseline: the run the bottom panel subtracts.
+        time_unit: the axis unit: ``"s"``, or e.g. ``"arbitrary s"`` for a normalised trace that records
+            no real time (the title then says so).
+
+    Returns:
+        The matplotlib ``Figure`` (already saved).
     """
     from matplotlib.figure import Figure
 
@@ -312,19 +321,26 @@ def plot_iteration_time(
         top.plot(x, ep.iteration_time_s, label=run, **style)
         if base is not None and run != baseline and ep.num_iterations == base.num_iterations:
             bottom.plot(x, ep.iteration_time_s - base.iteration_time_s, lw=1.0, label=run)
-    top.set_ylabel("iteration time (s)")
-    top.set_title(f"Iteration time per run\n{_models_note(_episode_models(episodes))}")
+    top.set_ylabel(f"iteration time ({time_unit})")
+    top.set_title(f"Iteration time per run{_unit_note(time_unit)}\n{_models_note(_episode_models(episodes))}")
     if episodes:
         top.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     bottom.axhline(0.0, color="black", lw=1.0)
     bottom.set_xlabel("iteration")
-    bottom.set_ylabel(f"minus {baseline} (s)")
+    bottom.set_ylabel(f"minus {baseline} ({time_unit})")
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
     _save_figure(fig, path)
+    return fig
 
 
-def plot_spread(path: str | os.PathLike[str], episodes: Mapping[str, Episode]) -> None:
+def _unit_note(time_unit: str) -> str:
+    return "" if time_unit == "s" else f" (times in {time_unit}: not real time)"
+
+
+def plot_spread(
+    path: str | os.PathLike[str], episodes: Mapping[str, Episode], *, time_unit: str = "s"
+) -> Any:
     """Plot arrival spread over iterations, one subplot per run, with pacing activity shaded (PNG, atomic).
 
     Each subplot shows the spread of the paced arrivals (solid) and of the natural, unpaced arrivals
@@ -335,6 +351,10 @@ def plot_spread(path: str | os.PathLike[str], episodes: Mapping[str, Episode]) -
     Args:
         path: destination PNG.
         episodes: run name -> episode.
+        time_unit: the axis unit (see :func:`plot_iteration_time`).
+
+    Returns:
+        The matplotlib ``Figure`` (already saved).
     """
     from matplotlib.figure import Figure
 
@@ -362,12 +382,13 @@ def plot_spread(path: str | os.PathLike[str], episodes: Mapping[str, Episode]) -
                 )
             ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
         ax.set_title(f"{run} (controller: {ep.controller})", fontsize="medium")
-        ax.set_ylabel("worst-domain spread (s)")
+        ax.set_ylabel(f"worst-domain spread ({time_unit})")
         ax.set_ylim(bottom=0.0)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("iteration")
-    fig.suptitle(f"Arrival spread per run\n{_models_note(_episode_models(episodes))}")
+    fig.suptitle(f"Arrival spread per run{_unit_note(time_unit)}\n{_models_note(_episode_models(episodes))}")
     _save_figure(fig, path)
+    return fig
 
 
 # --- tables and report.md -------------------------------------------------------------------------

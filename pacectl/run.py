@@ -161,8 +161,9 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         if cfg.output.get("iterations", True):
             report.write_iterations_parquet(stage / "iterations.parquet", episodes)
         if cfg.output.plots:
-            report.plot_iteration_time(stage / "iteration_time.png", episodes)
-            report.plot_spread(stage / "spread.png", episodes)
+            unit = "arbitrary s" if "time_unit_note" in summary else "s"  # a normalised trace: no real time
+            report.plot_iteration_time(stage / "iteration_time.png", episodes, time_unit=unit)
+            report.plot_spread(stage / "spread.png", episodes, time_unit=unit)
         if cfg.output.report:
             report.write_report_md(
                 stage / "report.md",

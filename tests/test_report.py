@@ -159,6 +159,16 @@ def test_plots_write_png(tmp_path, episodes, plot):
     assert _leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("plot", [report.plot_iteration_time, report.plot_spread])
+def test_plots_of_a_normalised_trace_do_not_claim_seconds(tmp_path, episodes, plot):
+    real = plot(tmp_path / "real.png", episodes)
+    assert real.axes[0].get_ylabel().endswith("(s)")
+    fig = plot(tmp_path / "norm.png", episodes, time_unit="arbitrary s")
+    assert all(ax.get_ylabel().endswith("(arbitrary s)") for ax in fig.axes if ax.get_ylabel())
+    title = fig.axes[0].get_title() + (fig._suptitle.get_text() if fig._suptitle else "")
+    assert "not real time" in title
+
+
 def test_plots_do_not_touch_pyplot_state(tmp_path, episodes):
     import matplotlib.pyplot as plt
 

@@ -407,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    prog = "pacectl-traces" if parser.prog == "pacectl-traces" else "pacectl.traces"  # as pacectl.run names itself
+    prog = (
+        "pacectl-traces" if parser.prog == "pacectl-traces" else "pacectl.traces"
+    )  # as pacectl.run names itself
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # warnings are printed by the commands themselves
