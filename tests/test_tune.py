@@ -947,6 +947,9 @@ def test_a_storage_that_is_no_journal_is_a_config_error(tmp_path: Path) -> None:
     if Path("/proc/self").is_dir():  # a folder nobody can create files in, root included
         with pytest.raises(ConfigError, match="cannot create or open the journal there"):
             storage_spec("/proc/pacectl-test.journal", tmp_path).open()
+    with pytest.raises(ConfigError, match="reachable RDB URL") as err:  # SQLAlchemy's error, one line
+        storage_spec(f"sqlite:///{tmp_path}/no/such/dir/x.db", tmp_path).open()
+    assert "\n" not in str(err.value) and "Background on this error" not in str(err.value)
 
 
 def test_trace_names_in_cluster_traces_are_refused_cleanly(tmp_path: Path) -> None:

@@ -140,8 +140,8 @@ class StorageSpec:
         except Exception as err:  # sqlalchemy.exc.ArgumentError, OperationalError, ImportError
             raise ConfigError(
                 f"tune.storage must be a journal file path or a reachable RDB URL such as sqlite:///tune.db, "
-                f"got {self.location!r}: {type(err).__name__}: {err}"
-            ) from err
+                f"got {self.location!r}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            ) from err  # SQLAlchemy appends a "(Background on this error at: ...)" line
 
     @property
     def display(self) -> str:
