@@ -431,7 +431,13 @@ def _hydra_main(cfg: DictConfig) -> None:
     except BaseException:  # a bug, not a user mistake: its traceback follows, but no half run folder
         cli.discard_run_dir(out_dir)
         raise
+    _written.append(out_dir)  # complete from here on: a later Ctrl-C must not look like a failed run
     log_summary(summary, out_dir)
+
+
+#: Run folders whose outputs are complete (a Ctrl-C after this, in the console summary or Hydra's
+#: teardown, leaves them as they are; :func:`main` says so).
+_written: list[Path] = []
 
 
 def _fail(message: str) -> None:
@@ -445,7 +451,17 @@ def main() -> None:
     cli.expand_trace_file_argv("pacectl.run")
     cli.exit_on_bad_run_dir("pacectl.run")
     cli.check_command_line("pacectl.run", CONF_DIR, "config", validate=_check_config)
-    _hydra_main()
+    try:
+        _hydra_main()
+    except KeyboardInterrupt:  # outside the job's own handling: before it started or after it wrote
+        if _written:
+            print(
+                f"pacectl.run: interrupted after the outputs were written; they are complete: {_written[-1]}",
+                file=sys.stderr,
+            )
+        else:
+            print("pacectl.run: interrupted; no outputs were written", file=sys.stderr)
+        sys.exit(130)
 
 
 def _check_config(cfg: DictConfig) -> None:

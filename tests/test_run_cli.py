@@ -490,3 +490,26 @@ def test_a_controller_file_that_is_not_yaml_gets_one_line(tmp_path: Path) -> Non
     assert len(lines) == 1 and "must be valid YAML" in lines[0] and "at line 3, column 1" in lines[0], (
         proc.stderr
     )
+
+
+def test_ctrl_c_after_the_outputs_are_written_says_they_are_complete(tmp_path: Path) -> None:
+    """A Ctrl-C while the console summary prints (or Hydra tears down) comes after every output is
+    in place: the run says so instead of exiting 130 silently. (In a child process, where
+    log_summary is replaced by one that is interrupted, so Hydra's global state stays there.)"""
+    out = tmp_path / "run"
+    code = (
+        "import sys\n"
+        "import pacectl.run as run\n"
+        "def interrupted(summary, out_dir):\n"
+        "    raise KeyboardInterrupt\n"
+        "run.log_summary = interrupted\n"
+        f"sys.argv = ['pacectl.run', 'trace=st', 'controller=none', 'output.plots=false', 'hydra.run.dir={out}']\n"
+        "run.main()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert f"interrupted after the outputs were written; they are complete: {out}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (out / "summary.json").is_file() and (out / "report.md").is_file()
