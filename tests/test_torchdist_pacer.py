@@ -175,7 +175,9 @@ def test_every_mode_decides_identically_on_every_rank_and_pace(ranks, mode: str)
     assert r0["iterations"] == list(range(_STEPS))
     # a delay is really applied on rank 0 (rank 1 straggles) and lasts at least what was asked
     requested = r0["applied"][:, 0]
-    assert requested.max() > 0.0 and not ranks[1][mode]["applied"][:, 1].any()
+    # (rank 1 is paced far less: a hiccup of rank 0 longer than rank 1's 10 ms sleep on a loaded
+    # machine may make rank 1 early once, so "never" would be a timing assertion)
+    assert requested.max() > 0.0 and ranks[1][mode]["applied"][:, 1].sum() < 0.25 * requested.sum()
     assert (r0["delay_actual"][requested > 0] >= requested[requested > 0] - 1e-6).all()
     # the runtime retune reached every rank (versioned broadcast)
     for rank in range(_WORLD):
