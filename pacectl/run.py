@@ -398,6 +398,12 @@ def _hydra_main(cfg: DictConfig) -> None:
     ]
     for line in ignored:
         log.warning(f"warning: {line}")
+    earlier = [n for n in ("summary.json", "whatif.json") if (out_dir / n).is_file()]
+    if earlier:  # a named hydra.run.dir used again: Hydra reuses the folder as it is
+        log.warning(
+            f"warning: {out_dir} holds an earlier run's outputs ({', '.join(earlier)}): this run replaces "
+            "them when it succeeds (and appends to run.log); pick another hydra.run.dir to keep them"
+        )
     try:
         if cfg.analysis.name == "whatif":
             result = run_whatif(cfg, out_dir)

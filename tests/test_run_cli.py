@@ -215,6 +215,7 @@ def test_a_failed_rerun_keeps_the_earlier_run_folder_as_it_was(tmp_path: Path) -
     assert proc.returncode == 2 and "truncated" in proc.stderr
     after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before  # .hydra/ put back (it named the failed trace), run.log cut back
+    assert f"warning: {out} holds an earlier run's outputs (summary.json)" in proc.stderr  # said first
 
 
 def test_corrupt_trace_file(tmp_path: Path) -> None:
