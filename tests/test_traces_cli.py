@@ -230,3 +230,12 @@ def test_a_bytedance_trace_finds_its_meta_file_beside_it(capsys, tmp_path) -> No
     lone.write_bytes((DATA_DIR / "bytedance" / "trace-ST.parquet").read_bytes())
     assert main(["info", "--format", "bytedance", str(lone)]) == 2
     assert "got no --meta; add --meta <meta.yaml>" in capsys.readouterr().err
+
+
+def test_a_folder_of_other_traces_names_its_files(capsys) -> None:
+    from pacectl.data import DATA_DIR
+
+    assert main(["info", str(DATA_DIR / "alibaba-pai")]) == 2
+    err = capsys.readouterr().err
+    assert "read as a folder of Kineto JSON files" in err and "it also holds job_1_norm.csv" in err
+    assert len(err.strip().splitlines()) == 1

@@ -53,6 +53,13 @@ class CommandLineError(PacectlError):
     """The command line lacks what the trace needs (exit 2: fix the command line)."""
 
 
+def _other_traces_in(paths: list[str]) -> list[str]:
+    """The Parquet and CSV files of a single folder argument (traces of other formats), sorted."""
+    if len(paths) != 1 or not Path(paths[0]).is_dir():
+        return []
+    return sorted(p.name for p in Path(paths[0]).iterdir() if p.suffix.lower() in (".parquet", ".csv"))
+
+
 def _meta_beside(path: str) -> Path | None:
     """The job meta YAML beside a ByteDance trace (``trace-X.parquet`` -> ``meta-X.yaml``), when the
     file is not pacectl's own Parquet (which carries its metadata); None otherwise."""
@@ -99,15 +106,24 @@ def _load_quiet(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | Non
     if fmt == "kineto":
         from pacectl.traces.kineto import import_kineto
 
-        trace, report = import_kineto(
-            args.paths,
-            ranks=args.rank,
-            world_size=args.world_size,
-            strict=args.strict,
-            align=args.align,
-            drop_unmatched=args.drop_unmatched,
-            max_bytes=int(args.max_mb * 2**20),
-        )
+        try:
+            trace, report = import_kineto(
+                args.paths,
+                ranks=args.rank,
+                world_size=args.world_size,
+                strict=args.strict,
+                align=args.align,
+                drop_unmatched=args.drop_unmatched,
+                max_bytes=int(args.max_mb * 2**20),
+            )
+        except TraceError as err:
+            others = _other_traces_in(args.paths)
+            if others:  # a folder of ByteDance / step-level files read as Kineto: name them instead
+                raise CommandLineError(
+                    f"{args.paths[0]} is read as a folder of Kineto JSON files, and failed ({err}); it "
+                    f"also holds {', '.join(others[:4])}: to read one of those, name the file"
+                ) from err
+            raise
         return trace, report.summary()
     if fmt == "steplevel":
         from pacectl.traces.steplevel import load_steplevel
