@@ -167,7 +167,11 @@ class ContentionComm:
             return "cross traffic never on (on_s 0)"
         if self.cross.off_s == 0:
             return "cross traffic always on (off_s 0): a constant slowdown"
-        rates = {self.ring_rate_Bps(state) for state in self._states_in_period()}
+        rates: set[float] = set()
+        for state in self._states_in_period():
+            rates.add(self.ring_rate_Bps(state))
+            if len(rates) > 1:
+                return None  # the rate changes with the phase: timing-dependent
         if len(rates) == 1:
             # e.g. staggered bursts on many uplinks: some uplink the ring crosses is always busy
             if rates == {self.ring_rate_Bps((False,) * len(self._cross_links))}:
@@ -178,18 +182,19 @@ class ContentionComm:
             )
         return None
 
-    def _states_in_period(self) -> set[tuple[bool, ...]]:
-        """Every combination of cross flows on that occurs during one on/off period."""
+    def _states_in_period(self) -> list[tuple[bool, ...]]:
+        """Every combination of cross flows on that occurs during one on/off period, in time order
+        (each once)."""
         period = self.cross.period_s
         # link i is on while (t + offset_i * period) mod period < on_s: it switches at these times
         starts = (-self._link_offsets * period) % period
         switches = np.sort(np.concatenate([starts, (starts + self.cross.on_s) % period, [0.0, period]]))
         mids = (switches[:-1] + switches[1:]) / 2
-        states = set()
+        states: dict[tuple[bool, ...], None] = {}
         for t in mids[np.diff(switches) > 1e-12 * period]:
             phase = (t + self._link_offsets * period) % period
-            states.add(tuple((phase < self.cross.on_s).tolist()))
-        return states
+            states.setdefault(tuple((phase < self.cross.on_s).tolist()), None)
+        return list(states)
 
     def ring_rate_Bps(self, cross_on: tuple[bool, ...]) -> float:
         """Rate of the ring's slowest flow when the given cross flows are on, bytes/s."""
@@ -215,10 +220,13 @@ class ContentionComm:
             return tuple(False for _ in self._cross_links), math.inf
         if self.cross.off_s == 0:
             return tuple(True for _ in self._cross_links), math.inf
-        nudge = 1e-9 * period  # decide the state just after t, so a switch at t always makes progress
+        # decide the state just after t, so a switch at t always makes progress (a nudge above
+        # t's float resolution, and a next switch strictly after t)
+        nudge = max(1e-9 * period, 4.0 * math.ulp(t))
         phase = (t + nudge + self._link_offsets * period) % period
         on = phase < self.cross.on_s
         next_switch = t + nudge + float(np.min(np.where(on, self.cross.on_s, period) - phase))
+        next_switch = max(next_switch, math.nextafter(t, math.inf))
         states = tuple(on.tolist())
         return tuple(states), next_switch
 
@@ -243,12 +251,17 @@ class ContentionComm:
         if self.inert_reason:  # one rate through the whole transfer
             return self._fixed_s + total / self.ring_rate_Bps(self._state(start)[0])
         period = self.cross.period_s
-        t, left = self._advance(start, total, start + period)
+        # The pattern repeats every period: integrate on a local axis (start mod period), so that
+        # the switch times keep their float resolution however late the transfer starts.
+        t0 = start % period
+        t, left = self._advance(t0, total, t0 + period)
+        skipped = 0.0
         if left > 0:  # longer than a period: skip the whole periods it surely needs
             per_period = total - left
             whole = max(0, math.floor(left / per_period) - 1)
-            t, left = self._advance(t + whole * period, left - whole * per_period, math.inf)
-        return self._fixed_s + (t - start)
+            skipped = whole * period  # t's phase is unchanged by whole periods
+            t, left = self._advance(t, left - whole * per_period, math.inf)
+        return self._fixed_s + skipped + (t - t0)
 
     def _advance(self, t: float, remaining: float, until: float) -> tuple[float, float]:
         """Move ``remaining`` ring bytes from time ``t``, switch by switch, stopping at ``until``.
