@@ -69,7 +69,10 @@ def hierarchical_allreduce_s(
     bandwidth ``B_e`` (every NIC of the node): each ring gets ``B_e / g``. Cost:
     ``2 (g-1) alpha_i + 2 (g-1)/g * n / B_i + ring_allreduce(n / g, N, alpha_e, B_e / g)``, whose
     network term is ``2 (N-1) alpha_e + 2 (N-1)/N * n / B_e``: all ``n`` bytes of the node cross its
-    NICs, as in :class:`pacectl.fabric.contention.ContentionComm` (whose quiet duration it equals).
+    NICs, as in :class:`pacectl.fabric.contention.ContentionComm`, whose quiet duration it equals as
+    long as the leaf uplinks do not limit the ring (oversubscription <= nodes per leaf: an uplink
+    carries at least one NIC's bandwidth); beyond that the contention model's ring is uplink-bound
+    and slower, which no closed form here models.
 
     Args:
         n_bytes: bytes per rank to all-reduce.

@@ -342,7 +342,7 @@ class AlphaBetaComm(FixedComm):
         num_ranks: int,
         *,
         message_bytes: float,
-        algorithm: str = "ring",
+        algorithm: str = "hierarchical",
         alpha_inter_s: float = 5e-6,
         alpha_intra_s: float = 2e-6,
     ) -> None:

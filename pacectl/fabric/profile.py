@@ -202,7 +202,7 @@ FABRIC_SCHEMA: dict[str, dict[str, tuple[_Check, str]]] = {
         "rail_optimized": _boolean("false"),
     },
     "collective": {  # AlphaBetaComm / ContentionComm
-        "algorithm": _choice(ALGORITHMS, "ring"),
+        "algorithm": _choice(ALGORITHMS, "hierarchical"),
         "message_bytes": _number("2.0e9", low=0.0),
         "alpha_inter_s": _number("5.0e-6", low=0.0),
         "alpha_intra_s": _number("2.0e-6", low=0.0),
@@ -393,7 +393,7 @@ def compute_from(cluster: Mapping[str, Any]) -> ComputeModel:
 def _collective(profile: Mapping[str, Any]) -> dict[str, Any]:
     c = profile["collective"]
     return {
-        "algorithm": c.get("algorithm", "ring"),
+        "algorithm": c.get("algorithm", "hierarchical"),
         "message_bytes": c.get("message_bytes", 2e9),
         "alpha_inter_s": c.get("alpha_inter_s", 5e-6),
         "alpha_intra_s": c.get("alpha_intra_s", 2e-6),
@@ -427,9 +427,10 @@ def sim_fabric(
 
     ``null`` uses the alpha-beta cost of the profile's collective as its fixed duration. With the
     default ``collective.algorithm: hierarchical`` that is exactly ``contention``'s duration on a
-    quiet fabric (the all-reduce the contention model runs), so the three models share the
-    uncontended duration and differ only in timing dependence; with ``ring`` or ``tree`` the fixed
-    duration is that algorithm's and differs from ``contention``'s.
+    quiet fabric (the all-reduce the contention model runs) while the leaf uplinks do not limit the
+    ring (oversubscription <= nodes per leaf), so the three models share the uncontended duration
+    and differ only in timing dependence; with ``ring`` or ``tree``, or uplinks oversubscribed past
+    that, the fixed duration differs from ``contention``'s.
     """
     name = comm_name(comm)
     profile = validate_cluster(cluster)
