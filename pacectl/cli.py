@@ -229,33 +229,50 @@ def _unwritable(path: Path) -> str | None:
     return None
 
 
-#: File suffix -> the ``conf/trace/`` option that reads it (``trace=<file>`` shorthand).
-TRACE_FILE_FORMATS = {".parquet": "canonical", ".json": "kineto", ".gz": "kineto", ".csv": "steplevel"}
+def _hydra_value(text: str) -> str:
+    """``text`` as one Hydra override value: bare when the grammar allows it, else single-quoted."""
+    if re.fullmatch(r"[\w./*+-]+", text):
+        return text
+    return "'" + text.replace("'", "\\'") + "'"  # Hydra unescapes only a backslash before a quote
 
 
-def trace_file_format(value: str) -> str | None:
-    """The ``conf/trace/`` option for a ``trace=`` value that is a path rather than an option name.
+def _split_sweep(value: str) -> list[str]:
+    """The comma-separated items of a ``trace=`` value (one item when it holds no comma)."""
+    return [v.strip().strip("'\"") for v in value.split(",")]
 
-    ``.parquet`` -> ``canonical`` (pacectl's own files: live records, converted traces),
-    ``.json``/``.json.gz``, a folder or a glob -> ``kineto``, ``.csv`` -> ``steplevel``. None: the
-    value is an option name (letters, digits, ``-``, ``_``), a sweep (``a,b``), or a path of
-    another kind (a ByteDance Parquet file needs ``trace=bytedance`` and its meta file; so does it
-    here, as a canonical file without pacectl metadata, whose error says so).
+
+def trace_file_format(value: str, options: Sequence[str] = ()) -> tuple[str | None, Path | None]:
+    """``(format, meta)`` for a ``trace=`` value that names a path rather than an option, else
+    ``(None, None)``.
+
+    The rule is :func:`pacectl.traces.detect.detect_format`'s (a folder, glob, ``.json``/
+    ``.json.gz`` -> ``kineto``; ``.csv`` -> ``steplevel``; ``.parquet`` -> ``canonical``, or
+    ``bytedance`` with the ``meta-X.yaml`` found beside ``trace-X.parquet``). A value that is one
+    of ``options`` (``conf/trace/*.yaml``) stays an option; a plain name (letters, digits, ``-``,
+    ``_``) is a path only when it is an existing folder.
     """
-    value = value.strip("'\"")
-    if not value or re.fullmatch(r"[\w-]+", value) or "," in value:
-        return None
-    path = Path(value).expanduser()
-    suffix = path.suffix.lower()
-    if suffix in TRACE_FILE_FORMATS:
-        return TRACE_FILE_FORMATS[suffix]
-    if path.is_dir() or any(c in value for c in "*?["):
-        return "kineto"
-    return None
+    from pacectl.traces.detect import detect_format
+
+    value = value.strip().strip("'\"")
+    if not value or value in options:
+        return None, None
+    if re.fullmatch(r"[\w-]+", value) and not Path(value).is_dir():
+        return None, None
+    return detect_format(Path(value).expanduser())
 
 
-def expand_trace_file(args: Sequence[str]) -> tuple[list[str], list[str]]:
+def expand_trace_file(args: Sequence[str], options: Sequence[str] = ()) -> tuple[list[str], list[str]]:
     """``trace=<file>`` -> ``trace=<format> trace.path=<file>`` (see :func:`trace_file_format`).
+
+    A ByteDance trace also gets ``trace.meta=`` (its meta YAML beside it). A sweep of files
+    (``-m trace=a.parquet,b.parquet``) becomes a sweep of ``trace.path`` when every file has the
+    same format and needs no meta file; any other comma list is left to Hydra and
+    :func:`composition_error`. Values the override grammar does not allow bare (spaces,
+    brackets, quotes) are quoted.
+
+    Args:
+        args: the command line's arguments.
+        options: the ``trace`` group's option names (they are never read as paths).
 
     Returns:
         ``(args, notes)``: the arguments with each such shorthand expanded in place (a later
@@ -265,18 +282,26 @@ def expand_trace_file(args: Sequence[str]) -> tuple[list[str], list[str]]:
     notes: list[str] = []
     for a in args:
         key, eq, value = a.partition("=")
-        fmt = trace_file_format(value) if eq and key == "trace" else None
-        if fmt is None:
+        items = _split_sweep(value) if eq and key == "trace" else []
+        found = [trace_file_format(v, options) for v in items]
+        formats = {fmt for fmt, _ in found}
+        if not found or None in formats or len(formats) > 1 or (len(found) > 1 and formats == {"bytedance"}):
             out.append(a)
             continue
-        out += [f"trace={fmt}", f"trace.path={value}"]
-        notes.append(f"{a} read as trace={fmt} trace.path={value}")
+        fmt = formats.pop()
+        expanded = [f"trace={fmt}", "trace.path=" + ",".join(_hydra_value(v) for v in items)]
+        meta = found[0][1]
+        if len(found) == 1 and meta is not None:
+            expanded.append(f"trace.meta={_hydra_value(str(meta))}")
+        out += expanded
+        notes.append(f"{a} read as {' '.join(expanded)}")
     return out, notes
 
 
-def expand_trace_file_argv(prog: str) -> None:
+def expand_trace_file_argv(prog: str, config_dir: Path) -> None:
     """Entry points, before Hydra starts: expand the ``trace=<file>`` shorthand in ``sys.argv``."""
-    sys.argv[1:], notes = expand_trace_file(sys.argv[1:])
+    options = [p.stem for p in (config_dir / "trace").glob("*.yaml")]
+    sys.argv[1:], notes = expand_trace_file(sys.argv[1:], options)
     for note in notes:
         print(f"{prog}: {note}", file=sys.stderr)
 
@@ -317,11 +342,13 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         hint = _closest(option, available)
         fix = f" Did you mean {group}={hint}?" if hint else ""
         if group == "trace" and not re.fullmatch(r"[\w-]+", option):
+            from pacectl.traces.detect import SUFFIX_FORMATS
+
             fix = (
                 " A file given as trace=<file> must end in "
-                + ", ".join(f"{suf} ({fmt})" for suf, fmt in TRACE_FILE_FORMATS.items())
-                + " or be a folder of Kineto files; else name its format, e.g. "
-                "trace=bytedance trace.path=<file> trace.meta=<meta.yaml>"
+                + ", ".join(f"{suf} ({fmt})" for suf, fmt in SUFFIX_FORMATS)
+                + " or be a folder or glob of Kineto files (a sweep: files of one format); else name "
+                "its format, e.g. trace=bytedance trace.path=<file> trace.meta=<meta.yaml>"
             )
         return f"{group}={option}: no such option in conf/{group}/ (available: {', '.join(available)}).{fix}"
     bad_key = re.search(r"Could not override '([^']+)'", text)

@@ -454,7 +454,7 @@ def _fail(message: str) -> None:
 
 def main() -> None:
     """Console entry point (``pacectl-run``)."""
-    cli.expand_trace_file_argv("pacectl.run")
+    cli.expand_trace_file_argv("pacectl.run", CONF_DIR)
     cli.exit_on_bad_run_dir("pacectl.run")
     cli.check_command_line("pacectl.run", CONF_DIR, "config", validate=_check_config)
     try:

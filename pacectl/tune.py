@@ -1044,7 +1044,7 @@ def _fail(message: str) -> None:
 
 def main() -> None:
     """Console entry point (``pacectl-tune``)."""
-    expand_trace_file_argv("pacectl.tune")
+    expand_trace_file_argv("pacectl.tune", CONF_DIR)
     exit_on_bad_run_dir("pacectl.tune")
     check_command_line("pacectl.tune", CONF_DIR, "tune")
     _hydra_main()

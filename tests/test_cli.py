@@ -226,33 +226,61 @@ def test_an_interrupted_tuning_keeps_its_log_lines(tmp_path: Path) -> None:
     "value, fmt",
     [
         ("ar", None),  # option names stay options
-        ("my-trace_2", None),
+        ("my-trace_2", None),  # a plain name that is no folder here
         ("canonical", None),
-        ("a.parquet,b.parquet", None),  # a sweep is left to Hydra
         ("runs/live/records/none.parquet", "canonical"),
         ("'/abs/path/H.PARQUET'", "canonical"),
         ("profiles/rank0.json", "kineto"),
         ("profiles/rank*.json.gz", "kineto"),
-        ("profiles/rank*", "kineto"),
+        ("profiles/rank[0-3]*", "kineto"),
         ("job_1_norm.csv", "steplevel"),
+        ("job_1_norm.csv.gz", None),  # only .json.gz is read compressed
         ("notes.txt", None),
     ],
 )
 def test_trace_file_shorthand_names_the_format_by_suffix(value: str, fmt: str | None) -> None:
-    assert cli.trace_file_format(value) == fmt
+    assert cli.trace_file_format(value, ["ar", "canonical"])[0] == fmt
 
 
-def test_trace_file_shorthand_expands_in_place(tmp_path: Path) -> None:
+def test_trace_file_shorthand_expands_in_place(tmp_path: Path, monkeypatch) -> None:
     args, notes = cli.expand_trace_file(["controller=pid", f"trace={tmp_path}", "seed=1", "trace.x=a.csv"])
     assert args == ["controller=pid", "trace=kineto", f"trace.path={tmp_path}", "seed=1", "trace.x=a.csv"]
     assert notes == [f"trace={tmp_path} read as trace=kineto trace.path={tmp_path}"]
-    assert cli.expand_trace_file(["trace=st", "+trace=a.parquet"]) == (["trace=st", "+trace=a.parquet"], [])
+    assert cli.expand_trace_file(["trace=st", "+trace=a.parquet"], ["st"]) == (
+        ["trace=st", "+trace=a.parquet"],
+        [],
+    )
+    # a folder with a plain name is a path unless it is an option
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "st").mkdir()
+    assert cli.expand_trace_file(["trace=profiles"], ["st"])[0] == ["trace=kineto", "trace.path=profiles"]
+    assert cli.expand_trace_file(["trace=st"], ["st"])[0] == ["trace=st"]
+
+
+def test_trace_file_shorthand_composes_with_hydra(tmp_path: Path) -> None:
+    """Sweeps of one format, the shipped ByteDance layout, and values the grammar needs quoted."""
+    from hydra import compose, initialize_config_dir
+
+    from pacectl.data import DATA_DIR
+
+    st = DATA_DIR / "bytedance" / "trace-ST.parquet"
+    args, _ = cli.expand_trace_file([f"trace={st}"])
+    assert args == ["trace=bytedance", f"trace.path={st}", f"trace.meta={st.with_name('meta-ST.yaml')}"]
+    sweep, _ = cli.expand_trace_file(["trace=a.parquet,b.parquet"])
+    assert sweep == ["trace=canonical", "trace.path=a.parquet,b.parquet"]
+    assert cli.expand_trace_file(["trace=a.parquet,b.csv"])[0] == ["trace=a.parquet,b.csv"]  # mixed: Hydra's
+    for value in ("/x/rank[0-3]*.json", "/tmp/with space/a.parquet", "/tmp/it's.parquet", "~/a.parquet"):
+        args, _ = cli.expand_trace_file([f"trace={value}"])
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            assert compose("config", overrides=args).trace.path == value
 
 
 def test_a_trace_file_of_unknown_kind_says_which_files_the_shorthand_takes(capsys) -> None:
     err = _check(capsys, ["trace=notes.txt"])
     assert "trace=notes.txt: no such option in conf/trace/" in err
-    assert ".parquet (canonical)" in err and "trace=bytedance trace.path=<file> trace.meta=<meta.yaml>" in err
+    assert ".parquet (canonical)" in err and ".json.gz (kineto)" in err
+    assert "trace=bytedance trace.path=<file> trace.meta=<meta.yaml>" in err
 
 
 def test_an_unwritable_run_folder_is_one_line_before_hydra_starts(tmp_path: Path, monkeypatch) -> None:

@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from pacectl.errors import PacectlError, TraceError
+from pacectl.traces.detect import detect_format, meta_beside
 from pacectl.traces.model import OpTrace, TraceWarning
 
 FORMATS = ("auto", "kineto", "steplevel", "canonical", "bytedance")
@@ -36,13 +37,10 @@ FORMATS = ("auto", "kineto", "steplevel", "canonical", "bytedance")
 def _detect(paths: list[str], fmt: str, meta: str | None) -> str:
     if fmt != "auto":
         return fmt
-    first = paths[0]
-    low = first.lower()
-    if low.endswith(".csv"):
-        return "steplevel"
-    if low.endswith(".parquet"):
-        return "bytedance" if meta else "canonical"
-    return "kineto"
+    found, _ = detect_format(paths[0])
+    if found == "canonical" and meta:
+        return "bytedance"
+    return found or "kineto"  # anything else is tried as Kineto JSON, whose errors say what it is not
 
 
 class OutputError(PacectlError):
@@ -58,25 +56,6 @@ def _other_traces_in(paths: list[str]) -> list[str]:
     if len(paths) != 1 or not Path(paths[0]).is_dir():
         return []
     return sorted(p.name for p in Path(paths[0]).iterdir() if p.suffix.lower() in (".parquet", ".csv"))
-
-
-def _meta_beside(path: str) -> Path | None:
-    """The job meta YAML beside a ByteDance trace (``trace-X.parquet`` -> ``meta-X.yaml``), when the
-    file is not pacectl's own Parquet (which carries its metadata); None otherwise."""
-    p = Path(path)
-    if not p.name.startswith("trace-"):
-        return None
-    meta = p.with_name("meta-" + p.name[len("trace-") :]).with_suffix(".yaml")
-    if not meta.is_file():
-        return None
-    try:
-        import pyarrow.parquet as pq
-
-        if b"pacectl" in (pq.read_schema(p).metadata or {}):
-            return None
-    except Exception:  # noqa: BLE001 - not readable as Parquet: the loader will say why
-        return None
-    return meta
 
 
 def _load(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | None, list[str]]:
@@ -96,7 +75,7 @@ def _load(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | None, lis
 
 def _load_quiet(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | None]:
     if args.format in ("auto", "bytedance") and not args.meta and len(args.paths) == 1:
-        beside = _meta_beside(args.paths[0])
+        beside = meta_beside(args.paths[0])
         if beside is not None:  # the shipped layout: trace-AR.parquet next to meta-AR.yaml
             print(f"reading {args.paths[0]} as a ByteDance trace with {beside} (--meta)", file=sys.stderr)
             args.meta = str(beside)

@@ -1,0 +1,62 @@
+"""Which importer reads a trace path: one rule for ``pacectl.traces`` and ``trace=<file>``.
+
+- a folder, a glob (``*``, ``?``, ``[``), ``.json`` or ``.json.gz``: Kineto (one file per rank);
+- ``.csv``: step-level (Alibaba PAI mini-batch CSV);
+- ``.parquet``: pacectl's own (canonical) Parquet when it carries pacectl metadata; a ByteDance
+  trace when its job meta sits beside it (``trace-X.parquet`` and ``meta-X.yaml``, the layout of
+  the OSDI'25 artifact and of ``pacectl/data/bytedance``); else canonical, whose loader says what
+  is missing (a ByteDance file elsewhere needs its meta named);
+- anything else: unknown (None).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: path endings and the format they name (``.json.gz`` before its ``.gz``)
+SUFFIX_FORMATS = ((".json.gz", "kineto"), (".json", "kineto"), (".csv", "steplevel"), (".parquet", "canonical"))
+
+
+def meta_beside(path: str | Path) -> Path | None:
+    """The job meta YAML beside a ByteDance trace (``trace-X.parquet`` -> ``meta-X.yaml``), or None
+    (no such file, or the Parquet file is pacectl's own, which carries its metadata)."""
+    p = Path(path)
+    if not p.name.startswith("trace-") or p.suffix.lower() != ".parquet":
+        return None
+    meta = p.with_name("meta-" + p.name[len("trace-") :]).with_suffix(".yaml")
+    if not meta.is_file():
+        return None
+    try:
+        import pyarrow.parquet as pq
+
+        if b"pacectl" in (pq.read_schema(p).metadata or {}):
+            return None
+    except Exception:  # noqa: BLE001 - not readable as Parquet: its loader will say why
+        return None
+    return meta
+
+
+def detect_format(path: str | Path) -> tuple[str | None, Path | None]:
+    """``(format, meta)`` for a trace path (see the module docstring); ``(None, None)`` when unknown.
+
+    Args:
+        path: a file, folder or glob (it need not exist: a missing file is named by its loader).
+
+    Returns:
+        The ``trace.format`` (``kineto``, ``steplevel``, ``canonical``, ``bytedance``) and, for a
+        ByteDance trace, the meta YAML found beside it.
+    """
+    text = str(path)
+    low = text.lower()
+    if any(c in text for c in "*?["):
+        return "kineto", None
+    for suffix, fmt in SUFFIX_FORMATS:
+        if low.endswith(suffix):
+            if fmt == "canonical":
+                meta = meta_beside(path)
+                if meta is not None:
+                    return "bytedance", meta
+            return fmt, None
+    if Path(path).is_dir():
+        return "kineto", None
+    return None, None
