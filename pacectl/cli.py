@@ -187,6 +187,20 @@ class BelowLevel(logging.Filter):
         return record.levelno < self.level
 
 
+#: Hydra flags that print and exit without creating a run folder.
+_NO_RUN_FOLDER_FLAGS = (
+    "-h",
+    "--help",
+    "--hydra-help",
+    "-c",
+    "--cfg",
+    "-i",
+    "--info",
+    "-sc",
+    "--shell-completion",
+)
+
+
 def run_dir_argument_error(argv: list[str]) -> str | None:
     """Why a ``hydra.run.dir=`` / ``hydra.sweep.dir=`` argument cannot become a run folder, or None.
 
@@ -194,12 +208,15 @@ def run_dir_argument_error(argv: list[str]) -> str | None:
     one of its parents, is an existing file, or when it cannot write there; the entry points check
     the argument first (without one: the current folder, where the default run folder goes).
     """
-    named = False
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    # the folder the job writes to: hydra.run.dir, or hydra.sweep.dir with -m
+    named = any(
+        a.partition("=")[0].lstrip("+") == ("hydra.sweep.dir" if multirun else "hydra.run.dir") for a in argv
+    )
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep or key.lstrip("+") not in ("hydra.run.dir", "hydra.sweep.dir"):
             continue
-        named = True
         if not value.strip("'\" "):
             return f"{key.lstrip('+')} must name a folder, got an empty value (the outputs would land in the current folder)"
         path = Path(value.strip("'\"")).expanduser()
@@ -209,7 +226,8 @@ def run_dir_argument_error(argv: list[str]) -> str | None:
         problem = _unwritable(path)
         if problem:
             return f"{key.lstrip('+')}={value}: {problem}; pick a folder you can write to"
-    if not named:  # the default run folder, outputs/..., lands in the current folder
+    inspect_only = any(a.partition("=")[0] in _NO_RUN_FOLDER_FLAGS for a in argv)
+    if not named and not inspect_only:  # the default run folder, outputs/..., lands in the current folder
         problem = _unwritable(Path.cwd() / "outputs")
         if problem:
             return (

@@ -301,6 +301,11 @@ def test_an_unwritable_run_folder_is_one_line_before_hydra_starts(tmp_path: Path
     assert (
         problem is not None and problem.startswith("the default run folder") and "hydra.run.dir=" in problem
     )
+    assert cli.run_dir_argument_error(["--help"]) is None  # prints and exits: no folder
+    assert cli.run_dir_argument_error(["--cfg", "job"]) is None
+    # with -m the job writes to hydra.sweep.dir (or multirun/ here): hydra.run.dir does not count
+    assert cli.run_dir_argument_error(["-m", f"hydra.run.dir={tmp_path}/ok", "seed=0,1"]) is not None
+    assert cli.run_dir_argument_error(["-m", f"hydra.sweep.dir={tmp_path}/ok", "seed=0,1"]) is None
     monkeypatch.chdir(tmp_path)
     assert cli.run_dir_argument_error(["trace=st"]) is None
 
