@@ -407,6 +407,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     try:
         if cfg.analysis.name == "whatif":
             result = run_whatif(cfg, out_dir)
+            _written.append(out_dir)
             log.info(f"what-if analysis of {result.trace} (comm model: null, {result.num_replays} replays)")
             log.info("\n".join(result.worst_offenders()))
             log.info(
@@ -460,7 +461,13 @@ def main() -> None:
     try:
         _hydra_main()
     except KeyboardInterrupt:  # outside the job's own handling: before it started or after it wrote
-        if _written:
+        if _written and any(a in ("-m", "--multirun") for a in sys.argv[1:]):
+            print(
+                f"pacectl.run: interrupted; {len(_written)} sweep job(s) wrote complete outputs (the last: "
+                f"{_written[-1]}); a job in progress wrote none, later ones did not run",
+                file=sys.stderr,
+            )
+        elif _written:
             print(
                 f"pacectl.run: interrupted after the outputs were written; they are complete: {_written[-1]}",
                 file=sys.stderr,
