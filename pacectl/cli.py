@@ -237,13 +237,33 @@ def run_dir_argument_error(argv: list[str]) -> str | None:
     return None
 
 
+def folder_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot become (or be) a folder to write outputs into, or None.
+
+    Checked without leaving anything behind: no part of the path may be an existing file, and the
+    deepest existing folder must accept a new folder (permissions, a read-only file system, or a
+    pseudo file system such as ``/proc``; probed with a temporary folder, removed at once).
+    """
+    target = Path(path).expanduser()
+    for p in (target, *target.parents):
+        if p.exists() and not p.is_dir():
+            return f"{p} is a file, not a folder"
+    return _unwritable(target)
+
+
 def _unwritable(path: Path) -> str | None:
     """Why the folder ``path`` (existing or to be created) cannot be written, or None."""
+    import tempfile
+
     for p in (path, *path.parents):
         if p.is_dir():
-            if os.access(p, os.W_OK | os.X_OK):
-                return None
-            return f"{p} is not writable (permission denied)"
+            if not os.access(p, os.W_OK | os.X_OK):
+                return f"{p} is not writable (permission denied)"
+            try:
+                os.rmdir(tempfile.mkdtemp(prefix=".pacectl-probe-", dir=p))
+            except OSError as err:
+                return f"{p} does not accept new folders ({err.strerror or type(err).__name__})"
+            return None
     return None
 
 

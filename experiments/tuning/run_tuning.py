@@ -34,6 +34,7 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 
+from pacectl.cli import folder_problem
 from pacectl.config import CONF_DIR
 from pacectl.report import jsonable, staged_outputs
 from pacectl.tune import reference_params, run_tuning
@@ -187,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
         "committed record, which this run then overwrites)",
     )
     args = parser.parse_args(argv)
+    problem = folder_problem(args.out)
+    if problem:  # before the studies run, not after
+        parser.error(f"--out {args.out}: {problem}; pick a folder you can write to")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         results = run(args.profiles, args.trials, args.workers, Path(tmp), families=args.families)
