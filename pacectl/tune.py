@@ -597,9 +597,13 @@ def _tune_study(
     done = sum(t.state in FINISHED for t in existing)
     remaining = max(0, settings.n_trials - done)
     echo(
-        f"study {name!r} ({spec.display}): {family} on {scenarios.profile} ({scenarios.kind}"
-        f"{' from the command line' if scenarios.trace_from_command_line else ''}: "
-        f"{', '.join(scenarios.labels)}; comm model {scenarios.comm_model}), {done} finished trial(s), "
+        f"study {name!r} ({spec.display}): {family} on "
+        + (
+            f"the command line's trace (profile {scenarios.profile} for the fabric; {scenarios.kind}: "
+            if scenarios.trace_from_command_line
+            else f"{scenarios.profile} ({scenarios.kind}: "
+        )
+        + f"{', '.join(scenarios.labels)}; comm model {scenarios.comm_model}), {done} finished trial(s), "
         f"{remaining} to run with {settings.n_workers} worker(s), sampler {settings.sampler}"
     )
     echo(

@@ -394,6 +394,29 @@ def test_compose_tune_config_for_a_sim_profile() -> None:
     assert run_tuning is not None
 
 
+def test_a_study_never_resumes_on_a_changed_trace_file(tmp_path: Path) -> None:
+    """Same path, other content (a record written again): the resume is refused, naming the
+    content digest, instead of mixing trials of two traces in one front."""
+    from pacectl.data import shipped_trace
+    from pacectl.traces.bytedance import load_bytedance
+    from pacectl.traces.canonical import write_canonical
+
+    trace = load_bytedance(*shipped_trace("ST"))
+    path = tmp_path / "rec.parquet"
+    write_canonical(trace, path)
+    out = tmp_path / "run"
+    args = ("tune.population_size=4", "controller=threshold", f"trace={path}", f"hydra.run.dir={out}")
+    first = _tune(*args, "tune.n_trials=2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    summary = json.loads((out / "tune.json").read_text())
+    assert summary["run_overrides"].startswith(f"trace=canonical trace.path={path}")  # absolute
+    ops = trace.ops.copy()
+    ops["duration"] *= 1.01
+    write_canonical(type(trace)(ops=ops, meta=trace.meta, source=trace.source, fmt=trace.fmt), path)
+    again = _tune(*args, "tune.n_trials=3", cwd=tmp_path)
+    assert again.returncode == 2 and "ops_sha256" in again.stderr, again.stderr
+
+
 def test_a_trace_on_the_command_line_is_what_the_study_tunes_on() -> None:
     """``pacectl.tune trace=...`` replaces the profile's traces (it was once ignored silently)."""
     from pacectl.tuning.scenarios import build_scenarios

@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pacectl import metrics
-from pacectl.config import config_int
+from pacectl.config import config_int, user_path
 from pacectl.errors import ConfigError
 from pacectl.experiment import Experiment, make_experiment
 
@@ -146,6 +146,15 @@ def tune_mode(cfg: DictConfig) -> str:
     return on
 
 
+def ops_digest(ops: Any) -> str:
+    """SHA-256 (first 16 hex digits) of a trace's op table, row order and values (pandas' own
+    row hashes): the same file content gives the same digest wherever it lies."""
+    import pandas as pd
+
+    rows = pd.util.hash_pandas_object(ops, index=False).to_numpy()
+    return hashlib.sha256(rows.tobytes()).hexdigest()[:16]
+
+
 def trace_from_command_line(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     """``cfg`` with the trace the command line names (``trace=...``, ``trace.*=...``) as the profile's
     only trace, or ``cfg`` itself when it names none.
@@ -161,7 +170,7 @@ def trace_from_command_line(cfg: DictConfig, overrides: Sequence[str]) -> DictCo
     Raises:
         ConfigError: a trace named together with ``tune.on=sim`` (a simulated study replays none).
     """
-    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    keys = [o.split("=", 1)[0].lstrip("+") for o in overrides if not o.startswith("~")]
     if not any(k == "trace" or k.startswith("trace.") for k in keys):
         return cfg
     if str(cfg.tune.get("on", "auto")) == "sim":
@@ -226,7 +235,14 @@ def build_scenarios(
             loaded = getattr(experiment, "trace", None)
             labels.append(str(item.get("name") or (loaded.meta.name if loaded is not None else f"trace{i}")))
             experiments.append(experiment)
-            items.append(OmegaConf.to_container(item, resolve=True))
+            described = OmegaConf.to_container(item, resolve=True)
+            assert isinstance(described, dict)
+            for key in ("path", "meta"):  # absolute: the "use it" command works from any folder
+                if described.get(key):
+                    described[key] = user_path(str(described[key]), f"cluster.traces[{i}].{key}")
+            if loaded is not None:  # the content, so that a study never resumes on a changed file
+                described["ops_sha256"] = ops_digest(loaded.ops)
+            items.append(described)
         descriptor: dict[str, Any] = {
             "kind": mode,
             "profile": profile,
