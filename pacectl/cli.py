@@ -388,6 +388,14 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
                 + " or be a folder or glob of Kineto files (a sweep: files of one format); else name "
                 "its format, e.g. trace=bytedance trace.path=<file> trace.meta=<meta.yaml>"
             )
+            folder = Path(option.strip("'\"")).expanduser()
+            held = (
+                sorted(p.name for p in folder.iterdir() if p.suffix.lower() in (".parquet", ".csv"))
+                if folder.is_dir()
+                else []
+            )
+            if held:  # e.g. a live run's records/ folder
+                fix = f" It is a folder of {', '.join(held[:4])}: name one, e.g. trace={folder / held[0]}"
         return f"{group}={option}: no such option in conf/{group}/ (available: {', '.join(available)}).{fix}"
     bad_key = re.search(r"Could not override '([^']+)'", text)
     if bad_key:

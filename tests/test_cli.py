@@ -326,3 +326,12 @@ def test_folder_problem_names_what_stops_a_folder(tmp_path: Path) -> None:
     )
     if Path("/proc/self").is_dir():  # a pseudo file system takes no folders, root included
         assert "does not accept new folders" in (cli.folder_problem("/proc/pacectl-test") or "")
+
+
+def test_a_folder_of_records_is_no_trace_but_says_which_file_to_name(capsys, tmp_path: Path) -> None:
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "none.parquet").write_bytes(b"")
+    assert cli.trace_file_format(str(records))[0] is None
+    err = _check(capsys, [f"trace={records}"])
+    assert f"It is a folder of none.parquet: name one, e.g. trace={records / 'none.parquet'}" in err

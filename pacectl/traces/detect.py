@@ -1,6 +1,7 @@
 """Which importer reads a trace path: one rule for ``pacectl.traces`` and ``trace=<file>``.
 
-- a folder, a glob (``*``, ``?``, ``[``), ``.json`` or ``.json.gz``: Kineto (one file per rank);
+- a folder holding ``.json``/``.json.gz`` files, a glob (``*``, ``?``, ``[``), ``.json`` or
+  ``.json.gz``: Kineto (one file per rank);
 - ``.csv``: step-level (Alibaba PAI mini-batch CSV);
 - ``.parquet``: pacectl's own (canonical) Parquet when it carries pacectl metadata; a ByteDance
   trace when its job meta sits beside it (``trace-X.parquet`` and ``meta-X.yaml``, the layout of
@@ -57,6 +58,7 @@ def detect_format(path: str | Path) -> tuple[str | None, Path | None]:
                 if meta is not None:
                     return "bytedance", meta
             return fmt, None
-    if Path(path).is_dir():
+    folder = Path(path)
+    if folder.is_dir() and any(p.name.lower().endswith((".json", ".json.gz")) for p in folder.iterdir()):
         return "kineto", None
-    return None, None
+    return None, None  # a folder of other files (live records: .parquet) is no trace by itself
