@@ -243,6 +243,7 @@ def test_trace_file_shorthand_names_the_format_by_suffix(value: str, fmt: str | 
 
 
 def test_trace_file_shorthand_expands_in_place(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "rank0.json").write_text("{}")  # a folder of Kineto files
     args, notes = cli.expand_trace_file(["controller=pid", f"trace={tmp_path}", "seed=1", "trace.x=a.csv"])
     assert args == ["controller=pid", "trace=kineto", f"trace.path={tmp_path}", "seed=1", "trace.x=a.csv"]
     assert notes == [f"trace={tmp_path} read as trace=kineto trace.path={tmp_path}"]
@@ -253,6 +254,7 @@ def test_trace_file_shorthand_expands_in_place(tmp_path: Path, monkeypatch) -> N
     # a folder with a plain name is a path unless it is an option
     monkeypatch.chdir(tmp_path)
     (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "rank0.json").write_text("{}")
     (tmp_path / "st").mkdir()
     assert cli.expand_trace_file(["trace=profiles"], ["st"])[0] == ["trace=kineto", "trace.path=profiles"]
     assert cli.expand_trace_file(["trace=st"], ["st"])[0] == ["trace=st"]
