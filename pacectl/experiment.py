@@ -122,11 +122,10 @@ class ReplayExperiment(_ClosedLoop):
                 "time_unit": trace.time_unit,
             },
             "paced_optype": backend.paced_optype,
-            **(
-                {"paced_collective": f"{trace.collective} (canonical op type {backend.paced_optype})"}
-                if trace.collective and backend.paced_optype == "grads-reduce-scatter"
-                else {}
-            ),
+            # as the source names it, where it has another name than the schema's op type
+            "paced_collective": f"{trace.collective} (canonical op type {backend.paced_optype})"
+            if trace.collective and backend.paced_optype == "grads-reduce-scatter"
+            else backend.paced_optype,
             "fidelity": {
                 "comm_model": "null",
                 "compares": "the trace replayed with its recorded pacing delays ("

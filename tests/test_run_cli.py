@@ -71,7 +71,7 @@ def test_one_controller_with_override_on_another_trace(tmp_path: Path) -> None:
     assert set(summary["runs"]) == {"none", "pid"}
     assert summary["controller_params"]["pid"]["kp"] == 0.8
     assert summary["trace"]["name"] == "ST"
-    assert "paced_collective" not in summary  # Megatron's own reduce-scatter: the op type is its name
+    assert summary["paced_collective"] == "grads-reduce-scatter"  # Megatron's own: the op type is its name
 
 
 def test_multirun_sweep(tmp_path: Path) -> None:
