@@ -87,11 +87,18 @@ def load_steplevel(
     """
     p = require_file(path, "step-level trace file")
     if not (np.isfinite(unit_s) and unit_s > 0):
-        raise TraceError(f"unit_s must be a positive number of seconds, got {unit_s!r}")
+        raise TraceError(
+            f"unit_s (trace.unit_s) must be a positive number of seconds per normalised unit, got {unit_s!r}; "
+            "e.g. trace.unit_s=0.001"
+        )
     if collective_s is not None and not (np.isfinite(collective_s) and 0 <= collective_s <= MAX_DURATION_S):
-        raise TraceError(f"collective_s must be in [0, {MAX_DURATION_S:.0f}] s, got {collective_s!r}")
+        raise TraceError(
+            f"collective_s (trace.collective_s) must be in [0, {MAX_DURATION_S:.0f}] s or null, got {collective_s!r}"
+        )
     if not (0.0 <= collective_frac <= 1.0):
-        raise TraceError(f"collective_frac must be in [0, 1], got {collective_frac!r}")
+        raise TraceError(
+            f"collective_frac (trace.collective_frac) must be in [0, 1], got {collective_frac!r}"
+        )
     try:
         df = pd.read_csv(p)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as err:
