@@ -406,7 +406,9 @@ _TABLE_HEADERS = (
 )
 
 
-def _fmt(value: Any, spec: str) -> str:
+def format_value(value: Any, spec: str) -> str:
+    """``format(value, spec)`` for a table cell: ``n/a`` for None, NaN and inf; no ``-0.00``; no
+    trailing ``.`` of the ``#`` alternate form."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
     text = format(value, spec)
@@ -424,7 +426,9 @@ def _table_rows(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> li
         elif base is None or not base.get("throughput_it_per_s"):
             delta = "n/a"
         else:
-            delta = _fmt(100.0 * (s["throughput_it_per_s"] / base["throughput_it_per_s"] - 1.0), "+.2f")
+            delta = format_value(
+                100.0 * (s["throughput_it_per_s"] / base["throughput_it_per_s"] - 1.0), "+.2f"
+            )
             ci = s.get("throughput_change_ci95_frac")
             if ci is not None and math.isfinite(ci):
                 delta += f" ±{100.0 * ci:.2f}"
@@ -432,14 +436,14 @@ def _table_rows(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> li
         rows.append(
             [
                 run,
-                _fmt(s.get("throughput_it_per_s"), "#.4g"),
+                format_value(s.get("throughput_it_per_s"), "#.4g"),
                 delta,
-                _fmt(s.get("iteration_time_mean_s"), "#.4g"),
-                _fmt(s.get("iteration_time_p99_s"), "#.4g"),
-                _fmt(s.get("cv"), "#.3g"),
-                _fmt(s.get("spread_median_s"), "#.4g"),
-                _fmt(s.get("pacing_delay_total_s"), "#.4g"),
-                _fmt(None if active is None else 100.0 * active, ".1f"),
+                format_value(s.get("iteration_time_mean_s"), "#.4g"),
+                format_value(s.get("iteration_time_p99_s"), "#.4g"),
+                format_value(s.get("cv"), "#.3g"),
+                format_value(s.get("spread_median_s"), "#.4g"),
+                format_value(s.get("pacing_delay_total_s"), "#.4g"),
+                format_value(None if active is None else 100.0 * active, ".1f"),
             ]
         )
     return rows

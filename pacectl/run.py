@@ -269,8 +269,8 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
     wi = summary.get("whatif")
     if wi:
         context["stragglers' cost (what-if, null model)"] = (
-            f"blocking slowdown S = {wi['blocking_slowdown']:.3f}, M_W = {whatif.share_text(wi['m_w'])}, "
-            f"M_S = {whatif.share_text(wi['m_s'])}"
+            f"blocking slowdown S = {wi['blocking_slowdown']:.3f}, M_W = {report.format_value(wi['m_w'], '.3f')}, "
+            f"M_S = {report.format_value(wi['m_s'], '.3f')}"
         )
     if "note" in summary:
         context["note"] = summary["note"]

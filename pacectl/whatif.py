@@ -38,7 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pacectl.backends.replay import ReplayBackend
-from pacectl.report import atomic_path, atomic_write_text, jsonable
+from pacectl.report import atomic_path, atomic_write_text, format_value, jsonable
 
 COMPUTE_LIKE = ("forward-compute", "backward-compute", "gc", "optimizer")
 P2P_GROUP = {
@@ -49,12 +49,6 @@ P2P_GROUP = {
 }
 MW_TOP_FRAC = 0.03  # share of ranks M_W sets to ideal (the artifact's RATIO = 3 %)
 FloatArray = NDArray[np.float64]
-
-
-def share_text(value: float | None) -> str:
-    """An M_W / M_S value for people: 3 decimals, or ``n/a`` where it is undefined (NaN or None:
-    no gap between original and ideal, or M_S of a job with one pipeline stage)."""
-    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
 
 
 @dataclass(frozen=True)
@@ -164,7 +158,7 @@ class WhatIfResult:
         lines = [
             f"blocking slowdown S = {self.blocking_slowdown:.3f} (stragglers cost "
             f"{(1 - 1 / self.blocking_slowdown) * 100:.1f} % of step time); "
-            f"M_W = {share_text(self.m_w.rem)}, M_S = {share_text(self.m_s.rem)}"
+            f"M_W = {format_value(self.m_w.rem, '.3f')}, M_S = {format_value(self.m_s.rem, '.3f')}"
         ]
         d, s = np.unravel_index(int(np.argmax(self.by_rank)), self.by_rank.shape)
         lines.append(

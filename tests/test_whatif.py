@@ -93,11 +93,11 @@ def test_whatif_json_and_files(results: dict, st_backend: ReplayBackend, tmp_pat
 def test_m_s_is_undefined_with_one_pipeline_stage() -> None:
     """With one stage "the last stage" is the whole job, so M_S would be 1.000 on every pure-DP
     trace and read as "all of the slowdown is stage imbalance"; it is undefined instead."""
+    from pacectl.report import format_value
     from pacectl.traces.kineto import load_kineto
-    from pacectl.whatif import share_text
 
     result = analyze(ReplayBackend(load_kineto(DATA_DIR / "h200-capture")))
     assert result.blocking_slowdown > 1.0 and np.isfinite(result.m_w.rem)
     assert np.isnan(result.m_s.rem) and "one pipeline stage" in result.m_s.subset
     assert "M_S = n/a" in result.worst_offenders()[0]
-    assert share_text(0.25) == "0.250" and share_text(None) == "n/a"
+    assert format_value(0.25, ".3f") == "0.250" and format_value(None, ".3f") == "n/a"

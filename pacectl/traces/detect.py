@@ -15,7 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 
 #: path endings and the format they name (``.json.gz`` before its ``.gz``)
-SUFFIX_FORMATS = ((".json.gz", "kineto"), (".json", "kineto"), (".csv", "steplevel"), (".parquet", "canonical"))
+SUFFIX_FORMATS = (
+    (".json.gz", "kineto"),
+    (".json", "kineto"),
+    (".csv", "steplevel"),
+    (".parquet", "canonical"),
+)
 
 
 def meta_beside(path: str | Path) -> Path | None:
