@@ -513,6 +513,10 @@ def run_tuning(
 ) -> TuneResult:
     """Tune ``cfg.controller`` on ``cfg.cluster``; write the results into ``out_dir``.
 
+    A trace named on the command line (``trace=...``, Hydra's task overrides) replaces the
+    profile's traces (:func:`pacectl.tuning.scenarios.trace_from_command_line`); a library caller,
+    which has no command line, sets ``cfg.cluster.traces`` instead.
+
     Every check that needs no trial (config keys, guard, space, episodes) runs before the storage is
     created. The outputs are written together (staged, then moved), so none is half written.
 
