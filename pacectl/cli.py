@@ -408,8 +408,11 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         where = f"{parent}." if parent else ""
         hint = _closest(leaf, known)
         fix = f" Did you mean {where}{hint}={given}?" if hint else ""
-        owners = _options_with_key(config_dir, parent, leaf) if not hint else {}
-        if owners:  # a key of another option of the group: backend.num_ranks needs backend=sim
+        owners = _options_with_key(config_dir, parent, leaf)
+        if hint and leaf not in owners.values():
+            owners = {}  # a typo of a key here (kpp -> kp); the exact key elsewhere would beat it
+        if owners:  # a key of another option of the group (backend.num_ranks needs backend=sim;
+            # record_dir is a key of backend=torch, not a typo of the sim's record)
             group = parent.partition(".")[0]
             option, real = next(iter(owners.items()))
             named = ", ".join(f"{group}={o}" for o in owners)

@@ -337,3 +337,10 @@ def test_a_folder_of_records_is_no_trace_but_says_which_file_to_name(capsys, tmp
     assert cli.trace_file_format(str(records))[0] is None
     err = _check(capsys, [f"trace={records}"])
     assert f"It is a folder of none.parquet: name one, e.g. trace={records / 'none.parquet'}" in err
+
+
+def test_a_key_of_another_option_beats_a_close_spelling_here(capsys) -> None:
+    err = _check(capsys, ["backend=sim", "backend.record_dir=/tmp/x"])
+    assert "It is a key of backend=torch" in err and "Did you mean backend.record=" not in err
+    err = _check(capsys, ["controller=pid", "controller.kpp=0.5"])  # a typo stays a typo
+    assert "Did you mean controller.kp=0.5?" in err
