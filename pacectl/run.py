@@ -432,9 +432,8 @@ def _hydra_main(cfg: DictConfig) -> None:
             "backend.num_iterations), or set output.iterations=false"
         )
     except KeyboardInterrupt:
-        print("pacectl.run: interrupted; no outputs were written", file=sys.stderr)
         cli.discard_run_dir(out_dir)
-        sys.exit(130)
+        raise  # main() says what was written before (earlier jobs of a sweep) and exits 130
     except BaseException:  # a bug, not a user mistake: its traceback follows, but no half run folder
         cli.discard_run_dir(out_dir)
         raise
@@ -464,7 +463,7 @@ def main() -> None:
         if _written and any(a in ("-m", "--multirun") for a in sys.argv[1:]):
             print(
                 f"pacectl.run: interrupted; {len(_written)} sweep job(s) wrote complete outputs (the last: "
-                f"{_written[-1]}); a job in progress wrote none, later ones did not run",
+                f"{_written[-1]}); a job cut short wrote none, and later jobs did not run",
                 file=sys.stderr,
             )
         elif _written:

@@ -514,3 +514,29 @@ def test_ctrl_c_after_the_outputs_are_written_says_they_are_complete(tmp_path: P
     assert f"interrupted after the outputs were written; they are complete: {out}" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert (out / "summary.json").is_file() and (out / "report.md").is_file()
+
+
+def test_ctrl_c_inside_a_job_says_what_earlier_jobs_wrote(tmp_path: Path) -> None:
+    """Interrupted inside the second job of a sweep: the first job's outputs are complete, the
+    interrupted job leaves no folder behind, and the message says both."""
+    sweep = tmp_path / "sweep"
+    code = (
+        "import sys\n"
+        "import pacectl.run as run\n"
+        "real = run.run_experiment\n"
+        "def second_interrupted(cfg, out_dir, **kw):\n"
+        "    if int(cfg.seed) == 2:\n"
+        "        raise KeyboardInterrupt\n"
+        "    return real(cfg, out_dir, **kw)\n"
+        "run.run_experiment = second_interrupted\n"
+        f"sys.argv = ['pacectl.run', '-m', 'seed=1,2', 'trace=st', 'controller=none', 'output.plots=false', "
+        f"'hydra.sweep.dir={sweep}']\n"
+        "run.main()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert "interrupted; 1 sweep job(s) wrote complete outputs (the last:" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (sweep / "0" / "summary.json").is_file() and not (sweep / "1").exists()
