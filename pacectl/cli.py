@@ -267,11 +267,24 @@ def _unwritable(path: Path) -> str | None:
     return None
 
 
-def _hydra_value(text: str) -> str:
-    """``text`` as one Hydra override value: bare when the grammar allows it, else single-quoted."""
-    if re.fullmatch(r"[\w./*+-]+", text):
+def hydra_value(text: str) -> str:
+    """``text`` as one Hydra override value that parses back to this very string: bare where the
+    grammar reads it so (ASCII path characters, and not a number, bool or null), else quoted."""
+    if re.fullmatch(r"[A-Za-z0-9_./*+-]+", text) and _parses_to(text, text):
         return text
-    return "'" + text.replace("'", "\\'") + "'"  # Hydra unescapes only a backslash before a quote
+    # in a quoted string only a quote, and backslashes right before a quote or the end, are escaped
+    body = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    body = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, body)
+    return f"'{body}'"
+
+
+def _parses_to(value_text: str, expected: str) -> bool:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_override(f"k={value_text}").value() == expected
+    except Exception:  # noqa: BLE001 - any grammar error: not this text
+        return False
 
 
 def _split_sweep(value: str) -> list[str]:
@@ -318,19 +331,23 @@ def expand_trace_file(args: Sequence[str], options: Sequence[str] = ()) -> tuple
     """
     out: list[str] = []
     notes: list[str] = []
+    multirun = any(a in ("-m", "--multirun") for a in args)
     for a in args:
         key, eq, value = a.partition("=")
         items = _split_sweep(value) if eq and key == "trace" else []
+        if len(items) > 1 and not multirun:
+            items = []  # a comma list without -m: Hydra's own error
         found = [trace_file_format(v, options) for v in items]
         formats = {fmt for fmt, _ in found}
         if not found or None in formats or len(formats) > 1 or (len(found) > 1 and formats == {"bytedance"}):
             out.append(a)
             continue
         fmt = formats.pop()
-        expanded = [f"trace={fmt}", "trace.path=" + ",".join(_hydra_value(v) for v in items)]
+        paths = [str(Path(v).expanduser()) for v in items]  # ~ is the shell's, which left it here
+        expanded = [f"trace={fmt}", "trace.path=" + ",".join(hydra_value(v) for v in paths)]
         meta = found[0][1]
         if len(found) == 1 and meta is not None:
-            expanded.append(f"trace.meta={_hydra_value(str(meta))}")
+            expanded.append(f"trace.meta={hydra_value(str(meta))}")
         out += expanded
         notes.append(f"{a} read as {' '.join(expanded)}")
     return out, notes
@@ -379,7 +396,7 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
             return f"{group}= needs an option of conf/{group}/: one of {', '.join(available)}"
         hint = _closest(option, available)
         fix = f" Did you mean {group}={hint}?" if hint else ""
-        if group == "trace" and not re.fullmatch(r"[\w-]+", option):
+        if group == "trace" and (not re.fullmatch(r"[\w-]+", option) or Path(option).is_dir()):
             from pacectl.traces.detect import SUFFIX_FORMATS
 
             fix = (
@@ -396,6 +413,11 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
             )
             if held:  # e.g. a live run's records/ folder
                 fix = f" It is a folder of {', '.join(held[:4])}: name one, e.g. trace={folder / held[0]}"
+            elif "," in option:
+                fix += (
+                    " (a sweep of ByteDance traces is not expanded: each needs its own trace.meta; "
+                    "run them one by one)"
+                )
         return f"{group}={option}: no such option in conf/{group}/ (available: {', '.join(available)}).{fix}"
     bad_key = re.search(r"Could not override '([^']+)'", text)
     if bad_key:

@@ -269,13 +269,31 @@ def test_trace_file_shorthand_composes_with_hydra(tmp_path: Path) -> None:
     st = DATA_DIR / "bytedance" / "trace-ST.parquet"
     args, _ = cli.expand_trace_file([f"trace={st}"])
     assert args == ["trace=bytedance", f"trace.path={st}", f"trace.meta={st.with_name('meta-ST.yaml')}"]
-    sweep, _ = cli.expand_trace_file(["trace=a.parquet,b.parquet"])
-    assert sweep == ["trace=canonical", "trace.path=a.parquet,b.parquet"]
-    assert cli.expand_trace_file(["trace=a.parquet,b.csv"])[0] == ["trace=a.parquet,b.csv"]  # mixed: Hydra's
-    for value in ("/x/rank[0-3]*.json", "/tmp/with space/a.parquet", "/tmp/it's.parquet", "~/a.parquet"):
+    sweep, _ = cli.expand_trace_file(["-m", "trace=a.parquet,b.parquet"])
+    assert sweep == ["-m", "trace=canonical", "trace.path=a.parquet,b.parquet"]
+    assert cli.expand_trace_file(["-m", "trace=a.parquet,b.csv"])[0] == [
+        "-m",
+        "trace=a.parquet,b.csv",
+    ]  # mixed
+    assert cli.expand_trace_file(["trace=a.parquet,b.parquet"])[0] == ["trace=a.parquet,b.parquet"]  # no -m
+    values = (
+        "/x/rank[0-3]*.json",
+        "/tmp/with space/a.parquet",
+        "/tmp/it's.parquet",
+        "2024/a.csv",
+        "données/é.json",
+    )
+    for value in values:
         args, _ = cli.expand_trace_file([f"trace={value}"])
         with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
             assert compose("config", overrides=args).trace.path == value
+    args, _ = cli.expand_trace_file(["trace=~/a.parquet"])  # the shell left ~ unexpanded: we do it
+    assert args[1] == f"trace.path={Path('~/a.parquet').expanduser()}"
+    assert cli.trace_file_format("run[1]/job.csv")[0] == "steplevel"  # the ending decides first
+    for text in ("2024", "true", "1e3", "null", "a\\'b", "C:\\x\\"):  # no number, bool, or broken quote
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=["trace=canonical", f"trace.path={cli.hydra_value(text)}"])
+        assert cfg.trace.path == text
 
 
 def test_a_trace_file_of_unknown_kind_says_which_files_the_shorthand_takes(capsys) -> None:

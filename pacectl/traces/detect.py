@@ -1,7 +1,7 @@
 """Which importer reads a trace path: one rule for ``pacectl.traces`` and ``trace=<file>``.
 
-- a folder holding ``.json``/``.json.gz`` files, a glob (``*``, ``?``, ``[``), ``.json`` or
-  ``.json.gz``: Kineto (one file per rank);
+- ``.json`` or ``.json.gz``, a folder holding such files, or a glob (``*``, ``?``, ``[``) with
+  another ending: Kineto (one file per rank); the ending decides first;
 - ``.csv``: step-level (Alibaba PAI mini-batch CSV);
 - ``.parquet``: pacectl's own (canonical) Parquet when it carries pacectl metadata; a ByteDance
   trace when its job meta sits beside it (``trace-X.parquet`` and ``meta-X.yaml``, the layout of
@@ -35,7 +35,9 @@ def meta_beside(path: str | Path) -> Path | None:
     try:
         import pyarrow.parquet as pq
 
-        if b"pacectl" in (pq.read_schema(p).metadata or {}):
+        from pacectl.traces.canonical import META_KEY
+
+        if META_KEY in (pq.read_schema(p).metadata or {}):
             return None
     except Exception:  # noqa: BLE001 - not readable as Parquet: its loader will say why
         return None
@@ -54,15 +56,15 @@ def detect_format(path: str | Path) -> tuple[str | None, Path | None]:
     """
     text = str(path)
     low = text.lower()
-    if any(c in text for c in "*?["):
-        return "kineto", None
-    for suffix, fmt in SUFFIX_FORMATS:
+    for suffix, fmt in SUFFIX_FORMATS:  # the suffix first: "run[1]/job.csv" is a CSV file
         if low.endswith(suffix):
             if fmt == "canonical":
                 meta = meta_beside(path)
                 if meta is not None:
                     return "bytedance", meta
             return fmt, None
+    if any(c in text for c in "*?["):  # a glob of rank files: Kineto is the one multi-file format
+        return "kineto", None
     folder = Path(path)
     if folder.is_dir() and any(p.name.lower().endswith((".json", ".json.gz")) for p in folder.iterdir()):
         return "kineto", None
