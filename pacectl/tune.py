@@ -68,6 +68,7 @@ from pacectl.cli import (
     discard_run_dir,
     exit_on_bad_run_dir,
     expand_trace_file_argv,
+    hydra_value,
     sweep_job_prefix,
 )
 from pacectl.config import (
@@ -388,17 +389,24 @@ def trial_settings(space: SearchSpace, scenarios: ScenarioSet) -> dict[str, Any]
     ``controller``: the family and its untuned parameters (the controller group over the
     constructor's defaults, ``units`` included); ``space``: every tuned key's distribution (the
     content, not the file); ``episodes``: the scenario descriptor (profile, traces or sim cluster,
-    seeds, iterations, ranks, comm model, guard, seed). Not included, so free to change on resume:
+    seeds, iterations, ranks, comm model, guard, seed; a trace by its content digest, not its
+    path). Not included, so free to change on resume:
     ``tune.n_trials``, ``tune.timeout_s``, sampler and its seed, workers, ``tune.progress``,
     ``tune.max_throughput_loss_frac`` (feasibility is recomputed with the current cap) and the
     improvement thresholds ``tune.min_cv_gain_frac`` and ``tune.min_throughput_gain_frac``.
     """
     import json
 
+    episodes = dict(scenarios.descriptor)
+    if episodes.get("traces"):  # a trace is its content: the same file moved (a new checkout) resumes
+        episodes["traces"] = [
+            {k: v for k, v in t.items() if k not in ("path", "meta")} if t.get("ops_sha256") else t
+            for t in episodes["traces"]
+        ]
     value = {
         "controller": {"name": space.family, **space.fixed_settings()},
         "space": space.describe(),
-        "episodes": scenarios.descriptor,
+        "episodes": episodes,
     }
     return json.loads(json.dumps(jsonable(value), sort_keys=True, default=str))  # type: ignore[no-any-return]
 
@@ -920,9 +928,18 @@ def run_overrides(
         ):
             parts = [f"trace={name.lower()}"]
         else:
-            parts = [f"trace={trace.get('format')}", f"trace.path={trace.get('path')}"]
+            path = trace.get("path")
+            shown = (
+                "[" + ",".join(hydra_value(str(p)) for p in path) + "]"
+                if isinstance(path, list)
+                else hydra_value(str(path))
+            )
+            parts = [
+                f"trace={trace.get('format')}",
+                f"trace.path={shown}",
+            ]  # Hydra's grammar, then the shell's
             if trace.get("meta"):
-                parts.append(f"trace.meta={trace.get('meta')}")
+                parts.append(f"trace.meta={hydra_value(str(trace.get('meta')))}")
         if comm != "null":
             parts += [f"comm={comm}", f"cluster={profile}"]
         if descriptor.get("seed") not in (None, 0):

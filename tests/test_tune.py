@@ -410,10 +410,22 @@ def test_a_study_never_resumes_on_a_changed_trace_file(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr
     summary = json.loads((out / "tune.json").read_text())
     assert summary["run_overrides"].startswith(f"trace=canonical trace.path={path}")  # absolute
+    moved = tmp_path / "moved" / "rec.parquet"  # the same content elsewhere (a new checkout): resumes
+    moved.parent.mkdir()
+    moved.write_bytes(path.read_bytes())
+    same = _tune(
+        "tune.population_size=4",
+        "controller=threshold",
+        f"trace={moved}",
+        f"hydra.run.dir={out}",
+        "tune.n_trials=3",
+        cwd=tmp_path,
+    )
+    assert same.returncode == 0 and "2 finished trial(s), 1 to run" in same.stdout, same.stderr
     ops = trace.ops.copy()
     ops["duration"] *= 1.01
     write_canonical(type(trace)(ops=ops, meta=trace.meta, source=trace.source, fmt=trace.fmt), path)
-    again = _tune(*args, "tune.n_trials=3", cwd=tmp_path)
+    again = _tune(*args, "tune.n_trials=4", cwd=tmp_path)
     assert again.returncode == 2 and "ops_sha256" in again.stderr, again.stderr
 
 

@@ -146,13 +146,14 @@ def tune_mode(cfg: DictConfig) -> str:
     return on
 
 
-def ops_digest(ops: Any) -> str:
+def ops_digest(ops: Any, meta: Any = None) -> str:
     """SHA-256 (first 16 hex digits) of a trace's op table, row order and values (pandas' own
-    row hashes): the same file content gives the same digest wherever it lies."""
+    row hashes), and of its job layout ``meta`` (a ByteDance meta file edited in place): the same
+    content gives the same digest wherever it lies."""
     import pandas as pd
 
     rows = pd.util.hash_pandas_object(ops, index=False).to_numpy()
-    return hashlib.sha256(rows.tobytes()).hexdigest()[:16]
+    return hashlib.sha256(rows.tobytes() + repr(meta).encode()).hexdigest()[:16]
 
 
 def trace_from_command_line(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
@@ -238,10 +239,14 @@ def build_scenarios(
             described = OmegaConf.to_container(item, resolve=True)
             assert isinstance(described, dict)
             for key in ("path", "meta"):  # absolute: the "use it" command works from any folder
-                if described.get(key):
-                    described[key] = user_path(str(described[key]), f"cluster.traces[{i}].{key}")
+                value = described.get(key)
+                where = f"cluster.traces[{i}].{key}"
+                if isinstance(value, list):  # Kineto: one file per rank
+                    described[key] = [user_path(str(v), where) for v in value]
+                elif value:
+                    described[key] = user_path(str(value), where)
             if loaded is not None:  # the content, so that a study never resumes on a changed file
-                described["ops_sha256"] = ops_digest(loaded.ops)
+                described["ops_sha256"] = ops_digest(loaded.ops, loaded.meta)
             items.append(described)
         descriptor: dict[str, Any] = {
             "kind": mode,
