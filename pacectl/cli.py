@@ -202,38 +202,40 @@ _NO_RUN_FOLDER_FLAGS = (
 
 
 def run_dir_argument_error(argv: list[str]) -> str | None:
-    """Why a ``hydra.run.dir=`` / ``hydra.sweep.dir=`` argument cannot become a run folder, or None.
+    """Why the run folder of this command line cannot be created or written, or None.
 
-    Hydra creates the folder before the job runs and fails with a traceback when the path, or
-    one of its parents, is an existing file, or when it cannot write there; the entry points check
-    the argument first (without one: the current folder, where the default run folder goes).
+    Hydra creates the folder before the job runs and fails with a traceback when the path, or one
+    of its parents, is an existing file, or when it cannot write there; the entry points check
+    first. The folder is ``hydra.run.dir`` (``hydra.sweep.dir`` with ``-m``), else the default
+    ``outputs/`` (``multirun/``) in the current folder. Not checked: a value with an interpolation
+    (``${...}``, Hydra resolves it), and flags that print and exit (``--help``, ``--cfg``).
     """
+    if any(a.partition("=")[0] in _NO_RUN_FOLDER_FLAGS for a in argv):
+        return None
     multirun = any(a in ("-m", "--multirun") for a in argv)
-    # the folder the job writes to: hydra.run.dir, or hydra.sweep.dir with -m
-    named = any(
-        a.partition("=")[0].lstrip("+") == ("hydra.sweep.dir" if multirun else "hydra.run.dir") for a in argv
-    )
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key.lstrip("+") not in ("hydra.run.dir", "hydra.sweep.dir"):
-            continue
-        if not value.strip("'\" "):
-            return f"{key.lstrip('+')} must name a folder, got an empty value (the outputs would land in the current folder)"
-        path = Path(value.strip("'\"")).expanduser()
-        for p in (path, *path.parents):
-            if p.exists() and not p.is_dir():
-                return f"{key.lstrip('+')} must be a folder (new or existing), but {p} is a file; pick another path"
-        problem = _unwritable(path)
-        if problem:
-            return f"{key.lstrip('+')}={value}: {problem}; pick a folder you can write to"
-    inspect_only = any(a.partition("=")[0] in _NO_RUN_FOLDER_FLAGS for a in argv)
-    if not named and not inspect_only:  # the default run folder, outputs/..., lands in the current folder
-        problem = _unwritable(Path.cwd() / "outputs")
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    given = [a.partition("=")[2] for a in argv if a.partition("=")[0].lstrip("+") == key and "=" in a]
+    if not given:
+        problem = folder_problem(Path.cwd() / ("multirun" if multirun else "outputs"))
         if problem:
             return (
-                f"the default run folder (outputs/... or multirun/... in the current folder) cannot be "
-                f"created: {problem}; set hydra.run.dir=<a writable folder>"
+                f"the default run folder ({'multirun' if multirun else 'outputs'}/... in the current folder) "
+                f"cannot be created: {problem}; set {key}=<a writable folder>"
             )
+        return None
+    for value in given:
+        if not value.strip("'\" "):
+            return (
+                f"{key} must name a folder, got an empty value (the outputs would land in the current folder)"
+            )
+        if "${" in value:
+            continue
+        problem = folder_problem(Path(value.strip("'\"")))  # Hydra does not expand ~: nor does this
+        if problem and problem.endswith("is a file, not a folder"):
+            where = problem.removesuffix(" is a file, not a folder")
+            return f"{key} must be a folder (new or existing), but {where} is a file; pick another path"
+        if problem:
+            return f"{key}={value}: {problem}; pick a folder you can write to"
     return None
 
 
@@ -244,7 +246,7 @@ def folder_problem(path: str | os.PathLike[str]) -> str | None:
     deepest existing folder must accept a new folder (permissions, a read-only file system, or a
     pseudo file system such as ``/proc``; probed with a temporary folder, removed at once).
     """
-    target = Path(path).expanduser()
+    target = Path(path)
     for p in (target, *target.parents):
         if p.exists() and not p.is_dir():
             return f"{p} is a file, not a folder"

@@ -323,6 +323,8 @@ def test_an_unwritable_run_folder_is_one_line_before_hydra_starts(tmp_path: Path
     )
     assert cli.run_dir_argument_error(["--help"]) is None  # prints and exits: no folder
     assert cli.run_dir_argument_error(["--cfg", "job"]) is None
+    assert cli.run_dir_argument_error(["--cfg", "job", f"hydra.run.dir={locked}/x"]) is None
+    assert cli.run_dir_argument_error(["hydra.run.dir=${oc.env:SCRATCH}/x"]) is None  # Hydra resolves it
     # with -m the job writes to hydra.sweep.dir (or multirun/ here): hydra.run.dir does not count
     assert cli.run_dir_argument_error(["-m", f"hydra.run.dir={tmp_path}/ok", "seed=0,1"]) is not None
     assert cli.run_dir_argument_error(["-m", f"hydra.sweep.dir={tmp_path}/ok", "seed=0,1"]) is None
@@ -362,3 +364,11 @@ def test_a_key_of_another_option_beats_a_close_spelling_here(capsys) -> None:
     assert "It is a key of backend=torch" in err and "Did you mean backend.record=" not in err
     err = _check(capsys, ["controller=pid", "controller.kpp=0.5"])  # a typo stays a typo
     assert "Did you mean controller.kp=0.5?" in err
+
+
+def test_a_file_where_the_default_run_folder_goes_is_named(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").write_text("not a folder")
+    problem = cli.run_dir_argument_error(["trace=st"])
+    assert problem is not None and "outputs is a file, not a folder" in problem
+    assert cli.run_dir_argument_error(["-m", "seed=0,1"]) is None  # a sweep goes to multirun/
