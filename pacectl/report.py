@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import uuid
 from collections.abc import Iterator, Mapping
@@ -409,7 +410,7 @@ _TABLE_HEADERS = (
 def format_value(value: Any, spec: str) -> str:
     """``format(value, spec)`` for a table cell: ``n/a`` for None, NaN and inf; no ``-0.00``; no
     trailing ``.`` of the ``#`` alternate form."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    if value is None or (isinstance(value, numbers.Real) and not math.isfinite(float(value))):
         return "n/a"
     text = format(value, spec)
     if text.startswith("-") and float(text) == 0.0:  # a tiny negative rounds to "-0.00": no sign

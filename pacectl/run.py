@@ -401,8 +401,9 @@ def _hydra_main(cfg: DictConfig) -> None:
     earlier = [n for n in ("summary.json", "whatif.json") if (out_dir / n).is_file()]
     if earlier:  # a named hydra.run.dir used again: Hydra reuses the folder as it is
         log.warning(
-            f"warning: {out_dir} holds an earlier run's outputs ({', '.join(earlier)}): this run replaces "
-            "them when it succeeds (and appends to run.log); pick another hydra.run.dir to keep them"
+            f"warning: {out_dir} holds an earlier run's outputs ({', '.join(earlier)}): when this run "
+            "succeeds, the files it writes replace theirs of the same name, others stay (run.log is "
+            "appended to); pick another hydra.run.dir (hydra.sweep.dir for -m) to keep them apart"
         )
     try:
         if cfg.analysis.name == "whatif":

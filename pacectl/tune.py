@@ -611,7 +611,9 @@ def _tune_study(
     echo(
         f"study {name!r} ({spec.display}): {family} on "
         + (
-            f"the command line's trace (profile {scenarios.profile} for the fabric; {scenarios.kind}: "
+            "the command line's trace ("
+            + (f"profile {scenarios.profile} for the fabric; " if scenarios.comm_model != "null" else "")
+            + f"{scenarios.kind}: "
             if scenarios.trace_from_command_line
             else f"{scenarios.profile} ({scenarios.kind}: "
         )
@@ -718,13 +720,13 @@ def _tune_study(
             f"{rule.min_throughput_gain_frac:.2%} higher; improvement_rule in tune.json): the chosen trial "
             f"{chosen.number} has {_change(chosen.throughput_loss_frac):+.3%} throughput and cv {chosen.cv:.4g} "
             f"({_cv_change(chosen.cv, baseline.cv):+.3%} against no pacing's {baseline.cv:.4g}). {advice}"
-            f"controller.yaml holds that trial anyway, flagged; to search further raise tune.n_trials, "
-            "try another family or search space"
+            "controller.yaml holds that trial anyway, flagged; "
             + (
-                ""
+                "to search further raise tune.n_trials, try another family or search space"
                 if scenarios.comm_timing_dependent
-                else ", or a timing-dependent model (cluster=contended: simulated interference; a replay "
-                "needs comm=contention with bursty cross traffic on links its ring crosses)"
+                else "more trials cannot change this with fixed durations: a gain needs a timing-dependent "
+                "model (cluster=contended: simulated interference; a replay needs comm=contention with "
+                "bursty cross traffic on links its ring crosses)"
             )
         )
     summary: dict[str, Any] = {
