@@ -399,7 +399,7 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         hint = _closest(option, available)
         fix = f" Did you mean {group}={hint}?" if hint else ""
         if group == "trace" and (not re.fullmatch(r"[\w-]+", option) or Path(option).is_dir()):
-            from pacectl.traces.detect import SUFFIX_FORMATS
+            from pacectl.traces.detect import SUFFIX_FORMATS, other_traces_in
 
             fix = (
                 " A file given as trace=<file> must end in "
@@ -407,12 +407,8 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
                 + " or be a folder or glob of Kineto files (a sweep: files of one format); else name "
                 "its format, e.g. trace=bytedance trace.path=<file> trace.meta=<meta.yaml>"
             )
-            folder = Path(option.strip("'\"")).expanduser()
-            held = (
-                sorted(p.name for p in folder.iterdir() if p.suffix.lower() in (".parquet", ".csv"))
-                if folder.is_dir()
-                else []
-            )
+            folder = Path(option.strip("'\""))
+            held = other_traces_in(folder)
             if held:  # e.g. a live run's records/ folder
                 fix = f" It is a folder of {', '.join(held[:4])}: name one, e.g. trace={folder / held[0]}"
             elif "," in option:

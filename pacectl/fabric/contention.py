@@ -172,15 +172,13 @@ class ContentionComm:
             rates.add(self.ring_rate_Bps(state))
             if len(rates) > 1:
                 return None  # the rate changes with the phase: timing-dependent
-        if len(rates) == 1:
-            # e.g. staggered bursts on many uplinks: some uplink the ring crosses is always busy
-            if rates == {self.ring_rate_Bps((False,) * len(self._cross_links))}:
-                return "the cross-traffic links do not slow the ring"
-            return (
-                "the ring's slowest flow runs at one rate through the whole on/off period (staggered "
-                "bursts keep some uplink it crosses busy at every instant): a constant slowdown"
-            )
-        return None
+        # one rate all period: e.g. staggered bursts on many uplinks keep a crossed one always busy
+        if rates == {self.ring_rate_Bps((False,) * len(self._cross_links))}:
+            return "the cross-traffic links do not slow the ring"
+        return (
+            "the ring's slowest flow runs at one rate through the whole on/off period (staggered "
+            "bursts keep some uplink it crosses busy at every instant): a constant slowdown"
+        )
 
     def _states_in_period(self) -> list[tuple[bool, ...]]:
         """Every combination of cross flows on that occurs during one on/off period, in time order
@@ -241,11 +239,13 @@ class ContentionComm:
 
         The ring's bytes are integrated over the cross traffic's switches. The pattern repeats every
         period, so a transfer longer than a period moves the same bytes in each whole period: those
-        are skipped in one step, and at most two periods are integrated switch by switch (a burst
+        are skipped in one step, and at most three periods are integrated switch by switch (a burst
         period much shorter than the transfer costs no more than a long one). Always at least
         :attr:`free_time_s`.
         """
         start, total = float(start_s), self._ring_bytes
+        if not math.isfinite(start):
+            raise ValueError(f"start_s must be a finite time in seconds, got {start_s!r}")
         if total <= 0:
             return self._fixed_s
         if self.inert_reason:  # one rate through the whole transfer

@@ -7,9 +7,10 @@ Subcommands (``python -m pacectl.traces <cmd> --help`` for options):
 - ``validate PATH...``: every problem found, one per line as ``file:event #i: field: message``;
 - ``convert PATH... -o OUT.parquet``: write pacectl's canonical Parquet (atomically).
 
-Formats (``--format``, default by file name): ``kineto`` (``*.json``, ``*.json.gz``, or a directory
-or glob of them), ``steplevel`` (``*.csv``), ``canonical`` (``*.parquet`` written by pacectl),
-``bytedance`` (``*.parquet`` plus ``--meta``). Exit codes: 0 usable, 1 unusable trace (message on
+Formats (``--format``, default by file name, :mod:`pacectl.traces.detect`): ``kineto`` (``*.json``,
+``*.json.gz``, or a directory or glob of them), ``steplevel`` (``*.csv``), ``canonical``
+(``*.parquet`` written by pacectl), ``bytedance`` (``*.parquet`` plus ``--meta``, found beside a
+``trace-X.parquet`` as ``meta-X.yaml`` when not given). Exit codes: 0 usable, 1 unusable trace (message on
 stderr, no traceback), 2 bad command line (also an ``-o`` that cannot be written).
 """
 
@@ -28,7 +29,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from pacectl.errors import PacectlError, TraceError
-from pacectl.traces.detect import detect_format, meta_beside
+from pacectl.traces.detect import detect_format, meta_beside, other_traces_in
 from pacectl.traces.model import OpTrace, TraceWarning
 
 FORMATS = ("auto", "kineto", "steplevel", "canonical", "bytedance")
@@ -49,13 +50,6 @@ class OutputError(PacectlError):
 
 class CommandLineError(PacectlError):
     """The command line lacks what the trace needs (exit 2: fix the command line)."""
-
-
-def _other_traces_in(paths: list[str]) -> list[str]:
-    """The Parquet and CSV files of a single folder argument (traces of other formats), sorted."""
-    if len(paths) != 1 or not Path(paths[0]).is_dir():
-        return []
-    return sorted(p.name for p in Path(paths[0]).iterdir() if p.suffix.lower() in (".parquet", ".csv"))
 
 
 def _load(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | None, list[str]]:
@@ -81,7 +75,7 @@ def _load_quiet(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | Non
             args.meta = str(beside)
     fmt = _detect(args.paths, args.format, args.meta)
     if fmt != "kineto" and len(args.paths) != 1:
-        raise TraceError(f"a {fmt} trace must be one file, got {len(args.paths)} paths")
+        raise CommandLineError(f"a {fmt} trace must be one file, got {len(args.paths)} paths; name one")
     if fmt == "kineto":
         from pacectl.traces.kineto import import_kineto
 
@@ -96,7 +90,7 @@ def _load_quiet(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | Non
                 max_bytes=int(args.max_mb * 2**20),
             )
         except TraceError as err:
-            others = _other_traces_in(args.paths)
+            others = other_traces_in(args.paths[0]) if len(args.paths) == 1 else []
             if others:  # a folder of ByteDance / step-level files read as Kineto: name them instead
                 raise CommandLineError(
                     f"{args.paths[0]} is read as a folder of Kineto JSON files, and failed ({err}); it "

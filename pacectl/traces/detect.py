@@ -69,3 +69,12 @@ def detect_format(path: str | Path) -> tuple[str | None, Path | None]:
     if folder.is_dir() and any(p.name.lower().endswith((".json", ".json.gz")) for p in folder.iterdir()):
         return "kineto", None
     return None, None  # a folder of other files (live records: .parquet) is no trace by itself
+
+
+def other_traces_in(folder: str | Path) -> list[str]:
+    """Names of the Parquet and CSV files in ``folder`` (traces of formats other than Kineto, or
+    live records), sorted; empty when it is no folder."""
+    p = Path(folder)
+    if not p.is_dir():
+        return []
+    return sorted(f.name for f in p.iterdir() if f.suffix.lower() in (".parquet", ".csv"))
