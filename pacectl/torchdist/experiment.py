@@ -243,11 +243,13 @@ class TorchExperiment:
             "trace": {
                 "name": spec["name"],
                 "path": str(self.final_record_dir / "none.parquet"),
-                "format": "canonical",
+                "format": "torch-live",  # as a replay of the record names it (canonical Parquet)
                 "world_size": self.nproc,
                 "dp_size": self.nproc,
                 "pp_size": 1,
+                "tp_size": 1,
                 "num_steps": int(b.num_iterations),
+                "time_unit": "s",
             },
             # DDP's gradient all-reduce of bucket 0, recorded under the canonical op type of the
             # gradient collective (the trace schema has one type for it, whatever the algorithm)
