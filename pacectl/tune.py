@@ -556,14 +556,14 @@ def run_tuning(
     if settings.storage in (None, ""):
         out_dir.mkdir(parents=True, exist_ok=True)  # the default journal lives in the run folder
     previous = _previous_study_name(out_dir)
-    if previous not in (None, name):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = _open_study(spec, name, scenarios, trial_settings(space, scenarios))
+    if previous not in (None, name):  # said once the study opened: a refused resume replaces nothing
         warn(
             f"warning: {out_dir} holds the outputs of study {previous!r}: this study ({name!r}) replaces its "
             "controller.yaml, tune.json and pareto files (its trials stay in their storage); use another "
             "hydra.run.dir to keep both"
         )
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = _open_study(spec, name, scenarios, trial_settings(space, scenarios))
     try:
         with deferred_interrupts():
             return _tune_study(out_dir, echo, t0, settings, space, scenarios, spec, name, study)
