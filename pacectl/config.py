@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pacectl.controllers import SafetyGuard, make_controller
 from pacectl.data import DATA_DIR
-from pacectl.errors import ConfigError, unknown_keys_error, yaml_problem
+from pacectl.errors import ConfigError, TraceError, unknown_keys_error, yaml_problem
 from pacectl.fabric.base import CommModel, NullComm
 from pacectl.traces.bytedance import load_bytedance
 from pacectl.traces.model import OpTrace
@@ -65,16 +65,28 @@ def _load_kineto(trace_cfg: DictConfig) -> OpTrace:
     raw = trace_cfg.path
     paths = [str(p) for p in raw] if not isinstance(raw, str) and raw is not None else [str(raw)]
     ranks = trace_cfg.get("ranks")
-    return load_kineto(
-        [user_path(p) for p in paths],
-        ranks=None if ranks is None else [int(r) for r in ranks],
-        world_size=trace_cfg.get("world_size"),
-        strict=bool(trace_cfg.get("strict", False)),
-        align=str(trace_cfg.get("align", "auto")),
-        drop_unmatched=bool(trace_cfg.get("drop_unmatched", False)),
-        max_bytes=_max_bytes(trace_cfg.get("max_mb", 1024)),
-        name=trace_cfg.get("name"),
-    )
+    resolved = [user_path(p) for p in paths]
+    try:
+        return load_kineto(
+            resolved,
+            ranks=None if ranks is None else [int(r) for r in ranks],
+            world_size=trace_cfg.get("world_size"),
+            strict=bool(trace_cfg.get("strict", False)),
+            align=str(trace_cfg.get("align", "auto")),
+            drop_unmatched=bool(trace_cfg.get("drop_unmatched", False)),
+            max_bytes=_max_bytes(trace_cfg.get("max_mb", 1024)),
+            name=trace_cfg.get("name"),
+        )
+    except TraceError as err:
+        from pacectl.traces.detect import other_traces_in
+
+        others = other_traces_in(resolved[0]) if len(resolved) == 1 else []
+        if not others:
+            raise
+        # a folder of ByteDance / step-level files (or live records) read as Kineto: name them
+        raise TraceError(
+            f"{err}; the folder also holds {', '.join(others[:4])}: to replay one, name the file"
+        ) from err
 
 
 def _max_bytes(max_mb: Any) -> int:

@@ -607,3 +607,17 @@ def test_trace_max_mb_must_be_a_positive_number(max_mb: Any) -> None:
     cfg = OmegaConf.create({"format": "kineto", "path": str(DATA_DIR / "h200-capture"), "max_mb": max_mb})
     with pytest.raises(ConfigError, match=r"trace\.max_mb must be a finite number of MiB > 0"):
         load_trace(cfg)
+
+
+def test_a_folder_of_other_traces_replayed_as_kineto_names_them() -> None:
+    """pacectl/data/bytedance holds JSON files (the artifact's analysis outputs), so it reads as
+    Kineto and fails; the error then names the traces the folder does hold."""
+    from omegaconf import OmegaConf
+
+    from pacectl.config import load_trace
+
+    cfg = OmegaConf.create({"format": "kineto", "path": str(DATA_DIR / "bytedance")})
+    with pytest.raises(
+        TraceError, match=r"the folder also holds trace-AR.parquet, trace-ST.parquet: to replay one"
+    ):
+        load_trace(cfg)
