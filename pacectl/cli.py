@@ -246,18 +246,12 @@ def folder_problem(path: str | os.PathLike[str]) -> str | None:
     deepest existing folder must accept a new folder (permissions, a read-only file system, or a
     pseudo file system such as ``/proc``; probed with a temporary folder, removed at once).
     """
+    import tempfile
+
     target = Path(path)
     for p in (target, *target.parents):
         if p.exists() and not p.is_dir():
             return f"{p} is a file, not a folder"
-    return _unwritable(target)
-
-
-def _unwritable(path: Path) -> str | None:
-    """Why the folder ``path`` (existing or to be created) cannot be written, or None."""
-    import tempfile
-
-    for p in (path, *path.parents):
         if p.is_dir():
             if not os.access(p, os.W_OK | os.X_OK):
                 return f"{p} is not writable (permission denied)"

@@ -41,18 +41,14 @@ def _check_writable(folder: Path) -> None:
     Raises:
         ConfigError: naming ``backend.record_dir``, the folder and the reason.
     """
-    probe = folder
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        if not probe.is_dir():
-            raise NotADirectoryError(f"{probe} is not a folder")
-        os.rmdir(tempfile.mkdtemp(dir=probe, prefix=".pacectl-probe-"))
-    except OSError as err:
+    from pacectl.cli import folder_problem
+
+    problem = folder_problem(folder)
+    if problem:
         raise ConfigError(
-            f"backend.record_dir: cannot write the live records under {folder} ({err}). "
+            f"backend.record_dir: cannot write the live records under {folder} ({problem}). "
             "Pick a writable folder, e.g. backend.record_dir=/tmp/pacectl-records"
-        ) from None
+        )
 
 
 @contextmanager

@@ -243,11 +243,11 @@ def _check_output(out: Path) -> None:
             f"-o {out}: the canonical trace is a Parquet file, so its name must end in .parquet "
             f"(e.g. {out.with_suffix('.parquet')}); nothing was written"
         )
-    parent = next((p for p in (out.parent, *out.parent.parents) if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise OutputError(f"could not write {out}: {parent} is not a directory. Pick another -o path.")
-    if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"could not write {out}: {parent} is not writable. Pick another -o path.")
+    from pacectl.cli import folder_problem
+
+    problem = folder_problem(out.parent)
+    if problem:
+        raise OutputError(f"could not write {out}: {problem}. Pick another -o path.")
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
