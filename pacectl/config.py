@@ -19,6 +19,7 @@ from pacectl.controllers import SafetyGuard, make_controller
 from pacectl.data import DATA_DIR
 from pacectl.errors import ConfigError, TraceError, unknown_keys_error, yaml_problem
 from pacectl.fabric.base import CommModel, NullComm
+from pacectl.loop import ExchangeSchedule
 from pacectl.traces.bytedance import load_bytedance
 from pacectl.traces.model import OpTrace
 from pacectl.types import Controller
@@ -352,6 +353,7 @@ RUN_KEYS = frozenset(
         "cluster",
         "analysis",
         "guard",
+        "exchange",
         "comm",
         "seed",
         "output",
@@ -384,6 +386,13 @@ def validate_run_config(cfg: DictConfig) -> None:
     _check_known_keys(cfg)
     analysis = cfg.get("analysis")
     backend = cfg.get("backend")
+    schedule = exchange_schedule(cfg)
+    if backend is not None and backend.get("name") == "torch" and schedule != ExchangeSchedule():
+        raise ConfigError(
+            f"exchange.* models a live job's exchange in replay and sim (got lag_iters={schedule.lag}, "
+            f"every_iters={schedule.every}); backend=torch has the real one: set "
+            "backend.pacing.gather=async (lag 1) or piggyback (lag 2) and backend.pacing.gather_every instead"
+        )
     if analysis is not None and analysis.get("name") == "whatif" and backend is not None:
         if backend.get("name") != "replay":
             raise ConfigError(
@@ -428,6 +437,7 @@ def _check_known_keys(cfg: DictConfig) -> None:
     checks: list[tuple[str, set[str] | None]] = [
         ("guard", {str(k) for k in base.guard.keys()}),
         ("output", {str(k) for k in base.output.keys()}),
+        ("exchange", {str(k) for k in base.exchange.keys()}),
     ]
     backend = cfg.get("backend")
     if isinstance(backend, DictConfig) and backend.get("name") in ("replay", "sim"):
@@ -439,6 +449,21 @@ def _check_known_keys(cfg: DictConfig) -> None:
         node = cfg.get(group)
         if known is not None and isinstance(node, DictConfig) and set(map(str, node.keys())) - known:
             raise unknown_keys_error(group, node, known)
+
+
+def exchange_schedule(cfg: DictConfig) -> ExchangeSchedule:
+    """The run's :class:`~pacectl.loop.ExchangeSchedule` from ``exchange.lag_iters`` and
+    ``exchange.every_iters`` (both default 1 where the config has no ``exchange`` block).
+
+    Raises:
+        ConfigError: a value that is not an integer >= 1.
+    """
+    node = cfg.get("exchange")
+    node = node if isinstance(node, DictConfig) else {}
+    return ExchangeSchedule(
+        lag=config_int(node.get("lag_iters", 1), "exchange.lag_iters"),
+        every=config_int(node.get("every_iters", 1), "exchange.every_iters"),
+    )
 
 
 def config_int(value: object, key: str, *, low: int = 1) -> int:

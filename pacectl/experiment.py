@@ -18,8 +18,9 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig
 
-from pacectl.config import config_int, controller_factory, load_trace, make_comm_model
+from pacectl.config import config_int, controller_factory, exchange_schedule, load_trace, make_comm_model
 from pacectl.errors import ConfigError
+from pacectl.loop import ExchangeSchedule
 from pacectl.traces.model import OpTrace
 from pacectl.types import Episode
 
@@ -32,6 +33,8 @@ class Experiment(Protocol):
         comm_model: name of the communication model in force (``"null"`` = fixed durations).
         comm_description: one line for reports.
         comm_timing_dependent: whether durations depend on timing (only then can pacing gain).
+        exchange: when decisions reach the ranks (:class:`~pacectl.loop.ExchangeSchedule`;
+            modelled by replay and sim, the real exchange's lag for live runs).
 
     Optional: ``paired_blocks``, ``(block, offset)`` for
     :func:`~pacectl.metrics.paired_change_ci95_frac` when the runs' iterations are not independent
@@ -43,6 +46,7 @@ class Experiment(Protocol):
     comm_model: str
     comm_description: str
     comm_timing_dependent: bool
+    exchange: ExchangeSchedule
 
     def describe(self) -> dict[str, Any]:
         """Summary fields describing the input: at least ``trace`` (``name``, ``path``)."""
@@ -67,6 +71,11 @@ class _ClosedLoop:
         """Iterations (replayed steps) per run."""
         return int(self.backend.num_iterations)
 
+    @property
+    def exchange(self) -> ExchangeSchedule:
+        """``exchange.lag_iters`` / ``exchange.every_iters`` of the config."""
+        return exchange_schedule(self.cfg)
+
     def _episode(
         self, family: str, params: dict[str, Any], on_iteration: Callable[[], None] | None
     ) -> Episode:
@@ -77,6 +86,7 @@ class _ClosedLoop:
             controller_factory(family, params, self.cfg.guard),
             seed=int(self.cfg.seed),
             on_iteration=on_iteration,
+            exchange=self.exchange,
         )
 
 

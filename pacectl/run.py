@@ -126,6 +126,13 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             "comm_model": experiment.comm_model,
             "comm_model_description": experiment.comm_description,
             "comm_model_timing_dependent": experiment.comm_timing_dependent,
+            "exchange": {
+                "lag_iters": experiment.exchange.lag,
+                "every_iters": experiment.exchange.every,
+                "source": "the live exchange, backend.pacing"
+                if experiment.backend_name == "torch"
+                else "modelled, exchange.*",
+            },
             "baseline": BASELINE,
             "runs": summaries,
             "vs_baseline": {
@@ -245,6 +252,16 @@ def counterfactual_lines(fidelity: dict[str, Any] | None) -> dict[str, str]:
     return out
 
 
+def exchange_line(summary: dict[str, Any]) -> str:
+    """When decisions reached the ranks, in words; empty for the default (the next iteration)."""
+    ex = summary.get("exchange") or {}
+    lag, every = int(ex.get("lag_iters", 1)), int(ex.get("every_iters", 1))
+    if (lag, every) == (1, 1):
+        return ""
+    batch = f", figures exchanged {every} iterations at a time" if every > 1 else ""
+    return f"a decision on iteration k paces from iteration k + {lag}{batch} ({ex.get('source', '')})"
+
+
 def _report_context(summary: dict[str, Any]) -> dict[str, str]:
     """Context lines of report.md from the summary fields the experiment provided."""
     trace = summary["trace"]
@@ -264,6 +281,8 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
         context[f"replay counterfactual of {name}"] = line
     if "time_unit_note" in summary:
         context["time unit"] = summary["time_unit_note"]
+    if exchange_line(summary):
+        context["decision lag"] = exchange_line(summary)
     if summary.get("warnings"):
         context["warnings"] = "; ".join(summary["warnings"])
     wi = summary.get("whatif")
@@ -363,15 +382,19 @@ def log_summary(summary: dict[str, Any], out_dir: Path) -> None:
         )
     if summary.get("comm_model_timing_dependent"):
         log.info(f"comm model in force: {summary['comm_model_description']}")
+    if exchange_line(summary):
+        log.info(f"decision lag: {exchange_line(summary)}")
     if "pacing" in summary:
         pacing = summary["pacing"]
         limit = pacing.get("piggyback_max_bytes")
+        gather = pacing.get("gather_resolved", pacing.get("gather"))
         beside = (
             f" (beside carrier buckets over {limit} bytes)"
-            if limit is not None and pacing.get("gather", "piggyback") == "piggyback"
+            if limit is not None and gather == "piggyback"
             else ""
         )
-        log.info(f"live pacing: figures exchanged by {pacing.get('gather', 'piggyback')!r}{beside}")
+        chosen = " (gather=auto)" if pacing.get("gather") == "auto" else ""
+        log.info(f"live pacing: figures exchanged by {gather!r}{chosen}{beside}")
         for family, measured in summary.get("measured", {}).items():
             for c in measured.get("runtime_controls", []):
                 state = "applied" if c["applied"] else "ignored"

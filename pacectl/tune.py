@@ -889,7 +889,7 @@ def run_overrides(
     Sim profiles: ``backend=sim cluster= comm= backend.num_ranks= backend.num_iterations=`` and the
     first of ``tune.sim.seeds`` as ``seed=``; traces: the first trace (``trace=`` or its format, path,
     meta), ``comm=``/``cluster=`` when comm is not null, ``seed=`` when not 0. Both: ``guard.*`` that
-    differ from ``conf/config.yaml``, and the command line's ``cluster.*`` and (traces) ``backend.*``
+    differ from ``conf/config.yaml``, ``exchange.*`` when the study modelled a decision lag, and the command line's ``cluster.*`` and (traces) ``backend.*``
     overrides. ``pacectl.run`` runs one episode, so with several (seeds, traces) the run reproduces
     the first: each difference is listed, with the chosen trial's own figures on that episode.
 
@@ -953,6 +953,8 @@ def run_overrides(
             parts.append(f"+guard.{key}={_override_value(value)}")
         elif defaults[key] != value:
             parts.append(f"guard.{key}={_override_value(value)}")
+    for key, value in (descriptor.get("exchange") or {}).items():
+        parts.append(f"exchange.{key}={value}")
     passed = ("cluster.",) if descriptor.get("kind") == "sim" else ("cluster.", "backend.")
     for override in user_overrides or []:
         key = _override_key(override)

@@ -453,6 +453,26 @@ def test_a_trace_on_the_command_line_is_what_the_study_tunes_on() -> None:
     assert on_sim_profile.kind == "traces" and on_sim_profile.labels == ["ST"]
 
 
+def test_a_modelled_decision_lag_is_part_of_the_study() -> None:
+    """``exchange.*`` changes every episode: it is in the descriptor (another fingerprint, so no
+    resume across it), reaches the episodes, and the "use it" overrides carry it. Absent by default,
+    so studies from before it still resume."""
+    from pacectl.tune import run_overrides
+    from pacectl.tuning.scenarios import build_scenarios
+
+    base = ["cluster=contended", "tune.sim.num_iterations=30", "tune.sim.seeds=[0]"]
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        default = build_scenarios(compose("tune", overrides=base))
+        lagged = build_scenarios(compose("tune", overrides=[*base, "exchange.lag_iters=2"]))
+    assert "exchange" not in default.descriptor
+    assert lagged.descriptor["exchange"] == {"lag_iters": 2, "every_iters": 1}
+    assert lagged.fingerprint != default.fingerprint
+    assert lagged.experiments[0].exchange.lag == 2
+    overrides, _ = run_overrides(lagged.descriptor)
+    assert "exchange.lag_iters=2" in overrides.split()
+    assert "exchange" not in run_overrides(default.descriptor)[0]
+
+
 # --- resume only with the same trial settings -------------------------------------------------------
 
 

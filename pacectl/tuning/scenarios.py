@@ -26,9 +26,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pacectl import metrics
-from pacectl.config import config_int, user_path
+from pacectl.config import config_int, exchange_schedule, user_path
 from pacectl.errors import ConfigError
 from pacectl.experiment import Experiment, make_experiment
+from pacectl.loop import ExchangeSchedule
 
 
 @dataclass(frozen=True)
@@ -287,6 +288,9 @@ def build_scenarios(
             "seeds": run_seeds,
         }
     descriptor["guard"] = guard
+    schedule = exchange_schedule(cfg)
+    if schedule != ExchangeSchedule():  # absent when default: studies from before it still resume
+        descriptor["exchange"] = {"lag_iters": schedule.lag, "every_iters": schedule.every}
     first = experiments[0]
     return ScenarioSet(
         kind=mode,

@@ -1,0 +1,138 @@
+"""The driver loop's exchange schedule: when a decision reaches the ranks (lag, every)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pacectl.backends.sim import SimBackend
+from pacectl.fabric.contention import EarlyArrivalInterference, FixedComm
+from pacectl.fabric.noise import ComputeModel, LognormalJitter
+from pacectl.loop import ExchangeSchedule, run_episode
+from pacectl.types import Action, Observation
+
+RANKS = 4
+
+
+class Counter:
+    """Decision n (n = 1, 2, ...) delays every rank by n ms and reports active = n."""
+
+    name = "counter"
+
+    def reset(self, num_ranks: int, rng: np.random.Generator) -> None:
+        self.n = 0
+        self.out = np.zeros(num_ranks)
+
+    def act(self, obs: Observation) -> Action:
+        self.n += 1
+        self.out[:] = 1e-3 * self.n  # the same array every time: the loop must not hold it
+        return Action(self.out)
+
+    def diagnostics(self) -> dict[str, float]:
+        return {"active": float(self.n)}
+
+
+def _sim(iters: int = 30) -> SimBackend:
+    return SimBackend(
+        num_ranks=RANKS,
+        num_iterations=iters,
+        compute=ComputeModel(0.1, (LognormalJitter(0.05),)),
+        comm=FixedComm(0.01),
+        interference=EarlyArrivalInterference(0.0, 8),
+    )
+
+
+def _expected_decision(schedule: ExchangeSchedule, iters: int) -> np.ndarray:
+    """Per iteration: which decision (1-based, 0 = none) paces it, written from the definition."""
+    out = np.zeros(iters, dtype=int)
+    for j in range(iters):
+        # decision k + 1 was taken on observation k; it counts only at the end of a group
+        taken = [k + 1 for k in range(iters) if (k + 1) % schedule.every == 0 and k + schedule.lag <= j]
+        out[j] = max(taken, default=0)
+    return out
+
+
+@pytest.mark.parametrize(("lag", "every"), [(1, 1), (2, 1), (3, 1), (1, 4), (2, 4), (2, 10)])
+def test_each_iteration_is_paced_by_the_decision_the_schedule_delivers(lag: int, every: int) -> None:
+    schedule = ExchangeSchedule(lag=lag, every=every)
+    ep = run_episode(_sim(), Counter, exchange=schedule)
+    want = _expected_decision(schedule, 30)
+    assert np.allclose(ep.applied_delay_s, 1e-3 * want[:, None])
+    # diagnostics and pacing_active belong to the decision that paced the iteration
+    assert np.array_equal(ep.diagnostics["active"][:, 0], want.astype(float))
+    assert np.array_equal(ep.pacing_active[:, 0], want > 0)
+    assert (want[: lag + every - 1] == 0).all() and want[lag + every - 1] == every
+
+
+def test_default_schedule_is_the_next_iteration() -> None:
+    a = run_episode(_sim(), Counter)
+    b = run_episode(_sim(), Counter, exchange=ExchangeSchedule(1, 1))
+    assert np.array_equal(a.applied_delay_s, b.applied_delay_s)
+    assert np.allclose(a.applied_delay_s[1:, 0], 1e-3 * np.arange(1, 30))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_schedule_rejects_non_positive_integers(bad: object) -> None:
+    with pytest.raises(ValueError, match="integer >= 1"):
+        ExchangeSchedule(lag=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="integer >= 1"):
+        ExchangeSchedule(every=bad)  # type: ignore[arg-type]
+
+
+def _run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pacectl.run", *overrides, f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_cli_lag_reaches_the_episode_and_the_summary(tmp_path: Path) -> None:
+    proc = _run(
+        tmp_path,
+        "backend=sim",
+        "backend.num_ranks=8",
+        "backend.num_iterations=40",
+        "controller=threshold",
+        "controller.on_threshold_s=0.0",
+        "controller.off_threshold_s=0.0",
+        "exchange.lag_iters=3",
+        "exchange.every_iters=2",
+        "output.plots=false",
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["exchange"] == {"lag_iters": 3, "every_iters": 2, "source": "modelled, exchange.*"}
+    assert "paces from iteration k + 3" in proc.stdout + proc.stderr
+    frame = __import__("pandas").read_parquet(tmp_path / "run" / "iterations.parquet")
+    paced = frame[(frame.run == "threshold")].groupby("iteration")["applied_delay_s"].sum()
+    # the first decision (taken on iteration 1, the end of the first group) paces iteration 4
+    assert (paced.loc[:3] == 0).all() and paced.loc[4:].sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("exchange.lag_iters=0", "exchange.lag_iters must be an integer >= 1, got 0"),
+        ("exchange.every_iters=two", "exchange.every_iters must be an integer >= 1, got 'two'"),
+        ("+exchange.lagg=2", "exchange has unknown key(s) ['lagg']"),
+    ],
+)
+def test_cli_bad_exchange_is_one_line(tmp_path: Path, override: str, message: str) -> None:
+    proc = _run(tmp_path, "backend=sim", "backend.num_iterations=5", override)
+    assert proc.returncode == 2
+    assert message in proc.stderr.lower() or message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_torch_backend_points_at_its_real_exchange(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "backend=torch", "exchange.lag_iters=2")
+    assert proc.returncode == 2
+    assert "backend.pacing.gather" in proc.stderr and "Traceback" not in proc.stderr
