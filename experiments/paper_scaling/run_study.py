@@ -24,18 +24,15 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pandas as pd
-from hydra import compose, initialize_config_dir
+from hydra import initialize_config_dir
 
-from pacectl import metrics
 from pacectl.cli import folder_problem
-from pacectl.config import CONF_DIR, controller_families
+from pacectl.config import CONF_DIR
 from pacectl.errors import one_line_warnings
-from pacectl.experiment import SimExperiment
 from pacectl.report import atomic_path, staged_outputs
+from pacectl.studies import markdown_table, sim_cell
 
 SCALES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SCENARIOS: dict[str, tuple[list[str], tuple[int, ...]]] = {
@@ -45,66 +42,6 @@ SCENARIOS: dict[str, tuple[list[str], tuple[int, ...]]] = {
     "cross_traffic_only": (["comm=contention", "cluster.interference.kappa=0.0"], SCALES),
     "small_scale": (["comm=contention"], (4, 8)),
 }
-KEYS = (
-    "throughput_it_per_s",
-    "iteration_time_mean_s",
-    "iteration_time_p99_s",
-    "cv",
-    "spread_median_s",
-    "pacing_delay_total_s",
-)
-
-
-def run_cell(overrides: list[str], num_ranks: int, iterations: int, seeds: int) -> dict[str, dict[str, Any]]:
-    """Mean summary per controller family for one scenario and scale.
-
-    Besides the means of :data:`KEYS`: ``comm_model`` and ``comm_timing_dependent`` (whether the
-    model's durations can depend on timing at this scale: only then can pacing gain), and
-    ``throughput_change_ci95_frac``, the 95 % half-width of the mean paired change against no
-    pacing (:func:`pacectl.metrics.paired_change_ci95_frac` per seed, combined over independent
-    seeds as ``sqrt(sum h_i^2) / seeds``).
-    """
-    per_family: dict[str, list[dict[str, Any]]] = {}
-    half_widths: dict[str, list[float]] = {}
-    for seed in range(seeds):
-        cfg = compose(
-            "config",
-            overrides=[
-                "backend=sim",
-                "cluster=paper_like",
-                f"backend.num_ranks={num_ranks}",
-                f"backend.num_iterations={iterations}",
-                f"seed={seed}",
-                *overrides,
-            ],
-        )
-        experiment = SimExperiment(cfg)
-        episodes = {
-            family: experiment.run(family, params) for family, params in controller_families(cfg).items()
-        }
-        for family, episode in episodes.items():
-            per_family.setdefault(family, []).append(metrics.summarize(episode))
-            half_widths.setdefault(family, []).append(
-                metrics.paired_change_ci95_frac(episodes["none"], episode)
-            )
-    return {
-        f: {
-            **{k: float(np.mean([s[k] for s in runs])) for k in KEYS},
-            "comm_model": runs[0]["comm_model"],
-            "comm_timing_dependent": bool(runs[0]["comm_timing_dependent"]),
-            "throughput_change_ci95_frac": float(np.sqrt(np.sum(np.square(half_widths[f]))) / len(runs)),
-        }
-        for f, runs in per_family.items()
-    }
-
-
-def markdown_table(frame: pd.DataFrame) -> str:
-    """A Markdown table (4 significant digits for floats)."""
-    cells = [
-        [f"{v:.4g}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)
-    ]
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"
 
 
 def plot(frame: pd.DataFrame, column: str, label: str, path: Path, scale: float = 1.0) -> None:
@@ -155,7 +92,9 @@ def main() -> None:
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         for scenario, (overrides, scales) in SCENARIOS.items():
             for n in scales:
-                cell = run_cell(overrides, n, args.iterations, args.seeds)
+                cell = sim_cell(
+                    overrides, cluster="paper_like", num_ranks=n, iterations=args.iterations, seeds=args.seeds
+                )
                 base = cell["none"]
                 for family, s in cell.items():
                     rows.append(

@@ -1,0 +1,110 @@
+"""Seeded simulation cells for the study scripts under ``experiments/`` (scaling, staleness).
+
+A *cell* is one scenario at one scale: every controller family of ``conf/controller/all.yaml``
+with its shipped parameters, behind the default safety guard, on the same seeded compute-time
+draws as no pacing (``backend=sim``). The caller composes inside Hydra's
+``initialize_config_dir(CONF_DIR)`` context; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from hydra import compose
+
+from pacectl import metrics
+from pacectl.config import controller_families
+from pacectl.experiment import SimExperiment
+from pacectl.types import Episode
+
+#: Summary figures a cell averages over seeds (see :func:`pacectl.metrics.summarize`).
+CELL_KEYS = (
+    "throughput_it_per_s",
+    "iteration_time_mean_s",
+    "iteration_time_p99_s",
+    "cv",
+    "spread_median_s",
+    "pacing_delay_total_s",
+)
+
+
+def sim_episodes(
+    overrides: list[str], *, cluster: str, num_ranks: int, iterations: int, seed: int
+) -> dict[str, Episode]:
+    """One seeded episode per controller family (``none`` first) on ``backend=sim``.
+
+    Args:
+        overrides: further ``pacectl.run`` overrides (``comm=contention``, ``exchange.lag_iters=2``).
+        cluster: the cluster profile (``conf/cluster/<cluster>.yaml``).
+        num_ranks: world size.
+        iterations: iterations per episode.
+        seed: the compute-time draws' and controllers' seed.
+
+    Returns:
+        ``{family: Episode}``.
+
+    Raises:
+        ConfigError: a bad override value.
+    """
+    cfg = compose(
+        "config",
+        overrides=[
+            "backend=sim",
+            f"cluster={cluster}",
+            f"backend.num_ranks={num_ranks}",
+            f"backend.num_iterations={iterations}",
+            f"seed={seed}",
+            *overrides,
+        ],
+    )
+    experiment = SimExperiment(cfg)
+    return {family: experiment.run(family, params) for family, params in controller_families(cfg).items()}
+
+
+def sim_cell(
+    overrides: list[str], *, cluster: str, num_ranks: int, iterations: int, seeds: int
+) -> dict[str, dict[str, Any]]:
+    """Mean summary per controller family over seeds ``0 .. seeds - 1`` (:func:`sim_episodes`).
+
+    Besides the means of :data:`CELL_KEYS`: ``comm_model`` and ``comm_timing_dependent`` (whether
+    the model's durations can depend on timing at this scale: only then can pacing gain), and
+    ``throughput_change_ci95_frac``, the 95 % half-width of the mean paired change against no
+    pacing (:func:`pacectl.metrics.paired_change_ci95_frac` per seed, combined over independent
+    seeds as ``sqrt(sum h_i^2) / seeds``).
+    """
+    per_family: dict[str, list[dict[str, Any]]] = {}
+    half_widths: dict[str, list[float]] = {}
+    for seed in range(seeds):
+        episodes = sim_episodes(
+            overrides, cluster=cluster, num_ranks=num_ranks, iterations=iterations, seed=seed
+        )
+        for family, episode in episodes.items():
+            per_family.setdefault(family, []).append(metrics.summarize(episode))
+            half_widths.setdefault(family, []).append(
+                metrics.paired_change_ci95_frac(episodes["none"], episode)
+            )
+    return {
+        f: {
+            **{k: float(np.mean([s[k] for s in runs])) for k in CELL_KEYS},
+            "comm_model": runs[0]["comm_model"],
+            "comm_timing_dependent": bool(runs[0]["comm_timing_dependent"]),
+            "throughput_change_ci95_frac": combined_half_width(half_widths[f]),
+        }
+        for f, runs in per_family.items()
+    }
+
+
+def combined_half_width(half_widths: list[float]) -> float:
+    """95 % half-width of the mean of independent per-seed estimates: ``sqrt(sum h_i^2) / n``."""
+    return float(np.sqrt(np.sum(np.square(half_widths))) / len(half_widths))
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    """A Markdown table of ``frame`` (4 significant digits for floats)."""
+    cells = [
+        [f"{v:.4g}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)
+    ]
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"

@@ -1,0 +1,89 @@
+"""The study scripts' shared cells (pacectl.studies) and the staleness study, on tiny settings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from hydra import initialize_config_dir
+
+from pacectl import metrics
+from pacectl.config import CONF_DIR
+from pacectl.studies import combined_half_width, sim_cell, sim_episodes
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_sim_cell_means_the_seeds_episodes() -> None:
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cell = sim_cell(["comm=contention"], cluster="paper_like", num_ranks=8, iterations=30, seeds=2)
+        seeds = [
+            sim_episodes(["comm=contention"], cluster="paper_like", num_ranks=8, iterations=30, seed=s)
+            for s in (0, 1)
+        ]
+    assert set(cell) == {"none", "threshold", "pid", "ewma", "quantile"}
+    for family, row in cell.items():
+        summaries = [metrics.summarize(eps[family]) for eps in seeds]
+        assert row["cv"] == np.mean([s["cv"] for s in summaries])
+        assert row["comm_timing_dependent"] is True
+        halves = [metrics.paired_change_ci95_frac(eps["none"], eps[family]) for eps in seeds]
+        assert row["throughput_change_ci95_frac"] == combined_half_width(halves)
+    assert cell["none"]["throughput_change_ci95_frac"] == 0.0
+
+
+def test_combined_half_width_of_independent_seeds() -> None:
+    assert combined_half_width([0.3, 0.4]) == 0.25  # sqrt(0.09 + 0.16) / 2
+    assert combined_half_width([0.2]) == 0.2
+
+
+def test_staleness_study_runs_and_its_reference_rows_are_consistent(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "experiments/staleness/run_study.py",
+            "--iterations",
+            "40",
+            "--seeds",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert {p.name for p in out.iterdir()} == {
+        "results.csv",
+        "table.md",
+        "throughput_vs_lag.png",
+        "meta.json",
+    }
+    frame = pd.read_csv(out / "results.csv")
+    # no pacing takes no decision: the schedule cannot change it
+    none = frame[frame["controller"] == "none"]
+    assert (none.groupby(["scenario", "num_ranks"])["throughput_it_per_s"].nunique() == 1).all()
+    instant = frame[(frame["lag_iters"] == 1) & (frame["every_iters"] == 1)]
+    assert (instant["vs_instant_frac"] == 0.0).all()
+    # the max-plus control: fixed durations, no controller gains under any schedule
+    control = frame[~frame["comm_timing_dependent"]]
+    assert len(control) and (control["throughput_change_frac"] <= 1e-12).all()
+    assert "reference" in (out / "table.md").read_text()
+
+
+def test_staleness_study_refuses_a_bad_out_before_simulating(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = subprocess.run(
+        [sys.executable, "experiments/staleness/run_study.py", "--out", str(blocker / "sub")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "--out" in proc.stderr and "Traceback" not in proc.stderr
