@@ -503,7 +503,22 @@ def test_piggyback_max_bytes_outside_piggyback_warns() -> None:
     """The limit applies to the piggyback exchange only: set with another mode, say it is ignored."""
     with pytest.warns(UserWarning, match="applies to gather=piggyback only; gather=async ignores it"):
         validate_torch_backend(_torch_backend(pacing__gather="async", pacing__piggyback_max_bytes=1 << 20))
+    # the default, auto, is async on gloo: the limit is ignored there too, and said so
+    with pytest.warns(UserWarning, match=r"gather=auto \(async on gloo\) ignores it"):
+        validate_torch_backend(_torch_backend(pacing__piggyback_max_bytes=1 << 20))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        validate_torch_backend(_torch_backend(pacing__piggyback_max_bytes=1 << 20))  # piggyback: no warning
+        validate_torch_backend(
+            _torch_backend(pacing__gather="piggyback", pacing__piggyback_max_bytes=1 << 20)
+        )
         validate_torch_backend(_torch_backend(pacing__piggyback_max_bytes=None))
+
+
+def test_auto_gather_is_async_on_gloo_and_piggyback_on_nccl() -> None:
+    from pacectl.torchdist.core import exchange_lag, resolve_gather
+
+    assert resolve_gather("auto", "gloo") == "async" and resolve_gather("auto", "nccl") == "piggyback"
+    assert resolve_gather("auto", "NCCL") == "piggyback"
+    for mode in ("piggyback", "async", "collective"):
+        assert resolve_gather(mode, "gloo") == resolve_gather(mode, "nccl") == mode
+    assert [exchange_lag(m) for m in ("async", "collective", "piggyback")] == [1, 1, 2]

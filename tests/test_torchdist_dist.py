@@ -333,3 +333,17 @@ def test_records_about_to_be_replaced_are_named_before_the_run(tmp_path) -> None
     with pytest.warns(UserWarning, match=r"already holds \['none.parquet'\]: this run replaces them"):
         TorchExperiment(_cfg(tmp_path, "controller=none"))  # no rank starts before describe()
     assert (tmp_path / "none.parquet").read_bytes() == b"an earlier record"
+
+
+def test_live_decisions_pace_after_the_lag_the_offline_model_uses(live) -> None:
+    """gather=auto is async on gloo: a decision on iteration k paces k + 1, the lag that
+    ``summary.exchange`` reports and that replay/sim model with ``exchange.lag_iters``."""
+    exp, summary = live
+    assert exp.gather == "async"
+    assert summary["pacing"]["gather_resolved"] == "async"
+    lag = exp.exchange.lag
+    assert lag == 1 and exp.exchange.every == 1
+    ep = exp.run("threshold", exp.families["threshold"])
+    decided = exp.decisions()[0]["threshold"]["decisions"]
+    assert ep.applied_delay_s[lag:].any()
+    np.testing.assert_array_equal(ep.applied_delay_s[lag:], decided[:-lag])

@@ -29,7 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from pacectl.config import as_dict, controller_families
 from pacectl.errors import BackendError, ConfigError
-from pacectl.torchdist.core import PACING_DEFAULTS, validate_torch_backend
+from pacectl.loop import ExchangeSchedule
+from pacectl.torchdist.core import PACING_DEFAULTS, exchange_lag, resolve_gather, validate_torch_backend
 from pacectl.types import Episode
 
 _REQUIRED = ("nproc_per_node", "num_iterations", "warmup_iterations", "pg_timeout_s", "workload", "straggler")
@@ -99,6 +100,9 @@ class TorchExperiment:
 
     Attributes:
         comm_model: ``backend.comm_model`` (default ``"live-gloo"``: the real fabric, timing-dependent).
+        gather: the exchange ``backend.pacing.gather`` resolves to (``auto``: async on gloo).
+        exchange: that exchange's lag (piggyback 2, async/collective 1) and ``gather_every``, as
+            :class:`~pacectl.loop.ExchangeSchedule` (for the summary).
     """
 
     backend_name = "torch"
@@ -124,6 +128,11 @@ class TorchExperiment:
             f"{self.comm_model} (real collectives on this machine's fabric: durations depend on timing)"
         )
         self.comm_timing_dependent = True
+        pacing = {**PACING_DEFAULTS, **dict(as_dict(b).get("pacing") or {})}
+        # the real exchange's lag (pacectl.torchdist.pacer): piggybacked figures are decided on
+        # during the next iteration and pace the one after; a tiny all-reduce paces the next one
+        self.gather = resolve_gather(str(pacing["gather"]), str(b.get("dist_backend", "gloo")))
+        self.exchange = ExchangeSchedule(lag=exchange_lag(self.gather), every=int(pacing["gather_every"]))
         block = int(b.get("interleave_block", 10))
         #: the live runs' interleave blocks as ``(block, offset)`` of
         #: :func:`~pacectl.metrics.paired_change_ci95_frac` (the warm-up opens the first block)
@@ -253,7 +262,7 @@ class TorchExperiment:
             "paced_collective": "DDP gradient all-reduce, bucket 0 (canonical op type grads-reduce-scatter)",
             "workload": spec["workload"],
             "straggler": spec["straggler"],
-            "pacing": spec["pacing"],
+            "pacing": {**spec["pacing"], "gather_resolved": self.gather},
             "records": {f: str(self.final_record_dir / f"{f}.parquet") for f in self.families},
         }
         fidelity: dict[str, Any] = {}

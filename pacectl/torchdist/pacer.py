@@ -14,8 +14,10 @@ Per iteration, on every rank:
 2. Exchange the per-rank figures :data:`~pacectl.torchdist.core.GATHER_FIELDS` of the iteration as
    one-hot rows (:func:`~pacectl.torchdist.core.one_hot_row`): a sum all-reduce of them is an exact
    all-gather, so every rank gets the bit-identical table. Three modes (``gather=``), compared in
-   ``experiments/bench/bench_torchdist.py``; ``"piggyback"`` is the default, because it cost the
-   least overall on the benchmark machine (``experiments/bench/results/torchdist.json``):
+   ``experiments/bench/bench_torchdist.py``. The default ``"auto"`` is ``"async"`` on gloo and
+   ``"piggyback"`` on NCCL (:func:`~pacectl.torchdist.core.resolve_gather` gives the measurements:
+   on CPU both cost the same wall time, and async's decisions are one iteration fresher, which
+   matters on real step times, ``experiments/staleness``):
 
    - ``"async"``: at the end of the gradient sync of iteration ``k`` (an autograd-engine
      callback queued by the hook, before DDP's own finalisation) one tiny sum all-reduce of the rows
@@ -87,6 +89,7 @@ from pacectl.torchdist.core import (
     DecisionEngine,
     observation_from_table,
     one_hot_row,
+    resolve_gather,
 )
 from pacectl.types import Observation
 
@@ -211,9 +214,12 @@ class Pacer:
         group: process group (default: the world, one pacing domain for pure DP).
         spin_s: busy-wait tail of the host delay, seconds.
         gather_every: exchange the per-rank figures every this many iterations, >= 1.
-        gather: ``"piggyback"`` (on the smallest gradient bucket of the next iteration, no extra
-            collective, one more iteration of decision lag), ``"async"`` (one tiny all-reduce at the end of the gradient
-            sync, not waited for) or ``"collective"`` (the tiny all-reduce, blocking).
+        gather: ``"auto"`` (default: ``"async"`` on gloo, ``"piggyback"`` on NCCL, see
+            :func:`~pacectl.torchdist.core.resolve_gather`), ``"piggyback"`` (on the smallest
+            gradient bucket of the next iteration, no extra collective, one more iteration of
+            decision lag), ``"async"`` (one tiny all-reduce at the end of the gradient sync, not
+            waited for) or ``"collective"`` (the tiny all-reduce, blocking). :attr:`gather` holds
+            the resolved mode.
         control_path: JSON file rank 0 watches for runtime control, or None.
         control_poll_iters: poll the file every this many iterations.
         device_delay: ``"auto"`` (device-side on CUDA tensors, host sleep otherwise), ``"host"``.
@@ -239,7 +245,7 @@ class Pacer:
         group: Any = None,
         spin_s: float = 2e-4,
         gather_every: int = 1,
-        gather: str = "piggyback",
+        gather: str = "auto",
         control_path: str | Path | None = None,
         control_poll_iters: int = 10,
         device_delay: str = "auto",
@@ -276,7 +282,7 @@ class Pacer:
             )
         self.spin_s = float(spin_s)
         self.gather_every = gather_every
-        self.gather = gather
+        self.gather = resolve_gather(gather, dist.get_backend(group))
         self.piggyback_max_bytes = piggyback_max_bytes
         self.watcher = ControlWatcher(control_path) if control_path and self.rank == 0 else None
         self.control_poll_iters = control_poll_iters

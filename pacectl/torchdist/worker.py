@@ -117,7 +117,7 @@ class LiveRun:
             self.engine,
             spin_s=float(pacing["spin_s"]),
             gather_every=int(pacing["gather_every"]),
-            gather=str(pacing.get("gather", "piggyback")),
+            gather=str(pacing.get("gather", "auto")),
             piggyback_max_bytes=pacing.get("piggyback_max_bytes"),
             # the no-pacing baseline never takes runtime control: it must stay unpaced
             control_path=None if family == "none" else pacing.get("control_path"),
