@@ -458,8 +458,12 @@ def exchange_schedule(cfg: DictConfig) -> ExchangeSchedule:
     Raises:
         ConfigError: a value that is not an integer >= 1.
     """
-    node = cfg.get("exchange")
-    node = node if isinstance(node, DictConfig) else {}
+    node = cfg.get("exchange", {})
+    if not isinstance(node, (DictConfig, dict)):
+        raise ConfigError(
+            f"exchange must be a mapping of lag_iters and every_iters, got {node!r}: set its keys, e.g. "
+            "exchange.lag_iters=2 (conf/config.yaml documents them)"
+        )
     return ExchangeSchedule(
         lag=config_int(node.get("lag_iters", 1), "exchange.lag_iters"),
         every=config_int(node.get("every_iters", 1), "exchange.every_iters"),

@@ -36,8 +36,9 @@ class ExchangeSchedule:
     observation of a group ending at iteration ``e`` applies from iteration ``e + lag`` until the
     next group's decision applies. Iterations before the first decision run unpaced.
 
-    Live equivalents (:mod:`pacectl.torchdist.pacer`): ``gather=async`` or ``collective`` is
-    ``lag=1``; ``gather=piggyback`` (the default) is ``lag=2``; ``gather_every`` is ``every``.
+    Live equivalents (:mod:`pacectl.torchdist.pacer`): ``gather=async`` (the default on gloo) or
+    ``collective`` is ``lag=1``; ``gather=piggyback`` (the default on NCCL) is ``lag=2``;
+    ``gather_every`` is ``every`` (:func:`pacectl.torchdist.core.exchange_lag`).
 
     Attributes:
         lag: iterations from the last exchanged observation to the first iteration its decision

@@ -262,6 +262,18 @@ def exchange_line(summary: dict[str, Any]) -> str:
     return f"a decision on iteration k paces from iteration k + {lag}{batch} ({ex.get('source', '')})"
 
 
+def live_exchange_line(pacing: dict[str, Any], exchange: dict[str, Any] | None) -> str:
+    """How a live run exchanged its figures and when decisions paced, in words."""
+    limit = pacing.get("piggyback_max_bytes")
+    gather = pacing.get("gather_resolved", pacing.get("gather"))
+    beside = (
+        f" (beside carrier buckets over {limit} bytes)" if limit is not None and gather == "piggyback" else ""
+    )
+    chosen = " (gather=auto)" if pacing.get("gather") == "auto" else ""
+    lag = f"; a decision on iteration k paces k + {exchange['lag_iters']}" if exchange else ""
+    return f"figures exchanged by {gather!r}{chosen}{beside}{lag}"
+
+
 def _report_context(summary: dict[str, Any]) -> dict[str, str]:
     """Context lines of report.md from the summary fields the experiment provided."""
     trace = summary["trace"]
@@ -281,6 +293,8 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
         context[f"replay counterfactual of {name}"] = line
     if "time_unit_note" in summary:
         context["time unit"] = summary["time_unit_note"]
+    if "pacing" in summary:
+        context["live pacing"] = live_exchange_line(summary["pacing"], summary.get("exchange"))
     if exchange_line(summary):
         context["decision lag"] = exchange_line(summary)
     if summary.get("warnings"):
@@ -386,15 +400,7 @@ def log_summary(summary: dict[str, Any], out_dir: Path) -> None:
         log.info(f"decision lag: {exchange_line(summary)}")
     if "pacing" in summary:
         pacing = summary["pacing"]
-        limit = pacing.get("piggyback_max_bytes")
-        gather = pacing.get("gather_resolved", pacing.get("gather"))
-        beside = (
-            f" (beside carrier buckets over {limit} bytes)"
-            if limit is not None and gather == "piggyback"
-            else ""
-        )
-        chosen = " (gather=auto)" if pacing.get("gather") == "auto" else ""
-        log.info(f"live pacing: figures exchanged by {gather!r}{chosen}{beside}")
+        log.info(f"live pacing: {live_exchange_line(pacing, summary.get('exchange'))}")
         for family, measured in summary.get("measured", {}).items():
             for c in measured.get("runtime_controls", []):
                 state = "applied" if c["applied"] else "ignored"

@@ -383,6 +383,16 @@ def ignored_overrides(scenarios: ScenarioSet, overrides: list[str]) -> list[str]
     return lines
 
 
+def _exchange_shown(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with the default decision lag spelled out, for messages: a study's scenario
+    leaves ``exchange`` out when it is the default (older studies never had it), so a difference
+    reads ``exchange.lag_iters: 2 ... 1`` rather than a key set on one side only."""
+    episodes = settings.get("episodes")
+    if not isinstance(episodes, dict) or "exchange" in episodes:
+        return settings
+    return {**settings, "episodes": {**episodes, "exchange": {"lag_iters": 1, "every_iters": 1}}}
+
+
 def trial_settings(space: SearchSpace, scenarios: ScenarioSet) -> dict[str, Any]:
     """Everything that determines a trial's result, JSON-normalized; recorded in the study.
 
@@ -481,7 +491,7 @@ def _open_study(
         study.set_user_attr("scenario_fingerprint", scenarios.fingerprint)
         study.set_user_attr("scenarios", jsonable(scenarios.descriptor))
     elif recorded != settings:
-        diffs = settings_diff(recorded, settings)
+        diffs = settings_diff(_exchange_shown(recorded), _exchange_shown(settings))
         shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
         raise ConfigError(
             f"study {name!r} in {spec.display} was run with other settings than this command's, and a "
@@ -717,7 +727,8 @@ def _tune_study(
         warning = (
             f"no trial improves on no pacing ({len(points)} completed; rule: CV at least "
             f"{rule.min_cv_gain_frac:.2%} lower within the throughput-loss cap, or throughput at least "
-            f"{rule.min_throughput_gain_frac:.2%} higher; improvement_rule in tune.json): the chosen trial "
+            f"{rule.min_throughput_gain_frac:.2%} higher at a CV no higher; improvement_rule in tune.json): "
+            "the chosen trial "
             f"{chosen.number} has {_change(chosen.throughput_loss_frac):+.3%} throughput and cv {chosen.cv:.4g} "
             f"({_cv_change(chosen.cv, baseline.cv):+.3%} against no pacing's {baseline.cv:.4g}). {advice}"
             "controller.yaml holds that trial anyway, flagged; "

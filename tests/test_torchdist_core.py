@@ -522,3 +522,20 @@ def test_auto_gather_is_async_on_gloo_and_piggyback_on_nccl() -> None:
     for mode in ("piggyback", "async", "collective"):
         assert resolve_gather(mode, "gloo") == resolve_gather(mode, "nccl") == mode
     assert [exchange_lag(m) for m in ("async", "collective", "piggyback")] == [1, 1, 2]
+
+
+def test_live_exchange_line_names_the_resolved_mode_and_the_lag() -> None:
+    from pacectl.run import live_exchange_line
+
+    line = live_exchange_line(
+        {"gather": "auto", "gather_resolved": "async"}, {"lag_iters": 1, "every_iters": 1}
+    )
+    assert line == "figures exchanged by 'async' (gather=auto); a decision on iteration k paces k + 1"
+    line = live_exchange_line(
+        {"gather": "piggyback", "gather_resolved": "piggyback", "piggyback_max_bytes": 1024},
+        {"lag_iters": 2, "every_iters": 1},
+    )
+    assert line == (
+        "figures exchanged by 'piggyback' (beside carrier buckets over 1024 bytes); "
+        "a decision on iteration k paces k + 2"
+    )

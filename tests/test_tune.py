@@ -471,6 +471,14 @@ def test_a_modelled_decision_lag_is_part_of_the_study() -> None:
     overrides, _ = run_overrides(lagged.descriptor)
     assert "exchange.lag_iters=2" in overrides.split()
     assert "exchange" not in run_overrides(default.descriptor)[0]
+    # a refused resume names the values, although a default lag is absent from the descriptor
+    from pacectl.tune import _exchange_shown
+    from pacectl.tuning.study import settings_diff
+
+    diffs = settings_diff(
+        _exchange_shown({"episodes": lagged.descriptor}), _exchange_shown({"episodes": default.descriptor})
+    )
+    assert diffs == ["episodes: exchange.lag_iters: 2 in the study, 1 in this command"]
 
 
 # --- resume only with the same trial settings -------------------------------------------------------
