@@ -8,6 +8,8 @@ draws as no pacing (``backend=sim``). The caller composes inside Hydra's
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,7 @@ import pandas as pd
 from hydra import compose
 
 from pacectl import metrics
+from pacectl.cli import folder_problem
 from pacectl.config import controller_families
 from pacectl.experiment import SimExperiment
 from pacectl.types import Episode
@@ -108,3 +111,31 @@ def markdown_table(frame: pd.DataFrame) -> str:
     ]
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
     return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"
+
+
+def study_arguments(
+    doc: str | None, *, iterations: int, seeds: int, out: Path, min_iterations: int = 2
+) -> argparse.Namespace:
+    """A study script's command line: ``--iterations``, ``--seeds`` and ``--out`` (checked first:
+    one line and exit 2 for a bad value or an unwritable folder, before minutes of simulation).
+
+    Args:
+        doc: the script's module docstring (its ``--help``).
+        iterations: default iterations per run.
+        seeds: default seeds per cell.
+        out: default output folder.
+        min_iterations: fewest iterations the study can use.
+    """
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=iterations, help="iterations per run")
+    parser.add_argument("--seeds", type=int, default=seeds, help="seeds per cell (results are means)")
+    parser.add_argument("--out", type=Path, default=out)
+    args = parser.parse_args()
+    if args.seeds < 1 or args.iterations < min_iterations:
+        parser.error(
+            f"--seeds must be >= 1 and --iterations >= {min_iterations}, got {args.seeds} and {args.iterations}"
+        )
+    problem = folder_problem(args.out)
+    if problem:
+        parser.error(f"--out {args.out}: {problem}; pick a folder you can write to")
+    return args

@@ -20,7 +20,6 @@ safety guard, on the same seeded compute-time draws as no pacing. Figures are me
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -28,11 +27,10 @@ from pathlib import Path
 import pandas as pd
 from hydra import initialize_config_dir
 
-from pacectl.cli import folder_problem
 from pacectl.config import CONF_DIR
 from pacectl.errors import one_line_warnings
 from pacectl.report import atomic_path, staged_outputs
-from pacectl.studies import markdown_table, sim_cell
+from pacectl.studies import markdown_table, sim_cell, study_arguments
 
 SCALES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SCENARIOS: dict[str, tuple[list[str], tuple[int, ...]]] = {
@@ -73,18 +71,7 @@ def plot(frame: pd.DataFrame, column: str, label: str, path: Path, scale: float 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--iterations", type=int, default=1500, help="iterations per run")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per cell (results are means)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    args = parser.parse_args()
-    if args.seeds < 1 or args.iterations < 2:
-        parser.error(f"--seeds must be >= 1 and --iterations >= 2, got {args.seeds} and {args.iterations}")
-    problem = folder_problem(args.out)
-    if problem:  # before minutes of simulation, not after
-        parser.error(f"--out {args.out}: {problem}; pick a folder you can write to")
+    args = study_arguments(__doc__, iterations=1500, seeds=3, out=Path(__file__).parent / "results")
     one_line_warnings()
     # the comm column says where a model is fixed-duration; each distinct warning still shows once
     rows = []

@@ -17,7 +17,6 @@ Usage (from the repository root; about 2.5 minutes on 2 cores)::
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -27,11 +26,10 @@ import pandas as pd
 from hydra import initialize_config_dir
 
 from pacectl import metrics
-from pacectl.cli import folder_problem
 from pacectl.config import CONF_DIR
 from pacectl.errors import one_line_warnings
 from pacectl.report import atomic_path, staged_outputs
-from pacectl.studies import combined_half_width, markdown_table, sim_episodes
+from pacectl.studies import combined_half_width, markdown_table, sim_episodes, study_arguments
 
 ALIBABA = "{kind:empirical,path:${pacectl_data:alibaba-pai/job_1_norm.csv}}"
 #: (name, cluster profile, ranks, overrides): the timing-dependent scenarios of the scaling study
@@ -157,22 +155,14 @@ def plot(frame: pd.DataFrame, path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--iterations", type=int, default=2000, help="iterations per run")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds per cell (results are means)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    args = parser.parse_args()
     longest = max(lag + every for lag, every in SCHEDULES)  # iterations before every schedule paces
-    if args.seeds < 1 or args.iterations < 2 * longest:
-        parser.error(
-            f"--seeds must be >= 1 and --iterations >= {2 * longest} (every schedule pacing for most of the "
-            f"run), got {args.seeds} and {args.iterations}"
-        )
-    problem = folder_problem(args.out)
-    if problem:  # before minutes of simulation, not after
-        parser.error(f"--out {args.out}: {problem}; pick a folder you can write to")
+    args = study_arguments(
+        __doc__,
+        iterations=2000,
+        seeds=5,
+        out=Path(__file__).parent / "results",
+        min_iterations=2 * longest,  # every schedule pacing for most of the run
+    )
     one_line_warnings()
     rows: list[dict[str, object]] = []
     t0 = time.perf_counter()
