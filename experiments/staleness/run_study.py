@@ -31,7 +31,6 @@ from pacectl.errors import one_line_warnings
 from pacectl.report import atomic_path, staged_outputs
 from pacectl.studies import combined_half_width, markdown_table, sim_episodes, study_arguments
 
-ALIBABA = "{kind:empirical,path:${pacectl_data:alibaba-pai/job_1_norm.csv}}"
 #: (name, cluster profile, ranks, overrides): the timing-dependent scenarios of the scaling study
 #: where pacing gains (paper_like at 8 and 16 ranks), the paper's scale (64), the tuning profile,
 #: real per-worker step times (Alibaba PAI), and the max-plus control (comm=null: delaying a rank can never shorten an iteration).
@@ -42,7 +41,7 @@ SCENARIOS = (
     ("contended", "contended", 32, ["comm=contention"]),
     # real step times: each rank replays one worker of the shipped Alibaba PAI job (its own series,
     # correlated over ~10 iterations: autocorrelation 0.57-0.89 at lag 1) on the paper_like fabric
-    ("alibaba_pai", "paper_like", 8, ["comm=contention", f"cluster.compute.noise=[{ALIBABA}]"]),
+    ("alibaba_pai", "alibaba_pai", 8, ["comm=contention"]),
     ("null_model", "paper_like", 64, ["comm=null"]),  # control: fixed durations, pacing cannot gain
 )
 #: (lag, every) -> the live exchange it models.
