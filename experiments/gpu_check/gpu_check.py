@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 #: zero-delay variants timed against plain DDP on the GPU (see :func:`overhead`)
-OVERHEAD_VARIANTS = ("plain", "py_hook", "cpp_hook", "pacer", "pacer_k10")
+OVERHEAD_VARIANTS = ("plain", "py_hook", "cpp_hook", "pacer", "pacer_async", "pacer_k10")
 
 
 def overhead(dev: Any, rounds: int = 40, block: int = 5, width: int = 4096) -> dict[str, object]:
@@ -62,7 +62,9 @@ def overhead(dev: Any, rounds: int = 40, block: int = 5, width: int = 4096) -> d
     all-reduce hook) are the floor of any comm hook: on CPU/gloo that floor is the division the hook
     must do (plain DDP fuses it into its bucket copy), +2.6-2.9 % of the iteration
     (``experiments/bench/results/torchdist_hook_floor.json``); on a GPU it should be microseconds.
-    ``pacer``: the pacer, figures exchanged every iteration (piggyback); ``pacer_k10``: every 10.
+    ``pacer``: the pacer at its default exchange (``gather=auto``: piggyback on NCCL, async on
+    gloo); ``pacer_async``: the async exchange, whose decode on CUDA waits for the device before the
+    next delay (is ``auto``'s piggyback on NCCL the right choice?); ``pacer_k10``: every 10.
     A CPU ``dev`` (a gloo group) runs the same code, for a dry run before device time is spent.
     """
     import torch
@@ -84,7 +86,11 @@ def overhead(dev: Any, rounds: int = 40, block: int = 5, width: int = 4096) -> d
             ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
         elif name.startswith("pacer"):
             engine = DecisionEngine("none", {}, {}, num_ranks=1, seed=0)
-            Pacer(engine, gather_every=10 if name == "pacer_k10" else 1).attach(ddp)
+            Pacer(
+                engine,
+                gather="async" if name == "pacer_async" else "auto",
+                gather_every=10 if name == "pacer_k10" else 1,
+            ).attach(ddp)
         setups.append((ddp, torch.optim.SGD(ddp.parameters(), lr=1e-4), torch.randn(256, width, device=dev)))
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
