@@ -347,3 +347,26 @@ def test_live_decisions_pace_after_the_lag_the_offline_model_uses(live) -> None:
     decided = exp.decisions()[0]["threshold"]["decisions"]
     assert ep.applied_delay_s[lag:].any()
     np.testing.assert_array_equal(ep.applied_delay_s[lag:], decided[:-lag])
+
+
+def test_piggybacked_decisions_pace_two_iterations_later(tmp_path) -> None:
+    """gather=piggyback: the figures of iteration k ride on k + 1's carrier bucket, so the decision
+    paces k + 2, the lag the offline model uses for it (``exchange.lag_iters=2``)."""
+    from pacectl.torchdist.experiment import TorchExperiment
+
+    cfg = _cfg(
+        tmp_path,
+        "controller=threshold",
+        "controller.on_threshold_s=0.002",
+        "controller.off_threshold_s=0.001",
+        "backend.pacing.gather=piggyback",
+    )
+    exp = TorchExperiment(cfg)
+    summary = exp.describe()
+    assert exp.gather == "piggyback" and summary["pacing"]["gather_resolved"] == "piggyback"
+    lag = exp.exchange.lag
+    assert lag == 2
+    ep = exp.run("threshold", exp.families["threshold"])
+    decided = exp.decisions()[0]["threshold"]["decisions"]
+    assert ep.applied_delay_s[lag:].any()
+    np.testing.assert_array_equal(ep.applied_delay_s[lag:], decided[:-lag])
