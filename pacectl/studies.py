@@ -104,6 +104,18 @@ def combined_half_width(half_widths: list[float]) -> float:
     return float(np.sqrt(np.sum(np.square(half_widths))) / len(half_widths))
 
 
+def change_text(change_frac: pd.Series, half_width_frac: pd.Series) -> pd.Series:
+    """Table cells ``+1.23 ±0.45 %`` from a change and its 95 % half-width, both fractions."""
+    return (100 * change_frac).map("{:+.2f}".format) + (100 * half_width_frac).map(" ±{:.2f} %".format)
+
+
+def comm_text(frame: pd.DataFrame) -> pd.Series:
+    """Table cells naming each row's comm model and whether its durations depend on timing."""
+    return frame["comm_model"] + frame["comm_timing_dependent"].map(
+        {True: " (timing-dep.)", False: " (fixed)"}
+    )
+
+
 def markdown_table(frame: pd.DataFrame) -> str:
     """A Markdown table of ``frame`` (4 significant digits for floats)."""
     cells = [

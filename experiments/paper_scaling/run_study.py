@@ -30,7 +30,7 @@ from hydra import initialize_config_dir
 from pacectl.config import CONF_DIR
 from pacectl.errors import one_line_warnings
 from pacectl.report import atomic_path, staged_outputs
-from pacectl.studies import markdown_table, sim_cell, study_arguments
+from pacectl.studies import change_text, comm_text, markdown_table, sim_cell, study_arguments
 
 SCALES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SCENARIOS: dict[str, tuple[list[str], tuple[int, ...]]] = {
@@ -105,13 +105,10 @@ def main() -> None:
                 )
     frame = pd.DataFrame(rows)
     table = frame.assign(
-        throughput_change=lambda f: (
-            (100 * f["throughput_change_frac"]).map("{:+.2f}".format)
-            + (100 * f["throughput_change_ci95_frac"]).map(" ±{:.2f} %".format)
+        throughput_change=lambda f: change_text(
+            f["throughput_change_frac"], f["throughput_change_ci95_frac"]
         ),
-        comm=lambda f: (
-            f["comm_model"] + f["comm_timing_dependent"].map({True: " (timing-dep.)", False: " (fixed)"})
-        ),
+        comm=comm_text,
     )[
         [
             "scenario",

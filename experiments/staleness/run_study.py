@@ -29,7 +29,14 @@ from pacectl import metrics
 from pacectl.config import CONF_DIR
 from pacectl.errors import one_line_warnings
 from pacectl.report import atomic_path, staged_outputs
-from pacectl.studies import combined_half_width, markdown_table, sim_episodes, study_arguments
+from pacectl.studies import (
+    change_text,
+    combined_half_width,
+    comm_text,
+    markdown_table,
+    sim_episodes,
+    study_arguments,
+)
 
 #: (name, cluster profile, ranks, overrides): the timing-dependent scenarios of the scaling study
 #: where pacing gains (paper_like at 8 and 16 ranks), the paper's scale (64), the tuning profile,
@@ -186,17 +193,13 @@ def main() -> None:
     frame = pd.DataFrame(rows)
     table = frame[frame["controller"] != "none"].assign(
         schedule=lambda f: "lag " + f["lag_iters"].astype(str) + ", every " + f["every_iters"].astype(str),
-        throughput_change=lambda f: (
-            (100 * f["throughput_change_frac"]).map("{:+.2f}".format)
-            + (100 * f["throughput_change_ci95_frac"]).map(" ±{:.2f} %".format)
+        throughput_change=lambda f: change_text(
+            f["throughput_change_frac"], f["throughput_change_ci95_frac"]
         ),
-        vs_lag_1=lambda f: (
-            (100 * f["vs_instant_frac"]).map("{:+.2f}".format)
-            + (100 * f["vs_instant_ci95_frac"]).map(" ±{:.2f} %".format)
-        ).where((f["lag_iters"] != 1) | (f["every_iters"] != 1), "reference"),
-        comm=lambda f: (
-            f["comm_model"] + f["comm_timing_dependent"].map({True: " (timing-dep.)", False: " (fixed)"})
+        vs_lag_1=lambda f: change_text(f["vs_instant_frac"], f["vs_instant_ci95_frac"]).where(
+            (f["lag_iters"] != 1) | (f["every_iters"] != 1), "reference"
         ),
+        comm=comm_text,
     )[
         [
             "scenario",
