@@ -15,10 +15,12 @@ Any DDP loop gets it with one line (``attach``), once the process group is initi
     ...                 # training loop unchanged
     pacer.flush()       # every rank, at the end: decide on the figures still in flight
 
-The skew figures ride on the next iteration's smallest gradient bucket by default (``gather="piggyback"``:
-no extra collective, decisions one iteration more stale); ``gather="async"`` sends them in one tiny
-all-reduce at the end of each gradient sync that nobody waits for, and ``gather="collective"`` makes
-that all-reduce blocking. See :mod:`pacectl.torchdist.pacer`.
+The skew figures are exchanged by ``gather="auto"`` by default: on gloo ``"async"``, one tiny
+all-reduce at the end of each gradient sync that nobody waits for (decisions pace the next
+iteration); on NCCL ``"piggyback"``, riding on the next iteration's smallest gradient bucket (no
+extra collective, decisions one iteration more stale). ``gather="collective"`` makes the tiny
+all-reduce blocking. See :mod:`pacectl.torchdist.pacer` and
+:func:`~pacectl.torchdist.core.resolve_gather` (why, with the measurements).
 """
 
 from __future__ import annotations
