@@ -215,6 +215,11 @@ def overhead_worker(spec: dict[str, Any]) -> dict[str, Any]:
     return {"times_s": times, "gather_s": gather, "hook_cpu_s": per_iter}
 
 
+#: Exchange variants compared head to head when both run (``<a>_vs_<b>`` in the record): rows beside a
+#: large carrier vs appended to it; the tiny async all-reduce (the default on gloo) vs appending.
+PAIRED_EXCHANGES = (("piggyback_beside", "piggyback"), ("async", "piggyback"))
+
+
 def _paired(diff: np.ndarray, scale: float) -> dict[str, float]:
     """Median paired difference (ms and fraction of ``scale``) with a 95 % bootstrap interval."""
     from scipy import stats
@@ -285,11 +290,9 @@ def bench_overhead(
             for i, v in enumerate(variants)
             if v not in ("plain", "py_hook")
         }
-    if {"piggyback", "piggyback_beside"} <= set(variants):  # rows beside a large carrier vs appended
-        appended = times[:, variants.index("piggyback")]
-        result["piggyback_beside_vs_piggyback"] = _paired(
-            times[:, variants.index("piggyback_beside")] - appended, scale
-        )
+    for a, b in PAIRED_EXCHANGES:
+        if {a, b} <= set(variants):
+            result[f"{a}_vs_{b}"] = _paired(times[:, variants.index(a)] - times[:, variants.index(b)], scale)
     # every round's block means, so that any other pairing can be computed from the record
     result["block_mean_ms"] = {v: (times[:, i] * 1e3).round(4).tolist() for i, v in enumerate(variants)}
     result["hook_cpu"] = {
