@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 from hydra import initialize_config_dir
 
 from pacectl import metrics
@@ -89,9 +90,15 @@ def test_staleness_study_refuses_a_bad_out_before_simulating(tmp_path: Path) -> 
     assert proc.returncode == 2 and "--out" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_alibaba_pai_profile_replays_correlated_real_step_times() -> None:
-    """The staleness study's real-data scenario: each rank replays one Alibaba PAI worker, whose
-    series are correlated over iterations (i.i.d. synthetic noise would show ~0)."""
+@pytest.mark.parametrize(
+    ("profile", "ranks", "lowest", "median"), [("alibaba_pai", 8, 0.4, 0.6), ("h200_gloo4", 4, 0.2, 0.5)]
+)
+def test_real_step_time_profiles_replay_correlated_series(
+    profile: str, ranks: int, lowest: float, median: float
+) -> None:
+    """The staleness study's real-data scenarios: each rank replays one recorded worker (Alibaba PAI)
+    or rank (the H200 capture), whose series are correlated over iterations (i.i.d. synthetic
+    noise would show ~0)."""
     from hydra import compose
 
     from pacectl.config import as_dict
@@ -99,10 +106,32 @@ def test_alibaba_pai_profile_replays_correlated_real_step_times() -> None:
     from pacectl.fabric.profile import compute_from
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=["backend=sim", "cluster=alibaba_pai"])
+        cfg = compose("config", overrides=["backend=sim", f"cluster={profile}"])
     model = compute_from(as_dict(cfg.cluster))
     assert [type(c) for c in model.components] == [EmpiricalSamples]
-    times = model.sample(np.random.default_rng(0), 300, 8)
-    lag1 = [np.corrcoef(times[:-1, r], times[1:, r])[0, 1] for r in range(8)]
-    assert min(lag1) > 0.4 and np.median(lag1) > 0.6
-    assert cfg.cluster.tune_sim.num_ranks == 8
+    times = model.sample(np.random.default_rng(0), 300, ranks)
+    lag1 = [np.corrcoef(times[:-1, r], times[1:, r])[0, 1] for r in range(ranks)]
+    assert min(lag1) > lowest and np.median(lag1) > median
+    assert cfg.cluster.tune_sim.num_ranks == ranks
+
+
+def test_h200_compute_series_is_derived_from_the_capture() -> None:
+    """gloo4_compute.csv (replayed by cluster=h200_gloo4) is exactly what its ATTRIBUTION.md says."""
+    from pacectl.data import DATA_DIR
+
+    folder = DATA_DIR / "h200-capture"
+    iters = pd.read_csv(folder / "gloo4_iters.csv")
+    buckets = pd.read_csv(folder / "gloo4_buckets.csv")
+    first = buckets[buckets["bucket"] == 0][["rank", "iteration", "enter_ns"]]
+    joined = iters.merge(first, on=["rank", "iteration"])
+    joined = joined[joined["iteration"] >= 30].sort_values(["rank", "iteration"])
+    want = pd.DataFrame(
+        {
+            "worker": joined["rank"].to_numpy(),
+            "iteration": joined["iteration"].to_numpy(),
+            "batch_time_norm": ((joined["enter_ns"] - joined["start_ns"]) / 1e3).round(3).to_numpy(),
+        }
+    )
+    shipped = pd.read_csv(folder / "gloo4_compute.csv")
+    pd.testing.assert_frame_equal(shipped, want)
+    assert shipped.groupby("worker").size().tolist() == [170] * 4

@@ -9,7 +9,7 @@ simulation model that with ``exchange.lag_iters`` / ``exchange.every_iters``
 the simulator's timing-dependent scenarios, where pacing can gain, and reports the change against
 no pacing and against the instant schedule (lag 1), paired on the same seeded draws.
 
-Usage (from the repository root; about 2.5 minutes on 2 cores)::
+Usage (from the repository root; about 3 minutes on 2 cores)::
 
     python experiments/staleness/run_study.py                       # writes experiments/staleness/results/
     python experiments/staleness/run_study.py --iterations 300 --seeds 1 --out /tmp/quick
@@ -40,7 +40,7 @@ from pacectl.studies import (
 
 #: (name, cluster profile, ranks, overrides): the timing-dependent scenarios of the scaling study
 #: where pacing gains (paper_like at 8 and 16 ranks), the paper's scale (64), the tuning profile,
-#: real per-worker step times (Alibaba PAI), and the max-plus control (comm=null: delaying a rank can never shorten an iteration).
+#: real per-worker step times (Alibaba PAI; the H200 capture), and the max-plus control (comm=null: delaying a rank can never shorten an iteration).
 SCENARIOS = (
     ("paper_like", "paper_like", 8, ["comm=contention"]),
     ("paper_like", "paper_like", 16, ["comm=contention"]),
@@ -49,6 +49,9 @@ SCENARIOS = (
     # real step times: each rank replays one worker of the shipped Alibaba PAI job (its own series,
     # correlated over ~10 iterations: autocorrelation 0.57-0.89 at lag 1) on the paper_like fabric
     ("alibaba_pai", "alibaba_pai", 8, ["comm=contention"]),
+    # real step times from the project's own capture: 4 gloo ranks sharing one H200 (CV 0.13-0.23,
+    # autocorrelation 0.30-0.77 at lag 1)
+    ("h200_gloo4", "h200_gloo4", 4, ["comm=contention"]),
     ("null_model", "paper_like", 64, ["comm=null"]),  # control: fixed durations, pacing cannot gain
 )
 #: (lag, every) -> the live exchange it models.
