@@ -926,6 +926,48 @@ def test_run_tuning_experiment_writes_to_out(tmp_path: Path) -> None:
     assert (out / "results.md").read_text().startswith("| profile")
 
 
+def test_run_tuning_experiment_tunes_and_judges_at_the_lag_given(tmp_path: Path) -> None:
+    """--exchange-lag reaches tuning and the held-out episodes alike (the paper's controller judged
+    at lag 2 is not the one judged at lag 1), and the table says so."""
+    script = Path(__file__).resolve().parents[1] / "experiments" / "tuning" / "run_tuning.py"
+    results = {}
+    for lag in (1, 2):
+        out = tmp_path / f"lag{lag}"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(script),
+                "--trials=2",
+                "--profiles",
+                "alibaba_pai",
+                "--families",
+                "threshold",
+            ]
+            + ["--exchange-lag", str(lag), "--out", str(out)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        results[lag] = json.loads((out / "results.json").read_text())
+        assert results[lag]["exchange_lag_iters"] == lag
+    paper = [
+        results[lag]["profiles"]["alibaba_pai"]["heldout_paper_threshold"]["throughput_it_per_s"]
+        for lag in (1, 2)
+    ]
+    assert paper[0] != paper[1]
+    assert (tmp_path / "lag2" / "results.md").read_text().startswith("Decision lag 2 iterations")
+    assert (tmp_path / "lag1" / "results.md").read_text().startswith("| profile")
+    bad = subprocess.run(
+        [sys.executable, str(script), "--exchange-lag", "0", "--out", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "--exchange-lag must be an integer >= 1" in bad.stderr
+
+
 def test_study_without_recorded_settings_is_refused(tmp_path: Path) -> None:
     """A study made by an older pacectl.tune (no trial settings recorded) cannot be checked, so it is
     refused rather than mixed with new trials."""
