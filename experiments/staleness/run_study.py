@@ -49,7 +49,7 @@ SCENARIOS = (
     # real step times: each rank replays one worker of the shipped Alibaba PAI job (its own series,
     # correlated over ~10 iterations: autocorrelation 0.57-0.89 at lag 1) on the paper_like fabric
     ("alibaba_pai", "alibaba_pai", 8, ["comm=contention"]),
-    # real step times from the project's own capture: 4 gloo ranks sharing one H200 (CV 0.13-0.23,
+    # real step times from the H200 capture recorded for this project: 4 gloo ranks sharing one GPU (CV 0.13-0.23,
     # autocorrelation 0.30-0.77 at lag 1)
     ("h200_gloo4", "h200_gloo4", 4, ["comm=contention"]),
     ("null_model", "paper_like", 64, ["comm=null"]),  # control: fixed durations, pacing cannot gain
