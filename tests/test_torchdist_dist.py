@@ -370,3 +370,30 @@ def test_piggybacked_decisions_pace_two_iterations_later(tmp_path) -> None:
     decided = exp.decisions()[0]["threshold"]["decisions"]
     assert ep.applied_delay_s[lag:].any()
     np.testing.assert_array_equal(ep.applied_delay_s[lag:], decided[:-lag])
+
+
+def test_live_gather_every_paces_as_the_offline_schedule_says(tmp_path) -> None:
+    """gather_every=3 (async): the figures of iterations k-2..k are exchanged together and the
+    decision on the last of them paces until the next group's: exactly ExchangeSchedule(1, 3)."""
+    from pacectl.torchdist.experiment import TorchExperiment
+
+    cfg = _cfg(
+        tmp_path,
+        "controller=threshold",
+        "controller.on_threshold_s=0.002",
+        "controller.off_threshold_s=0.001",
+        "backend.pacing.gather_every=3",
+    )
+    exp = TorchExperiment(cfg)
+    exp.describe()
+    schedule = exp.exchange
+    assert (schedule.lag, schedule.every) == (1, 3)
+    ep = exp.run("threshold", exp.families["threshold"])
+    decided = exp.decisions()[0]["threshold"]["decisions"]
+    want = np.zeros_like(ep.applied_delay_s)
+    for k in range(len(decided)):
+        first = schedule.applies_from(k)
+        if first is not None:
+            want[first:] = decided[k]
+    assert ep.applied_delay_s[schedule.lag + schedule.every - 1 :].any()
+    np.testing.assert_array_equal(ep.applied_delay_s, want)
