@@ -335,59 +335,10 @@ def test_records_about_to_be_replaced_are_named_before_the_run(tmp_path) -> None
     assert (tmp_path / "none.parquet").read_bytes() == b"an earlier record"
 
 
-def test_live_decisions_pace_after_the_lag_the_offline_model_uses(live) -> None:
-    """gather=auto is async on gloo: a decision on iteration k paces k + 1, the lag that
-    ``summary.exchange`` reports and that replay/sim model with ``exchange.lag_iters``."""
-    exp, summary = live
-    assert exp.gather == "async"
-    assert summary["pacing"]["gather_resolved"] == "async"
-    lag = exp.exchange.lag
-    assert lag == 1 and exp.exchange.every == 1
-    ep = exp.run("threshold", exp.families["threshold"])
-    decided = exp.decisions()[0]["threshold"]["decisions"]
-    assert ep.applied_delay_s[lag:].any()
-    np.testing.assert_array_equal(ep.applied_delay_s[lag:], decided[:-lag])
-
-
-def test_piggybacked_decisions_pace_two_iterations_later(tmp_path) -> None:
-    """gather=piggyback: the figures of iteration k ride on k + 1's carrier bucket, so the decision
-    paces k + 2, the lag the offline model uses for it (``exchange.lag_iters=2``)."""
-    from pacectl.torchdist.experiment import TorchExperiment
-
-    cfg = _cfg(
-        tmp_path,
-        "controller=threshold",
-        "controller.on_threshold_s=0.002",
-        "controller.off_threshold_s=0.001",
-        "backend.pacing.gather=piggyback",
-    )
-    exp = TorchExperiment(cfg)
-    summary = exp.describe()
-    assert exp.gather == "piggyback" and summary["pacing"]["gather_resolved"] == "piggyback"
-    lag = exp.exchange.lag
-    assert lag == 2
-    ep = exp.run("threshold", exp.families["threshold"])
-    decided = exp.decisions()[0]["threshold"]["decisions"]
-    assert ep.applied_delay_s[lag:].any()
-    np.testing.assert_array_equal(ep.applied_delay_s[lag:], decided[:-lag])
-
-
-def test_live_gather_every_paces_as_the_offline_schedule_says(tmp_path) -> None:
-    """gather_every=3 (async): the figures of iterations k-2..k are exchanged together and the
-    decision on the last of them paces until the next group's: exactly ExchangeSchedule(1, 3)."""
-    from pacectl.torchdist.experiment import TorchExperiment
-
-    cfg = _cfg(
-        tmp_path,
-        "controller=threshold",
-        "controller.on_threshold_s=0.002",
-        "controller.off_threshold_s=0.001",
-        "backend.pacing.gather_every=3",
-    )
-    exp = TorchExperiment(cfg)
-    exp.describe()
+def _paced_as_scheduled(exp) -> np.ndarray:
+    """The threshold run's applied delays, checked equal to its decisions delivered as
+    ``exp.exchange`` (:class:`~pacectl.loop.ExchangeSchedule`) says; returns them."""
     schedule = exp.exchange
-    assert (schedule.lag, schedule.every) == (1, 3)
     ep = exp.run("threshold", exp.families["threshold"])
     decided = exp.decisions()[0]["threshold"]["decisions"]
     want = np.zeros_like(ep.applied_delay_s)
@@ -395,5 +346,46 @@ def test_live_gather_every_paces_as_the_offline_schedule_says(tmp_path) -> None:
         first = schedule.applies_from(k)
         if first is not None:
             want[first:] = decided[k]
-    assert ep.applied_delay_s[schedule.lag + schedule.every - 1 :].any()
     np.testing.assert_array_equal(ep.applied_delay_s, want)
+    return ep.applied_delay_s
+
+
+def _threshold_job(tmp_path, *extra: str):
+    from pacectl.torchdist.experiment import TorchExperiment
+
+    cfg = _cfg(
+        tmp_path,
+        "controller=threshold",
+        "controller.on_threshold_s=0.002",
+        "controller.off_threshold_s=0.001",
+        *extra,
+    )
+    exp = TorchExperiment(cfg)
+    return exp, exp.describe()
+
+
+def test_live_decisions_pace_after_the_lag_the_offline_model_uses(live) -> None:
+    """gather=auto is async on gloo: a decision on iteration k paces k + 1, the lag that
+    ``summary.exchange`` reports and that replay/sim model with ``exchange.lag_iters``."""
+    exp, summary = live
+    assert exp.gather == "async"
+    assert summary["pacing"]["gather_resolved"] == "async"
+    assert exp.exchange.lag == 1 and exp.exchange.every == 1
+    assert _paced_as_scheduled(exp)[1:].any()
+
+
+def test_piggybacked_decisions_pace_two_iterations_later(tmp_path) -> None:
+    """gather=piggyback: the figures of iteration k ride on k + 1's carrier bucket, so the decision
+    paces k + 2, the lag the offline model uses for it (``exchange.lag_iters=2``)."""
+    exp, summary = _threshold_job(tmp_path, "backend.pacing.gather=piggyback")
+    assert exp.gather == "piggyback" and summary["pacing"]["gather_resolved"] == "piggyback"
+    assert exp.exchange.lag == 2
+    assert _paced_as_scheduled(exp)[2:].any()
+
+
+def test_live_gather_every_paces_as_the_offline_schedule_says(tmp_path) -> None:
+    """gather_every=3 (async): the figures of iterations k-2..k are exchanged together and the
+    decision on the last of them paces until the next group's: exactly ExchangeSchedule(1, 3)."""
+    exp, _ = _threshold_job(tmp_path, "backend.pacing.gather_every=3")
+    assert (exp.exchange.lag, exp.exchange.every) == (1, 3)
+    assert _paced_as_scheduled(exp)[3:].any()
