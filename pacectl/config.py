@@ -327,8 +327,48 @@ def _controller_runs(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     elif name != "none":
         runs[name] = params
     for family, family_params in runs.items():
+        resolve_auto_horizon(family_params, cfg)
         make_controller(family, **family_params)  # validate every config before any run starts
     return runs
+
+
+#: controller parameters whose value ``auto`` means the run's decision lag (:func:`decision_lag`)
+HORIZON_KEYS = ("horizon_iters",)
+
+
+def decision_lag(cfg: DictConfig) -> int:
+    """Iterations from an observation to the first iteration its decision paces, for this run.
+
+    Replay and sim: ``exchange.lag_iters``. ``backend=torch``: the lag of the exchange that
+    ``backend.pacing.gather`` resolves to (2 for piggyback, 1 for async and collective; ``auto`` is
+    async on gloo, piggyback on NCCL), see :func:`pacectl.torchdist.core.exchange_lag`.
+
+    Raises:
+        ConfigError: a bad ``exchange`` block.
+    """
+    backend = cfg.get("backend")
+    if isinstance(backend, DictConfig) and backend.get("name") == "torch":
+        from pacectl.torchdist.core import exchange_lag, resolve_gather  # pure numpy: no torch import
+
+        pacing = backend.get("pacing")
+        gather = str(pacing.get("gather", "auto")) if isinstance(pacing, DictConfig) else "auto"
+        return exchange_lag(resolve_gather(gather, str(backend.get("dist_backend", "gloo"))))
+    return exchange_schedule(cfg).lag
+
+
+def resolve_auto_horizon(params: dict[str, Any], cfg: DictConfig) -> dict[str, Any]:
+    """Replace ``auto`` in a forecast horizon (:data:`HORIZON_KEYS`) by the run's :func:`decision_lag`, in place.
+
+    A forecast must look as far ahead as the decision travels: ``exchange.lag_iters=2`` (or a live
+    piggyback exchange) paces two iterations after the observation.
+
+    Returns:
+        ``params``.
+    """
+    for key in HORIZON_KEYS:
+        if params.get(key) == "auto":
+            params[key] = decision_lag(cfg)
+    return params
 
 
 def controller_factory(

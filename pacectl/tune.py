@@ -76,6 +76,7 @@ from pacectl.config import (
     RUN_KEYS,
     controller_factory,
     controller_params,
+    resolve_auto_horizon,
     selected_controller,
     validate_run_config,
 )
@@ -334,6 +335,7 @@ def tune_space(cfg: DictConfig, settings: Settings) -> SearchSpace:
             ``controller.<key>=`` on a key the space tunes (it would be ignored).
     """
     family, fixed = controller_params(selected_controller(cfg))
+    resolve_auto_horizon(fixed, cfg)
     tunable = sorted(k for k in CONTROLLERS if k != "none")
     if family not in tunable:
         raise ConfigError(f"controller must be one family to tune, one of {tunable}, got {family!r}")

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from pacectl.controllers import (
     CONTROLLERS,
     EwmaController,
+    ForecastController,
     NoPacing,
     PidController,
     QuantileController,
@@ -75,6 +76,16 @@ class TestQuantileThresholdContract(ControllerContract):
         return QuantileController(window_iters=1, quantile=1.0, gain=0.5, on_threshold_s=0.01)
 
 
+class TestForecastContract(ControllerContract):
+    def make_controller(self) -> Controller:
+        return ForecastController()
+
+
+class TestForecastNoMarginContract(ControllerContract):
+    def make_controller(self) -> Controller:
+        return ForecastController(horizon_iters=3, alpha=0.3, margin_sigmas=0.0, warmup_iters=2)
+
+
 class TestThresholdIterationUnitsContract(ControllerContract):
     def make_controller(self) -> Controller:
         return make_controller("threshold", units="iteration", on_threshold_s=0.01, off_threshold_s=0.005)
@@ -86,7 +97,9 @@ class TestPidIterationUnitsContract(ControllerContract):
 
 
 @settings(max_examples=30, deadline=None)
-@given(exponent=st.integers(-6, 6), family=st.sampled_from(["threshold", "pid", "ewma", "quantile"]))
+@given(
+    exponent=st.integers(-6, 6), family=st.sampled_from(["threshold", "pid", "ewma", "quantile", "forecast"])
+)
 def test_iteration_units_are_scale_free(exponent: int, family: str) -> None:
     """Scaling every time of every observation by c = 2**k scales the delays by exactly c."""
     c = 2.0**exponent
@@ -114,7 +127,7 @@ def test_units_must_be_known() -> None:
 
 
 def test_registry_names_match_classes() -> None:
-    assert set(CONTROLLERS) == {"none", "threshold", "pid", "ewma", "quantile"}
+    assert set(CONTROLLERS) == {"none", "threshold", "pid", "ewma", "quantile", "forecast"}
     for name, cls in CONTROLLERS.items():
         assert cls.name == name
         assert make_controller(name).name == name
@@ -166,6 +179,9 @@ def test_parameters_are_keyword_only() -> None:
         ("quantile", {"quantile": 0.0}, "quantile must be in (0, 1], got 0.0"),
         ("quantile", {"window_iters": 0}, "window_iters must be an integer >= 1, got 0"),
         ("quantile", {"window_iters": np.int64(0)}, "got 0 (controller 'quantile';"),
+        ("forecast", {"horizon_iters": 0}, "horizon_iters must be an integer >= 1, got 0"),
+        ("forecast", {"margin_sigmas": -1.0}, "margin_sigmas must be >= 0, got -1.0"),
+        ("forecast", {"warmup_iters": 1}, "warmup_iters must be an integer >= 2, got 1"),
     ],
 )
 def test_validation_message_shows_bad_value(name: str, params: dict[str, object], shown: str) -> None:
@@ -391,6 +407,89 @@ def test_quantile_on_threshold() -> None:
     assert controller.diagnostics()["active"] == 0.0
     np.testing.assert_allclose(controller.act(spread_obs(0.06, iteration=1)).delay_s, [0.06, 0.0])
     assert controller.diagnostics()["active"] == 1.0
+
+
+# --- forecast -------------------------------------------------------------------------------------
+
+
+def _ar1_earliness(phi: float, iterations: int, num_ranks: int, seed: int) -> np.ndarray:
+    """Natural arrivals whose earliness has a per-rank mean and AR(1) deviations of coefficient ``phi``."""
+    rng = np.random.default_rng(seed)
+    means = np.linspace(0.0, 0.03, num_ranks)
+    dev = np.zeros(num_ranks)
+    arrivals = np.empty((iterations, num_ranks))
+    for k in range(iterations):
+        dev = phi * dev + 0.005 * rng.standard_normal(num_ranks)
+        arrivals[k] = 1.0 - (means + dev)  # earliness = max - arrival: larger mean, earlier rank
+    return arrivals
+
+
+def _run(controller: ForecastController, naturals: np.ndarray) -> list[np.ndarray]:
+    controller.reset(naturals.shape[1], RNG)
+    return [controller.act(make_observation(n, iteration=k)).delay_s for k, n in enumerate(naturals)]
+
+
+@pytest.mark.parametrize("phi", [0.0, 0.5, 0.9])
+def test_forecast_estimates_the_autocorrelation(phi: float) -> None:
+    """The pooled lag-1 autocorrelation of the earliness deviations converges to the AR(1) coefficient.
+
+    Earliness is measured from the latest rank, so every rank's series shares the latest rank's noise;
+    with 16 ranks that common part is small, and the estimate lands within 0.1 of ``phi``.
+    """
+    controller = ForecastController(alpha=0.01)
+    _run(controller, _ar1_earliness(phi, 4000, 16, seed=1))
+    assert controller.diagnostics()["phi"] == pytest.approx(phi, abs=0.1)
+
+
+def test_forecast_delay_is_the_ar1_forecast_less_the_margin() -> None:
+    """One step by hand: mean m, deviation d, phi^h d, the h-step error sd, the margin, the latest rank at 0."""
+    naturals = _ar1_earliness(0.8, 300, 4, seed=2)
+    for horizon, margin in [(1, 0.0), (3, 0.0), (2, 1.5)]:
+        controller = ForecastController(horizon_iters=horizon, alpha=0.1, margin_sigmas=margin, gain=0.7)
+        delays = _run(controller, naturals[:-1])
+        state = (controller._mean.copy(), controller._prev_dev.copy(), controller._c0, controller._c1)
+        delay = controller.act(make_observation(naturals[-1], iteration=299)).delay_s
+        mean, prev_dev, c0, c1 = state
+        early = naturals[-1].max() - naturals[-1]
+        mean = 0.9 * mean + 0.1 * early
+        dev = early - mean
+        c0 = 0.9 * c0 + 0.1 * np.mean(dev * dev)
+        c1 = 0.9 * c1 + 0.1 * np.mean(dev * prev_dev)
+        decay = float(np.clip(c1 / c0, 0.0, 1.0)) ** horizon
+        forecast = mean + decay * dev
+        forecast -= forecast.min()
+        sigma_h = np.sqrt(c0 * (1.0 - decay**2))
+        np.testing.assert_allclose(
+            delay, 0.7 * np.maximum(forecast - margin * sigma_h, 0.0), rtol=1e-9, atol=1e-15
+        )
+        assert max(float(d.max()) for d in delays) > 0.0
+
+
+def test_forecast_longer_horizon_trusts_the_last_value_less() -> None:
+    """On transient earliness (phi 0.5) the delays move towards the ranks' means as the horizon grows."""
+    naturals = _ar1_earliness(0.5, 500, 8, seed=3)
+    early = naturals.max(axis=1, keepdims=True) - naturals
+    targets = [ForecastController(horizon_iters=h, margin_sigmas=0.0) for h in (1, 4)]
+    delays = [np.array(_run(c, naturals)) for c in targets]
+    # how far each decision is from the ranks' long-run earliness (the forecast at an infinite horizon)
+    centre = early.mean(axis=0) - early.mean(axis=0).min()
+    distance = [np.abs(d[100:] - centre).mean() for d in delays]
+    assert distance[1] < 0.8 * distance[0]
+
+
+def test_forecast_margin_only_removes_delay() -> None:
+    naturals = _ar1_earliness(0.7, 400, 6, seed=4)
+    low = np.array(_run(ForecastController(margin_sigmas=0.0), naturals))
+    high = np.array(_run(ForecastController(margin_sigmas=2.0), naturals))
+    assert (high <= low + 1e-15).all() and high.sum() < low.sum()
+
+
+def test_forecast_waits_for_warmup_and_threshold() -> None:
+    naturals = _ar1_earliness(0.9, 50, 4, seed=5)
+    delays = _run(ForecastController(warmup_iters=10, margin_sigmas=0.0), naturals)
+    assert all(float(d.max()) == 0.0 for d in delays[:9]) and float(delays[9].max()) > 0.0
+    quiet = _run(ForecastController(warmup_iters=2, on_threshold_s=1.0), naturals)
+    assert all(float(d.max()) == 0.0 for d in quiet)
 
 
 # --- all controllers ------------------------------------------------------------------------------

@@ -138,3 +138,39 @@ def test_cli_torch_backend_points_at_its_real_exchange(tmp_path: Path) -> None:
     proc = _run(tmp_path, "backend=torch", "exchange.lag_iters=2")
     assert proc.returncode == 2
     assert "backend.pacing.gather" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "horizon"),
+    [
+        (["backend=sim"], 1),
+        (["backend=sim", "exchange.lag_iters=3"], 3),
+        (["backend=replay", "exchange.lag_iters=2", "exchange.every_iters=5"], 2),
+        (["backend=torch"], 1),  # auto resolves to async on gloo
+        (["backend=torch", "backend.pacing.gather=piggyback"], 2),
+        (["backend=torch", "+backend.dist_backend=nccl"], 2),  # auto resolves to piggyback on NCCL
+        (["backend=sim", "exchange.lag_iters=3", "controller.horizon_iters=1"], 1),  # explicit wins
+    ],
+)
+def test_forecast_horizon_auto_is_the_runs_decision_lag(overrides: list[str], horizon: int) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from pacectl.config import CONF_DIR, controller_families
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["controller=forecast", *overrides])
+    assert controller_families(cfg)["forecast"]["horizon_iters"] == horizon
+
+
+def test_forecast_horizon_auto_under_controller_all_and_in_tune() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from pacectl.config import CONF_DIR, controller_families
+    from pacectl.tune import Settings, tune_space
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["backend=sim", "exchange.lag_iters=4"])
+        assert controller_families(cfg)["forecast"]["horizon_iters"] == 4
+        tune_cfg = compose("tune", overrides=["controller=forecast", "exchange.lag_iters=2"])
+    space = tune_space(tune_cfg, Settings.from_cfg(tune_cfg.tune))
+    assert space.fixed["horizon_iters"] == 2

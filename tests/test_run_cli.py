@@ -39,7 +39,7 @@ def test_default_run_writes_the_contract(tmp_path: Path) -> None:
     assert summary["trace"]["name"] == "AR" and summary["trace"]["path"].endswith("trace-AR.parquet")
     assert summary["comm_model"] == "null"
     assert set(summary["fidelity"]) >= {"step_time_median_abs_err_frac", "step_time_p90_abs_err_frac"}
-    assert set(summary["runs"]) == {"none", "threshold", "pid", "ewma", "quantile"}
+    assert set(summary["runs"]) == {"none", "threshold", "pid", "ewma", "quantile", "forecast"}
     for run in summary["runs"].values():
         assert RUN_KEYS <= set(run)
         # the null model: no controller beats no pacing
@@ -404,7 +404,7 @@ def test_a_job_too_large_for_memory_stops_after_its_first_run(
         cfg = compose(
             config_name="config", overrides=[*overrides, f"output.iterations={str(with_parquet).lower()}"]
         )
-    rows = 5 * 50 * 8  # none and four families, 50 iterations, 8 ranks
+    rows = 6 * 50 * 8  # none and five families, 50 iterations, 8 ranks
     monkeypatch.setattr(run, "available_memory_bytes", lambda: rows * run.BYTES_PER_ROW[with_parquet] - 1)
     calls = []
     original = run.make_experiment

@@ -177,7 +177,7 @@ def test_sim_cli_contract(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["comm_model"] == "contention" and summary["backend"] == "sim"
-    assert set(summary["runs"]) == {"none", "threshold", "pid", "ewma", "quantile"}
+    assert set(summary["runs"]) == {"none", "threshold", "pid", "ewma", "quantile", "forecast"}
     for run in summary["runs"].values():
         assert {"throughput_it_per_s", "iteration_time_mean_s", "cv", "spread_median_s"} <= set(run)
     proc = subprocess.run(

@@ -25,7 +25,7 @@ def test_sim_cell_means_the_seeds_episodes() -> None:
             sim_episodes(["comm=contention"], cluster="paper_like", num_ranks=8, iterations=30, seed=s)
             for s in (0, 1)
         ]
-    assert set(cell) == {"none", "threshold", "pid", "ewma", "quantile"}
+    assert set(cell) == {"none", "threshold", "pid", "ewma", "quantile", "forecast"}
     for family, row in cell.items():
         summaries = [metrics.summarize(eps[family]) for eps in seeds]
         assert row["cv"] == np.mean([s["cv"] for s in summaries])

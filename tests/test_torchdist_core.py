@@ -66,7 +66,7 @@ def _obs(k: int, rng: np.random.Generator) -> Observation:
     return observation_from_table(k, t)
 
 
-@pytest.mark.parametrize("family", ["threshold", "pid", "ewma", "quantile"])
+@pytest.mark.parametrize("family", ["threshold", "pid", "ewma", "quantile", "forecast"])
 def test_engines_on_identical_inputs_decide_identically(family: str) -> None:
     engines = [DecisionEngine(family, {}, {"max_delay_frac": 0.5}, num_ranks=4, seed=7) for _ in range(3)]
     rng = np.random.default_rng(0)

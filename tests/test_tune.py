@@ -872,7 +872,7 @@ def test_hint_reruns_the_tuned_sim_episode(tmp_path: Path) -> None:
 # --- iteration units -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["threshold", "pid", "ewma", "quantile"])
+@pytest.mark.parametrize("family", ["threshold", "pid", "ewma", "quantile", "forecast"])
 def test_iteration_units_get_an_iteration_space(family: str) -> None:
     """controller.units=iteration picks conf/tune/space/<family>.iteration.yaml: no time bound above
     one iteration (1.0); every shipped space parses with its own unit."""

@@ -14,6 +14,7 @@ import inspect
 
 from pacectl.controllers.base import BaseController
 from pacectl.controllers.ewma import EwmaController
+from pacectl.controllers.forecast import ForecastController
 from pacectl.controllers.guard import PacingGuardWarning, SafetyGuard
 from pacectl.controllers.none import NoPacing
 from pacectl.controllers.pid import PidController
@@ -27,6 +28,7 @@ __all__ = [
     "CONTROLLERS",
     "BaseController",
     "EwmaController",
+    "ForecastController",
     "IterationUnits",
     "NoPacing",
     "PacingGuardWarning",
@@ -39,7 +41,14 @@ __all__ = [
 
 CONTROLLERS: dict[str, type[BaseController]] = {
     cls.name: cls
-    for cls in (NoPacing, ThresholdController, PidController, EwmaController, QuantileController)
+    for cls in (
+        NoPacing,
+        ThresholdController,
+        PidController,
+        EwmaController,
+        QuantileController,
+        ForecastController,
+    )
 }
 """Controller family name -> class."""
 
@@ -54,7 +63,7 @@ def make_controller(name: str, **params: object) -> Controller:
 
     Args:
         name: family name, one of ``CONTROLLERS`` (``"none"``, ``"threshold"``, ``"pid"``, ``"ewma"``,
-            ``"quantile"``).
+            ``"quantile"``, ``"forecast"``).
         **params: constructor parameters of that class (see its docstring for units and ranges), plus
             the reserved key ``units``: ``"s"`` (default; every ``*_s`` parameter in seconds) or
             ``"iteration"`` (every time as a fraction of the median iteration time, via
