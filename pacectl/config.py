@@ -315,15 +315,10 @@ def _controller_runs(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     if name == "all":
         units = params.get("units")  # controller=all controller.units=iteration: every family in those units
         for family in params.get("families", []):
-            path = CONF_DIR / "controller" / f"{family}.yaml"
-            if not path.is_file():
-                raise ConfigError(
-                    f"controller.families entries must have a conf/controller/*.yaml, got {family!r}"
-                )
-            fam_name, fam_params = controller_params(OmegaConf.load(path))  # type: ignore[arg-type]
+            fam_params = _family_file(family, "controller.families entries")
             if units is not None:
                 fam_params["units"] = units
-            runs[fam_name] = fam_params
+            runs[family] = fam_params
     elif name != "none":
         runs[name] = params
     for family, family_params in runs.items():
@@ -332,42 +327,71 @@ def _controller_runs(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     return runs
 
 
-#: controller parameters whose value ``auto`` means the run's decision lag (:func:`decision_lag`)
-HORIZON_KEYS = ("horizon_iters",)
+#: controller parameters whose value ``auto`` is read from the run's exchange (:func:`decision_schedule`)
+HORIZON_KEYS = ("horizon_iters", "hold_iters")
 
 
-def decision_lag(cfg: DictConfig) -> int:
-    """Iterations from an observation to the first iteration its decision paces, for this run.
+def decision_schedule(cfg: DictConfig) -> ExchangeSchedule:
+    """When this run's decisions reach the ranks: the lag from an observation to the first iteration
+    its decision paces, and how many iterations a decision stays in force.
 
-    Replay and sim: ``exchange.lag_iters``. ``backend=torch``: the lag of the exchange that
-    ``backend.pacing.gather`` resolves to (2 for piggyback, 1 for async and collective; ``auto`` is
-    async on gloo, piggyback on NCCL), see :func:`pacectl.torchdist.core.exchange_lag`.
+    Replay and sim: ``exchange.lag_iters`` and ``exchange.every_iters``. ``backend=torch``: the lag
+    of the exchange that ``backend.pacing.gather`` resolves to (2 for piggyback, 1 for async and
+    collective; ``auto`` is async on gloo, piggyback on NCCL, see
+    :func:`pacectl.torchdist.core.exchange_lag`) and ``backend.pacing.gather_every``.
 
     Raises:
-        ConfigError: a bad ``exchange`` block.
+        ConfigError: a bad ``exchange`` block or ``gather_every``.
     """
     backend = cfg.get("backend")
     if isinstance(backend, DictConfig) and backend.get("name") == "torch":
         from pacectl.torchdist.core import exchange_lag, resolve_gather  # pure numpy: no torch import
 
         pacing = backend.get("pacing")
-        gather = str(pacing.get("gather", "auto")) if isinstance(pacing, DictConfig) else "auto"
-        return exchange_lag(resolve_gather(gather, str(backend.get("dist_backend", "gloo"))))
-    return exchange_schedule(cfg).lag
+        pacing = pacing if isinstance(pacing, DictConfig) else OmegaConf.create({})
+        gather = resolve_gather(str(pacing.get("gather", "auto")), str(backend.get("dist_backend", "gloo")))
+        every = config_int(pacing.get("gather_every", 1), "backend.pacing.gather_every")
+        return ExchangeSchedule(lag=exchange_lag(gather), every=every)
+    return exchange_schedule(cfg)
+
+
+def _family_file(family: str, what: str) -> dict[str, Any]:
+    """The parameters in ``conf/controller/<family>.yaml`` (``what`` names the setting, for the error)."""
+    path = CONF_DIR / "controller" / f"{family}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{what} must have a conf/controller/*.yaml, got {family!r}")
+    name, params = controller_params(OmegaConf.load(path))  # type: ignore[arg-type]
+    if name != family:
+        raise ConfigError(f"conf/controller/{family}.yaml must say 'name: {family}', got {name!r}")
+    return params
+
+
+def shipped_controller(family: str, cfg: DictConfig) -> dict[str, Any]:
+    """The parameters of ``conf/controller/<family>.yaml``, ``auto`` horizons resolved for ``cfg``
+    (:func:`resolve_auto_horizon`).
+
+    Raises:
+        ConfigError: no such family file.
+    """
+    return resolve_auto_horizon(_family_file(family, "a controller family"), cfg)
 
 
 def resolve_auto_horizon(params: dict[str, Any], cfg: DictConfig) -> dict[str, Any]:
-    """Replace ``auto`` in a forecast horizon (:data:`HORIZON_KEYS`) by the run's :func:`decision_lag`, in place.
+    """Replace ``auto`` in a forecast's ``horizon_iters`` / ``hold_iters`` by the run's
+    :func:`decision_schedule` (its lag / its every), in place.
 
-    A forecast must look as far ahead as the decision travels: ``exchange.lag_iters=2`` (or a live
-    piggyback exchange) paces two iterations after the observation.
+    A forecast must look as far ahead as the decision travels, and over as many iterations as it
+    holds: ``exchange.lag_iters=2`` (or a live piggyback exchange) paces from two iterations after
+    the observation, and ``exchange.every_iters=10`` (live ``gather_every=10``) keeps it ten.
 
     Returns:
         ``params``.
     """
-    for key in HORIZON_KEYS:
-        if params.get(key) == "auto":
-            params[key] = decision_lag(cfg)
+    if any(params.get(key) == "auto" for key in HORIZON_KEYS):
+        schedule = decision_schedule(cfg)
+        for key, value in zip(HORIZON_KEYS, (schedule.lag, schedule.every), strict=True):
+            if params.get(key) == "auto":
+                params[key] = value
     return params
 
 

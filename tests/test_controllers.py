@@ -182,6 +182,7 @@ def test_parameters_are_keyword_only() -> None:
         ("forecast", {"horizon_iters": 0}, "horizon_iters must be an integer >= 1, got 0"),
         ("forecast", {"margin_sigmas": -1.0}, "margin_sigmas must be >= 0, got -1.0"),
         ("forecast", {"warmup_iters": 1}, "warmup_iters must be an integer >= 2, got 1"),
+        ("forecast", {"hold_iters": "auto"}, "hold_iters must be an integer >= 1, got 'auto'"),
     ],
 )
 def test_validation_message_shows_bad_value(name: str, params: dict[str, object], shown: str) -> None:
@@ -442,10 +443,13 @@ def test_forecast_estimates_the_autocorrelation(phi: float) -> None:
 
 
 def test_forecast_delay_is_the_ar1_forecast_less_the_margin() -> None:
-    """One step by hand: mean m, deviation d, phi^h d, the h-step error sd, the margin, the latest rank at 0."""
+    """One step by hand: mean m, deviation d, the mean of phi^j d over the held iterations, their mean
+    error variance, the margin, the latest rank at 0."""
     naturals = _ar1_earliness(0.8, 300, 4, seed=2)
-    for horizon, margin in [(1, 0.0), (3, 0.0), (2, 1.5)]:
-        controller = ForecastController(horizon_iters=horizon, alpha=0.1, margin_sigmas=margin, gain=0.7)
+    for horizon, hold, margin in [(1, 1, 0.0), (3, 1, 0.0), (2, 1, 1.5), (2, 4, 1.0)]:
+        controller = ForecastController(
+            horizon_iters=horizon, hold_iters=hold, alpha=0.1, margin_sigmas=margin, gain=0.7
+        )
         delays = _run(controller, naturals[:-1])
         state = (controller._mean.copy(), controller._prev_dev.copy(), controller._c0, controller._c1)
         delay = controller.act(make_observation(naturals[-1], iteration=299)).delay_s
@@ -455,10 +459,11 @@ def test_forecast_delay_is_the_ar1_forecast_less_the_margin() -> None:
         dev = early - mean
         c0 = 0.9 * c0 + 0.1 * np.mean(dev * dev)
         c1 = 0.9 * c1 + 0.1 * np.mean(dev * prev_dev)
-        decay = float(np.clip(c1 / c0, 0.0, 1.0)) ** horizon
-        forecast = mean + decay * dev
+        phi = float(np.clip(c1 / c0, 0.0, 1.0))
+        held = [phi**j for j in range(horizon, horizon + hold)]  # the iterations the decision paces
+        forecast = mean + np.mean(held) * dev
         forecast -= forecast.min()
-        sigma_h = np.sqrt(c0 * (1.0 - decay**2))
+        sigma_h = np.sqrt(c0 * np.mean([1.0 - p * p for p in held]))
         np.testing.assert_allclose(
             delay, 0.7 * np.maximum(forecast - margin * sigma_h, 0.0), rtol=1e-9, atol=1e-15
         )

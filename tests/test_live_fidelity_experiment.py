@@ -69,7 +69,8 @@ def test_bad_arguments_exit_with_a_message(lf, capsys, tmp_path) -> None:
     with pytest.raises(SystemExit) as err:
         lf.main(["--controller", "bogus"])
     assert (
-        err.value.code == 2 and "one of ['ewma', 'pid', 'quantile', 'threshold']" in capsys.readouterr().err
+        err.value.code == 2
+        and "one of ['ewma', 'forecast', 'pid', 'quantile', 'threshold']" in capsys.readouterr().err
     )
     with pytest.raises(SystemExit) as err:  # the record would be labelled 4 ranks
         lf.main(["backend.nproc_per_node=2"])

@@ -141,25 +141,28 @@ def test_cli_torch_backend_points_at_its_real_exchange(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("overrides", "horizon"),
+    ("overrides", "horizon", "hold"),
     [
-        (["backend=sim"], 1),
-        (["backend=sim", "exchange.lag_iters=3"], 3),
-        (["backend=replay", "exchange.lag_iters=2", "exchange.every_iters=5"], 2),
-        (["backend=torch"], 1),  # auto resolves to async on gloo
-        (["backend=torch", "backend.pacing.gather=piggyback"], 2),
-        (["backend=torch", "+backend.dist_backend=nccl"], 2),  # auto resolves to piggyback on NCCL
-        (["backend=sim", "exchange.lag_iters=3", "controller.horizon_iters=1"], 1),  # explicit wins
+        (["backend=sim"], 1, 1),
+        (["backend=sim", "exchange.lag_iters=3"], 3, 1),
+        (["backend=replay", "exchange.lag_iters=2", "exchange.every_iters=5"], 2, 5),
+        (["backend=torch"], 1, 1),  # auto resolves to async on gloo
+        (["backend=torch", "backend.pacing.gather=piggyback", "backend.pacing.gather_every=10"], 2, 10),
+        (["backend=torch", "+backend.dist_backend=nccl"], 2, 1),  # auto resolves to piggyback on NCCL
+        (["backend=sim", "exchange.lag_iters=3", "controller.horizon_iters=1"], 1, 1),  # explicit wins
     ],
 )
-def test_forecast_horizon_auto_is_the_runs_decision_lag(overrides: list[str], horizon: int) -> None:
+def test_forecast_horizon_auto_is_the_runs_decision_schedule(
+    overrides: list[str], horizon: int, hold: int
+) -> None:
     from hydra import compose, initialize_config_dir
 
     from pacectl.config import CONF_DIR, controller_families
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["controller=forecast", *overrides])
-    assert controller_families(cfg)["forecast"]["horizon_iters"] == horizon
+    params = controller_families(cfg)["forecast"]
+    assert (params["horizon_iters"], params["hold_iters"]) == (horizon, hold)
 
 
 def test_forecast_horizon_auto_under_controller_all_and_in_tune() -> None:
@@ -169,8 +172,23 @@ def test_forecast_horizon_auto_under_controller_all_and_in_tune() -> None:
     from pacectl.tune import Settings, tune_space
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=["backend=sim", "exchange.lag_iters=4"])
-        assert controller_families(cfg)["forecast"]["horizon_iters"] == 4
+        cfg = compose("config", overrides=["backend=sim", "exchange.lag_iters=4", "exchange.every_iters=3"])
+        params = controller_families(cfg)["forecast"]
+        assert (params["horizon_iters"], params["hold_iters"]) == (4, 3)
         tune_cfg = compose("tune", overrides=["controller=forecast", "exchange.lag_iters=2"])
     space = tune_space(tune_cfg, Settings.from_cfg(tune_cfg.tune))
-    assert space.fixed["horizon_iters"] == 2
+    assert (space.fixed["horizon_iters"], space.fixed["hold_iters"]) == (2, 1)
+
+
+def test_forecast_bad_gather_every_is_named() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from pacectl.config import CONF_DIR, controller_families
+    from pacectl.errors import ConfigError
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose(
+            "config", overrides=["controller=forecast", "backend=torch", "backend.pacing.gather_every=0"]
+        )
+    with pytest.raises(ConfigError, match="backend.pacing.gather_every must be an integer >= 1, got 0"):
+        controller_families(cfg)

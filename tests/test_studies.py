@@ -1,4 +1,4 @@
-"""The study scripts' shared cells (pacectl.studies) and the staleness study, on tiny settings."""
+"""The study scripts' shared cells (pacectl.studies), the staleness study and its forecast margin sweep, on tiny settings."""
 
 from __future__ import annotations
 
@@ -75,6 +75,33 @@ def test_staleness_study_runs_and_its_reference_rows_are_consistent(tmp_path: Pa
     control = frame[~frame["comm_timing_dependent"]]
     assert len(control) and (control["throughput_change_frac"] <= 1e-12).all()
     assert "reference" in (out / "table.md").read_text()
+
+
+def test_forecast_margin_sweep_runs_and_the_max_plus_control_never_gains(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "table.md").write_text("the staleness study's own file")  # shares the folder: kept
+    proc = subprocess.run(
+        [sys.executable, "experiments/staleness/forecast_margin.py", "--iterations", "40", "--seeds", "1"]
+        + ["--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert {p.name for p in out.iterdir()} == {
+        "table.md",
+        "forecast_margin.csv",
+        "forecast_margin.md",
+        "forecast_margin.png",
+    }
+    assert (out / "table.md").read_text() == "the staleness study's own file"
+    frame = pd.read_csv(out / "forecast_margin.csv")
+    assert len(frame) == 4 * 3 * 6  # scenarios x lags x margins
+    control = frame[~frame["comm_timing_dependent"]]
+    assert len(control) == 3 * 6 and (control["throughput_change_frac"] <= 1e-12).all()
+    assert "| margin 0.5 | margin 1 | margin 1.5 |" in (out / "forecast_margin.md").read_text()
 
 
 def test_staleness_study_refuses_a_bad_out_before_simulating(tmp_path: Path) -> None:

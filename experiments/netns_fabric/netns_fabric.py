@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         help="per-iteration probability that rank 1 sleeps (20 ms +-50 %%, the built-in injector's default)",
     )
     parser.add_argument(
-        "--controllers", default="threshold,pid,ewma,quantile", help="comma-separated families"
+        "--controllers", default="threshold,pid,ewma,quantile,forecast", help="comma-separated families"
     )
     parser.add_argument("--seed", type=int, default=0, help="workload, straggler and cross-traffic seed")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="give up on the job after this long")
@@ -254,11 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     from omegaconf import OmegaConf
 
-    from pacectl.config import CONF_DIR, controller_params
+    from pacectl.config import shipped_controller
 
+    # the job runs the live default exchange (gather=auto: async on gloo), which auto horizons follow
+    live = OmegaConf.create({"backend": {"name": "torch", "pacing": {"gather": "auto", "gather_every": 1}}})
     controllers: list[tuple[str, dict[str, Any]]] = [("none", {})]
     for fam in [c for c in args.controllers.split(",") if c and c != "none"]:
-        controllers.append(controller_params(OmegaConf.load(CONF_DIR / "controller" / f"{fam}.yaml")))  # type: ignore[arg-type]
+        controllers.append((fam, shipped_controller(fam, live)))
 
     def on_signal(signum: int, frame: Any) -> None:
         cleanup()

@@ -16,8 +16,11 @@ Analysis*, ch. 3 and 5): with ``e_k[r]`` the earliness of rank ``r`` (``max(natu
 - ``phi = clip(c1 / c0, 0, 1)``, pooled over ranks: ``c0`` the EWMA of ``mean_r d_k[r]^2`` and ``c1``
   the EWMA of ``mean_r d_k[r] d_{k-1}[r]`` (lag-1 autocorrelation; pooled, since ranks of one job
   share their dynamics and one estimate from ``n`` ranks is less noisy);
-- forecast ``f[r] = m[r] + phi^h d_k[r]``, its error's standard deviation
-  ``sigma_h = sqrt(c0 (1 - phi^(2 h)))`` (the AR(1) ``h``-step forecast error);
+- forecast ``f[r] = m[r] + D d_k[r]`` with ``D`` the mean of ``phi^j`` over the iterations the
+  decision is in force, ``j = h .. h + hold - 1`` (``h`` = ``horizon_iters``, ``hold`` =
+  ``hold_iters``; ``D = phi^h`` for a decision that holds one iteration): the forecast with the least
+  mean squared error over them. Its error's standard deviation ``sigma_h`` is the root mean of the
+  AR(1) ``j``-step forecast error variances ``c0 (1 - phi^(2 j))`` over the same ``j``;
 - ``delay[r] = gain * max(0, f[r] - min(f) - margin_sigmas * sigma_h)``: the forecast earliness
   relative to the predicted-latest rank, less a safety margin (delaying a rank that turns out late
   costs the whole iteration that much; not delaying an early one only forgoes the gain);
@@ -46,11 +49,13 @@ class ForecastController(BaseController):
     See the module docstring for the model and its source.
 
     Args:
-        horizon_iters: iterations from the observed iteration to the one the delay applies to, >= 1:
+        horizon_iters: iterations from the observed iteration to the first one the delay applies to, >= 1:
             ``exchange.lag_iters`` in replay and sim (1 by default), 1 for a live job's ``async`` or
             ``collective`` exchange, 2 for ``piggyback``. In a config, ``auto`` (the shipped
             ``conf/controller/forecast.yaml``) is replaced by the run's lag
             (:func:`pacectl.config.resolve_auto_horizon`).
+        hold_iters: iterations a decision stays in force, >= 1: ``exchange.every_iters`` (a live job's
+            ``gather_every``); ``auto`` in a config, as ``horizon_iters``.
         alpha: EWMA weight of the newest sample in the per-rank mean and the pooled moments, in (0, 1].
         gain: fraction of the margin-reduced forecast to delay, in (0, 1].
         margin_sigmas: safety margin in forecast-error standard deviations, >= 0.
@@ -74,6 +79,7 @@ class ForecastController(BaseController):
         self,
         *,
         horizon_iters: int = 1,
+        hold_iters: int = 1,
         alpha: float = 0.05,
         gain: float = 1.0,
         margin_sigmas: float = 1.0,
@@ -81,6 +87,7 @@ class ForecastController(BaseController):
         warmup_iters: int = 8,
     ) -> None:
         self.horizon_iters = check_int(self.name, "horizon_iters", horizon_iters, low=1)
+        self.hold_iters = check_int(self.name, "hold_iters", hold_iters, low=1)
         self.alpha = check_float(self.name, "alpha", alpha, low=0.0, high=1.0, low_open=True)
         self.gain = check_float(self.name, "gain", gain, low=0.0, high=1.0, low_open=True)
         self.margin_sigmas = check_float(self.name, "margin_sigmas", margin_sigmas, low=0.0)
@@ -121,8 +128,10 @@ class ForecastController(BaseController):
             self._c0 = (1.0 - a) * self._c0 + a * c0_sample
         self._prev_dev = dev
         self._phi = min(max(self._c1 / self._c0, 0.0), 1.0) if self._c0 > 0.0 else 0.0
-        decay = self._phi**self.horizon_iters
-        self._sigma_h_s = math.sqrt(max(self._c0 * (1.0 - decay * decay), 0.0))
+        steps = np.arange(self.horizon_iters, self.horizon_iters + self.hold_iters, dtype=np.float64)
+        powers = self._phi**steps
+        decay = float(powers.mean())
+        self._sigma_h_s = math.sqrt(max(self._c0 * float(np.mean(1.0 - powers * powers)), 0.0))
 
         forecast = self._mean + decay * dev
         forecast = forecast - forecast.min()
