@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pacectl.controllers import SafetyGuard, make_controller
+from pacectl.controllers.forecast import SCHEDULE_KEYS, fill_auto_schedule
 from pacectl.data import DATA_DIR
 from pacectl.errors import ConfigError, TraceError, unknown_keys_error, yaml_problem
 from pacectl.fabric.base import CommModel, NullComm
@@ -327,10 +328,6 @@ def _controller_runs(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     return runs
 
 
-#: controller parameters whose value ``auto`` is read from the run's exchange (:func:`decision_schedule`)
-HORIZON_KEYS = ("horizon_iters", "hold_iters")
-
-
 def decision_schedule(cfg: DictConfig) -> ExchangeSchedule:
     """When this run's decisions reach the ranks: the lag from an observation to the first iteration
     its decision paces, and how many iterations a decision stays in force.
@@ -387,11 +384,9 @@ def resolve_auto_horizon(params: dict[str, Any], cfg: DictConfig) -> dict[str, A
     Returns:
         ``params``.
     """
-    if any(params.get(key) == "auto" for key in HORIZON_KEYS):
+    if any(params.get(key) == "auto" for key in SCHEDULE_KEYS):
         schedule = decision_schedule(cfg)
-        for key, value in zip(HORIZON_KEYS, (schedule.lag, schedule.every), strict=True):
-            if params.get(key) == "auto":
-                params[key] = value
+        fill_auto_schedule(params, schedule.lag, schedule.every)
     return params
 
 

@@ -539,3 +539,19 @@ def test_live_exchange_line_names_the_resolved_mode_and_the_lag() -> None:
         "figures exchanged by 'piggyback' (beside carrier buckets over 1024 bytes); "
         "a decision on iteration k paces k + 2"
     )
+
+
+def test_engine_resolves_auto_horizons_from_its_exchange_and_in_runtime_controls() -> None:
+    """``auto`` horizons mean the exchange's (lag, every): set by the Pacer, kept for runtime retunes."""
+    auto = {"horizon_iters": "auto", "hold_iters": "auto"}
+    engine = DecisionEngine("forecast", auto, {}, num_ranks=4, seed=0)
+    assert (engine.controller.inner.horizon_iters, engine.controller.inner.hold_iters) == (1, 1)
+    engine.set_schedule(2, 3)
+    assert (engine.controller.inner.horizon_iters, engine.controller.inner.hold_iters) == (2, 3)
+    assert engine.params == auto  # the message stays as given; only the built controller is resolved
+    control = validate_control({"controller": {"name": "forecast", **auto, "alpha": 0.1}}, source="test")
+    assert engine.apply_control(control, 1)
+    assert (engine.controller.inner.horizon_iters, engine.controller.inner.alpha) == (2, 0.1)
+    fixed = DecisionEngine("forecast", {"horizon_iters": 5}, {}, num_ranks=4, seed=0)
+    fixed.set_schedule(2, 1)
+    assert fixed.controller.inner.horizon_iters == 5  # an explicit value wins

@@ -104,6 +104,7 @@ def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
                     iterations=[o.iteration for o in pacer.observations],
                     delay_actual=np.array(pacer.delay_actual_s),
                     version=engine.version,
+                    schedule=engine.schedule,
                     max_delay_frac=engine.guard_params["max_delay_frac"],
                     gather_s=np.array(pacer.gather_s),
                     carrier=pacer._carrier,
@@ -191,9 +192,11 @@ def test_every_mode_decides_identically_on_every_rank_and_pace(ranks, mode: str)
     [("async", 1), ("collective", 1), ("piggyback", 2), ("piggyback-view", 2), ("piggyback-beside", 2)],
 )
 def test_decision_lag_of_each_mode(ranks, mode: str, lag: int) -> None:
-    """The decision on iteration k's figures is applied at k + 1 (async, collective) or k + 2 (piggyback)."""
+    """The decision on iteration k's figures is applied at k + 1 (async, collective) or k + 2 (piggyback);
+    the engine knows it (a forecast's ``horizon_iters: auto`` means that lag)."""
     for rank in range(_WORLD):
         res = ranks[rank][mode]
+        assert res["schedule"] == (lag, 1)
         applied, decided = res["applied"][:, rank], res["decisions"][:, rank]
         # piggyback on float32 buckets carries figures as (hi, lo) float32 pairs: ~48 bits kept
         np.testing.assert_allclose(applied[lag:], decided[:-lag], rtol=1e-13, atol=0.0)

@@ -36,11 +36,32 @@ that never shortens an iteration, however good the forecast.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from pacectl.controllers.base import BaseController, FloatArray, check_float, check_int
 from pacectl.types import Observation
+
+#: parameters whose config value ``auto`` is read from the run's exchange: (its lag, its every)
+SCHEDULE_KEYS = ("horizon_iters", "hold_iters")
+
+
+def fill_auto_schedule(params: dict[str, Any], lag: int, every: int) -> dict[str, Any]:
+    """Replace ``auto`` in ``horizon_iters`` / ``hold_iters`` by ``lag`` / ``every``, in place.
+
+    Args:
+        params: controller parameters (any family: only those keys are read).
+        lag: iterations from an observation to the first iteration its decision paces, >= 1.
+        every: iterations a decision stays in force, >= 1.
+
+    Returns:
+        ``params``.
+    """
+    for key, value in zip(SCHEDULE_KEYS, (lag, every), strict=True):
+        if params.get(key) == "auto":
+            params[key] = value
+    return params
 
 
 class ForecastController(BaseController):
@@ -53,7 +74,7 @@ class ForecastController(BaseController):
             ``exchange.lag_iters`` in replay and sim (1 by default), 1 for a live job's ``async`` or
             ``collective`` exchange, 2 for ``piggyback``. In a config, ``auto`` (the shipped
             ``conf/controller/forecast.yaml``) is replaced by the run's lag
-            (:func:`pacectl.config.resolve_auto_horizon`).
+            (:func:`fill_auto_schedule`; live runtime controls too).
         hold_iters: iterations a decision stays in force, >= 1: ``exchange.every_iters`` (a live job's
             ``gather_every``); ``auto`` in a config, as ``horizon_iters``.
         alpha: EWMA weight of the newest sample in the per-rank mean and the pooled moments, in (0, 1].

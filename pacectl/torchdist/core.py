@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from pacectl.controllers import PacingGuardWarning, SafetyGuard, make_controller
+from pacectl.controllers.forecast import SCHEDULE_KEYS, fill_auto_schedule
 from pacectl.errors import ConfigError, PacectlError, unknown_keys_error
 from pacectl.traces.model import JobMeta, OpTrace, validate_ops
 from pacectl.types import Action, Episode, FloatArray, Observation
@@ -314,6 +315,10 @@ class DecisionEngine:
         guard: :class:`~pacectl.controllers.SafetyGuard` keyword arguments.
         num_ranks: ranks of the pacing domain (the world).
         seed: seeds the controller's ``rng`` (``default_rng([seed, 0])``), identical on every rank.
+        schedule: the exchange's ``(lag, every)``, which a parameter ``auto`` (the forecast
+            controller's ``horizon_iters`` / ``hold_iters``) stands for, here and in runtime controls;
+            :class:`~pacectl.torchdist.pacer.Pacer` sets it from its resolved ``gather`` and
+            ``gather_every`` (:meth:`set_schedule`).
 
     Raises:
         ConfigError: bad family, parameter or guard value.
@@ -327,9 +332,11 @@ class DecisionEngine:
         *,
         num_ranks: int,
         seed: int,
+        schedule: tuple[int, int] = (1, 1),
     ) -> None:
         self.family = family
         self.params = dict(params)
+        self.schedule = schedule
         self.guard_params = dict(guard)
         self.num_ranks = num_ranks
         self.seed = seed
@@ -339,9 +346,21 @@ class DecisionEngine:
     def _build(
         self, family: str, params: Mapping[str, Any], guard: Mapping[str, Any], *, version: int
     ) -> SafetyGuard:
-        ctrl = SafetyGuard(make_controller(family, **params), **guard)
+        resolved = fill_auto_schedule(dict(params), *self.schedule)
+        ctrl = SafetyGuard(make_controller(family, **resolved), **guard)
         ctrl.reset(self.num_ranks, np.random.default_rng([self.seed, 0, version]))
         return ctrl
+
+    def set_schedule(self, lag: int, every: int) -> None:
+        """Set the exchange's ``(lag, every)``; rebuild (and reset) the controller if a parameter is ``auto``.
+
+        Call it before the first decision (the :class:`~pacectl.torchdist.pacer.Pacer` does).
+        """
+        self.schedule = (int(lag), int(every))
+        if any(self.params.get(key) == "auto" for key in SCHEDULE_KEYS):
+            enabled = self.controller.enabled
+            self.controller = self._build(self.family, self.params, self.guard_params, version=self.version)
+            self.controller.enabled = enabled
 
     @property
     def name(self) -> str:
@@ -412,7 +431,7 @@ def validate_control(control: Any, *, source: str) -> dict[str, Any]:
                 f"pacing control {key!r} must be a JSON object, got {control[key]!r} (in {source}); "
                 'for example {"controller": {"name": "pid", "kp": 0.2}} or {"guard": {"max_delay_frac": 0.3}}'
             )
-    spec = dict(control.get("controller", {}))
+    spec = fill_auto_schedule(dict(control.get("controller", {})), 1, 1)  # any schedule builds alike
     name = spec.pop("name", None)
     try:
         inner = make_controller(str(name), **spec) if name is not None else make_controller("none")

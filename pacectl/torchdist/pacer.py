@@ -87,6 +87,7 @@ from pacectl.torchdist.core import (
     NUM_GATHER_FIELDS,
     ControlWatcher,
     DecisionEngine,
+    exchange_lag,
     observation_from_table,
     one_hot_row,
     resolve_gather,
@@ -283,6 +284,7 @@ class Pacer:
         self.spin_s = float(spin_s)
         self.gather_every = gather_every
         self.gather = resolve_gather(gather, dist.get_backend(group))
+        engine.set_schedule(exchange_lag(self.gather), gather_every)  # what a parameter "auto" means
         self.piggyback_max_bytes = piggyback_max_bytes
         self.watcher = ControlWatcher(control_path) if control_path and self.rank == 0 else None
         self.control_poll_iters = control_poll_iters
