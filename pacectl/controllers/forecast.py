@@ -65,7 +65,8 @@ def fill_auto_schedule(params: dict[str, Any], lag: int, every: int) -> dict[str
 
 
 class ForecastController(BaseController):
-    """Delay each rank by its AR(1) forecast earliness ``horizon_iters`` ahead, less a safety margin.
+    """Delay each rank by its AR(1) earliness forecast over the iterations the delay applies to
+    (``horizon_iters`` ahead, for ``hold_iters``), less a safety margin.
 
     See the module docstring for the model and its source.
 
