@@ -15,8 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pacectl.controllers import SafetyGuard, make_controller
-from pacectl.controllers.forecast import SCHEDULE_KEYS, fill_auto_schedule
+from pacectl.controllers import SCHEDULE_KEYS, SafetyGuard, fill_schedule, make_controller, schedule_keys
 from pacectl.data import DATA_DIR
 from pacectl.errors import ConfigError, TraceError, unknown_keys_error, yaml_problem
 from pacectl.fabric.base import CommModel, NullComm
@@ -323,7 +322,7 @@ def _controller_runs(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     elif name != "none":
         runs[name] = params
     for family, family_params in runs.items():
-        resolve_auto_horizon(family_params, cfg)
+        resolve_auto_horizon(family, family_params, cfg)
         make_controller(family, **family_params)  # validate every config before any run starts
     return runs
 
@@ -370,23 +369,38 @@ def shipped_controller(family: str, cfg: DictConfig) -> dict[str, Any]:
     Raises:
         ConfigError: no such family file.
     """
-    return resolve_auto_horizon(_family_file(family, "a controller family"), cfg)
+    return resolve_auto_horizon(family, _family_file(family, "a controller family"), cfg)
 
 
-def resolve_auto_horizon(params: dict[str, Any], cfg: DictConfig) -> dict[str, Any]:
-    """Replace ``auto`` in a forecast's ``horizon_iters`` / ``hold_iters`` by the run's
-    :func:`decision_schedule` (its lag / its every), in place.
+def resolve_auto_horizon(family: str, params: dict[str, Any], cfg: DictConfig) -> dict[str, Any]:
+    """Set a forecast's ``horizon_iters`` / ``hold_iters`` (``auto`` or missing) from the run's
+    :func:`decision_schedule` (its lag / its every), in place (:func:`pacectl.controllers.fill_schedule`).
 
     A forecast must look as far ahead as the decision travels, and over as many iterations as it
     holds: ``exchange.lag_iters=2`` (or a live piggyback exchange) paces from two iterations after
-    the observation, and ``exchange.every_iters=10`` (live ``gather_every=10``) keeps it ten.
+    the observation, and ``exchange.every_iters=10`` (live ``gather_every=10``) keeps it ten. An
+    explicit value that differs from the run's warns (one line, kept in ``summary.json``).
 
     Returns:
         ``params``.
     """
-    if any(params.get(key) == "auto" for key in SCHEDULE_KEYS):
-        schedule = decision_schedule(cfg)
-        fill_auto_schedule(params, schedule.lag, schedule.every)
+    if not schedule_keys(family):
+        return params
+    schedule = decision_schedule(cfg)
+    given = {key: params[key] for key in SCHEDULE_KEYS if key in params and params[key] != "auto"}
+    fill_schedule(family, params, schedule.lag, schedule.every)
+    run = dict(zip(SCHEDULE_KEYS, (schedule.lag, schedule.every), strict=True))
+    differ = [
+        f"{key}={value!r} (this run: {run[key]})"
+        for key, value in given.items()
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1 and value != run[key]
+    ]
+    if differ:
+        warnings.warn(
+            f"controller {family!r}: {', '.join(differ)}: its forecasts are for other iterations than "
+            "its decisions pace; set them to auto (or leave them out) to follow the run's exchange",
+            stacklevel=2,
+        )
     return params
 
 

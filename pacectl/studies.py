@@ -139,8 +139,10 @@ def study_arguments(
         min_iterations: fewest iterations the study can use.
     """
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=iterations, help="iterations per run")
-    parser.add_argument("--seeds", type=int, default=seeds, help="seeds per cell (results are means)")
+    parser.add_argument(
+        "--iterations", type=int, default=iterations, help=f"iterations per run, >= {min_iterations}"
+    )
+    parser.add_argument("--seeds", type=int, default=seeds, help="seeds per cell (results are means), >= 1")
     parser.add_argument("--out", type=Path, default=out)
     args = parser.parse_args()
     if args.seeds < 1 or args.iterations < min_iterations:

@@ -334,8 +334,16 @@ def tune_space(cfg: DictConfig, settings: Settings) -> SearchSpace:
         ConfigError: nothing to tune (``none``, ``all``), a bad space file, or a command-line
             ``controller.<key>=`` on a key the space tunes (it would be ignored).
     """
+    backend = cfg.get("backend")
+    if isinstance(backend, DictConfig) and backend.get("name") == "torch":
+        raise ConfigError(
+            "pacectl.tune tunes offline (a profile's traces or its simulation), not a live job: drop "
+            "backend=torch, tune at your live job's decision lag (exchange.lag_iters=1 for "
+            "gather=async or collective, 2 for piggyback), then run the exported controller.yaml with "
+            "python -m pacectl.run backend=torch controller_file=<run dir>/controller.yaml"
+        )
     family, fixed = controller_params(selected_controller(cfg))
-    resolve_auto_horizon(fixed, cfg)
+    resolve_auto_horizon(family, fixed, cfg)
     tunable = sorted(k for k in CONTROLLERS if k != "none")
     if family not in tunable:
         raise ConfigError(f"controller must be one family to tune, one of {tunable}, got {family!r}")

@@ -489,6 +489,37 @@ def test_forecast_margin_only_removes_delay() -> None:
     assert (high <= low + 1e-15).all() and high.sum() < low.sum()
 
 
+@pytest.mark.parametrize("phi", [0.0, 0.3, 0.97, 1.0])
+def test_forecast_mean_power_is_the_mean_over_the_held_iterations(phi: float) -> None:
+    from pacectl.controllers.forecast import _mean_power
+
+    for first, count in [(1, 1), (2, 1), (1, 10), (4, 7)]:
+        expected = np.mean([phi**j for j in range(first, first + count)])
+        assert _mean_power(phi, first, count) == pytest.approx(expected, rel=1e-12, abs=1e-300)
+    assert 0.0 <= _mean_power(phi, 1, 10**12) <= 1.0  # closed form: no array, however long the hold
+
+
+def test_forecast_active_means_some_rank_delayed() -> None:
+    naturals = _ar1_earliness(0.5, 200, 4, seed=6)
+    for margin in (0.0, 50.0):  # 50 SDs withhold every delay: engaged but not pacing
+        controller = ForecastController(margin_sigmas=margin)
+        controller.reset(4, RNG)
+        for k, natural in enumerate(naturals):
+            delay = controller.act(make_observation(natural, iteration=k)).delay_s
+            assert controller.diagnostics()["active"] == float(delay.max() > 0.0)
+
+
+def test_fill_schedule_sets_missing_or_auto_keys_of_the_families_that_take_them() -> None:
+    from pacectl.controllers import fill_schedule
+
+    assert fill_schedule("forecast", {}, 2, 5) == {"horizon_iters": 2, "hold_iters": 5}
+    mixed = fill_schedule("forecast", {"horizon_iters": 3, "hold_iters": "auto"}, 2, 5)
+    assert mixed == {"horizon_iters": 3, "hold_iters": 5}
+    assert fill_schedule("threshold", {"gain": 0.3}, 2, 5) == {"gain": 0.3}  # no such keys: untouched
+    with pytest.raises(ConfigError, match=r"hold_iters must be an integer >= 1 or auto .*got 'later'"):
+        fill_schedule("forecast", {"hold_iters": "later"}, 2, 5)
+
+
 def test_forecast_waits_for_warmup_and_threshold() -> None:
     naturals = _ar1_earliness(0.9, 50, 4, seed=5)
     delays = _run(ForecastController(warmup_iters=10, margin_sigmas=0.0), naturals)

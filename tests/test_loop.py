@@ -149,20 +149,56 @@ def test_cli_torch_backend_points_at_its_real_exchange(tmp_path: Path) -> None:
         (["backend=torch"], 1, 1),  # auto resolves to async on gloo
         (["backend=torch", "backend.pacing.gather=piggyback", "backend.pacing.gather_every=10"], 2, 10),
         (["backend=torch", "+backend.dist_backend=nccl"], 2, 1),  # auto resolves to piggyback on NCCL
-        (["backend=sim", "exchange.lag_iters=3", "controller.horizon_iters=1"], 1, 1),  # explicit wins
+        (["backend=sim", "exchange.every_iters=2", "~controller.hold_iters"], 1, 2),  # missing = auto
     ],
 )
 def test_forecast_horizon_auto_is_the_runs_decision_schedule(
     overrides: list[str], horizon: int, hold: int
 ) -> None:
+    import warnings
+
     from hydra import compose, initialize_config_dir
 
     from pacectl.config import CONF_DIR, controller_families
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["controller=forecast", *overrides])
-    params = controller_families(cfg)["forecast"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # resolved from the run: nothing to warn about
+        params = controller_families(cfg)["forecast"]
     assert (params["horizon_iters"], params["hold_iters"]) == (horizon, hold)
+
+
+def test_forecast_explicit_horizon_that_differs_from_the_run_warns() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from pacectl.config import CONF_DIR, controller_families
+
+    overrides = ["controller=forecast", "exchange.lag_iters=3", "controller.horizon_iters=1"]
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    with pytest.warns(UserWarning, match=r"horizon_iters=1 \(this run: 3\).*set them to auto"):
+        params = controller_families(cfg)["forecast"]
+    assert params["horizon_iters"] == 1  # explicit wins
+
+
+def test_forecast_controller_file_without_the_keys_follows_the_run(tmp_path: Path) -> None:
+    """A controller file that leaves horizon_iters / hold_iters out gets the run's lag and every."""
+    (tmp_path / "c.yaml").write_text("name: forecast\nmargin_sigmas: 0.5\n")
+    proc = _run(
+        tmp_path,
+        "backend=sim",
+        "backend.num_iterations=20",
+        f"controller_file={tmp_path / 'c.yaml'}",
+        "exchange.lag_iters=2",
+        "exchange.every_iters=3",
+        "output.plots=false",
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    params = summary["controller_params"]["forecast"]
+    assert (params["horizon_iters"], params["hold_iters"], params["margin_sigmas"]) == (2, 3, 0.5)
+    assert not summary["warnings"]
 
 
 def test_forecast_horizon_auto_under_controller_all_and_in_tune() -> None:
@@ -178,6 +214,28 @@ def test_forecast_horizon_auto_under_controller_all_and_in_tune() -> None:
         tune_cfg = compose("tune", overrides=["controller=forecast", "exchange.lag_iters=2"])
     space = tune_space(tune_cfg, Settings.from_cfg(tune_cfg.tune))
     assert (space.fixed["horizon_iters"], space.fixed["hold_iters"]) == (2, 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["backend=torch"], "pacectl.tune tunes offline"),
+        (
+            ["cluster=alibaba_pai", "controller.horizon_iters=0"],
+            "a fixed value of the controller, not of the search space",
+        ),
+    ],
+)
+def test_tune_refuses_the_live_backend_and_names_a_fixed_value_at_fault(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    command = [sys.executable, "-m", "pacectl.tune", "controller=forecast", *args]
+    proc = subprocess.run(
+        [*command, f"hydra.run.dir={tmp_path / 'tune'}"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "tune").exists()
 
 
 def test_forecast_bad_gather_every_is_named() -> None:

@@ -552,6 +552,11 @@ def test_engine_resolves_auto_horizons_from_its_exchange_and_in_runtime_controls
     control = validate_control({"controller": {"name": "forecast", **auto, "alpha": 0.1}}, source="test")
     assert engine.apply_control(control, 1)
     assert (engine.controller.inner.horizon_iters, engine.controller.inner.alpha) == (2, 0.1)
+    assert engine.apply_control({"controller": {"name": "forecast", "margin_sigmas": 0.5}}, 2)
+    inner = engine.controller.inner
+    assert (inner.horizon_iters, inner.hold_iters) == (2, 3)  # left out: the exchange's
     fixed = DecisionEngine("forecast", {"horizon_iters": 5}, {}, num_ranks=4, seed=0)
     fixed.set_schedule(2, 1)
     assert fixed.controller.inner.horizon_iters == 5  # an explicit value wins
+    with pytest.raises(ConfigError, match="horizon_iters must be an integer >= 1 or auto"):
+        validate_control({"controller": {"name": "forecast", "horizon_iters": "soon"}}, source="test")

@@ -36,6 +36,9 @@ __all__ = [
     "QuantileController",
     "SafetyGuard",
     "ThresholdController",
+    "SCHEDULE_KEYS",
+    "fill_schedule",
+    "schedule_keys",
     "make_controller",
 ]
 
@@ -98,3 +101,45 @@ def make_controller(name: str, **params: object) -> Controller:
             )
     controller: Controller = cls(**params)
     return with_units(controller, units)
+
+
+#: constructor parameters that depend on the run's exchange, in order: (its lag, its every); a
+#: config value ``auto``, or leaving the key out, means "the run's" (:func:`fill_schedule`)
+SCHEDULE_KEYS = ("horizon_iters", "hold_iters")
+
+
+def schedule_keys(family: str) -> tuple[str, ...]:
+    """The :data:`SCHEDULE_KEYS` that ``family``'s constructor takes (none for an unknown family)."""
+    cls = CONTROLLERS.get(family)
+    accepted = inspect.signature(cls).parameters if cls is not None else {}
+    return tuple(key for key in SCHEDULE_KEYS if key in accepted)
+
+
+def fill_schedule(family: str, params: dict[str, object], lag: int, every: int) -> dict[str, object]:
+    """Set a family's exchange-dependent parameters from the run's exchange, in place.
+
+    For a family whose constructor takes ``horizon_iters`` / ``hold_iters`` (the forecast
+    controller), a value ``auto`` or a missing key becomes ``lag`` / ``every``: the iterations from
+    an observation to the first one its decision paces, and how many it stays in force
+    (``exchange.lag_iters`` / ``exchange.every_iters`` offline, the live gather's lag and
+    ``gather_every``). Other families' parameters are left as they are.
+
+    Returns:
+        ``params``.
+
+    Raises:
+        ConfigError: a string other than ``auto`` for one of those keys.
+    """
+    taken = schedule_keys(family)
+    for key, value in zip(SCHEDULE_KEYS, (lag, every), strict=True):
+        if key not in taken:
+            continue
+        current = params.get(key, "auto")
+        if current == "auto":
+            params[key] = value
+        elif isinstance(current, str):
+            raise ConfigError(
+                f"{key} must be an integer >= 1 or auto (the run's exchange), got {current!r} "
+                f"(controller {family!r}; override: controller.{key}=<value>)"
+            )
+    return params

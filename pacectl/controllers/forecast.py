@@ -36,32 +36,21 @@ that never shortens an iteration, however good the forecast.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
 from pacectl.controllers.base import BaseController, FloatArray, check_float, check_int
 from pacectl.types import Observation
 
-#: parameters whose config value ``auto`` is read from the run's exchange: (its lag, its every)
-SCHEDULE_KEYS = ("horizon_iters", "hold_iters")
 
-
-def fill_auto_schedule(params: dict[str, Any], lag: int, every: int) -> dict[str, Any]:
-    """Replace ``auto`` in ``horizon_iters`` / ``hold_iters`` by ``lag`` / ``every``, in place.
-
-    Args:
-        params: controller parameters (any family: only those keys are read).
-        lag: iterations from an observation to the first iteration its decision paces, >= 1.
-        every: iterations a decision stays in force, >= 1.
-
-    Returns:
-        ``params``.
-    """
-    for key, value in zip(SCHEDULE_KEYS, (lag, every), strict=True):
-        if params.get(key) == "auto":
-            params[key] = value
-    return params
+def _mean_power(x: float, first: int, count: int) -> float:
+    """``mean(x**j for j in first .. first + count - 1)`` for ``0 <= x <= 1``, in closed form (a
+    geometric series: no array, however long the hold)."""
+    if x >= 1.0:
+        return 1.0
+    if x <= 0.0:
+        return 0.0
+    return x**first * (1.0 - x**count) / ((1.0 - x) * count)
 
 
 class ForecastController(BaseController):
@@ -75,7 +64,8 @@ class ForecastController(BaseController):
             ``exchange.lag_iters`` in replay and sim (1 by default), 1 for a live job's ``async`` or
             ``collective`` exchange, 2 for ``piggyback``. In a config, ``auto`` (the shipped
             ``conf/controller/forecast.yaml``) is replaced by the run's lag
-            (:func:`fill_auto_schedule`; live runtime controls too).
+            (:func:`pacectl.controllers.fill_schedule`; a missing key counts as ``auto`` there, in
+            ``controller_file`` files and live runtime controls too).
         hold_iters: iterations a decision stays in force, >= 1: ``exchange.every_iters`` (a live job's
             ``gather_every``); ``auto`` in a config, as ``horizon_iters``.
         alpha: EWMA weight of the newest sample in the per-rank mean and the pooled moments, in (0, 1].
@@ -87,7 +77,8 @@ class ForecastController(BaseController):
     Raises:
         ConfigError: a parameter is out of range.
 
-    Diagnostics: ``active``, ``phi`` (pooled lag-1 autocorrelation), ``sigma_h_s`` (forecast error
+    Diagnostics: ``active`` (some rank delayed: after the warm-up, above the threshold, and not all
+    withheld by the margin), ``phi`` (pooled lag-1 autocorrelation), ``sigma_h_s`` (forecast error
     standard deviation), ``forecast_spread_s``, ``natural_spread_s``, ``max_delay_s``.
 
     Example:
@@ -150,20 +141,20 @@ class ForecastController(BaseController):
             self._c0 = (1.0 - a) * self._c0 + a * c0_sample
         self._prev_dev = dev
         self._phi = min(max(self._c1 / self._c0, 0.0), 1.0) if self._c0 > 0.0 else 0.0
-        steps = np.arange(self.horizon_iters, self.horizon_iters + self.hold_iters, dtype=np.float64)
-        powers = self._phi**steps
-        decay = float(powers.mean())
-        self._sigma_h_s = math.sqrt(max(self._c0 * float(np.mean(1.0 - powers * powers)), 0.0))
+        decay = _mean_power(self._phi, self.horizon_iters, self.hold_iters)
+        held_var = 1.0 - _mean_power(self._phi * self._phi, self.horizon_iters, self.hold_iters)
+        self._sigma_h_s = math.sqrt(max(self._c0 * held_var, 0.0))
 
         forecast = self._mean + decay * dev
         forecast = forecast - forecast.min()
         self._forecast_spread_s = float(forecast.max())
-        self._active = self._seen >= self.warmup_iters and self._forecast_spread_s > self.on_threshold_s
-        if not self._active:
+        engaged = self._seen >= self.warmup_iters and self._forecast_spread_s > self.on_threshold_s
+        if not engaged:
             delay = np.zeros_like(natural_arrival_s)
         else:
             delay = self.gain * np.maximum(forecast - self.margin_sigmas * self._sigma_h_s, 0.0)
         self._max_delay_s = float(delay.max())
+        self._active = self._max_delay_s > 0.0  # pacing: some rank delayed (the margin may withhold all)
         return delay
 
     def _diagnostics(self) -> dict[str, float]:

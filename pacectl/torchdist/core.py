@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pacectl.controllers import PacingGuardWarning, SafetyGuard, make_controller
-from pacectl.controllers.forecast import SCHEDULE_KEYS, fill_auto_schedule
+from pacectl.controllers import PacingGuardWarning, SafetyGuard, fill_schedule, make_controller
 from pacectl.errors import ConfigError, PacectlError, unknown_keys_error
 from pacectl.traces.model import JobMeta, OpTrace, validate_ops
 from pacectl.types import Action, Episode, FloatArray, Observation
@@ -315,8 +314,8 @@ class DecisionEngine:
         guard: :class:`~pacectl.controllers.SafetyGuard` keyword arguments.
         num_ranks: ranks of the pacing domain (the world).
         seed: seeds the controller's ``rng`` (``default_rng([seed, 0])``), identical on every rank.
-        schedule: the exchange's ``(lag, every)``, which a parameter ``auto`` (the forecast
-            controller's ``horizon_iters`` / ``hold_iters``) stands for, here and in runtime controls;
+        schedule: the exchange's ``(lag, every)``, which the forecast controller's ``horizon_iters`` /
+            ``hold_iters`` take when ``auto`` or missing, here and in runtime controls;
             :class:`~pacectl.torchdist.pacer.Pacer` sets it from its resolved ``gather`` and
             ``gather_every`` (:meth:`set_schedule`).
 
@@ -346,18 +345,20 @@ class DecisionEngine:
     def _build(
         self, family: str, params: Mapping[str, Any], guard: Mapping[str, Any], *, version: int
     ) -> SafetyGuard:
-        resolved = fill_auto_schedule(dict(params), *self.schedule)
+        resolved = fill_schedule(family, dict(params), *self.schedule)
         ctrl = SafetyGuard(make_controller(family, **resolved), **guard)
         ctrl.reset(self.num_ranks, np.random.default_rng([self.seed, 0, version]))
         return ctrl
 
     def set_schedule(self, lag: int, every: int) -> None:
-        """Set the exchange's ``(lag, every)``; rebuild (and reset) the controller if a parameter is ``auto``.
+        """Set the exchange's ``(lag, every)``; rebuild (and reset) the controller if it depends on it.
 
         Call it before the first decision (the :class:`~pacectl.torchdist.pacer.Pacer` does).
         """
-        self.schedule = (int(lag), int(every))
-        if any(self.params.get(key) == "auto" for key in SCHEDULE_KEYS):
+        old, self.schedule = self.schedule, (int(lag), int(every))
+        if fill_schedule(self.family, dict(self.params), *old) != fill_schedule(
+            self.family, dict(self.params), *self.schedule
+        ):
             enabled = self.controller.enabled
             self.controller = self._build(self.family, self.params, self.guard_params, version=self.version)
             self.controller.enabled = enabled
@@ -431,8 +432,9 @@ def validate_control(control: Any, *, source: str) -> dict[str, Any]:
                 f"pacing control {key!r} must be a JSON object, got {control[key]!r} (in {source}); "
                 'for example {"controller": {"name": "pid", "kp": 0.2}} or {"guard": {"max_delay_frac": 0.3}}'
             )
-    spec = fill_auto_schedule(dict(control.get("controller", {})), 1, 1)  # any schedule builds alike
+    spec = dict(control.get("controller", {}))
     name = spec.pop("name", None)
+    fill_schedule(str(name), spec, 1, 1)  # "auto" or missing: the job's exchange, applied by the engine
     try:
         inner = make_controller(str(name), **spec) if name is not None else make_controller("none")
         SafetyGuard(inner, **dict(control.get("guard", {})))

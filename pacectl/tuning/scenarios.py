@@ -223,7 +223,8 @@ def build_scenarios(
         backend = OmegaConf.to_container(cfg.backend, resolve=True)
         if not isinstance(backend, dict) or backend.get("name") != "replay":
             raise ConfigError(
-                f"tune.on=traces replays traces and needs backend=replay, got backend={backend!r}"
+                "tune.on=traces replays traces and needs backend=replay, got backend="
+                f"{backend.get('name') if isinstance(backend, dict) else backend!r}"
             )
         items = []
         for i, item in enumerate(cfg.cluster.traces):

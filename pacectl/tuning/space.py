@@ -381,6 +381,14 @@ def check_bounds(space: SearchSpace) -> None:
     if problem is None:
         return
     defaults = constructor_defaults(space.family)
+    # every tuned key at the constructor's default: if the controller still refuses, a fixed value
+    # (the controller group, a controller.<key>= override) is at fault, not the space
+    try:
+        make_controller(space.family, **{**middle, **{k: defaults[k] for k in space.keys if k in defaults}})
+    except ConfigError as err:
+        raise ConfigError(
+            f"{err}: a fixed value of the controller, not of the search space {space.source}"
+        ) from None
     for dim in dims:
         if dim.type == "categorical" or dim.fraction_of or dim.key not in defaults:
             continue
