@@ -40,25 +40,22 @@ def test_combined_half_width_of_independent_seeds() -> None:
     assert combined_half_width([0.2]) == 0.2
 
 
-def test_staleness_study_runs_and_its_reference_rows_are_consistent(tmp_path: Path) -> None:
-    out = tmp_path / "results"
+def _tiny_study(script: str, out: Path) -> None:
+    """Run ``experiments/staleness/<script>`` on 1 seed of 40 iterations into ``out``; it must succeed."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            "experiments/staleness/run_study.py",
-            "--iterations",
-            "40",
-            "--seeds",
-            "1",
-            "--out",
-            str(out),
-        ],
+        [sys.executable, f"experiments/staleness/{script}", "--iterations", "40", "--seeds", "1"]
+        + ["--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_staleness_study_runs_and_its_reference_rows_are_consistent(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    _tiny_study("run_study.py", out)
     assert {p.name for p in out.iterdir()} == {
         "results.csv",
         "table.md",
@@ -81,15 +78,7 @@ def test_forecast_margin_sweep_runs_and_the_max_plus_control_never_gains(tmp_pat
     out = tmp_path / "results"
     out.mkdir()
     (out / "table.md").write_text("the staleness study's own file")  # shares the folder: kept
-    proc = subprocess.run(
-        [sys.executable, "experiments/staleness/forecast_margin.py", "--iterations", "40", "--seeds", "1"]
-        + ["--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr
+    _tiny_study("forecast_margin.py", out)
     assert {p.name for p in out.iterdir()} == {
         "table.md",
         "forecast_margin.csv",
