@@ -387,14 +387,10 @@ def resolve_auto_horizon(family: str, params: dict[str, Any], cfg: DictConfig) -
     if not schedule_keys(family):
         return params
     schedule = decision_schedule(cfg)
-    given = {key: params[key] for key in SCHEDULE_KEYS if key in params and params[key] != "auto"}
-    fill_schedule(family, params, schedule.lag, schedule.every)
+    given = [key for key in SCHEDULE_KEYS if key in params and params[key] != "auto"]
+    fill_schedule(family, params, schedule.lag, schedule.every)  # checks and normalizes the given ones
     run = dict(zip(SCHEDULE_KEYS, (schedule.lag, schedule.every), strict=True))
-    differ = [
-        f"{key}={value!r} (this run: {run[key]})"
-        for key, value in given.items()
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 1 and value != run[key]
-    ]
+    differ = [f"{key}={params[key]!r} (this run: {run[key]})" for key in given if params[key] != run[key]]
     if differ:
         warnings.warn(
             f"controller {family!r}: {', '.join(differ)}: its forecasts are for other iterations than "

@@ -339,8 +339,9 @@ def tune_space(cfg: DictConfig, settings: Settings) -> SearchSpace:
         raise ConfigError(
             "pacectl.tune tunes offline (a profile's traces or its simulation), not a live job: drop "
             "backend=torch, tune at your live job's decision lag (exchange.lag_iters=1 for "
-            "gather=async or collective, 2 for piggyback), then run the exported controller.yaml with "
-            "python -m pacectl.run backend=torch controller_file=<run dir>/controller.yaml"
+            "gather=async or collective, 2 for piggyback; gather=auto is async on gloo, piggyback on "
+            "NCCL; exchange.every_iters=k for gather_every=k), then run the exported controller.yaml "
+            "with python -m pacectl.run backend=torch controller_file=<run dir>/controller.yaml"
         )
     family, fixed = controller_params(selected_controller(cfg))
     resolve_auto_horizon(family, fixed, cfg)

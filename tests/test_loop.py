@@ -180,6 +180,11 @@ def test_forecast_explicit_horizon_that_differs_from_the_run_warns() -> None:
     with pytest.warns(UserWarning, match=r"horizon_iters=1 \(this run: 3\).*set them to auto"):
         params = controller_families(cfg)["forecast"]
     assert params["horizon_iters"] == 1  # explicit wins
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["controller=forecast", "controller.hold_iters=3.0"])
+    with pytest.warns(UserWarning, match=r"hold_iters=3 \(this run: 1\)"):
+        params = controller_families(cfg)["forecast"]
+    assert params["hold_iters"] == 3 and isinstance(params["hold_iters"], int)  # 3.0 normalized
 
 
 def test_forecast_controller_file_without_the_keys_follows_the_run(tmp_path: Path) -> None:
@@ -221,8 +226,12 @@ def test_forecast_horizon_auto_under_controller_all_and_in_tune() -> None:
     [
         (["backend=torch"], "pacectl.tune tunes offline"),
         (
-            ["cluster=alibaba_pai", "controller.horizon_iters=0"],
+            ["cluster=alibaba_pai", "controller.warmup_iters=1"],
             "a fixed value of the controller, not of the search space",
+        ),
+        (
+            ["cluster=alibaba_pai", "controller.horizon_iters=0"],
+            "horizon_iters must be an integer >= 1 or auto (the run's exchange), got 0",
         ),
     ],
 )

@@ -137,7 +137,9 @@ def fill_schedule(family: str, params: dict[str, object], lag: int, every: int) 
         current = params.get(key, "auto")
         if current == "auto":
             params[key] = value
-        elif isinstance(current, str):
+        elif isinstance(current, float) and current.is_integer() and current >= 1:
+            params[key] = int(current)  # 3.0 or 1e3 from a YAML file or the command line
+        elif isinstance(current, bool) or not isinstance(current, int) or current < 1:
             raise ConfigError(
                 f"{key} must be an integer >= 1 or auto (the run's exchange), got {current!r} "
                 f"(controller {family!r}; override: controller.{key}=<value>)"
