@@ -125,10 +125,10 @@ def fill_schedule(family: str, params: dict[str, object], lag: int, every: int) 
     ``gather_every``). Other families' parameters are left as they are.
 
     Returns:
-        ``params``.
+        ``params`` (an integral float such as ``3.0`` becomes the integer ``3``).
 
     Raises:
-        ConfigError: a string other than ``auto`` for one of those keys.
+        ConfigError: one of those keys is neither ``auto`` nor an integer >= 1.
     """
     taken = schedule_keys(family)
     for key, value in zip(SCHEDULE_KEYS, (lag, every), strict=True):
