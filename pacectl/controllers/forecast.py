@@ -43,6 +43,11 @@ from pacectl.controllers.base import BaseController, FloatArray, check_float, ch
 from pacectl.types import Observation
 
 
+def _ordered_sum(values: FloatArray) -> float:
+    """The sum of ``values`` in ascending order: the same bits for any permutation of them."""
+    return float(np.sort(values).sum())
+
+
 def _mean_power(x: float, first: int, count: int) -> float:
     """``mean(x**j for j in first .. first + count - 1)`` for ``0 <= x <= 1``, in closed form (a
     geometric series: no array, however long the hold)."""
@@ -128,14 +133,14 @@ class ForecastController(BaseController):
         else:
             self._mean = (1.0 - a) * self._mean + a * early
         dev = early - self._mean
-        # exactly rounded sums (math.fsum): the moments, and so the decisions, do not depend on the
-        # order of the ranks
+        # sums of the sorted products: the moments, and so the decisions, do not depend on the
+        # order of the ranks (bit for bit), at a third of math.fsum's cost
         n = dev.size
-        c0_sample = math.fsum(dev * dev) / n
+        c0_sample = _ordered_sum(dev * dev) / n
         if self._prev_dev is None:
             self._c0 = c0_sample
         else:
-            c1_sample = math.fsum(dev * self._prev_dev) / n
+            c1_sample = _ordered_sum(dev * self._prev_dev) / n
             # the first lag-1 product seeds its average, as the first sample seeds the others
             self._c1 = c1_sample if self._seen == 2 else (1.0 - a) * self._c1 + a * c1_sample
             self._c0 = (1.0 - a) * self._c0 + a * c0_sample
