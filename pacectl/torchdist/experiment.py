@@ -27,10 +27,9 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from pacectl.config import as_dict, controller_families
+from pacectl.config import as_dict, controller_families, decision_schedule
 from pacectl.errors import BackendError, ConfigError
-from pacectl.loop import ExchangeSchedule
-from pacectl.torchdist.core import PACING_DEFAULTS, exchange_lag, resolve_gather, validate_torch_backend
+from pacectl.torchdist.core import PACING_DEFAULTS, resolve_gather, validate_torch_backend
 from pacectl.types import Episode
 
 _REQUIRED = ("nproc_per_node", "num_iterations", "warmup_iterations", "pg_timeout_s", "workload", "straggler")
@@ -132,7 +131,7 @@ class TorchExperiment:
         # the real exchange's lag (pacectl.torchdist.pacer): piggybacked figures are decided on
         # during the next iteration and pace the one after; a tiny all-reduce paces the next one
         self.gather = resolve_gather(str(pacing["gather"]), str(b.get("dist_backend", "gloo")))
-        self.exchange = ExchangeSchedule(lag=exchange_lag(self.gather), every=int(pacing["gather_every"]))
+        self.exchange = decision_schedule(cfg)  # the same schedule a forecast's auto horizon reads
         block = int(b.get("interleave_block", 10))
         #: the live runs' interleave blocks as ``(block, offset)`` of
         #: :func:`~pacectl.metrics.paired_change_ci95_frac` (the warm-up opens the first block)
