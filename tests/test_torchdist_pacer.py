@@ -47,7 +47,10 @@ def test_encoded_rows_survive_a_one_hot_sum_bit_identically(dtype: Any) -> None:
 _STEPS = 10
 # 3 ranks: averaging by 1/3 is inexact, so bit-identity with plain DDP checks the arithmetic too
 _WORLD = 3
-_MODES = ("plain", "async", "piggyback", "piggyback-view", "piggyback-beside", "collective")
+_DDP_MODES = ("plain", "async", "piggyback", "piggyback-view", "piggyback-beside", "collective")
+# the same exchanges through PacedAllReduce: a loop that all-reduces each gradient itself (no DDP)
+_WRAPPER_MODES = ("wrapper-async", "wrapper-piggyback", "wrapper-collective")
+_MODES = _DDP_MODES + _WRAPPER_MODES
 
 
 def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
@@ -55,7 +58,7 @@ def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
     from torch import nn
 
     from pacectl.torchdist.core import DecisionEngine
-    from pacectl.torchdist.pacer import Pacer
+    from pacectl.torchdist.pacer import PacedAllReduce, Pacer
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timedelta(seconds=20))
@@ -68,8 +71,13 @@ def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
             model = nn.Sequential(
                 nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 256)
             )
-            ddp = nn.parallel.DistributedDataParallel(  # several buckets
-                model, bucket_cap_mb=0.01, gradient_as_bucket_view=mode.endswith("-view")
+            wrapper = mode.startswith("wrapper-")
+            ddp = (
+                model
+                if wrapper
+                else nn.parallel.DistributedDataParallel(  # several buckets
+                    model, bucket_cap_mb=0.01, gradient_as_bucket_view=mode.endswith("-view")
+                )
             )
             opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
             engine = DecisionEngine(
@@ -79,10 +87,15 @@ def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
                 num_ranks=world,
                 seed=0,
             )
-            gather = mode.split("-")[0]
+            gather = mode.removeprefix("wrapper-").split("-")[0]
             # -beside: every carrier counts as large, so the rows go in a tiny all-reduce beside it
             beside = {"piggyback_max_bytes": 0} if mode.endswith("-beside") else {}
-            pacer = None if mode == "plain" else Pacer(engine, gather=gather, **beside).attach(ddp)
+            pacer = None if mode == "plain" else Pacer(engine, gather=gather, **beside)
+            all_reduce = None
+            if wrapper:
+                all_reduce = PacedAllReduce(pacer, collectives_per_iteration=len(list(model.parameters())))
+            elif pacer is not None:
+                pacer.attach(ddp)
             gen = torch.Generator().manual_seed(100 + rank)
             for k in range(_STEPS):
                 if pacer is not None and k == 5:
@@ -92,6 +105,9 @@ def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
                 x = torch.randn(16, 32, generator=gen)
                 opt.zero_grad(set_to_none=True)
                 ddp(x).pow(2).mean().backward()
+                if all_reduce is not None:  # back to back, as a loop without DDP would
+                    for param in model.parameters():
+                        all_reduce(param.grad, average=True)
                 opt.step()
             result: dict[str, Any] = {
                 "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
@@ -157,8 +173,9 @@ def ranks() -> dict[int, dict[str, Any]]:
 def test_gradients_are_unchanged_by_the_pacer(ranks, mode: str) -> None:
     for rank in range(_WORLD):
         plain, paced = ranks[rank]["plain"]["params"], ranks[rank][mode]["params"]
-        if mode in ("piggyback", "piggyback-view"):
-            # the carrier bucket is longer by the rows, so gloo may sum its elements in another order
+        if mode in ("piggyback", "piggyback-view") or mode.startswith("wrapper-"):
+            # the carrier bucket is longer by the rows, and the wrapper all-reduces tensor by tensor,
+            # not bucket by bucket: gloo may sum the elements in another order
             np.testing.assert_allclose(paced, plain, rtol=1e-6, atol=1e-7)  # figures not averaged in
         else:
             # the same all-reduces and DDP's own averaging (times 1/3, not divided by 3): bit-identical
@@ -189,7 +206,16 @@ def test_every_mode_decides_identically_on_every_rank_and_pace(ranks, mode: str)
 @pytest.mark.dist
 @pytest.mark.parametrize(
     ("mode", "lag"),
-    [("async", 1), ("collective", 1), ("piggyback", 2), ("piggyback-view", 2), ("piggyback-beside", 2)],
+    [
+        ("async", 1),
+        ("collective", 1),
+        ("piggyback", 2),
+        ("piggyback-view", 2),
+        ("piggyback-beside", 2),
+        ("wrapper-async", 1),
+        ("wrapper-collective", 1),
+        ("wrapper-piggyback", 2),
+    ],
 )
 def test_decision_lag_of_each_mode(ranks, mode: str, lag: int) -> None:
     """The decision on iteration k's figures is applied at k + 1 (async, collective) or k + 2 (piggyback);

@@ -431,6 +431,12 @@ class Pacer:
         backend = dist.get_backend(self.group)
         return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
+    def _begin_iteration(self) -> None:
+        """Before an iteration's first collective (both entry points): settle the async exchange, so
+        that every rank applies the decision on the same figures, then start a fresh iteration log."""
+        self._settle_exchange()
+        self._clear_iteration()
+
     def _clear_iteration(self) -> None:
         self._hook_call: list[float] = []
         self._hook_return: list[float] = []
@@ -452,8 +458,7 @@ class Pacer:
         buf = bucket.buffer()
         first = bucket.index() == 0
         if first:
-            self._settle_exchange()
-            self._clear_iteration()
+            self._begin_iteration()
             torch.autograd.Variable._execution_engine.queue_callback(self._end_iteration)
         fut = self._launch(buf, t_call, first=first)
         return fut
@@ -734,6 +739,7 @@ class Pacer:
         runtime-control version) :meth:`_settle_exchange` does, on the training thread, before the
         next iteration's delay is applied.
         """
+        assert self._async is None, "the previous async exchange was never settled"
         rows = self._pending_rows
         self._pending_rows = []
         t0 = now()
@@ -852,7 +858,7 @@ class PacedAllReduce:
         t_call = now()
         first = self._count == 0
         if first:
-            pacer._clear_iteration()
+            pacer._begin_iteration()
         pacer._launch(tensor, t_call, first=first, average=average, in_place=True).wait()
         self._count += 1
         if self._count == self.collectives_per_iteration:
