@@ -341,11 +341,15 @@ def decision_schedule(cfg: DictConfig) -> ExchangeSchedule:
     """
     backend = cfg.get("backend")
     if isinstance(backend, DictConfig) and backend.get("name") == "torch":
-        from pacectl.torchdist.core import exchange_lag, resolve_gather  # pure numpy: no torch import
+        from pacectl.torchdist.core import (  # no torch import
+            BUILTIN_DIST_BACKEND,
+            exchange_lag,
+            resolve_gather,
+        )
 
         pacing = backend.get("pacing")
         pacing = pacing if isinstance(pacing, DictConfig) else OmegaConf.create({})
-        gather = resolve_gather(str(pacing.get("gather", "auto")), str(backend.get("dist_backend", "gloo")))
+        gather = resolve_gather(str(pacing.get("gather", "auto")), BUILTIN_DIST_BACKEND)
         every = config_int(pacing.get("gather_every", 1), "backend.pacing.gather_every")
         return ExchangeSchedule(lag=exchange_lag(gather), every=every)
     return exchange_schedule(cfg)

@@ -148,7 +148,6 @@ def test_cli_torch_backend_points_at_its_real_exchange(tmp_path: Path) -> None:
         (["backend=replay", "exchange.lag_iters=2", "exchange.every_iters=5"], 2, 5),
         (["backend=torch"], 1, 1),  # auto resolves to async on gloo
         (["backend=torch", "backend.pacing.gather=piggyback", "backend.pacing.gather_every=10"], 2, 10),
-        (["backend=torch", "+backend.dist_backend=nccl"], 2, 1),  # auto resolves to piggyback on NCCL
         (["backend=sim", "exchange.every_iters=2", "~controller.hold_iters"], 1, 2),  # missing = auto
     ],
 )

@@ -53,6 +53,12 @@ NUM_GATHER_FIELDS = len(GATHER_FIELDS)
 GATHER_MODES = ("auto", "piggyback", "async", "collective")
 
 
+#: The process-group backend of the built-in job (``python -m pacectl.run backend=torch``): CPU
+#: ranks over gloo. A training loop of your own on NCCL attaches a :class:`~pacectl.torchdist.pacer.Pacer`,
+#: which resolves ``gather=auto`` from its own process group.
+BUILTIN_DIST_BACKEND = "gloo"
+
+
 def resolve_gather(mode: str, dist_backend: str) -> str:
     """The exchange a ``gather`` mode means on a process-group backend: ``auto`` is ``piggyback``
     on NCCL and ``async`` otherwise (gloo); other modes are themselves.
@@ -216,7 +222,7 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
                 f"figures to the carrier bucket ({_HINT})"
             )
         gather = str(pacing.get("gather", "auto"))
-        if resolve_gather(gather, str(b.get("dist_backend", "gloo"))) != "piggyback":
+        if resolve_gather(gather, BUILTIN_DIST_BACKEND) != "piggyback":
             warnings.warn(
                 f"backend.pacing.piggyback_max_bytes={limit} applies to gather=piggyback only; "
                 f"gather={gather}{' (async on gloo)' if gather == 'auto' else ''} ignores it",

@@ -29,7 +29,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from pacectl.config import as_dict, controller_families, decision_schedule
 from pacectl.errors import BackendError, ConfigError
-from pacectl.torchdist.core import PACING_DEFAULTS, resolve_gather, validate_torch_backend
+from pacectl.torchdist.core import (
+    BUILTIN_DIST_BACKEND,
+    PACING_DEFAULTS,
+    resolve_gather,
+    validate_torch_backend,
+)
 from pacectl.types import Episode
 
 _REQUIRED = ("nproc_per_node", "num_iterations", "warmup_iterations", "pg_timeout_s", "workload", "straggler")
@@ -130,7 +135,7 @@ class TorchExperiment:
         pacing = {**PACING_DEFAULTS, **dict(as_dict(b).get("pacing") or {})}
         # the real exchange's lag (pacectl.torchdist.pacer): piggybacked figures are decided on
         # during the next iteration and pace the one after; a tiny all-reduce paces the next one
-        self.gather = resolve_gather(str(pacing["gather"]), str(b.get("dist_backend", "gloo")))
+        self.gather = resolve_gather(str(pacing["gather"]), BUILTIN_DIST_BACKEND)
         self.exchange = decision_schedule(cfg)  # the same schedule a forecast's auto horizon reads
         block = int(b.get("interleave_block", 10))
         #: the live runs' interleave blocks as ``(block, offset)`` of

@@ -31,6 +31,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from pacectl.errors import one_line_warnings
 from pacectl.torchdist.core import (
+    BUILTIN_DIST_BACKEND,
     DecisionEngine,
     StragglerSpec,
     common_periods,
@@ -129,7 +130,7 @@ class LiveRun:
         )
         self.fault = spec.get("fault") or {}
         # gloo on CPU: the pacing delay is a sleep on the training thread (it blocks backward too)
-        self.host_paced = str(spec.get("dist_backend", "gloo")) == "gloo"
+        self.host_paced = BUILTIN_DIST_BACKEND == "gloo"
         self.engine.controller.enabled = False
         self.loop_s = np.zeros(self.total)
         self.k = 0
@@ -323,7 +324,7 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
     one_line_warnings()
     torch.set_num_threads(int(spec.get("threads", 1)))
     dist.init_process_group(
-        backend=str(spec.get("dist_backend", "gloo")), timeout=timedelta(seconds=float(spec["pg_timeout_s"]))
+        backend=BUILTIN_DIST_BACKEND, timeout=timedelta(seconds=float(spec["pg_timeout_s"]))
     )
     try:
         runs = [LiveRun(spec, str(family), dict(params)) for family, params in spec["runs"]]
