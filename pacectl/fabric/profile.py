@@ -371,11 +371,6 @@ def _overflow(what: str) -> ConfigError:
 # Builders. Each validates the profile it is given (cheap) so that it can also be called alone.
 
 
-def topology_from(cluster: Mapping[str, Any]) -> FatTree:
-    """The :class:`FatTree` of a profile."""
-    return FatTree(**validate_cluster(cluster)["topology"])
-
-
 def compute_from(cluster: Mapping[str, Any]) -> ComputeModel:
     """The simulator's :class:`ComputeModel` of a profile (``compute.compute_s`` and ``compute.noise``)."""
     compute = validate_cluster(cluster)["compute"]

@@ -553,10 +553,6 @@ def straggler_schedule(spec: StragglerSpec, *, num_iterations: int, world_size: 
 # ---------------------------------------------------------------------------------------------
 # Per-iteration marks of one rank -> canonical op trace
 # ---------------------------------------------------------------------------------------------
-#: Per-iteration marks one rank keeps (local clock, seconds from the iteration start).
-MARK_FIELDS = ("forward_end_s", "backward_end_s", "sync_exit_s", "applied_delay_s")
-
-
 def marks_to_ops(
     *,
     step: int,

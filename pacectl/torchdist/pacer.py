@@ -72,7 +72,6 @@ import functools
 import math
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -864,12 +863,3 @@ class PacedAllReduce:
         if self._count == self.collectives_per_iteration:
             self._count = 0
             pacer._end_iteration()
-
-
-def make_pacer_factory(**kwargs: Any) -> Callable[[DecisionEngine], Pacer]:
-    """A factory of :class:`Pacer` objects sharing ``kwargs``."""
-
-    def build(engine: DecisionEngine) -> Pacer:
-        return Pacer(engine, **kwargs)
-
-    return build

@@ -325,10 +325,8 @@ def _read_rank_file(
     launches: dict[int, float] = {}
     # kind codes: S step, F forward marker, K collective kernel, G other GPU work, B CPU backend coll,
     # N nccl:* annotation, E c10d enqueue
-    seen_problem_fields: dict[str, int] = {}
 
     def problem(idx: int, fld: str, msg: str) -> None:
-        seen_problem_fields[fld] = seen_problem_fields.get(fld, 0) + 1
         if len(problems) < _MAX_PROBLEMS:
             problems.append(Problem(fname, f"event #{idx}", fld, msg))
 
