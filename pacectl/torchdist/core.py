@@ -46,6 +46,19 @@ GATHER_FIELDS = (
     "control_version",  # runtime-control version rank 0 has published (other ranks: 0)
 )
 NUM_GATHER_FIELDS = len(GATHER_FIELDS)
+#: Column of each field in an exchanged table (``table[:, COLUMN["in_collective_s"]]``).
+COLUMN = {name: i for i, name in enumerate(GATHER_FIELDS)}
+
+
+def gather_row(**figures: float) -> list[float]:
+    """This rank's figures of one iteration in :data:`GATHER_FIELDS` order (each field by name).
+
+    Raises:
+        TypeError: a field missing or unknown.
+    """
+    if set(figures) != set(GATHER_FIELDS):
+        raise TypeError(f"gather_row needs exactly {GATHER_FIELDS}, got {sorted(figures)}")
+    return [float(figures[name]) for name in GATHER_FIELDS]
 
 
 #: Ways to exchange the per-rank figures (see :mod:`pacectl.torchdist.pacer`); ``auto`` is
@@ -279,9 +292,9 @@ def observation_from_table(iteration: int, table: FloatArray) -> Observation:
 
     The formulas are in the module docstring (earliness from waits).
     """
-    arrival_local = table[:, 0]
-    in_coll = table[:, 1]
-    delay = table[:, 2]
+    arrival_local = table[:, COLUMN["arrival_local_s"]]
+    in_coll = table[:, COLUMN["in_collective_s"]]
+    delay = table[:, COLUMN["applied_delay_s"]]
     last = int(np.argmin(in_coll))
     wait = in_coll - in_coll[last]
     arrival = arrival_local[last] - wait
@@ -292,7 +305,7 @@ def observation_from_table(iteration: int, table: FloatArray) -> Observation:
         applied_delay_s=delay.copy(),
         natural_arrival_s=arrival - delay,
         wait_s=wait,
-        iteration_time_s=float(table[:, 3].max()),
+        iteration_time_s=float(table[:, COLUMN["backward_end_s"]].max()),
         collective_time_s=float(in_coll[last]),
     )
 

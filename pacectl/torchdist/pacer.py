@@ -82,11 +82,13 @@ import torch.distributed as dist
 from pacectl.controllers import PacingGuardWarning
 from pacectl.errors import ConfigError
 from pacectl.torchdist.core import (
+    COLUMN,
     GATHER_MODES,
     NUM_GATHER_FIELDS,
     ControlWatcher,
     DecisionEngine,
     exchange_lag,
+    gather_row,
     observation_from_table,
     one_hot_row,
     resolve_gather,
@@ -94,6 +96,7 @@ from pacectl.torchdist.core import (
 from pacectl.types import Observation
 
 now = time.perf_counter
+_VERSION = COLUMN["control_version"]
 
 
 def host_delay(delay_s: float, *, spin_s: float = 2e-4) -> float:
@@ -367,7 +370,10 @@ class Pacer:
         self.controls_rejected: list[dict[str, Any]] = [
             {**c, "iteration": 0, "carried": True} for c in getattr(self, "controls_rejected", [])
         ]
+        #: host time of each exchange (encode, pack, decode; the wait for it on CUDA and collective), s
         self.gather_s: list[float] = []
+        #: CPU only: the measured length of each host delay applied (one per iteration), s. On CUDA the
+        #: delay is a device-side wait; its effect is in the enter events (``arrival_s`` includes it).
         self.delay_actual_s: list[float] = []
 
     @property
@@ -598,7 +604,7 @@ class Pacer:
         Applying a control takes a collective (a broadcast), which must be issued from the training
         thread in the same order on every rank: such tables wait for :meth:`_settle_exchange`.
         """
-        if tables[:, 0, 4].max() > self.engine.version:
+        if tables[:, 0, _VERSION].max() > self.engine.version:
             self._undecided = (first_iteration, tables)
         else:
             self._decide(first_iteration, tables)
@@ -687,7 +693,13 @@ class Pacer:
             self._carrier = int(np.argmin(self._sizes))
         enter0 = self._enter[0] if self._enter else float("nan")
         exit0 = self._exit[0] if self._exit else float("nan")
-        row = [enter0 - start, exit0 - enter0, self._applied, t_end - start, float(self._published)]
+        row = gather_row(
+            arrival_local_s=enter0 - start,
+            in_collective_s=exit0 - enter0,
+            applied_delay_s=self._applied,
+            backward_end_s=t_end - start,
+            control_version=self._published,
+        )
         if not self._pending_rows:
             self._pending_first = k
         self._pending_rows.append(row)
@@ -718,13 +730,17 @@ class Pacer:
             self._start_ev = self._device_clock_start(self._device_delay.device)
         self._k += 1
 
+    def _tables(self, flat: np.ndarray, num_rows: int) -> np.ndarray:
+        """An exchanged buffer as ``float64[num_rows, world_size, NUM_GATHER_FIELDS]`` tables."""
+        return flat.reshape(num_rows, self.world_size, NUM_GATHER_FIELDS)
+
     def _decode_inflight(self) -> tuple[int, np.ndarray]:
         """The rows that rode on this iteration's carrier: ``(first iteration, float64[n, world, fields])``."""
         assert self._inflight is not None
         first_iteration, num_rows, combined, offset = self._inflight
         self._inflight = None
         t0 = now()
-        tables = decode_rows(combined[offset:]).reshape(num_rows, self.world_size, NUM_GATHER_FIELDS)
+        tables = self._tables(decode_rows(combined[offset:]), num_rows)
         # the exchange's host cost: encode + pack + decode
         self.gather_s.append(self._pack_s + now() - t0)
         return first_iteration, tables
@@ -755,7 +771,7 @@ class Pacer:
     def _on_async_exchange(self, first_iteration: int, num_rows: int, fut: torch.futures.Future[Any]) -> None:
         """Completion callback of the async exchange (CPU): decode, then decide unless a control is due."""
         t0 = now()
-        tables = fut.value()[0].numpy().reshape(num_rows, self.world_size, NUM_GATHER_FIELDS)
+        tables = self._tables(fut.value()[0].numpy(), num_rows)
         self.gather_s.append(self._pack_s + now() - t0)
         self._decide_off_thread(first_iteration, tables)
 
@@ -769,7 +785,7 @@ class Pacer:
             else:
                 t0 = now()
                 work.wait()
-                tables = tensor.cpu().numpy().reshape(num_rows, self.world_size, NUM_GATHER_FIELDS)
+                tables = self._tables(tensor.cpu().numpy(), num_rows)
                 self.gather_s.append(self._pack_s + now() - t0)
                 self._undecided = (first_iteration, tables)
         if self._undecided is not None:
@@ -785,7 +801,7 @@ class Pacer:
         t0 = now()
         dist.all_reduce(tensor, group=self.group)
         # on CUDA the all-reduce returns once queued: the wait is in the copy to the host
-        tables = tensor.cpu().numpy().reshape(len(rows), self.world_size, NUM_GATHER_FIELDS)
+        tables = self._tables(tensor.cpu().numpy(), len(rows))
         self.gather_s.append(now() - t0)
         self._decide(self._pending_first, tables)
 
@@ -793,7 +809,7 @@ class Pacer:
         """Run the engine on each exchanged table (bit-identical on every rank); set the next delay."""
         action = None
         for i, table in enumerate(tables):
-            version = int(table[0, 4])
+            version = int(table[0, _VERSION])  # rank 0's published version
             if version > self.engine.version:
                 for v, control, applied in self._apply_controls(version):
                     self.controls_applied.append(
