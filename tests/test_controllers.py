@@ -21,6 +21,8 @@ from pacectl.controllers import (
 )
 from pacectl.errors import ConfigError, ControllerError
 from pacectl.testing import ControllerContract, make_observation
+from pacectl.testing.controller_contract import NUM_ITERATIONS
+from pacectl.testing.observations import run_closed_loop, synthetic_natural_arrivals
 from pacectl.types import Controller, Observation
 
 RNG = np.random.default_rng(0)
@@ -79,6 +81,25 @@ class TestQuantileThresholdContract(ControllerContract):
 class TestForecastContract(ControllerContract):
     def make_controller(self) -> Controller:
         return ForecastController()
+
+    @pytest.mark.parametrize("num_ranks", [2, 8])
+    def test_paces_on_stragglers(self, num_ranks: int) -> None:
+        """The shipped defaults pace a persistent straggler's early ranks from the end of the warm-up;
+        where transient stragglers make the earliness noisier than the persistent lead (the contract's
+        data at 8 ranks: forecast-error SD above its 50 ms), the 1-SD margin withholds every delay."""
+        rng = np.random.default_rng(3)
+        naturals = 0.5 + rng.normal(0.0, 0.002, (NUM_ITERATIONS, num_ranks))
+        naturals[:, -1] += 0.05  # the persistent straggler alone
+        delays = np.array(run_closed_loop(self._fresh(num_ranks), naturals))
+        warmup = ForecastController().warmup_iters
+        assert (delays[warmup:, :-1] > 0.04).all() and not delays[:, -1].any()
+        noisy = synthetic_natural_arrivals(num_ranks, NUM_ITERATIONS, seed=3)
+        controller = self._fresh(num_ranks)
+        delays = np.array(run_closed_loop(controller, noisy))
+        if num_ranks == 8:
+            assert not delays.any() and controller.diagnostics()["sigma_h_s"] > 0.05
+        else:
+            assert delays.any()
 
 
 class TestForecastNoMarginContract(ControllerContract):
@@ -442,9 +463,28 @@ def test_forecast_estimates_the_autocorrelation(phi: float) -> None:
     assert controller.diagnostics()["phi"] == pytest.approx(phi, abs=0.1)
 
 
+def test_forecast_cold_start_is_unbiased_when_the_warm_up_ends() -> None:
+    """Independent earliness (phi 0): at the end of the 8-iteration warm-up the pooled phi is near 0
+    and the forecast-error SD near its long-run value. (A plain EWMA started at the first sample reads
+    its shared offset as autocorrelation, phi 0.34, and one started at 0 gives two thirds of the SD.)"""
+    phis, ratios = [], []
+    for seed in range(20):
+        naturals = 0.5 + np.random.default_rng(seed).normal(0.0, 0.01, (400, 32))
+        controller = ForecastController()
+        controller.reset(32, RNG)
+        for k, natural in enumerate(naturals):
+            controller.act(make_observation(natural, iteration=k))
+            if k == controller.warmup_iters - 1:
+                phi, sigma = controller.diagnostics()["phi"], controller.diagnostics()["sigma_h_s"]
+        phis.append(phi)
+        ratios.append(sigma / controller.diagnostics()["sigma_h_s"])
+    assert np.mean(phis) < 0.1
+    assert 0.9 < np.mean(ratios) < 1.3  # slightly above 1: the mean of 1..7 earlier iterations is noisy
+
+
 def test_forecast_delay_is_the_ar1_forecast_less_the_margin() -> None:
-    """One step by hand: mean m, deviation d, the mean of phi^j d over the held iterations, their mean
-    error variance, the margin, the latest rank at 0."""
+    """One step by hand: mean m of the earlier iterations, innovation d, the mean of phi^j d over the
+    held iterations, their mean error variance, the margin, the latest rank at 0."""
     naturals = _ar1_earliness(0.8, 300, 4, seed=2)
     for horizon, hold, margin in [(1, 1, 0.0), (3, 1, 0.0), (2, 1, 1.5), (2, 4, 1.0)]:
         controller = ForecastController(
@@ -453,10 +493,9 @@ def test_forecast_delay_is_the_ar1_forecast_less_the_margin() -> None:
         delays = _run(controller, naturals[:-1])
         state = (controller._mean.copy(), controller._prev_dev.copy(), controller._c0, controller._c1)
         delay = controller.act(make_observation(naturals[-1], iteration=299)).delay_s
-        mean, prev_dev, c0, c1 = state
+        mean, prev_dev, c0, c1 = state  # after 299 iterations: past the start-up, weight alpha
         early = naturals[-1].max() - naturals[-1]
-        mean = 0.9 * mean + 0.1 * early
-        dev = early - mean
+        dev = early - mean  # the innovation: against the mean of the earlier iterations
         c0 = 0.9 * c0 + 0.1 * np.mean(dev * dev)
         c1 = 0.9 * c1 + 0.1 * np.mean(dev * prev_dev)
         phi = float(np.clip(c1 / c0, 0.0, 1.0))

@@ -11,11 +11,15 @@ only what it expects to still be there.
 
 Model (per rank, standard AR(1) around a slowly moving mean; Box, Jenkins and Reinsel, *Time Series
 Analysis*, ch. 3 and 5): with ``e_k[r]`` the earliness of rank ``r`` (``max(natural) - natural[r]``),
-``m[r]`` its EWMA mean and ``d_k[r] = e_k[r] - m[r]``,
+``m[r]`` its mean over the earlier iterations and ``d_k[r] = e_k[r] - m[r]`` (the innovation),
 
 - ``phi = clip(c1 / c0, 0, 1)``, pooled over ranks: ``c0`` the EWMA of ``mean_r d_k[r]^2`` and ``c1``
   the EWMA of ``mean_r d_k[r] d_{k-1}[r]`` (lag-1 autocorrelation; pooled, since ranks of one job
-  share their dynamics and one estimate from ``n`` ranks is less noisy);
+  share their dynamics and one estimate from ``n`` ranks is less noisy). ``m``, ``c0`` and ``c1`` are
+  running means of their first ``1 / alpha`` samples, then EWMAs of weight ``alpha``: a plain EWMA
+  started at the first sample keeps ``(1 - alpha)^k`` of it (70 % after 7 iterations at 0.05), a
+  shared offset in every deviation that reads as autocorrelation, and one started at 0 leaves ``c0``
+  too small (the margin too narrow) when the warm-up ends;
 - forecast ``f[r] = m[r] + D d_k[r]`` with ``D`` the mean of ``phi^j`` over the iterations the
   decision is in force, ``j = h .. h + hold - 1`` (``h`` = ``horizon_iters``, ``hold`` =
   ``hold_iters``; ``D = phi^h`` for a decision that holds one iteration): the forecast with the least
@@ -123,28 +127,31 @@ class ForecastController(BaseController):
         self._active = False
         self._forecast_spread_s = self._spread_s = self._max_delay_s = 0.0
 
+    def _weight(self, count: int) -> float:
+        """Weight of sample number ``count`` (from 1) in a start-up EWMA: the running mean of the first
+        ``1 / alpha`` samples, then ``alpha`` (no sample keeps the weight ``(1 - alpha)^k`` a plain
+        EWMA gives its first one)."""
+        return max(self.alpha, 1.0 / count)
+
     def _act(self, obs: Observation, natural_arrival_s: FloatArray) -> FloatArray:
         early = natural_arrival_s.max() - natural_arrival_s
         self._spread_s = float(early.max())
         self._seen += 1
-        a = self.alpha
-        if self._mean is None:
+        first = self._mean is None
+        if first:
             self._mean = early.copy()
-        else:
-            self._mean = (1.0 - a) * self._mean + a * early
+        # the innovation: earliness against the mean of the *earlier* iterations (zero on the first),
+        # so no sample is compared with a mean it dominates
         dev = early - self._mean
-        # sums of the sorted products: the moments, and so the decisions, do not depend on the
-        # order of the ranks (bit for bit), at a third of math.fsum's cost
-        n = dev.size
-        c0_sample = _ordered_sum(dev * dev) / n
-        if self._prev_dev is None:
-            self._c0 = c0_sample
-        else:
-            c1_sample = _ordered_sum(dev * self._prev_dev) / n
-            # the first lag-1 product seeds its average, as the first sample seeds the others
-            self._c1 = c1_sample if self._seen == 2 else (1.0 - a) * self._c1 + a * c1_sample
-            self._c0 = (1.0 - a) * self._c0 + a * c0_sample
-        self._prev_dev = dev
+        if not first:
+            # sums of the sorted products: the moments, and so the decisions, do not depend on the
+            # order of the ranks (bit for bit), at a third of math.fsum's cost
+            n = dev.size
+            self._c0 += self._weight(self._seen - 1) * (_ordered_sum(dev * dev) / n - self._c0)
+            if self._prev_dev is not None:
+                c1_sample = _ordered_sum(dev * self._prev_dev) / n
+                self._c1 += self._weight(self._seen - 2) * (c1_sample - self._c1)
+            self._prev_dev = dev
         self._phi = min(max(self._c1 / self._c0, 0.0), 1.0) if self._c0 > 0.0 else 0.0
         decay = _mean_power(self._phi, self.horizon_iters, self.hold_iters)
         held_var = 1.0 - _mean_power(self._phi * self._phi, self.horizon_iters, self.hold_iters)
@@ -152,6 +159,7 @@ class ForecastController(BaseController):
 
         forecast = self._mean + decay * dev
         forecast = forecast - forecast.min()
+        self._mean = self._mean + self._weight(self._seen) * dev
         self._forecast_spread_s = float(forecast.max())
         engaged = self._seen >= self.warmup_iters and self._forecast_spread_s > self.on_threshold_s
         if not engaged:
