@@ -37,8 +37,8 @@ class Experiment(Protocol):
             modelled by replay and sim, the real exchange's lag for live runs).
 
     Optional: ``paired_blocks``, ``(block, offset)`` for
-    :func:`~pacectl.metrics.paired_change_ci95_frac` when the runs' iterations are not independent
-    samples (live runs interleaved in blocks); absent means ``(1, 0)``. ``iterations_per_run``: the
+    :func:`~pacectl.metrics.paired_change_ci95_frac` when the runs' iterations come in blocks of
+    their own (live runs interleaved in blocks); absent means ``(None, 0)``: blocks of sqrt(n). ``iterations_per_run``: the
     iterations of one run, for a progress bar that counts iterations; absent counts whole runs.
     """
 

@@ -345,43 +345,44 @@ def compare(baseline: dict[str, Any], other: dict[str, Any]) -> dict[str, float]
     }
 
 
-def paired_change_ci95_frac(baseline: Episode, other: Episode, *, block: int = 1, offset: int = 0) -> float:
+def paired_change_ci95_frac(
+    baseline: Episode, other: Episode, *, block: int | None = None, offset: int = 0
+) -> float:
     """Half-width of the 95 % confidence interval of the mean iteration-time change, as a fraction.
 
     Both runs see the same iterations (same trace steps, seed or straggler schedule), so the test is
-    paired: ``d_k = t_other[k] - t_base[k]``, half-width ``1.96 * std(d, ddof=1) / sqrt(n)``, divided by
-    the baseline mean (normal approximation; Student's t would widen it slightly for n < 30). A change
-    smaller than this is indistinguishable from run-to-run noise. It bounds the throughput change to
-    first order too.
-
-    Live runs train in interleaved blocks (``block`` iterations of each run in turn): the iterations
-    of one block share the machine's state at that time, so their differences are not independent
-    and the formula above is too narrow. With ``block > 1`` the interval is computed on the block
-    means of ``d`` instead (the method of batch means): ``t_{0.975, m-1} * std(means, ddof=1) /
-    sqrt(m)`` over ``m`` blocks, Student's t because ``m`` is small.
+    paired on ``d_k = t_other[k] - t_base[k]``. Successive ``d_k`` are not independent: a closed-loop
+    controller carries state from one iteration to the next, compute noise is correlated in time
+    (real step times: lag-1 autocorrelation 0.3-0.9), and live runs train in interleaved blocks that
+    share the machine's state. So the interval is computed by the method of batch means: the mean of
+    ``d`` over each of ``m`` consecutive blocks, half-width ``t_{0.975, m-1} * std(means, ddof=1) /
+    sqrt(m)``, divided by the baseline mean. Without a ``block``, blocks of ``floor(sqrt(n))``
+    iterations (the batch size of Flegal and Jones, "Batch means and spectral variance estimators in
+    Markov chain Monte Carlo", Ann. Statist. 38(2), 2010). A change smaller than this is
+    indistinguishable from run-to-run noise. It bounds the throughput change to first order too.
 
     Args:
         baseline: the reference run (no pacing).
         other: the run to judge.
-        block: iterations per block (1: every iteration its own sample).
+        block: iterations per block; None: ``floor(sqrt(n))``; 1: every iteration its own sample
+            (right only for independent iterations); a live run's interleave block.
         offset: iterations of the first block that are not in the episodes (unlogged warm-up):
             iteration ``k`` is in block ``(k + offset) // block``.
 
     Returns:
-        The half-width (>= 0), or NaN when the runs differ in length or have fewer than 2 samples
-        (iterations, or blocks when ``block > 1``).
+        The half-width (>= 0), or NaN when the runs differ in length or there are fewer than 2 blocks.
     """
+    from scipy import stats
+
     n = baseline.num_iterations
     if n != other.num_iterations or n < 2:
         return math.nan
     d = other.iteration_time_s - baseline.iteration_time_s
     scale = float(baseline.iteration_time_s.mean())
-    if block <= 1:
-        return float(1.96 * d.std(ddof=1) / math.sqrt(n) / scale)
-    from scipy import stats
-
-    ids = (np.arange(n) + int(offset)) // int(block)
-    means = np.array([d[ids == i].mean() for i in np.unique(ids)])
+    size = math.isqrt(n) if block is None else max(1, int(block))
+    ids = (np.arange(n) + int(offset)) // size
+    ids -= ids[0]  # consecutive blocks from 0 (the first may be partial)
+    means = np.bincount(ids, weights=d) / np.bincount(ids)
     m = means.size
     if m < 2:
         return math.nan

@@ -34,8 +34,8 @@ from pacectl.types import Episode
 NULL_MODEL_NOTE = "fixed durations: pacing cannot shorten an iteration"
 
 COLUMNS_NOTE = """Columns: throughput = iterations / total time; Δthroughput against no pacing, ± the 95 % confidence half-width of the \
-paired per-iteration difference (live runs: of its means over the interleave blocks, Student's t; \
-a change inside it is noise, one outside it is a single run's evidence, to be repeated with other \
+paired per-iteration difference (batch means, Student's t: its means over blocks of sqrt(n) \
+iterations, live runs over the interleave blocks; a change inside it is noise, one outside it is a single run's evidence, to be repeated with other \
 seeds); mean and p99 \
 iteration time; CV = std / mean of iteration time (population std); spread p50 = median over \
 iterations and pacing domains of the arrival spread (latest minus earliest arrival at the paced \

@@ -113,8 +113,8 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
     for w in caught[shown:]:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     summaries = {name: metrics.summarize(ep) for name, ep in episodes.items()}
-    # live runs: iterations of one interleave block share the machine's state (batch means)
-    block, offset = getattr(experiment, "paired_blocks", (1, 0))
+    # batch means: sqrt(n) blocks, or a live run's interleave blocks (they share the machine's state)
+    block, offset = getattr(experiment, "paired_blocks", (None, 0))
     for name, ep in episodes.items():
         if name != BASELINE:
             summaries[name]["throughput_change_ci95_frac"] = metrics.paired_change_ci95_frac(

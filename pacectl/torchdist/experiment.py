@@ -140,7 +140,7 @@ class TorchExperiment:
         block = int(b.get("interleave_block", 10))
         #: the live runs' interleave blocks as ``(block, offset)`` of
         #: :func:`~pacectl.metrics.paired_change_ci95_frac` (the warm-up opens the first block)
-        self.paired_blocks = (block, int(b.warmup_iterations)) if block > 0 else (1, 0)
+        self.paired_blocks = (block, int(b.warmup_iterations)) if block > 0 else (None, 0)
         self.families = controller_families(cfg)
         # Ranks write into a hidden partial folder beside the final one; :meth:`write_outputs` moves
         # the records into place only when the whole run succeeded (a failed or interrupted run
