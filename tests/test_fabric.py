@@ -457,6 +457,29 @@ def test_contention_is_never_faster_than_a_quiet_fabric(on_s: float) -> None:
         assert model.time_s(late) == pytest.approx(model.time_s(late % cross.period_s), rel=1e-6)
 
 
+def test_a_recorded_transfer_runs_through_the_bursts_its_own_length_reaches() -> None:
+    """Replay scales a recorded transfer of any length: the same integration over the cross traffic
+    as the model's own message (equal for that message's free time), the free time without bursts,
+    and a long transfer's slowdown is not a short one's that starts at the same time."""
+    topo = FatTree(ranks_per_node=8, nodes_per_leaf=4, oversubscription=4.0)
+    cross = CrossTraffic(links=("leaf_up:*",), on_s=0.4, off_s=1.2)
+    model = ContentionComm(topo, 64, message_bytes=2e9, cross_traffic=cross)
+    own = model.free_time_s - model._fixed_s
+    for start in (0.0, 0.3, 1.5, 7.77):
+        assert model.scaled_time_s(start, own) + model._fixed_s == pytest.approx(
+            model.time_s(start), rel=1e-12
+        )
+        for free in (0.01, 0.47, 5.0):
+            scaled = model.scaled_time_s(start, free)
+            assert scaled >= free * (1 - 1e-12)
+            reference = ContentionComm(topo, 64, message_bytes=2e9 * free / own, cross_traffic=cross)
+            assert scaled == pytest.approx(reference.time_s(start) - reference._fixed_s, rel=1e-9)
+    short, long = (model.scaled_time_s(1.5, f) / f for f in (0.01, 0.47))
+    assert abs(short - long) > 0.05  # the short one finishes before the burst that slows the long one
+    quiet = ContentionComm(topo, 64, message_bytes=2e9)
+    assert quiet.scaled_time_s(0.3, 0.47) == 0.47
+
+
 @pytest.mark.parametrize(
     "num_ranks, timing_dependent", [(32, False), (64, True), (128, True), (256, False), (1024, False)]
 )

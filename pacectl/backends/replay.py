@@ -205,10 +205,11 @@ class ReplayBackend:
         return obs
 
     def _transfer_hook(self):  # type: ignore[no-untyped-def]
-        """For a contended comm model: scale the paced collective by its slowdown at its start (constant
-        when the model is inert, e.g. cross traffic always on, so applied whatever ``timing_dependent``)."""
-        slowdown = getattr(self._comm, "slowdown", None)
-        if slowdown is None:
+        """For a contended comm model: the paced collective's transfer as it runs from its start through
+        the cross traffic (a constant slowdown when the model is inert, e.g. cross traffic always on,
+        so applied whatever ``timing_dependent``)."""
+        contended_s = getattr(self._comm, "contended_s", None)
+        if contended_s is None:
             return None
         clock, paced = self._clock_s, self._paced_mask
 
@@ -218,7 +219,7 @@ class ReplayBackend:
                 return transfer
             out = transfer.copy()
             for i in hit:
-                out[i] = transfer[i] * slowdown(clock + float(group_start[i].max()))
+                out[i] = contended_s(clock + float(group_start[i].max()), float(transfer[i]))
             return out
 
         return hook

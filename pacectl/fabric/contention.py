@@ -243,13 +243,30 @@ class ContentionComm:
         period much shorter than the transfer costs no more than a long one). Always at least
         :attr:`free_time_s`.
         """
-        start, total = float(start_s), self._ring_bytes
+        return self._fixed_s + self._transfer_s(float(start_s), self._ring_bytes)
+
+    def scaled_time_s(self, start_s: float, free_s: float) -> float:
+        """Duration of a transfer on the ring whose contention-free duration is ``free_s``, started at
+        ``start_s``, s: ``free_s`` worth of bytes at the free rate, integrated over the cross traffic
+        as in :meth:`time_s` (all of it bandwidth: a recorded time holds no separate latency).
+
+        Used by replay, whose recorded transfers are longer or shorter than this model's own
+        message: a long transfer runs into and out of bursts that a short one starting at the same
+        time does not see. Equal to ``free_s`` without cross traffic.
+        """
+        if free_s <= 0 or not self._ring_bytes:
+            return free_s
+        free_rate = self.ring_rate_Bps(tuple(False for _ in self._cross_links))
+        return self._transfer_s(float(start_s), free_s * free_rate)
+
+    def _transfer_s(self, start: float, total: float) -> float:
+        """Time to move ``total`` ring bytes from ``start`` (no fixed latency), s."""
         if not math.isfinite(start):
-            raise ValueError(f"start_s must be a finite time in seconds, got {start_s!r}")
+            raise ValueError(f"start_s must be a finite time in seconds, got {start!r}")
         if total <= 0:
-            return self._fixed_s
+            return 0.0
         if self.inert_reason:  # one rate through the whole transfer
-            return self._fixed_s + total / self.ring_rate_Bps(self._state(start)[0])
+            return total / self.ring_rate_Bps(self._state(start)[0])
         period = self.cross.period_s
         # The pattern repeats every period: integrate on a local axis (start mod period), so that
         # the switch times keep their float resolution however late the transfer starts.
@@ -261,7 +278,7 @@ class ContentionComm:
             whole = max(0, math.floor(left / per_period) - 1)
             skipped = whole * period  # t's phase is unchanged by whole periods
             t, left = self._advance(t, left - whole * per_period, math.inf)
-        return self._fixed_s + skipped + (t - t0)
+        return skipped + (t - t0)
 
     def _advance(self, t: float, remaining: float, until: float) -> tuple[float, float]:
         """Move ``remaining`` ring bytes from time ``t``, switch by switch, stopping at ``until``.

@@ -445,10 +445,13 @@ def sim_fabric(
 
 
 class ReplayContention:
-    """Replay on a contended fabric: the paced DP collective's recorded intrinsic transfer time is
-    scaled by ``T_contention(t) / T_free``, the contention model's slowdown when the collective
-    starts at absolute replay time ``t`` (steps laid end to end). Other ops keep their recorded
-    times. Early-arrival interference is simulator-only.
+    """Replay on a contended fabric: the paced DP collective's recorded intrinsic transfer time
+    becomes the time the same transfer takes on the contention model's ring when it starts at
+    absolute replay time ``t`` (steps laid end to end): the recorded time's worth of bytes at the
+    free rate, integrated over the cross traffic's bursts
+    (:meth:`~pacectl.fabric.contention.ContentionComm.scaled_time_s`), so a long transfer runs into
+    and out of bursts as its own length says. Other ops keep their recorded times. Early-arrival
+    interference is simulator-only.
 
     An approximation to keep in mind: the model is the all-reduce ring of all ``num_ranks`` ranks
     (the trace's world size, filling nodes in rank order), so whether the bursts reach it is decided
@@ -477,7 +480,6 @@ class ReplayContention:
         """Static part: the recorded transfer times."""
         return recorded_transfer_s
 
-    def slowdown(self, start_s: float) -> float:
-        """Contended / free duration of the all-reduce started at absolute time ``start_s``."""
-        free = self.model.free_time_s
-        return self.model.time_s(start_s) / free if free > 0 else 1.0
+    def contended_s(self, start_s: float, recorded_s: float) -> float:
+        """Duration of a recorded transfer of ``recorded_s`` seconds started at absolute time ``start_s``."""
+        return self.model.scaled_time_s(start_s, recorded_s)
