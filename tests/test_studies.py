@@ -151,3 +151,15 @@ def test_h200_compute_series_is_derived_from_the_capture() -> None:
     shipped = pd.read_csv(folder / "gloo4_compute.csv")
     pd.testing.assert_frame_equal(shipped, want)
     assert shipped.groupby("worker").size().tolist() == [170] * 4
+
+
+def test_empirical_step_times_follow_the_time_column_not_the_row_order(tmp_path) -> None:
+    from pacectl.data import DATA_DIR
+    from pacectl.fabric.noise import EmpiricalSamples
+
+    shipped = DATA_DIR / "alibaba-pai" / "job_1_norm.csv"
+    shuffled = tmp_path / "shuffled.csv"
+    pd.read_csv(shipped).sample(frac=1.0, random_state=0).to_csv(shuffled, index=False)
+    np.testing.assert_array_equal(
+        EmpiricalSamples(str(shuffled))._factors, EmpiricalSamples(str(shipped))._factors
+    )

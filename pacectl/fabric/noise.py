@@ -162,9 +162,11 @@ class SlowRanks:
 @dataclass(frozen=True)
 class EmpiricalSamples:
     """Replay of real per-worker step-time variation from a step-level trace (Alibaba PAI
-    ``job_*_norm.csv``: columns ``worker``, ``batch_time_norm``), as multiplicative factors.
+    ``job_*_norm.csv``: columns ``worker``, ``batch_time_norm``, and ``time`` for the order; without
+    it, the file's row order), as multiplicative factors.
 
-    Each worker's normalised times are divided by the job-wide mean; simulated rank ``r`` replays
+    Each worker's normalised times (truncated to the shortest worker's series) are divided by the
+    job-wide mean; simulated rank ``r`` replays
     worker ``r mod num_workers`` from a random offset, cycling (Alibaba cluster-trace-gpu-v2020,
     Weng et al., "MLaaS in the Wild", NSDI 2022; CC BY 4.0).
 
@@ -195,6 +197,8 @@ class EmpiricalSamples:
         values = frame["batch_time_norm"].to_numpy(np.float64)
         if not np.isfinite(values).all() or (values <= 0).any():
             raise TraceError(f"batch_time_norm must be finite and > 0 (in {p}: column batch_time_norm)")
+        if "time" in frame.columns:  # each worker's series in recorded order, whatever the file's row order
+            frame = frame.sort_values(["worker", "time"], kind="stable")
         groups = [g["batch_time_norm"].to_numpy(np.float64) for _, g in frame.groupby("worker", sort=True)]
         length = min(len(g) for g in groups)
         factors = np.stack([g[:length] for g in groups], axis=1)
