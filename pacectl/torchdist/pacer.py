@@ -518,6 +518,27 @@ class Pacer:
         self._pack_s += now() - t0
         return combined
 
+    def _record_call(self, buf: torch.Tensor, t_call: float) -> tuple[int, torch.Tensor | None]:
+        """Both launch paths: log the call (time, size; its exit stamp to come) and, if this collective
+        is the carrier, take the pending rows (:meth:`_take_piggyback`).
+
+        Returns:
+            ``(slot, rows or None)``: the collective's position in the iteration.
+        """
+        slot = len(self._enter)
+        self._hook_call.append(t_call)
+        self._exit.append(float("nan"))
+        self._sizes.append(buf.numel() * buf.element_size())
+        return slot, self._take_piggyback(buf) if slot == self._carrier else None
+
+    def _target(self, buf: torch.Tensor, rows: torch.Tensor | None, average: bool) -> torch.Tensor:
+        """The tensor to all-reduce: ``buf`` (averaged in place), or with ``rows`` a packed copy of both."""
+        if rows is not None:
+            return self._pack(buf, rows, average)
+        if average:
+            buf.mul_(self._inv_world)
+        return buf
+
     def _launch(
         self,
         buf: torch.Tensor,
@@ -537,27 +558,17 @@ class Pacer:
         """
         if buf.is_cuda and self.device_delay_mode == "auto":
             return self._launch_cuda(buf, t_call, first=first, average=average, in_place=in_place)
-        slot = len(self._enter)
-        self._hook_call.append(t_call)
-        self._exit.append(float("nan"))
-        self._sizes.append(buf.numel() * buf.element_size())
+        slot, extra = self._record_call(buf, t_call)
         if first:
-            delay = self._next_delay
-            self._applied = delay
-            self.delay_actual_s.append(host_delay(delay, spin_s=self.spin_s))
-        extra = self._take_piggyback(buf) if slot == self._carrier else None
+            self._applied = self._next_delay
+            self.delay_actual_s.append(host_delay(self._applied, spin_s=self.spin_s))
         # a carrier over piggyback_max_bytes is not copied: the rows go beside it
         beside = (
             extra is not None
             and self.piggyback_max_bytes is not None
             and self._sizes[-1] > self.piggyback_max_bytes
         )
-        if extra is None or beside:
-            if average:
-                buf.mul_(self._inv_world)
-            target = buf
-        else:
-            target = self._pack(buf, extra, average)
+        target = self._target(buf, None if beside else extra, average)
         self._enter.append(now())
         fut = dist.all_reduce(target, group=self.group, async_op=True).get_future()
         if extra is None:
@@ -617,11 +628,7 @@ class Pacer:
         The piggybacked rows are decoded in :meth:`_end_iteration` (after the events resolve).
         """
         delay = self._next_delay if first else 0.0
-        slot = len(self._enter)
-        self._sizes.append(buf.numel() * buf.element_size())
-        extra = self._take_piggyback(buf) if slot == self._carrier else None
-        self._hook_call.append(t_call)
-        self._exit.append(float("nan"))
+        slot, extra = self._record_call(buf, t_call)
         if self._device_delay is None:
             self._device_delay = DeviceDelay(buf.device)
         stream = self._device_delay.paced_stream(delay)
@@ -630,13 +637,9 @@ class Pacer:
         with torch.cuda.stream(stream):
             enter_ev.record(stream)
             buf.record_stream(stream)
-            if extra is None:
-                if average:
-                    buf.mul_(self._inv_world)
-                target = buf
-            else:
+            if extra is not None:
                 extra.record_stream(stream)  # made on the current stream, read on this one
-                target = self._pack(buf, extra, average)
+            target = self._target(buf, extra, average)
             work = dist.all_reduce(target, group=self.group, async_op=True)
         self._enter.append(now())
         if first:
