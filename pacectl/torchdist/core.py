@@ -108,15 +108,34 @@ _START_METHODS = ("spawn", "fork")
 _HINT = "see conf/backend/torch.yaml"
 
 
-def _int(b: Mapping[str, Any], key: str, *, low: int, default: int | None = None) -> int:
+def _tail(hint: str) -> str:
+    return f" ({hint})" if hint else ""
+
+
+def _int(
+    b: Mapping[str, Any],
+    key: str,
+    *,
+    low: int,
+    default: int | None = None,
+    where: str = "backend",
+    hint: str = _HINT,
+) -> int:
     value = b.get(key.rsplit(".", 1)[-1], default)
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"backend.{key} must be an integer >= {low}, got {value!r} ({_HINT})")
+        raise ConfigError(f"{where}.{key} must be an integer >= {low}, got {value!r}{_tail(hint)}")
     return value
 
 
 def _real(
-    b: Mapping[str, Any], key: str, *, low: float, low_open: bool, default: float | None = None
+    b: Mapping[str, Any],
+    key: str,
+    *,
+    low: float,
+    low_open: bool,
+    default: float | None = None,
+    where: str = "backend",
+    hint: str = _HINT,
 ) -> float:
     value = b.get(key.rsplit(".", 1)[-1], default)
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -124,18 +143,36 @@ def _real(
         ok = value > low if low_open else value >= low
     if not ok:
         bound = f"> {low:g}" if low_open else f">= {low:g}"
-        raise ConfigError(f"backend.{key} must be a finite number {bound}, got {value!r} ({_HINT})")
+        raise ConfigError(f"{where}.{key} must be a finite number {bound}, got {value!r}{_tail(hint)}")
     return float(value)
 
 
-def _choice(b: Mapping[str, Any], key: str, choices: Sequence[str], default: str) -> str:
+def _choice(
+    b: Mapping[str, Any],
+    key: str,
+    choices: Sequence[str],
+    default: str,
+    *,
+    where: str = "backend",
+    hint: str = _HINT,
+) -> str:
     value = b.get(key.rsplit(".", 1)[-1], default)
     if value not in choices:
-        raise ConfigError(
-            f"backend.{key} must be one of {list(choices)}, got {value!r} "
-            f"(for example backend.{key}={choices[0]}; {_HINT})"
-        )
+        example = f"for example {where}.{key}={choices[0]}; {hint}" if hint else ""
+        raise ConfigError(f"{where}.{key} must be one of {list(choices)}, got {value!r}{_tail(example)}")
     return str(value)
+
+
+#: Defaults of ``backend.pacing`` and of :class:`~pacectl.torchdist.pacer.Pacer`'s keyword
+#: arguments of the same names (what a missing key means); :func:`check_pacing` checks them.
+PACING_DEFAULTS: dict[str, Any] = {
+    "spin_s": 2e-4,
+    "gather": "auto",
+    "gather_every": 1,
+    "piggyback_max_bytes": None,
+    "control_path": None,
+    "control_poll_iters": 10,
+}
 
 
 #: Keys of ``backend=torch`` and of its sections (``conf/backend/torch.yaml``).
@@ -146,18 +183,71 @@ _BACKEND_KEYS = {
         "pacing", "fault",
     },
     "workload": {"model", "width", "depth", "batch_size", "seq_len", "heads", "bucket_cap_mb", "lr"},
-    "pacing": {"spin_s", "gather", "gather_every", "piggyback_max_bytes", "control_path", "control_poll_iters"},
+    "pacing": set(PACING_DEFAULTS),
     "fault": {"rank", "iteration"},
 }  # fmt: skip
-#: Defaults of ``backend.pacing`` (what a missing key means).
-PACING_DEFAULTS: dict[str, Any] = {
-    "spin_s": 2e-4,
-    "gather": "auto",
-    "gather_every": 1,
-    "piggyback_max_bytes": None,
-    "control_path": None,
-    "control_poll_iters": 10,
-}
+
+
+def check_pacing(
+    pacing: Mapping[str, Any],
+    *,
+    where: str = "backend.pacing",
+    hint: str = _HINT,
+    dist_backend: str = BUILTIN_DIST_BACKEND,
+) -> dict[str, Any]:
+    """The pacing layer's settings (``backend.pacing``, or a :class:`~pacectl.torchdist.pacer.Pacer`'s
+    keyword arguments) with the defaults filled in, each checked; the one place that knows them.
+
+    Args:
+        pacing: some of :data:`PACING_DEFAULTS`' keys (unknown keys are the caller's to reject).
+        where: how errors name a key (``backend.pacing`` -> ``backend.pacing.gather``).
+        hint: where to read about the keys, appended to errors ("" for none).
+        dist_backend: the process group's backend, to resolve ``gather=auto``.
+
+    Returns:
+        ``{key: value}`` for every key of :data:`PACING_DEFAULTS`.
+
+    Raises:
+        ConfigError: a wrong type, range or choice, naming ``{where}.{key}``.
+
+    Warns:
+        UserWarning: ``piggyback_max_bytes`` with an exchange other than piggyback (ignored), or a
+            ``control_path`` whose folder does not exist.
+    """
+    values = {**PACING_DEFAULTS, **pacing}
+    _real(values, "spin_s", low=0.0, low_open=False, where=where, hint=hint)
+    gather = _choice(values, "gather", GATHER_MODES, "auto", where=where, hint=hint)
+    _int(values, "gather_every", low=1, where=where, hint=hint)
+    _int(values, "control_poll_iters", low=1, where=where, hint=hint)
+    limit = values["piggyback_max_bytes"]
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ConfigError(
+                f"{where}.piggyback_max_bytes must be an integer >= 0 (bytes) or null, got {limit!r}: "
+                f"e.g. {where}.piggyback_max_bytes=1048576 (1 MiB), or null to always append the "
+                f"figures to the carrier bucket{_tail(hint)}"
+            )
+        if resolve_gather(gather, dist_backend) != "piggyback":
+            resolved = (
+                f" ({resolve_gather(gather, dist_backend)} on {dist_backend})" if gather == "auto" else ""
+            )
+            warnings.warn(
+                f"{where}.piggyback_max_bytes={limit} applies to gather=piggyback only; "
+                f"gather={gather}{resolved} ignores it",
+                UserWarning,
+                stacklevel=3,
+            )
+    control = values["control_path"]
+    if control is not None and not isinstance(control, (str, Path)):
+        raise ConfigError(f"{where}.control_path must be a file path or null, got {control!r}{_tail(hint)}")
+    if control is not None and not Path(control).expanduser().parent.is_dir():
+        warnings.warn(
+            f"{where}.control_path={control}: its folder does not exist (yet), so no control "
+            "message can appear there until it is created; check the path",
+            UserWarning,
+            stacklevel=3,
+        )
+    return values
 
 
 def _known_keys(section: str, node: Mapping[str, Any]) -> None:
@@ -223,38 +313,7 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
     if not isinstance(pacing, Mapping):
         raise ConfigError(f"backend.pacing must be a mapping, got {pacing!r} ({_HINT})")
     _known_keys("pacing", pacing)
-    _real(pacing, "pacing.spin_s", low=0.0, low_open=False, default=2e-4)
-    _choice(pacing, "pacing.gather", GATHER_MODES, "auto")
-    _int(pacing, "pacing.gather_every", low=1, default=1)
-    limit = pacing.get("piggyback_max_bytes")
-    if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ConfigError(
-                f"backend.pacing.piggyback_max_bytes must be an integer >= 0 (bytes) or null, got {limit!r}: "
-                "e.g. backend.pacing.piggyback_max_bytes=1048576 (1 MiB), or null to always append the "
-                f"figures to the carrier bucket ({_HINT})"
-            )
-        gather = str(pacing.get("gather", "auto"))
-        if resolve_gather(gather, BUILTIN_DIST_BACKEND) != "piggyback":
-            warnings.warn(
-                f"backend.pacing.piggyback_max_bytes={limit} applies to gather=piggyback only; "
-                f"gather={gather}{' (async on gloo)' if gather == 'auto' else ''} ignores it",
-                UserWarning,
-                stacklevel=2,
-            )
-    _int(pacing, "pacing.control_poll_iters", low=1, default=10)
-    control = pacing.get("control_path")
-    if control is not None and not isinstance(control, str):
-        raise ConfigError(
-            f"backend.pacing.control_path must be a file path or null, got {control!r} ({_HINT})"
-        )
-    if isinstance(control, str) and not Path(control).expanduser().parent.is_dir():
-        warnings.warn(
-            f"backend.pacing.control_path={control}: its folder does not exist (yet), so no control "
-            "message can appear there until it is created; check the path",
-            UserWarning,
-            stacklevel=2,
-        )
+    check_pacing(pacing)
     fault = b.get("fault")
     if fault is not None:
         if not isinstance(fault, Mapping):

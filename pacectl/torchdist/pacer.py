@@ -83,10 +83,10 @@ from pacectl.controllers import PacingGuardWarning
 from pacectl.errors import ConfigError
 from pacectl.torchdist.core import (
     COLUMN,
-    GATHER_MODES,
     NUM_GATHER_FIELDS,
     ControlWatcher,
     DecisionEngine,
+    check_pacing,
     exchange_lag,
     gather_row,
     observation_from_table,
@@ -232,8 +232,9 @@ class Pacer:
             microseconds of device memory traffic).
 
     Raises:
-        ConfigError: an unknown ``gather`` mode, ``gather_every`` or ``control_poll_iters`` below 1,
-            a negative ``spin_s``, or an engine built for another number of ranks than the group's.
+        ConfigError: a bad setting (:func:`~pacectl.torchdist.core.check_pacing`: an unknown
+            ``gather`` mode, ``gather_every`` or ``control_poll_iters`` below 1, a negative
+            ``spin_s``, ...), or an engine built for another number of ranks than the group's.
 
     Example:
         >>> # ddp = DistributedDataParallel(model); engine = DecisionEngine("threshold", {}, {}, ...)
@@ -254,21 +255,19 @@ class Pacer:
         device_delay: str = "auto",
         piggyback_max_bytes: int | None = None,
     ) -> None:
-        if gather not in GATHER_MODES:
-            raise ConfigError(f"Pacer gather must be one of {list(GATHER_MODES)}, got {gather!r}")
-        for name, value in (("gather_every", gather_every), ("control_poll_iters", control_poll_iters)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"Pacer {name} must be an integer >= 1, got {value!r}")
-        if not (isinstance(spin_s, (int, float)) and math.isfinite(spin_s) and spin_s >= 0.0):
-            raise ConfigError(f"Pacer spin_s must be a finite number of seconds >= 0, got {spin_s!r}")
-        if piggyback_max_bytes is not None and (
-            isinstance(piggyback_max_bytes, bool)
-            or not isinstance(piggyback_max_bytes, int)
-            or piggyback_max_bytes < 0
-        ):
-            raise ConfigError(
-                f"Pacer piggyback_max_bytes must be an integer >= 0 or None, got {piggyback_max_bytes!r}"
-            )
+        settings = check_pacing(
+            {
+                "spin_s": spin_s,
+                "gather": gather,
+                "gather_every": gather_every,
+                "piggyback_max_bytes": piggyback_max_bytes,
+                "control_path": control_path,
+                "control_poll_iters": control_poll_iters,
+            },
+            where="Pacer",
+            hint="",
+            dist_backend=dist.get_backend(group),
+        )
         self.engine = engine
         self.group = group
         self.rank = dist.get_rank(group)
@@ -283,8 +282,8 @@ class Pacer:
                 f"DecisionEngine num_ranks={engine.num_ranks} must equal the process group's world size "
                 f"{self.world_size}: build it with num_ranks=dist.get_world_size()"
             )
-        self.spin_s = float(spin_s)
-        self.gather_every = gather_every
+        self.spin_s = float(settings["spin_s"])
+        self.gather_every = int(settings["gather_every"])
         self.gather = resolve_gather(gather, dist.get_backend(group))
         engine.set_schedule(exchange_lag(self.gather), gather_every)  # what a parameter "auto" means
         self.piggyback_max_bytes = piggyback_max_bytes
