@@ -284,7 +284,8 @@ def _summary_models(summaries: Mapping[str, Mapping[str, Any]]) -> list[tuple[st
     return [(str(s.get("comm_model", "unknown")), s.get("comm_timing_dependent")) for s in summaries.values()]
 
 
-def _save_figure(fig: Any, path: str | os.PathLike[str]) -> None:
+def save_figure(fig: Any, path: str | os.PathLike[str]) -> None:
+    """Write a matplotlib figure as PNG (110 dpi), atomically: a reader never sees half a file."""
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
 
@@ -331,7 +332,7 @@ def plot_iteration_time(
     bottom.set_ylabel(f"minus {baseline} ({time_unit})")
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
-    _save_figure(fig, path)
+    save_figure(fig, path)
     return fig
 
 
@@ -388,7 +389,7 @@ def plot_spread(
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("iteration")
     fig.suptitle(f"Arrival spread per run{_unit_note(time_unit)}\n{_models_note(_episode_models(episodes))}")
-    _save_figure(fig, path)
+    save_figure(fig, path)
     return fig
 
 

@@ -27,7 +27,8 @@ When no trial improves on no pacing by more than noise (:class:`pacectl.tuning.s
 ``tune.min_cv_gain_frac``, ``tune.min_throughput_gain_frac``), the console, ``tune.json``
 (``improves_on_no_pacing: false``, ``recommendation``) and the header of ``controller.yaml`` say so
 and recommend the paper's threshold controller at its defaults if it meets the rule, else no pacing;
-``controller.yaml`` still holds the best trial. With fixed durations (max-plus: ``comm=null``, or a
+``controller.yaml`` still holds the best trial. When the chosen trial improves but that reference
+beats it on both objectives (few trials), they say so too and recommend the reference. With fixed durations (max-plus: ``comm=null``, or a
 contention model with no timing-dependent mechanism) nothing counts as an improvement: no delay
 can shorten an iteration, so a lower CV there comes only from lengthening the fast iterations;
 the warning says how many trials did that (``trials_lowering_cv_by_lengthening_only``).
@@ -78,6 +79,7 @@ from pacectl.config import (
     controller_params,
     resolve_auto_horizon,
     selected_controller,
+    user_path,
     validate_run_config,
 )
 from pacectl.controllers import CONTROLLERS, SafetyGuard
@@ -288,15 +290,6 @@ class TuneInterrupted(KeyboardInterrupt):
         self.finished = finished
 
 
-def _abs(path: str) -> Path:
-    try:
-        from hydra.utils import to_absolute_path
-
-        return Path(to_absolute_path(path))
-    except ValueError:
-        return Path(path).expanduser().resolve()
-
-
 def validate_tune_config(cfg: DictConfig) -> None:
     """Every check of ``pacectl.run``'s config that applies to the tuner, before any storage is made:
     :func:`pacectl.config.validate_run_config` on every key but ``tune`` (top-level keys, seed, output
@@ -357,7 +350,7 @@ def tune_space(cfg: DictConfig, settings: Settings) -> SearchSpace:
         )
     suffix = ".iteration" if units == "iteration" else ""
     default = CONF_DIR / "tune" / "space" / f"{family}{suffix}.yaml"
-    path = _abs(settings.space) if settings.space else default
+    path = Path(user_path(settings.space, "tune.space")) if settings.space else default
     space = load_space(family, path, fixed=fixed)
     for override in _task_overrides():
         key = _override_key(override)
@@ -573,7 +566,7 @@ def run_tuning(
         warn(f"warning: {line}")
     family = space.family
     name = settings.study_name or f"{scenarios.default_study_name}-{family}"
-    spec = storage_spec(settings.storage, out_dir, cwd=_abs("."))
+    spec = storage_spec(settings.storage, out_dir, cwd=Path(user_path(".")))
     if settings.storage in (None, ""):
         out_dir.mkdir(parents=True, exist_ok=True)  # the default journal lives in the run folder
     previous = _previous_study_name(out_dir)
@@ -704,6 +697,10 @@ def _tune_study(
         return a[0] >= b[0] and a[1] <= b[1] and a != b
 
     ref_xy = (reference.throughput_it_per_s, reference.cv)
+    chosen_xy = (chosen.throughput_it_per_s, chosen.cv)
+    # Few trials may leave a choice that the reference beats on both objectives: then the reference
+    # is the better controller to run (it meets the rule too, since it beats a choice that does).
+    reference_beats_choice = improves and ref_improves and dominates(ref_xy, chosen_xy)
     overrides, differences = run_overrides(
         scenarios.descriptor,
         user_overrides=_task_overrides(),
@@ -711,9 +708,18 @@ def _tune_study(
         baseline=baseline,
     )
     reference_command = f"python -m pacectl.run controller={REFERENCE} {overrides}".rstrip()
-    if improves:
+    if improves and not reference_beats_choice:
         recommendation = f"the chosen {family} controller (controller.yaml)"
         warning = None
+    elif reference_beats_choice:
+        recommendation = f"the paper's threshold controller at its defaults (controller={REFERENCE})"
+        warning = (
+            f"the paper's threshold controller at its defaults beats the chosen trial {chosen.number} on both "
+            f"objectives ({_change(ref_loss):+.3%} throughput, cv {reference.cv:.4g}, against "
+            f"{_change(chosen.throughput_loss_frac):+.3%} and cv {chosen.cv:.4g}): recommended, run it with: "
+            f"{reference_command}. controller.yaml holds the chosen trial anyway; to search further raise "
+            f"tune.n_trials ({len(points)} completed) or try another search space"
+        )
     else:
         if ref_improves:
             recommendation = f"the paper's threshold controller at its defaults (controller={REFERENCE})"
@@ -812,12 +818,13 @@ def _tune_study(
         "recommendation_command": (
             f"python -m pacectl.run controller_file={shlex.quote(str(out_dir / 'controller.yaml'))} "
             f"{overrides}".rstrip()
-            if improves
+            if improves and not reference_beats_choice
             else reference_command
             if ref_improves
             else f"python -m pacectl.run controller=none {overrides}".rstrip()
         ),
-        "chosen_dominates_reference": dominates((chosen.throughput_it_per_s, chosen.cv), ref_xy),
+        "chosen_dominates_reference": dominates(chosen_xy, ref_xy),
+        "reference_dominates_chosen": dominates(ref_xy, chosen_xy),
         "front_dominates_reference": any(dominates((p.throughput_it_per_s, p.cv), ref_xy) for p in front),
         "pareto_size": len(front),
         "wall_time_s": time.perf_counter() - t0,
@@ -846,6 +853,11 @@ def _tune_study(
         header += [
             "WARNING: no trial improves on no pacing on these episodes (tune.json: improvement_rule):",
             f"this is the best trial found, not an improvement; recommended: {recommendation}.",
+        ]
+    elif reference_beats_choice:
+        header += [
+            "WARNING: the paper's threshold controller at its defaults beats this trial on both objectives",
+            f"(tune.json: reference_dominates_chosen); recommended: {recommendation}.",
         ]
     header.append(f"Use: python -m pacectl.run controller_file=<this file> {overrides}".rstrip())
     with staged_outputs(out_dir) as stage:

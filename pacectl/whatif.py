@@ -38,7 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pacectl.backends.replay import ReplayBackend
-from pacectl.report import atomic_path, atomic_write_text, format_value, jsonable
+from pacectl.report import atomic_write_text, format_value, jsonable, save_figure
 
 COMPUTE_LIKE = ("forward-compute", "backward-compute", "gc", "optimizer")
 P2P_GROUP = {
@@ -359,8 +359,7 @@ def plot_heatmap(path: str | Path, result: WhatIfResult) -> None:
         "comm model: null)"
     )
     fig.colorbar(im, ax=ax, label="mean step time / ideal")
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+    save_figure(fig, path)
 
 
 def write_timeline(path: str | Path, backend: ReplayBackend, *, step_index: int = 0) -> None:

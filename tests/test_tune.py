@@ -773,6 +773,36 @@ def test_no_improvement_is_flagged_everywhere(
     assert exported["name"] == "threshold" and 50.0 <= exported["on_threshold_s"] <= 100.0
 
 
+def test_a_choice_the_reference_beats_on_both_objectives_is_not_recommended(tmp_path: Path) -> None:
+    """A weak space (gain 0.30-0.32, the reference's 0.5) on contended: the choice improves on no
+    pacing, but the paper's threshold at its defaults has more throughput and a lower CV, so that is
+    the recommendation, with a warning on the console and in controller.yaml."""
+    space = tmp_path / "space.yaml"
+    space.write_text("gain: {type: float, low: 0.30, high: 0.32}\n")
+    out = tmp_path / "run"
+    proc = _tune(
+        "cluster=contended",
+        "controller=threshold",
+        "tune.n_trials=2",
+        f"tune.space={space}",
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "tune.json").read_text())
+    chosen, reference = summary["chosen"], summary["reference_threshold"]
+    assert summary["improves_on_no_pacing"] is True
+    assert reference["throughput_it_per_s"] > chosen["throughput_it_per_s"] and reference["cv"] < chosen["cv"]
+    assert summary["reference_dominates_chosen"] is True and summary["chosen_dominates_reference"] is False
+    assert summary["recommendation"].startswith("the paper's threshold controller")
+    assert summary["recommendation_command"].startswith("python -m pacectl.run controller=threshold ")
+    assert "warning: the paper's threshold controller at its defaults beats the chosen trial" in proc.stderr
+    assert (
+        "# WARNING: the paper's threshold controller at its defaults beats this trial"
+        in (out / "controller.yaml").read_text()
+    )
+
+
 def test_a_lower_cv_from_lengthening_iterations_is_not_an_improvement(tmp_path: Path) -> None:
     """A replay has fixed durations: pacing can lower the CV only by lengthening fast iterations.
     Trials that do meet the CV rule are counted as such, and no pacing stays the recommendation."""

@@ -861,7 +861,7 @@ def plot_pareto(
     and the throughput-loss cap (a vertical line; trials left of it break the constraint)."""
     from matplotlib.figure import Figure
 
-    from pacectl.report import atomic_path
+    from pacectl.report import save_figure
 
     fig = Figure(figsize=(7.5, 5.0), layout="constrained")
     ax = fig.subplots()
@@ -927,5 +927,4 @@ def plot_pareto(
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=3, frameon=False)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+    save_figure(fig, path)
