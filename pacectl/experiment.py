@@ -36,9 +36,11 @@ class Experiment(Protocol):
         exchange: when decisions reach the ranks (:class:`~pacectl.loop.ExchangeSchedule`;
             modelled by replay and sim, the real exchange's lag for live runs).
 
-    Optional: ``paired_blocks``, ``(block, offset)`` for
-    :func:`~pacectl.metrics.paired_change_ci95_frac` when the runs' iterations come in blocks of
-    their own (live runs interleaved in blocks); absent means ``(None, 0)``: blocks of sqrt(n). ``iterations_per_run``: the
+    Optional: ``write_outputs(stage)`` (extra outputs, written with the others);
+    ``record_folder(out_dir)`` (where the run's canonical records go, or None); ``paired_blocks``,
+    ``(block, offset)`` for :func:`~pacectl.metrics.paired_change_ci95_frac` when the runs'
+    iterations come in blocks of their own (live runs interleaved in blocks); absent means
+    ``(None, 0)``: blocks of sqrt(n). ``iterations_per_run``: the
     iterations of one run, for a progress bar that counts iterations; absent counts whole runs.
     """
 
@@ -277,12 +279,19 @@ class SimExperiment(_ClosedLoop):
             self.recorded[family] = self.backend.to_trace(name=f"sim-{self.cluster_name}-{family}")
         return episode
 
+    def record_folder(self, out_dir: Path) -> Path | None:
+        """Where :meth:`write_outputs` puts the records (with ``backend.record=true``), else None."""
+        return out_dir / "records" if self.backend.record else None
+
     def write_outputs(self, out_dir: Path) -> None:
-        """With ``backend.record=true``: ``sim_trace_<family>.parquet`` per run (canonical format)."""
+        """With ``backend.record=true``: ``records/<family>.parquet`` per run (canonical format, the
+        layout of a live run's records: ``trace=<run dir>/records/none.parquet`` replays one)."""
         from pacectl.traces.canonical import write_canonical
 
+        if self.recorded:
+            (out_dir / "records").mkdir(exist_ok=True)
         for family, trace in self.recorded.items():
-            write_canonical(trace, out_dir / f"sim_trace_{family}.parquet")
+            write_canonical(trace, out_dir / "records" / f"{family}.parquet")
 
 
 #: backend.name -> "module:Class" of its :class:`Experiment` (imported on first use).

@@ -101,30 +101,36 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
 def staged_outputs(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a hidden staging folder inside ``out_dir``; move its files into ``out_dir`` on success.
 
-    A run writes all its outputs into the staging folder; only when every writer succeeded are they
-    moved into place (each with an atomic ``os.replace``), so a failed run leaves none of them.
+    A run writes all its outputs into the staging folder (files, and folders of files such as
+    ``records/``); only when every writer succeeded are they moved into place (each file with an
+    atomic ``os.replace``), so a failed run leaves none of them.
 
     Raises:
         OSError: a target path exists and is not a regular file (nothing is moved then).
     """
+    import shutil
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stage = out / f".staging-{uuid.uuid4().hex[:8]}"
     stage.mkdir()
     try:
         yield stage
-        files = sorted(p for p in stage.iterdir() if p.is_file())
-        blocked = [out / p.name for p in files if (out / p.name).exists() and not (out / p.name).is_file()]
+        files = sorted(p.relative_to(stage) for p in stage.rglob("*") if p.is_file())
+        blocked = [out / f for f in files if (out / f).exists() and not (out / f).is_file()]
+        blocked += [
+            out / f.parent for f in files if (out / f.parent).exists() and not (out / f.parent).is_dir()
+        ]
         if blocked:
             raise IsADirectoryError(
-                f"output path {blocked[0]} exists and is not a file; remove it or pick another run dir"
+                f"output path {blocked[0]} exists and is not a {'file' if blocked[0].suffix else 'folder'}; "
+                "remove it or pick another run dir"
             )
-        for p in files:
-            os.replace(p, out / p.name)
+        for f in files:
+            (out / f).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(stage / f, out / f)
     finally:
-        for p in stage.iterdir():
-            p.unlink()
-        stage.rmdir()
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

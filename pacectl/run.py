@@ -164,6 +164,10 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
     rows = sum(ep.arrival_s.size for ep in episodes.values())
     if cfg.output.get("iterations", True) and rows > LARGE_PARQUET_ROWS:
         log.info(f"writing iterations.parquet ({rows:,} rows) and the other outputs ...")
+    record_folder = getattr(experiment, "record_folder", None)
+    records = record_folder(out_dir) if record_folder is not None else None
+    if records is not None:
+        summary["records_dir"] = str(records)
     with report.staged_outputs(out_dir) as stage:
         if cfg.output.get("iterations", True):
             report.write_iterations_parquet(stage / "iterations.parquet", episodes)
@@ -414,7 +418,10 @@ def log_summary(summary: dict[str, Any], out_dir: Path) -> None:
         log.info(f"note: {summary['note']}")
     if "time_unit_note" in summary:
         log.info(f"time unit: {summary['time_unit_note']}")
-    log.info(f"outputs: {out_dir}")
+    records = summary.get("records_dir")
+    log.info(
+        f"outputs: {out_dir}" + (f"; records (replay one with trace=<file>): {records}" if records else "")
+    )
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

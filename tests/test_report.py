@@ -235,3 +235,29 @@ def test_console_table_prints_no_negative_zero() -> None:
     }
     table = report.format_console_table(runs)
     assert "+0.00 ±0.01" in table and "-0.00" not in table
+
+
+def test_staged_outputs_move_files_and_folders_of_files_only_on_success(tmp_path) -> None:
+    import pytest
+
+    from pacectl.report import staged_outputs
+
+    with staged_outputs(tmp_path) as stage:
+        (stage / "summary.json").write_text("{}")
+        (stage / "records").mkdir()
+        (stage / "records" / "none.parquet").write_text("x")
+    assert (tmp_path / "summary.json").is_file() and (tmp_path / "records" / "none.parquet").is_file()
+    with pytest.raises(RuntimeError), staged_outputs(tmp_path / "failed") as stage:
+        (stage / "records").mkdir()
+        (stage / "records" / "pid.parquet").write_text("x")
+        raise RuntimeError("a writer failed")
+    assert list((tmp_path / "failed").iterdir()) == []  # nothing moved, no staging folder left
+    (tmp_path / "blocked").mkdir()
+    (tmp_path / "blocked" / "records").write_text("a file where the folder goes")
+    with (
+        pytest.raises(IsADirectoryError, match="records exists and is not a folder"),
+        staged_outputs(tmp_path / "blocked") as stage,
+    ):
+        (stage / "records").mkdir()
+        (stage / "records" / "none.parquet").write_text("x")
+    assert sorted(p.name for p in (tmp_path / "blocked").iterdir()) == ["records"]

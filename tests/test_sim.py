@@ -293,3 +293,16 @@ def test_cli_rejects_a_non_boolean_record(tmp_path: Path) -> None:
     assert proc.stderr.strip() == (
         "pacectl.run: error: backend.record must be true or false, got 'maybe'; e.g. backend.record=true"
     )
+
+
+def test_cli_records_go_where_a_live_runs_do_and_replay(tmp_path: Path) -> None:
+    """backend.record=true: <run dir>/records/<controller>.parquet, named on the console and in
+    summary.json; trace=<that file> replays it."""
+    out = tmp_path / "run"
+    proc = _cli(*SIM, "backend.record=true", "controller=threshold", out=out)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (out / "records").iterdir()) == ["none.parquet", "threshold.parquet"]
+    assert json.loads((out / "summary.json").read_text())["records_dir"] == str(out / "records")
+    assert f"records (replay one with trace=<file>): {out / 'records'}" in proc.stdout + proc.stderr
+    replay = _cli(f"trace={out / 'records' / 'none.parquet'}", "controller=none", out=tmp_path / "replay")
+    assert replay.returncode == 0, replay.stderr

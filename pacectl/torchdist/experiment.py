@@ -346,6 +346,10 @@ class TorchExperiment:
             self._launch([(family, dict(params))])
         return self._episodes[family]
 
+    def record_folder(self, out_dir: Path) -> Path:
+        """Where the records are (``backend.record_dir``; by default ``<run dir>/records``)."""
+        return self.final_record_dir
+
     def write_outputs(self, stage: Path) -> None:
         """Move the records into ``final_record_dir`` (called by the run once every output is ready).
 
