@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,14 @@ def test_info_h200_subprocess() -> None:
         "residual",
     ):
         assert key in r.stdout
+
+
+def test_info_json_is_stdout_alone() -> None:
+    """--json: stdout parses as JSON (the text summary goes to stderr)."""
+    r = _run("info", str(H200), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ranks"] == [0, 1, 2, 3]
+    assert "ranks     4" in r.stderr
 
 
 @pytest.mark.parametrize("path", [PAIR, SINGLE, JOB1])

@@ -17,6 +17,7 @@ stderr, no traceback), 2 bad command line (also an ``-o`` that cannot be written
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -137,63 +138,65 @@ def _spread_stats(trace: OpTrace) -> tuple[np.ndarray, np.ndarray]:
 
 def cmd_info(args: argparse.Namespace) -> int:
     trace, rep, notes = _load(args)
+    # with --json, stdout holds the JSON alone (pipe it to a parser); the text goes to stderr
+    say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
     m = trace.meta
     fmt_t = _time_formatter(trace)
-    print(f"trace     {trace.source}")
-    print(f"format    {trace.fmt}   job {m.name!r}")
+    say(f"trace     {trace.source}")
+    say(f"format    {trace.fmt}   job {m.name!r}")
     if trace.time_normalized:
-        print(
+        say(
             f"times     NORMALISED units, not real time (the file records no absolute times); replayed "
             f"as 1 unit = {trace.norm_unit_s:g} s, so seconds and it/s derived from this trace are "
             "arbitrary: compare only ratios (CV, relative throughput)"
         )
     ranks = sorted(trace.ops["rank"].unique().tolist())
-    print(
+    say(
         f"ranks     {len(ranks)} recorded {ranks[:16]}{' ...' if len(ranks) > 16 else ''}  "
         f"(dp {m.dp_size} x pp {m.pp_size}, world_size {m.world_size})"
     )
     steps = trace.steps
-    print(f"steps     {len(steps)}: {steps[:12].tolist()}{' ...' if len(steps) > 12 else ''}")
+    say(f"steps     {len(steps)}: {steps[:12].tolist()}{' ...' if len(steps) > 12 else ''}")
     per_step = (
         trace.ops[trace.ops["optype"] == "grads-reduce-scatter"].groupby(["step", "dp_rank", "stage"]).size()
     )
-    print(
+    say(
         f"collectives per step per rank ({trace.collective or 'grads-reduce-scatter'}): "
         f"{int(per_step.median()) if len(per_step) else 0}"
     )
     spread, step_t = _spread_stats(trace)
     if len(step_t):
         cv = float(step_t.std() / step_t.mean()) if step_t.mean() > 0 else float("nan")
-        print(
+        say(
             f"step time mean {fmt_t(float(step_t.mean()))}, median {fmt_t(float(np.median(step_t)))}, CV {cv:.3f}"
         )
     if len(spread):
-        print(
+        say(
             f"arrival spread (first bucket, max-min start over DP ranks): median {fmt_t(float(np.median(spread)))}, "
             f"p99 {fmt_t(float(np.quantile(spread, 0.99)))}, max {fmt_t(float(spread.max()))}"
         )
     if rep is not None:
         ca = rep["clock_alignment"]
-        print(f"collectives from {rep['collective_source']}; arrival = {rep['arrival_source']}")
-        print(
+        say(f"collectives from {rep['collective_source']}; arrival = {rep['arrival_source']}")
+        say(
             f"kinds per step per rank: {rep['collective_kinds']}; folded into compute: {rep['folded_collectives_per_step']}"
         )
-        print(f"matching  {rep['matching']}")
+        say(f"matching  {rep['matching']}")
         offs = {k: round(v * 1e3, 3) for k, v in ca["offsets_s"].items()}
-        print(
+        say(
             f"clock alignment ({ca['mode']}, {'applied' if ca['applied'] else 'not applied'}): offsets ms {offs}; "
             f"residual (max-min collective end over ranks) median {_ms(ca['residual_median_s'])}, "
             f"max {_ms(ca['residual_max_s'])}"
         )
         allb = rep["arrival_spread_all_buckets_s"]
         if allb:
-            print(
+            say(
                 f"arrival spread (all buckets, true arrivals): median {_ms(allb['median'])}, p99 {_ms(allb['p99'])}, max {_ms(allb['max'])}"
             )
     else:
-        print("clock alignment: not needed (timestamps already aligned or step-level)")
+        say("clock alignment: not needed (timestamps already aligned or step-level)")
     for w in notes:
-        print(f"warning: {w}")
+        say(f"warning: {w}")
     if args.json:
         out = {
             "source": trace.source,
@@ -354,7 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_info = sub.add_parser(
         "info", parents=[common], help="summarise a trace: ranks, steps, collectives, spreads, clocks"
     )
-    p_info.add_argument("--json", action="store_true", help="also print the summary as JSON")
+    p_info.add_argument(
+        "--json", action="store_true", help="print the summary as JSON on stdout (the text goes to stderr)"
+    )
     p_info.set_defaults(func=cmd_info)
     p_val = sub.add_parser(
         "validate", parents=[common], help="list every problem (file, event, field); exit 1 if any"
