@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
@@ -41,6 +42,7 @@ from pacectl import cli, metrics, report, whatif
 from pacectl.config import CONF_DIR, config_int, controller_families, load_trace, validate_run_config
 from pacectl.errors import ConfigError, PacectlError, one_line_warning, one_line_warnings
 from pacectl.experiment import make_experiment
+from pacectl.types import Episode
 
 BASELINE = "none"
 #: (run, iteration, rank) rows above which writing iterations.parquet is announced with its cost.
@@ -106,6 +108,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                 if len(episodes) == 1:  # every run has the first one's size: check before the rest
                     rows = episodes[family].arrival_s.size * len(families)
                     _check_memory(rows, bool(cfg.output.get("iterations", True)))
+                    _warn_if_degenerate(episodes[family])
     # what the run warned about stays with its results (dropped ranks or steps, guard interventions)
     summary["warnings"] = list(
         dict.fromkeys([*notes, *(f"{w.category.__name__}: {w.message}" for w in caught)])
@@ -187,6 +190,27 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             write_extra(stage)
         report.write_summary_json(stage / "summary.json", summary)
     return summary
+
+
+def _warn_if_degenerate(episode: Episode) -> None:
+    """Warn when nothing can be paced or measured: a pacing domain of one rank has no arrival spread
+    (no controller ever delays it), and one iteration has no CV."""
+    sizes = np.bincount(episode.domain_of_rank, minlength=len(episode.domain_names))
+    if (sizes < 2).all():
+        warnings.warn(
+            f"every pacing domain has a single rank ({episode.num_ranks} rank(s) in "
+            f"{len(episode.domain_names)} domain(s)): there is no arrival spread, so no controller can "
+            "pace; a truncated trace, or backend.num_ranks=1?",
+            UserWarning,
+            stacklevel=2,
+        )
+    if episode.num_iterations < 2:
+        warnings.warn(
+            f"only {episode.num_iterations} iteration: CV and the throughput interval need at least 2 "
+            "(a truncated trace, or backend.num_iterations too small?)",
+            UserWarning,
+            stacklevel=2,
+        )
 
 
 def available_memory_bytes() -> int | None:

@@ -306,3 +306,19 @@ def test_cli_records_go_where_a_live_runs_do_and_replay(tmp_path: Path) -> None:
     assert f"records (replay one with trace=<file>): {out / 'records'}" in proc.stdout + proc.stderr
     replay = _cli(f"trace={out / 'records' / 'none.parquet'}", "controller=none", out=tmp_path / "replay")
     assert replay.returncode == 0, replay.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (("backend.num_ranks=1", "backend.num_iterations=5"), "every pacing domain has a single rank"),
+        (("backend.num_ranks=4", "backend.num_iterations=1"), "only 1 iteration"),
+    ],
+)
+def test_cli_warns_when_nothing_can_be_paced_or_measured(
+    tmp_path: Path, overrides: tuple[str, ...], message: str
+) -> None:
+    proc = _cli("backend=sim", *overrides, "controller=threshold", out=tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr
+    assert message in proc.stdout + proc.stderr
+    assert any(message in w for w in json.loads((tmp_path / "run" / "summary.json").read_text())["warnings"])
