@@ -430,7 +430,8 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
             group = parent.partition(".")[0]
             option, real = next(iter(owners.items()))
             named = ", ".join(f"{group}={o}" for o in owners)
-            fix = f" It is a key of {named}: select one, e.g. {group}={option} {parent}.{real}={given}"
+            typo = f" Did you mean {parent}.{real}?" if real != leaf else ""
+            fix = f"{typo} It is a key of {named}: select one, e.g. {group}={option} {parent}.{real}={given}"
         controller_file = next(
             (o.partition("=")[2] for o in overrides if o.startswith("controller_file=")), None
         )

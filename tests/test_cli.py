@@ -177,6 +177,8 @@ def test_a_key_of_another_option_names_it(capsys) -> None:
     assert "It is a key of backend=sim: select one, e.g. backend=sim backend.num_ranks=8" in err
     err = _check(capsys, ["controller.kpp=1"])
     assert "controller=all (the default)" in err and "e.g. controller=pid controller.kp=1" in err
+    assert "Did you mean controller.kp? It is a key of controller=pid" in err  # kpp is nobody's key
+    assert "Did you mean" not in _check(capsys, ["backend.num_ranks=8"])  # the exact key elsewhere
     # nested: a key of a section another option has (not a hint to add it with +)
     err = _check(capsys, ["backend.pacing.piggyback_max_bytes=1048576"])
     assert (

@@ -18,6 +18,7 @@ H200 = DATA_DIR / "h200-capture"
 PAIR = DATA_DIR / "hta" / "trace_filter"
 SINGLE = DATA_DIR / "hta" / "cpu_only" / "rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
 JOB1 = DATA_DIR / "alibaba-pai" / "job_1_norm.csv"
+ST = DATA_DIR / "bytedance" / "trace-ST.parquet"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -248,3 +249,9 @@ def test_a_folder_of_other_traces_names_its_files(capsys) -> None:
     err = capsys.readouterr().err
     assert "read as a folder of Kineto JSON files" in err and "it also holds job_1_norm.csv" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_parquet_file_read_as_kineto_is_named_as_parquet() -> None:
+    r = _run("info", str(ST), "--format", "kineto")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "It is a Parquet file" in r.stderr and "drop --format" in r.stderr

@@ -68,6 +68,15 @@ class StreamResult:
     bytes_read: int
 
 
+def _starts_with(path: Path, magic: bytes) -> bool:
+    """Whether the file at ``path`` begins with ``magic`` (False when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False
+
+
 class _EndOfData(Exception):
     """The text ended before the JSON document did."""
 
@@ -284,9 +293,14 @@ def stream_events(
             raise _Corrupt(reader.offset, f"extra data after the JSON document: {rest!r}")
     except _Corrupt as err:
         where = f"after event #{count - 1}" if count else "before the first event"
+        advice = "The file is corrupt; re-export it from the profiler."
+        if not count and _starts_with(p, b"PAR1"):
+            advice = (
+                "It is a Parquet file (a canonical or ByteDance trace), not Kineto JSON: read it as one "
+                "(drop --format, or --format canonical / bytedance; pacectl.run: trace=<file>)."
+            )
         raise TraceError(
-            f"trace file must be valid JSON, got {err.what} at character {err.offset} ({where}) (in {p}). "
-            "The file is corrupt; re-export it from the profiler."
+            f"trace file must be valid JSON, got {err.what} at character {err.offset} ({where}) (in {p}). {advice}"
         ) from None
     except _EndOfData:
         reason = (
