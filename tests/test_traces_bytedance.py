@@ -185,7 +185,7 @@ def test_exact_duplicate_row_is_dropped_with_a_warning(st_frame: pd.DataFrame, t
     row = st_frame.iloc[40]
     with pytest.warns(
         TraceWarning,
-        match=rf"dropped 1 exact duplicate row .*first: row {len(st_frame)}, step {row['step']}, rank {row['rank']}",
+        match=rf"dropped 1 exact duplicate row .*the first dropped: row {len(st_frame)} \(step {row['step']}, rank {row['rank']}",
     ):
         trace = load_bytedance(_write(df, tmp_path), ST_META)
     pd.testing.assert_frame_equal(trace.ops, load_bytedance(ST_PARQUET, ST_META).ops)

@@ -99,7 +99,7 @@ def test_exact_duplicate_row_is_dropped_with_a_warning(tmp_path: Path, job1_fram
     # like the upstream job_2_norm.csv: one row repeated (its index column differs, the data does not)
     i = int(np.flatnonzero(((job1_frame["worker"] == 3) & (job1_frame["time"] == 1001)).to_numpy())[0])
     d = pd.concat([job1_frame.iloc[: i + 1], job1_frame.iloc[i : i + 1], job1_frame.iloc[i + 1 :]])
-    match = rf"dropped 1 exact duplicate row \(same worker, gpu, time and batch_time_norm .*row {i + 3}, worker 3, time 1001"
+    match = rf"dropped 1 exact duplicate row \(same worker, gpu, time and batch_time_norm .*the first dropped: row {i + 3} \(worker 3, time 1001.*a copy of row {i + 2}\)"
     with pytest.warns(TraceWarning, match=match):
         trace = load_steplevel(_csv(tmp_path, d.reset_index(drop=True)))
     ref = load_steplevel(JOB1)

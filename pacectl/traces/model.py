@@ -117,10 +117,13 @@ def drop_exact_duplicates(
     if count == 0:
         return df
     i = int(np.flatnonzero(dup.to_numpy())[0])
-    first = f"row {i + row_offset}" + (f", {describe(df.iloc[i])}" if describe is not None else "")
+    row = df.iloc[i]
+    same = (df.eq(row) | (df.isna() & row.isna())).all(axis=1)  # NaN equals NaN, as in duplicated()
+    original = int(np.flatnonzero(same.to_numpy())[0])  # the row it repeats
+    first = f"row {i + row_offset}" + (f" ({describe(df.iloc[i])})" if describe is not None else "")
     warnings.warn(
         f"{source}: dropped {count} exact duplicate row{'s' if count != 1 else ''} "
-        f"(same {what} as an earlier row; first: {first})",
+        f"(same {what} as an earlier row; the first dropped: {first}, a copy of row {original + row_offset})",
         TraceWarning,
         stacklevel=3,
     )
