@@ -60,11 +60,11 @@ def unknown_keys_error(where: str, section: Mapping[str, Any], known: Iterable[s
     """The error for the keys of the config ``section`` (at override path ``where``) not in ``known``.
 
     It lists the unknown and the known keys, and suggests the closest known key with the value given
-    (``Did you mean guard.window_iters=4?``) or dropping the ``+`` override.
+    (``Did you mean guard.window_iters=4?``) or removing the key.
 
     Example:
         >>> print(unknown_keys_error("guard", {"windo_iters": 4}, ["window_iters"]))
-        guard has unknown key(s) ['windo_iters']: nothing reads them (known: ['window_iters']). Did you mean guard.window_iters=4? Otherwise drop the override +guard.windo_iters=4
+        guard has unknown key(s) ['windo_iters']: nothing reads them (known: ['window_iters']). Did you mean guard.window_iters=4? Otherwise remove guard.windo_iters
     """
     known = sorted(known)
     unknown = sorted(str(k) for k in section if str(k) not in known)
@@ -78,9 +78,10 @@ def unknown_keys_error(where: str, section: Mapping[str, Any], known: Iterable[s
         else "..."
     )
     close = difflib.get_close_matches(first, known, n=1) or [k for k in known if k.startswith(first)][:1]
-    fix = f"Drop the override +{where}.{first}={shown}"
+    # where the key came from is not known here (a +key override, a list value, a file): name the key
+    fix = f"Remove {where}.{first} (set to {shown})"
     if close:
-        fix = f"Did you mean {where}.{close[0]}={shown}? Otherwise drop the override +{where}.{first}={shown}"
+        fix = f"Did you mean {where}.{close[0]}={shown}? Otherwise remove {where}.{first}"
     return ConfigError(f"{where} has unknown key(s) {unknown}: nothing reads them (known: {known}). {fix}")
 
 

@@ -303,7 +303,7 @@ def test_validate_cluster_rejects_unknown_keys_at_every_level(override: str, mes
     with pytest.raises(ConfigError) as err:
         validate_cluster(_profile("contended", (override,)))
     assert message in str(err.value)
-    assert "drop the override +" in str(err.value).lower()
+    assert "remove cluster." in str(err.value).lower()
 
 
 def test_validate_cluster_keeps_defaults_for_keys_left_out() -> None:
