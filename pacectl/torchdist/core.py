@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -518,6 +519,12 @@ def validate_control(control: Any, *, source: str) -> dict[str, Any]:
         SafetyGuard(inner, **dict(control.get("guard", {})))
     except TypeError as err:
         raise ConfigError(f"pacing control has an unknown parameter: {err} (in {source})") from err
+    except ConfigError as err:
+        # the parameter checks name command-line overrides; here the value came from this file
+        text = re.sub(
+            r"override: (controller|guard)\.(\w+)=<value>", r'key "\2" of "\1" in this file', str(err)
+        )
+        raise ConfigError(f"pacing control: {text} (in {source})") from err
     return dict(control)
 
 
