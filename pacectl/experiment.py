@@ -314,8 +314,9 @@ def make_experiment(cfg: DictConfig) -> Experiment:
     module, cls = EXPERIMENTS[name].split(":")
     if name == "torch" and importlib.util.find_spec("torch") is None:
         raise ConfigError(
-            "backend=torch needs PyTorch, which is not installed: pip install -e '.[torch]' (or the torch "
-            "build for your CUDA version from pytorch.org); replay and sim need no torch"
+            "backend=torch needs PyTorch, which is not installed: pip install torch (a CPU build is enough "
+            "for the built-in gloo job; the build for your CUDA version from pytorch.org for GPUs), or "
+            "pip install 'pacectl[torch]'; replay and sim need no torch"
         )
     factory: Callable[[DictConfig], Experiment] = getattr(importlib.import_module(module), cls)
     return factory(cfg)
