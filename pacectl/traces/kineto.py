@@ -57,14 +57,14 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
 from pacectl.errors import TraceError
-from pacectl.traces.jsonstream import DEFAULT_MAX_BYTES, stream_events
+from pacectl.traces.jsonstream import DEFAULT_MAX_BYTES, StreamResult, stream_events
 from pacectl.traces.model import (
     MAX_DURATION_S,
     JobMeta,
@@ -300,31 +300,166 @@ def resolve_paths(
 
 # -------------------------------------------------------------------------------------------- per file
 def _args(ev: dict[str, Any]) -> dict[str, Any]:
+    """The event's ``args`` object ({} when absent or not an object)."""
     raw = ev.get("args")
     return raw if isinstance(raw, dict) else {}
 
 
 def _num(value: Any) -> float | None:
+    """``value`` as a float when it is a JSON number (not a bool), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value)
 
 
-def _read_rank_file(
-    path: Path,
-    *,
-    rank_override: int | None,
-    single: bool,
-    max_bytes: int,
-    problems: list[Problem],
-    notes: list[str],
-) -> _RankFile | None:
-    """Stream one file; keep only the events the import needs, as compact columns."""
+# Kind codes of the events a file contributes (column ``kind`` of the per-file event table):
+#   S  ProfilerStep#N annotation            F  forward marker (CPU or GPU annotation)
+#   K  NCCL/RCCL collective kernel          G  other GPU work (kernel, memcpy, memset)
+#   B  CPU backend span (gloo:*, mpi:*...)  N  nccl:* CPU annotation
+#   E  c10d::<coll>_ enqueue op
+#   L  cuda_runtime call: not a row, only its launch time is kept (to anchor the GPU work it launched)
+class _Event(NamedTuple):
+    """One kept event: a row of the per-file event table (times in µs)."""
+
+    kind: str  # kind code (see above)
+    name: str  # event name; "" for G (plain GPU work)
+    ts: float
+    dur: float
+    corr: float | None  # K and G: correlation id, to find the launching cuda_runtime call
+    idx: int  # index in traceEvents
+    loc: int  # hash of (name, pid, tid): exact duplicates share (kind, loc, ts, dur)
+    # JSON values as recorded, not yet checked (None where the kind has no such field):
+    coll: Any  # K: args["Collective name"]
+    pg: Any  # K, B, N, E: args["Process Group Name"]
+    stream: Any  # K: args["stream"], else the event's tid
+    nelems: Any  # K: args["In msg nelems"]
+    seq: Any  # K, B, N, E: the first of args[_SEQ_KEYS]
+
+
+_RAW_FIELDS = ("coll", "pg", "stream", "nelems", "seq")  # object columns: values kept as recorded
+_COLL_COLUMNS = ["step", "kind", "pg", "seq", "arrival", "end", "nelems"]  # _RankFile.colls
+
+
+def _cpu_coll_code(name: str) -> str | None:
+    """``N`` for an ``nccl:<coll>`` CPU span, ``B`` for another backend's (``gloo:``, ``mpi:``...), else None."""
+    if _CPU_COLL_RE.match(name):
+        return "N" if name.startswith("nccl:") else "B"
+    return None
+
+
+def _classify(ev: dict[str, Any]) -> str | None:
+    """The kind code of one trace event (see ``_Event``), or None when the import does not use it.
+
+    Only complete events (``ph == "X"``) with a string ``cat`` and ``name`` are used; ``cat`` is
+    compared case-insensitively.
+    """
+    if ev.get("ph") != "X":
+        return None
+    cat = ev.get("cat")
+    name = ev.get("name")
+    if not isinstance(cat, str) or not isinstance(name, str):
+        return None
+    cat_l = cat.lower()
+    if cat_l == "user_annotation":
+        if _STEP_RE.match(name):
+            return "S"
+        if "forward" in name.lower():
+            return "F"
+        return _cpu_coll_code(name)
+    if cat_l == "gpu_user_annotation":
+        return "F" if "forward" in name.lower() else None
+    if cat_l in _GPU_CATS:
+        return "K" if cat_l == "kernel" and _KERNEL_RE.match(name) else "G"
+    if cat_l == "cuda_runtime":
+        return "L"
+    if cat_l == "cpu_op":
+        return "E" if _ENQUEUE_RE.match(name) else _cpu_coll_code(name)
+    return None
+
+
+def _time_problems(ev: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(field, message)`` for each invalid time of a kept event: ``ts`` (finite, µs) and ``dur``
+    (finite, in [0, MAX_DURATION_S] in µs); [] when both are valid."""
+    name = ev["name"]
+    ts = _num(ev.get("ts"))
+    dur = _num(ev.get("dur"))
+    out: list[tuple[str, str]] = []
+    if ts is None or not math.isfinite(ts):
+        out.append(("ts", f"ts of {name[:60]!r} must be a finite number (µs), got {ev.get('ts')!r}"))
+    if dur is None or not math.isfinite(dur) or dur < 0 or dur > _MAX_DUR_US:
+        out.append(
+            (
+                "dur",
+                f"dur of {name[:60]!r} must be a finite number in [0, {_MAX_DUR_US:.0f}] µs, got {ev.get('dur')!r}",
+            )
+        )
+    return out
+
+
+def _seq_of(args: dict[str, Any]) -> Any:
+    """The collective's sequence number as recorded (the first of ``_SEQ_KEYS`` present), else None."""
+    return next((args[k] for k in _SEQ_KEYS if k in args), None)
+
+
+def _event_row(code: str, ev: dict[str, Any], idx: int) -> _Event:
+    """The row kept for event #``idx`` of kind ``code`` (not ``L``), whose ``ts``/``dur`` are valid."""
+    name = ev["name"]
+    args = _args(ev)
+    kernel = code == "K"
+    collective = code in ("K", "B", "N", "E")
+    return _Event(
+        kind=code,
+        name="" if code == "G" else name,
+        ts=float(ev["ts"]),
+        dur=float(ev["dur"]),
+        corr=_num(args.get("correlation")) if code in ("K", "G") else None,
+        idx=idx,
+        loc=hash((name, str(ev.get("pid")), str(ev.get("tid")))),
+        coll=args.get("Collective name") if kernel else None,
+        pg=args.get("Process Group Name") if collective else None,
+        stream=args.get("stream", ev.get("tid")) if kernel else None,
+        nelems=args.get("In msg nelems") if kernel else None,
+        seq=_seq_of(args) if collective else None,
+    )
+
+
+def _record_launch(ev: dict[str, Any], launches: dict[int, float]) -> None:
+    """Remember a ``cuda_runtime`` call's start (µs) under its correlation id, when it has both."""
+    corr = _num(_args(ev).get("correlation"))
+    ts = _num(ev.get("ts"))
+    if corr is not None and ts is not None and math.isfinite(ts):
+        launches[int(corr)] = ts
+
+
+def _events_frame(rows: list[_Event]) -> pd.DataFrame:
+    """The kept events as a table, columns ``_Event._fields`` (``ts``/``dur`` float µs; the raw
+    argument columns of object dtype, so each value stays as the JSON held it)."""
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(_Event._fields)
+    ev = pd.DataFrame(
+        {
+            f: pd.Series(list(values), dtype=object) if f in _RAW_FIELDS else list(values)
+            for f, values in zip(_Event._fields, columns, strict=True)
+        }
+    )
+    ev["ts"] = ev["ts"].astype(float)
+    ev["dur"] = ev["dur"].astype(float)
+    return ev
+
+
+def _stream_file(
+    path: Path, max_bytes: int, problems: list[Problem]
+) -> tuple[pd.DataFrame, dict[int, float], StreamResult]:
+    """Stream one file, keeping only the events the import needs.
+
+    Returns:
+        ``(events, launches, result)``: the kept events (see :func:`_events_frame`); the start (µs) of
+        each ``cuda_runtime`` call by correlation id; the reader's result (metadata, truncation).
+        Events that are not objects or have invalid times are skipped and appended to ``problems``
+        (at most ``_MAX_PROBLEMS`` in all).
+    """
     fname = str(path)
-    cols: dict[str, list[Any]] = {k: [] for k in ("kind", "name", "ts", "dur", "corr", "aux", "idx", "loc")}
+    rows: list[_Event] = []
     launches: dict[int, float] = {}
-    # kind codes: S step, F forward marker, K collective kernel, G other GPU work, B CPU backend coll,
-    # N nccl:* annotation, E c10d enqueue
 
     def problem(idx: int, fld: str, msg: str) -> None:
         if len(problems) < _MAX_PROBLEMS:
@@ -334,120 +469,70 @@ def _read_rank_file(
         if not isinstance(ev, dict):
             problem(idx, "event", f"each trace event must be a JSON object, got {type(ev).__name__}")
             return
-        if ev.get("ph") != "X":
+        code = _classify(ev)
+        if code is None:
             return
-        cat = ev.get("cat")
-        name = ev.get("name")
-        if not isinstance(cat, str) or not isinstance(name, str):
+        if code == "L":
+            _record_launch(ev, launches)
             return
-        cat_l = cat.lower()
-        code = ""
-        aux: Any = None
-        if cat_l == "user_annotation":
-            if _STEP_RE.match(name):
-                code = "S"
-            elif "forward" in name.lower():
-                code = "F"
-            elif _CPU_COLL_RE.match(name):
-                code = "N" if name.startswith("nccl:") else "B"
-        elif cat_l == "gpu_user_annotation":
-            if "forward" in name.lower():
-                code = "F"
-        elif cat_l in _GPU_CATS:
-            args = _args(ev)
-            if cat_l == "kernel" and _KERNEL_RE.match(name):
-                code = "K"
-                aux = {
-                    "coll": args.get("Collective name"),
-                    "pg": args.get("Process Group Name"),
-                    "stream": args.get("stream", ev.get("tid")),
-                    "nelems": args.get("In msg nelems"),
-                    "seq": next((args[k] for k in _SEQ_KEYS if k in args), None),
-                }
-            else:
-                code = "G"
-            corr = _num(args.get("correlation"))
-            cols["corr"].append(corr)
-        elif cat_l == "cuda_runtime":
-            args = _args(ev)
-            corr = _num(args.get("correlation"))
-            ts = _num(ev.get("ts"))
-            if corr is not None and ts is not None and math.isfinite(ts):
-                launches[int(corr)] = ts
-            return
-        elif cat_l == "cpu_op":
-            if _ENQUEUE_RE.match(name):
-                code = "E"
-            elif _CPU_COLL_RE.match(name):
-                code = "N" if name.startswith("nccl:") else "B"
-        if not code:
-            return
-        if code not in ("K", "G"):
-            cols["corr"].append(None)
-        if code in ("B", "N", "E"):
-            args = _args(ev)
-            aux = {
-                "pg": args.get("Process Group Name"),
-                "seq": next((args[k] for k in _SEQ_KEYS if k in args), None),
-            }
-        ts = _num(ev.get("ts"))
-        dur = _num(ev.get("dur"))
-        ok = True
-        if ts is None or not math.isfinite(ts):
-            problem(idx, "ts", f"ts of {name[:60]!r} must be a finite number (µs), got {ev.get('ts')!r}")
-            ok = False
-        if dur is None or not math.isfinite(dur) or dur < 0 or dur > _MAX_DUR_US:
-            problem(
-                idx,
-                "dur",
-                f"dur of {name[:60]!r} must be a finite number in [0, {_MAX_DUR_US:.0f}] µs, got {ev.get('dur')!r}",
-            )
-            ok = False
-        if not ok:
-            cols["corr"].pop()
-            return
-        cols["kind"].append(code)
-        cols["name"].append(name if code != "G" else "")
-        cols["loc"].append(hash((name, str(ev.get("pid")), str(ev.get("tid")))))
-        cols["ts"].append(ts)
-        cols["dur"].append(dur)
-        cols["aux"].append(aux)
-        cols["idx"].append(idx)
+        bad = _time_problems(ev)
+        for fld, msg in bad:
+            problem(idx, fld, msg)
+        if not bad:
+            rows.append(_event_row(code, ev, idx))
 
     res = stream_events(path, on_event, max_bytes=max_bytes)
-    meta = res.meta
-    truncated_how = ""
-    if res.truncated is not None:
-        truncated_how = (
-            f"its JSON ended early ({res.truncated.reason}) at character {res.truncated.offset}, "
-            f"after {res.num_events} complete events"
-        )
-        lost = (
-            "the rest of traceEvents and all metadata after it"
-            if res.truncated.in_events
-            else "trailing metadata"
-        )
-        notes.append(
-            f"{fname}: truncated ({res.truncated.reason}) at character {res.truncated.offset}; recovered "
-            f"{res.num_events} complete events, lost {lost}"
-        )
-    ev = pd.DataFrame(cols)
-    ev["ts"] = ev["ts"].astype(float)
-    ev["dur"] = ev["dur"].astype(float)
-    # exact duplicates of the events used (same name, pid, tid, ts, dur) are a recording/merge error
+    return _events_frame(rows), launches, res
+
+
+def _truncation(fname: str, res: StreamResult, notes: list[str]) -> str:
+    """Where and why the file's JSON ended early ("" when complete); notes what was lost."""
+    if res.truncated is None:
+        return ""
+    lost = (
+        "the rest of traceEvents and all metadata after it"
+        if res.truncated.in_events
+        else "trailing metadata"
+    )
+    notes.append(
+        f"{fname}: truncated ({res.truncated.reason}) at character {res.truncated.offset}; recovered "
+        f"{res.num_events} complete events, lost {lost}"
+    )
+    return (
+        f"its JSON ended early ({res.truncated.reason}) at character {res.truncated.offset}, "
+        f"after {res.num_events} complete events"
+    )
+
+
+def _report_duplicates(ev: pd.DataFrame, fname: str, problems: list[Problem]) -> None:
+    """A problem for each of the first 20 exact duplicates (same kind, name, pid, tid, ts, dur) among
+    the kept events: a recording or merge error."""
     dup = ev.duplicated(subset=["kind", "loc", "ts", "dur"], keep="first")
-    if dup.any():
-        for _, row in ev[dup].head(20).iterrows():
-            problems.append(
-                Problem(
-                    fname,
-                    f"event #{int(row['idx'])}",
-                    "event",
-                    f"each event must appear once, got a duplicate of {row['name'][:60] or 'a GPU event'!r} at ts {plain(row['ts'])!r}",
-                )
+    if not dup.any():
+        return
+    first = ev[dup].head(20)
+    for idx, name, ts in zip(first["idx"], first["name"], first["ts"], strict=True):
+        problems.append(
+            Problem(
+                fname,
+                f"event #{int(idx)}",
+                "event",
+                f"each event must appear once, got a duplicate of {name[:60] or 'a GPU event'!r} at ts {plain(ts)!r}",
             )
-    # --- rank and world size
-    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else None
+        )
+
+
+def _rank_of(
+    path: Path,
+    dist: dict[str, Any] | None,
+    rank_override: int | None,
+    single: bool,
+    problems: list[Problem],
+    notes: list[str],
+) -> tuple[int, str] | None:
+    """The file's rank and where it came from: the override, else ``distributedInfo.rank``, else a
+    ``rank<N>`` in the file name, else 0 for a single file. None (with a problem) when unknown or < 0."""
+    fname = str(path)
     rank: int | None = None
     rank_from = ""
     if dist is not None and isinstance(dist.get("rank"), int) and not isinstance(dist.get("rank"), bool):
@@ -477,49 +562,44 @@ def _read_rank_file(
     if rank < 0:
         problems.append(Problem(fname, "file", "rank", f"rank must be >= 0, got {rank!r}"))
         return None
-    world: int | None = None
-    if dist is not None:
-        ws = dist.get("world_size")
-        if isinstance(ws, int) and not isinstance(ws, bool) and ws >= 1:
-            world = ws
-        elif ws is not None:
-            problems.append(
-                Problem(
-                    fname,
-                    "file",
-                    "distributedInfo.world_size",
-                    f"world_size must be a positive integer, got {ws!r}",
-                )
+    return rank, rank_from
+
+
+def _world_size_of(dist: dict[str, Any] | None, fname: str, problems: list[Problem]) -> int | None:
+    """``distributedInfo.world_size`` when a positive integer; None when absent or invalid (a problem)."""
+    if dist is None:
+        return None
+    ws = dist.get("world_size")
+    if isinstance(ws, int) and not isinstance(ws, bool) and ws >= 1:
+        return ws
+    if ws is not None:
+        problems.append(
+            Problem(
+                fname,
+                "file",
+                "distributedInfo.world_size",
+                f"world_size must be a positive integer, got {ws!r}",
             )
-    backend = str(dist.get("backend")) if dist is not None and dist.get("backend") is not None else None
-    base = meta.get("baseTimeNanoseconds")
-    base_num = _num(base)
-    base_us = base_num / 1000.0 if base_num is not None and math.isfinite(base_num) else None
-    # --- steps
-    st = ev[ev["kind"] == "S"]
-    if len(st):
-        step_ids = st["name"].str.slice(len("ProfilerStep#")).astype(np.int64)
-        steps = pd.DataFrame(
-            {
-                "step": step_ids.to_numpy(),
-                "start": st["ts"].to_numpy(),
-                "end": (st["ts"] + st["dur"]).to_numpy(),
-            }
         )
-        dups = steps["step"].duplicated()
-        if dups.any():
-            for i in np.flatnonzero(dups.to_numpy())[:5]:
-                problems.append(
-                    Problem(
-                        fname,
-                        f"event #{int(st['idx'].iloc[i])}",
-                        "name",
-                        f"each ProfilerStep#N must appear once, got step {int(steps['step'].iloc[i])} again",
-                    )
-                )
-            steps = steps[~dups]
-        steps = steps.sort_values("start").reset_index(drop=True)
-    else:
+    return None
+
+
+def _base_us(meta: dict[str, Any]) -> float | None:
+    """``baseTimeNanoseconds`` in µs (the epoch of relative ``ts``), None when absent or not finite."""
+    base = _num(meta.get("baseTimeNanoseconds"))
+    return base / 1000.0 if base is not None and math.isfinite(base) else None
+
+
+def _steps_table(
+    ev: pd.DataFrame, fname: str, truncated: bool, problems: list[Problem], notes: list[str]
+) -> pd.DataFrame | None:
+    """The file's steps (columns step, start, end; µs; sorted by start) from its ProfilerStep#N spans.
+
+    A repeated step number is a problem (the first one is kept). Without any step span the whole
+    trace is one step 0, with a note; None (with a problem) when the file kept no event at all.
+    """
+    st = ev[ev["kind"] == "S"]
+    if len(st) == 0:
         if len(ev) == 0:
             problems.append(
                 Problem(
@@ -530,14 +610,38 @@ def _read_rank_file(
                 )
             )
             return None
-        if res.truncated is not None:
+        if truncated:
             notes.append(
                 f"{fname}: no ProfilerStep#N annotation survived the truncation; the recovered part is one step (0)"
             )
         else:
             notes.append(f"{fname}: no ProfilerStep#N annotation; the whole trace is one step (0)")
-        steps = pd.DataFrame({"step": [0], "start": [ev["ts"].min()], "end": [(ev["ts"] + ev["dur"]).max()]})
-    # --- anchor time (CPU launch of GPU events), then step of every event
+        return pd.DataFrame({"step": [0], "start": [ev["ts"].min()], "end": [(ev["ts"] + ev["dur"]).max()]})
+    step_ids = st["name"].str.slice(len("ProfilerStep#")).astype(np.int64)
+    steps = pd.DataFrame(
+        {
+            "step": step_ids.to_numpy(),
+            "start": st["ts"].to_numpy(),
+            "end": (st["ts"] + st["dur"]).to_numpy(),
+        }
+    )
+    dups = steps["step"].duplicated()
+    if dups.any():
+        for i in np.flatnonzero(dups.to_numpy())[:5]:
+            problems.append(
+                Problem(
+                    fname,
+                    f"event #{int(st['idx'].iloc[i])}",
+                    "name",
+                    f"each ProfilerStep#N must appear once, got step {int(steps['step'].iloc[i])} again",
+                )
+            )
+        steps = steps[~dups]
+    return steps.sort_values("start").reset_index(drop=True)
+
+
+def _anchor_times(ev: pd.DataFrame, launches: dict[int, float]) -> NDArray[np.float64]:
+    """When each event belongs to a step (µs): its start, or for GPU work its CPU launch's start."""
     anchor = ev["ts"].to_numpy().copy()
     corr = ev["corr"].to_numpy()
     if launches:
@@ -545,95 +649,196 @@ def _read_rank_file(
             t = launches.get(int(corr[i]))
             if t is not None:
                 anchor[i] = t
+    return anchor
+
+
+def _assign_steps(ev: pd.DataFrame, steps: pd.DataFrame, launches: dict[int, float]) -> pd.DataFrame:
+    """``ev`` with a ``step`` column: the last step starting at or before the event's anchor time
+    (:func:`_anchor_times`); events before the first step or after the last one's end are dropped."""
+    anchor = _anchor_times(ev, launches)
     starts = steps["start"].to_numpy()
     ends = steps["end"].to_numpy()
     pos = np.searchsorted(starts, anchor, side="right") - 1
     valid = pos >= 0
     last = len(starts) - 1
     valid &= ~((pos == last) & (anchor > ends[last] if last >= 0 else False))
-    ev["step"] = np.where(valid, steps["step"].to_numpy()[np.clip(pos, 0, None)], -1)
-    ev = ev[valid]
-    # --- forward end and GPU end per step
+    step = np.where(valid, steps["step"].to_numpy()[np.clip(pos, 0, None)], -1)
+    return ev.assign(step=step)[valid]
+
+
+def _step_ends(ev: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Per step (index), the latest end (µs) of a forward marker and of GPU work (K or G)."""
     end_t = ev["ts"] + ev["dur"]
-    fwd_end = end_t[ev["kind"] == "F"].groupby(ev["step"][ev["kind"] == "F"]).max()
-    gpu_mask = ev["kind"].isin(["G", "K"])
-    gpu_end = end_t[gpu_mask].groupby(ev["step"][gpu_mask]).max()
-    # --- collectives, first source that exists
-    colls: list[dict[str, Any]] = []
+    fwd = ev["kind"] == "F"
+    fwd_end = end_t[fwd].groupby(ev["step"][fwd]).max()
+    gpu = ev["kind"].isin(["G", "K"])
+    gpu_end = end_t[gpu].groupby(ev["step"][gpu]).max()
+    return fwd_end, gpu_end
+
+
+def _kernel_kind(coll: Any, name: str) -> str:
+    """Canonical kind of an NCCL/RCCL kernel: from its ``Collective name`` when a string, else its name."""
+    if isinstance(coll, str):
+        return _kind(coll)
+    m = _KERNEL_RE.match(name)
+    return _kind(m.group(1) if m else "unknown")
+
+
+def _kernel_collectives(kern: pd.DataFrame) -> pd.DataFrame:
+    """Collectives from NCCL/RCCL kernels (columns ``_COLL_COLUMNS``; arrival = kernel start, µs).
+
+    Process group: ``Process Group Name`` when a string, else ``stream <stream>``.
+    """
+    return pd.DataFrame(
+        {
+            "step": kern["step"].to_numpy(),
+            "kind": [_kernel_kind(c, n) for c, n in zip(kern["coll"], kern["name"], strict=True)],
+            "pg": [
+                pg if isinstance(pg, str) else f"stream {stream}"
+                for pg, stream in zip(kern["pg"], kern["stream"], strict=True)
+            ],
+            "seq": [_num(s) for s in kern["seq"]],
+            "arrival": kern["ts"].to_numpy(),
+            "end": (kern["ts"] + kern["dur"]).to_numpy(),
+            "nelems": [_num(x) for x in kern["nelems"]],
+        }
+    )
+
+
+def _enqueue_kind(name: str) -> str:
+    """Canonical kind of a ``c10d::<coll>_`` enqueue op."""
+    m = _ENQUEUE_RE.match(name)
+    return _kind(m.group(1) if m else "unknown")
+
+
+def _paired_arrivals(
+    back: pd.DataFrame, kinds: NDArray[Any], enq: pd.DataFrame
+) -> NDArray[np.float64] | None:
+    """Arrival of each backend span (µs): the start of its ``c10d::`` enqueue op, or None if they do not pair.
+
+    They pair when, for every kind, spans and enqueue ops are equally many and the i-th enqueue op
+    (by time) starts no later than 1 µs after the i-th span; then the i-th span arrives at the i-th
+    enqueue op's start.
+    """
+    if len(enq) == 0:
+        return None
+    back_ts = back["ts"].to_numpy()
+    enq_ts = enq["ts"].to_numpy()
+    enq_kind = np.array([_enqueue_kind(n) for n in enq["name"]], dtype=object)
+    arrival = back_ts.copy()
+    for k in np.unique(kinds):
+        bi = np.flatnonzero(kinds == k)
+        ei = np.flatnonzero(enq_kind == k)
+        if len(bi) != len(ei):
+            return None
+        b_order = bi[np.argsort(back_ts[bi], kind="stable")]
+        e_ts = np.sort(enq_ts[ei])
+        if not (e_ts <= back_ts[b_order] + 1.0).all():
+            return None
+        arrival[b_order] = e_ts
+    return arrival
+
+
+def _backend_collectives(back: pd.DataFrame, enq: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Collectives from CPU backend spans (``gloo:<coll>``...) and how their arrival was timed.
+
+    Returns:
+        ``(colls, arrival_source)``: columns ``_COLL_COLUMNS`` (µs); arrival from the paired
+        enqueue ops (:func:`_paired_arrivals`), else the span start.
+    """
+    kinds = back["name"].map(lambda n: _kind(n.split(":", 1)[1])).to_numpy()
+    arrival = _paired_arrivals(back, kinds, enq)
+    colls = pd.DataFrame(
+        {
+            "step": back["step"].to_numpy(),
+            "kind": kinds,
+            "pg": [pg if isinstance(pg, str) else "default" for pg in back["pg"]],
+            "seq": [_num(s) for s in back["seq"]],
+            "arrival": back["ts"].to_numpy() if arrival is None else arrival,
+            "end": (back["ts"] + back["dur"]).to_numpy(),
+            "nelems": np.full(len(back), math.nan),
+        }
+    )
+    how = "backend span start" if arrival is None else "c10d enqueue (paired with the backend span)"
+    return colls, how
+
+
+def _annotation_collectives(ann: pd.DataFrame) -> pd.DataFrame:
+    """Collectives from ``nccl:<coll>`` CPU annotations (columns ``_COLL_COLUMNS``; CPU times, µs)."""
+    return pd.DataFrame(
+        {
+            "step": ann["step"].to_numpy(),
+            "kind": [_kind(n.split(":", 1)[1]) for n in ann["name"]],
+            "pg": [pg if isinstance(pg, str) else "default" for pg in ann["pg"]],
+            "seq": [_num(s) for s in ann["seq"]],
+            "arrival": ann["ts"].to_numpy(),
+            "end": (ann["ts"] + ann["dur"]).to_numpy(),
+            "nelems": np.full(len(ann), math.nan),
+        }
+    )
+
+
+def _collectives(ev: pd.DataFrame) -> tuple[pd.DataFrame, str, str]:
+    """The file's collectives from the first source it has (kernels, backend spans, nccl:* annotations).
+
+    Returns:
+        ``(colls, source, arrival_source)``: columns ``_COLL_COLUMNS`` (µs) and the two labels of
+        :class:`_RankFile`; ``source`` is ``"none"`` (and ``colls`` empty) when the file has none.
+    """
     kern = ev[ev["kind"] == "K"]
-    back = ev[ev["kind"] == "B"]
-    ann = ev[ev["kind"] == "N"]
-    arrival_source = "collective start"
     if len(kern):
-        source = "gpu kernels (NCCL/RCCL)"
-        for (_, row), aux in zip(kern.iterrows(), kern["aux"], strict=True):
-            km = _KERNEL_RE.match(row["name"])
-            raw_kind = aux["coll"] if isinstance(aux.get("coll"), str) else (km.group(1) if km else "unknown")
-            pg = aux["pg"] if isinstance(aux.get("pg"), str) else f"stream {aux['stream']}"
-            colls.append(
-                {
-                    "step": row["step"],
-                    "kind": _kind(str(raw_kind)),
-                    "pg": pg,
-                    "seq": _num(aux.get("seq")),
-                    "arrival": row["ts"],
-                    "end": row["ts"] + row["dur"],
-                    "nelems": _num(aux.get("nelems")),
-                }
-            )
-        arrival_source = "kernel start"
-    elif len(back):
-        source = "CPU backend spans (" + ", ".join(sorted({n.split(":")[0] for n in back["name"]})) + ")"
-        arrival = back["ts"].to_numpy().copy()
-        kinds = back["name"].map(lambda n: _kind(n.split(":", 1)[1])).to_numpy()
-        enq = ev[ev["kind"] == "E"]
-        enq_kind = enq["name"].map(lambda n: _kind(_ENQUEUE_RE.match(n).group(1))).to_numpy()  # type: ignore[union-attr]
-        paired = len(enq) > 0
-        for k in np.unique(kinds):
-            bi = np.flatnonzero(kinds == k)
-            ei = np.flatnonzero(enq_kind == k)
-            if len(bi) != len(ei):
-                paired = False
-                break
-            b_order = bi[np.argsort(back["ts"].to_numpy()[bi], kind="stable")]
-            e_ts = np.sort(enq["ts"].to_numpy()[ei])
-            if not (e_ts <= back["ts"].to_numpy()[b_order] + 1.0).all():
-                paired = False
-                break
-            arrival[b_order] = e_ts
-        if not paired:
-            arrival = back["ts"].to_numpy()
-        arrival_source = "c10d enqueue (paired with the backend span)" if paired else "backend span start"
-        for i, ((_, row), aux) in enumerate(zip(back.iterrows(), back["aux"], strict=True)):
-            colls.append(
-                {
-                    "step": row["step"],
-                    "kind": kinds[i],
-                    "pg": aux["pg"] if isinstance(aux.get("pg"), str) else "default",
-                    "seq": _num(aux.get("seq")),
-                    "arrival": float(arrival[i]),
-                    "end": row["ts"] + row["dur"],
-                    "nelems": math.nan,
-                }
-            )
-    elif len(ann):
-        source = "nccl:* CPU annotations (no device timing)"
-        arrival_source = "CPU enqueue"
-        for (_, row), aux in zip(ann.iterrows(), ann["aux"], strict=True):
-            colls.append(
-                {
-                    "step": row["step"],
-                    "kind": _kind(row["name"].split(":", 1)[1]),
-                    "pg": aux["pg"] if isinstance(aux.get("pg"), str) else "default",
-                    "seq": _num(aux.get("seq")),
-                    "arrival": row["ts"],
-                    "end": row["ts"] + row["dur"],
-                    "nelems": math.nan,
-                }
-            )
-    else:
-        source = "none"
-    coll_df = pd.DataFrame(colls, columns=["step", "kind", "pg", "seq", "arrival", "end", "nelems"])
+        return _kernel_collectives(kern), "gpu kernels (NCCL/RCCL)", "kernel start"
+    back = ev[ev["kind"] == "B"]
+    if len(back):
+        colls, arrival_source = _backend_collectives(back, ev[ev["kind"] == "E"])
+        backends = ", ".join(sorted({n.split(":")[0] for n in back["name"]}))
+        return colls, f"CPU backend spans ({backends})", arrival_source
+    ann = ev[ev["kind"] == "N"]
+    if len(ann):
+        return _annotation_collectives(ann), "nccl:* CPU annotations (no device timing)", "CPU enqueue"
+    return pd.DataFrame([], columns=_COLL_COLUMNS), "none", "collective start"
+
+
+def _read_rank_file(
+    path: Path,
+    *,
+    rank_override: int | None,
+    single: bool,
+    max_bytes: int,
+    problems: list[Problem],
+    notes: list[str],
+) -> _RankFile | None:
+    """Read one rank's file into a :class:`_RankFile` (times in µs, relative to the file's base).
+
+    Args:
+        path: the file.
+        rank_override: its rank, replacing ``distributedInfo.rank``; None to read it.
+        single: it is the only file (an unknown rank is then 0).
+        max_bytes: cap on its size and decompressed text, bytes.
+        problems, notes: where problems and notes are appended.
+
+    Returns:
+        The file's contribution, or None when a problem makes it unusable (see ``problems``).
+    """
+    fname = str(path)
+    ev, launches, res = _stream_file(path, max_bytes, problems)
+    truncated_how = _truncation(fname, res, notes)
+    _report_duplicates(ev, fname, problems)
+    meta = res.meta
+    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else None
+    ranked = _rank_of(path, dist, rank_override, single, problems, notes)
+    if ranked is None:
+        return None
+    rank, rank_from = ranked
+    world = _world_size_of(dist, fname, problems)
+    backend = str(dist.get("backend")) if dist is not None and dist.get("backend") is not None else None
+    base_us = _base_us(meta)
+    steps = _steps_table(ev, fname, res.truncated is not None, problems, notes)
+    if steps is None:
+        return None
+    ev = _assign_steps(ev, steps, launches)
+    fwd_end, gpu_end = _step_ends(ev)
+    colls, source, arrival_source = _collectives(ev)
     return _RankFile(
         path=path,
         rank=rank,
@@ -644,7 +849,7 @@ def _read_rank_file(
         truncated=res.truncated is not None,
         truncated_how=truncated_how,
         steps=steps,
-        colls=coll_df,
+        colls=colls,
         fwd_end=fwd_end,
         gpu_end=gpu_end,
         coll_source=source,
@@ -796,9 +1001,10 @@ def _several_jobs(recs: list[_RankFile]) -> Problem | None:
 def _check_ranks(
     recs: list[_RankFile], world_size: int | None, strict: bool, problems: list[Problem], notes: list[str]
 ) -> None:
+    """Check the files' ranks and world sizes against each other (problems) and note a subset of the world."""
     ranks_seen = [r.rank for r in recs]
-    declared_all = {r.world_size for r in recs if r.world_size is not None}
-    if len(set(ranks_seen)) < len(ranks_seen) or (world_size is None and len(declared_all) > 1):
+    declared = {r.world_size for r in recs if r.world_size is not None}
+    if len(set(ranks_seen)) < len(ranks_seen) or (world_size is None and len(declared) > 1):
         several = _several_jobs(recs)
         if several is not None:
             problems.append(several)
@@ -815,7 +1021,6 @@ def _check_ranks(
                 )
             )
         by_rank[r.rank] = r.path
-    declared = {r.world_size for r in recs if r.world_size is not None}
     if world_size is None and len(declared) > 1:
         problems.append(
             Problem(
@@ -826,7 +1031,7 @@ def _check_ranks(
             )
         )
         return
-    world = world_size if world_size is not None else (declared.pop() if declared else None)
+    world = world_size if world_size is not None else next(iter(declared), None)
     if world is None:
         return
     for r in recs:
@@ -909,37 +1114,41 @@ def _fail_across_ranks(recs: list[_RankFile], message: str, failure: str) -> NoR
     raise TraceError(message)
 
 
-def _assemble(
-    recs: list[_RankFile],
-    files: list[Path],
-    world_size: int | None,
-    align: str,
-    drop_unmatched: bool,
-    notes: list[str],
-    name: str | None,
-) -> tuple[OpTrace, KinetoReport]:
-    n = len(recs)
-    src = "; ".join(sorted({str(r.path) for r in recs}))
-    # relative ts + baseTimeNanoseconds: shift by the base *difference* to the smallest base, so
-    # times stay small (float64 keeps their ns digits; absolute epoch µs would round to 0.25 µs)
-    known = [r.base_us for r in recs if r.base_us is not None]
-    ref_base = min(known) if known else 0.0
-    for r in recs:
-        if r.base_us is not None:
-            r.base_us -= ref_base
+def _require_collectives(recs: list[_RankFile]) -> None:
+    """Fail on the first file (in rank order) that recorded no collective."""
     for r in recs:
         if r.coll_source == "none":
             raise TraceError(
                 "a trace must record at least one collective (NCCL/RCCL kernel, gloo:*/nccl:* annotation), "
                 f"got none (in {r.path}). Profile with activities=[CPU, CUDA] around a distributed step."
             )
-        if r.base_us is not None:
-            r.steps[["start", "end"]] += r.base_us
-            r.colls[["arrival", "end"]] += r.base_us
-            r.fwd_end = r.fwd_end + r.base_us
-            r.gpu_end = r.gpu_end + r.base_us
-    dropped: dict[int, str] = {}
-    # --- collectives used as sync points: gradient ones if any rank has them, else all
+
+
+def _rebase(recs: list[_RankFile]) -> None:
+    """Put every file with a ``baseTimeNanoseconds`` on one time axis (µs, in place).
+
+    Times are shifted by the base's *difference* to the smallest base, so they stay small (float64
+    keeps their ns digits; absolute epoch µs would round to 0.25 µs).
+    """
+    known = [r.base_us for r in recs if r.base_us is not None]
+    ref_base = min(known) if known else 0.0
+    for r in recs:
+        if r.base_us is None:
+            continue
+        r.base_us -= ref_base
+        r.steps[["start", "end"]] += r.base_us
+        r.colls[["arrival", "end"]] += r.base_us
+        r.fwd_end = r.fwd_end + r.base_us
+        r.gpu_end = r.gpu_end + r.base_us
+
+
+def _sync_kinds(recs: list[_RankFile], notes: list[str]) -> tuple[set[str], list[str]]:
+    """The collective kinds used as sync points and the others (folded into compute).
+
+    Returns:
+        ``(use, folded)``: the gradient kinds (:data:`GRAD_KINDS`) any rank has, else every kind
+        (with a note); and the sorted remaining kinds.
+    """
     all_kinds = pd.concat([r.colls["kind"] for r in recs]).value_counts()
     grad = [k for k in GRAD_KINDS if k in all_kinds.index]
     if grad:
@@ -949,8 +1158,14 @@ def _assemble(
         notes.append(
             f"no all-reduce/reduce-scatter collective found; every collective ({sorted(use)}) is a sync point"
         )
-    folded_kinds = sorted(set(all_kinds.index) - use)
-    # --- steps common to every rank
+    return use, sorted(set(all_kinds.index) - use)
+
+
+def _common_steps(recs: list[_RankFile], dropped: dict[int, str], src: str) -> tuple[set[Any], set[Any]]:
+    """The steps every rank recorded and all steps any rank recorded.
+
+    Steps missing from some rank go into ``dropped`` (step -> reason). Fails when no step is common.
+    """
     common = set(recs[0].steps["step"])
     for r in recs[1:]:
         common &= set(r.steps["step"])
@@ -968,11 +1183,18 @@ def _assemble(
             "Were they recorded in the same run with the same profiler schedule?",
             "the rank files must share at least one ProfilerStep#N, got disjoint step sets",
         )
-    # --- match collectives per step across ranks
+    return common, all_steps
+
+
+def _keyed_collectives(recs: list[_RankFile], use: set[str], common: set[Any]) -> tuple[pd.DataFrame, bool]:
+    """Every rank's sync collectives in the common steps, with their match key.
+
+    Returns:
+        ``(allc, use_seq)``: the collectives (``_COLL_COLUMNS`` plus ``ord`` and ``rank``), where
+        ``(step, pg, ord)`` identifies one collective across ranks: ``ord`` is the sequence number when
+        every collective has one (``use_seq``), else the ordinal by arrival within (step, pg).
+    """
     use_seq = all(r.colls["seq"].notna().all() for r in recs if len(r.colls))
-    matching = (
-        "process group + sequence number" if use_seq else "ordinal within (process group or stream) per step"
-    )
     keyed: list[pd.DataFrame] = []
     for r in recs:
         c = r.colls[r.colls["kind"].isin(use) & r.colls["step"].isin(common)].copy()
@@ -980,50 +1202,87 @@ def _assemble(
         c["ord"] = c["seq"] if use_seq else c.groupby(["step", "pg"]).cumcount()
         c["rank"] = r.rank
         keyed.append(c)
-    allc = pd.concat(keyed, ignore_index=True)
-    counts = (
-        allc.groupby(["step", "rank"])
-        .size()
-        .unstack("rank")
-        .reindex(index=sorted(common), columns=[r.rank for r in recs])
-        .fillna(0)
-        .astype(int)
-    )
+    return pd.concat(keyed, ignore_index=True), use_seq
+
+
+def _drop_uneven_steps(
+    counts: pd.DataFrame,
+    recs: list[_RankFile],
+    drop_unmatched: bool,
+    dropped: dict[int, str],
+    notes: list[str],
+    src: str,
+) -> None:
+    """Steps where the ranks' numbers of sync collectives (``counts``: step x rank) differ: fail, or
+    with ``drop_unmatched`` add them to ``dropped`` with a note."""
     bad_steps = counts.index[(counts.nunique(axis=1) > 1).to_numpy()]
-    if len(bad_steps):
-        s = int(bad_steps[0])
-        row = counts.loc[s]
-        per_rank = {int(k): int(v) for k, v in row.items()}
-        msg = (
-            f"every rank must record the same collectives in a step, got {per_rank} "
-            f"(collectives per rank) in step {s} (in {src}); {len(bad_steps)} step(s) unmatched"
+    if not len(bad_steps):
+        return
+    s = int(bad_steps[0])
+    per_rank = {int(k): int(v) for k, v in counts.loc[s].items()}
+    msg = (
+        f"every rank must record the same collectives in a step, got {per_rank} "
+        f"(collectives per rank) in step {s} (in {src}); {len(bad_steps)} step(s) unmatched"
+    )
+    if not drop_unmatched:
+        _fail_across_ranks(
+            recs,
+            msg + ". Pass drop_unmatched (--drop-unmatched) to drop those steps.",
+            f"every rank must record the same collectives in a step, got {per_rank} (collectives per rank) in step {s}",
         )
-        if not drop_unmatched:
-            _fail_across_ranks(
-                recs,
-                msg + ". Pass drop_unmatched (--drop-unmatched) to drop those steps.",
-                f"every rank must record the same collectives in a step, got {per_rank} (collectives per rank) in step {s}",
-            )
-        for s2 in bad_steps:
-            dropped[int(s2)] = "unmatched collectives across ranks"
-        notes.append(msg + "; dropped")
+    for s2 in bad_steps:
+        dropped[int(s2)] = "unmatched collectives across ranks"
+    notes.append(msg + "; dropped")
+
+
+def _drop_partial_collectives(
+    allc: pd.DataFrame,
+    recs: list[_RankFile],
+    use_seq: bool,
+    drop_unmatched: bool,
+    dropped: dict[int, str],
+    src: str,
+) -> None:
+    """Steps holding a collective key (step, pg, ord) that not every rank has: fail, or with
+    ``drop_unmatched`` add them to ``dropped``."""
+    n = len(recs)
     keys = allc.groupby(["step", "pg", "ord"])["rank"].nunique()
     part = keys[keys < n]
-    if len(part):
-        for s2 in part.index.get_level_values("step").unique():
-            if int(s2) not in dropped:
-                if not drop_unmatched:
-                    where = tuple(plain(x) for x in part.index[0])
-                    what = (
-                        f"every collective must be matched on all {n} ranks, got {int(part.iloc[0])} rank(s) for "
-                        f"(step, group, {'seq' if use_seq else 'ordinal'}) = {where}"
-                    )
-                    _fail_across_ranks(
-                        recs,
-                        f"{what} (in {src}). Pass drop_unmatched (--drop-unmatched) to drop those steps.",
-                        what,
-                    )
-                dropped[int(s2)] = "unmatched collectives across ranks"
+    if not len(part):
+        return
+    for s2 in part.index.get_level_values("step").unique():
+        if int(s2) in dropped:
+            continue
+        if not drop_unmatched:
+            where = tuple(plain(x) for x in part.index[0])
+            what = (
+                f"every collective must be matched on all {n} ranks, got {int(part.iloc[0])} rank(s) for "
+                f"(step, group, {'seq' if use_seq else 'ordinal'}) = {where}"
+            )
+            _fail_across_ranks(
+                recs,
+                f"{what} (in {src}). Pass drop_unmatched (--drop-unmatched) to drop those steps.",
+                what,
+            )
+        dropped[int(s2)] = "unmatched collectives across ranks"
+
+
+def _uniform_steps(
+    counts: pd.DataFrame,
+    common: set[Any],
+    all_steps: set[Any],
+    recs: list[_RankFile],
+    dropped: dict[int, str],
+    notes: list[str],
+    src: str,
+) -> tuple[list[Any], int]:
+    """The steps kept for the replay: common, not dropped, with the most common number of buckets.
+
+    Steps with another count go into ``dropped``; a note lists every dropped step.
+
+    Returns:
+        ``(good, buckets)``: the kept steps (sorted) and the number of buckets per step.
+    """
     good = sorted(set(common) - set(dropped))
     per_step = counts.loc[good].iloc[:, 0] if good else pd.Series(dtype=int)
     if len(per_step) == 0:
@@ -1033,7 +1292,6 @@ def _assemble(
             + dropped_steps_note(dropped, len(all_steps)),
             "at least one step must survive matching, got none",
         )
-    # uniform structure for the replay: keep the most common bucket count
     mode = int(per_step.mode().iloc[0])
     for s2, k in per_step.items():
         if k != mode:
@@ -1045,65 +1303,167 @@ def _assemble(
         )
     if dropped:
         notes.append(dropped_steps_note(dropped, len(all_steps)))
-    allc = allc[allc["step"].isin(good)]
-    # bucket order: by mean arrival across ranks within the step
+    return good, mode
+
+
+def _bucket_order(allc: pd.DataFrame) -> pd.DataFrame:
+    """``allc`` with a ``bucket`` column: the collective's index in its step by mean arrival across ranks."""
     order = allc.groupby(["step", "pg", "ord"])["arrival"].mean().rename("mean_arrival").reset_index()
     order["bucket"] = order.sort_values(["step", "mean_arrival"], kind="stable").groupby("step").cumcount()
-    allc = allc.merge(order[["step", "pg", "ord", "bucket"]], on=["step", "pg", "ord"])
-    rank_ids = [r.rank for r in recs]
-    ri = {rk: i for i, rk in enumerate(rank_ids)}
-    si = {s2: i for i, s2 in enumerate(good)}
-    S, K = len(good), mode
-    A = np.full((S, n, K), np.nan)
-    E = np.full((S, n, K), np.nan)
+    return allc.merge(order[["step", "pg", "ord", "bucket"]], on=["step", "pg", "ord"])
+
+
+def _match_collectives(
+    recs: list[_RankFile],
+    use: set[str],
+    common: set[Any],
+    all_steps: set[Any],
+    drop_unmatched: bool,
+    dropped: dict[int, str],
+    notes: list[str],
+    src: str,
+) -> tuple[pd.DataFrame, list[Any], int, bool]:
+    """Match the sync collectives across ranks, dropping (or failing on) steps that do not match.
+
+    Returns:
+        ``(allc, good, buckets, use_seq)``: the matched collectives of the kept steps (with ``rank``
+        and ``bucket``), the kept steps, the buckets per step, and whether sequence numbers matched.
+    """
+    allc, use_seq = _keyed_collectives(recs, use, common)
+    counts = (
+        allc.groupby(["step", "rank"])
+        .size()
+        .unstack("rank")
+        .reindex(index=sorted(common), columns=[r.rank for r in recs])
+        .fillna(0)
+        .astype(int)
+    )
+    _drop_uneven_steps(counts, recs, drop_unmatched, dropped, notes, src)
+    _drop_partial_collectives(allc, recs, use_seq, drop_unmatched, dropped, src)
+    good, buckets = _uniform_steps(counts, common, all_steps, recs, dropped, notes, src)
+    return _bucket_order(allc[allc["step"].isin(good)]), good, buckets, use_seq
+
+
+@dataclass
+class _Times:
+    """Per kept step s, rank j (in rank order) and bucket k: the recorded times, µs."""
+
+    arrival: NDArray[np.float64]  # [S, n, K] collective arrival
+    end: NDArray[np.float64]  # [S, n, K] collective end
+    step_start: NDArray[np.float64]  # [S, n]
+    step_end: NDArray[np.float64]  # [S, n] CPU step end
+    fwd_end: NDArray[np.float64]  # [S, n] forward end, NaN when not recorded
+    gpu_end: NDArray[np.float64]  # [S, n] last GPU event end, NaN when none
+
+    def shifted(self, offsets: NDArray[np.float64]) -> _Times:
+        """These times minus each rank's clock offset (``offsets``: [n], µs)."""
+        shift = offsets[None, :]
+        return _Times(
+            arrival=self.arrival - shift[..., None],
+            end=self.end - shift[..., None],
+            step_start=self.step_start - shift,
+            step_end=self.step_end - shift,
+            fwd_end=self.fwd_end - shift,
+            gpu_end=self.gpu_end - shift,
+        )
+
+
+def _time_arrays(recs: list[_RankFile], allc: pd.DataFrame, good: list[Any], buckets: int) -> _Times:
+    """The matched collectives ``allc`` and the ranks' step times as [step, rank(, bucket)] arrays."""
+    n = len(recs)
+    ri = {r.rank: i for i, r in enumerate(recs)}
+    si = {s: i for i, s in enumerate(good)}
+    shape = (len(good), n, buckets)
+    arrival = np.full(shape, np.nan)
+    end = np.full(shape, np.nan)
     sidx = allc["step"].map(si).to_numpy()
     ridx = allc["rank"].map(ri).to_numpy()
     bidx = allc["bucket"].to_numpy()
-    A[sidx, ridx, bidx] = allc["arrival"].to_numpy()
-    E[sidx, ridx, bidx] = allc["end"].to_numpy()
-    S0 = np.empty((S, n))
-    SE = np.empty((S, n))
-    FE = np.full((S, n), np.nan)
-    GE = np.full((S, n), np.nan)
+    arrival[sidx, ridx, bidx] = allc["arrival"].to_numpy()
+    end[sidx, ridx, bidx] = allc["end"].to_numpy()
+    step_start = np.empty((len(good), n))
+    step_end = np.empty((len(good), n))
+    fwd_end = np.full((len(good), n), np.nan)
+    gpu_end = np.full((len(good), n), np.nan)
     for j, r in enumerate(recs):
         st = r.steps.set_index("step").loc[good]
-        S0[:, j] = st["start"].to_numpy()
-        SE[:, j] = st["end"].to_numpy()
-        FE[:, j] = r.fwd_end.reindex(good).to_numpy(dtype=float)
-        GE[:, j] = r.gpu_end.reindex(good).to_numpy(dtype=float)
-    # --- clock alignment on collective ends
+        step_start[:, j] = st["start"].to_numpy()
+        step_end[:, j] = st["end"].to_numpy()
+        fwd_end[:, j] = r.fwd_end.reindex(good).to_numpy(dtype=float)
+        gpu_end[:, j] = r.gpu_end.reindex(good).to_numpy(dtype=float)
+    return _Times(arrival, end, step_start, step_end, fwd_end, gpu_end)
+
+
+def _align_clocks(t: _Times, align: str) -> tuple[_Times, NDArray[np.float64], NDArray[np.float64]]:
+    """Estimate and remove each rank's clock offset against the first rank (see module docstring).
+
+    Returns:
+        ``(times, offsets, residual)``: the times after alignment (unchanged when not applied), the
+        offsets applied ([n], µs; zeros when not applied) and the residual max - min end over ranks
+        per matched collective ([S, K], µs; zeros for one rank).
+    """
+    end = t.end
+    S, n, K = end.shape
     offsets = np.zeros(n)
     if n > 1 and align != "none":
-        diff = (E - E[:, :1, :]).transpose(1, 0, 2).reshape(n, -1)
+        diff = (end - end[:, :1, :]).transpose(1, 0, 2).reshape(n, -1)
         est = np.nanmedian(diff, axis=1)
-        after = E - est[None, :, None]
+        after = end - est[None, :, None]
         resid_after = float(np.nanmedian(np.nanmax(after, axis=1) - np.nanmin(after, axis=1)))
         # auto: ranks on one host share a clock, and their exit skew (not a clock offset) makes small
         # estimates; only an offset well above the post-alignment residual is a clock difference
         apply = align == "end" or bool(np.nanmax(np.abs(est)) > max(_AUTO_ALIGN_US, 2.0 * resid_after))
         if apply:
             offsets = est
-    applied = bool(np.any(offsets != 0))
-    shift = offsets[None, :]
-    A, E = A - shift[..., None], E - shift[..., None]
-    S0, SE, FE, GE = S0 - shift, SE - shift, FE - shift, GE - shift
-    resid = (np.nanmax(E, axis=1) - np.nanmin(E, axis=1)) if n > 1 else np.zeros((S, K))
-    # --- ops, µs; arrivals clamped into the step
-    A = np.maximum(A, S0[..., None])
-    E = np.maximum(E, A)
+    t = t.shifted(offsets)
+    resid = (np.nanmax(t.end, axis=1) - np.nanmin(t.end, axis=1)) if n > 1 else np.zeros((S, K))
+    return t, offsets, resid
+
+
+@dataclass
+class _OpTimes:
+    """Op boundaries per step s, rank j (and bucket k), µs (see the module docstring's mapping)."""
+
+    arrival: NDArray[np.float64]  # [S, n, K] arrivals clamped into the step
+    fwd_end: NDArray[np.float64]  # [S, n] forward end, within [step start, first arrival]
+    bounds: NDArray[np.float64]  # [S, n, K+1] forward end, then the sorted arrivals
+    coll_start: NDArray[np.float64]  # [S, n, K] bucket op start (serialised after the previous)
+    coll_end: NDArray[np.float64]  # [S, n, K]
+    last_end: NDArray[np.float64]  # [S, n] last bucket end
+    step_end: NDArray[np.float64]  # [S, n] max of CPU end, GPU end and last bucket end
+
+
+def _op_times(t: _Times) -> _OpTimes:
+    """The ops' start and end times from the aligned recorded times."""
+    A = np.maximum(t.arrival, t.step_start[..., None])
+    E = np.maximum(t.end, A)
     A_sorted = np.sort(A, axis=2)
-    fe = np.where(np.isnan(FE), A_sorted[..., 0], FE)
-    fe = np.clip(fe, S0, A_sorted[..., 0])
+    fe = np.where(np.isnan(t.fwd_end), A_sorted[..., 0], t.fwd_end)
+    fe = np.clip(fe, t.step_start, A_sorted[..., 0])
     starts_b = A.copy()
-    for k in range(1, K):  # the replay serialises buckets (see module docstring)
+    for k in range(1, A.shape[2]):  # the replay serialises buckets (see module docstring)
         starts_b[..., k] = np.maximum(A[..., k], E[..., k - 1])
     E = np.maximum(E, starts_b)
     last_end = E.max(axis=2)
-    step_end = np.fmax(np.fmax(SE, GE), last_end)
-    bounds = np.concatenate([fe[..., None], A_sorted], axis=2)
-    t0 = S0.min(axis=1)[:, None]
-    rows: list[pd.DataFrame] = []
+    return _OpTimes(
+        arrival=A,
+        fwd_end=fe,
+        bounds=np.concatenate([fe[..., None], A_sorted], axis=2),
+        coll_start=starts_b,
+        coll_end=E,
+        last_end=last_end,
+        step_end=np.fmax(np.fmax(t.step_end, t.gpu_end), last_end),
+    )
+
+
+def _op_table(
+    o: _OpTimes, step_start: NDArray[np.float64], good: list[Any], rank_ids: list[int]
+) -> pd.DataFrame:
+    """The canonical op table (times in seconds from each step's earliest start over ranks)."""
+    S, n, K = o.arrival.shape
+    t0 = step_start.min(axis=1)[:, None]
     step_arr = np.asarray(good, dtype=np.int64)
+    rows: list[pd.DataFrame] = []
 
     def block(optype: str, seq: int, start: NDArray[np.float64], end: NDArray[np.float64], mc: int) -> None:
         rows.append(
@@ -1122,29 +1482,70 @@ def _assemble(
             )
         )
 
-    block("forward-compute", 0, S0, fe, 0)
+    block("forward-compute", 0, step_start, o.fwd_end, 0)
     for k in range(K):
-        block("backward-compute", k, bounds[..., k], bounds[..., k + 1], 0)
-        block("grads-reduce-scatter", k, starts_b[..., k], E[..., k], -1)
-    block("optimizer", 0, last_end, step_end, -1)
-    ops = pd.concat(rows, ignore_index=True)
+        block("backward-compute", k, o.bounds[..., k], o.bounds[..., k + 1], 0)
+        block("grads-reduce-scatter", k, o.coll_start[..., k], o.coll_end[..., k], -1)
+    block("optimizer", 0, o.last_end, o.step_end, -1)
+    return pd.concat(rows, ignore_index=True)
+
+
+def _job_meta(recs: list[_RankFile], files: list[Path], world_size: int | None, name: str | None) -> JobMeta:
+    """The job layout: pure data parallel over the files; world size from the argument, else the
+    first declared one, at least the number of files and the highest rank + 1."""
+    n = len(recs)
     declared = (
         world_size if world_size is not None else next((r.world_size for r in recs if r.world_size), None)
     )
-    world = max(declared or n, max(rank_ids) + 1)
-    job = name or _job_name(files)
-    meta = JobMeta(name=job, dp_size=n, pp_size=1, world_size=world)
-    ops = validate_ops(ops, meta, source=src)
-    spread = (A.max(axis=1) - A.min(axis=1)) * 1e-6  # true arrivals, [S, K]
-    kinds_count = allc.groupby("kind").size() / max(n * S, 1)
+    world = max(declared or n, max(r.rank for r in recs) + 1)
+    return JobMeta(name=name or _job_name(files), dp_size=n, pp_size=1, world_size=world)
+
+
+def _folded_per_step(recs: list[_RankFile], folded_kinds: list[str], common: set[Any]) -> dict[str, float]:
+    """Mean count per rank and common step of each collective kind folded into compute."""
+    n = len(recs)
     folded: dict[str, float] = {}
-    for k2 in folded_kinds:
-        tot = sum(int((r.colls["kind"] == k2).sum()) for r in recs)
-        folded[k2] = tot / max(n * len(common), 1)
+    for k in folded_kinds:
+        tot = sum(int((r.colls["kind"] == k).sum()) for r in recs)
+        folded[k] = tot / max(n * len(common), 1)
+    return folded
+
+
+def _assemble(
+    recs: list[_RankFile],
+    files: list[Path],
+    world_size: int | None,
+    align: str,
+    drop_unmatched: bool,
+    notes: list[str],
+    name: str | None,
+) -> tuple[OpTrace, KinetoReport]:
+    """Build the trace and report from the ranks' files (``recs``, sorted by rank).
+
+    Puts the files on one time axis, chooses the sync collectives, matches them across ranks
+    (dropping or failing on steps that do not match), aligns the clocks and maps the times to ops.
+    ``notes`` collects what was dropped or guessed (it becomes ``report.warnings``).
+    """
+    n = len(recs)
+    src = "; ".join(sorted({str(r.path) for r in recs}))
+    _require_collectives(recs)
+    _rebase(recs)
+    use, folded_kinds = _sync_kinds(recs, notes)
+    dropped: dict[int, str] = {}
+    common, all_steps = _common_steps(recs, dropped, src)
+    allc, good, K, use_seq = _match_collectives(
+        recs, use, common, all_steps, drop_unmatched, dropped, notes, src
+    )
+    times, offsets, resid = _align_clocks(_time_arrays(recs, allc, good, K), align)
+    op = _op_times(times)
+    rank_ids = [r.rank for r in recs]
+    meta = _job_meta(recs, files, world_size, name)
+    ops = validate_ops(_op_table(op, times.step_start, good, rank_ids), meta, source=src)
+    S = len(good)
+    spread = (op.arrival.max(axis=1) - op.arrival.min(axis=1)) * 1e-6  # true arrivals, [S, K]
+    kinds_count = allc.groupby("kind").size() / max(n * S, 1)
     backends = sorted({r.backend for r in recs if r.backend})
-    srcs = sorted({r.coll_source for r in recs})
-    arr_srcs = sorted({r.arrival_source for r in recs})
-    kinds_label = ", ".join(sorted(str(k2) for k2 in kinds_count.index)) or "none"
+    kinds_label = ", ".join(sorted(str(k) for k in kinds_count.index)) or "none"
     trace = OpTrace(
         ops=ops,
         meta=meta,
@@ -1152,27 +1553,30 @@ def _assemble(
         fmt="kineto",
         collective=f"{','.join(backends)} {kinds_label}" if backends else kinds_label,
     )
+    matching = (
+        "process group + sequence number" if use_seq else "ordinal within (process group or stream) per step"
+    )
     report = KinetoReport(
         files=[str(r.path) for r in recs],
         ranks=rank_ids,
-        world_size=world,
+        world_size=meta.world_size,
         backend=",".join(backends) or "unknown",
-        steps=[int(s2) for s2 in good],
+        steps=[int(s) for s in good],
         dropped_steps=dict(sorted(dropped.items())),
         buckets_per_step=K,
-        kinds={str(k2): float(v) for k2, v in kinds_count.items()},
-        folded_per_step=folded,
-        collective_source="; ".join(srcs),
-        arrival_source="; ".join(arr_srcs),
+        kinds={str(k): float(v) for k, v in kinds_count.items()},
+        folded_per_step=_folded_per_step(recs, folded_kinds, common),
+        collective_source="; ".join(sorted({r.coll_source for r in recs})),
+        arrival_source="; ".join(sorted({r.arrival_source for r in recs})),
         matching=matching if n > 1 else "single rank (nothing to match)",
         align=align,
-        align_applied=applied,
+        align_applied=bool(np.any(offsets != 0)),
         clock_offsets_s={rk: float(o) * 1e-6 for rk, o in zip(rank_ids, offsets, strict=True)},
         residual_median_s=float(np.median(resid)) * 1e-6,
         residual_max_s=float(np.max(resid)) * 1e-6,
         spread_first_s=spread[:, 0],
         spread_all_s=spread,
-        step_time_s=((step_end.max(axis=1) - S0.min(axis=1)) * 1e-6),
+        step_time_s=((op.step_end.max(axis=1) - times.step_start.min(axis=1)) * 1e-6),
         num_events=sum(r.num_events for r in recs),
         warnings=notes,
     )
