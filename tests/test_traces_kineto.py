@@ -245,6 +245,60 @@ def test_old_and_new_nccl_kernel_names(tmp_path: Path) -> None:
     assert np.allclose(rep.spread_first_s, 5e-6)
 
 
+def _nccl_pair(tmp_path: Path, spans: list[tuple[float, float]], **kernel_args: Any) -> Path:
+    """Two NCCL ranks, one step, one all-reduce kernel per ``(ts, dur)`` (µs), identical on both."""
+    for r in range(2):
+        events: list[dict[str, Any]] = [
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "ProfilerStep#3",
+                "pid": 1,
+                "tid": 1,
+                "ts": 0,
+                "dur": 1000,
+            }
+        ]
+        events += [
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                "pid": 0,
+                "tid": 7,
+                "ts": ts,
+                "dur": dur,
+                "args": {"stream": 7, **kernel_args},
+            }
+            for ts, dur in spans
+        ]
+        if "correlation" in kernel_args:  # a CPU launch with that id, and one with a valid id
+            for corr in (kernel_args["correlation"], 7):
+                launch = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1}
+                events.append({**launch, "ts": 150.0, "dur": 5.0, "args": {"correlation": corr}})
+        _write(
+            tmp_path / f"rank{r}.json",
+            {"distributedInfo": {"rank": r, "world_size": 2, "backend": "nccl"}, "traceEvents": events},
+        )
+    return tmp_path
+
+
+def test_buckets_serialise_in_a_chain(tmp_path: Path) -> None:
+    """Bucket k starts after bucket k - 1 ends as serialised itself: a long bucket 0 pushes bucket 1,
+    which pushes bucket 2 (once, bucket 2 started before bucket 0's end)."""
+    trace, _ = _quiet_import(_nccl_pair(tmp_path, [(100.0, 100.0), (110.0, 10.0), (130.0, 10.0)]))
+    colls = trace.ops[(trace.ops["optype"] == "grads-reduce-scatter") & (trace.ops["rank"] == 0)]
+    colls = colls.sort_values("seq_id")
+    starts, ends = colls["start_ts"].to_numpy(), (colls["start_ts"] + colls["duration"]).to_numpy()
+    assert (starts[1:] >= ends[:-1] - 1e-12).all(), (starts, ends)
+
+
+@pytest.mark.parametrize("corr", [float("nan"), float("inf"), 1.5])
+def test_a_correlation_id_that_is_no_integer_links_nothing(tmp_path: Path, corr: float) -> None:
+    trace, rep = _quiet_import(_nccl_pair(tmp_path, [(200.0, 100.0), (500.0, 100.0)], correlation=corr))
+    assert rep.kinds == {"all_reduce": 2.0} and len(trace.steps) == 1
+
+
 # ------------------------------------------------------------------------------------ bad inputs
 def _pair_dir(tmp_path: Path, docs: list[Any], *, gz: bool = False) -> Path:
     for r, d in enumerate(docs):

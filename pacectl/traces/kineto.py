@@ -325,7 +325,7 @@ class _Event(NamedTuple):
     name: str  # event name; "" for G (plain GPU work)
     ts: float
     dur: float
-    corr: float | None  # K and G: correlation id, to find the launching cuda_runtime call
+    corr: int | None  # K and G: correlation id, to find the launching cuda_runtime call
     idx: int  # index in traceEvents
     loc: int  # hash of (name, pid, tid): exact duplicates share (kind, loc, ts, dur)
     # JSON values as recorded, not yet checked (None where the kind has no such field):
@@ -412,7 +412,7 @@ def _event_row(code: str, ev: dict[str, Any], idx: int) -> _Event:
         name="" if code == "G" else name,
         ts=float(ev["ts"]),
         dur=float(ev["dur"]),
-        corr=_num(args.get("correlation")) if code in ("K", "G") else None,
+        corr=_correlation(args) if code in ("K", "G") else None,
         idx=idx,
         loc=hash((name, str(ev.get("pid")), str(ev.get("tid")))),
         coll=args.get("Collective name") if kernel else None,
@@ -423,12 +423,19 @@ def _event_row(code: str, ev: dict[str, Any], idx: int) -> _Event:
     )
 
 
+def _correlation(args: dict[str, Any]) -> int | None:
+    """An event's ``correlation`` id, or None unless it is a finite integral number (a NaN, an
+    infinity or a fraction links nothing: the event then belongs to the step of its own start)."""
+    corr = _num(args.get("correlation"))
+    return int(corr) if corr is not None and math.isfinite(corr) and corr == int(corr) else None
+
+
 def _record_launch(ev: dict[str, Any], launches: dict[int, float]) -> None:
     """Remember a ``cuda_runtime`` call's start (µs) under its correlation id, when it has both."""
-    corr = _num(_args(ev).get("correlation"))
+    corr = _correlation(_args(ev))
     ts = _num(ev.get("ts"))
     if corr is not None and ts is not None and math.isfinite(ts):
-        launches[int(corr)] = ts
+        launches[corr] = ts
 
 
 def _events_frame(rows: list[_Event]) -> pd.DataFrame:
@@ -1442,8 +1449,9 @@ def _op_times(t: _Times) -> _OpTimes:
     fe = np.clip(fe, t.step_start, A_sorted[..., 0])
     starts_b = A.copy()
     for k in range(1, A.shape[2]):  # the replay serialises buckets (see module docstring)
+        # after bucket k-1's end as serialised itself: a bucket pushed later pushes the next one too
         starts_b[..., k] = np.maximum(A[..., k], E[..., k - 1])
-    E = np.maximum(E, starts_b)
+        E[..., k] = np.maximum(E[..., k], starts_b[..., k])
     last_end = E.max(axis=2)
     return _OpTimes(
         arrival=A,
@@ -1506,7 +1514,7 @@ def _folded_per_step(recs: list[_RankFile], folded_kinds: list[str], common: set
     n = len(recs)
     folded: dict[str, float] = {}
     for k in folded_kinds:
-        tot = sum(int((r.colls["kind"] == k).sum()) for r in recs)
+        tot = sum(int(((r.colls["kind"] == k) & r.colls["step"].isin(common)).sum()) for r in recs)
         folded[k] = tot / max(n * len(common), 1)
     return folded
 
