@@ -435,20 +435,25 @@ RUN_KEYS = frozenset(
 )
 
 
-def validate_run_config(cfg: DictConfig) -> None:
+def validate_run_config(cfg: DictConfig, *, other_keys: frozenset[str] = frozenset()) -> None:
     """Reject values Hydra cannot check by type: unknown top-level keys, a bad seed, non-boolean flags,
     and parameters given to ``controller=all`` (which runs each family with its own file).
+
+    Args:
+        cfg: the composed config.
+        other_keys: top-level keys another entry point adds (``tune``), allowed but not checked here.
 
     Raises:
         ConfigError: with the key, the bad value and how to fix it.
     """
-    unknown = sorted({str(k) for k in cfg.keys()} - RUN_KEYS)
+    allowed = RUN_KEYS | other_keys
+    unknown = sorted({str(k) for k in cfg.keys()} - allowed)
     if unknown:
         import difflib
 
-        hints = [difflib.get_close_matches(k, sorted(RUN_KEYS), n=1) for k in unknown]
+        hints = [difflib.get_close_matches(k, sorted(allowed), n=1) for k in unknown]
         hint = "".join(f"; did you mean {h[0]!r}?" for h in hints if h)
-        raise ConfigError(f"top-level keys must be among {sorted(RUN_KEYS)}, got unknown {unknown}{hint}")
+        raise ConfigError(f"top-level keys must be among {sorted(allowed)}, got unknown {unknown}{hint}")
     seed = cfg.get("seed")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be an integer >= 0, got {seed!r} (override: seed=<int>)")

@@ -46,8 +46,6 @@ Examples::
 
 from __future__ import annotations
 
-import difflib
-import inspect
 import logging
 import shlex
 import sys
@@ -74,7 +72,6 @@ from pacectl.cli import (
 )
 from pacectl.config import (
     CONF_DIR,
-    RUN_KEYS,
     controller_factory,
     controller_params,
     resolve_auto_horizon,
@@ -82,7 +79,7 @@ from pacectl.config import (
     user_path,
     validate_run_config,
 )
-from pacectl.controllers import CONTROLLERS, SafetyGuard
+from pacectl.controllers import CONTROLLERS
 from pacectl.controllers.units import UNITS
 from pacectl.errors import ConfigError, PacectlError, one_line_warnings, unknown_keys_error
 from pacectl.report import atomic_write_text, comm_model_note, jsonable, staged_outputs
@@ -293,27 +290,17 @@ class TuneInterrupted(KeyboardInterrupt):
 def validate_tune_config(cfg: DictConfig) -> None:
     """Every check of ``pacectl.run``'s config that applies to the tuner, before any storage is made:
     :func:`pacectl.config.validate_run_config` on every key but ``tune`` (top-level keys, seed, output
-    flags, and whatever else it checks), then one guard built around no pacing (a key
-    :class:`~pacectl.controllers.SafetyGuard` does not take, or a value it rejects).
+    flags, the keys of every section, and whatever else it checks), then one guard built around no
+    pacing (a value :class:`~pacectl.controllers.SafetyGuard` rejects).
 
     Raises:
         ConfigError: naming the key, the value and the fix.
     """
-    unknown = sorted({str(k) for k in cfg.keys()} - RUN_KEYS - {"tune"})
-    if unknown:
-        allowed = sorted(RUN_KEYS | {"tune"})
-        hints = [difflib.get_close_matches(k, allowed, n=1) for k in unknown]
-        hint = "".join(f"; did you mean {h[0]!r}?" for h in hints if h)
-        raise ConfigError(f"top-level keys must be among {allowed}, got unknown {unknown}{hint}")
-    validate_run_config(OmegaConf.masked_copy(cfg, [str(k) for k in cfg.keys() if str(k) != "tune"]))
-    try:
-        controller_factory("none", {}, cfg.guard)()
-    except TypeError as err:  # an unknown keyword of SafetyGuard
-        keys = sorted(p for p in inspect.signature(SafetyGuard).parameters if p != "inner")
-        raise ConfigError(
-            f"guard keys must be among {keys}, got {sorted(str(k) for k in cfg.guard.keys())} ({err}); "
-            "remove the unknown key (conf/config.yaml documents the guard)"
-        ) from err
+    others = frozenset({"tune"})
+    validate_run_config(
+        OmegaConf.masked_copy(cfg, [str(k) for k in cfg.keys() if str(k) not in others]), other_keys=others
+    )
+    controller_factory("none", {}, cfg.guard)()  # a guard value SafetyGuard rejects (its keys: checked above)
 
 
 def tune_space(cfg: DictConfig, settings: Settings) -> SearchSpace:
@@ -603,7 +590,140 @@ def _tune_study(
     name: str,
     study: optuna.Study,
 ) -> TuneResult:
-    family = space.family
+    """Run the study's missing trials, judge the result, write the outputs (see :func:`run_tuning`)."""
+    study, baseline, reference = _run_trials(echo, settings, space, scenarios, spec, name, study)
+    points = trial_points(study, space, baseline, settings.max_loss_frac)
+    front = pareto_front(points)
+    verdict = judge(points, front, baseline, reference, settings.rule, scenarios.comm_timing_dependent)
+    chosen = verdict.chosen
+    chosen_trial = study.trials[chosen.number]
+    params = space.resolve(chosen_trial.params)
+    chosen_episodes = chosen_trial.user_attrs.get("per_episode")
+    overrides, differences = run_overrides(
+        scenarios.descriptor,
+        user_overrides=_task_overrides(),
+        chosen_episodes=chosen_episodes,
+        baseline=baseline,
+    )
+    commands = {
+        "chosen": f"python -m pacectl.run controller_file={shlex.quote(str(out_dir / 'controller.yaml'))} "
+        f"{overrides}".rstrip(),
+        "reference": f"python -m pacectl.run controller={REFERENCE} {overrides}".rstrip(),
+        "none": f"python -m pacectl.run controller=none {overrides}".rstrip(),
+    }
+    recommendation = {
+        "chosen": f"the chosen {space.family} controller (controller.yaml)",
+        "reference": f"the paper's threshold controller at its defaults (controller={REFERENCE})",
+        "none": "no pacing (controller=none)",
+    }[verdict.recommend]
+    warning = _warning(
+        verdict, baseline, reference, settings.rule, scenarios, commands["reference"], len(points)
+    )
+    trials = study.get_trials(deepcopy=False)
+    summary: dict[str, Any] = {
+        "study_name": name,
+        "storage": spec.display,
+        "dashboard": spec.dashboard_command(),
+        "family": space.family,
+        "profile": scenarios.profile,
+        "run_overrides": overrides,
+        "run_overrides_differences": differences,
+        "scenarios": {
+            "kind": scenarios.kind,
+            "labels": scenarios.labels,
+            "fingerprint": scenarios.fingerprint,
+        },
+        "comm_model": scenarios.comm_model,
+        "comm_model_timing_dependent": scenarios.comm_timing_dependent,
+        "space": {
+            "source": space.source,
+            "tuned": space.keys,
+            "distributions": space.describe(),
+            "fixed": dict(space.fixed),
+        },
+        "sampler": settings.sampler,
+        "objectives": {
+            "throughput_it_per_s": "maximize (mean over episodes)",
+            "cv": "minimize (mean over episodes)",
+        },
+        "max_throughput_loss_frac": settings.max_loss_frac,
+        "num_trials": {
+            state.name.lower(): sum(t.state == state for t in trials)
+            for state in (
+                optuna.trial.TrialState.COMPLETE,
+                optuna.trial.TrialState.PRUNED,
+                optuna.trial.TrialState.FAIL,
+                optuna.trial.TrialState.RUNNING,  # in other commands sharing the study: not in these outputs
+            )
+        },
+        "baseline_none": baseline.to_json(),
+        "reference_threshold": {
+            **reference.to_json(),
+            "params": reference_params(),
+            "throughput_loss_frac": verdict.reference.throughput_loss_frac,
+        },
+        "choice_rule": CHOICE_RULE,
+        "chosen": {
+            **chosen.to_json(),
+            "controller": {"name": space.family, **params},
+            "per_episode": chosen_episodes,
+        },
+        "improvement_rule": settings.rule.describe(),
+        "min_cv_gain_frac": settings.rule.min_cv_gain_frac,
+        "min_throughput_gain_frac": settings.rule.min_throughput_gain_frac,
+        "improves_on_no_pacing": verdict.improves,
+        "trials_improving_on_no_pacing": len(verdict.improving),
+        # fixed durations: trials that meet the CV rule only by lengthening fast iterations
+        "trials_lowering_cv_by_lengthening_only": len(verdict.lengthening_only),
+        "reference_lowers_cv_by_lengthening_only": verdict.reference_lengthening,
+        "reference_improves_on_no_pacing": verdict.reference_improves,
+        "recommendation": recommendation,
+        "recommendation_command": commands[verdict.recommend],
+        "chosen_dominates_reference": dominates(chosen, verdict.reference),
+        "reference_dominates_chosen": dominates(verdict.reference, chosen),
+        "front_dominates_reference": any(dominates(p, verdict.reference) for p in front),
+        "pareto_size": len(front),
+        "wall_time_s": time.perf_counter() - t0,
+    }
+    if warning:
+        summary["warning"] = warning
+    if not scenarios.comm_timing_dependent:
+        summary["note"] = (
+            f"comm model is {scenarios.comm_model} (fixed durations, max-plus, here): no delay can shorten "
+            "an iteration, so no trial can beat no pacing on throughput; gains need a timing-dependent "
+            "fabric (comm=contention on a profile with bursty cross traffic or interference)."
+        )
+    _write_outputs(out_dir, summary, verdict, points, front, baseline, reference, params, settings, scenarios)
+    return TuneResult(
+        study_name=name,
+        storage=spec,
+        family=space.family,
+        scenarios=scenarios,
+        baseline=baseline,
+        reference=reference,
+        points=points,
+        front=front,
+        chosen=chosen,
+        controller_params=params,
+        summary=summary,
+    )
+
+
+def _run_trials(
+    echo: Callable[[str], None],
+    settings: Settings,
+    space: SearchSpace,
+    scenarios: ScenarioSet,
+    spec: StorageSpec,
+    name: str,
+    study: optuna.Study,
+) -> tuple[optuna.Study, Evaluation, Evaluation]:
+    """Fail the trials a killed process left running, evaluate (or read back) no pacing and the
+    reference, run the missing trials in ``settings.n_workers`` workers.
+
+    Returns:
+        ``(study, no pacing, reference)``, the study reloaded with every trial finished so far.
+    """
     stale = fail_stale_trials(study)
     if stale:
         echo(f"marked {len(stale)} trial(s) left running by a killed process as FAIL: {stale}")
@@ -623,7 +743,7 @@ def _tune_study(
     done = sum(t.state in FINISHED for t in existing)
     remaining = max(0, settings.n_trials - done)
     echo(
-        f"study {name!r} ({spec.display}): {family} on "
+        f"study {name!r} ({spec.display}): {space.family} on "
         + (
             "the command line's trace ("
             + (f"profile {scenarios.profile} for the fabric; " if scenarios.comm_model != "null" else "")
@@ -666,20 +786,72 @@ def _tune_study(
             f"use the {sum(t.state in FINISHED for t in trials)} finished trial(s); rerun this command after "
             "they end to include them"
         )
-    points = trial_points(study, space, baseline, settings.max_loss_frac)
-    front = pareto_front(points)
-    rule = settings.rule
+    return study, baseline, reference
+
+
+def dominates(a: TrialPoint, b: TrialPoint) -> bool:
+    """Whether ``a`` is at least as good as ``b`` on both objectives (throughput up, CV down) and differs."""
+    return (
+        a.throughput_it_per_s >= b.throughput_it_per_s
+        and a.cv <= b.cv
+        and (a.throughput_it_per_s, a.cv) != (b.throughput_it_per_s, b.cv)
+    )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a study's choice compares with no pacing and with the paper's threshold at its defaults.
+
+    Attributes:
+        chosen: the chosen trial (:func:`~pacectl.tuning.study.choose`).
+        reference: the paper's threshold at its defaults, as a trial point (number -1).
+        improving: trials that improve on no pacing (none with fixed durations).
+        lengthening_only: with fixed durations (max-plus), trials that meet the CV rule, which there
+            can only come from lengthening the fast iterations: reported, never an improvement.
+        improves: the chosen trial improves on no pacing.
+        reference_improves: the reference improves on no pacing.
+        reference_lengthening: fixed durations, and the reference meets the CV rule (so by lengthening).
+    """
+
+    chosen: TrialPoint
+    reference: TrialPoint
+    improving: list[int]
+    lengthening_only: list[int]
+    improves: bool
+    reference_improves: bool
+    reference_lengthening: bool
+
+    @property
+    def reference_beats_choice(self) -> bool:
+        """The choice improves, but the reference beats it on both objectives (few trials): the
+        reference is the better controller to run (it meets the rule too, beating a choice that does)."""
+        return self.improves and self.reference_improves and dominates(self.reference, self.chosen)
+
+    @property
+    def recommend(self) -> str:
+        """``"chosen"``, ``"reference"`` or ``"none"``: what to run."""
+        if self.improves and not self.reference_beats_choice:
+            return "chosen"
+        return "reference" if self.reference_improves else "none"
+
+
+def judge(
+    points: list[TrialPoint],
+    front: list[TrialPoint],
+    baseline: Evaluation,
+    reference: Evaluation,
+    rule: ImprovementRule,
+    timing_dependent: bool,
+) -> Verdict:
+    """Choose among the front and judge the choice and the reference against no pacing (``rule``).
+
+    With fixed durations (``timing_dependent`` False) nothing counts as an improvement: no delay
+    shortens an iteration, so a lower CV comes only from lengthening the fast iterations.
+    """
     improving = [p.number for p in points if beats_no_pacing(p, baseline, rule)]
-    # Fixed durations (max-plus): no delay shortens an iteration, so a lower CV comes only from
-    # lengthening the fast iterations. Reported, never counted as an improvement on no pacing.
-    fixed = not scenarios.comm_timing_dependent
-    lengthening_only = improving if fixed else []
-    if fixed:
-        improving = []
-    chosen = choose(front, improving)
-    chosen_trial = study.trials[chosen.number]
-    params = space.resolve(chosen_trial.params)
-    ref_loss = 1.0 - reference.throughput_it_per_s / baseline.throughput_it_per_s
+    fixed = not timing_dependent
+    chosen = choose(front, [] if fixed else improving)
+    ref_loss = baseline.loss_frac(reference.throughput_it_per_s)
     ref_point = TrialPoint(
         -1,
         {},
@@ -688,178 +860,114 @@ def _tune_study(
         ref_loss,
         rule.cap is None or ref_loss <= rule.cap,
     )
-    ref_lengthening = fixed and beats_no_pacing(ref_point, baseline, rule)
-    ref_improves = not fixed and beats_no_pacing(ref_point, baseline, rule)
-    improves = not fixed and beats_no_pacing(chosen, baseline, rule)
-    chosen_episodes = chosen_trial.user_attrs.get("per_episode")
-
-    def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
-        return a[0] >= b[0] and a[1] <= b[1] and a != b
-
-    ref_xy = (reference.throughput_it_per_s, reference.cv)
-    chosen_xy = (chosen.throughput_it_per_s, chosen.cv)
-    # Few trials may leave a choice that the reference beats on both objectives: then the reference
-    # is the better controller to run (it meets the rule too, since it beats a choice that does).
-    reference_beats_choice = improves and ref_improves and dominates(ref_xy, chosen_xy)
-    overrides, differences = run_overrides(
-        scenarios.descriptor,
-        user_overrides=_task_overrides(),
-        chosen_episodes=chosen_episodes,
-        baseline=baseline,
+    ref_meets_rule = beats_no_pacing(ref_point, baseline, rule)
+    return Verdict(
+        chosen=chosen,
+        reference=ref_point,
+        improving=[] if fixed else improving,
+        lengthening_only=improving if fixed else [],
+        improves=not fixed and beats_no_pacing(chosen, baseline, rule),
+        reference_improves=not fixed and ref_meets_rule,
+        reference_lengthening=fixed and ref_meets_rule,
     )
-    reference_command = f"python -m pacectl.run controller={REFERENCE} {overrides}".rstrip()
-    if improves and not reference_beats_choice:
-        recommendation = f"the chosen {family} controller (controller.yaml)"
-        warning = None
-    elif reference_beats_choice:
-        recommendation = f"the paper's threshold controller at its defaults (controller={REFERENCE})"
-        warning = (
+
+
+def _warning(
+    verdict: Verdict,
+    baseline: Evaluation,
+    reference: Evaluation,
+    rule: ImprovementRule,
+    scenarios: ScenarioSet,
+    reference_command: str,
+    completed: int,
+) -> str | None:
+    """The console's (and ``tune.json``'s) warning when the choice is not what to run, else None."""
+    chosen, ref_loss = verdict.chosen, verdict.reference.throughput_loss_frac
+    if verdict.recommend == "chosen":
+        return None
+    if verdict.reference_beats_choice:
+        return (
             f"the paper's threshold controller at its defaults beats the chosen trial {chosen.number} on both "
             f"objectives ({_change(ref_loss):+.3%} throughput, cv {reference.cv:.4g}, against "
             f"{_change(chosen.throughput_loss_frac):+.3%} and cv {chosen.cv:.4g}): recommended, run it with: "
             f"{reference_command}. controller.yaml holds the chosen trial anyway; to search further raise "
-            f"tune.n_trials ({len(points)} completed) or try another search space"
+            f"tune.n_trials ({completed} completed) or try another search space"
+        )
+    if verdict.reference_improves:
+        advice = (
+            f"The paper's threshold controller at its defaults does ({_change(ref_loss):+.3%} throughput, "
+            f"cv {reference.cv:.4g}, {_cv_change(reference.cv, baseline.cv):+.3%}): recommended, "
+            f"run it with: {reference_command}. "
         )
     else:
-        if ref_improves:
-            recommendation = f"the paper's threshold controller at its defaults (controller={REFERENCE})"
-            advice = (
-                f"The paper's threshold controller at its defaults does ({_change(ref_loss):+.3%} throughput, "
-                f"cv {reference.cv:.4g}, {_cv_change(reference.cv, baseline.cv):+.3%}): recommended, "
-                f"run it with: {reference_command}. "
-            )
-        else:
-            recommendation = "no pacing (controller=none)"
-            advice = "Recommended: no pacing. "
-        if lengthening_only or ref_lengthening:
-            who = " and ".join(
-                ([f"{len(lengthening_only)} trial(s)"] if lengthening_only else [])
-                + (["the paper's threshold at its defaults"] if ref_lengthening else [])
-            )
-            advice = (
-                f"{who} lower the CV by at least {rule.min_cv_gain_frac:.2%} within the cap, but durations "
-                "are fixed here (max-plus), so only by lengthening the fast iterations (none gets shorter): "
-                f"not counted as an improvement. {advice}"
-            )
-        warning = (
-            f"no trial improves on no pacing ({len(points)} completed; rule: CV at least "
-            f"{rule.min_cv_gain_frac:.2%} lower within the throughput-loss cap, or throughput at least "
-            f"{rule.min_throughput_gain_frac:.2%} higher at a CV no higher; improvement_rule in tune.json): "
-            "the chosen trial "
-            f"{chosen.number} has {_change(chosen.throughput_loss_frac):+.3%} throughput and cv {chosen.cv:.4g} "
-            f"({_cv_change(chosen.cv, baseline.cv):+.3%} against no pacing's {baseline.cv:.4g}). {advice}"
-            "controller.yaml holds that trial anyway, flagged; "
-            + (
-                "to search further raise tune.n_trials, try another family or search space"
-                if scenarios.comm_timing_dependent
-                else "more trials cannot change this with fixed durations: a gain needs a timing-dependent "
-                "model (cluster=contended: simulated interference; a replay needs comm=contention with "
-                "bursty cross traffic on links its ring crosses)"
-            )
+        advice = "Recommended: no pacing. "
+    if verdict.lengthening_only or verdict.reference_lengthening:
+        who = " and ".join(
+            ([f"{len(verdict.lengthening_only)} trial(s)"] if verdict.lengthening_only else [])
+            + (["the paper's threshold at its defaults"] if verdict.reference_lengthening else [])
         )
-    summary: dict[str, Any] = {
-        "study_name": name,
-        "storage": spec.display,
-        "dashboard": spec.dashboard_command(),
-        "family": family,
-        "profile": scenarios.profile,
-        "run_overrides": overrides,
-        "run_overrides_differences": differences,
-        "scenarios": {
-            "kind": scenarios.kind,
-            "labels": scenarios.labels,
-            "fingerprint": scenarios.fingerprint,
-        },
-        "comm_model": scenarios.comm_model,
-        "comm_model_timing_dependent": scenarios.comm_timing_dependent,
-        "space": {
-            "source": space.source,
-            "tuned": space.keys,
-            "distributions": space.describe(),
-            "fixed": dict(space.fixed),
-        },
-        "sampler": settings.sampler,
-        "objectives": {
-            "throughput_it_per_s": "maximize (mean over episodes)",
-            "cv": "minimize (mean over episodes)",
-        },
-        "max_throughput_loss_frac": settings.max_loss_frac,
-        "num_trials": {
-            state.name.lower(): sum(t.state == state for t in trials)
-            for state in (
-                optuna.trial.TrialState.COMPLETE,
-                optuna.trial.TrialState.PRUNED,
-                optuna.trial.TrialState.FAIL,
-                optuna.trial.TrialState.RUNNING,  # in other commands sharing the study: not in these outputs
-            )
-        },
-        "baseline_none": baseline.to_json(),
-        "reference_threshold": {
-            **reference.to_json(),
-            "params": reference_params(),
-            "throughput_loss_frac": ref_loss,
-        },
-        "choice_rule": CHOICE_RULE,
-        "chosen": {
-            **chosen.to_json(),
-            "controller": {"name": family, **params},
-            "per_episode": chosen_episodes,
-        },
-        "improvement_rule": rule.describe(),
-        "min_cv_gain_frac": rule.min_cv_gain_frac,
-        "min_throughput_gain_frac": rule.min_throughput_gain_frac,
-        "improves_on_no_pacing": improves,
-        "trials_improving_on_no_pacing": len(improving),
-        # fixed durations: trials that meet the CV rule only by lengthening fast iterations
-        "trials_lowering_cv_by_lengthening_only": len(lengthening_only),
-        "reference_lowers_cv_by_lengthening_only": ref_lengthening,
-        "reference_improves_on_no_pacing": ref_improves,
-        "recommendation": recommendation,
-        "recommendation_command": (
-            f"python -m pacectl.run controller_file={shlex.quote(str(out_dir / 'controller.yaml'))} "
-            f"{overrides}".rstrip()
-            if improves and not reference_beats_choice
-            else reference_command
-            if ref_improves
-            else f"python -m pacectl.run controller=none {overrides}".rstrip()
-        ),
-        "chosen_dominates_reference": dominates(chosen_xy, ref_xy),
-        "reference_dominates_chosen": dominates(ref_xy, chosen_xy),
-        "front_dominates_reference": any(dominates((p.throughput_it_per_s, p.cv), ref_xy) for p in front),
-        "pareto_size": len(front),
-        "wall_time_s": time.perf_counter() - t0,
-    }
-    if warning:
-        summary["warning"] = warning
-    if not scenarios.comm_timing_dependent:
-        summary["note"] = (
-            f"comm model is {scenarios.comm_model} (fixed durations, max-plus, here): no delay can shorten "
-            "an iteration, so no trial can beat no pacing on throughput; gains need a timing-dependent "
-            "fabric (comm=contention on a profile with bursty cross traffic or interference)."
+        advice = (
+            f"{who} lower the CV by at least {rule.min_cv_gain_frac:.2%} within the cap, but durations "
+            "are fixed here (max-plus), so only by lengthening the fast iterations (none gets shorter): "
+            f"not counted as an improvement. {advice}"
         )
+    return (
+        f"no trial improves on no pacing ({completed} completed; rule: CV at least "
+        f"{rule.min_cv_gain_frac:.2%} lower within the throughput-loss cap, or throughput at least "
+        f"{rule.min_throughput_gain_frac:.2%} higher at a CV no higher; improvement_rule in tune.json): "
+        "the chosen trial "
+        f"{chosen.number} has {_change(chosen.throughput_loss_frac):+.3%} throughput and cv {chosen.cv:.4g} "
+        f"({_cv_change(chosen.cv, baseline.cv):+.3%} against no pacing's {baseline.cv:.4g}). {advice}"
+        "controller.yaml holds that trial anyway, flagged; "
+        + (
+            "to search further raise tune.n_trials, try another family or search space"
+            if scenarios.comm_timing_dependent
+            else "more trials cannot change this with fixed durations: a gain needs a timing-dependent "
+            "model (cluster=contended: simulated interference; a replay needs comm=contention with "
+            "bursty cross traffic on links its ring crosses)"
+        )
+    )
+
+
+def _write_outputs(
+    out_dir: Path,
+    summary: dict[str, Any],
+    verdict: Verdict,
+    points: list[TrialPoint],
+    front: list[TrialPoint],
+    baseline: Evaluation,
+    reference: Evaluation,
+    params: dict[str, Any],
+    settings: Settings,
+    scenarios: ScenarioSet,
+) -> None:
+    """``pareto.png``, ``pareto.json``, ``controller.yaml`` (with its header) and ``tune.json``, together."""
+    chosen, family = verdict.chosen, summary["family"]
     title = (
         f"{family} on {scenarios.profile} ({scenarios.kind}, {len(scenarios.labels)} episode(s)), "
         f"{len(points)} trials\n{comm_model_note(scenarios.comm_model, scenarios.comm_timing_dependent)}"
-        + ("" if improves else "; no trial improves on no pacing")
+        + ("" if verdict.improves else "; no trial improves on no pacing")
     )
     header = [
-        f"Tuned by pacectl.tune: study {name!r}, trial {chosen.number}, profile {scenarios.profile} "
-        f"({scenarios.kind}), comm model {scenarios.comm_model}",
+        f"Tuned by pacectl.tune: study {summary['study_name']!r}, trial {chosen.number}, profile "
+        f"{scenarios.profile} ({scenarios.kind}), comm model {scenarios.comm_model}",
         f"throughput {chosen.throughput_it_per_s:.6g} it/s ({_change(chosen.throughput_loss_frac):+.3%} vs no "
         f"pacing), cv {chosen.cv:.4g} (no pacing: cv {baseline.cv:.4g})"
         f"{'' if chosen.feasible else ' (over the throughput-loss cap)'}",
     ]
-    if not improves:
+    if not verdict.improves:
         header += [
             "WARNING: no trial improves on no pacing on these episodes (tune.json: improvement_rule):",
-            f"this is the best trial found, not an improvement; recommended: {recommendation}.",
+            f"this is the best trial found, not an improvement; recommended: {summary['recommendation']}.",
         ]
-    elif reference_beats_choice:
+    elif verdict.reference_beats_choice:
         header += [
             "WARNING: the paper's threshold controller at its defaults beats this trial on both objectives",
-            f"(tune.json: reference_dominates_chosen); recommended: {recommendation}.",
+            f"(tune.json: reference_dominates_chosen); recommended: {summary['recommendation']}.",
         ]
-    header.append(f"Use: python -m pacectl.run controller_file=<this file> {overrides}".rstrip())
+    header.append(
+        f"Use: python -m pacectl.run controller_file=<this file> {summary['run_overrides']}".rstrip()
+    )
     with staged_outputs(out_dir) as stage:
         plot_pareto(
             stage / "pareto.png",
@@ -874,19 +982,6 @@ def _tune_study(
         atomic_write_text(stage / "pareto.json", _json([p.to_json() for p in front]))
         export_controller(stage / "controller.yaml", family, params, header)
         atomic_write_text(stage / "tune.json", _json(summary))
-    return TuneResult(
-        study_name=name,
-        storage=spec,
-        family=family,
-        scenarios=scenarios,
-        baseline=baseline,
-        reference=reference,
-        points=points,
-        front=front,
-        chosen=chosen,
-        controller_params=params,
-        summary=summary,
-    )
 
 
 def _task_overrides() -> list[str]:
@@ -1105,11 +1200,18 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _check_config(cfg: DictConfig) -> None:
+    """What the tuner would refuse at once (keys, guard, settings, search space), checked before Hydra
+    creates the run folder; the episodes are built (and checked) by the job."""
+    validate_tune_config(cfg)
+    tune_space(cfg, Settings.from_cfg(cfg.tune))
+
+
 def main() -> None:
     """Console entry point (``pacectl-tune``)."""
     expand_trace_file_argv("pacectl.tune", CONF_DIR)
     exit_on_bad_run_dir("pacectl.tune")
-    check_command_line("pacectl.tune", CONF_DIR, "tune")
+    check_command_line("pacectl.tune", CONF_DIR, "tune", validate=_check_config)
     _hydra_main()
 
 

@@ -634,7 +634,7 @@ def test_ctrl_c_reports_once_keeps_the_study_and_resumes(tmp_path: Path, workers
             [
                 "tune has unknown key(s) ['bogus']",
                 "'max_throughput_loss_frac', 'min_cv_gain_frac',",
-                "+tune.bogus=1",
+                "Remove tune.bogus (set to 1)",
             ],
         ),
         ("+tune.sim.num_rank=8", ["tune.sim has unknown key(s)", "Did you mean tune.sim.num_ranks=8?"]),

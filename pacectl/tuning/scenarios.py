@@ -46,6 +46,11 @@ class Evaluation:
     cv: float
     per_episode: list[dict[str, Any]] = field(default_factory=list)
 
+    def loss_frac(self, throughput_it_per_s: float) -> float:
+        """Throughput loss of a run at ``throughput_it_per_s`` against this one (the baseline):
+        ``1 - throughput / baseline`` (> 0: slower; what ``tune.max_throughput_loss_frac`` caps)."""
+        return 1.0 - throughput_it_per_s / self.throughput_it_per_s
+
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return {

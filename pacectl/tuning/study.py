@@ -351,7 +351,7 @@ class Objective:
         t0 = time.perf_counter()
         with interruptible():  # Ctrl-C: Optuna records this trial as FAIL
             ev = self.scenarios.evaluate(self.space.family, params)
-        loss = 1.0 - ev.throughput_it_per_s / self.baseline.throughput_it_per_s
+        loss = self.baseline.loss_frac(ev.throughput_it_per_s)
         trial.set_user_attr("objective_s", time.perf_counter() - t0)
         trial.set_user_attr("throughput_loss_frac", loss)
         trial.set_user_attr("per_episode", ev.per_episode)
@@ -409,7 +409,7 @@ def progress_callback(
         params = " ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
         if trial.state == TrialState.COMPLETE and trial.values is not None:
             thr, cv = trial.values
-            change = thr / baseline.throughput_it_per_s - 1.0
+            change = -baseline.loss_frac(thr)
             cons = trial.system_attrs.get(f"constraints:{CONSTRAINT}")
             feas = "" if cons is None else (" feasible" if cons <= 0 else " infeasible")
             body = f"{thr:.6g} it/s ({change:+.3%} vs none), cv {cv:.4g}{feas} | {params}"
@@ -720,7 +720,7 @@ def trial_points(
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         if t.values is None or not all(math.isfinite(v) for v in t.values):
             continue
-        loss = 1.0 - t.values[0] / baseline.throughput_it_per_s
+        loss = baseline.loss_frac(t.values[0])
         points.append(
             TrialPoint(
                 number=t.number,
