@@ -41,5 +41,7 @@ def test_netns_fabric_runs_and_cleans_up(tmp_path: Path) -> None:
         result = json.loads((tmp_path / "netns_results.json").read_text())
         assert set(result["runs"]) == {"none", "threshold"}
         assert result["runs"]["none"]["iteration_time_mean_s"] > 0
+        assert result["spec"]["interleave_block"] == 10  # the runs take turns: paired over the blocks
+        assert result["vs_baseline"]["threshold"]["throughput_change_ci95_frac"] >= 0
     finally:
         assert _owned_namespaces() == []  # removed even on failure

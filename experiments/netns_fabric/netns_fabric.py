@@ -16,10 +16,13 @@ failure or Ctrl-C):
   seeded), through the same capped link, during the whole job.
 
 Each rank is one elastic agent (``python -m pacectl.torchdist.launch``, one process per namespace,
-c10d rendezvous on 10.77.0.10). Every controller of ``--controllers`` runs in the same job after no
-pacing, on the same seed and straggler schedule. Results (``metrics.summarize`` per run,
-``vs_baseline``) go to ``--out`` (default ``results/``) as ``netns_results.json`` (or to ``--out``
-itself when it names a ``.json`` file).
+c10d rendezvous on 10.77.0.10). No pacing and every controller of ``--controllers`` run in the same
+job, on the same seed and straggler schedule, interleaved in blocks of ``--block`` iterations (each
+run in turn, the order rotating), so that drift in the machine and the cross traffic over the job
+reaches every run alike; ``--block 0`` runs them one after the other (records before 2026-12-01).
+Results (``metrics.summarize`` per run, ``vs_baseline`` with the paired 95 % half-width of the
+throughput change over the blocks, batch means) go to ``--out`` (default ``results/``) as
+``netns_results.json`` (or to ``--out`` itself when it names a ``.json`` file).
 """
 
 from __future__ import annotations
@@ -155,6 +158,7 @@ def run_job(
         "comm_model": f"live-gloo-netns-tbf{args.rate_mbit:g}mbit",
         "threads": 1,
         "start_method": "spawn",
+        "interleave_block": args.block,
     }
     spec_path = work / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -194,15 +198,22 @@ def run_job(
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
-    runs, vs = {}, {}
+    runs, vs, episodes = {}, {}, {}
     for family, _ in controllers:
         with open(record_dir / f"{family}.episode.pkl", "rb") as fh:
             data = pickle.load(fh)
+        episodes[family] = data["episode"]
         runs[family] = metrics.summarize(data["episode"])
         runs[family]["gather_median_s"] = float(sorted(data["gather_s"])[len(data["gather_s"]) // 2])
+    # batch means over the interleave blocks (the warm-up opens the first one); one after the other:
+    # blocks of sqrt(n)
+    blocks = (args.block, workload["warmup_iterations"]) if args.block > 0 else (None, 0)
     for family in runs:
         if family != "none":
             vs[family] = metrics.compare(runs["none"], runs[family])
+            vs[family]["throughput_change_ci95_frac"] = metrics.paired_change_ci95_frac(
+                episodes["none"], episodes[family], block=blocks[0], offset=blocks[1]
+            )
     return {"spec": spec, "runs": runs, "vs_baseline": vs}
 
 
@@ -240,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         "--controllers", default="threshold,pid,ewma,quantile,forecast", help="comma-separated families"
     )
     parser.add_argument("--seed", type=int, default=0, help="workload, straggler and cross-traffic seed")
+    parser.add_argument(
+        "--block",
+        type=int,
+        default=10,
+        help="interleave the runs in blocks of this many iterations (0: one run after the other)",
+    )
     parser.add_argument("--timeout-s", type=float, default=900.0, help="give up on the job after this long")
     parser.add_argument(
         "--out",
@@ -247,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         help="results folder (written as netns_results.json) or a .json file; the default is the committed record",
     )
     args = parser.parse_args(argv)
+    if args.block < 0:
+        parser.error(f"--block must be an integer >= 0 (0: one run after the other), got {args.block}")
     reason = preflight()
     if reason:
         print(f"netns_fabric: skipped: {reason}", file=sys.stderr)
@@ -290,8 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     tmp.replace(path)  # never a half-written record
     print(f"results: {path}")
     for fam, s in result["runs"].items():
+        vs = result["vs_baseline"].get(fam)
+        change = (
+            f" throughput {100 * vs['throughput_change_frac']:+.1f} ±{100 * vs['throughput_change_ci95_frac']:.1f} %"
+            if vs
+            else ""
+        )
         print(f"{fam:10s} mean {s['iteration_time_mean_s']:.4f}s p99 {s['iteration_time_p99_s']:.4f}s "
-              f"cv {s['cv']:.3f} spread p50 {s['spread_median_s']:.4f}s delay {s['pacing_delay_total_s']:.3f}s")  # fmt: skip
+              f"cv {s['cv']:.3f} spread p50 {s['spread_median_s']:.4f}s delay {s['pacing_delay_total_s']:.3f}s{change}")  # fmt: skip
     return 0
 
 
