@@ -204,49 +204,19 @@ def test_truncated_gzip_recovers_or_fails_cleanly(tmp_path: Path) -> None:
         import_kineto(p)
 
 
-def test_old_and_new_nccl_kernel_names(tmp_path: Path) -> None:
-    def kernel(name: str, ts: float, rank: int) -> dict[str, Any]:
-        return {
-            "ph": "X",
-            "cat": "kernel",
-            "name": name,
-            "pid": 0,
-            "tid": 7,
-            "ts": ts + rank * 5,
-            "dur": 100 - rank * 5,
-            "args": {"stream": 7},
-        }
-
-    for r, name in enumerate(
-        [
-            "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)",
-            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-        ]
-    ):
-        events = [
-            {
-                "ph": "X",
-                "cat": "user_annotation",
-                "name": "ProfilerStep#3",
-                "pid": 1,
-                "tid": 1,
-                "ts": 0,
-                "dur": 1000,
-            }
-        ]
-        events += [kernel(name, 200.0, r), kernel(name, 500.0, r)]
-        _write(
-            tmp_path / f"rank{r}.json",
-            {"distributedInfo": {"rank": r, "world_size": 2, "backend": "nccl"}, "traceEvents": events},
-        )
-    trace, rep = _quiet_import(tmp_path)
-    assert rep.kinds == {"all_reduce": 2.0} and rep.collective_source.startswith("gpu kernels")
-    assert rep.residual_max_s == 0.0
-    assert np.allclose(rep.spread_first_s, 5e-6)
+_NEW_NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
 
-def _nccl_pair(tmp_path: Path, spans: list[tuple[float, float]], **kernel_args: Any) -> Path:
-    """Two NCCL ranks, one step, one all-reduce kernel per ``(ts, dur)`` (µs), identical on both."""
+def _nccl_pair(
+    tmp_path: Path,
+    spans: list[tuple[float, float]],
+    *,
+    names: tuple[str, str] = (_NEW_NCCL, _NEW_NCCL),
+    skew_us: float = 0.0,
+    **kernel_args: Any,
+) -> Path:
+    """Two NCCL ranks (kernel ``names[r]`` on rank r), one step, one all-reduce kernel per ``(ts, dur)``
+    (µs); rank r's kernels start ``r * skew_us`` later and end at the same time."""
     for r in range(2):
         events: list[dict[str, Any]] = [
             {
@@ -263,11 +233,11 @@ def _nccl_pair(tmp_path: Path, spans: list[tuple[float, float]], **kernel_args: 
             {
                 "ph": "X",
                 "cat": "kernel",
-                "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                "name": names[r],
                 "pid": 0,
                 "tid": 7,
-                "ts": ts,
-                "dur": dur,
+                "ts": ts + r * skew_us,
+                "dur": dur - r * skew_us,
                 "args": {"stream": 7, **kernel_args},
             }
             for ts, dur in spans
@@ -281,6 +251,22 @@ def _nccl_pair(tmp_path: Path, spans: list[tuple[float, float]], **kernel_args: 
             {"distributedInfo": {"rank": r, "world_size": 2, "backend": "nccl"}, "traceEvents": events},
         )
     return tmp_path
+
+
+def test_old_and_new_nccl_kernel_names(tmp_path: Path) -> None:
+    _nccl_pair(
+        tmp_path,
+        [(200.0, 100.0), (500.0, 100.0)],
+        names=(
+            "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)",
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+        ),
+        skew_us=5.0,
+    )
+    trace, rep = _quiet_import(tmp_path)
+    assert rep.kinds == {"all_reduce": 2.0} and rep.collective_source.startswith("gpu kernels")
+    assert rep.residual_max_s == 0.0
+    assert np.allclose(rep.spread_first_s, 5e-6)
 
 
 def test_buckets_serialise_in_a_chain(tmp_path: Path) -> None:
