@@ -882,6 +882,16 @@ def shared_clock_marks(
     return out, periods
 
 
+def _step_errors(replayed: FloatArray, live: FloatArray) -> dict[str, float]:
+    """Median, p90 and max over steps of ``|replayed - live| / live`` (``step_time_*_abs_err_frac``)."""
+    err = np.abs(replayed - live) / live
+    return {
+        "step_time_median_abs_err_frac": float(np.median(err)),
+        "step_time_p90_abs_err_frac": float(np.percentile(err, 90)),
+        "step_time_max_abs_err_frac": float(err.max()),
+    }
+
+
 def replay_fidelity(trace: OpTrace, live_step_time_s: FloatArray | None = None) -> dict[str, float]:
     """Replay a live record with its own recorded pacing delays; compare step times with the live ones.
 
@@ -909,11 +919,8 @@ def replay_fidelity(trace: OpTrace, live_step_time_s: FloatArray | None = None) 
         live = np.asarray(live_step_time_s, dtype=np.float64)
         if live.shape != replayed.shape:
             raise ValueError(f"live_step_time_s must have shape {replayed.shape}, got {live.shape}")
-    err = np.abs(replayed - live) / live
     return {
-        "step_time_median_abs_err_frac": float(np.median(err)),
-        "step_time_p90_abs_err_frac": float(np.percentile(err, 90)),
-        "step_time_max_abs_err_frac": float(err.max()),
+        **_step_errors(replayed, live),
         "launch_clipped": int(backend.clip_counts["launch_clipped"]),
         "transfer_clipped": int(backend.clip_counts["transfer_clipped"]),
         "num_op_instances": int(backend.clip_counts["num_op_instances"]),
@@ -942,7 +949,7 @@ def counterfactual_error(
             with it the replay's predicted effect of pacing is set against the live one.
 
     Returns:
-        Median and p90 of |replayed - live| / live per step (two runs: per-iteration jitter
+        Median, p90 and max of |replayed - live| / live per step (two runs: per-iteration jitter
         included), the mean step times of both and ``mean_err_frac`` (replayed mean / live mean - 1). With
         ``live_paced_step_time_s`` also ``predicted_pacing_effect_s`` (the record replayed with its
         recorded delays minus with none: what the replay says pacing cost or saved per step, a
@@ -956,10 +963,8 @@ def counterfactual_error(
     replayed = end.max(axis=(0, 2))
     live = np.asarray(live_step_time_s, dtype=np.float64)[: len(replayed)]
     replayed = replayed[: len(live)]
-    err = np.abs(replayed - live) / live
     out = {
-        "step_time_median_abs_err_frac": float(np.median(err)),
-        "step_time_p90_abs_err_frac": float(np.percentile(err, 90)),
+        **_step_errors(replayed, live),
         "replayed_mean_s": float(replayed.mean()),
         "live_mean_s": float(live.mean()),
         "mean_err_frac": float(replayed.mean() / live.mean() - 1.0),
