@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -560,3 +561,24 @@ def test_engine_resolves_auto_horizons_from_its_exchange_and_in_runtime_controls
     assert fixed.controller.inner.horizon_iters == 5  # an explicit value wins
     with pytest.raises(ConfigError, match="horizon_iters must be an integer >= 1 or auto"):
         validate_control({"controller": {"name": "forecast", "horizon_iters": "soon"}}, source="test")
+
+
+def test_a_control_without_a_name_is_checked_against_the_running_family(tmp_path: Path) -> None:
+    """{"controller": {...}} without "name" retunes the running family: its values are checked as that
+    family's when the file is read (one rejection, naming the file's key), not later on every rank."""
+    from pacectl.torchdist.core import ControlWatcher, validate_control
+
+    bad = {"controller": {"on_threshold_s": "abc"}}
+    with pytest.raises(
+        ConfigError, match=r'key "on_threshold_s" of "controller" in this file\) \(in ctl.json\)'
+    ):
+        validate_control(bad, source="ctl.json", family="threshold")
+    with pytest.raises(ConfigError, match="must name its family here"):
+        validate_control(bad, source="ctl.json")
+    assert validate_control({"controller": {"gain": 0.3}}, source="ctl.json", family="threshold")
+    path = tmp_path / "ctl.json"
+    path.write_text(json.dumps(bad))
+    watcher = ControlWatcher(path, family=lambda: "threshold")
+    with pytest.warns(PacingGuardWarning, match="on_threshold_s"):
+        assert watcher.poll() is None
+    assert len(watcher.rejected) == 1 and "in this file" in watcher.rejected[0]["error"]

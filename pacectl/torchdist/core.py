@@ -23,7 +23,7 @@ import json
 import math
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -487,14 +487,16 @@ class DecisionEngine:
 _CONTROL_KEYS = {"enabled", "controller", "guard"}
 
 
-def validate_control(control: Any, *, source: str) -> dict[str, Any]:
+def validate_control(control: Any, *, source: str, family: str | None = None) -> dict[str, Any]:
     """Check a runtime control message: ``{"enabled": bool, "controller": {...}, "guard": {...}}``.
 
     Every key is optional. ``controller`` is a controller config (``name`` plus parameters, as in
-    ``conf/controller/*.yaml``); ``guard`` holds SafetyGuard keyword arguments.
+    ``conf/controller/*.yaml``; without ``name``, the running family's, ``family``); ``guard`` holds
+    SafetyGuard keyword arguments.
 
     Raises:
-        ConfigError: not a mapping, an unknown key, or a controller that does not build.
+        ConfigError: not a mapping, an unknown key, or a controller that does not build, naming the
+            file's key and ``source``.
     """
     if not isinstance(control, dict):
         raise ConfigError(f"pacing control must be a JSON object, got {control!r} (in {source})")
@@ -504,7 +506,9 @@ def validate_control(control: Any, *, source: str) -> dict[str, Any]:
             f"pacing control keys must be among {sorted(_CONTROL_KEYS)}, got {unknown!r} (in {source})"
         )
     if "enabled" in control and not isinstance(control["enabled"], bool):
-        raise ConfigError(f"pacing control 'enabled' must be true or false, got {control['enabled']!r}")
+        raise ConfigError(
+            f"pacing control 'enabled' must be true or false, got {control['enabled']!r} (in {source})"
+        )
     for key in ("controller", "guard"):
         if key in control and not isinstance(control[key], dict):
             raise ConfigError(
@@ -512,9 +516,14 @@ def validate_control(control: Any, *, source: str) -> dict[str, Any]:
                 'for example {"controller": {"name": "pid", "kp": 0.2}} or {"guard": {"max_delay_frac": 0.3}}'
             )
     spec = dict(control.get("controller", {}))
-    name = spec.pop("name", None)
-    fill_schedule(str(name), spec, 1, 1)  # "auto" or missing: the job's exchange, applied by the engine
+    name = spec.pop("name", family)
+    if name is None and spec:
+        raise ConfigError(
+            f"pacing control 'controller' must name its family here, e.g. "
+            f'{{"controller": {{"name": "pid", "kp": 0.2}}}}, got {control["controller"]!r} (in {source})'
+        )
     try:
+        fill_schedule(str(name), spec, 1, 1)  # "auto" or missing: the job's exchange, applied by the engine
         inner = make_controller(str(name), **spec) if name is not None else make_controller("none")
         SafetyGuard(inner, **dict(control.get("guard", {})))
     except TypeError as err:
@@ -533,13 +542,16 @@ class ControlWatcher:
 
     Args:
         path: the file; it need not exist yet. Edit it atomically (write a temp file, then rename).
+        family: returns the running controller family, which a ``controller`` section without
+            ``name`` retunes (None: such a section must name its family).
 
     Example:
         ``echo '{"enabled": false}' > ctl.tmp && mv ctl.tmp ctl.json`` switches pacing off.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, family: Callable[[], str] | None = None) -> None:
         self.path = Path(path)
+        self.family = family
         self._stamp: tuple[int, int] | None = None  # a file present at start is applied at the first poll
         #: every version of the file that was ignored, in order: ``{"error": why}``
         self.rejected: list[dict[str, Any]] = []
@@ -558,7 +570,8 @@ class ControlWatcher:
             return None
         self._stamp = stamp
         try:
-            return validate_control(json.loads(self.path.read_text()), source=str(self.path))
+            family = self.family() if self.family is not None else None
+            return validate_control(json.loads(self.path.read_text()), source=str(self.path), family=family)
         except (OSError, ValueError) as err:
             where = "" if str(self.path) in str(err) else f" {self.path}"
             warnings.warn(f"pacing control file{where} ignored: {err}", PacingGuardWarning, stacklevel=2)

@@ -287,7 +287,11 @@ class Pacer:
         self.gather = resolve_gather(gather, dist.get_backend(group))
         engine.set_schedule(exchange_lag(self.gather), gather_every)  # what a parameter "auto" means
         self.piggyback_max_bytes = piggyback_max_bytes
-        self.watcher = ControlWatcher(control_path) if control_path and self.rank == 0 else None
+        self.watcher = (
+            ControlWatcher(control_path, family=lambda: engine.family)
+            if control_path and self.rank == 0
+            else None
+        )
         self.control_poll_iters = control_poll_iters
         self.device_delay_mode = device_delay
         self._device_delay: DeviceDelay | None = None
