@@ -447,13 +447,15 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
                 f"conf/controller/<family>.yaml and takes no parameters; pick one family to set them."
                 + (fix or " Each family's keys are in conf/controller/<family>.yaml")
             )
-        shown = f" (known under {parent}: {known})" if parent and known else ""
-        plus = (
-            ""
-            if owners
-            else f" A key the config does not have needs a leading + (+{key}={given}), but then nothing reads it"
-        )
-        return f"{key}={given}: no such config key{shown}.{fix}{plus}"
+        # (no "add it with +key" hint: pacectl reads only the keys its configs have, and refuses others)
+        shown = f" (known under {parent}: {known})" if parent else f" (top-level keys: {known})"
+        if not known and isinstance(node, DictConfig):  # the section itself does not exist (tun.n_trials)
+            top = sorted(str(k) for k in node.keys())
+            first = key.split(".")[0]
+            close = _closest(first, top)
+            fix = fix or (f" Did you mean {close}{key[len(first) :]}={given}?" if close else "")
+            shown = f" (top-level keys: {top})"
+        return f"{key}={given}: no such config key{shown}.{fix}"
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     line = " ".join(lines[:4])
     grammar = "https://hydra.cc/docs/advanced/override_grammar/basic/"

@@ -374,3 +374,14 @@ def test_a_file_where_the_default_run_folder_goes_is_named(tmp_path: Path, monke
     problem = cli.run_dir_argument_error(["trace=st"])
     assert problem is not None and "outputs is a file, not a folder" in problem
     assert cli.run_dir_argument_error(["-m", "seed=0,1"]) is None  # a sweep goes to multirun/
+
+
+def test_a_misspelt_key_gets_the_fix_not_a_plus_override(capsys) -> None:
+    """Unknown keys are refused whatever their form, so the message offers the spelling fix, never
+    'add it with +key=...'."""
+    err = _check(capsys, ["seeed=3"])
+    assert "Did you mean seed=3?" in err and "top-level keys" in err and "+seeed" not in err
+    err = _check(capsys, ["outptu.plots=false"])  # a section that does not exist
+    assert "Did you mean output.plots=false?" in err and "+outptu" not in err
+    err = _check(capsys, ["controller=pid", "controller.kpp=1"])
+    assert "Did you mean controller.kp=1?" in err and "+controller" not in err
