@@ -45,7 +45,11 @@ def test_info_json_is_stdout_alone() -> None:
     """--json: stdout parses as JSON (the text summary goes to stderr)."""
     r = _run("info", str(H200), "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["ranks"] == [0, 1, 2, 3]
+    info = json.loads(r.stdout)
+    assert info["ranks"] == [0, 1, 2, 3] and info["world_size"] == 4
+    assert info["collectives_per_step_per_rank"] == 3  # what the text says, as numbers
+    assert 0.0 < info["step_time_s"]["median"] < info["step_time_s"]["max"] and info["step_time_cv"] > 0
+    assert info["arrival_spread_first_bucket_s"]["median"] > 0
     assert "ranks     4" in r.stderr
 
 

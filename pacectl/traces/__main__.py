@@ -198,17 +198,42 @@ def cmd_info(args: argparse.Namespace) -> int:
     for w in notes:
         say(f"warning: {w}")
     if args.json:
+
+        def stats(x: np.ndarray) -> dict[str, float] | None:
+            """Seconds (or normalised units scaled to seconds, see ``norm_unit_s``)."""
+            if not len(x):
+                return None
+            return {
+                "mean": float(x.mean()),
+                "median": float(np.median(x)),
+                "p99": float(np.quantile(x, 0.99)),
+                "max": float(x.max()),
+            }
+
         out = {
             "source": trace.source,
             "format": trace.fmt,
+            "job": m.name,
+            "world_size": m.world_size,
+            "dp_size": m.dp_size,
+            "pp_size": m.pp_size,
             "time_unit": trace.time_unit,
             "norm_unit_s": trace.norm_unit_s,
             "ranks": ranks,
             "steps": steps.tolist(),
+            "collective": trace.collective or "grads-reduce-scatter",
+            "collectives_per_step_per_rank": int(per_step.median()) if len(per_step) else 0,
+            "step_time_s": stats(step_t),
+            "step_time_cv": float(step_t.std() / step_t.mean())
+            if len(step_t) and step_t.mean() > 0
+            else None,
+            "arrival_spread_first_bucket_s": stats(spread),
             "warnings": notes,
             "kineto": rep,
         }
-        print(json.dumps(out, indent=1, default=float))
+        from pacectl.report import jsonable  # non-finite -> null: strict JSON
+
+        print(json.dumps(jsonable(out), indent=1, allow_nan=False))
     return 0
 
 
