@@ -258,4 +258,6 @@ def test_a_folder_of_other_traces_names_its_files(capsys) -> None:
 def test_a_parquet_file_read_as_kineto_is_named_as_parquet() -> None:
     r = _run("info", str(ST), "--format", "kineto")
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert "It is a Parquet file" in r.stderr and "drop --format" in r.stderr
+    assert "It looks like a Parquet file" in r.stderr and "leave out --format" in r.stderr
+    r = _run("info", str(JOB1), "--format", "kineto")
+    assert r.returncode == 1 and "It looks like a steplevel trace by its name" in r.stderr

@@ -294,11 +294,17 @@ def stream_events(
     except _Corrupt as err:
         where = f"after event #{count - 1}" if count else "before the first event"
         advice = "The file is corrupt; re-export it from the profiler."
-        if not count and _starts_with(p, b"PAR1"):
-            advice = (
-                "It is a Parquet file (a canonical or ByteDance trace), not Kineto JSON: read it as one "
-                "(drop --format, or --format canonical / bytedance; pacectl.run: trace=<file>)."
-            )
+        if not count:  # nothing parsed: perhaps no Kineto file at all
+            from pacectl.traces.detect import detect_format
+
+            named, _ = detect_format(p)
+            what = "a Parquet file (a canonical or ByteDance trace)" if _starts_with(p, b"PAR1") else None
+            what = what or (f"a {named} trace by its name" if named not in (None, "kineto") else None)
+            if what:
+                advice = (
+                    f"It looks like {what}, not Kineto JSON: read it as that (pacectl.run: trace=<file> "
+                    "picks the format from the suffix; pacectl.traces: leave out --format)."
+                )
         raise TraceError(
             f"trace file must be valid JSON, got {err.what} at character {err.offset} ({where}) (in {p}). {advice}"
         ) from None
