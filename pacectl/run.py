@@ -200,14 +200,14 @@ def _warn_if_degenerate(episode: Episode) -> None:
         warnings.warn(
             f"every pacing domain has a single rank ({episode.num_ranks} rank(s) in "
             f"{len(episode.domain_names)} domain(s)): there is no arrival spread, so no controller can "
-            "pace; a truncated trace, or backend.num_ranks=1?",
+            "pace; a truncated trace, or backend.num_ranks / backend.nproc_per_node of 1?",
             UserWarning,
             stacklevel=2,
         )
     if episode.num_iterations < 2:
         warnings.warn(
-            f"only {episode.num_iterations} iteration: CV and the throughput interval need at least 2 "
-            "(a truncated trace, or backend.num_iterations too small?)",
+            f"only {episode.num_iterations} iteration: its CV is 0 by definition and the throughput "
+            "interval is undefined (a truncated trace, or backend.num_iterations too small?)",
             UserWarning,
             stacklevel=2,
         )
