@@ -345,6 +345,18 @@ def compare(baseline: dict[str, Any], other: dict[str, Any]) -> dict[str, float]
     }
 
 
+def _batch_ids(n: int, block: int | None, offset: int) -> NDArray[np.int64]:
+    """Block index of each of ``n`` iterations (see :func:`paired_change_ci95_frac`), from 0."""
+    size = math.isqrt(n) if block is None else max(1, int(block))
+    ids = (np.arange(n) + int(offset)) // size
+    return ids - ids[0]  # consecutive blocks from 0 (the first may be partial)
+
+
+def num_batches(n: int, *, block: int | None = None, offset: int = 0) -> int:
+    """How many blocks :func:`paired_change_ci95_frac` averages over for ``n`` iterations."""
+    return int(_batch_ids(n, block, offset)[-1]) + 1 if n > 0 else 0
+
+
 def paired_change_ci95_frac(
     baseline: Episode, other: Episode, *, block: int | None = None, offset: int = 0
 ) -> float:
@@ -379,9 +391,7 @@ def paired_change_ci95_frac(
         return math.nan
     d = other.iteration_time_s - baseline.iteration_time_s
     scale = float(baseline.iteration_time_s.mean())
-    size = math.isqrt(n) if block is None else max(1, int(block))
-    ids = (np.arange(n) + int(offset)) // size
-    ids -= ids[0]  # consecutive blocks from 0 (the first may be partial)
+    ids = _batch_ids(n, block, offset)
     means = np.bincount(ids, weights=d) / np.bincount(ids)
     m = means.size
     if m < 2:

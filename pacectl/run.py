@@ -123,6 +123,14 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             summaries[name]["throughput_change_ci95_frac"] = metrics.paired_change_ci95_frac(
                 episodes[BASELINE], ep, block=block, offset=offset
             )
+    batches = metrics.num_batches(episodes[BASELINE].num_iterations, block=block, offset=offset)
+    if len(episodes) > 1 and 2 <= batches < 5:
+        line = (
+            f"the throughput intervals rest on {batches} blocks of iterations (Student's t with "
+            f"{batches - 1} degree(s) of freedom): wide; more iterations narrow them"
+        )
+        log.warning(f"warning: {line}")
+        summary["warnings"].append(line)
     summary.update(
         {
             "backend": experiment.backend_name,

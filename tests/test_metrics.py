@@ -254,3 +254,11 @@ def test_paired_interval_over_blocks_uses_block_means() -> None:
     assert blocked == pytest.approx(expected)
     assert blocked > 2 * per_iteration  # the per-iteration formula is too narrow here
     assert np.isnan(paired_change_ci95_frac(base, other, block=100))  # one block: no interval
+
+
+def test_num_batches_counts_the_blocks_of_the_interval() -> None:
+    from pacectl.metrics import num_batches
+
+    assert num_batches(400) == 20 and num_batches(44) == 8  # blocks of floor(sqrt(44)) = 6: 7 full, 1 of 2
+    assert num_batches(60, block=10, offset=5) == 7  # the warm-up opens the first block
+    assert num_batches(20, block=10, offset=5) == 3 and num_batches(0) == 0

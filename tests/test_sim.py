@@ -313,6 +313,7 @@ def test_cli_records_go_where_a_live_runs_do_and_replay(tmp_path: Path) -> None:
     [
         (("backend.num_ranks=1", "backend.num_iterations=5"), "every pacing domain has a single rank"),
         (("backend.num_ranks=4", "backend.num_iterations=1"), "only 1 iteration"),
+        (("backend.num_ranks=4", "backend.num_iterations=10"), "the throughput intervals rest on 4 blocks"),
     ],
 )
 def test_cli_warns_when_nothing_can_be_paced_or_measured(
