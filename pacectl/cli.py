@@ -448,13 +448,19 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
                 + (fix or " Each family's keys are in conf/controller/<family>.yaml")
             )
         # (no "add it with +key" hint: pacectl reads only the keys its configs have, and refuses others)
-        shown = f" (known under {parent}: {known})" if parent else f" (top-level keys: {known})"
-        if not known and isinstance(node, DictConfig):  # the section itself does not exist (tun.n_trials)
+        # the known keys: under a section; at the top level only when no near key is suggested
+        shown = (
+            f" (known under {parent}: {known})" if parent else ("" if hint else f" (top-level keys: {known})")
+        )
+        if not known and isinstance(node, DictConfig):
             top = sorted(str(k) for k in node.keys())
             first = key.split(".")[0]
-            close = _closest(first, top)
-            fix = fix or (f" Did you mean {close}{key[len(first) :]}={given}?" if close else "")
-            shown = f" (top-level keys: {top})"
+            if first in top:  # seed.x: the parent is a value, not a section
+                shown = f" ({parent} is a value, not a section with keys)"
+            else:  # the section itself does not exist (tun.n_trials)
+                close = _closest(first, top)
+                fix = fix or (f" Did you mean {close}{key[len(first) :]}={given}?" if close else "")
+                shown = f" (top-level keys: {top})"
         return f"{key}={given}: no such config key{shown}.{fix}"
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     line = " ".join(lines[:4])

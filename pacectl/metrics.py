@@ -345,9 +345,23 @@ def compare(baseline: dict[str, Any], other: dict[str, Any]) -> dict[str, float]
     }
 
 
+def interval_blocks(interleave_block: int, warmup_iterations: int) -> tuple[int | None, int]:
+    """``(block, offset)`` of :func:`paired_change_ci95_frac` for live runs interleaved in blocks of
+    ``interleave_block`` iterations after ``warmup_iterations`` unlogged ones (the warm-up opens the
+    first block). Runs one after the other (0) or interleaved iteration by iteration (1) share no
+    block of the machine's state: blocks of sqrt(n) then, as offline."""
+    return (interleave_block, warmup_iterations) if interleave_block > 1 else (None, 0)
+
+
 def _batch_ids(n: int, block: int | None, offset: int) -> NDArray[np.int64]:
-    """Block index of each of ``n`` iterations (see :func:`paired_change_ci95_frac`), from 0."""
-    size = math.isqrt(n) if block is None else max(1, int(block))
+    """Block index of each of ``n`` iterations (see :func:`paired_change_ci95_frac`), from 0.
+
+    Blocks of ``floor(sqrt(n))`` iterations (``block=None``) or ``block``, from iteration
+    ``-offset``; the first and the last block may be partial and count as whole batches (Flegal and
+    Jones fold a leftover into equal batches instead: the interval here is slightly wider, the
+    conservative side).
+    """
+    size = max(1, math.isqrt(n)) if block is None else max(1, int(block))
     ids = (np.arange(n) + int(offset)) // size
     return ids - ids[0]  # consecutive blocks from 0 (the first may be partial)
 

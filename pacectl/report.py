@@ -106,7 +106,8 @@ def staged_outputs(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
     atomic ``os.replace``), so a failed run leaves none of them.
 
     Raises:
-        OSError: a target path exists and is not a regular file (nothing is moved then).
+        IsADirectoryError: an output file's path is taken by something that is not a file;
+            NotADirectoryError: an output folder's path is taken by a file (nothing is moved then).
     """
     import shutil
 
@@ -117,15 +118,16 @@ def staged_outputs(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield stage
         files = sorted(p.relative_to(stage) for p in stage.rglob("*") if p.is_file())
-        blocked = [out / f for f in files if (out / f).exists() and not (out / f).is_file()]
-        blocked += [
-            out / f.parent for f in files if (out / f.parent).exists() and not (out / f.parent).is_dir()
-        ]
-        if blocked:
-            raise IsADirectoryError(
-                f"output path {blocked[0]} exists and is not a {'file' if blocked[0].suffix else 'folder'}; "
-                "remove it or pick another run dir"
-            )
+        for f in files:  # check every target before moving any
+            folder = out / f.parent
+            if folder.exists() and not folder.is_dir():
+                raise NotADirectoryError(
+                    f"output folder {folder} exists and is not a folder; remove it or pick another run dir"
+                )
+            if (out / f).exists() and not (out / f).is_file():
+                raise IsADirectoryError(
+                    f"output path {out / f} exists and is not a file; remove it or pick another run dir"
+                )
         for f in files:
             (out / f).parent.mkdir(parents=True, exist_ok=True)
             os.replace(stage / f, out / f)

@@ -1176,10 +1176,12 @@ def _hydra_main(cfg: DictConfig) -> None:
     if "note" in s:
         log.info(f"note: {s['note']}")
     log.info(f"outputs: {out_dir} (pareto.json, pareto.png, controller.yaml, tune.json, tune.log)")
-    log.info(
-        f"use it:  python -m pacectl.run controller_file={shlex.quote(str(out_dir / 'controller.yaml'))} "
-        f"{s['run_overrides']}"
-    )
+    chosen_command = f"python -m pacectl.run controller_file={shlex.quote(str(out_dir / 'controller.yaml'))} {s['run_overrides']}"
+    if s["recommendation_command"] == chosen_command.rstrip():
+        log.info(f"use it:  {chosen_command}")
+    else:  # the warning above says why
+        log.info(f"recommended:  {s['recommendation_command']}")
+        log.info(f"the chosen trial (not recommended):  {chosen_command}")
     for line in s["run_overrides_differences"]:
         log.info(f"         note: {line}")
     log.info(f"inspect: {result.storage.dashboard_command()}   (pip install optuna-dashboard)")

@@ -184,7 +184,7 @@ def test_wait_fraction_in_unit_interval_when_wait_within_iteration(ep, data):
     it_time = ep.iteration_time_s
     scale = data.draw(hnp.arrays(np.float64, ep.arrival_s.shape, elements=st.floats(0.0, 1.0)))
     waited = make_episode(ep.arrival_s, domain_of_rank=ep.domain_of_rank, wait_s=scale * it_time[:, None])
-    assert 0.0 <= metrics.wait_fraction(waited) <= 1.0
+    assert 0.0 <= metrics.wait_fraction(waited) <= 1.0 + 1e-12  # a sum of n equal terms vs n times one
 
 
 def test_paired_change_ci95_frac() -> None:

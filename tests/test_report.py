@@ -255,7 +255,7 @@ def test_staged_outputs_move_files_and_folders_of_files_only_on_success(tmp_path
     (tmp_path / "blocked").mkdir()
     (tmp_path / "blocked" / "records").write_text("a file where the folder goes")
     with (
-        pytest.raises(IsADirectoryError, match="records exists and is not a folder"),
+        pytest.raises(NotADirectoryError, match="records exists and is not a folder"),
         staged_outputs(tmp_path / "blocked") as stage,
     ):
         (stage / "records").mkdir()

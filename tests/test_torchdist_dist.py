@@ -389,3 +389,30 @@ def test_live_gather_every_paces_as_the_offline_schedule_says(tmp_path) -> None:
     exp, _ = _threshold_job(tmp_path, "backend.pacing.gather_every=3")
     assert (exp.exchange.lag, exp.exchange.every) == (1, 3)
     assert _paced_as_scheduled(exp)[3:].any()
+
+
+def test_a_nameless_control_is_checked_against_the_family_published_last(tmp_path) -> None:
+    """A family switch published but not yet applied: a following control without "name" retunes
+    the new family, so it is checked as that family's."""
+    import torch.distributed as dist
+
+    from pacectl.torchdist.core import DecisionEngine
+    from pacectl.torchdist.launch import free_port
+    from pacectl.torchdist.pacer import Pacer
+
+    store = dist.TCPStore(
+        "127.0.0.1", free_port(), 1, is_master=True, timeout=__import__("datetime").timedelta(seconds=10)
+    )
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        pacer = Pacer(
+            DecisionEngine("threshold", {}, {}, num_ranks=1, seed=0), control_path=tmp_path / "c.json"
+        )
+        assert pacer._published_family() == "threshold"
+        pacer.request_control({"controller": {"name": "pid", "kp": 0.2}})
+        pacer.request_control({"enabled": False})
+        assert pacer._published_family() == "pid"  # not applied yet: the engine still runs threshold
+        (tmp_path / "c.json").write_text(json.dumps({"controller": {"kp": 0.3}}))  # a pid key
+        assert pacer.watcher is not None and pacer.watcher.poll() == {"controller": {"kp": 0.3}}
+    finally:
+        dist.destroy_process_group()

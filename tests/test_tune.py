@@ -869,8 +869,9 @@ def test_hint_reruns_the_tuned_sim_episode(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
-    hint = next(line for line in proc.stdout.splitlines() if line.startswith("use it:"))
-    command = shlex.split(hint.removeprefix("use it:"))
+    # "use it:" when the chosen trial is the recommendation, else "the chosen trial (not recommended):"
+    hint = next(line for line in proc.stdout.splitlines() if "controller_file=" in line)
+    command = shlex.split(hint.partition(":  ")[2])
     assert {"backend.num_iterations=30", "backend.num_ranks=8", "seed=3", "guard.max_delay_frac=0.4"} <= set(
         command
     )

@@ -205,9 +205,8 @@ def run_job(
         episodes[family] = data["episode"]
         runs[family] = metrics.summarize(data["episode"])
         runs[family]["gather_median_s"] = float(sorted(data["gather_s"])[len(data["gather_s"]) // 2])
-    # batch means over the interleave blocks (the warm-up opens the first one); one after the other:
-    # blocks of sqrt(n)
-    blocks = (args.block, workload["warmup_iterations"]) if args.block > 0 else (None, 0)
+    # batch means over the interleave blocks (the warm-up opens the first one), as a live run does
+    blocks = metrics.interval_blocks(args.block, workload["warmup_iterations"])
     for family in runs:
         if family != "none":
             vs[family] = metrics.compare(runs["none"], runs[family])

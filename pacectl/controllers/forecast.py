@@ -77,11 +77,13 @@ class ForecastController(BaseController):
             ``controller_file`` files and live runtime controls too).
         hold_iters: iterations a decision stays in force, >= 1: ``exchange.every_iters`` (a live job's
             ``gather_every``); ``auto`` in a config, as ``horizon_iters``.
-        alpha: EWMA weight of the newest sample in the per-rank mean and the pooled moments, in (0, 1].
+        alpha: EWMA weight of the newest sample in the per-rank mean and the pooled moments, in (0, 1];
+            the first ``1 / alpha`` samples are averaged with equal weights (a start-up running mean).
         gain: fraction of the margin-reduced forecast to delay, in (0, 1].
         margin_sigmas: safety margin in forecast-error standard deviations, >= 0.
         on_threshold_s: forecast spread at or below which nothing is delayed, seconds, >= 0.
-        warmup_iters: iterations observed before any delay, >= 2 (the autocorrelation needs two).
+        warmup_iters: iterations observed before any delay, >= 2 (the variance needs two; the
+            autocorrelation's first sample comes at the third).
 
     Raises:
         ConfigError: a parameter is out of range.

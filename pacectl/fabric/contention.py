@@ -20,6 +20,7 @@ iteration's length (see :mod:`pacectl.fabric.base`):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -231,8 +232,7 @@ class ContentionComm:
     @property
     def free_time_s(self) -> float:
         """Duration with no cross traffic, seconds."""
-        rate = self.ring_rate_Bps(tuple(False for _ in self._cross_links))
-        return self._fixed_s + (self._ring_bytes / rate if self._ring_bytes else 0.0)
+        return self._fixed_s + (self._ring_bytes / self._free_rate_Bps if self._ring_bytes else 0.0)
 
     def time_s(self, start_s: float) -> float:
         """Duration of an all-reduce that starts (last rank arrives) at absolute time ``start_s``, s.
@@ -256,8 +256,14 @@ class ContentionComm:
         """
         if free_s <= 0 or not self._ring_bytes:
             return free_s
-        free_rate = self.ring_rate_Bps(tuple(False for _ in self._cross_links))
-        return self._transfer_s(float(start_s), free_s * free_rate)
+        if self.inert_reason:  # one rate throughout: a plain ratio (exactly free_s without traffic)
+            return free_s * (self._free_rate_Bps / self.ring_rate_Bps(self._state(float(start_s))[0]))
+        return self._transfer_s(float(start_s), free_s * self._free_rate_Bps)
+
+    @functools.cached_property
+    def _free_rate_Bps(self) -> float:
+        """Rate of the ring's slowest flow with no cross traffic, bytes/s."""
+        return self.ring_rate_Bps(tuple(False for _ in self._cross_links))
 
     def _transfer_s(self, start: float, total: float) -> float:
         """Time to move ``total`` ring bytes from ``start`` (no fixed latency), s."""

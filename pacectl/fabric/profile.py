@@ -457,7 +457,7 @@ class ReplayContention:
     (the trace's world size, filling nodes in rank order), so whether the bursts reach it is decided
     by the world's placement on the fat-tree. A trace's paced collective is often that of a smaller
     group (the DP group of one pipeline stage: 4 ranks of AR's 64), whose real placement the traces
-    do not record; the slowdown factor is the world ring's.
+    do not record; the bursts a transfer meets are the world ring's.
 
     Args:
         cluster: the cluster profile (``conf/cluster/*.yaml``), validated here.

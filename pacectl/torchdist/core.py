@@ -195,6 +195,7 @@ def check_pacing(
     where: str = "backend.pacing",
     hint: str = _HINT,
     dist_backend: str = BUILTIN_DIST_BACKEND,
+    warn: bool = True,
 ) -> dict[str, Any]:
     """The pacing layer's settings (``backend.pacing``, or a :class:`~pacectl.torchdist.pacer.Pacer`'s
     keyword arguments) with the defaults filled in, each checked; the one place that knows them.
@@ -204,6 +205,8 @@ def check_pacing(
         where: how errors name a key (``backend.pacing`` -> ``backend.pacing.gather``).
         hint: where to read about the keys, appended to errors ("" for none).
         dist_backend: the process group's backend, to resolve ``gather=auto``.
+        warn: give the warnings below (a pacer passes True on rank 0 only: one copy per job, from
+            the rank that reads the control file).
 
     Returns:
         ``{key: value}`` for every key of :data:`PACING_DEFAULTS`.
@@ -228,7 +231,7 @@ def check_pacing(
                 f"e.g. {where}.piggyback_max_bytes=1048576 (1 MiB), or null to always append the "
                 f"figures to the carrier bucket{_tail(hint)}"
             )
-        if resolve_gather(gather, dist_backend) != "piggyback":
+        if warn and resolve_gather(gather, dist_backend) != "piggyback":
             resolved = (
                 f" ({resolve_gather(gather, dist_backend)} on {dist_backend})" if gather == "auto" else ""
             )
@@ -241,7 +244,7 @@ def check_pacing(
     control = values["control_path"]
     if control is not None and not isinstance(control, (str, Path)):
         raise ConfigError(f"{where}.control_path must be a file path or null, got {control!r}{_tail(hint)}")
-    if control is not None and not Path(control).expanduser().parent.is_dir():
+    if warn and control is not None and not Path(control).expanduser().parent.is_dir():
         warnings.warn(
             f"{where}.control_path={control}: its folder does not exist (yet), so no control "
             "message can appear there until it is created; check the path",

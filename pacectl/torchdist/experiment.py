@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pacectl.config import as_dict, controller_families, decision_schedule
 from pacectl.errors import BackendError, ConfigError
+from pacectl.metrics import interval_blocks
 from pacectl.torchdist.core import (
     BUILTIN_DIST_BACKEND,
     PACING_DEFAULTS,
@@ -140,7 +141,7 @@ class TorchExperiment:
         block = int(b.get("interleave_block", 10))
         #: the live runs' interleave blocks as ``(block, offset)`` of
         #: :func:`~pacectl.metrics.paired_change_ci95_frac` (the warm-up opens the first block)
-        self.paired_blocks = (block, int(b.warmup_iterations)) if block > 0 else (None, 0)
+        self.paired_blocks = interval_blocks(block, int(b.warmup_iterations))
         self.families = controller_families(cfg)
         # Ranks write into a hidden partial folder beside the final one; :meth:`write_outputs` moves
         # the records into place only when the whole run succeeded (a failed or interrupted run
@@ -288,9 +289,9 @@ class TorchExperiment:
         out["measured"] = costs
         block = int(b.get("interleave_block", 10))
         interval = (
-            "the throughput-change interval is computed on the paired differences' block means (Student's t)"
-            if block > 1
-            else "the throughput-change interval pairs iterations"
+            "the throughput-change interval is computed on the paired differences' means over the "
+            + ("interleave blocks" if block > 1 else "blocks of sqrt(n) iterations")
+            + " (batch means, Student's t)"
         )
         how = (
             f"interleaved in blocks of {block} iterations (drift spreads over every run); {interval}"

@@ -267,6 +267,7 @@ class Pacer:
             where="Pacer",
             hint="",
             dist_backend=dist.get_backend(group),
+            warn=dist.get_rank(group) == 0,
         )
         self.engine = engine
         self.group = group
@@ -288,7 +289,7 @@ class Pacer:
         engine.set_schedule(exchange_lag(self.gather), gather_every)  # what a parameter "auto" means
         self.piggyback_max_bytes = piggyback_max_bytes
         self.watcher = (
-            ControlWatcher(control_path, family=lambda: engine.family)
+            ControlWatcher(control_path, family=self._published_family)
             if control_path and self.rank == 0
             else None
         )
@@ -435,6 +436,15 @@ class Pacer:
             self._published += 1
             self._controls[self._published] = dict(control)
 
+    def _published_family(self) -> str:
+        """The controller family in force once every published control is applied: what a control
+        without ``name`` retunes (a switch may be published but not yet applied)."""
+        for version in range(self._published, self.engine.version, -1):
+            name = self._controls[version].get("controller", {}).get("name")
+            if name is not None:
+                return str(name)
+        return self.engine.family
+
     def _device(self) -> torch.device:
         backend = dist.get_backend(self.group)
         return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
@@ -481,7 +491,7 @@ class Pacer:
                 f"pacing gather 'piggyback' needs float32/float64 buckets, got {buf.dtype}: "
                 "using 'collective' from now on",
                 PacingGuardWarning,
-                stacklevel=3,
+                stacklevel=4,  # _take_piggyback <- _record_call <- _launch <- the hook
             )
             self.gather = "collective"
             return None

@@ -18,6 +18,7 @@ import pickle
 import signal
 import socket
 import time
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -114,23 +115,26 @@ class LiveRun:
         self.opt = torch.optim.SGD(self.ddp.parameters(), lr=float(workload.get("lr", 1e-3)))
         pacing = spec["pacing"]
         self.engine = DecisionEngine(family, params, spec["guard"], num_ranks=self.world, seed=self.seed)
-        self.pacer = Pacer(
-            self.engine,
-            spin_s=float(pacing["spin_s"]),
-            gather_every=int(pacing["gather_every"]),
-            gather=str(pacing.get("gather", "auto")),
-            piggyback_max_bytes=pacing.get("piggyback_max_bytes"),
-            # the no-pacing baseline never takes runtime control: it must stay unpaced
-            control_path=None if family == "none" else pacing.get("control_path"),
-            control_poll_iters=int(pacing["control_poll_iters"]),
-        ).attach(self.ddp)
+        with warnings.catch_warnings():  # the launching process checked these settings and warned
+            warnings.filterwarnings("ignore", message=r"Pacer\.")
+            self.pacer = Pacer(
+                self.engine,
+                spin_s=float(pacing["spin_s"]),
+                gather_every=int(pacing["gather_every"]),
+                gather=str(pacing.get("gather", "auto")),
+                piggyback_max_bytes=pacing.get("piggyback_max_bytes"),
+                # the no-pacing baseline never takes runtime control: it must stay unpaced
+                control_path=None if family == "none" else pacing.get("control_path"),
+                control_poll_iters=int(pacing["control_poll_iters"]),
+            ).attach(self.ddp)
         self.straggler = StragglerSpec(**spec["straggler"])
         self.schedule = straggler_schedule(
             self.straggler, num_iterations=self.total, world_size=self.world, seed=self.seed
         )
         self.fault = spec.get("fault") or {}
-        # gloo on CPU: the pacing delay is a sleep on the training thread (it blocks backward too)
-        self.host_paced = BUILTIN_DIST_BACKEND == "gloo"
+        # the built-in job runs gloo on CPU: the pacing delay is a sleep on the training thread (it
+        # blocks backward too)
+        self.host_paced = True
         self.engine.controller.enabled = False
         self.loop_s = np.zeros(self.total)
         self.k = 0

@@ -35,7 +35,8 @@ all ranks:
   time of the segment together); ``optimizer`` = [last bucket end, step end];
 - the replay's dependency model (``pacectl/backends/dag.py``) runs gradient buckets one after another.
   Backends that run buckets concurrently (gloo's worker threads) would violate it, so a bucket's op
-  starts at ``max(its arrival, previous bucket's end)``; the *true* arrivals still give the arrival
+  starts at ``max(its arrival, previous bucket's end)``, that end as serialised itself (a bucket
+  pushed later pushes the next one too); the *true* arrivals still give the arrival
   spreads of :class:`KinetoReport`. The first bucket (the one pacing delays) is never shifted.
 
 Matching across ranks: by (process group, sequence number) when every collective carries a sequence
