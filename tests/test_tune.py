@@ -1195,3 +1195,14 @@ def test_outputs_say_when_trials_still_run_elsewhere(tmp_path: Path) -> None:
     assert f"trial(s) [{trial.number}] still running in other commands" in proc.stdout
     num = json.loads((tmp_path / "b" / "tune.json").read_text())["num_trials"]
     assert num["running"] == 1 and num["complete"] + num["pruned"] == 2
+
+
+@pytest.mark.parametrize("override", ["tune.sim.num_ranks=1", "tune.sim.num_iterations=1"])
+def test_a_sim_scenario_with_nothing_to_tune_is_refused(tmp_path: Path, override: str) -> None:
+    """One rank has no arrival spread and one iteration no CV: refused before any trial."""
+    out = tmp_path / "run"
+    proc = _tune("cluster=contended", "controller=threshold", override, f"hydra.run.dir={out}", cwd=tmp_path)
+    assert (
+        proc.returncode == 2 and f"{override.partition('=')[0]} must be an integer >= 2, got 1" in proc.stderr
+    )
+    assert not out.exists()

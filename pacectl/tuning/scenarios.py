@@ -275,8 +275,9 @@ def build_scenarios(
             raise ConfigError("tune.sim.seeds must list at least one seed, got []")
         backend = {
             "name": "sim",
-            "num_ranks": config_int(sim.num_ranks, "tune.sim.num_ranks"),
-            "num_iterations": config_int(sim.num_iterations, "tune.sim.num_iterations"),
+            # one rank has no arrival spread and one iteration no CV: nothing to tune either way
+            "num_ranks": config_int(sim.num_ranks, "tune.sim.num_ranks", low=2),
+            "num_iterations": config_int(sim.num_iterations, "tune.sim.num_iterations", low=2),
             "record": False,
         }
         for seed in run_seeds:
