@@ -285,15 +285,14 @@ class Pacer:
             )
         self.spin_s = float(settings["spin_s"])
         self.gather_every = int(settings["gather_every"])
-        self.gather = resolve_gather(gather, dist.get_backend(group))
-        engine.set_schedule(exchange_lag(self.gather), gather_every)  # what a parameter "auto" means
-        self.piggyback_max_bytes = piggyback_max_bytes
+        self.gather = resolve_gather(str(settings["gather"]), dist.get_backend(group))
+        engine.set_schedule(exchange_lag(self.gather), self.gather_every)  # what a parameter "auto" means
+        self.piggyback_max_bytes: int | None = settings["piggyback_max_bytes"]
+        control = settings["control_path"]
         self.watcher = (
-            ControlWatcher(control_path, family=self._published_family)
-            if control_path and self.rank == 0
-            else None
+            ControlWatcher(control, family=self._published_family) if control and self.rank == 0 else None
         )
-        self.control_poll_iters = control_poll_iters
+        self.control_poll_iters = int(settings["control_poll_iters"])
         self.device_delay_mode = device_delay
         self._device_delay: DeviceDelay | None = None
         self._controls: dict[int, dict[str, Any]] = {}
