@@ -17,6 +17,8 @@ set -u
 out="${OUT:-/tmp/pacectl_device_run}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+# pacectl is not installed there: the bench and the ranks it spawns import it from this checkout
+export PYTHONPATH="$(cd "$(dirname "$0")/../.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 { nproc; lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)|Thread|NUMA node\(s\)'; nvidia-smi -L 2>/dev/null; } | tee "$out/machine.txt"
 python3 experiments/gpu_check/gpu_check.py --watchdog-s 270 --out "$out/gpu_check.json"
 gpu_rc=$?
