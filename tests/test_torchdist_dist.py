@@ -223,6 +223,7 @@ def test_pacer_rejects_bad_arguments(tmp_path) -> None:
             ({"control_poll_iters": 0}, "control_poll_iters must be an integer >= 1"),
             ({"spin_s": -1.0}, "spin_s must be a finite number"),
             ({"piggyback_max_bytes": 0.5}, "piggyback_max_bytes must be an integer >= 0"),
+            ({"cuda_resolve": "later"}, "cuda_resolve='later': expected one of"),
         ):
             with pytest.raises(ConfigError, match=message):
                 Pacer(engine, **kwargs)

@@ -7,7 +7,7 @@
 #      cannot give: experiments/bench/bench_torchdist.py with 4 gloo ranks (1 thread each) on the
 #      machine's CPUs, the same configuration as results/torchdist_2rank_async.json.
 #
-# Usage with the device tool (timeout_s=590; both records come back under $OUT):
+# Usage with the device tool (timeout_s=560, about 8 minutes; both records come back under $OUT):
 #   bash experiments/gpu_check/device_run.sh
 # Copy $OUT/gpu_check.json to experiments/gpu_check/results/ and $OUT/torchdist_4rank_16core.json
 # to experiments/bench/results/. Dry run on any machine (small, CPU only; check 1 skips with 77):
@@ -20,11 +20,11 @@ export PYTHONUNBUFFERED=1
 # pacectl is not installed there: the bench and the ranks it spawns import it from this checkout
 export PYTHONPATH="$(cd "$(dirname "$0")/../.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 { nproc; lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)|Thread|NUMA node\(s\)'; nvidia-smi -L 2>/dev/null; } | tee "$out/machine.txt"
-python3 experiments/gpu_check/gpu_check.py --watchdog-s 270 --out "$out/gpu_check.json"
+python3 experiments/gpu_check/gpu_check.py --watchdog-s 170 --out "$out/gpu_check.json"
 gpu_rc=$?
 echo "gpu_check exit code: $gpu_rc"
-timeout 280 python3 experiments/bench/bench_torchdist.py --nproc 4 --widths 1024 --rounds "${ROUNDS:-60}" \
-  --block 5 --batch 512 --bucket-cap-mb 25 --reps "${REPS:-50}" --variants plain,no_gather,async,piggyback \
+timeout 340 python3 experiments/bench/bench_torchdist.py --nproc 4 --widths 1024 --rounds "${ROUNDS:-70}" \
+  --block 5 --batch 512 --bucket-cap-mb 25 --reps "${REPS:-50}" --variants plain,py_hook,no_gather,async,piggyback \
   --out "$out/torchdist_4rank_16core.json"
 bench_rc=$?
 echo "bench exit code: $bench_rc"

@@ -16,14 +16,17 @@ Checks (each prints PASS/FAIL and is recorded):
    pacing stream is ordered after it, the all-reduce completes >= the delay later.
 4. The compute stream is not blocked: a kernel queued on the current stream after the paced
    all-reduce completes well within the delay, timed from the same event.
-5. End to end, for each exchange mode (``piggyback``, ``async``, ``collective``): a 1-rank DDP model
-   on CUDA with the :class:`~pacectl.torchdist.pacer.Pacer` attached trains 20 iterations;
-   observations are recorded and finite, and the trained parameters equal plain DDP's (same seed).
-   Then a fixed 5 ms delay in every iteration (:func:`delayed_run`): the iterations grow by it, and
-   the observed arrival includes it (natural arrival = arrival - delay is the undelayed arrival).
+5. End to end, for each exchange mode (``piggyback``, ``async``, ``collective``, and piggyback with
+   ``cuda_resolve="iteration_end"``): a 1-rank DDP model on CUDA with the
+   :class:`~pacectl.torchdist.pacer.Pacer` attached trains 20 iterations; observations are recorded
+   and finite, and the trained parameters equal plain DDP's (same seed). Then a fixed 5 ms delay in
+   every iteration (:func:`delayed_run`): the collective enters that much later, the iteration
+   grows by no more than the delay and no less than the max-plus bound, and the natural arrival
+   (arrival - delay) is the undelayed arrival.
 6. Zero-delay overhead on the GPU (controller ``none``): plain DDP, torch's Python and C++
    all-reduce hooks (the floor of any comm hook) and the pacer (exchange every iteration and every
-   10) train interleaved in blocks of 5 iterations, 40 rounds; per variant the median paired
+   10; both CUDA resolutions) train interleaved in blocks of 5 iterations, 40 rounds (and 20 rounds
+   at batch 4096, a 10x longer iteration); per variant the median paired
    difference of the block means against plain, seconds and fraction of plain's iteration
    (recorded, not a pass/fail check).
 
@@ -52,10 +55,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 #: zero-delay variants timed against plain DDP on the GPU (see :func:`overhead`)
-OVERHEAD_VARIANTS = ("plain", "py_hook", "cpp_hook", "pacer", "pacer_async", "pacer_k10")
+OVERHEAD_VARIANTS = (
+    "plain",
+    "py_hook",
+    "cpp_hook",
+    "pacer",
+    "pacer_iteration_end",
+    "pacer_async",
+    "pacer_k10",
+)
 
 
-def overhead(dev: Any, rounds: int = 40, block: int = 5, width: int = 4096) -> dict[str, object]:
+def overhead(
+    dev: Any, rounds: int = 40, block: int = 5, width: int = 4096, batch: int = 256
+) -> dict[str, object]:
     """Zero-delay cost against plain DDP on one GPU: interleaved blocks, order rotating every round.
 
     Variants: ``py_hook`` (torch's Python ``allreduce_hook``) and ``cpp_hook`` (its built-in C++
@@ -63,7 +76,9 @@ def overhead(dev: Any, rounds: int = 40, block: int = 5, width: int = 4096) -> d
     must do (plain DDP fuses it into its bucket copy), +2.6-2.9 % of the iteration
     (``experiments/bench/results/torchdist_hook_floor.json``); on a GPU it should be microseconds.
     ``pacer``: the pacer at its default exchange (``gather=auto``: piggyback on NCCL, async on
-    gloo); ``pacer_async``: the async exchange, whose decode on CUDA waits for the device before the
+    gloo) and resolution (``cuda_resolve="next_iteration"``); ``pacer_iteration_end``: the same,
+    resolving each iteration's device times at its end (the host waits for the device there: the
+    behaviour before 2026-12-01, whose cost the first device run measured); ``pacer_async``: the async exchange, whose decode on CUDA waits for the device before the
     next delay (is ``auto``'s piggyback on NCCL the right choice?); ``pacer_k10``: every 10.
     A CPU ``dev`` (a gloo group) runs the same code, for a dry run before device time is spent.
     """
@@ -90,8 +105,11 @@ def overhead(dev: Any, rounds: int = 40, block: int = 5, width: int = 4096) -> d
                 engine,
                 gather="async" if name == "pacer_async" else "auto",
                 gather_every=10 if name == "pacer_k10" else 1,
+                cuda_resolve="iteration_end" if name == "pacer_iteration_end" else "next_iteration",
             ).attach(ddp)
-        setups.append((ddp, torch.optim.SGD(ddp.parameters(), lr=1e-4), torch.randn(256, width, device=dev)))
+        setups.append(
+            (ddp, torch.optim.SGD(ddp.parameters(), lr=1e-4), torch.randn(batch, width, device=dev))
+        )
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def step(ddp: object, opt: object, x: object) -> None:
@@ -127,15 +145,19 @@ def overhead(dev: Any, rounds: int = 40, block: int = 5, width: int = 4096) -> d
         "variants": variants,
         "rounds": rounds,
         "block_iterations": block,
+        "workload": f"mlp width {width} depth 8 batch {batch}",
     }
 
 
-def setup(dev: Any, gather: str | None) -> tuple[Any, Callable[[float], None], Any]:
+def setup(
+    dev: Any, gather: str | None, cuda_resolve: str = "next_iteration"
+) -> tuple[Any, Callable[[float], None], Any]:
     """A 4-layer MLP under DDP on ``dev`` (a 1-rank group), paced by a ``threshold`` pacer.
 
     Args:
         dev: ``torch.device`` (CUDA for the check; CPU with a gloo group for the dry run).
         gather: the pacer's exchange mode, or None for plain DDP.
+        cuda_resolve: the pacer's ``cuda_resolve`` (when the host reads the device times).
 
     Returns:
         ``(model, step, pacer or None)``; ``step(delay_s)`` trains one iteration, with ``delay_s`` > 0
@@ -152,11 +174,24 @@ def setup(dev: Any, gather: str | None) -> tuple[Any, Callable[[float], None], A
         model, device_ids=[dev.index or 0] if dev.type == "cuda" else None, bucket_cap_mb=4
     )
     engine = DecisionEngine("threshold", {}, {"max_delay_frac": 1.0}, num_ranks=1, seed=0)
-    pacer = None if gather is None else Pacer(engine, gather=gather).attach(ddp)
+    pacer = None if gather is None else Pacer(engine, gather=gather, cuda_resolve=cuda_resolve).attach(ddp)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     gen = torch.Generator(device=dev).manual_seed(1)
+    forced = [0.0]
+    if pacer is not None:
+        # With cuda_resolve="next_iteration" the decision for an iteration is taken in its first
+        # hook, after step() has run: the forced delay replaces every decision, wherever it is taken.
+        decide = pacer._decide
+
+        def decide_then_force(first_iteration: int, tables: Any) -> None:
+            decide(first_iteration, tables)
+            if forced[0] > 0.0:
+                pacer._next_delay = forced[0]
+
+        pacer._decide = decide_then_force  # type: ignore[method-assign]
 
     def step(delay_s: float = 0.0) -> None:
+        forced[0] = delay_s
         if pacer is not None and delay_s > 0.0:
             pacer._next_delay = delay_s
         opt.zero_grad()
@@ -166,11 +201,13 @@ def setup(dev: Any, gather: str | None) -> tuple[Any, Callable[[float], None], A
     return model, step, pacer
 
 
-def train(dev: Any, gather: str | None, iters: int = 20) -> tuple[Any, Any]:
+def train(
+    dev: Any, gather: str | None, iters: int = 20, cuda_resolve: str = "next_iteration"
+) -> tuple[Any, Any]:
     """Train :func:`setup`'s model ``iters`` iterations; returns ``(flattened parameters, pacer or None)``."""
     import torch
 
-    model, step, pacer = setup(dev, gather)
+    model, step, pacer = setup(dev, gather, cuda_resolve)
     for _ in range(iters):
         step(0.0)
     if dev.type == "cuda":
@@ -180,11 +217,13 @@ def train(dev: Any, gather: str | None, iters: int = 20) -> tuple[Any, Any]:
     return torch.cat([q.detach().reshape(-1) for q in model.parameters()]), pacer
 
 
-def end_to_end(dev: Any, gather: str, plain_params: Any, iters: int = 20) -> tuple[dict[str, Any], bool]:
+def end_to_end(
+    dev: Any, gather: str, plain_params: Any, iters: int = 20, cuda_resolve: str = "next_iteration"
+) -> tuple[dict[str, Any], bool]:
     """Check 5 for one exchange mode: every iteration observed, finite, parameters equal plain DDP's."""
     import torch
 
-    params, pacer = train(dev, gather, iters)
+    params, pacer = train(dev, gather, iters, cuda_resolve)
     it = np.array([o.iteration_time_s for o in pacer.observations])
     record = {
         "iterations": len(pacer.observations),
@@ -201,15 +240,29 @@ def end_to_end(dev: Any, gather: str, plain_params: Any, iters: int = 20) -> tup
 
 
 def delayed_run(dev: Any, delay_s: float = 0.005, iters: int = 20) -> tuple[dict[str, Any], bool]:
-    """Check 5b: a fixed delay inside DDP's backward lengthens the iteration and shows in the arrival.
+    """Check 5b: a fixed delay inside DDP's backward delays the collective's entry by itself, and
+    lengthens the iteration by no more than itself and no less than the max-plus bound.
 
     Two copies of the model train in turn, one iteration each (so machine drift hits both; each
-    pacer's iteration clock restarts at its own step, see :meth:`Pacer.align`): one with no delay, one with ``delay_s`` on every iteration (collective exchange). Per iteration
-    pair: the delayed iteration minus the undelayed one, and the delayed run's natural arrival
-    (arrival minus delay) minus the undelayed arrival. Passes when the median of the first is at
-    least 0.8 ``delay_s``, the median of the second within 0.5 ``delay_s`` of zero, and every
-    observation records the applied delay. The first 2 iterations are left out (DDP rebuilds its
-    buckets after iteration 0).
+    pacer's iteration clock restarts at its own step, see :meth:`Pacer.align`): one with no delay,
+    one with ``delay_s`` on every iteration (collective exchange). Per iteration pair: the arrival
+    shift (delayed minus undelayed arrival at the paced collective), the iteration growth, and the
+    delayed run's natural arrival (arrival minus delay) minus the undelayed arrival. Passes when
+    (medians):
+
+    - the arrival shift is within 20 % of ``delay_s`` (the collective entered that much later);
+    - the growth is at most 1.1 ``delay_s`` (delaying one input of a max can lengthen it by no more
+      than the delay) and at least 0.8 of ``delay_s - slack``, where ``slack`` is the undelayed
+      iteration's time after its arrival (the delayed iteration cannot end before its delayed
+      arrival). On CPU the host delay blocks the training thread, so the backward after bucket 0
+      waits too and the growth is the whole delay. On CUDA the delay is a device-side wait on the
+      pacing stream and the compute stream goes on (checks 2-4): the rest of the backward overlaps
+      it, and the growth is the delay minus that overlap (first device run, 2026-11-30: arrival
+      +4.97 ms, growth +3.21 ms for a 5 ms delay, slack 2.11 ms);
+    - the natural arrival is within 0.5 ``delay_s`` of the undelayed arrival, and every
+      observation records the applied delay.
+
+    The first 2 iterations are left out (DDP rebuilds its buckets after iteration 0).
     """
     import torch
 
@@ -233,6 +286,8 @@ def delayed_run(dev: Any, delay_s: float = 0.005, iters: int = 20) -> tuple[dict
         "delay_s": delay_s,
         "iteration_median_s": {"undelayed": float(np.median(it0)), "delayed": float(np.median(it1))},
         "iteration_longer_by_median_s": float(np.median(it1 - it0)),
+        "arrival_later_by_median_s": float(np.median(arr1 - arr0)),
+        "slack_after_arrival_median_s": float(np.median(it0 - arr0)),
         "arrival_median_s": {"undelayed": float(np.median(arr0)), "delayed": float(np.median(arr1))},
         "natural_minus_undelayed_arrival_median_s": float(np.median(nat1 - arr0)),
         "applied_delay_s": sorted(set(applied)),
@@ -242,8 +297,11 @@ def delayed_run(dev: Any, delay_s: float = 0.005, iters: int = 20) -> tuple[dict
         record["hook_call_to_enter_min_s"] = min(
             m["enter_s"][0] - m["hook_call_s"][0] for m in paced.marks[2:]
         )
+    growth = record["iteration_longer_by_median_s"]
+    record["growth_lower_bound_s"] = max(0.0, delay_s - record["slack_after_arrival_median_s"])
     ok = (
-        record["iteration_longer_by_median_s"] >= 0.8 * delay_s
+        abs(record["arrival_later_by_median_s"] - delay_s) <= 0.2 * delay_s
+        and 0.8 * record["growth_lower_bound_s"] <= growth <= 1.1 * delay_s
         and all(a == delay_s for a in applied)
         and abs(record["natural_minus_undelayed_arrival_median_s"]) < 0.5 * delay_s
     )
@@ -381,11 +439,13 @@ def main(argv: list[str] | None = None) -> int:
     def plain_ddp() -> None:
         plain["params"], _ = train(dev, None)
 
-    def e2e(gather: str) -> Callable[[], None]:
+    def e2e(gather: str, cuda_resolve: str = "next_iteration") -> Callable[[], None]:
+        suffix = gather if cuda_resolve == "next_iteration" else f"{gather}_{cuda_resolve}"
+
         def run() -> None:
-            checks[f"ddp_end_to_end_{gather}"] = False  # until it has run
-            out[f"ddp_{gather}"], checks[f"ddp_end_to_end_{gather}"] = end_to_end(
-                dev, gather, plain["params"]
+            checks[f"ddp_end_to_end_{suffix}"] = False  # until it has run
+            out[f"ddp_{suffix}"], checks[f"ddp_end_to_end_{suffix}"] = end_to_end(
+                dev, gather, plain["params"], cuda_resolve=cuda_resolve
             )
 
         return run
@@ -397,14 +457,19 @@ def main(argv: list[str] | None = None) -> int:
     def overhead_on_gpu() -> None:
         out["overhead_zero_delay"] = overhead(dev)
 
+    def overhead_longer_iteration() -> None:
+        out["overhead_zero_delay_batch4096"] = overhead(dev, rounds=20, batch=4096)
+
     try:
         step("device_delay_precision", precision)
         step("not_blocked", not_blocked)
         step("ddp_plain", plain_ddp)
         for gather in ("piggyback", "async", "collective"):
             step(f"ddp_{gather}", e2e(gather))
+        step("ddp_piggyback_iteration_end", e2e("piggyback", "iteration_end"))
         step("ddp_delay_applied", delayed)
         step("overhead_zero_delay", overhead_on_gpu)
+        step("overhead_zero_delay_batch4096", overhead_longer_iteration)
     finally:
         save()  # before the process group is destroyed, which may wait on NCCL work
         try:

@@ -72,6 +72,7 @@ import functools
 import math
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,44 @@ class DeviceDelay:
 
 
 _PIGGYBACK_DTYPES = (torch.float32, torch.float64)
+#: When a CUDA iteration's device times are read and its figures exchanged (see :class:`Pacer`).
+CUDA_RESOLVE = ("next_iteration", "iteration_end")
+
+
+def _rows_to(rows: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor of exchange rows on ``device``. On CUDA through pinned memory, non-blocking: a
+    copy from pageable memory synchronizes the host with the current stream (here: with the
+    backward pass queued so far)."""
+    if device.type != "cuda":
+        return rows
+    return rows.pin_memory().to(device, non_blocking=True)
+
+
+@dataclass
+class _ClosedIteration:
+    """One iteration's stamps, taken when its gradient sync ended on the host (:meth:`Pacer._end_iteration`).
+
+    Host times are ``perf_counter`` seconds. On CUDA ``enter``/``exit`` hold host placeholders until
+    :meth:`Pacer._complete` resolves ``cuda_events`` (device times from ``start_ev``), and
+    ``end_ev`` marks the end of the gradient sync on the device (also the next iteration's start).
+    """
+
+    k: int
+    start: float
+    start_ev: Any
+    forward_end: float
+    hook_call: list[float]
+    hook_return: list[float]
+    enter: list[float]
+    exit: list[float]
+    cuda_events: list[tuple[Any, Any]]
+    end_ev: Any
+    sizes: list[int]
+    applied: float
+    decided_before: int
+    t_end: float
+    #: host time the next iteration started, when the completion was left for later
+    t_exit: float | None = None
 
 
 def encode_rows(rows: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -230,6 +269,12 @@ class Pacer:
             the rows: they go in one tiny all-reduce issued beside it, in the same hook call (see the
             module doc). None (default): always append. CUDA always appends (the copy is a few
             microseconds of device memory traffic).
+        cuda_resolve: on CUDA, when the host waits for an iteration's device times and exchanges its
+            figures: ``"next_iteration"`` (default: at the next iteration's first bucket, before its
+            delay is applied, so the device runs the optimizer step and the next forward pass
+            meanwhile) or ``"iteration_end"`` (at the end of the gradient sync: the device idles while
+            the host decides). Same figures, same decisions, same lag; only where the host waits.
+            Ignored on CPU.
 
     Raises:
         ConfigError: a bad setting (:func:`~pacectl.torchdist.core.check_pacing`: an unknown
@@ -254,7 +299,10 @@ class Pacer:
         control_poll_iters: int = 10,
         device_delay: str = "auto",
         piggyback_max_bytes: int | None = None,
+        cuda_resolve: str = "next_iteration",
     ) -> None:
+        if cuda_resolve not in CUDA_RESOLVE:
+            raise ConfigError(f"Pacer cuda_resolve={cuda_resolve!r}: expected one of {CUDA_RESOLVE}")
         settings = check_pacing(
             {
                 "spin_s": spin_s,
@@ -294,6 +342,10 @@ class Pacer:
         )
         self.control_poll_iters = int(settings["control_poll_iters"])
         self.device_delay_mode = device_delay
+        self.cuda_resolve = cuda_resolve
+        # cuda_resolve="next_iteration": the iteration closed on the host, completed at the next one
+        self._closed: _ClosedIteration | None = None
+        self._inflight_ready: Any = None  # CUDA: event after the carried rows' copy to the host
         self._device_delay: DeviceDelay | None = None
         self._controls: dict[int, dict[str, Any]] = {}
         self._published = 0
@@ -425,6 +477,7 @@ class Pacer:
         pending; ``gather_every > 1`` leaves up to ``gather_every - 1``). No-op when nothing is pending
         (the same on every rank: every rank has run the same iterations).
         """
+        self._complete_closed()
         self._settle_exchange()
         if self._pending_rows:
             self._gather_and_decide()
@@ -451,6 +504,7 @@ class Pacer:
     def _begin_iteration(self) -> None:
         """Before an iteration's first collective (both entry points): settle the async exchange, so
         that every rank applies the decision on the same figures, then start a fresh iteration log."""
+        self._complete_closed()
         self._settle_exchange()
         self._clear_iteration()
 
@@ -497,7 +551,7 @@ class Pacer:
         t0 = now()
         rows = self._pending_rows
         flat = np.concatenate([one_hot_row(self.rank, self.world_size, r) for r in rows])
-        extra = encode_rows(flat, buf.dtype).to(buf.device)
+        extra = _rows_to(encode_rows(flat, buf.dtype), buf.device)
         self._inflight = (self._pending_first, len(rows), extra, -1)
         self._pending_rows = []
         self._pack_s = now() - t0
@@ -670,25 +724,99 @@ class Pacer:
 
     # ---------------------------------------------------------------------- end of the iteration
     def _end_iteration(self) -> None:
-        """Wait for the buckets, exchange the figures, decide the next delay (identically on every rank)."""
+        """End of the gradient sync: close the iteration's log, then (on CPU, and on CUDA with
+        ``cuda_resolve="iteration_end"``) exchange the figures and decide the next delay, identically
+        on every rank. With ``cuda_resolve="next_iteration"`` (CUDA) that second part waits for the
+        next iteration's first bucket (:meth:`_begin_iteration`) or :meth:`flush`: the host does not
+        wait for the device here, and the device runs the optimizer step and the next forward pass
+        while the host works out the decision."""
+        self._complete_closed()  # (none pending: every iteration begins in _begin_iteration)
         for fut in self._futures:
-            fut.wait()
-        start = self._iter_start
-        if self._cuda_events:
-            # Device times: resolve the events (one host sync per iteration, at the gradient sync
-            # end). Each exit event is recorded on the stream its future's callback ran on, so
-            # every one is synchronized, not only the last.
-            for _, exit_ev in self._cuda_events:
+            fut.wait()  # CPU: blocks; CUDA: orders the current stream after the collectives
+        closed = self._close_iteration()
+        if self._defers(closed):
+            closed.t_exit = now()
+            self._closed = closed
+            self._start_next(closed, closed.t_exit)
+        else:
+            self._start_next(closed, self._complete(closed))
+
+    def _defers(self, closed: _ClosedIteration) -> bool:
+        """Whether ``closed`` is completed at the next iteration's first bucket (CUDA, ``cuda_resolve``
+        ``"next_iteration"``). The bookkeeping is device-agnostic: the multi-rank tests defer on CPU too."""
+        return bool(closed.cuda_events) and self.cuda_resolve == "next_iteration"
+
+    def _close_iteration(self) -> _ClosedIteration:
+        """The iteration's stamps; on CUDA, an end event and a non-blocking copy of the carried rows."""
+        end_ev = None
+        if self._cuda_events and self._device_delay is not None:
+            end_ev = self._device_clock_start(self._device_delay.device)
+            self._stage_inflight()
+        return _ClosedIteration(
+            k=self._k,
+            start=self._iter_start,
+            start_ev=self._start_ev,
+            forward_end=self._forward_end,
+            hook_call=self._hook_call,
+            hook_return=self._hook_return,
+            enter=self._enter,
+            exit=self._exit,
+            cuda_events=self._cuda_events,
+            end_ev=end_ev,
+            sizes=self._sizes,
+            applied=self._applied,
+            decided_before=self._decided_before,
+            t_end=now(),
+        )
+
+    def _stage_inflight(self) -> None:
+        """CUDA piggyback: copy the carried rows to pinned host memory on the current stream (after
+        the collectives), not blocking; :meth:`_decode_inflight` waits for this copy alone."""
+        if self._inflight is None or not self._inflight[2].is_cuda:
+            return
+        first_iteration, num_rows, combined, offset = self._inflight
+        host = torch.empty(combined.numel() - offset, dtype=combined.dtype, pin_memory=True)
+        host.copy_(combined[offset:], non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(combined.device))
+        self._inflight = (first_iteration, num_rows, host, 0)
+        self._inflight_ready = ready
+
+    def _start_next(self, closed: _ClosedIteration, t_exit: float) -> None:
+        """The next iteration's clock starts at ``t_exit`` (host) and, on CUDA, at ``closed.end_ev``."""
+        self._forward_end = float("nan")
+        self._iter_start = t_exit
+        if closed.end_ev is not None:
+            self._start_ev = closed.end_ev
+        self._k = closed.k + 1
+
+    def _complete_closed(self) -> None:
+        """Finish a closed iteration left for later (``cuda_resolve="next_iteration"``), if any."""
+        if self._closed is not None:
+            closed, self._closed = self._closed, None
+            self._complete(closed)
+
+    def _complete(self, c: _ClosedIteration) -> float:
+        """Resolve the device times, decide on the carried rows, exchange this iteration's figures.
+
+        Returns:
+            The host time it ended: the iteration's ``sync_exit_s`` mark.
+        """
+        if c.cuda_events:
+            # Device times (one host sync per iteration). Each exit event is recorded on the stream
+            # its future's callback ran on, so every one is synchronized, not only the last.
+            for _, exit_ev in c.cuda_events:
                 exit_ev.synchronize()
+            c.end_ev.synchronize()
             # enter events follow the device-side delay, so arrival includes it, as on CPU
-            ref, ref_ev = start, self._start_ev
+            ref, ref_ev = c.start, c.start_ev
             if ref_ev is None:  # attached without align(): anchor at the first enter, host clock
-                ref, ref_ev = self._enter[0], self._cuda_events[0][0]
-            for j, (enter_ev, exit_ev) in enumerate(self._cuda_events):
-                self._exit[j] = ref + ref_ev.elapsed_time(exit_ev) / 1e3
-                self._enter[j] = ref + ref_ev.elapsed_time(enter_ev) / 1e3
-        t_end = now()
-        k = self._k
+                ref, ref_ev = c.enter[0], c.cuda_events[0][0]
+            for j, (enter_ev, exit_ev) in enumerate(c.cuda_events):
+                c.exit[j] = ref + ref_ev.elapsed_time(exit_ev) / 1e3
+                c.enter[j] = ref + ref_ev.elapsed_time(enter_ev) / 1e3
+            c.t_end = ref + ref_ev.elapsed_time(c.end_ev) / 1e3  # the device's end of the sync
+        k = c.k
         if self._inflight is not None:  # CUDA: decoded here, after the events resolved
             self._decide(*self._decode_inflight())
         if self._undecided is not None:  # a runtime-control version: decided on this thread
@@ -700,19 +828,19 @@ class Pacer:
                 self.request_control(control)
             for bad in self.watcher.rejected[seen:]:
                 self.controls_rejected.append({**bad, "iteration": len(self._raw_marks)})
-        if k >= 1 and self._sizes:
+        if k >= 1 and c.sizes:
             # The smallest bucket of this iteration's layout carries the next rows (bucket 0 often
             # holds an output layer, the largest tensor of a language model). DDP's layout is the
             # same on every rank, so every rank picks the same one; the layout is final after
             # iteration 0, when DDP rebuilds its buckets.
-            self._carrier = int(np.argmin(self._sizes))
-        enter0 = self._enter[0] if self._enter else float("nan")
-        exit0 = self._exit[0] if self._exit else float("nan")
+            self._carrier = int(np.argmin(c.sizes))
+        enter0 = c.enter[0] if c.enter else float("nan")
+        exit0 = c.exit[0] if c.exit else float("nan")
         row = gather_row(
-            arrival_local_s=enter0 - start,
+            arrival_local_s=enter0 - c.start,
             in_collective_s=exit0 - enter0,
-            applied_delay_s=self._applied,
-            backward_end_s=t_end - start,
+            applied_delay_s=c.applied,
+            backward_end_s=c.t_end - c.start,
             control_version=self._published,
         )
         if not self._pending_rows:
@@ -723,27 +851,23 @@ class Pacer:
                 self._gather_and_decide()
             elif self.gather == "async":
                 self._exchange_async()
-        t_exit = now()
+        t_exit = now() if c.t_exit is None else c.t_exit
         # Raw local-clock stamps only (cheap on the critical path); :attr:`marks` converts on demand.
         self._raw_marks.append(
             (
-                start,
-                self._forward_end,
-                self._hook_call,
-                self._hook_return,
-                self._enter,
-                self._exit,
-                t_end,
+                c.start,
+                c.forward_end,
+                c.hook_call,
+                c.hook_return,
+                c.enter,
+                c.exit,
+                c.t_end,
                 t_exit,
-                self._applied,
-                self._decided_before,
+                c.applied,
+                c.decided_before,
             )
         )
-        self._forward_end = float("nan")
-        self._iter_start = t_exit
-        if self._cuda_events and self._device_delay is not None:
-            self._start_ev = self._device_clock_start(self._device_delay.device)
-        self._k += 1
+        return t_exit
 
     def _tables(self, flat: np.ndarray, num_rows: int) -> np.ndarray:
         """An exchanged buffer as ``float64[num_rows, world_size, NUM_GATHER_FIELDS]`` tables."""
@@ -755,6 +879,9 @@ class Pacer:
         first_iteration, num_rows, combined, offset = self._inflight
         self._inflight = None
         t0 = now()
+        if self._inflight_ready is not None:  # CUDA: the staged copy to the host
+            self._inflight_ready.synchronize()
+            self._inflight_ready = None
         tables = self._tables(decode_rows(combined[offset:]), num_rows)
         # the exchange's host cost: encode + pack + decode
         self.gather_s.append(self._pack_s + now() - t0)
@@ -774,7 +901,7 @@ class Pacer:
         self._pending_rows = []
         t0 = now()
         flat = np.concatenate([one_hot_row(self.rank, self.world_size, r) for r in rows])
-        tensor = torch.from_numpy(flat).to(self._device())
+        tensor = _rows_to(torch.from_numpy(flat), self._device())
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
         first, num_rows = self._pending_first, len(rows)
         fut = None
@@ -812,7 +939,7 @@ class Pacer:
         rows = self._pending_rows
         self._pending_rows = []
         buf = np.concatenate([one_hot_row(self.rank, self.world_size, r) for r in rows])
-        tensor = torch.from_numpy(buf).to(self._device())
+        tensor = _rows_to(torch.from_numpy(buf), self._device())
         t0 = now()
         dist.all_reduce(tensor, group=self.group)
         # on CUDA the all-reduce returns once queued: the wait is in the copy to the host
