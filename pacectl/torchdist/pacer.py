@@ -136,6 +136,8 @@ class DeviceDelay:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
+        #: an event on the pacing stream just before the last non-zero wait queued (else None)
+        self.last_sleep_start: Any = None
         #: cycles per second of each calibration repeat (their spread shows clock drift)
         self.calibration_rates: list[float] = []
         self.cycles_per_s = self.calibrate()
@@ -162,8 +164,11 @@ class DeviceDelay:
     def paced_stream(self, delay_s: float) -> torch.cuda.Stream:
         """The pacing stream, ordered after the current stream, with a device wait of ``delay_s`` queued."""
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        self.last_sleep_start = None
         if delay_s > 0.0:
             with torch.cuda.stream(self.stream):
+                self.last_sleep_start = torch.cuda.Event(enable_timing=True)
+                self.last_sleep_start.record(self.stream)
                 torch.cuda._sleep(int(delay_s * self.cycles_per_s))
         return self.stream
 
@@ -205,6 +210,8 @@ class _ClosedIteration:
     applied: float
     decided_before: int
     t_end: float
+    #: CUDA: an event just before the device-side wait of a non-zero delay (its length: to enter 0)
+    sleep_ev: Any = None
     #: host time the next iteration started, when the completion was left for later
     t_exit: float | None = None
 
@@ -427,8 +434,9 @@ class Pacer:
         ]
         #: host time of each exchange (encode, pack, decode; the wait for it on CUDA and collective), s
         self.gather_s: list[float] = []
-        #: CPU only: the measured length of each host delay applied (one per iteration), s. On CUDA the
-        #: delay is a device-side wait; its effect is in the enter events (``arrival_s`` includes it).
+        #: the measured length of each delay applied (one per iteration), s: on CPU the host delay;
+        #: on CUDA the device-side wait, from an event queued just before it to the enter event
+        #: (``torch.cuda._sleep`` counts SM cycles, so a clock below the calibration's lengthens it).
         self.delay_actual_s: list[float] = []
 
     @property
@@ -516,6 +524,7 @@ class Pacer:
         self._futures: list[torch.futures.Future[Any]] = []
         self._applied = 0.0
         self._cuda_events: list[tuple[Any, Any]] = []
+        self._sleep_ev: Any = None
         self._sizes: list[int] = []  # bytes of each collective of this iteration, in launch order
         # decisions logged before this iteration's delay was applied: the last of them chose it
         self._decided_before = len(getattr(self, "decisions", ()))
@@ -698,6 +707,8 @@ class Pacer:
         if self._device_delay is None:
             self._device_delay = DeviceDelay(buf.device)
         stream = self._device_delay.paced_stream(delay)
+        if first:
+            self._sleep_ev = self._device_delay.last_sleep_start
         enter_ev = torch.cuda.Event(enable_timing=True)
         exit_ev = torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(stream):
@@ -767,6 +778,7 @@ class Pacer:
             applied=self._applied,
             decided_before=self._decided_before,
             t_end=now(),
+            sleep_ev=self._sleep_ev,
         )
 
     def _stage_inflight(self) -> None:
@@ -816,6 +828,9 @@ class Pacer:
                 c.exit[j] = ref + ref_ev.elapsed_time(exit_ev) / 1e3
                 c.enter[j] = ref + ref_ev.elapsed_time(enter_ev) / 1e3
             c.t_end = ref + ref_ev.elapsed_time(c.end_ev) / 1e3  # the device's end of the sync
+            # the device-side wait's length as run: _sleep counts SM cycles, calibrated at one clock
+            waited = c.sleep_ev.elapsed_time(c.cuda_events[0][0]) / 1e3 if c.sleep_ev is not None else 0.0
+            self.delay_actual_s.append(waited)
         k = c.k
         if self._inflight is not None:  # CUDA: decoded here, after the events resolved
             self._decide(*self._decode_inflight())
