@@ -50,14 +50,9 @@ _WORLD = 3
 _DDP_MODES = ("plain", "async", "piggyback", "piggyback-view", "piggyback-beside", "collective")
 # the same exchanges through PacedAllReduce: a loop that all-reduces each gradient itself (no DDP)
 _WRAPPER_MODES = ("wrapper-async", "wrapper-piggyback", "wrapper-collective")
-# completed at the next iteration's first bucket, as CUDA does by default (cuda_resolve): the
-# bookkeeping is device-agnostic, so it is checked here on gloo (Pacer._defers forced on)
-_DEFERRED_MODES = (
-    "async-deferred",
-    "piggyback-deferred",
-    "collective-deferred",
-    "wrapper-piggyback-deferred",
-)
+# completed at the next iteration's first bucket, as CUDA piggyback does by default (cuda_resolve):
+# the bookkeeping is device-agnostic, so it is checked here on gloo (Pacer._on_device forced on)
+_DEFERRED_MODES = ("piggyback-deferred", "wrapper-piggyback-deferred")
 _MODES = _DDP_MODES + _WRAPPER_MODES + _DEFERRED_MODES
 
 
@@ -100,7 +95,7 @@ def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
             beside = {"piggyback_max_bytes": 0} if mode.endswith("-beside") else {}
             pacer = None if mode == "plain" else Pacer(engine, gather=gather, **beside)
             if mode.endswith("-deferred"):
-                pacer._defers = lambda closed: True  # type: ignore[method-assign]
+                pacer._on_device = lambda closed: True  # type: ignore[method-assign]
             all_reduce = None
             if wrapper:
                 all_reduce = PacedAllReduce(pacer, collectives_per_iteration=len(list(model.parameters())))
@@ -241,8 +236,6 @@ def test_every_iteration_is_marked_once_on_one_clock(ranks, mode: str) -> None:
         ("wrapper-async", 1),
         ("wrapper-collective", 1),
         ("wrapper-piggyback", 2),
-        ("async-deferred", 1),
-        ("collective-deferred", 1),
         ("piggyback-deferred", 2),
         ("wrapper-piggyback-deferred", 2),
     ],

@@ -494,9 +494,9 @@ def main(argv: list[str] | None = None) -> int:
             step(f"ddp_{gather}", e2e(gather))
         step("ddp_piggyback_iteration_end", e2e("piggyback", "iteration_end"))
         for args in (
-            ("collective", "next_iteration"),
-            ("collective", "iteration_end"),
+            ("collective", "next_iteration"),  # collective always resolves at the iteration's end
             ("piggyback", "next_iteration"),
+            ("piggyback", "iteration_end"),
         ):
             step(*delayed(*args))
         step("overhead_zero_delay", overhead_on_gpu)

@@ -276,11 +276,13 @@ class Pacer:
             the rows: they go in one tiny all-reduce issued beside it, in the same hook call (see the
             module doc). None (default): always append. CUDA always appends (the copy is a few
             microseconds of device memory traffic).
-        cuda_resolve: on CUDA, when the host waits for an iteration's device times and exchanges its
-            figures: ``"next_iteration"`` (default: at the next iteration's first bucket, before its
-            delay is applied, so the device runs the optimizer step and the next forward pass
-            meanwhile) or ``"iteration_end"`` (at the end of the gradient sync: the device idles while
-            the host decides). Same figures, same decisions, same lag; only where the host waits.
+        cuda_resolve: on CUDA in piggyback mode (the NCCL default), when the host waits for an
+            iteration's device times and decides on the carried figures: ``"next_iteration"``
+            (default: at the next iteration's first bucket, before its delay is applied, so the
+            device runs the optimizer step and the next forward pass meanwhile) or
+            ``"iteration_end"`` (at the end of the gradient sync: the device idles while the host
+            decides). Same figures, same decisions, same lag; only where the host waits. The async
+            and collective modes always resolve at the iteration's end (see :meth:`_defers`).
             Ignored on CPU.
 
     Raises:
@@ -753,9 +755,20 @@ class Pacer:
             self._start_next(closed, self._complete(closed))
 
     def _defers(self, closed: _ClosedIteration) -> bool:
-        """Whether ``closed`` is completed at the next iteration's first bucket (CUDA, ``cuda_resolve``
-        ``"next_iteration"``). The bookkeeping is device-agnostic: the multi-rank tests defer on CPU too."""
-        return bool(closed.cuda_events) and self.cuda_resolve == "next_iteration"
+        """Whether ``closed`` is completed at the next iteration's first bucket: on CUDA, with
+        ``cuda_resolve="next_iteration"``, in piggyback mode. The async and collective modes issue
+        an all-reduce of their own when they exchange: at the next iteration's first bucket it would
+        line the ranks up just before the paced collective and hide the arrival skew it measures, so
+        they exchange at the end of the gradient sync, where the ranks leave together anyway."""
+        return (
+            self.gather == "piggyback" and self.cuda_resolve == "next_iteration" and self._on_device(closed)
+        )
+
+    @staticmethod
+    def _on_device(closed: _ClosedIteration) -> bool:
+        """Whether the iteration's collectives ran on CUDA (the multi-rank tests say yes on CPU, to
+        check the deferred bookkeeping, which is device-agnostic)."""
+        return bool(closed.cuda_events)
 
     def _close_iteration(self) -> _ClosedIteration:
         """The iteration's stamps; on CUDA, an end event and a non-blocking copy of the carried rows."""
