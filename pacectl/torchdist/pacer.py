@@ -34,7 +34,8 @@ Per iteration, on every rank:
      (only the gradient part is averaged). The future returns a view of the gradient part (DDP
      copies a hook's result into the gradients anyway), and on CPU its completion callback decodes
      the rows and runs the controller on the communication thread while the backward pass of
-     ``k + 1`` goes on (CUDA: at the end of ``k + 1``). No extra collective; the cost is a few hundred bytes on
+     ``k + 1`` goes on (CUDA: staged to the host without a sync, decoded at the first bucket of
+     ``k + 2``, see ``cuda_resolve``). No extra collective; the cost is a few hundred bytes on
      the carrier and one copy of it: for a model whose gradients fit in one 25 MB bucket, a copy
      of them all (17 MB: 0.9 ms of hook CPU per iteration on the benchmark machine). With
      ``piggyback_max_bytes`` set, a larger carrier is not copied: the rows go in one tiny
