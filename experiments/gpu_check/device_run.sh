@@ -7,7 +7,7 @@
 #      cannot give: experiments/bench/bench_torchdist.py with 4 gloo ranks (1 thread each) on the
 #      machine's CPUs, the same configuration as results/torchdist_2rank_async.json.
 #
-# Usage with the device tool (timeout_s=560, about 8 minutes; both records come back under $OUT):
+# Usage with the device tool (timeout_s=560; 5.5 minutes on 2026-11-30; both records come back under $OUT):
 #   bash experiments/gpu_check/device_run.sh
 # Copy $OUT/gpu_check.json to experiments/gpu_check/results/ and $OUT/torchdist_4rank_16core.json
 # to experiments/bench/results/. Dry run on any machine (small, CPU only; check 1 skips with 77):

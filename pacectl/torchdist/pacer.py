@@ -282,9 +282,10 @@ class Pacer:
             (default: at the next iteration's first bucket, before its delay is applied, so the
             device runs the optimizer step and the next forward pass meanwhile) or
             ``"iteration_end"`` (at the end of the gradient sync: the device idles while the host
-            decides). Same figures, same decisions, same lag; only where the host waits. The async
-            and collective modes always resolve at the iteration's end (see :meth:`_defers`).
-            Ignored on CPU.
+            decides). Same figures, same decisions, same lag; only where the host waits (a control
+            requested between iterations rides one iteration earlier). The async and collective
+            modes always resolve at the iteration's end (see :meth:`_defers`). Ignored on CPU. Must
+            be the same on every rank (it decides where a control's broadcast is issued).
 
     Raises:
         ConfigError: a bad setting (:func:`~pacectl.torchdist.core.check_pacing`: an unknown
@@ -405,9 +406,10 @@ class Pacer:
 
         On CUDA the host runs ahead of the device, so a host timestamp at the hook call is not when
         the device reached the collective. The marks of an iteration are this event's elapsed times
-        to the enter and exit events, placed on the host clock at the iteration start (the host has
-        synchronized with the device at the previous iteration's end, so the two starts coincide up
-        to the host's own work between them).
+        to the enter, exit and end events, placed on the host clock at the iteration start. The
+        first start is :meth:`align`'s (its host time and this event, recorded together); every
+        later one is the previous iteration's end event, placed at the previous start plus its
+        device time, so the device marks form one chain on device time from ``align``.
         """
         if device.type != "cuda":
             return None
@@ -419,7 +421,11 @@ class Pacer:
         """Start a new episode's log (observations, decisions, marks); the engine is kept.
 
         Figures not exchanged yet stay pending (call :meth:`flush` first to log them in this episode).
+        On CUDA an iteration left for its next one (``cuda_resolve``) is completed into the old log
+        first; that may take a broadcast when a runtime control is due, so call it on every rank.
         """
+        if getattr(self, "_closed", None) is not None:
+            self._complete_closed()
         self.observations: list[Observation] = []
         self.decisions: list[np.ndarray] = []
         self.diagnostics: list[dict[str, float]] = []
@@ -449,13 +455,17 @@ class Pacer:
         Keys: ``forward_end_s`` (the DDP forward's end; the first hook call if the forward hook did
         not fire), ``hook_call_s``, ``hook_return_s``, ``enter_s``, ``exit_s`` (one per bucket),
         ``backward_end_s`` (every bucket done), ``sync_exit_s`` (exchange and decision done: the next
-        iteration's start), ``applied_delay_s`` and ``decisions_before`` (decisions logged before
+        iteration's start; on CUDA it equals ``backward_end_s``, the decision's host time being
+        device idle inside the next iteration or overlapped by it), ``applied_delay_s`` and ``decisions_before`` (decisions logged before
         this iteration's delay was applied). The input of
         :func:`~pacectl.torchdist.core.marks_to_ops`. Also ``start_clock_s``, the iteration's start
         on the host's ``time.perf_counter`` clock (a system-wide monotonic clock on Linux: comparable
         across the ranks of one host, see :func:`~pacectl.torchdist.core.shared_clock_marks`), and
         ``restarted``: the iteration's clock was started by :meth:`align`, not by the previous
         iteration's exit.
+        On CUDA ``enter_s``, ``exit_s``, ``backward_end_s`` and ``sync_exit_s`` are device times, one
+        chain from :meth:`align` (see :meth:`_device_clock_start`); ``forward_end_s``,
+        ``hook_call_s`` and ``hook_return_s`` are the host's, which may run up to an iteration ahead.
         """
         out = []
         prev_exit = float("nan")
@@ -482,6 +492,9 @@ class Pacer:
 
     def flush(self) -> None:
         """Exchange the figures still pending (one collective) and decide on them. Every rank calls it.
+
+        On CUDA it also completes an iteration left for its next one (``cuda_resolve``): its marks,
+        measured delay and figures are logged only then.
 
         Use it between iterations: at the end of training or of an episode, so that every iteration
         has its observation and decision (piggyback mode always leaves the last iteration's figures
@@ -513,8 +526,9 @@ class Pacer:
         return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
     def _begin_iteration(self) -> None:
-        """Before an iteration's first collective (both entry points): settle the async exchange, so
-        that every rank applies the decision on the same figures, then start a fresh iteration log."""
+        """Before an iteration's first collective (both entry points): complete the previous iteration
+        if it was left for now (CUDA piggyback, ``cuda_resolve``), settle the async exchange, so that
+        every rank applies the decision on the same figures, then start a fresh iteration log."""
         self._complete_closed()
         self._settle_exchange()
         self._clear_iteration()
@@ -560,6 +574,7 @@ class Pacer:
             )
             self.gather = "collective"
             return None
+        assert self._inflight is None, "the previous carried rows were never decoded"
         t0 = now()
         rows = self._pending_rows
         flat = np.concatenate([one_hot_row(self.rank, self.world_size, r) for r in rows])
@@ -703,7 +718,8 @@ class Pacer:
     ) -> torch.futures.Future[torch.Tensor]:
         """CUDA/NCCL: the delay is a device-side wait on the pacing stream; times come from CUDA events.
 
-        The piggybacked rows are decoded in :meth:`_end_iteration` (after the events resolve).
+        The piggybacked rows are staged to the host by :meth:`_close_iteration` and decoded in
+        :meth:`_complete` (after the events resolve).
         """
         delay = self._next_delay if first else 0.0
         slot, extra = self._record_call(buf, t_call)
@@ -738,10 +754,10 @@ class Pacer:
 
     # ---------------------------------------------------------------------- end of the iteration
     def _end_iteration(self) -> None:
-        """End of the gradient sync: close the iteration's log, then (on CPU, and on CUDA with
-        ``cuda_resolve="iteration_end"``) exchange the figures and decide the next delay, identically
-        on every rank. With ``cuda_resolve="next_iteration"`` (CUDA) that second part waits for the
-        next iteration's first bucket (:meth:`_begin_iteration`) or :meth:`flush`: the host does not
+        """End of the gradient sync: close the iteration's log, then exchange the figures and decide
+        the next delay, identically on every rank. On CUDA in piggyback mode with
+        ``cuda_resolve="next_iteration"`` (:meth:`_defers`) that second part waits for the next
+        iteration's first bucket (:meth:`_begin_iteration`) or :meth:`flush`: the host does not
         wait for the device here, and the device runs the optimizer step and the next forward pass
         while the host works out the decision."""
         self._complete_closed()  # (none pending: every iteration begins in _begin_iteration)
@@ -842,6 +858,12 @@ class Pacer:
                 c.exit[j] = ref + ref_ev.elapsed_time(exit_ev) / 1e3
                 c.enter[j] = ref + ref_ev.elapsed_time(enter_ev) / 1e3
             c.t_end = ref + ref_ev.elapsed_time(c.end_ev) / 1e3  # the device's end of the sync
+            # The next iteration starts at end_ev on the device: its host anchor is this end, so
+            # the device marks stay one chain (the host may be up to an iteration ahead). If
+            # align() restarted the clock since, its own anchor stays.
+            if c.t_exit is not None and self._iter_start == c.t_exit:
+                self._iter_start = c.t_end
+            c.t_exit = c.t_end
             # the device-side wait's length as run: _sleep counts SM cycles, calibrated at one clock
             waited = c.sleep_ev.elapsed_time(c.cuda_events[0][0]) / 1e3 if c.sleep_ev is not None else 0.0
             self.delay_actual_s.append(waited)
