@@ -9,7 +9,7 @@
 #
 # Usage with the device tool (timeout_s=560; 5.5 minutes on 2026-11-30; both records come back under $OUT):
 #   bash experiments/gpu_check/device_run.sh
-# Copy $OUT/gpu_check.json to experiments/gpu_check/results/ and $OUT/torchdist_4rank_16core.json
+# Copy $OUT/gpu_check.json to experiments/gpu_check/results/gpu_check_runN.json (the next N) and $OUT/torchdist_4rank_16core.json
 # to experiments/bench/results/. Dry run on any machine (small, CPU only; check 1 skips with 77):
 #   OUT=/tmp/dry ROUNDS=2 REPS=5 bash experiments/gpu_check/device_run.sh
 # The image has torch, numpy, scipy and pandas but not hydra or optuna; neither script needs them.
