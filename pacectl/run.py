@@ -123,12 +123,11 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             summaries[name]["throughput_change_ci95_frac"] = metrics.paired_change_ci95_frac(
                 episodes[BASELINE], ep, block=block, offset=offset
             )
-    batches = metrics.num_batches(episodes[BASELINE].num_iterations, block=block, offset=offset)
-    if len(episodes) > 1 and 2 <= batches < 5:
-        line = (
-            f"the throughput intervals rest on {batches} blocks of iterations (Student's t with "
-            f"{batches - 1} degree(s) of freedom): wide; more iterations narrow them"
-        )
+    n_iter = episodes[BASELINE].num_iterations
+    line = interval_warning(
+        n_iter, metrics.num_batches(n_iter, block=block, offset=offset), block, len(episodes)
+    )
+    if line:
         log.warning(f"warning: {line}")
         summary["warnings"].append(line)
     summary.update(
@@ -198,6 +197,32 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             write_extra(stage)
         report.write_summary_json(stage / "summary.json", summary)
     return summary
+
+
+def interval_warning(n_iter: int, batches: int, block: int | None, num_runs: int) -> str:
+    """What the throughput intervals rest on, when that is too little to read them ("" otherwise).
+
+    Args:
+        n_iter: iterations per run.
+        batches: blocks of iterations the paired interval averages over (:func:`metrics.num_batches`).
+        block: the live interleave block, or None (blocks of ``floor(sqrt(n))``).
+        num_runs: runs compared (the baseline included); one run has no change to bound.
+    """
+    if num_runs < 2 or n_iter < 2:  # one iteration: _warn_if_degenerate says so
+        return ""
+    if batches < 2:
+        of = f" of {block} (the live interleave block)" if block else ""
+        return (
+            f"no throughput interval: {n_iter} iterations make {batches} block(s){of}, and an "
+            "interval needs 2 or more: the changes below are single samples, indistinguishable "
+            "from noise; run more iterations"
+        )
+    if batches < 5:
+        return (
+            f"the throughput intervals rest on {batches} blocks of iterations (Student's t with "
+            f"{batches - 1} degree(s) of freedom): wide; more iterations narrow them"
+        )
+    return ""
 
 
 def _warn_if_degenerate(episode: Episode) -> None:
@@ -282,7 +307,8 @@ def counterfactual_lines(fidelity: dict[str, Any] | None) -> dict[str, str]:
         if "predicted_pacing_effect_s" in c:
             line += (
                 f"; pacing effect per iteration predicted {1e3 * c['predicted_pacing_effect_s']:+.3g} ms, "
-                f"live {1e3 * c['live_pacing_effect_s']:+.3g} ms"
+                f"live {1e3 * c['live_pacing_effect_s']:+.3g} ms (one job, no interval: single jobs "
+                "scatter by a few ms, experiments/live_fidelity)"
             )
         out[name] = line
     return out

@@ -228,6 +228,33 @@ SIM = ("backend=sim", "backend.num_ranks=16", "backend.num_iterations=5")
 
 
 @pytest.mark.parametrize(
+    ("n_iter", "batches", "block", "runs", "expected"),
+    [
+        (
+            3,
+            1,
+            10,
+            "2",
+            "no throughput interval: 3 iterations make 1 block(s) of 10 (the live interleave block)",
+        ),
+        (3, 1, None, "2", "no throughput interval: 3 iterations make 1 block(s), and"),
+        (10, 4, None, "2", "the throughput intervals rest on 4 blocks"),
+        (100, 10, None, "2", ""),
+        (3, 1, 10, "1", ""),  # nothing compared
+        (1, 1, None, "2", ""),  # one iteration: the degenerate-run warning says it
+    ],
+)
+def test_interval_warning_says_when_an_interval_is_missing_or_wide(
+    n_iter: int, batches: int, block: int | None, runs: str, expected: str
+) -> None:
+    """A live run shorter than two interleave blocks prints changes with no interval: it must say so."""
+    from pacectl.run import interval_warning
+
+    got = interval_warning(n_iter, batches, block, int(runs))
+    assert got.startswith(expected) if expected else got == ""
+
+
+@pytest.mark.parametrize(
     ("overrides", "message"),
     [
         (
