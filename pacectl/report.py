@@ -519,6 +519,9 @@ def write_report_md(
     if context:
         parts += [f"- **{k}**: {jsonable(v)}" for k, v in context.items()] + [""]
     parts += [_markdown_table(summaries, baseline), "", COLUMNS_NOTE, ""]
+    plots = [name for name in ("iteration_time.png", "spread.png") if (Path(path).parent / name).exists()]
+    if plots:
+        parts += [f"![{name.removesuffix('.png')}]({name})" for name in plots] + [""]
     atomic_write_text(path, "\n".join(parts))
 
 

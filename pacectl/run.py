@@ -339,8 +339,12 @@ def live_exchange_line(pacing: dict[str, Any], exchange: dict[str, Any] | None) 
 def _report_context(summary: dict[str, Any]) -> dict[str, str]:
     """Context lines of report.md from the summary fields the experiment provided."""
     trace = summary["trace"]
+    if trace.get("format") == "torch-live":  # its path is this run's own record, an output
+        source = {"workload": f"{trace['name']} (record of the no-pacing run: {trace.get('path')})"}
+    else:
+        source = {"input": f"{trace['name']} ({trace.get('path') or 'synthetic'})"}
     context = {
-        "input": f"{trace['name']} ({trace.get('path') or 'synthetic'})",
+        **source,
         "comm model": summary["comm_model_description"],
     }
     if "paced_optype" in summary:

@@ -226,6 +226,10 @@ def test_write_report_md(tmp_path, episodes):
     assert len(table_lines) == 2 + len(summaries)
     assert "| none |" in text and "| threshold |" in text
     assert _leftovers(tmp_path) == []
+    assert "![" not in text  # no plots beside it: no links to them
+    (tmp_path / "spread.png").write_bytes(b"png")  # written before the report, as pacectl.run does
+    report.write_report_md(path, title="Replay of trace X", summaries=summaries, context={})
+    assert "![spread](spread.png)" in path.read_text() and "iteration_time" not in path.read_text()
 
 
 def test_console_table_prints_no_negative_zero() -> None:
