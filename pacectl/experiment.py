@@ -132,10 +132,17 @@ class ReplayExperiment(_ClosedLoop):
                 "tp_size": trace.meta.tp_size,
                 "num_steps": backend.num_iterations,
                 "time_unit": trace.time_unit,
-                # why runs[*].num_ranks is not world_size
+                # why runs[*].num_ranks may differ from world_size
                 "ranks_modelled": sum(len(d.ranks) for d in backend.domains),
-                "ranks_note": "tensor-parallel peers are folded into one representative rank "
-                "(world_size / tp_size); each pipeline stage's data-parallel group is one pacing domain",
+                **(
+                    {
+                        "ranks_note": "tensor-parallel peers are folded into one representative rank "
+                        "(world_size / tp_size); each pipeline stage's data-parallel group is one "
+                        "pacing domain"
+                    }
+                    if trace.meta.tp_size > 1
+                    else {}
+                ),
             },
             "paced_optype": backend.paced_optype,
             # as the source names it, where it has another name than the schema's op type

@@ -37,6 +37,9 @@ def test_default_run_writes_the_contract(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trace"]["name"] == "AR" and summary["trace"]["path"].endswith("trace-AR.parquet")
+    # 64 GPUs, TP 4: 16 ranks modelled, and the summary says why
+    assert summary["trace"]["world_size"] == 64 and summary["trace"]["ranks_modelled"] == 16
+    assert "tensor-parallel peers are folded" in summary["trace"]["ranks_note"]
     assert summary["comm_model"] == "null"
     assert set(summary["fidelity"]) >= {"step_time_median_abs_err_frac", "step_time_p90_abs_err_frac"}
     assert set(summary["runs"]) == {"none", "threshold", "pid", "ewma", "quantile", "forecast"}

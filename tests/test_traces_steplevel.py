@@ -69,6 +69,11 @@ def _base() -> pd.DataFrame:
             r"batch_time_norm must be a finite time.*row 3",
         ),
         (lambda d: d.assign(batch_time_norm=[1.0, -2, 2, 3]), "batch_time_norm must be a finite time"),
+        # the last row cut short (a truncated copy): said so
+        (
+            lambda d: d.assign(batch_time_norm=[1.0, 2, 2, np.nan]),
+            r"row 5.*It is the last row and has empty fields: the file looks truncated",
+        ),
         (lambda d: d.assign(batch_time_norm=[1.0, 1e30, 2, 3]), "batch_time_norm must be a finite time"),
         (lambda d: d.assign(time=[1, 1, 1, 11]), r"each \(worker, time\) must appear once"),
         (lambda d: d.assign(worker=[0, "x", 0, 1]), "worker must be a non-negative integer"),

@@ -125,9 +125,17 @@ def load_steplevel(
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             what = "a finite time >= 0 (and not absurd)" if col == value_col else "a non-negative integer"
+            # a missing value in the last row only: the file was most likely cut short
+            cut = i == len(df) - 1 and bool(bad.sum() == 1) and bool(df.iloc[i].isna().any())
             raise TraceError(
                 f"{col} must be {what}, got {plain(df[col].iloc[i])!r} (in {p}:row {i + 2}); "
-                f"{int(bad.sum())} rows are bad. Drop or repair them."
+                f"{int(bad.sum())} rows are bad. "
+                + (
+                    "It is the last row and has empty fields: the file looks truncated; copy it again "
+                    "or drop that row."
+                    if cut
+                    else "Drop or repair them."
+                )
             )
     # the unnamed first column is the index pandas wrote with the file: it differs on every row
     data = df.drop(columns=[c for c in df.columns if str(c).startswith("Unnamed: ")])
