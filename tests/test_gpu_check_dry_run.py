@@ -115,8 +115,7 @@ def test_the_scripts_harness_runs_on_cpu(tmp_path) -> None:
 
     out = tmp_path / "gpu_check.json"
     steps = [
-        "ddp_plain",
-        "ddp_piggyback",
+        "ddp_piggyback",  # needs ddp_plain, which --checks adds
         "ddp_delay_applied",
         "ddp_delay_applied_piggyback_iteration_end",
         "ddp_delay_applied_piggyback_next_iteration",
@@ -130,7 +129,9 @@ def test_the_scripts_harness_runs_on_cpu(tmp_path) -> None:
     assert proc.returncode in (0, 1), proc.stderr  # 1: a timing check failed on this loaded CPU
     record = json.loads(out.read_text())
     assert record["complete"] and record["device"].startswith("cpu")
-    assert not any("error" in record[s] for s in steps if isinstance(record.get(s), dict)), record
+    assert not any("error" in record[s] for s in [*steps, "ddp_plain"] if isinstance(record.get(s), dict)), (
+        record
+    )
     # judged: in checks; the 1024-wide default resolution is recorded only, with its host time
     assert set(record["checks"]) == {
         "ddp_end_to_end_piggyback",
@@ -140,3 +141,13 @@ def test_the_scripts_harness_runs_on_cpu(tmp_path) -> None:
     unjudged = record["ddp_delay_applied_piggyback_next_iteration"]
     assert isinstance(unjudged["criteria_met"], bool) and np.isfinite(unjudged["host_time_in_arrival_s"])
     assert "device_delay_precision" not in record  # CUDA only
+    assert record["commit"] is None or isinstance(record["commit"], str)
+    assert "forced on" in record["device"]  # the deferred resolution's bookkeeping ran here too
+    bad = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cpu", "--checks", "ddp_plian", "--out", str(tmp_path / "x.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "unknown --checks ['ddp_plian']" in bad.stderr
+    assert not (tmp_path / "x.json").exists()

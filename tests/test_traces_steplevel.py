@@ -74,6 +74,11 @@ def _base() -> pd.DataFrame:
             lambda d: d.assign(batch_time_norm=[1.0, 2, 2, np.nan]),
             r"row 5.*It is the last row and has empty fields: the file looks truncated",
         ),
+        # a negative value in the last row next to an empty field is not a truncation
+        (
+            lambda d: d.assign(batch_time_norm=[1.0, 2, 2, -3], gpu=[25, 25, 25, np.nan]),
+            r"row 5\); 1 rows are bad. Drop or repair them",
+        ),
         (lambda d: d.assign(batch_time_norm=[1.0, 1e30, 2, 3]), "batch_time_norm must be a finite time"),
         (lambda d: d.assign(time=[1, 1, 1, 11]), r"each \(worker, time\) must appear once"),
         (lambda d: d.assign(worker=[0, "x", 0, 1]), "worker must be a non-negative integer"),

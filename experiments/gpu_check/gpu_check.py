@@ -54,6 +54,24 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
+#: every step :func:`main` runs, in order (``--checks`` picks some)
+STEPS = (
+    "device_delay_precision",
+    "not_blocked",
+    "ddp_plain",
+    "ddp_piggyback",
+    "ddp_async",
+    "ddp_collective",
+    "ddp_piggyback_iteration_end",
+    "ddp_delay_applied",
+    "ddp_delay_applied_piggyback_iteration_end",
+    "ddp_delay_applied_piggyback_next_iteration_width4096_batch1024",
+    "ddp_delay_applied_piggyback_next_iteration",
+    "overhead_zero_delay",
+    "overhead_zero_delay_batch4096",
+)
+#: steps that compare with plain DDP's parameters, which ``ddp_plain`` trains
+NEEDS_PLAIN = ("ddp_piggyback", "ddp_async", "ddp_collective", "ddp_piggyback_iteration_end")
 #: zero-delay variants timed against plain DDP on the GPU (see :func:`overhead`)
 OVERHEAD_VARIANTS = (
     "plain",
@@ -307,7 +325,14 @@ def delayed_run(
         "arrival_median_s": {"undelayed": float(np.median(arr0)), "delayed": float(np.median(arr1))},
         "natural_minus_undelayed_arrival_median_s": float(np.median(nat1 - arr0)),
         "applied_delay_s": sorted(set(applied)),
+        # host time of each iteration's completion (device times, decode, decision, exchange): with
+        # cuda_resolve="next_iteration" it runs at the first bucket, before the delay is queued
+        "complete_host_median_s": {
+            "undelayed": float(np.median(runs[0][2].complete_s[2:])),
+            "delayed": float(np.median(runs[1][2].complete_s[2:])),
+        },
     }
+    record["host_time_in_arrival_s"] = record["arrival_later_by_median_s"] - record["delay_as_run_median_s"]
     if dev.type == "cpu":  # host delay: hook call and enter are on one clock (on CUDA, enter is device time)
         paced = runs[1][2]
         record["hook_call_to_enter_min_s"] = min(
@@ -319,12 +344,32 @@ def delayed_run(
     record["growth_lower_bound_vacuous"] = record["growth_lower_bound_s"] == 0.0
     ok = (
         abs(record["arrival_later_by_median_s"] - record["delay_as_run_median_s"]) <= 0.2 * delay_s
-        and 0.8 * record["growth_lower_bound_s"] <= growth <= wait + 0.1 * delay_s
+        # (a vacuous lower bound, 0, gets the upper bound's noise margin)
+        and 0.8 * record["growth_lower_bound_s"] - 0.1 * delay_s * record["growth_lower_bound_vacuous"]
+        <= growth
+        <= wait + 0.1 * delay_s
         # piggyback carries float32 (hi, lo) pairs: ~48 bits of the applied delay come back
         and bool(np.allclose(applied, delay_s, rtol=1e-12, atol=0.0))
         and abs(record["natural_minus_undelayed_arrival_median_s"]) < 0.5 * delay_s
     )
     return record, ok
+
+
+def _commit() -> str | None:
+    """The checked-out commit (with ``+dirty`` when the tree has changes), or None outside git."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True)
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,6 +405,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     wanted = None if args.checks == "all" else set(args.checks.split(","))
+    if wanted is not None:
+        unknown = sorted(wanted - set(STEPS))
+        if unknown:
+            print(
+                f"gpu_check: error: unknown --checks {unknown}; the steps are {list(STEPS)}", file=sys.stderr
+            )
+            return 2
+        if wanted & set(NEEDS_PLAIN):
+            wanted.add("ddp_plain")
     target = Path(args.out)
     target = target if target.suffix == ".json" else target / "gpu_check.json"
     import torch
@@ -370,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         return 77
     faulthandler.dump_traceback_later(args.watchdog_s, exit=True)
     t_start = time.perf_counter()
-    out: dict[str, Any] = {"torch": torch.__version__, "complete": False}
+    out: dict[str, Any] = {"torch": torch.__version__, "commit": _commit(), "complete": False}
     checks: dict[str, bool] = {}
 
     def save() -> None:
@@ -383,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def step(name: str, fn: Callable[[], None]) -> None:
         """Run one check; an exception fails it (recorded) and the next one runs."""
+        assert name in STEPS, name
         if wanted is not None and name not in wanted:
             return
         print(f"gpu_check: {name} ...", flush=True)
@@ -402,8 +457,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
         if args.cpu:
-            out["device"] = "cpu (dry run: --cpu)"
+            from pacectl.torchdist.pacer import Pacer
+
+            out["device"] = "cpu (dry run: --cpu; CUDA's deferred resolution forced on)"
             dev = torch.device("cpu")
+            # the bookkeeping of cuda_resolve="next_iteration" is device-agnostic: run it here too
+            Pacer._on_device = staticmethod(lambda closed: True)  # type: ignore[method-assign]
             dist.init_process_group("gloo", rank=0, world_size=1, timeout=timedelta(seconds=60))
         else:
             out["device"] = torch.cuda.get_device_name(0)
@@ -506,9 +565,6 @@ def main(argv: list[str] | None = None) -> int:
                 checks[name] = ok
             else:  # recorded, not pass/fail (see the list below)
                 out[name]["criteria_met"] = ok
-                out[name]["host_time_in_arrival_s"] = (
-                    out[name]["arrival_later_by_median_s"] - out[name]["delay_as_run_median_s"]
-                )
 
         return name, run
 
@@ -532,9 +588,10 @@ def main(argv: list[str] | None = None) -> int:
             ("piggyback", "iteration_end"),
             # The default resolution waits, at the first bucket, for the previous iteration's end on
             # the device, then decides. Judged where the device work queued after that end
-            # (optimizer, forward, backward to bucket 0: ~4 ms) outlasts the host's decision, so the
-            # device never idles for it. On the 1024-wide model (~0.2 ms queued) the device idles for
-            # the rest of the decision by construction: recorded (run 3: 1.4 ms), not judged.
+            # (optimizer, forward, backward to bucket 0: ~4 ms) outlasts the host's work there, so
+            # the device should never idle for it. On the 1024-wide model the device idled 1.4 ms
+            # inside the paced iteration (run 3; the cause is not established, see the README):
+            # recorded, with the host's completion time, not judged.
             ("piggyback", "next_iteration", 4096, 1024),
             ("piggyback", "next_iteration", 1024, 64, False),
         ):

@@ -82,8 +82,10 @@ def resolve_gather(mode: str, dist_backend: str) -> str:
     [+1.4, +3.2] of plain DDP) and ``async`` takes a third less hook CPU, while its decisions are
     one iteration fresher, which kept the threshold controller's gain on real step times (+0.67 %
     at lag 1 against +0.18 % at piggyback's lag 2, ``experiments/staleness``). On CUDA the async
-    exchange's decode syncs the host with the device at every iteration's end, while piggybacked
-    rows are staged to the host without a sync and decoded at the next iteration's first bucket:
+    exchange makes the host wait for the device twice per iteration (the iteration's end, where
+    async resolves the device times, and its decode at the next first bucket, which waits for the
+    forward pass queued before it), while piggybacked rows are staged to the host without a sync
+    and decoded at the next iteration's first bucket:
     on an H200 at a 63 ms iteration, +1.28 ms against +0.20 ms per iteration with zero delays
     (``experiments/gpu_check/README.md``).
 

@@ -394,11 +394,19 @@ class Pacer:
         return self
 
     def align(self) -> None:
-        """One tiny all-reduce: every rank leaves it together; its exit starts iteration 0's clock."""
+        """One tiny all-reduce: every rank leaves it together; its exit starts iteration 0's clock.
+
+        On CUDA the host waits for the device to leave it before reading its clock, so the host
+        anchor of the device marks is the same instant on every rank (up to the host's wake-up).
+        Later iterations chain device times from it (:meth:`_device_clock_start`), so over a long
+        run the marks drift from the host clock by the two clocks' rate difference.
+        """
         buf = torch.zeros(1, dtype=torch.float64, device=self._device())
         dist.all_reduce(buf, group=self.group)
-        self._iter_start = now()
         self._start_ev = self._device_clock_start(buf.device)
+        if self._start_ev is not None:
+            self._start_ev.synchronize()
+        self._iter_start = now()
 
     @staticmethod
     def _device_clock_start(device: torch.device) -> Any:
@@ -443,6 +451,9 @@ class Pacer:
         ]
         #: host time of each exchange (encode, pack, decode; the wait for it on CUDA and collective), s
         self.gather_s: list[float] = []
+        #: host time of each iteration's completion (device times read, carried rows decoded,
+        #: decision, this iteration's figures exchanged), s; on CUDA it includes the wait for the device
+        self.complete_s: list[float] = []
         #: the measured length of each delay applied (one per iteration), s: on CPU the host delay;
         #: on CUDA the device-side wait, from an event queued just before it to the enter event
         #: (``torch.cuda._sleep`` counts SM cycles, so a clock below the calibration's lengthens it).
@@ -844,6 +855,7 @@ class Pacer:
         Returns:
             The host time it ended: the iteration's ``sync_exit_s`` mark.
         """
+        t_complete = now()
         if c.cuda_events:
             # Device times (one host sync per iteration). Each exit event is recorded on the stream
             # its future's callback ran on, so every one is synchronized, not only the last.
@@ -918,6 +930,7 @@ class Pacer:
                 c.decided_before,
             )
         )
+        self.complete_s.append(now() - t_complete)
         return t_exit
 
     def _tables(self, flat: np.ndarray, num_rows: int) -> np.ndarray:

@@ -125,8 +125,10 @@ def load_steplevel(
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             what = "a finite time >= 0 (and not absurd)" if col == value_col else "a non-negative integer"
-            # a missing value in the last row only: the file was most likely cut short
-            cut = i == len(df) - 1 and bool(bad.sum() == 1) and bool(df.iloc[i].isna().any())
+            # only the last row is bad, its value is missing, and so is every field after it:
+            # the file was most likely cut short in that row
+            tail = df.iloc[i, list(df.columns).index(col) :]
+            cut = i == len(df) - 1 and bool(bad.sum() == 1) and bool(tail.isna().all())
             raise TraceError(
                 f"{col} must be {what}, got {plain(df[col].iloc[i])!r} (in {p}:row {i + 2}); "
                 f"{int(bad.sum())} rows are bad. "
