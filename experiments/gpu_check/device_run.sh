@@ -19,7 +19,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 # pacectl is not installed there: the bench and the ranks it spawns import it from this checkout
 export PYTHONPATH="$(cd "$(dirname "$0")/../.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
-{ nproc; lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)|Thread|NUMA node\(s\)'; nvidia-smi -L 2>/dev/null; } | tee "$out/machine.txt"
+{ git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo "commit: unknown"; nproc; lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)|Thread|NUMA node\(s\)'; nvidia-smi -L 2>/dev/null; } | tee "$out/machine.txt"
 python3 experiments/gpu_check/gpu_check.py --watchdog-s 170 --out "$out/gpu_check.json"
 gpu_rc=$?
 echo "gpu_check exit code: $gpu_rc"
