@@ -13,7 +13,10 @@ failure or Ctrl-C):
 - the "uplink" of rank 0 is capped with ``tc tbf`` in both directions (its veth's egress inside
   ``pcf-r0``, and the bridge port's egress in ``pcf-hub``): an oversubscribed link / slow NIC;
 - cross traffic: a bounded TCP blaster from ``pcf-x`` to a sink in ``pcf-r0`` (on/off bursts,
-  seeded), through the same capped link, during the whole job.
+  seeded), through the same capped link, during the whole job; or, with ``--cross-job``, a second
+  DDP job of the same workload (no pacing, no straggler), one rank in each rank namespace, so that
+  its collectives contend with the paced job's on rank 0's capped link (the simulator's
+  contention mechanism, with real flows).
 
 Each rank is one elastic agent (``python -m pacectl.torchdist.launch``, one process per namespace,
 c10d rendezvous on 10.77.0.10). No pacing and every controller of ``--controllers`` run in the same
@@ -132,6 +135,53 @@ c.close()
 """
 
 
+def _start_cross_job(
+    args: argparse.Namespace, spec: dict[str, Any], work: Path, env: dict[str, str]
+) -> list[subprocess.Popen[bytes]]:
+    """``--cross-job``: a second DDP job, unpaced and without a straggler, one rank per rank
+    namespace (its own rendezvous port), running until it is stopped. Each agent gets its own
+    session, so that stopping it stops its ranks too."""
+    cross = {
+        **spec,
+        "runs": [["none", {}]],
+        "name": spec["name"] + "-cross-job",
+        "workload": {**spec["workload"], "num_iterations": 100_000},
+        "straggler": {**spec["straggler"], "prob": 0.0},
+        "record_dir": str(work / "cross_records"),
+        "interleave_block": 0,
+        "seed": args.seed + 1000,
+    }
+    path = work / "cross_spec.json"
+    path.write_text(json.dumps(cross))
+    agents = []
+    for i in range(args.ranks):
+        cmd = ["ip", "netns", "exec", f"{PREFIX}r{i}", sys.executable, "-m", "pacectl.torchdist.launch",
+               "--spec", str(path), "--nnodes", str(args.ranks), "--rdzv", f"{SUBNET}.10:29511",
+               "--local-addr", f"{SUBNET}.{10 + i}", "--ifname", "pceth", "--node-rank", str(i)]  # fmt: skip
+        log = open(work / f"cross_agent{i}.log", "wb")  # noqa: SIM115 - closed with the process
+        agents.append(
+            subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        )
+    return agents
+
+
+def _stop(agents: list[subprocess.Popen[bytes]]) -> None:
+    """Stop agents started in their own sessions, ranks included: SIGTERM, then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for a in agents:
+            if a.poll() is None:
+                try:
+                    os.killpg(a.pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.time() + 10
+        while time.time() < deadline and any(a.poll() is None for a in agents):
+            time.sleep(0.2)
+    for a in agents:
+        if a.poll() is None:
+            a.wait(timeout=10)
+
+
 def run_job(
     args: argparse.Namespace, controllers: list[tuple[str, dict[str, Any]]], work: Path
 ) -> dict[str, Any]:
@@ -165,7 +215,11 @@ def run_job(
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     procs: list[subprocess.Popen[bytes]] = []
     budget_s = args.timeout_s
+    background: list[subprocess.Popen[bytes]] = []  # --cross-job's agents (own sessions)
     try:
+        if args.cross_job:
+            background = _start_cross_job(args, spec, work, env)
+            time.sleep(args.cross_job_lead_s)  # its ranks up and all-reducing before the paced job
         if args.cross_on_s > 0:
             procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", f"{PREFIX}r0", sys.executable, "-c", SINK, f"{SUBNET}.10", str(budget_s)]))  # fmt: skip
@@ -198,6 +252,7 @@ def run_job(
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
+        _stop(background)
     runs, vs, episodes = {}, {}, {}
     for family, _ in controllers:
         with open(record_dir / f"{family}.episode.pkl", "rb") as fh:
@@ -238,6 +293,18 @@ def main(argv: list[str] | None = None) -> int:
     # the old, misleading spelling, still accepted
     parser.add_argument("--cross-mbit-on-s", dest="cross_on_s", type=float, help=argparse.SUPPRESS)
     parser.add_argument(
+        "--cross-job",
+        action="store_true",
+        help="cross traffic from a second DDP job (same workload, no pacing) sharing rank 0's capped "
+        "link, instead of the TCP blaster",
+    )
+    parser.add_argument(
+        "--cross-job-lead-s",
+        type=float,
+        default=20.0,
+        help="seconds the second job runs before the paced job starts",
+    )
+    parser.add_argument(
         "--cross-off-s", type=float, default=0.3, help="mean pause between cross-traffic bursts, s"
     )
     parser.add_argument(
@@ -263,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         help="results folder (written as netns_results.json) or a .json file; the default is the committed record",
     )
     args = parser.parse_args(argv)
+    if args.cross_job:
+        args.cross_on_s = 0.0  # the second job is the cross traffic
     if args.block < 0:
         parser.error(f"--block must be an integer >= 0 (0: one run after the other), got {args.block}")
     reason = preflight()
@@ -295,10 +364,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cleanup()
     result["wall_time_s"] = time.time() - t0
+    result["command"] = " ".join(
+        ["python", "experiments/netns_fabric/netns_fabric.py", *(argv or sys.argv[1:])]
+    )
+    if args.cross_job:
+        cross = (
+            f"cross traffic: a second {args.ranks}-rank DDP job of the same workload (no pacing, no "
+            "straggler), one rank in each rank namespace, its collectives on the same capped link"
+        )
+    elif args.cross_on_s > 0:
+        cross = (
+            f"cross traffic TCP bursts (~{args.cross_on_s}s on / ~{args.cross_off_s}s off) from a fifth "
+            "namespace to a sink in rank 0's namespace"
+        )
+    else:
+        cross = "no cross traffic: the job's own flows alone on the capped link"
     result["topology"] = (
         f"{args.ranks} ranks, one netns each, on a bridge; rank-0 link capped at {args.rate_mbit:g} Mbit/s "
-        f"(tc tbf both ways); cross traffic TCP bursts (~{args.cross_on_s}s on / ~{args.cross_off_s}s off) "
-        "from a fifth namespace to a sink in rank 0's namespace"
+        f"(tc tbf both ways); {cross}"
     )
     out = Path(args.out)
     path = out if out.suffix == ".json" else out / "netns_results.json"
