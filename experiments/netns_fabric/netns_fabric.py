@@ -153,16 +153,28 @@ def _start_cross_job(
     }
     path = work / "cross_spec.json"
     path.write_text(json.dumps(cross))
-    agents = []
-    for i in range(args.ranks):
-        cmd = ["ip", "netns", "exec", f"{PREFIX}r{i}", sys.executable, "-m", "pacectl.torchdist.launch",
-               "--spec", str(path), "--nnodes", str(args.ranks), "--rdzv", f"{SUBNET}.10:29511",
-               "--local-addr", f"{SUBNET}.{10 + i}", "--ifname", "pceth", "--node-rank", str(i)]  # fmt: skip
-        log = open(work / f"cross_agent{i}.log", "wb")  # noqa: SIM115 - closed with the process
-        agents.append(
-            subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        )
-    return agents
+    return [
+        _start_agent(path, i, args.ranks, 29511, env, work / f"cross_agent{i}.log", own_session=True)
+        for i in range(args.ranks)
+    ]
+
+
+def _start_agent(
+    spec_path: Path,
+    rank: int,
+    num_ranks: int,
+    port: int,
+    env: dict[str, str],
+    log_path: Path,
+    *,
+    own_session: bool,
+) -> subprocess.Popen[bytes]:
+    """One elastic agent in rank ``rank``'s namespace (static rendezvous on rank 0's address)."""
+    cmd = ["ip", "netns", "exec", f"{PREFIX}r{rank}", sys.executable, "-m", "pacectl.torchdist.launch",
+           "--spec", str(spec_path), "--nnodes", str(num_ranks), "--rdzv", f"{SUBNET}.10:{port}",
+           "--local-addr", f"{SUBNET}.{10 + rank}", "--ifname", "pceth", "--node-rank", str(rank)]  # fmt: skip
+    log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_session)
 
 
 def _stop(agents: list[subprocess.Popen[bytes]]) -> None:
@@ -227,14 +239,11 @@ def run_job(
             procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", f"{PREFIX}x", sys.executable, "-c", BLASTER, f"{SUBNET}.10", str(budget_s),
                  str(args.cross_on_s), str(args.cross_off_s), str(20e9), str(args.seed)]))  # fmt: skip
-        agents = []
-        for i in range(args.ranks):
-            cmd = ["ip", "netns", "exec", f"{PREFIX}r{i}", sys.executable, "-m", "pacectl.torchdist.launch",
-                   "--spec", str(spec_path), "--nnodes", str(args.ranks), "--rdzv", f"{SUBNET}.10:29500",
-                   "--local-addr", f"{SUBNET}.{10 + i}", "--ifname", "pceth", "--node-rank", str(i)]  # fmt: skip
-            log = open(work / f"agent{i}.log", "wb")  # noqa: SIM115 - closed with the process
-            agents.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
-            procs.append(agents[-1])
+        agents = [
+            _start_agent(spec_path, i, args.ranks, 29500, env, work / f"agent{i}.log", own_session=False)
+            for i in range(args.ranks)
+        ]
+        procs += agents
         deadline = time.time() + budget_s
         try:
             for a in agents:
@@ -386,9 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     path = out if out.suffix == ".json" else out / "netns_results.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(result, indent=2, default=float) + "\n")
-    tmp.replace(path)  # never a half-written record
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(result, indent=2, default=float) + "\n")
+    partial.replace(path)  # never a half-written record
     print(f"results: {path}")
     for fam, s in result["runs"].items():
         vs = result["vs_baseline"].get(fam)
