@@ -567,7 +567,7 @@ def run_tuning(
         )
     try:
         with deferred_interrupts():
-            return _tune_study(out_dir, echo, t0, settings, space, scenarios, spec, name, study)
+            return _tune_study(out_dir, echo, t0, _Study(settings, space, scenarios, spec, name, study))
     except KeyboardInterrupt:
         finished: int | None = None
         with deferred_interrupts():  # another Ctrl-C now is the same request
@@ -579,19 +579,22 @@ def run_tuning(
         raise TuneInterrupted(name, spec, finished) from None
 
 
-def _tune_study(
-    out_dir: Path,
-    echo: Callable[[str], None],
-    t0: float,
-    settings: Settings,
-    space: SearchSpace,
-    scenarios: ScenarioSet,
-    spec: StorageSpec,
-    name: str,
-    study: optuna.Study,
-) -> TuneResult:
+@dataclass(frozen=True)
+class _Study:
+    """What one tuning command works on: its settings, search space, scenarios and opened study."""
+
+    settings: Settings
+    space: SearchSpace
+    scenarios: ScenarioSet
+    spec: StorageSpec
+    name: str
+    study: optuna.Study
+
+
+def _tune_study(out_dir: Path, echo: Callable[[str], None], t0: float, run: _Study) -> TuneResult:
     """Run the study's missing trials, judge the result, write the outputs (see :func:`run_tuning`)."""
-    study, baseline, reference = _run_trials(echo, settings, space, scenarios, spec, name, study)
+    settings, space, scenarios, spec, name = run.settings, run.space, run.scenarios, run.spec, run.name
+    study, baseline, reference = _run_trials(echo, run)
     points = trial_points(study, space, baseline, settings.max_loss_frac)
     front = pareto_front(points)
     verdict = judge(points, front, baseline, reference, settings.rule, scenarios.comm_timing_dependent)
@@ -709,21 +712,21 @@ def _tune_study(
     )
 
 
-def _run_trials(
-    echo: Callable[[str], None],
-    settings: Settings,
-    space: SearchSpace,
-    scenarios: ScenarioSet,
-    spec: StorageSpec,
-    name: str,
-    study: optuna.Study,
-) -> tuple[optuna.Study, Evaluation, Evaluation]:
+def _run_trials(echo: Callable[[str], None], run: _Study) -> tuple[optuna.Study, Evaluation, Evaluation]:
     """Fail the trials a killed process left running, evaluate (or read back) no pacing and the
     reference, run the missing trials in ``settings.n_workers`` workers.
 
     Returns:
         ``(study, no pacing, reference)``, the study reloaded with every trial finished so far.
     """
+    settings, space, scenarios, spec, name, study = (
+        run.settings,
+        run.space,
+        run.scenarios,
+        run.spec,
+        run.name,
+        run.study,
+    )
     stale = fail_stale_trials(study)
     if stale:
         echo(f"marked {len(stale)} trial(s) left running by a killed process as FAIL: {stale}")
