@@ -497,6 +497,10 @@ def _markdown_table(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -
     return "\n".join([head, align, *body])
 
 
+#: the plots a run writes beside its report (pacectl.run), linked from report.md when present
+PLOT_FILES = {"iteration_time": "iteration_time.png", "spread": "spread.png"}
+
+
 def write_report_md(
     path: str | os.PathLike[str],
     *,
@@ -519,7 +523,7 @@ def write_report_md(
     if context:
         parts += [f"- **{k}**: {jsonable(v)}" for k, v in context.items()] + [""]
     parts += [_markdown_table(summaries, baseline), "", COLUMNS_NOTE, ""]
-    plots = [name for name in ("iteration_time.png", "spread.png") if (Path(path).parent / name).exists()]
+    plots = [name for name in PLOT_FILES.values() if (Path(path).parent / name).exists()]
     if plots:
         parts += [f"![{name.removesuffix('.png')}]({name})" for name in plots] + [""]
     atomic_write_text(path, "\n".join(parts))

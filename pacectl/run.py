@@ -183,8 +183,8 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             report.write_iterations_parquet(stage / "iterations.parquet", episodes)
         if cfg.output.plots:
             unit = "arbitrary s" if "time_unit_note" in summary else "s"  # a normalised trace: no real time
-            report.plot_iteration_time(stage / "iteration_time.png", episodes, time_unit=unit)
-            report.plot_spread(stage / "spread.png", episodes, time_unit=unit)
+            report.plot_iteration_time(stage / report.PLOT_FILES["iteration_time"], episodes, time_unit=unit)
+            report.plot_spread(stage / report.PLOT_FILES["spread"], episodes, time_unit=unit)
         if cfg.output.report:
             report.write_report_md(
                 stage / "report.md",
