@@ -129,6 +129,70 @@ def test_structure_mismatch_is_a_trace_error(st_trace: OpTrace) -> None:
         compile_dag(broken)
 
 
+class _ScaledComm:
+    """A timing-dependent test model: the paced collective takes ``factor`` times its recorded
+    transfer, and every call is logged ``(start_s, recorded_s)``."""
+
+    name = "scaled"
+    timing_dependent = True
+    description = "test: the paced collective scaled"
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+        self.calls: list[tuple[float, float]] = []
+
+    def transfer_s(self, recorded_transfer_s: np.ndarray) -> np.ndarray:
+        return recorded_transfer_s
+
+    def contended_s(self, start_s: float, recorded_s: float) -> float:
+        self.calls.append((start_s, recorded_s))
+        return self.factor * recorded_s
+
+
+def _zero_steps(backend: ReplayBackend, num_steps: int) -> np.ndarray:
+    backend.reset()
+    return np.array(
+        [
+            backend.step([Action.zeros(len(d.ranks)) for d in backend.domains])[0].iteration_time_s
+            for _ in range(num_steps)
+        ]
+    )
+
+
+def test_a_contended_replay_runs_every_dp_rank_of_the_paced_collective(
+    ar_trace: OpTrace, ar_backend: ReplayBackend
+) -> None:
+    """AR (DP 4): the timing-dependent hook sees each DP rank's instance of every stage's paced
+    collective once per step, at its own start; an identity model replays exactly the null model's
+    step times, a slower one never shortens a step and lengthens some (the hook is applied)."""
+    steps, dp, pp = 6, ar_trace.meta.dp_size, ar_trace.meta.pp_size
+    null = _zero_steps(ar_backend, steps)
+    same = _ScaledComm(1.0)
+    np.testing.assert_array_equal(_zero_steps(ReplayBackend(ar_trace, comm_model=same), steps), null)
+    assert len(same.calls) == steps * pp * dp
+    starts = np.array([c[0] for c in same.calls[: pp * dp]])
+    assert np.isfinite(starts).all() and (starts >= 0).all()
+    slower = _zero_steps(ReplayBackend(ar_trace, comm_model=_ScaledComm(3.0)), steps)
+    assert (slower >= null - 1e-9).all() and (slower > null + 1e-6).any()
+
+
+def test_a_replay_under_the_contention_model_is_never_faster_without_pacing(ar_trace: OpTrace) -> None:
+    """comm=contention, cluster=paper_like on AR: cross traffic only slows the paced collective, so
+    with zero delays no step is shorter than under the null model (the README's example command)."""
+    from hydra import compose, initialize_config_dir
+
+    from pacectl.config import CONF_DIR, make_comm_model
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["comm=contention", "cluster=paper_like"])
+    comm = make_comm_model(cfg, ar_trace.meta.world_size)
+    assert comm.timing_dependent
+    steps = 8
+    contended = _zero_steps(ReplayBackend(ar_trace, comm_model=comm), steps)
+    null = _zero_steps(ReplayBackend(ar_trace), steps)
+    assert np.isfinite(contended).all() and (contended >= null - 1e-9).all()
+
+
 def test_episode_records_every_rank(ar_backend: ReplayBackend) -> None:
     class Zero:
         name = "none"

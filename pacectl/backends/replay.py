@@ -214,12 +214,14 @@ class ReplayBackend:
         clock, paced = self._clock_s, self._paced_mask
 
         def hook(nodes: IntArray, group_start: FloatArray, transfer: FloatArray) -> FloatArray:
+            # rows: the level's ops; trailing axis: DP ranks (each instance starts at its group's start)
             hit = np.flatnonzero(paced[nodes])
             if len(hit) == 0:
                 return transfer
             out = transfer.copy()
             for i in hit:
-                out[i] = contended_s(clock + float(group_start[i].max()), float(transfer[i]))
+                for j in np.ndindex(transfer.shape[1:]):
+                    out[(i, *j)] = contended_s(clock + float(group_start[(i, *j)]), float(transfer[(i, *j)]))
             return out
 
         return hook
