@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import os
 import time
 from datetime import timedelta
@@ -210,6 +211,9 @@ def overhead_worker(spec: dict[str, Any]) -> dict[str, Any]:
             pacer.flush()
             gather[name] = np.asarray(pacer.gather_s, dtype=np.float64)
     dist.barrier()
+    setups.clear()  # the DDP models go before their group (pacectl/torchdist/worker.py says why)
+    del ddp, opt, x, pacer
+    gc.collect()
     dist.destroy_process_group()
     per_iter = {name: {k: v / (rounds * block) for k, v in acc.items()} for name, acc in cpu.items()}
     return {"times_s": times, "gather_s": gather, "hook_cpu_s": per_iter}
