@@ -463,6 +463,8 @@ def validate_run_config(cfg: DictConfig, *, other_keys: frozenset[str] = frozens
             raise ConfigError(f"output.{key} must be true or false, got {value!r}")
     _check_known_keys(cfg)
     analysis = cfg.get("analysis")
+    if analysis is not None and not isinstance(analysis.get("whatif", True), bool):
+        raise ConfigError(f"analysis.whatif must be true or false, got {analysis.get('whatif')!r}")
     backend = cfg.get("backend")
     schedule = exchange_schedule(cfg)
     if backend is not None and backend.get("name") == "torch" and schedule != ExchangeSchedule():

@@ -50,8 +50,12 @@ class Experiment(Protocol):
     comm_timing_dependent: bool
     exchange: ExchangeSchedule
 
-    def describe(self) -> dict[str, Any]:
-        """Summary fields describing the input: at least ``trace`` (``name``, ``path``)."""
+    def describe(self, on_step: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Summary fields describing the input: at least ``trace`` (``name``, ``path``).
+
+        ``on_step`` is called after each of ``describe_steps`` units of work (replay: the what-if
+        replays), for a progress bar; absent ``describe_steps`` means it is not called.
+        """
         ...
 
     def run(
@@ -113,14 +117,17 @@ class ReplayExperiment(_ClosedLoop):
         self.comm_model = comm.name
         self.comm_description = comm.description
         self.comm_timing_dependent = bool(comm.timing_dependent)
+        self.describe_steps = 0
+        if cfg.analysis.get("whatif", True):
+            from pacectl import whatif
 
-    def describe(self) -> dict[str, Any]:
-        """``trace``, ``paced_optype``, ``fidelity`` and ``whatif`` summary fields."""
-        from pacectl import whatif
+            self.describe_steps = whatif.num_replays(self.backend)
 
+    def describe(self, on_step: Callable[[], None] | None = None) -> dict[str, Any]:
+        """``trace``, ``paced_optype``, ``fidelity`` and (unless ``analysis.whatif=false``) ``whatif``
+        summary fields; ``on_step`` after each what-if replay."""
         trace, backend = self.trace, self.backend
         fidelity = backend.fidelity()
-        prize = whatif.analyze(backend)
         return {
             "trace": {
                 "name": trace.meta.name,
@@ -162,16 +169,23 @@ class ReplayExperiment(_ClosedLoop):
                 "transfer_clipped": fidelity.transfer_clipped,
                 "num_op_instances": fidelity.num_op_instances,
             },
-            "whatif": {
-                "comm_model": "null",
-                "blocking_slowdown": prize.blocking_slowdown,
-                "launch_slowdown": prize.launch_slowdown,
-                "ideal_iteration_time_mean_s": float(prize.step_time_ideal_s.mean()),
-                "m_w": prize.m_w.rem,
-                "m_s": prize.m_s.rem,
-                "note": "what straggling costs: mean step time without launch delays / ideal replay with "
-                "stragglers removed (Lin et al., OSDI 2025, null model)",
-            },
+            "whatif": self._straggler_cost(on_step) if self.describe_steps else None,
+        }
+
+    def _straggler_cost(self, on_step: Callable[[], None] | None) -> dict[str, Any]:
+        """The summary's ``whatif`` fields: what straggling costs on this trace (null model)."""
+        from pacectl import whatif
+
+        prize = whatif.analyze(self.backend, on_replay=on_step)
+        return {
+            "comm_model": "null",
+            "blocking_slowdown": prize.blocking_slowdown,
+            "launch_slowdown": prize.launch_slowdown,
+            "ideal_iteration_time_mean_s": float(prize.step_time_ideal_s.mean()),
+            "m_w": prize.m_w.rem,
+            "m_s": prize.m_s.rem,
+            "note": "what straggling costs: mean step time without launch delays / ideal replay with "
+            "stragglers removed (Lin et al., OSDI 2025, null model)",
         }
 
     def run(
@@ -262,8 +276,8 @@ class SimExperiment(_ClosedLoop):
         self.comm_timing_dependent = self.backend.comm_timing_dependent
         self.recorded: dict[str, OpTrace] = {}
 
-    def describe(self) -> dict[str, Any]:
-        """``trace`` (the synthetic scenario) and ``sim`` summary fields."""
+    def describe(self, on_step: Callable[[], None] | None = None) -> dict[str, Any]:
+        """``trace`` (the synthetic scenario) and ``sim`` summary fields (``on_step`` unused)."""
         b = self.backend
         return {
             "trace": {

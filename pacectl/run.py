@@ -82,7 +82,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         per_run = getattr(experiment, "iterations_per_run", None)
         if not per_run:  # live: one job runs them all
             log.info(f"running {len(families)} run(s) ({', '.join(families)}) interleaved in one job")
-        summary: dict[str, Any] = experiment.describe()
+        summary: dict[str, Any] = _describe(experiment)
         episodes = {}
         # a bar on a terminal only (tqdm's disable=None), over the iterations of every run (no pacing,
         # each controller) where the backend reports them, else one step per run
@@ -376,6 +376,23 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
     return context
 
 
+def _describe(experiment: Any) -> dict[str, Any]:
+    """``experiment.describe()``, with a line and a progress bar when it has work to show (replay:
+    the what-if replays of the stragglers' cost, which come before the runs)."""
+    steps = int(getattr(experiment, "describe_steps", 0))
+    if not steps:
+        return dict(experiment.describe())
+    log.info(
+        f"stragglers' cost first (what-if, null model): {steps} replays of the trace "
+        "(analysis.whatif=false skips it)"
+    )
+    with (
+        logging_redirect_tqdm(),
+        tqdm(total=steps, unit="replay", desc="what-if", file=sys.stderr, disable=None, leave=False) as bar,
+    ):
+        return dict(experiment.describe(on_step=bar.update))
+
+
 def run_whatif(cfg: DictConfig, out_dir: Path) -> whatif.WhatIfResult:
     """Run the what-if analysis of ``cfg.trace``; write ``whatif.json``, the heatmap and the timeline.
 
@@ -411,13 +428,16 @@ def ignored_overrides(overrides: list[str], cfg: DictConfig) -> list[str]:
     analysis = str(cfg.analysis.get("name"))
     out = []
     for o in overrides:
-        key = o.lstrip("+~").split("=", 1)[0].split(".", 1)[0]
+        full_key = o.lstrip("+~").split("=", 1)[0]
+        key = full_key.split(".", 1)[0]
         if key == "trace" and backend != "replay":
             out.append(f"{o}: backend={backend} does not read a trace (only backend=replay does)")
         elif key in ("comm", "cluster") and backend == "torch":
             out.append(f"{o}: backend=torch runs on this machine's real fabric, not a modelled one")
         elif key in ("comm", "cluster", "controller", "controller_file", "guard") and analysis == "whatif":
             out.append(f"{o}: analysis=whatif replays under the null model with no controller")
+        elif full_key == "analysis.whatif" and backend != "replay":
+            out.append(f"{o}: backend={backend} has no recorded trace for the what-if analysis")
         elif key == "controller" and cfg.get("controller_file"):
             out.append(f"{o}: controller_file={cfg.controller_file} replaces the controller group")
     return out

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from pacectl.backends.dag import StepDag
 from pacectl.backends.replay import ReplayBackend
 from pacectl.report import atomic_write_text, format_value, jsonable, save_figure
 
@@ -182,15 +184,33 @@ def _sorted(table: dict[str, float]) -> dict[str, float]:
 class _Replayer:
     """Runs no-launch-delay replays of a backend with modified transfer times; counts them."""
 
-    def __init__(self, backend: ReplayBackend) -> None:
+    def __init__(self, backend: ReplayBackend, on_replay: Callable[[], None] | None = None) -> None:
         self.backend = backend
         self.zero_launch = np.zeros_like(backend.launch_s)
         self.count = 0
+        self.on_replay = on_replay
 
     def step_times(self, transfer_s: FloatArray) -> FloatArray:
         _, end = self.backend.replayed_times(launch_s=self.zero_launch, transfer_s=transfer_s)
         self.count += 1
+        if self.on_replay is not None:
+            self.on_replay()
         return end.max(axis=(0, 2))
+
+
+def _optype_groups(dag: StepDag) -> NDArray[np.str_]:
+    """Each op's attribution group: its op type, pipeline send and receive folded into one."""
+    return np.array([P2P_GROUP.get(str(t), str(t)) for t in dag.optype])
+
+
+def num_replays(backend: ReplayBackend) -> int:
+    """How many replays :func:`analyze` runs on ``backend``: 2 (recorded, ideal) + one per DP rank,
+    stage, op group and (DP rank, stage) cell + 2 for M_W + 2 for M_S (with more than one stage).
+    Each costs about one open-loop replay of the whole trace, so the count grows as dp x pp."""
+    dag = backend.dag
+    dp, pp = dag.rank_labels.shape[1], dag.rank_labels.shape[0]
+    groups = len(np.unique(_optype_groups(dag)))
+    return 2 + dp + pp + groups + dp * pp + 2 + (2 if pp > 1 else 0)
 
 
 def ideal_transfer_s(backend: ReplayBackend) -> FloatArray:
@@ -209,11 +229,12 @@ def ideal_transfer_s(backend: ReplayBackend) -> FloatArray:
     return ideal
 
 
-def analyze(backend: ReplayBackend) -> WhatIfResult:
+def analyze(backend: ReplayBackend, *, on_replay: Callable[[], None] | None = None) -> WhatIfResult:
     """Run the full what-if analysis on a replay backend (null model).
 
     Args:
         backend: a :class:`~pacectl.backends.replay.ReplayBackend` of the trace.
+        on_replay: called after each of the :func:`num_replays` replays (a progress bar).
 
     Returns:
         The :class:`WhatIfResult`.
@@ -226,7 +247,7 @@ def analyze(backend: ReplayBackend) -> WhatIfResult:
         1.18
     """
     dag = backend.dag
-    rep = _Replayer(backend)
+    rep = _Replayer(backend, on_replay)
     recorded_t = np.asarray(backend.transfer_s)
     ideal_t = ideal_transfer_s(backend)
     step_recorded = (dag.start_s + dag.duration_s).max(axis=(0, 2))
@@ -261,7 +282,7 @@ def analyze(backend: ReplayBackend) -> WhatIfResult:
     all_nodes = np.ones(dag.num_nodes, dtype=bool)
     by_dp = attribute("by_dp_rank", {str(d): (all_nodes, np.arange(dp) == d) for d in range(dp)})
     by_stage = attribute("by_stage", {str(s): (dag.stage == s, None) for s in range(pp)})
-    groups = np.array([P2P_GROUP.get(str(t), str(t)) for t in dag.optype])
+    groups = _optype_groups(dag)
     by_optype = attribute("by_optype", {g: (groups == g, None) for g in np.unique(groups)})
     by_rank = np.array(
         [

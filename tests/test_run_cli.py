@@ -77,6 +77,22 @@ def test_one_controller_with_override_on_another_trace(tmp_path: Path) -> None:
     assert summary["paced_collective"] == "grads-reduce-scatter"  # Megatron's own: the op type is its name
 
 
+def test_the_stragglers_cost_comes_first_and_can_be_skipped(tmp_path: Path) -> None:
+    """A replay first runs the what-if analysis for the summary (announced with its replay count:
+    on large traces it takes minutes); analysis.whatif=false skips it."""
+    common = ("trace=st", "controller=threshold", "output.plots=false", "output.report=false")
+    proc = _run(*common, f"hydra.run.dir={tmp_path / 'with'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "stragglers' cost first (what-if, null model): 31 replays of the trace" in proc.stdout
+    summary = json.loads((tmp_path / "with" / "summary.json").read_text())
+    assert summary["whatif"]["blocking_slowdown"] == pytest.approx(1.18, abs=0.005)
+    proc = _run(*common, "analysis.whatif=false", f"hydra.run.dir={tmp_path / 'without'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "stragglers' cost" not in proc.stdout
+    summary = json.loads((tmp_path / "without" / "summary.json").read_text())
+    assert summary["whatif"] is None and set(summary["runs"]) == {"none", "threshold"}
+
+
 def test_multirun_sweep(tmp_path: Path) -> None:
     proc = _run(
         "-m",
@@ -172,6 +188,7 @@ def test_a_trace_file_replays_by_its_path(tmp_path: Path) -> None:
         (["controller=pid", "controller.kp=0.5,0.6"], "add --multirun"),
         (["~guard"], "removing config keys is not supported"),
         (["trace=st", "trace.path="], "trace.path must name a file, got an empty value"),
+        (["analysis.whatif=maybe"], "analysis.whatif must be true or false, got 'maybe'"),
         # a simulation too large for memory stops before it allocates anything
         (["backend=sim", "backend.num_ranks=100000000", "backend.num_iterations=100000"], "GB of memory"),
         # without torch, the live backend says so before anything else

@@ -9,7 +9,7 @@ import pytest
 
 from pacectl.backends.replay import ReplayBackend
 from pacectl.data import DATA_DIR
-from pacectl.whatif import analyze, ideal_transfer_s, plot_heatmap, write_timeline
+from pacectl.whatif import analyze, ideal_transfer_s, num_replays, plot_heatmap, write_timeline
 
 PUBLISHED = DATA_DIR / "bytedance"
 
@@ -101,3 +101,14 @@ def test_m_s_is_undefined_with_one_pipeline_stage() -> None:
     assert np.isnan(result.m_s.rem) and "one pipeline stage" in result.m_s.subset
     assert "M_S = n/a" in result.worst_offenders()[0]
     assert format_value(0.25, ".3f") == "0.250" and format_value(None, ".3f") == "n/a"
+
+
+@pytest.mark.parametrize("name", ["st_backend", "ar_backend"])
+def test_the_replay_count_is_known_before_the_analysis(name: str, request: pytest.FixtureRequest) -> None:
+    """num_replays (the progress bar's total) is what analyze runs, one on_replay call each."""
+    backend: ReplayBackend = request.getfixturevalue(name)
+    calls: list[int] = []
+    result = analyze(backend, on_replay=lambda: calls.append(1))
+    assert (
+        num_replays(backend) == result.num_replays == len(calls) == {"st_backend": 31, "ar_backend": 41}[name]
+    )

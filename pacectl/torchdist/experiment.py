@@ -241,10 +241,11 @@ class TorchExperiment:
         if todo:
             self._launch(todo)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, on_step: Callable[[], None] | None = None) -> dict[str, Any]:
         """``trace`` (the baseline's record), ``workload``, ``records``, ``fidelity`` and measured costs.
 
-        Launches the job on first use (every controller run happens here, once).
+        Launches the job on first use (every controller run happens here, once; its progress is the
+        ranks' own, so ``on_step`` is unused).
         """
         self._ensure()
         b = self.cfg.backend
