@@ -130,6 +130,10 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
     if line:
         log.warning(f"warning: {line}")
         summary["warnings"].append(line)
+    idle = never_paced_line(summaries, live=experiment.backend_name == "torch")
+    if idle:
+        log.info(f"note: {idle}")
+        summary["never_paced"] = idle
     summary.update(
         {
             "backend": experiment.backend_name,
@@ -223,6 +227,30 @@ def interval_warning(n_iter: int, batches: int, block: int | None, num_runs: int
             f"{batches - 1} degree(s) of freedom): wide; more iterations narrow them"
         )
     return ""
+
+
+def never_paced_line(summaries: dict[str, dict[str, Any]], *, live: bool) -> str:
+    """The controllers that applied no delay at all in their run, and what that means ("" if none).
+
+    Args:
+        summaries: :func:`metrics.summarize` per run, the baseline's under :data:`BASELINE`.
+        live: live runs (their differences from no pacing are then the machine's noise; in replay
+            and simulation a controller that never paced reproduces no pacing exactly).
+    """
+    idle = [n for n, s in summaries.items() if n != BASELINE and s["pacing_delay_total_s"] == 0.0]
+    if not idle:
+        return ""
+    spread = summaries[BASELINE]["spread_median_s"]
+    same = (
+        "their differences from no pacing are this machine's run-to-run noise"
+        if live
+        else ("they reproduce no pacing")
+    )
+    return (
+        f"{', '.join(idle)} never paced (delay total 0): the arrival spread (median {spread:.3g} s "
+        f"without pacing) never met their engage condition (e.g. on_threshold_s), so {same}; lower "
+        "it, or use controller.units=iteration, to see them pace"
+    )
 
 
 def _warn_if_degenerate(episode: Episode) -> None:
@@ -365,6 +393,8 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
         context["decision lag"] = exchange_line(summary)
     if summary.get("warnings"):
         context["warnings"] = "; ".join(summary["warnings"])
+    if summary.get("never_paced"):
+        context["never paced"] = summary["never_paced"]
     wi = summary.get("whatif")
     if wi:
         context["stragglers' cost (what-if, null model)"] = (

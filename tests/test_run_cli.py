@@ -93,6 +93,42 @@ def test_the_stragglers_cost_comes_first_and_can_be_skipped(tmp_path: Path) -> N
     assert summary["whatif"] is None and set(summary["runs"]) == {"none", "threshold"}
 
 
+def test_a_controller_that_never_paced_is_named(tmp_path: Path) -> None:
+    """A threshold above every spread applies no delay: the run says so (in a replay or simulation
+    it then reproduces no pacing exactly), in the console, summary.json and report.md."""
+    from pacectl.run import never_paced_line
+
+    out = tmp_path / "run"
+    proc = _run(
+        "backend=sim",
+        "backend.num_ranks=8",
+        "backend.num_iterations=30",
+        "controller=threshold",
+        "controller.on_threshold_s=100",
+        "controller.off_threshold_s=50",
+        "output.plots=false",
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "note: threshold never paced (delay total 0)" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert "they reproduce no pacing" in summary["never_paced"]
+    assert (
+        summary["runs"]["threshold"]["iteration_time_mean_s"]
+        == summary["runs"]["none"]["iteration_time_mean_s"]
+    )
+    assert "never paced" in (out / "report.md").read_text()
+    paced = {
+        "none": {"pacing_delay_total_s": 0.0, "spread_median_s": 0.005},
+        "pid": {"pacing_delay_total_s": 0.1},
+    }
+    assert never_paced_line(paced, live=True) == ""
+    paced["ewma"] = {"pacing_delay_total_s": 0.0}
+    line = never_paced_line(paced, live=True)
+    assert line.startswith("ewma never paced") and "run-to-run noise" in line and "0.005 s" in line
+
+
 def test_multirun_sweep(tmp_path: Path) -> None:
     proc = _run(
         "-m",
