@@ -33,7 +33,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from pacectl.errors import PacectlError
+from pacectl.errors import ConfigError, PacectlError
 
 #: What Hydra puts into a run directory before the job runs: its config snapshot and job log.
 _HYDRA_FILES = (".hydra",)
@@ -324,6 +324,9 @@ def expand_trace_file(args: Sequence[str], options: Sequence[str] = ()) -> tuple
     Returns:
         ``(args, notes)``: the arguments with each such shorthand expanded in place (a later
         ``trace.path=`` on the command line still wins), and one note per expansion for the user.
+
+    Raises:
+        ConfigError: a sweep of files of more than one format.
     """
     out: list[str] = []
     notes: list[str] = []
@@ -335,6 +338,12 @@ def expand_trace_file(args: Sequence[str], options: Sequence[str] = ()) -> tuple
             items = []  # a comma list without -m: Hydra's own error
         found = [trace_file_format(v, options) for v in items]
         formats = {fmt for fmt, _ in found}
+        if len(formats - {None}) > 1:
+            by_format = ", ".join(f"{v} ({fmt})" for v, (fmt, _) in zip(items, found, strict=True) if fmt)
+            raise ConfigError(
+                f"{a}: a sweep of trace files must be of one format, got {by_format}: "
+                "sweep each format in its own -m run"
+            )
         if not found or None in formats or len(formats) > 1 or (len(found) > 1 and formats == {"bytedance"}):
             out.append(a)
             continue
@@ -352,7 +361,11 @@ def expand_trace_file(args: Sequence[str], options: Sequence[str] = ()) -> tuple
 def expand_trace_file_argv(prog: str, config_dir: Path) -> None:
     """Entry points, before Hydra starts: expand the ``trace=<file>`` shorthand in ``sys.argv``."""
     options = [p.stem for p in (config_dir / "trace").glob("*.yaml")]
-    sys.argv[1:], notes = expand_trace_file(sys.argv[1:], options)
+    try:
+        sys.argv[1:], notes = expand_trace_file(sys.argv[1:], options)
+    except ConfigError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        sys.exit(2)
     for note in notes:
         print(f"{prog}: {note}", file=sys.stderr)
 
@@ -405,6 +418,11 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
             held = other_traces_in(folder)
             if held:  # e.g. a live run's records/ folder
                 fix = f" It is a folder of {', '.join(held[:4])}: name one, e.g. trace={folder / held[0]}"
+            elif folder.is_dir():
+                return (
+                    f"trace={option}: the folder holds no trace: a folder stands for Kineto rank files "
+                    "(*.json or *.json.gz) and has none. Point trace= at the trace file or rank files"
+                )
             elif "," in option:
                 fix += (
                     " (a sweep of ByteDance traces is not expanded: each needs its own trace.meta; "

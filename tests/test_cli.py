@@ -10,6 +10,7 @@ import pytest
 
 from pacectl import cli
 from pacectl.config import CONF_DIR
+from pacectl.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)
@@ -98,6 +99,12 @@ def test_composition_errors_are_one_line_with_a_did_you_mean(capsys) -> None:
     assert "Did you mean cluster=paper_like?" in err and "available: alibaba_pai, ar, contended," in err
     err = _check(capsys, ["trace=st", "seed"])
     assert "missing EQUAL" in err
+
+
+def test_a_folder_without_traces_is_named_as_such(capsys, tmp_path: Path) -> None:
+    """An existing folder that holds no trace gets its own message, not "no such option"."""
+    err = _check(capsys, [f"trace={tmp_path}"])
+    assert f"trace={tmp_path}: the folder holds no trace" in err and "no such option" not in err
 
 
 def test_the_composed_config_goes_through_the_entry_points_check(capsys) -> None:
@@ -273,10 +280,12 @@ def test_trace_file_shorthand_composes_with_hydra(tmp_path: Path) -> None:
     assert args == ["trace=bytedance", f"trace.path={st}", f"trace.meta={st.with_name('meta-ST.yaml')}"]
     sweep, _ = cli.expand_trace_file(["-m", "trace=a.parquet,b.parquet"])
     assert sweep == ["-m", "trace=canonical", "trace.path=a.parquet,b.parquet"]
-    assert cli.expand_trace_file(["-m", "trace=a.parquet,b.csv"])[0] == [
-        "-m",
-        "trace=a.parquet,b.csv",
-    ]  # mixed
+    with pytest.raises(
+        ConfigError, match=r"must be of one format, got a.parquet \(canonical\), b.csv \(steplevel\)"
+    ):
+        cli.expand_trace_file(
+            ["-m", "trace=a.parquet,b.csv"]
+        )  # mixed: one line, not Hydra's "no such option"
     assert cli.expand_trace_file(["trace=a.parquet,b.parquet"])[0] == ["trace=a.parquet,b.parquet"]  # no -m
     values = (
         "/x/rank[0-3]*.json",
