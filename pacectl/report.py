@@ -417,13 +417,15 @@ _TABLE_HEADERS = (
 
 
 def format_value(value: Any, spec: str) -> str:
-    """``format(value, spec)`` for a table cell: ``n/a`` for None, NaN and inf; no ``-0.00``; no
-    trailing ``.`` of the ``#`` alternate form."""
+    """``format(value, spec)`` for a table cell: ``n/a`` for None, NaN and inf; no trailing ``.`` of
+    the ``#`` alternate form; a tiny negative that rounds to ``-0.00`` loses its sign, except in a
+    signed spec (``+``), where it shows the direction of a change (a null-model replay can only
+    lose throughput: ``-0.00``, not ``+0.00``)."""
     if value is None or (isinstance(value, numbers.Real) and not math.isfinite(float(value))):
         return "n/a"
     text = format(value, spec)
-    if text.startswith("-") and float(text) == 0.0:  # a tiny negative rounds to "-0.00": no sign
-        text = ("+" if "+" in spec else "") + text[1:]
+    if text.startswith("-") and float(text) == 0.0 and "+" not in spec:
+        text = text[1:]
     return text[:-1] if text.endswith(".") else text  # "#.4g" keeps 47.00 but would print 3443.
 
 
