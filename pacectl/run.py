@@ -606,6 +606,7 @@ def main() -> None:
     cli.expand_trace_file_argv("pacectl.run", CONF_DIR)
     cli.exit_on_bad_run_dir("pacectl.run")
     cli.check_command_line("pacectl.run", CONF_DIR, "config", validate=_check_config)
+    sys.argv[0] = "pacectl.run"  # the program name of Hydra's own argument errors (not "run.py")
     try:
         _hydra_main()
     except KeyboardInterrupt:  # outside the job's own handling: before it started or after it wrote

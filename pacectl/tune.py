@@ -1217,6 +1217,7 @@ def main() -> None:
     expand_trace_file_argv("pacectl.tune", CONF_DIR)
     exit_on_bad_run_dir("pacectl.tune")
     check_command_line("pacectl.tune", CONF_DIR, "tune", validate=_check_config)
+    sys.argv[0] = "pacectl.tune"  # the program name of Hydra's own argument errors (not "tune.py")
     _hydra_main()
 
 
