@@ -215,6 +215,10 @@ def test_a_trace_file_replays_by_its_path(tmp_path: Path) -> None:
         _torch_case(
             ["backend=torch", f"backend.record_dir={__file__}"], "backend.record_dir must be a folder"
         ),
+        _torch_case(
+            ["backend=torch", f"backend.pacing.control_path={Path(__file__).parent}"],
+            "is a folder: it names the JSON file rank 0 watches",
+        ),
         ([f"hydra.run.dir={__file__}"], "hydra.run.dir must be a folder (new or existing)"),
         # Hydra's composition errors, in one line with a did-you-mean (checked before Hydra runs)
         (["controler=threshold"], "no such config key. Did you mean controller=threshold?"),

@@ -248,6 +248,11 @@ def check_pacing(
     control = values["control_path"]
     if control is not None and not isinstance(control, (str, Path)):
         raise ConfigError(f"{where}.control_path must be a file path or null, got {control!r}{_tail(hint)}")
+    if control is not None and Path(control).expanduser().is_dir():
+        raise ConfigError(
+            f"{where}.control_path={control} is a folder: it names the JSON file rank 0 watches "
+            f"(e.g. {Path(control) / 'pacing.json'}){_tail(hint)}"
+        )
     if warn and control is not None and not Path(control).expanduser().parent.is_dir():
         warnings.warn(
             f"{where}.control_path={control}: its folder does not exist (yet), so no control "
