@@ -41,6 +41,7 @@ import os
 import signal
 import socket
 import sys
+import textwrap
 import threading
 import time
 import uuid
@@ -923,8 +924,10 @@ def plot_pareto(
             label=f"throughput-loss cap ({max_loss_frac:.1%})",
         )
     ax.set_xlabel("throughput, it/s (mean over episodes; higher is better)")
-    ax.set_ylabel("CV of iteration time (mean over episodes; lower is better)")
-    ax.set_title(title, fontsize=9)
+    ax.set_ylabel("CV of iteration time\n(mean over episodes; lower is better)")
+    # long lines (the comm model's note) wrapped to the figure's width, which constrained layout
+    # does not shrink a title to
+    ax.set_title("\n".join(textwrap.fill(line, 85) for line in title.splitlines()), fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=3, frameon=False)
     save_figure(fig, path)
