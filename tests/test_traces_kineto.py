@@ -119,9 +119,17 @@ def test_h200_replays_exactly(h200: Any) -> None:
     assert counts["launch_clipped"] == 0 and counts["transfer_clipped"] == 0
 
 
+def _assert_warned(caught: pytest.WarningsRecorder, *expected: str) -> None:
+    """Every expected text is in one of the warnings, and every warning is an expected one."""
+    messages = [str(w.message) for w in caught]
+    assert all(any(e in m for m in messages) for e in expected), messages
+    assert all(any(e in m for e in expected) for m in messages), messages
+
+
 def test_hta_pair_subset_of_world_warns_and_loads() -> None:
-    with pytest.warns(KinetoWarning, match="world_size=128"):
+    with pytest.warns(KinetoWarning) as caught:
         trace, rep = import_kineto(PAIR)
+    _assert_warned(caught, "world_size=128", "no all-reduce/reduce-scatter collective found")
     assert trace.meta.dp_size == 2 and trace.meta.world_size == 128
     assert rep.steps == [551, 552] and rep.buckets_per_step == 5
     assert rep.kinds == {"all_to_all": 5.0}
@@ -138,14 +146,16 @@ def test_cpu_only_gloo_single_rank() -> None:
 
 
 def test_missing_distributed_info_rank_from_override_or_name(tmp_path: Path) -> None:
-    with pytest.warns(KinetoWarning, match="rank 0 taken from the default"):
+    with pytest.warns(KinetoWarning) as caught:
         import_kineto(NO_INFO)
+    _assert_warned(caught, "rank 0 taken from the default", "no all-reduce/reduce-scatter collective found")
     trace, _ = _quiet_import(NO_INFO, ranks=[5])
     assert trace.ops["rank"].unique().tolist() == [5]
     named = tmp_path / "job.rank-7.json.gz"
     named.write_bytes(NO_INFO.read_bytes())
-    with pytest.warns(KinetoWarning, match="rank 7 taken from the file name"):
+    with pytest.warns(KinetoWarning) as caught:
         import_kineto(named)
+    _assert_warned(caught, "rank 7 taken from the file name", "no all-reduce/reduce-scatter collective found")
 
 
 def test_glob_plain_json_and_bare_list(tmp_path: Path, small_pair: list[dict[str, Any]]) -> None:
@@ -197,8 +207,10 @@ def test_truncated_gzip_recovers_or_fails_cleanly(tmp_path: Path) -> None:
     data = (H200 / "gloo4_rank0.json.gz").read_bytes()
     p = tmp_path / "rank0.json.gz"
     p.write_bytes(data[: len(data) * 2 // 3])
-    with pytest.warns(KinetoWarning, match="gzip stream ended early"):
+    with pytest.warns(KinetoWarning) as caught:
         import_kineto(p)
+    # the cut drops a step, and one rank file of a 4-rank job replays the present rank alone
+    _assert_warned(caught, "gzip stream ended early", "dropped 1 of 2 steps", "must equal world_size=4")
     p.write_bytes(data[:200])
     with pytest.raises(TraceError, match="ends early"):
         import_kineto(p)
@@ -620,10 +632,11 @@ def test_dropped_steps_wording_and_plain_values(tmp_path: Path, small_pair: list
     with pytest.raises(TraceError) as err:
         import_kineto(_pair_dir(tmp_path, docs))
     assert "np." not in str(err.value) and "{0: 3, 1: 2}" in str(err.value)
-    with pytest.warns(
-        KinetoWarning, match=r"dropped 1 of 4 steps: unmatched collectives across ranks: steps \[\d+\]"
-    ):
+    with pytest.warns(KinetoWarning) as caught:
         import_kineto(tmp_path, drop_unmatched=True)
+    _assert_warned(
+        caught, "dropped 1 of 4 steps: unmatched collectives across ranks: steps [", "{0: 3, 1: 2}"
+    )
     docs = json.loads(json.dumps(small_pair))
     docs[1]["traceEvents"].append(
         dict(next(e for e in docs[1]["traceEvents"] if e.get("name") == "gloo:all_reduce"))
