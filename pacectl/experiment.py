@@ -42,6 +42,8 @@ class Experiment(Protocol):
     iterations come in blocks of their own (live runs interleaved in blocks); absent means
     ``(None, 0)``: blocks of sqrt(n). ``iterations_per_run``: the
     iterations of one run, for a progress bar that counts iterations; absent counts whole runs.
+    ``describe_steps``: units of work :meth:`describe` reports through ``on_step`` (replay: the
+    what-if replays); absent or 0: none.
     """
 
     backend_name: str

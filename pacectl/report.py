@@ -420,11 +420,13 @@ def format_value(value: Any, spec: str) -> str:
     """``format(value, spec)`` for a table cell: ``n/a`` for None, NaN and inf; no trailing ``.`` of
     the ``#`` alternate form; a tiny negative that rounds to ``-0.00`` loses its sign, except in a
     signed spec (``+``), where it shows the direction of a change (a null-model replay can only
-    lose throughput: ``-0.00``, not ``+0.00``)."""
+    lose throughput: ``-0.00``, not ``+0.00``), and an exact zero has no sign (a tie, no gain)."""
     if value is None or (isinstance(value, numbers.Real) and not math.isfinite(float(value))):
         return "n/a"
     text = format(value, spec)
-    if text.startswith("-") and float(text) == 0.0 and "+" not in spec:
+    if float(value) == 0.0:
+        text = text.lstrip("+-")
+    elif text.startswith("-") and float(text) == 0.0 and "+" not in spec:
         text = text[1:]
     return text[:-1] if text.endswith(".") else text  # "#.4g" keeps 47.00 but would print 3443.
 

@@ -26,7 +26,7 @@ import logging
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +130,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
     if line:
         log.warning(f"warning: {line}")
         summary["warnings"].append(line)
-    idle = never_paced_line(summaries, live=experiment.backend_name == "torch")
+    idle = never_paced_line(summaries, families, live=experiment.backend_name == "torch")
     if idle:
         log.info(f"note: {idle}")
         summary["never_paced"] = idle
@@ -229,28 +229,38 @@ def interval_warning(n_iter: int, batches: int, block: int | None, num_runs: int
     return ""
 
 
-def never_paced_line(summaries: dict[str, dict[str, Any]], *, live: bool) -> str:
+def never_paced_line(
+    summaries: dict[str, dict[str, Any]], params: Mapping[str, Mapping[str, Any]], *, live: bool
+) -> str:
     """The controllers that applied no delay at all in their run, and what that means ("" if none).
 
     Args:
         summaries: :func:`metrics.summarize` per run, the baseline's under :data:`BASELINE`.
+        params: each controller's parameters (its ``on_threshold_s``, if positive, is named: the
+            likeliest reason it never engaged).
         live: live runs (their differences from no pacing are then the machine's noise; in replay
             and simulation a controller that never paced reproduces no pacing exactly).
     """
     idle = [n for n, s in summaries.items() if n != BASELINE and s["pacing_delay_total_s"] == 0.0]
     if not idle:
         return ""
+    names = []
+    for name in idle:
+        on = params.get(name, {}).get("on_threshold_s")
+        names.append(f"{name} (on_threshold_s={on})" if isinstance(on, int | float) and on > 0 else name)
     spread = summaries[BASELINE]["spread_median_s"]
     same = (
-        "their differences from no pacing are this machine's run-to-run noise"
+        "differences from no pacing are this machine's run-to-run noise"
         if live
-        else ("they reproduce no pacing")
+        else "runs reproduce no pacing"
     )
-    return (
-        f"{', '.join(idle)} never paced (delay total 0): the arrival spread (median {spread:.3g} s "
-        f"without pacing) never met their engage condition (e.g. on_threshold_s), so {same}; lower "
-        "it, or use controller.units=iteration, to see them pace"
+    line = (
+        f"never paced (delay total 0): {', '.join(names)}; median arrival spread without pacing "
+        f"{spread:.3g} s. Their {same}"
     )
+    if any("on_threshold_s" in n for n in names):
+        line += "; a lower on_threshold_s, or controller.units=iteration, lets a thresholded one engage"
+    return line
 
 
 def _warn_if_degenerate(episode: Episode) -> None:

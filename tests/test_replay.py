@@ -159,21 +159,26 @@ def _zero_steps(backend: ReplayBackend, num_steps: int) -> np.ndarray:
     )
 
 
-def test_a_contended_replay_runs_every_dp_rank_of_the_paced_collective(
+def test_a_contended_replay_runs_each_stages_paced_collective_once(
     ar_trace: OpTrace, ar_backend: ReplayBackend
 ) -> None:
-    """AR (DP 4): the timing-dependent hook sees each DP rank's instance of every stage's paced
-    collective once per step, at its own start; an identity model replays exactly the null model's
-    step times, a slower one never shortens a step and lengthens some (the hook is applied)."""
-    steps, dp, pp = 6, ar_trace.meta.dp_size, ar_trace.meta.pp_size
+    """AR (DP 4): the paced collective is DP-synchronised, so the timing-dependent hook sees it once
+    per stage and step (its longest instance), and every DP rank's instance gets the same extra
+    time; an identity model replays exactly the null model's step times, a slower one never
+    shortens a step and lengthens some (the hook is applied)."""
+    steps, pp = 6, ar_trace.meta.pp_size
     null = _zero_steps(ar_backend, steps)
     same = _ScaledComm(1.0)
     np.testing.assert_array_equal(_zero_steps(ReplayBackend(ar_trace, comm_model=same), steps), null)
-    assert len(same.calls) == steps * pp * dp
-    starts = np.array([c[0] for c in same.calls[: pp * dp]])
+    assert len(same.calls) == steps * pp
+    starts = np.array([c[0] for c in same.calls[:pp]])
     assert np.isfinite(starts).all() and (starts >= 0).all()
-    slower = _zero_steps(ReplayBackend(ar_trace, comm_model=_ScaledComm(3.0)), steps)
+    slow = _ScaledComm(3.0)
+    slower = _zero_steps(ReplayBackend(ar_trace, comm_model=slow), steps)
     assert (slower >= null - 1e-9).all() and (slower > null + 1e-6).any()
+    # what the model saw in step 0: the longest DP instance of each stage's collective, as recorded
+    longest = sorted(ar_backend._transfer[p, 0].max() for p in ar_backend._paced)
+    np.testing.assert_allclose(sorted(c[1] for c in slow.calls[:pp]), longest)
 
 
 def test_a_replay_under_the_contention_model_is_never_faster_without_pacing(ar_trace: OpTrace) -> None:

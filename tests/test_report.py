@@ -234,15 +234,16 @@ def test_write_report_md(tmp_path, episodes):
 
 def test_a_tiny_change_keeps_its_sign_and_other_cells_no_negative_zero() -> None:
     """A loss too small for two decimals still reads as a loss (under the null model a replay can
-    only lose throughput); an unsigned cell that rounds to -0.00 prints 0.00."""
+    only lose throughput), an exact tie has no sign; an unsigned cell that rounds to -0.00 prints 0.00."""
     runs = {
         "none": {"throughput_it_per_s": 2.0, "comm_model": "null"},
         "pid": {"throughput_it_per_s": 1.99999, "comm_model": "null", "throughput_change_ci95_frac": 1e-4},
         "ewma": {"throughput_it_per_s": 2.0, "comm_model": "null", "throughput_change_ci95_frac": 0.0},
     }
     table = report.format_console_table(runs)
-    assert "-0.00 ±0.01" in table and "+0.00 ±0.00" in table
+    assert "-0.00 ±0.01" in table and " 0.00 ±0.00" in table and "+0.00" not in table  # a tie: no sign
     assert report.format_value(-1e-9, ".2f") == "0.00" and report.format_value(-1e-9, "+.2f") == "-0.00"
+    assert report.format_value(0.0, "+.2f") == "0.00" and report.format_value(1e-9, "+.2f") == "+0.00"
 
 
 def test_staged_outputs_move_files_and_folders_of_files_only_on_success(tmp_path) -> None:

@@ -144,9 +144,9 @@ def test_a_controller_that_never_paced_is_named(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "note: threshold never paced (delay total 0)" in proc.stdout
+    assert "note: never paced (delay total 0): threshold (on_threshold_s=100" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
-    assert "they reproduce no pacing" in summary["never_paced"]
+    assert "Their runs reproduce no pacing" in summary["never_paced"]
     assert (
         summary["runs"]["threshold"]["iteration_time_mean_s"]
         == summary["runs"]["none"]["iteration_time_mean_s"]
@@ -156,10 +156,12 @@ def test_a_controller_that_never_paced_is_named(tmp_path: Path) -> None:
         "none": {"pacing_delay_total_s": 0.0, "spread_median_s": 0.005},
         "pid": {"pacing_delay_total_s": 0.1},
     }
-    assert never_paced_line(paced, live=True) == ""
-    paced["ewma"] = {"pacing_delay_total_s": 0.0}
-    line = never_paced_line(paced, live=True)
-    assert line.startswith("ewma never paced") and "run-to-run noise" in line and "0.005 s" in line
+    assert never_paced_line(paced, {}, live=True) == ""
+    paced["forecast"] = {"pacing_delay_total_s": 0.0}
+    line = never_paced_line(paced, {"forecast": {"on_threshold_s": 0.0}}, live=True)
+    # no threshold to blame: no advice to lower one
+    assert line.startswith("never paced (delay total 0): forecast;") and "run-to-run noise" in line
+    assert "0.005 s" in line and "lower on_threshold_s" not in line
 
 
 def test_multirun_sweep(tmp_path: Path) -> None:

@@ -214,14 +214,22 @@ class ReplayBackend:
         clock, paced = self._clock_s, self._paced_mask
 
         def hook(nodes: IntArray, group_start: FloatArray, transfer: FloatArray) -> FloatArray:
-            # rows: the level's ops; trailing axis: DP ranks (each instance starts at its group's start)
+            # rows: the level's ops; last axis: DP ranks. A DP-synchronised collective (one start
+            # for every rank) is one transfer on the ring: its longest recorded instance runs
+            # through the model once and every rank's instance takes the same extra time, so the
+            # ranks still leave it together. Otherwise each DP rank's instance runs on its own.
             hit = np.flatnonzero(paced[nodes])
             if len(hit) == 0:
                 return transfer
             out = transfer.copy()
             for i in hit:
-                for j in np.ndindex(transfer.shape[1:]):
-                    out[(i, *j)] = contended_s(clock + float(group_start[(i, *j)]), float(transfer[(i, *j)]))
+                starts, recorded = group_start[i], transfer[i]
+                if np.all(starts == starts.flat[0]):
+                    longest = float(recorded.max())
+                    out[i] = recorded + (contended_s(clock + float(starts.flat[0]), longest) - longest)
+                    continue
+                for j in np.ndindex(recorded.shape):
+                    out[(i, *j)] = contended_s(clock + float(starts[j]), float(recorded[j]))
             return out
 
         return hook
