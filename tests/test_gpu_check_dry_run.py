@@ -135,12 +135,17 @@ def test_the_scripts_harness_runs_on_cpu(tmp_path) -> None:
         "ddp_delay_applied_piggyback_iteration_end",
         "ddp_delay_applied_piggyback_next_iteration_width4096_batch1024",
         "ddp_delay_applied_piggyback_next_iteration",
+        "ddp_delay_in_a_loop",
     }
     # the end-to-end checks are not timing: they pass here too, deferred bookkeeping included
     assert all(record["checks"][f"ddp_end_to_end_{m}"] for m in ("piggyback", "async", "collective"))
     deferred = record["ddp_delay_applied_piggyback_next_iteration"]
     assert np.isfinite(deferred["host_time_in_arrival_s"])
     assert set(deferred["complete_host_median_s"]) == {"undelayed", "delayed"}
+    # one model in a plain loop: both kinds of iteration compared (the first of each block is not)
+    loop = record["ddp_delay_in_a_loop"]
+    assert loop["iterations_compared"]["undelayed"] == 24 and loop["iterations_compared"]["delayed"] >= 20
+    assert loop["applied_delay_s"] and np.allclose(loop["applied_delay_s"], 0.005)
     assert "device_delay_precision" not in record  # CUDA only
     assert set(record["overhead_zero_delay"]["variants"]) == set(gpu_check.OVERHEAD_VARIANTS) - {"plain"}
     assert record["commit"] is None or isinstance(record["commit"], str)

@@ -67,6 +67,7 @@ STEPS = (
     "ddp_delay_applied_piggyback_iteration_end",
     "ddp_delay_applied_piggyback_next_iteration_width4096_batch1024",
     "ddp_delay_applied_piggyback_next_iteration",
+    "ddp_delay_in_a_loop",
     "overhead_zero_delay",
     "overhead_zero_delay_batch4096",
 )
@@ -341,11 +342,16 @@ def delayed_run(
         record["hook_call_to_enter_min_s"] = min(
             m["enter_s"][0] - m["hook_call_s"][0] for m in paced.marks[2:]
         )
+    return record, _judge(record, delay_s, applied)
+
+
+def _judge(record: dict[str, Any], delay_s: float, applied: list[float]) -> bool:
+    """The forced-delay criteria of :func:`delayed_run` on ``record`` (its bounds are added to it)."""
     growth = record["iteration_longer_by_median_s"]
     wait = record["delay_as_run_median_s"]
     record["growth_lower_bound_s"] = max(0.0, wait - record["slack_after_arrival_median_s"])
     record["growth_lower_bound_vacuous"] = record["growth_lower_bound_s"] == 0.0
-    ok = (
+    return (
         abs(record["arrival_later_by_median_s"] - record["delay_as_run_median_s"]) <= 0.2 * delay_s
         # (a vacuous lower bound, 0, gets the upper bound's noise margin)
         and 0.8 * record["growth_lower_bound_s"] - 0.1 * delay_s * record["growth_lower_bound_vacuous"]
@@ -355,7 +361,83 @@ def delayed_run(
         and bool(np.allclose(applied, delay_s, rtol=1e-12, atol=0.0))
         and abs(record["natural_minus_undelayed_arrival_median_s"]) < 0.5 * delay_s
     )
-    return record, ok
+
+
+def delayed_loop(
+    dev: Any,
+    delay_s: float = 0.005,
+    rounds: int = 6,
+    block: int = 5,
+    gather: str = "piggyback",
+    cuda_resolve: str = "next_iteration",
+    width: int = 4096,
+    batch: int = 1024,
+) -> tuple[dict[str, Any], bool]:
+    """Check 5c: :func:`delayed_run`'s criteria on one model trained as a real loop trains it.
+
+    No :meth:`Pacer.align` between steps: the host runs ahead of the device as it would in
+    training, and with ``cuda_resolve="next_iteration"`` each first bucket waits for the previous
+    iteration's end on the device, behind a delay that may still be running. Blocks of ``block``
+    undelayed and ``block`` delayed iterations alternate for ``rounds`` rounds; an iteration is
+    compared only when the one before it had the same delay (the first of each block is a
+    transition), undelayed against delayed, by medians. Arrival and iteration time come from the
+    pacer's device marks (one chain on device time).
+    """
+    import torch
+
+    _, step, pacer = setup(dev, gather, cuda_resolve, width, batch)
+    for _ in range(3):  # DDP rebuilds its buckets after iteration 0
+        step(0.0)
+    pacer.flush()  # the warm-up's figures stay in the warm-up's log
+    pacer.align()
+    pacer.reset_log()
+    for _ in range(rounds):
+        for delay in (0.0, delay_s):
+            for _ in range(block):
+                pacer._next_delay = delay  # step() forces only a delay, not its end
+                step(delay)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    pacer.flush()
+    obs = pacer.observations
+    if not len(obs) == len(pacer.delay_actual_s) == len(pacer.complete_s) == rounds * 2 * block:
+        raise RuntimeError(
+            f"{len(obs)} observations, {len(pacer.delay_actual_s)} delays as run and "
+            f"{len(pacer.complete_s)} completions for {rounds * 2 * block} iterations"
+        )
+    applied = np.array([float(o.applied_delay_s[0]) for o in obs])
+    same = np.r_[False, applied[1:] == applied[:-1]]  # not the first of a block
+    slow, fast = same & (applied > 0), same & (applied == 0)
+    it = np.array([o.iteration_time_s for o in obs])
+    arr = np.array([o.arrival_s[0] for o in obs])
+    waited = np.array(pacer.delay_actual_s)
+    record: dict[str, Any] = {
+        "delay_s": delay_s,
+        "workload": f"mlp width {width} depth 4 batch {batch}, one model, no align() between steps",
+        "iterations_compared": {"undelayed": int(fast.sum()), "delayed": int(slow.sum())},
+        "iteration_median_s": {
+            "undelayed": float(np.median(it[fast])),
+            "delayed": float(np.median(it[slow])),
+        },
+        "iteration_longer_by_median_s": float(np.median(it[slow]) - np.median(it[fast])),
+        "arrival_later_by_median_s": float(np.median(arr[slow]) - np.median(arr[fast])),
+        "delay_as_run_median_s": float(np.median(waited[slow])),
+        "slack_after_arrival_median_s": float(np.median(it[fast] - arr[fast])),
+        "arrival_median_s": {
+            "undelayed": float(np.median(arr[fast])),
+            "delayed": float(np.median(arr[slow])),
+        },
+        "natural_minus_undelayed_arrival_median_s": float(
+            np.median(arr[slow] - applied[slow]) - np.median(arr[fast])
+        ),
+        "applied_delay_s": sorted(set(applied[slow].tolist())),
+        "complete_host_median_s": {
+            "undelayed": float(np.median(np.array(pacer.complete_s)[fast])),
+            "delayed": float(np.median(np.array(pacer.complete_s)[slow])),
+        },
+    }
+    record["host_time_in_arrival_s"] = record["arrival_later_by_median_s"] - record["delay_as_run_median_s"]
+    return record, _judge(record, delay_s, record["applied_delay_s"])
 
 
 def _commit() -> str | None:
@@ -570,6 +652,12 @@ def main(argv: list[str] | None = None) -> int:
     # --cpu: the same steps on a tiny model, for the harness only (the record's "workload" says so)
     tiny = {"rounds": 2, "block": 1, "width": 64} if args.cpu else {}
 
+    def delay_in_a_loop() -> None:
+        # the default exchange and resolution on a device-bound model, as training runs them
+        checks["ddp_delay_in_a_loop"] = False  # until it has run
+        size = {"width": 64, "batch": 64} if args.cpu else {}
+        out["ddp_delay_in_a_loop"], checks["ddp_delay_in_a_loop"] = delayed_loop(dev, **size)
+
     def overhead_on_gpu() -> None:
         out["overhead_zero_delay"] = overhead(dev, **tiny)
 
@@ -598,6 +686,7 @@ def main(argv: list[str] | None = None) -> int:
             ("piggyback", "next_iteration"),
         ):
             step(*delayed(*delayed_mode))
+        step("ddp_delay_in_a_loop", delay_in_a_loop)
         step("overhead_zero_delay", overhead_on_gpu)
         step("overhead_zero_delay_batch4096", overhead_longer_iteration)
     finally:
