@@ -19,6 +19,7 @@ import pickle
 import signal
 import socket
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
@@ -342,6 +343,9 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
             # A peer died: let the agent notice that rank's exit first (it is the root cause; a
             # fork-started job reports only the first exit it sees), then fail with this error.
             time.sleep(PEER_ERROR_EXIT_DELAY_S)
+        # the finished frames of the traceback hold the runs (their DDP models) too: let them go
+        # below, before the group (the printed traceback needs no local variables)
+        traceback.clear_frames(err.__traceback__)
         raise
     finally:
         # Drop the DDP models before the process group. One still alive when its group is destroyed
