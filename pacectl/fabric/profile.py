@@ -450,8 +450,10 @@ class ReplayContention:
     absolute replay time ``t`` (steps laid end to end): the recorded time's worth of bytes at the
     free rate, integrated over the cross traffic's bursts
     (:meth:`~pacectl.fabric.contention.ContentionComm.scaled_time_s`), so a long transfer runs into
-    and out of bursts as its own length says. Other ops keep their recorded times. Early-arrival
-    interference is simulator-only.
+    and out of bursts as its own length says. The DP ranks of one collective leave it together: its
+    longest recorded instance is the one run through the model, and every rank's instance takes the
+    same extra time (``ReplayBackend._transfer_hook``). Other ops keep their recorded times.
+    Early-arrival interference is simulator-only.
 
     An approximation to keep in mind: the model is the all-reduce ring of all ``num_ranks`` ranks
     (the trace's world size, filling nodes in rank order), so whether the bursts reach it is decided
