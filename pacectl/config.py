@@ -462,6 +462,8 @@ def validate_run_config(cfg: DictConfig, *, other_keys: frozenset[str] = frozens
         if not isinstance(value, bool):
             raise ConfigError(f"output.{key} must be true or false, got {value!r}")
     _check_known_keys(cfg)
+    if cfg.get("guard") is not None:  # the guard checks its own values: here, before any work
+        controller_factory("none", {}, cfg.guard)()
     analysis = cfg.get("analysis")
     if analysis is not None and not isinstance(analysis.get("whatif", True), bool):
         raise ConfigError(f"analysis.whatif must be true or false, got {analysis.get('whatif')!r}")

@@ -264,6 +264,7 @@ def test_a_trace_file_replays_by_its_path(tmp_path: Path) -> None:
         (["~guard"], "removing config keys is not supported"),
         (["trace=st", "trace.path="], "trace.path must name a file, got an empty value"),
         (["analysis.whatif=maybe"], "analysis.whatif must be true or false, got 'maybe'"),
+        (["guard.max_delay_frac=nan"], "max_delay_frac must be a finite number > 0, got nan"),
         # a simulation too large for memory stops before it allocates anything
         (["backend=sim", "backend.num_ranks=100000000", "backend.num_iterations=100000"], "GB of memory"),
         # without torch, the live backend says so before anything else
