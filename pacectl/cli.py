@@ -34,6 +34,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from pacectl.errors import ConfigError, PacectlError
+from pacectl.files import folder_problem
 
 #: What Hydra puts into a run directory before the job runs: its config snapshot and job log.
 _HYDRA_FILES = (".hydra",)
@@ -236,30 +237,6 @@ def run_dir_argument_error(argv: list[str]) -> str | None:
             return f"{key} must be a folder (new or existing), but {where} is a file; pick another path"
         if problem:
             return f"{key}={value}: {problem}; pick a folder you can write to"
-    return None
-
-
-def folder_problem(path: str | os.PathLike[str]) -> str | None:
-    """Why ``path`` cannot become (or be) a folder to write outputs into, or None.
-
-    Checked without leaving anything behind: no part of the path may be an existing file, and the
-    deepest existing folder must accept a new folder (permissions, a read-only file system, or a
-    pseudo file system such as ``/proc``; probed with a temporary folder, removed at once).
-    """
-    import tempfile
-
-    target = Path(path)
-    for p in (target, *target.parents):
-        if p.exists() and not p.is_dir():
-            return f"{p} is a file, not a folder"
-        if p.is_dir():
-            if not os.access(p, os.W_OK | os.X_OK):
-                return f"{p} is not writable (permission denied)"
-            try:
-                os.rmdir(tempfile.mkdtemp(prefix=".pacectl-probe-", dir=p))
-            except OSError as err:
-                return f"{p} does not accept new folders ({err.strerror or type(err).__name__})"
-            return None
     return None
 
 

@@ -1,6 +1,6 @@
 """Outputs of a run directory: ``summary.json``, ``iterations.parquet``, PNG plots and ``report.md``.
 
-Every writer goes through :func:`atomic_path`: it writes a hidden temporary file in the target's
+Every writer goes through :func:`pacectl.files.atomic_path`: it writes a hidden temporary file in the target's
 directory and ``os.replace``-s it over the target only on success, so a reader (or a crashed run)
 never sees a half-written output. Plots use matplotlib's object API (``matplotlib.figure.Figure``,
 rendered by the Agg canvas) rather than ``pyplot``, so no global figure state is created or leaked and
@@ -20,15 +20,14 @@ import json
 import math
 import numbers
 import os
-import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from pacectl.files import atomic_path, atomic_write_text
 from pacectl.types import Episode
 
 NULL_MODEL_NOTE = "fixed durations: pacing cannot shorten an iteration"
@@ -56,89 +55,6 @@ FRAME_COLUMNS = (
     "iteration_time_s",
     "pacing_active",
 )
-
-
-# --- atomic writes --------------------------------------------------------------------------------
-
-
-@contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; move it onto ``path`` only if the block succeeds.
-
-    The temporary file is hidden (``.<name>.<random>.tmp``) and in the same directory, so the final
-    ``os.replace`` is atomic on POSIX. On an exception the temporary file is removed and the
-    exception propagates; an existing ``path`` is left untouched. Missing parent directories are
-    created.
-
-    Args:
-        path: final destination.
-
-    Yields:
-        The temporary path to write to (not created yet).
-
-    Example:
-        >>> import tempfile, pathlib
-        >>> target = pathlib.Path(tempfile.mkdtemp()) / "out.txt"
-        >>> with atomic_path(target) as tmp:
-        ...     _ = tmp.write_text("done")
-        >>> target.read_text()
-        'done'
-    """
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        yield tmp
-        with open(tmp, "rb") as f:  # flush to disk before the rename makes it visible
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-@contextmanager
-def staged_outputs(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a hidden staging folder inside ``out_dir``; move its files into ``out_dir`` on success.
-
-    A run writes all its outputs into the staging folder (files, and folders of files such as
-    ``records/``); only when every writer succeeded are they moved into place (each file with an
-    atomic ``os.replace``), so a failed run leaves none of them.
-
-    Raises:
-        IsADirectoryError: an output file's path is taken by something that is not a file;
-            NotADirectoryError: an output folder's path is taken by a file (nothing is moved then).
-    """
-    import shutil
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stage = out / f".staging-{uuid.uuid4().hex[:8]}"
-    stage.mkdir()
-    try:
-        yield stage
-        files = sorted(p.relative_to(stage) for p in stage.rglob("*") if p.is_file())
-        for f in files:  # check every target before moving any
-            folder = out / f.parent
-            if folder.exists() and not folder.is_dir():
-                raise NotADirectoryError(
-                    f"output folder {folder} exists and is not a folder; remove it or pick another run dir"
-                )
-            if (out / f).exists() and not (out / f).is_file():
-                raise IsADirectoryError(
-                    f"output path {out / f} exists and is not a file; remove it or pick another run dir"
-                )
-        for f in files:
-            (out / f).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(stage / f, out / f)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`atomic_path`)."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
 
 
 # --- summary.json ---------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from omegaconf.errors import MissingMandatoryValue
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from pacectl import cli, metrics, report, whatif
+from pacectl import cli, files, metrics, report, whatif
 from pacectl.config import CONF_DIR, config_int, controller_families, load_trace, validate_run_config
 from pacectl.errors import ConfigError, PacectlError, one_line_warning, one_line_warnings
 from pacectl.experiment import make_experiment
@@ -182,7 +182,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
     records = record_folder(out_dir) if record_folder is not None else None
     if records is not None:
         summary["records_dir"] = str(records)
-    with report.staged_outputs(out_dir) as stage:
+    with files.staged_outputs(out_dir) as stage:
         if cfg.output.get("iterations", True):
             report.write_iterations_parquet(stage / "iterations.parquet", episodes)
         if cfg.output.plots:
@@ -449,11 +449,11 @@ def run_whatif(cfg: DictConfig, out_dir: Path) -> whatif.WhatIfResult:
             f"analysis.timeline_step_index must be in [0, {backend.num_iterations}), got {step_index}"
         )
     result = whatif.analyze(backend)
-    with report.staged_outputs(out_dir) as stage:
+    with files.staged_outputs(out_dir) as stage:
         if cfg.output.plots:
             whatif.plot_heatmap(stage / "whatif_heatmap.png", result)
         whatif.write_timeline(stage / "timeline.json", backend, step_index=step_index)
-        report.atomic_write_text(stage / "whatif.json", json.dumps(result.to_json(), indent=2) + "\n")
+        files.atomic_write_text(stage / "whatif.json", json.dumps(result.to_json(), indent=2) + "\n")
     return result
 
 

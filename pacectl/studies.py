@@ -17,9 +17,9 @@ import pandas as pd
 from hydra import compose
 
 from pacectl import metrics
-from pacectl.cli import folder_problem
 from pacectl.config import controller_families
 from pacectl.experiment import SimExperiment
+from pacectl.files import folder_problem
 from pacectl.types import Episode
 
 #: Summary figures a cell averages over seeds (see :func:`pacectl.metrics.summarize`).

@@ -82,7 +82,8 @@ from pacectl.config import (
 from pacectl.controllers import CONTROLLERS
 from pacectl.controllers.units import UNITS
 from pacectl.errors import ConfigError, PacectlError, one_line_warnings, unknown_keys_error
-from pacectl.report import atomic_write_text, comm_model_note, jsonable, staged_outputs
+from pacectl.files import atomic_write_text, staged_outputs
+from pacectl.report import comm_model_note, jsonable
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet, build_scenarios
 from pacectl.tuning.space import SearchSpace, load_space
 from pacectl.tuning.study import (

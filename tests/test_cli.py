@@ -349,18 +349,6 @@ def test_a_controller_key_beside_a_controller_file_points_at_the_file(capsys) ->
     assert "change gain in that file" in err and "controller=all" not in err
 
 
-def test_folder_problem_names_what_stops_a_folder(tmp_path: Path) -> None:
-    afile = tmp_path / "afile"
-    afile.write_text("x")
-    assert cli.folder_problem(afile / "out") == f"{afile} is a file, not a folder"
-    assert cli.folder_problem(tmp_path / "new" / "deeper") is None
-    assert not (tmp_path / "new").exists() and not any(
-        p.name.startswith(".pacectl-probe") for p in tmp_path.iterdir()
-    )
-    if Path("/proc/self").is_dir():  # a pseudo file system takes no folders, root included
-        assert "does not accept new folders" in (cli.folder_problem("/proc/pacectl-test") or "")
-
-
 def test_a_folder_of_records_is_no_trace_but_says_which_file_to_name(capsys, tmp_path: Path) -> None:
     records = tmp_path / "records"
     records.mkdir()

@@ -84,35 +84,6 @@ def test_write_summary_json_unencodable_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-# --- atomic writes --------------------------------------------------------------------------------
-
-
-def test_atomic_path_failure_midway_leaves_no_partial_file(tmp_path):
-    path = tmp_path / "out.txt"
-    with pytest.raises(RuntimeError, match="boom"), report.atomic_path(path) as tmp:
-        tmp.write_text("half written")
-        raise RuntimeError("boom")
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_atomic_path_failure_keeps_previous_file(tmp_path):
-    path = tmp_path / "out.txt"
-    report.atomic_write_text(path, "old")
-    with pytest.raises(RuntimeError), report.atomic_path(path) as tmp:
-        tmp.write_text("new but broken")
-        raise RuntimeError("boom")
-    assert path.read_text() == "old"
-    assert _leftovers(tmp_path) == []
-
-
-def test_atomic_write_text_replaces_and_creates_parents(tmp_path):
-    path = tmp_path / "a" / "b" / "out.txt"
-    report.atomic_write_text(path, "one")
-    report.atomic_write_text(path, "two")
-    assert path.read_text() == "two"
-    assert [p.name for p in path.parent.iterdir()] == ["out.txt"]
-
-
 # --- iterations.parquet ---------------------------------------------------------------------------
 
 
@@ -244,29 +215,3 @@ def test_a_tiny_change_keeps_its_sign_and_other_cells_no_negative_zero() -> None
     assert "-0.00 ±0.01" in table and " 0.00 ±0.00" in table and "+0.00" not in table  # a tie: no sign
     assert report.format_value(-1e-9, ".2f") == "0.00" and report.format_value(-1e-9, "+.2f") == "-0.00"
     assert report.format_value(0.0, "+.2f") == "0.00" and report.format_value(1e-9, "+.2f") == "+0.00"
-
-
-def test_staged_outputs_move_files_and_folders_of_files_only_on_success(tmp_path) -> None:
-    import pytest
-
-    from pacectl.report import staged_outputs
-
-    with staged_outputs(tmp_path) as stage:
-        (stage / "summary.json").write_text("{}")
-        (stage / "records").mkdir()
-        (stage / "records" / "none.parquet").write_text("x")
-    assert (tmp_path / "summary.json").is_file() and (tmp_path / "records" / "none.parquet").is_file()
-    with pytest.raises(RuntimeError), staged_outputs(tmp_path / "failed") as stage:
-        (stage / "records").mkdir()
-        (stage / "records" / "pid.parquet").write_text("x")
-        raise RuntimeError("a writer failed")
-    assert list((tmp_path / "failed").iterdir()) == []  # nothing moved, no staging folder left
-    (tmp_path / "blocked").mkdir()
-    (tmp_path / "blocked" / "records").write_text("a file where the folder goes")
-    with (
-        pytest.raises(NotADirectoryError, match="records exists and is not a folder"),
-        staged_outputs(tmp_path / "blocked") as stage,
-    ):
-        (stage / "records").mkdir()
-        (stage / "records" / "none.parquet").write_text("x")
-    assert sorted(p.name for p in (tmp_path / "blocked").iterdir()) == ["records"]

@@ -29,7 +29,7 @@ from hydra import initialize_config_dir
 
 from pacectl.config import CONF_DIR
 from pacectl.errors import one_line_warnings
-from pacectl.report import atomic_path, staged_outputs
+from pacectl.files import atomic_path, staged_outputs
 from pacectl.studies import change_text, comm_text, markdown_table, sim_cell, study_arguments
 
 SCALES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)

@@ -28,7 +28,7 @@ from hydra import initialize_config_dir
 from pacectl import metrics
 from pacectl.config import CONF_DIR
 from pacectl.errors import one_line_warnings
-from pacectl.report import atomic_path, staged_outputs
+from pacectl.files import atomic_path, staged_outputs
 from pacectl.studies import (
     change_text,
     combined_half_width,

@@ -34,9 +34,9 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 
-from pacectl.cli import folder_problem
 from pacectl.config import CONF_DIR, shipped_controller
-from pacectl.report import jsonable, staged_outputs
+from pacectl.files import folder_problem, staged_outputs
+from pacectl.report import jsonable
 from pacectl.tune import reference_params, run_tuning
 from pacectl.tuning.scenarios import Evaluation, build_scenarios
 

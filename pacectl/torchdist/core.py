@@ -36,6 +36,27 @@ from pacectl.errors import ConfigError, PacectlError, unknown_keys_error
 from pacectl.traces.model import JobMeta, OpTrace, validate_ops
 from pacectl.types import Action, Episode, FloatArray, Observation
 
+#: Exit code of a rank that ``backend.fault`` stops on purpose (tests of the dead-rank path).
+FAULT_EXIT_CODE = 17
+
+
+#: Error text of a rank that failed because a peer did (dead connection, collective timeout).
+_PEER_ERROR_MARKS = (
+    "by peer",
+    "connection closed",
+    "connection reset",
+    "timed out",
+    "timeout",
+    "broken pipe",
+)
+
+
+def is_peer_error(text: str) -> bool:
+    """Whether an error message only reports a lost peer or a collective timeout."""
+    lowered = text.lower()
+    return any(m in lowered for m in _PEER_ERROR_MARKS)
+
+
 #: Per-rank figures exchanged once per iteration (one float64 each), in this order; see
 #: :mod:`pacectl.torchdist.pacer` for the three ways (a tiny all-reduce, async or blocking, or
 #: piggybacked on bucket 0).

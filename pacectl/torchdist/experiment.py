@@ -47,7 +47,7 @@ def _check_writable(folder: Path) -> None:
     Raises:
         ConfigError: naming ``backend.record_dir``, the folder and the reason.
     """
-    from pacectl.cli import folder_problem
+    from pacectl.files import folder_problem
 
     problem = folder_problem(folder)
     if problem:

@@ -21,9 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pacectl.errors import BackendError
-
-#: Exit code of a rank that ``backend.fault`` stops on purpose (tests of the dead-rank path).
-FAULT_EXIT_CODE = 17
+from pacectl.torchdist.core import FAULT_EXIT_CODE, is_peer_error
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -133,23 +131,6 @@ def launch_workers(
     finally:
         if quiet:
             logging.disable(logging.NOTSET)
-
-
-#: Error text of a rank that failed because a peer did (dead connection, collective timeout).
-_PEER_ERROR_MARKS = (
-    "by peer",
-    "connection closed",
-    "connection reset",
-    "timed out",
-    "timeout",
-    "broken pipe",
-)
-
-
-def is_peer_error(text: str) -> bool:
-    """Whether an error message only reports a lost peer or a collective timeout."""
-    lowered = text.lower()
-    return any(m in lowered for m in _PEER_ERROR_MARKS)
 
 
 def _root_failure(failures: dict[int, Any]) -> tuple[int, Any]:

@@ -35,16 +35,17 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from pacectl.errors import one_line_warnings
 from pacectl.torchdist.core import (
     BUILTIN_DIST_BACKEND,
+    FAULT_EXIT_CODE,
     DecisionEngine,
     StragglerSpec,
     common_periods,
     episode_from_log,
+    is_peer_error,
     marks_to_ops,
     rows_to_trace,
     shared_clock_marks,
     straggler_schedule,
 )
-from pacectl.torchdist.launch import FAULT_EXIT_CODE, is_peer_error
 from pacectl.torchdist.pacer import Pacer
 
 #: Seconds a rank that lost a peer waits before it fails (see :func:`worker_main`).

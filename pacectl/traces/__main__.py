@@ -271,7 +271,7 @@ def _check_output(out: Path) -> None:
             f"-o {out}: the canonical trace is a Parquet file, so its name must end in .parquet "
             f"(e.g. {out.with_suffix('.parquet')}); nothing was written"
         )
-    from pacectl.cli import folder_problem
+    from pacectl.files import folder_problem
 
     problem = folder_problem(out.parent)
     if problem:

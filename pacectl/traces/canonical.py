@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pacectl.errors import TraceError
-from pacectl.report import atomic_path
+from pacectl.files import atomic_path
 from pacectl.traces.model import (
     CANONICAL_COLUMNS,
     TIME_UNITS,

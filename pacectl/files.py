@@ -1,0 +1,131 @@
+"""Writing outputs safely: atomic files, staged run folders, and the check that a folder can be written.
+
+Every writer of pacectl (run outputs, tuned controller files, converted traces, experiment records)
+goes through :func:`atomic_path` or :func:`staged_outputs`, so a reader (or a crashed run) never
+sees a half-written output, and a run that fails leaves no output behind. This module sits below
+every layer that writes files (importers, the report, the entry points) and imports nothing of
+pacectl.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; move it onto ``path`` only if the block succeeds.
+
+    The temporary file is hidden (``.<name>.<random>.tmp``) and in the same directory, so the final
+    ``os.replace`` is atomic on POSIX. On an exception the temporary file is removed and the
+    exception propagates; an existing ``path`` is left untouched. Missing parent directories are
+    created.
+
+    Args:
+        path: final destination.
+
+    Yields:
+        The temporary path to write to (not created yet).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> target = pathlib.Path(tempfile.mkdtemp()) / "out.txt"
+        >>> with atomic_path(target) as tmp:
+        ...     _ = tmp.write_text("done")
+        >>> target.read_text()
+        'done'
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:  # flush to disk before the rename makes it visible
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def _existing_ancestor(path: Path) -> Path:
+    return next(p for p in (path, *path.parents) if p.is_dir())
+
+
+@contextmanager
+def staged_outputs(out_dir: str | os.PathLike[str], *, append: Sequence[str] = ()) -> Iterator[Path]:
+    """Yield a hidden staging folder; move its files into ``out_dir`` when the block succeeds.
+
+    A run writes all its outputs into the staging folder (files, and folders of files such as
+    ``records/``); only when the block succeeds is ``out_dir`` created (with its parents) and are
+    the files moved into place (each with an atomic ``os.replace``), so a failed run leaves none of
+    them, and no folder either. The staging folder lies in the deepest folder of ``out_dir``'s path
+    that exists already (``out_dir`` itself when it exists), so the moves stay on one file system.
+
+    Args:
+        out_dir: the run folder.
+        append: names of staged files (logs) that are appended to a file of the same name already
+            in ``out_dir`` (a rerun into the same folder) instead of replacing it.
+
+    Raises:
+        IsADirectoryError: an output file's path is taken by something that is not a file;
+            NotADirectoryError: an output folder's path is taken by a file (nothing is moved then).
+    """
+    out = Path(out_dir).absolute()
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=_existing_ancestor(out)))
+    try:
+        yield stage
+        files = sorted(p.relative_to(stage) for p in stage.rglob("*") if p.is_file())
+        for f in files:  # check every target before moving any
+            for folder in (out / f).parents:
+                if folder.exists() and not folder.is_dir():
+                    raise NotADirectoryError(
+                        f"output folder {folder} exists and is not a folder; remove it or pick another run dir"
+                    )
+            if (out / f).exists() and not (out / f).is_file():
+                raise IsADirectoryError(
+                    f"output path {out / f} exists and is not a file; remove it or pick another run dir"
+                )
+        for f in files:
+            (out / f).parent.mkdir(parents=True, exist_ok=True)
+            if str(f) in append and (out / f).is_file():
+                with open(out / f, "ab") as target:
+                    target.write((stage / f).read_bytes())
+            else:
+                os.replace(stage / f, out / f)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def folder_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot become (or be) a folder to write outputs into, or None.
+
+    Checked without leaving anything behind: no part of the path may be an existing file, and the
+    deepest existing folder must accept a new folder (permissions, a read-only file system, or a
+    pseudo file system such as ``/proc``; probed with a temporary folder, removed at once).
+    """
+    target = Path(path)
+    for p in (target, *target.parents):
+        if p.exists() and not p.is_dir():
+            return f"{p} is a file, not a folder"
+        if p.is_dir():
+            if not os.access(p, os.W_OK | os.X_OK):
+                return f"{p} is not writable (permission denied)"
+            try:
+                os.rmdir(tempfile.mkdtemp(prefix=".pacectl-probe-", dir=p))
+            except OSError as err:
+                return f"{p} does not accept new folders ({err.strerror or type(err).__name__})"
+            return None
+    return None
