@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,7 +43,10 @@ class Experiment(Protocol):
     ``(None, 0)``: blocks of sqrt(n). ``iterations_per_run``: the
     iterations of one run, for a progress bar that counts iterations; absent counts whole runs.
     ``describe_steps``: units of work :meth:`describe` reports through ``on_step`` (replay: the
-    what-if replays); absent or 0: none.
+    what-if replays); absent or 0: none. ``job_shift_note``: why a job-level shift (the ``phase``
+    controller) cannot change any duration here, e.g. no other traffic on the job's links; absent
+    or None: it can. ``sleep_wait_note``: what waiting asleep (``sleep_wait``) changes here, in
+    words. :func:`controller_notes` turns both into the run's lines.
     """
 
     backend_name: str
@@ -119,6 +122,19 @@ class ReplayExperiment(_ClosedLoop):
         self.comm_model = comm.name
         self.comm_description = comm.description
         self.comm_timing_dependent = bool(comm.timing_dependent)
+        if comm.timing_dependent:
+            self.job_shift_note: str | None = None
+        elif comm.name == "null":
+            self.job_shift_note = "one recorded job replayed with fixed durations, comm=null"
+        else:
+            reason = getattr(comm, "inert_reason", None) or "its durations are fixed"
+            self.job_shift_note = (
+                f"one recorded job, and comm={comm.name} has nothing that varies here: {reason}"
+            )
+        self.sleep_wait_note = (
+            "the replay models no early-arrival interference (max-plus; comm=contention in replay "
+            "models link sharing only), so sleep_wait equals no pacing here"
+        )
         self.describe_steps = 0
         if cfg.analysis.get("whatif", True):
             from pacectl import whatif
@@ -276,6 +292,7 @@ class SimExperiment(_ClosedLoop):
         self.comm_model = self.backend.comm_model
         self.comm_description = self.backend.comm_description
         self.comm_timing_dependent = self.backend.comm_timing_dependent
+        self.job_shift_note, self.sleep_wait_note = _sim_notes(comm, interference, num_ranks)
         self.recorded: dict[str, OpTrace] = {}
 
     def describe(self, on_step: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -319,6 +336,56 @@ class SimExperiment(_ClosedLoop):
             (out_dir / "records").mkdir(exist_ok=True)
         for family, trace in self.recorded.items():
             write_canonical(trace, out_dir / "records" / f"{family}.parquet")
+
+
+def controller_notes(experiment: Any, families: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The run's warnings and notes about what ``phase`` and ``sleep_wait`` can change on it.
+
+    Args:
+        experiment: the :class:`Experiment` (its optional ``job_shift_note`` and ``sleep_wait_note``).
+        families: the runs (controller family -> parameters).
+
+    Returns:
+        ``(warnings, notes)``: ``phase`` with no other traffic on its links is a warning (it cannot
+        do anything: a silent zero would look like a result); what ``sleep_wait`` changes is a note.
+    """
+    warned, noted = [], []
+    why = getattr(experiment, "job_shift_note", None)
+    if "phase" in families and why:
+        warned.append(
+            f"phase: no other traffic shares this job's links ({why}); a job-level shift cannot change "
+            "any duration here, so phase applies no delay (cluster=shared_uplink puts two jobs on one "
+            "uplink; cross traffic on the ring's links also gives it something to move against)"
+        )
+    wait = getattr(experiment, "sleep_wait_note", None)
+    if "sleep_wait" in families and wait:
+        noted.append(f"sleep_wait: {wait}")
+    return warned, noted
+
+
+def _sim_notes(comm: Any, interference: Any, num_ranks: int, *, jobs: int = 1) -> tuple[str | None, str]:
+    """``(job_shift_note, sleep_wait_note)`` of a simulated run (see :class:`Experiment`)."""
+    if jobs > 1 and comm.name == "contention":
+        shift = None
+    elif comm.timing_dependent:
+        shift = None  # the square-wave cross traffic: a shift moves the collective against it
+    elif jobs > 1:
+        shift = f"comm={comm.name}: fixed durations, the jobs' collectives share nothing"
+    else:
+        shift = f"one job and comm={comm.name}" + (
+            f" with no cross traffic that varies ({comm.inert_reason})" if comm.name == "contention" else ""
+        )
+    if interference.active(num_ranks):
+        wait = (
+            f"it removes exactly the early-arrival interference term (kappa {interference.kappa:g}, "
+            "spinning waiters only): the bar a per-rank controller must beat on this run"
+        )
+    else:
+        wait = (
+            "no early-arrival interference on this run (kappa 0, a comm model without it, or one rank "
+            "per node), so sleep_wait equals no pacing here"
+        )
+    return shift, wait
 
 
 #: backend.name -> "module:Class" of its :class:`Experiment` (imported on first use).

@@ -68,7 +68,7 @@ class ExchangeSchedule:
 
 def run_episode(
     backend: Backend,
-    make_controller: Callable[[], Controller],
+    make_controller: Callable[[], Controller] | Sequence[Callable[[], Controller]],
     *,
     seed: int = 0,
     num_iterations: int | None = None,
@@ -77,69 +77,117 @@ def run_episode(
 ) -> Episode:
     """Run one closed-loop episode.
 
+    Lockstep backends (replay, sim) run iteration k of every domain in one ``step``. A backend
+    whose domains keep their own clocks (``independent_clocks``: several jobs on one fabric, see
+    :meth:`pacectl.types.Backend.step`) returns from each ``step`` the domains whose iteration ended
+    then; each domain's controller acts at that domain's own iteration boundaries, its decisions
+    travel by its own :class:`ExchangeSchedule`, and the episode records each domain's first
+    ``num_iterations`` iterations (row k of a domain is its own k-th iteration). The episode ends
+    when every domain has recorded that many; a domain that got there first keeps running (its
+    controller acting, its traffic on the fabric) meanwhile. For a lockstep backend this is exactly
+    the one-step-per-iteration loop of the module docstring.
+
     Args:
         backend: any :class:`~pacectl.types.Backend`.
-        make_controller: factory called once per domain (each domain gets its own state).
+        make_controller: factory called once per domain (each domain gets its own state), or one
+            factory per domain, in domain order (a job pinned to its own controller).
         seed: seeds the backend and each controller's ``rng`` (``default_rng([seed, domain])``).
         num_iterations: stop early after this many iterations (default: the backend's length).
-        on_iteration: called after every iteration (e.g. a progress bar's ``update``).
+        on_iteration: called each time every domain has recorded one more iteration (e.g. a
+            progress bar's ``update``): once per iteration of a lockstep backend.
         exchange: when decisions apply (default ``ExchangeSchedule()``: from the next iteration).
 
     Returns:
-        The columnar :class:`~pacectl.types.Episode`. ``pacing_active`` and the diagnostics of
-        iteration ``k`` are those of the decision that paced ``k``, whatever the lag.
+        The columnar :class:`~pacectl.types.Episode`. ``pacing_active``, ``wait_asleep`` and the
+        diagnostics of iteration ``k`` are those of the decision that paced ``k``, whatever the lag.
+        With independent clocks it also holds ``domain_iteration_time_s``, and its
+        ``iteration_time_s`` is the row's mean over domains.
+
+    Raises:
+        ValueError: a sequence of factories whose length is not the number of domains.
     """
     schedule = ExchangeSchedule() if exchange is None else exchange
     domains = backend.domains
-    controllers = [make_controller() for _ in domains]
+    if isinstance(make_controller, Sequence):
+        factories = list(make_controller)
+        if len(factories) != len(domains):
+            raise ValueError(
+                f"make_controller must give one factory per domain ({len(domains)}), got {len(factories)}"
+            )
+    else:
+        factories = [make_controller] * len(domains)
+    controllers = [factory() for factory in factories]
     for d, (ctrl, dom) in enumerate(zip(controllers, domains, strict=True)):
         ctrl.reset(len(dom.ranks), np.random.default_rng([seed, d]))
     backend.reset(seed=seed)
     n_iter = backend.num_iterations if num_iterations is None else min(num_iterations, backend.num_iterations)
+    independent = bool(getattr(backend, "independent_clocks", False))
     num_ranks = len(backend.rank_labels)
+    num_domains = len(domains)
     rec = {
         key: np.zeros((n_iter, num_ranks))
         for key in ("arrival_s", "applied_delay_s", "natural_arrival_s", "wait_s")
     }
     iteration_time = np.zeros(n_iter)
-    collective_time = np.zeros((n_iter, len(domains)))
+    domain_time = np.zeros((n_iter, num_domains))
+    collective_time = np.zeros((n_iter, num_domains))
+    asleep = np.zeros((n_iter, num_domains), dtype=np.bool_)
     # Row k holds the controller state that decided iteration k's delays (taken after act() on
     # the observation whose decision paces k: k-1 with lag 1), so pacing_active lines up with
     # applied_delay_s. Iteration 0 is never paced.
-    diag_rows: list[list[dict[str, float]]] = []
+    diag_rows: list[list[dict[str, float]]] = [[{} for _ in domains] for _ in range(n_iter)]
     deciding: list[dict[str, float]] = [{"active": 0.0} for _ in domains]
-    actions: Sequence[Action] = [Action.zeros(len(dom.ranks)) for dom in domains]
-    # decisions taken but not applied yet: (first iteration they pace, actions, diagnostics)
-    in_flight: deque[tuple[int, Sequence[Action], list[dict[str, float]]]] = deque()
+    actions: list[Action] = [Action.zeros(len(dom.ranks)) for dom in domains]
+    # per domain, decisions taken but not applied yet: (first iteration they pace, action, diagnostics)
+    in_flight: list[deque[tuple[int, Action, dict[str, float]]]] = [deque() for _ in domains]
     columns = [_columns(dom.ranks) for dom in domains]
-    for k in range(n_iter):
-        while in_flight and in_flight[0][0] <= k:
-            _, actions, deciding = in_flight.popleft()
+    counts = [0] * num_domains  # iterations each domain has run
+    ready: list[int] = list(range(num_domains))  # domains whose next iteration starts now
+    progressed = 0
+    while min(counts) < n_iter:
+        for d in ready:
+            pending = in_flight[d]
+            while pending and pending[0][0] <= counts[d]:
+                _, actions[d], deciding[d] = pending.popleft()
         observations: list[Observation] = backend.step(actions)
-        iteration_time[k] = observations[0].iteration_time_s
-        for d, (obs, idx) in enumerate(zip(observations, columns, strict=True)):
-            rec["arrival_s"][k, idx] = obs.arrival_s
-            rec["applied_delay_s"][k, idx] = obs.applied_delay_s
-            rec["natural_arrival_s"][k, idx] = obs.natural_arrival_s
-            rec["wait_s"][k, idx] = obs.wait_s
-            collective_time[k, d] = obs.collective_time_s
-        diag_rows.append(deciding)
-        decided = [ctrl.act(obs) for ctrl, obs in zip(controllers, observations, strict=True)]
-        first = schedule.applies_from(k)
-        if first is not None:
-            # copies: a controller may reuse its arrays while a decision waits or stays in force
-            held = [Action(np.array(a.delay_s, dtype=np.float64)) for a in decided]
-            in_flight.append((first, held, [ctrl.diagnostics() for ctrl in controllers]))
-        if on_iteration is not None:
+        if not independent:
+            iteration_time[counts[0]] = observations[0].iteration_time_s
+        ready = []
+        for position, obs in enumerate(observations):
+            d = int(obs.domain) if independent else position
+            k = counts[d]
+            if k < n_iter:
+                idx = columns[d]
+                rec["arrival_s"][k, idx] = obs.arrival_s
+                rec["applied_delay_s"][k, idx] = obs.applied_delay_s
+                rec["natural_arrival_s"][k, idx] = obs.natural_arrival_s
+                rec["wait_s"][k, idx] = obs.wait_s
+                collective_time[k, d] = obs.collective_time_s
+                domain_time[k, d] = obs.iteration_time_s
+                asleep[k, d] = actions[d].wait == "sleep"
+                diag_rows[k][d] = deciding[d]
+            ctrl = controllers[d]
+            decided = ctrl.act(obs)
+            first = schedule.applies_from(k)
+            if first is not None:
+                # a copy: a controller may reuse its arrays while a decision waits or stays in force
+                held = Action(np.array(decided.delay_s, dtype=np.float64), decided.wait)
+                in_flight[d].append((first, held, ctrl.diagnostics()))
+            counts[d] += 1
+            ready.append(d)
+        while on_iteration is not None and progressed < min(min(counts), n_iter):
             on_iteration()
+            progressed += 1
+    if independent:
+        iteration_time = domain_time.mean(axis=1)
     keys = sorted({key for row in diag_rows for diag in row for key in diag})
     diagnostics = {
         key: np.array(
             [[diag.get(key, np.nan) for diag in row] for row in diag_rows], dtype=np.float64
-        ).reshape(n_iter, len(domains))
+        ).reshape(n_iter, num_domains)
         for key in keys
     }
-    active = diagnostics.get("active", np.zeros((n_iter, len(domains)))) > 0.5
+    active = diagnostics.get("active", np.zeros((n_iter, num_domains))) > 0.5
     last = [ctrl.diagnostics() for ctrl in controllers]  # every decision taken, applied or not
     final = {
         key: np.array([d.get(key, 0.0) for d in last]) for key in ("guard_interventions", "guard_clipped")
@@ -147,11 +195,13 @@ def run_episode(
     domain_of_rank = np.zeros(num_ranks, dtype=np.int64)
     for d, idx in enumerate(columns):
         domain_of_rank[idx] = d
+    # the run's controller: a job pinned to no pacing does not name a run of another controller
+    name = next((c.name for c in controllers if c.name != "none"), controllers[0].name)
     return Episode(
         backend=backend.name,
         comm_model=backend.comm_model,
         comm_timing_dependent=getattr(backend, "comm_timing_dependent", None),
-        controller=controllers[0].name,
+        controller=name,
         rank_labels=np.asarray(backend.rank_labels, dtype=np.int64),
         domain_of_rank=domain_of_rank,
         domain_names=tuple(dom.name for dom in domains),
@@ -161,6 +211,8 @@ def run_episode(
         pacing_active=active,
         diagnostics=diagnostics,
         guard_interventions=int(sum(np.nansum(c) for c in final.values())),
+        wait_asleep=asleep,
+        domain_iteration_time_s=domain_time if independent else None,
         **rec,
     )
 

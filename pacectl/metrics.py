@@ -217,6 +217,15 @@ def pacing_active_frac(ep: Episode) -> float:
     return float(np.mean(ep.pacing_active)) if ep.pacing_active.size else 0.0
 
 
+def wait_asleep_frac(ep: Episode) -> float:
+    """Share of iteration x domain cells whose ranks waited asleep in the collective, in [0, 1]
+    (``Action.wait`` ``"sleep"``, the ``sleep_wait`` controller); 0 when the episode records none."""
+    _require_data(ep)
+    if ep.wait_asleep is None or not np.size(ep.wait_asleep):
+        return 0.0
+    return float(np.mean(ep.wait_asleep))
+
+
 # --- blame ----------------------------------------------------------------------------------------
 
 
@@ -271,7 +280,7 @@ def summarize(ep: Episode) -> dict[str, Any]:
         A dict with keys ``throughput_it_per_s``, ``iteration_time_mean_s``, ``iteration_time_p50_s``,
         ``iteration_time_p99_s``, ``cv``, ``spread_median_s``, ``spread_p99_s``,
         ``natural_spread_median_s``, ``natural_spread_p99_s``, ``pacing_delay_total_s``,
-        ``wait_fraction``, ``pacing_active_frac``, ``guard_interventions``, ``num_iterations``,
+        ``wait_fraction``, ``pacing_active_frac``, ``wait_asleep_frac``, ``guard_interventions``, ``num_iterations``,
         ``num_ranks``, ``num_domains``, ``comm_model``, ``comm_timing_dependent`` (only then can pacing
         gain), ``controller``, ``backend``, and ``blame`` /
         ``natural_blame``: global rank label (as ``str``) -> fraction of iterations that rank arrived
@@ -300,6 +309,7 @@ def summarize(ep: Episode) -> dict[str, Any]:
         "pacing_delay_total_s": pacing_delay_total_s(ep),
         "wait_fraction": wait_fraction(ep),
         "pacing_active_frac": pacing_active_frac(ep),
+        "wait_asleep_frac": wait_asleep_frac(ep),
         "guard_interventions": int(ep.guard_interventions),
         "num_iterations": ep.num_iterations,
         "num_ranks": ep.num_ranks,

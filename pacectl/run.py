@@ -41,7 +41,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from pacectl import cli, files, metrics, report, whatif
 from pacectl.config import CONF_DIR, config_int, controller_families, load_trace, validate_run_config
 from pacectl.errors import ConfigError, PacectlError, one_line_warning, one_line_warnings
-from pacectl.experiment import make_experiment
+from pacectl.experiment import controller_notes, make_experiment
 from pacectl.types import Episode
 
 BASELINE = "none"
@@ -75,6 +75,9 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         warnings.simplefilter("default")  # once per place: a warning in a loop is listed once
         families = controller_families(cfg)
         experiment = make_experiment(cfg)
+        warned, noted = controller_notes(experiment, families)
+        for line in warned:  # phase on a job nothing else shares links with: say so, not a silent zero
+            warnings.warn(line, UserWarning, stacklevel=1)
         # the set-up's warnings (a slow configuration, an ignored key) now, not after the runs
         for w in caught:
             log.warning(one_line_warning(w.message, w.category))
@@ -130,6 +133,10 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
     if line:
         log.warning(f"warning: {line}")
         summary["warnings"].append(line)
+    for line in noted:
+        log.info(f"note: {line}")
+    if noted:
+        summary["notes"] = noted
     idle = never_paced_line(summaries, families, live=experiment.backend_name == "torch")
     if idle:
         log.info(f"note: {idle}")
@@ -241,7 +248,12 @@ def never_paced_line(
         live: live runs (their differences from no pacing are then the machine's noise; in replay
             and simulation a controller that never paced reproduces no pacing exactly).
     """
-    idle = [n for n, s in summaries.items() if n != BASELINE and s["pacing_delay_total_s"] == 0.0]
+    # a run whose ranks waited asleep (sleep_wait) changed how they wait, not when: not "never paced"
+    idle = [
+        n
+        for n, s in summaries.items()
+        if n != BASELINE and s["pacing_delay_total_s"] == 0.0 and not s.get("wait_asleep_frac")
+    ]
     if not idle:
         return ""
     names = []
@@ -405,6 +417,8 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
         context["warnings"] = "; ".join(summary["warnings"])
     if summary.get("never_paced"):
         context["never paced"] = summary["never_paced"]
+    if summary.get("notes"):
+        context["notes"] = "; ".join(summary["notes"])
     wi = summary.get("whatif")
     if wi:
         context["stragglers' cost (what-if, null model)"] = (

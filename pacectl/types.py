@@ -65,6 +65,12 @@ class Observation:
         return float(self.natural_arrival_s.max() - self.natural_arrival_s.min())
 
 
+#: How the ranks of a domain wait inside the paced collective for its last rank (:attr:`Action.wait`):
+#: ``"spin"`` busy-polls (what NCCL's kernels and proxy thread do, and today's default everywhere),
+#: ``"sleep"`` blocks in the kernel (no CPU cycles, no polling traffic while waiting).
+WAIT_MODES = ("spin", "sleep")
+
+
 @dataclass(frozen=True)
 class Action:
     """Pacing decision for one domain.
@@ -72,14 +78,28 @@ class Action:
     Attributes:
         delay_s: ``float64[num_ranks]``, seconds, every entry >= 0 and finite. Each rank sleeps this
             long before entering the paced collective of the next iteration.
+        wait: how the ranks then wait inside that collective for its last rank, one of
+            :data:`WAIT_MODES`: ``"spin"`` (busy polling, the default) or ``"sleep"``. It is part of
+            the action because it is part of what a rank does while it waits: in the simulator only
+            spinning waiters cause early-arrival interference
+            (:class:`~pacectl.fabric.contention.EarlyArrivalInterference`); replay (max-plus) has
+            no such term; live, see :mod:`pacectl.controllers.sleep_wait` for what each transport
+            lets it change.
     """
 
     delay_s: FloatArray
+    wait: str = "spin"
+
+    def __post_init__(self) -> None:
+        if self.wait not in WAIT_MODES:
+            from pacectl.errors import ControllerError
+
+            raise ControllerError(f"Action.wait must be one of {list(WAIT_MODES)}, got {self.wait!r}")
 
     @staticmethod
-    def zeros(num_ranks: int) -> Action:
-        """No pacing for ``num_ranks`` ranks."""
-        return Action(np.zeros(num_ranks, dtype=np.float64))
+    def zeros(num_ranks: int, *, wait: str = "spin") -> Action:
+        """No pacing for ``num_ranks`` ranks (waiting as ``wait`` says)."""
+        return Action(np.zeros(num_ranks, dtype=np.float64), wait)
 
 
 @runtime_checkable
@@ -131,6 +151,11 @@ class Backend(Protocol):
         domains: the pacing domains, one controller instance each.
         rank_labels: ``int64[num_ranks]`` global rank id of each rank index.
         step_ids: ``int64[num_iterations]`` the source step id of each iteration (trace step ids).
+
+    Optional attribute ``independent_clocks`` (absent means False: lockstep): True for a backend
+    whose domains keep their own clocks, such as several jobs sharing one fabric, each finishing its
+    iterations at its own instants (:class:`pacectl.backends.multijob.MultiJobSimBackend`). See
+    :meth:`step` for what changes then.
     """
 
     name: str
@@ -147,7 +172,18 @@ class Backend(Protocol):
         ...
 
     def step(self, actions: Sequence[Action]) -> list[Observation]:
-        """Run one iteration with one action per domain; return one observation per domain."""
+        """Run one iteration with one action per domain; return one observation per domain.
+
+        A lockstep backend (the default) runs iteration k of every domain and returns one
+        observation per domain, in domain order. A backend with ``independent_clocks`` runs until
+        the next instant at which some domain ends an iteration and returns the observations of the
+        domains that ended one then (at least one, in domain order, each carrying its own
+        ``domain`` and ``iteration``); ``actions`` still holds one entry per domain, and only the
+        entries of the domains returned by the previous call (every domain on the first call) are
+        read: they pace those domains' next iteration. Such a backend keeps running a domain past
+        ``num_iterations`` (so that its traffic stays on the fabric) until every domain has run
+        that many; :func:`pacectl.loop.run_episode` records each domain's first ``num_iterations``.
+        """
         ...
 
 
@@ -177,6 +213,16 @@ class Episode:
         comm_timing_dependent: whether the comm model's durations depended on timing in this
             episode (only then can pacing gain); None: judge by ``comm_model``'s name
             (:func:`pacectl.fabric.base.is_timing_dependent`).
+        wait_asleep: ``bool[num_iterations, num_domains]``, True where the decision that paced the
+            iteration had the domain's ranks wait asleep in the collective (:attr:`Action.wait`
+            ``"sleep"``); None: every rank spun (the default wait).
+        domain_iteration_time_s: ``float64[num_iterations, num_domains]`` seconds, the iteration
+            time of each domain's own k-th iteration, set by backends whose domains keep their own
+            clocks (several jobs sharing a fabric: row k of a domain is *its* k-th iteration, which
+            ends at another instant than the other domains' k-th); None for lockstep backends,
+            whose domains share every iteration's time (``iteration_time_s``). With it,
+            ``iteration_time_s`` is the row's mean over domains, and the metrics report each domain
+            as a job (:func:`pacectl.metrics.summarize`).
     """
 
     backend: str
@@ -196,6 +242,8 @@ class Episode:
     diagnostics: Mapping[str, FloatArray] = field(default_factory=dict)
     guard_interventions: int = 0
     comm_timing_dependent: bool | None = None
+    wait_asleep: BoolArray | None = None
+    domain_iteration_time_s: FloatArray | None = None
 
     @property
     def num_iterations(self) -> int:

@@ -148,7 +148,16 @@ def test_units_must_be_known() -> None:
 
 
 def test_registry_names_match_classes() -> None:
-    assert set(CONTROLLERS) == {"none", "threshold", "pid", "ewma", "quantile", "forecast"}
+    assert set(CONTROLLERS) == {
+        "none",
+        "threshold",
+        "pid",
+        "ewma",
+        "quantile",
+        "forecast",
+        "sleep_wait",
+        "phase",
+    }
     for name, cls in CONTROLLERS.items():
         assert cls.name == name
         assert make_controller(name).name == name

@@ -3,7 +3,8 @@
 One iteration of pure data parallelism (one pacing domain: the whole world)::
 
     W_r      compute time of rank r, drawn up front for every iteration (pacectl.fabric.noise)
-    c_r      compute finish = W_r plus early-arrival interference from waiting co-located peers
+    c_r      compute finish = W_r plus early-arrival interference from co-located peers that wait
+             spinning (none when the action's ranks wait asleep: Action.wait, controller=sleep_wait)
     a_r      arrival at the all-reduce = c_r + d_r (d_r: the pacing delay, a sleep)
     A        max_r a_r: the collective starts when the last rank arrives
     T(t)     all-reduce duration from the comm model, started at absolute time t (null: constant)
@@ -124,7 +125,7 @@ class SimBackend:
             raise BackendError(
                 f"action must hold {self.num_ranks} finite delays >= 0, got shape {delay.shape}"
             )
-        finish = self.interference.finish_s(self._work[k], delay)
+        finish = self.interference.finish_s(self._work[k], delay, spinning=actions[0].wait == "spin")
         arrival = finish + delay
         last = float(arrival.max())
         comm_s = float(self.comm.time_s(self._clock_s + last))

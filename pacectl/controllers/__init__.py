@@ -17,8 +17,10 @@ from pacectl.controllers.ewma import EwmaController
 from pacectl.controllers.forecast import ForecastController
 from pacectl.controllers.guard import PacingGuardWarning, SafetyGuard
 from pacectl.controllers.none import NoPacing
+from pacectl.controllers.phase import PhaseController
 from pacectl.controllers.pid import PidController
 from pacectl.controllers.quantile import QuantileController
+from pacectl.controllers.sleep_wait import SleepWait
 from pacectl.controllers.threshold import ThresholdController
 from pacectl.controllers.units import IterationUnits, with_units
 from pacectl.errors import ConfigError
@@ -32,9 +34,11 @@ __all__ = [
     "IterationUnits",
     "NoPacing",
     "PacingGuardWarning",
+    "PhaseController",
     "PidController",
     "QuantileController",
     "SafetyGuard",
+    "SleepWait",
     "ThresholdController",
     "SCHEDULE_KEYS",
     "fill_schedule",
@@ -51,6 +55,8 @@ CONTROLLERS: dict[str, type[BaseController]] = {
         EwmaController,
         QuantileController,
         ForecastController,
+        SleepWait,
+        PhaseController,
     )
 }
 """Controller family name -> class."""
@@ -66,7 +72,7 @@ def make_controller(name: str, **params: object) -> Controller:
 
     Args:
         name: family name, one of ``CONTROLLERS`` (``"none"``, ``"threshold"``, ``"pid"``, ``"ewma"``,
-            ``"quantile"``, ``"forecast"``).
+            ``"quantile"``, ``"forecast"``, ``"sleep_wait"``, ``"phase"``).
         **params: constructor parameters of that class (see its docstring for units and ranges), plus
             the reserved key ``units``: ``"s"`` (default; every ``*_s`` parameter in seconds) or
             ``"iteration"`` (every time as a fraction of the median iteration time, via

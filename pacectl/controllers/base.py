@@ -176,6 +176,8 @@ class BaseController:
     """
 
     name: str = "base"
+    #: how this controller's ranks wait inside the paced collective (:attr:`pacectl.types.Action.wait`)
+    wait: str = "spin"
     _num_ranks: int | None = None
 
     def reset(self, num_ranks: int, rng: np.random.Generator | None = None) -> None:
@@ -205,7 +207,7 @@ class BaseController:
                 f"reset(num_ranks={num_ranks}), got shape {natural.shape} "
                 f"(controller {self.name!r}, iteration {obs.iteration})"
             )
-        return Action(self._act(obs, natural))
+        return Action(self._act(obs, natural), self.wait)
 
     def diagnostics(self) -> dict[str, float]:
         """Internal state; always includes ``"active"``. Keys are stable per class.

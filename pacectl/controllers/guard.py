@@ -8,7 +8,7 @@ import numpy as np
 
 from pacectl.controllers.base import FloatArray, check_float, check_int
 from pacectl.errors import ConfigError, ControllerError
-from pacectl.types import Action, Controller, Observation
+from pacectl.types import WAIT_MODES, Action, Controller, Observation
 
 _OBS_ARRAYS = ("arrival_s", "applied_delay_s", "natural_arrival_s", "wait_s")
 
@@ -29,7 +29,9 @@ class SafetyGuard:
       kill switch; the inner state is kept as it was);
     - an exception from the inner controller, or an action of the wrong shape, with NaN, inf or negative
       entries, gives zero delay;
-    - delays above the cap are clipped to it.
+    - delays above the cap are clipped to it;
+    - how the ranks wait (:attr:`~pacectl.types.Action.wait`) passes through; every zero-delay
+      fallback above (failure, kill switch) waits as ``"spin"``, the default of no pacing.
 
     Every zeroing emits a :class:`PacingGuardWarning` and counts in ``guard_interventions``; every clipped
     action counts in ``guard_clipped``. The guard is a pure function of its inputs, so every rank of a real
@@ -135,8 +137,11 @@ class SafetyGuard:
         try:
             action = self.inner.act(obs)
             delay: FloatArray = np.array(action.delay_s, dtype=np.float64)
+            wait = getattr(action, "wait", "spin")
         except Exception as err:  # noqa: BLE001 - any failure of the inner controller means "do not pace"
             return self._zero(zeros, f"controller raised {type(err).__name__}: {err}")
+        if wait not in WAIT_MODES:
+            return self._zero(zeros, f"controller returned wait={wait!r}, expected one of {list(WAIT_MODES)}")
         if delay.shape != (num_ranks,):
             return self._zero(
                 zeros, f"controller returned delay_s of shape {delay.shape}, expected ({num_ranks},)"
@@ -148,7 +153,7 @@ class SafetyGuard:
         if (delay > self._cap_s).any():
             self._clipped += 1
             delay = np.minimum(delay, self._cap_s)
-        return Action(delay)
+        return Action(delay, wait)
 
     def diagnostics(self) -> dict[str, float]:
         """The inner controller's diagnostics merged with the guard's own.

@@ -79,7 +79,9 @@ class IterationUnits:
             iteration_time_s=obs.iteration_time_s * c,
             collective_time_s=obs.collective_time_s * c,
         )
-        return Action(np.asarray(self.inner.act(scaled).delay_s, dtype=np.float64) * self._scale_s)
+        action = self.inner.act(scaled)
+        delay = np.asarray(action.delay_s, dtype=np.float64) * self._scale_s
+        return Action(delay, getattr(action, "wait", "spin"))  # how the ranks wait has no unit
 
     def diagnostics(self) -> dict[str, float]:
         """Inner diagnostics plus ``units_scale_s``."""

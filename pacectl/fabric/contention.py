@@ -8,14 +8,16 @@ iteration's length (see :mod:`pacectl.fabric.base`):
   that switches on and off; its duration depends on its start time. Pacing moves the start, so it
   can help or hurt, depending on the phase of the cross traffic.
 - :class:`EarlyArrivalInterference`: a rank that arrives early waits inside the collective by busy
-  polling (NCCL's proxy thread and kernels spin; gloo's pair threads poll), and the in-flight traffic
-  of its other buckets and prefetches shares the host's PCIe switch and NIC. Both steal CPU cycles
-  and I/O bandwidth from a co-located rank that is still computing, so a late rank gets later still.
-  A rank that paces instead *sleeps*: no polling, no early traffic. CPU-side launch delays are a
-  documented straggler cause in production (Lin et al., OSDI 2025, section 6); NCCL documents the
-  busy-polling proxy thread (NCCL_PROXY_* environment variables). The strength ``kappa`` is an
-  assumption of a scenario, not a measured constant: ``experiments/netns_fabric/`` measures the
-  gloo-on-CPU case on this kind of machine.
+  polling (NCCL's kernels spin on the GPU and its proxy thread polls the network), and the
+  in-flight traffic of its other buckets and prefetches shares the host's PCIe switch and NIC. Both
+  steal cycles and I/O bandwidth from a co-located rank that is still computing, so a late rank
+  gets later still. A rank that paces instead *sleeps*: no polling, no early traffic; so does a
+  rank that waits asleep (``Action.wait``, the ``sleep_wait`` controller). gloo's default TCP pair
+  does not poll: it blocks on epoll, so on CPU/gloo a waiting rank already sleeps. CPU-side launch
+  delays are a documented straggler cause in production (Lin et al., OSDI 2025, section 6). The
+  strength ``kappa`` is an assumption of a scenario, not a measured constant (no experiment here
+  measures it yet; issue 21 plans the CPU and GPU measurements): report a gain across a range of
+  it, beside ``sleep_wait``.
 """
 
 from __future__ import annotations
@@ -395,7 +397,10 @@ class EarlyArrivalInterference:
     waiting peer. To first order in ``kappa`` (peers' entries taken from their unperturbed compute
     times), rank ``s`` finishes at ``W_s + kappa * sum_{r != s on node} max(0, W_s - (W_r + d_r))``,
     where ``W`` is the unperturbed compute time and ``d`` the pacing delay (a pacing rank sleeps and
-    does not interfere). ``kappa = 0`` is the null model.
+    does not interfere). Only a peer that *spins* while it waits interferes: a peer that waits
+    asleep (:attr:`pacectl.types.Action.wait` ``"sleep"``, the ``sleep_wait`` controller) drops
+    out of the sum, so with every rank asleep this term is exactly zero. ``kappa = 0`` is the
+    null model.
 
     Args:
         kappa: slowdown per waiting co-located peer, >= 0 (dimensionless).
@@ -415,15 +420,26 @@ class EarlyArrivalInterference:
         if int(self.ranks_per_node) < 1:
             raise ConfigError(f"interference ranks_per_node must be >= 1, got {self.ranks_per_node!r}")
 
-    def finish_s(self, work_s: FloatArray, delay_s: FloatArray) -> FloatArray:
-        """Compute finish times ``float64[num_ranks]`` given unperturbed work and pacing delays (seconds)."""
-        if self.kappa == 0 or self.ranks_per_node == 1:
+    def finish_s(
+        self, work_s: FloatArray, delay_s: FloatArray, *, spinning: bool | NDArray[np.bool_] = True
+    ) -> FloatArray:
+        """Compute finish times ``float64[num_ranks]`` given unperturbed work and pacing delays (seconds).
+
+        Args:
+            work_s: ``float64[num_ranks]`` unperturbed compute times, seconds.
+            delay_s: ``float64[num_ranks]`` pacing delays, seconds.
+            spinning: whether each rank busy-polls while it waits in the collective (a bool for
+                every rank, or ``bool[num_ranks]``); a sleeping waiter interferes with nobody.
+        """
+        spin = np.broadcast_to(np.asarray(spinning, dtype=np.bool_), work_s.shape)
+        if self.kappa == 0 or self.ranks_per_node == 1 or not spin.any():
             return work_s
         n = work_s.shape[0]
         g = self.ranks_per_node
         pad = (-n) % g
         w = np.concatenate([work_s, np.full(pad, -np.inf)]).reshape(-1, g)
-        e = np.concatenate([work_s + delay_s, np.full(pad, np.inf)]).reshape(-1, g)
+        # a sleeping waiter enters "at infinity": it never waits while a peer computes
+        e = np.concatenate([np.where(spin, work_s + delay_s, np.inf), np.full(pad, np.inf)]).reshape(-1, g)
         overlap = np.maximum(0.0, w[:, :, None] - e[:, None, :])  # [node, s, r]
         idx = np.arange(g)
         overlap[:, idx, idx] = 0.0

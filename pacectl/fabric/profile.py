@@ -288,8 +288,7 @@ def _check_fields(
     return {str(k): schema[k][0](v, f"{where}.{k}") for k, v in section.items()}
 
 
-def _noise_items(value: object) -> list[dict[str, Any]]:
-    where = "cluster.compute.noise"
+def _noise_items(value: object, where: str = "cluster.compute.noise") -> list[dict[str, Any]]:
     if value is None:
         return []
     if isinstance(value, (str, Mapping)) or not isinstance(value, (list, tuple)):
@@ -373,14 +372,31 @@ def _overflow(what: str) -> ConfigError:
 
 def compute_from(cluster: Mapping[str, Any]) -> ComputeModel:
     """The simulator's :class:`ComputeModel` of a profile (``compute.compute_s`` and ``compute.noise``)."""
-    compute = validate_cluster(cluster)["compute"]
+    return _compute_model(validate_cluster(cluster)["compute"], "cluster.compute")
+
+
+def compute_section(section: Mapping[str, Any], where: str) -> ComputeModel:
+    """A :class:`ComputeModel` from a compute section (``compute_s``, ``noise``) found at override path
+    ``where`` (a job's own, ``cluster.jobs.0.compute``), checked as ``cluster.compute`` is.
+
+    Raises:
+        ConfigError: one line naming the key under ``where``.
+    """
+    compute = _check_fields(
+        dict(_mapping(section, where, f"{where}.compute_s=0.5")), FABRIC_SCHEMA["compute"], where
+    )
+    compute["noise"] = _noise_items(compute.get("noise"), f"{where}.noise")
+    return _compute_model(compute, where)
+
+
+def _compute_model(compute: Mapping[str, Any], where: str) -> ComputeModel:
     components = []
     for item in compute["noise"]:
         params = {k: v for k, v in item.items() if k != "kind"}
         components.append(NOISE_COMPONENTS[item["kind"]](**params))
     if "compute_s" not in compute:
         raise ConfigError(
-            "cluster.compute.compute_s must be set (seconds of compute per iteration); e.g. cluster.compute.compute_s=0.5"
+            f"{where}.compute_s must be set (seconds of compute per iteration); e.g. {where}.compute_s=0.5"
         )
     return ComputeModel(compute_s=compute["compute_s"], components=tuple(components))
 

@@ -14,6 +14,7 @@ order.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,13 +27,16 @@ BoolArray = NDArray[np.bool_]
 
 
 def max_min_fair(
-    capacity_Bps: FloatArray, incidence: BoolArray, demand_Bps: FloatArray | None = None
+    capacity_Bps: FloatArray, incidence: BoolArray | FloatArray, demand_Bps: FloatArray | None = None
 ) -> FloatArray:
     """Max-min fair rates by progressive filling.
 
     Args:
         capacity_Bps: ``float64[num_links]`` link capacities, bytes/s, > 0.
-        incidence: ``bool[num_flows, num_links]``, True where a flow crosses a link.
+        incidence: ``bool[num_flows, num_links]``, True where a flow crosses a link; or
+            ``float64[num_flows, num_links]`` weights >= 0, a flow of rate ``x`` loading a link by
+            ``weight * x``: a group of flows held to one common rate (the lock-step flows of one
+            job's ring, :mod:`pacectl.backends.multijob`), weighted by how many of them cross it.
         demand_Bps: optional ``float64[num_flows]`` rate caps (``inf`` for greedy flows).
 
     Returns:
@@ -129,16 +133,28 @@ class FatTree:
         ring all-reduce is contention-free on a full-bisection tree and meets oversubscription only
         where cross traffic shares the uplinks it crosses.
         """
+        return self.ring_flows_on(range(self.num_nodes(num_ranks)), num_ranks)
+
+    def ring_flows_on(self, nodes: Sequence[int], num_ranks: int) -> BoolArray:
+        """Incidence ``bool[num_flows, num_links]`` of a ring over ``nodes``, in that order (node
+        ``nodes[i]`` sends to ``nodes[i + 1]``, the last to the first, on every rail), over the links
+        of a cluster of ``num_ranks`` ranks: the inter-node ring of a job placed on those nodes.
+        One node (or none) makes no inter-node flow.
+
+        Args:
+            nodes: node indices, each in ``[0, num_nodes(num_ranks))``, no repeats.
+            num_ranks: ranks of the whole cluster (its links).
+        """
         names, _ = self.links(num_ranks)
         index = {name: i for i, name in enumerate(names)}
-        nodes, rails = self.num_nodes(num_ranks), self.rails()
-        if nodes == 1:
+        ring, rails = list(nodes), self.rails()
+        if len(ring) <= 1:
             return np.zeros((0, len(names)), dtype=bool)
         flows = []
         for r in range(rails):
             suffix = f":rail{r}" if rails > 1 else ""
-            for i in range(nodes):
-                j = (i + 1) % nodes
+            for pos, i in enumerate(ring):
+                j = ring[(pos + 1) % len(ring)]
                 row = np.zeros(len(names), dtype=bool)
                 row[index[f"nic_up:{i}{suffix}"]] = True
                 row[index[f"nic_down:{j}{suffix}"]] = True

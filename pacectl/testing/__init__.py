@@ -7,12 +7,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pacectl.testing.observations import make_observation, run_closed_loop, synthetic_natural_arrivals
+from pacectl.testing.observations import (
+    make_observation,
+    run_closed_loop,
+    synthetic_collective_times,
+    synthetic_natural_arrivals,
+)
 
 if TYPE_CHECKING:
     from pacectl.testing.controller_contract import ControllerContract
 
-__all__ = ["ControllerContract", "make_observation", "run_closed_loop", "synthetic_natural_arrivals"]
+__all__ = [
+    "ControllerContract",
+    "make_observation",
+    "run_closed_loop",
+    "synthetic_collective_times",
+    "synthetic_natural_arrivals",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -19,8 +19,13 @@ import numpy as np
 import pytest
 
 from pacectl.errors import ConfigError, ControllerError
-from pacectl.testing.observations import make_observation, run_closed_loop, synthetic_natural_arrivals
-from pacectl.types import Controller
+from pacectl.testing.observations import (
+    make_observation,
+    run_closed_loop,
+    synthetic_collective_times,
+    synthetic_natural_arrivals,
+)
+from pacectl.types import WAIT_MODES, Controller
 
 NUM_RANKS = (1, 2, 8)
 NUM_ITERATIONS = 60
@@ -32,9 +37,15 @@ class ControllerContract:
     Attributes:
         expects_pacing: the controller paces on the synthetic stragglers (some delay > 0 with several
             ranks). Set to False for a controller that never paces (the ``none`` baseline).
+        job_level: the controller delays every rank of its domain by the same amount (a job-level
+            phase shift, ``phase``), decided from the collective's time rather than the ranks'
+            arrivals. Then every action must be uniform over the ranks (instead of leaving some
+            rank undelayed), and it must shift on the synthetic slowed collectives
+            (:func:`~pacectl.testing.synthetic_collective_times`) rather than on stragglers.
     """
 
     expects_pacing: bool = True
+    job_level: bool = False
 
     def make_controller(self) -> Controller:
         """Return a new controller instance (not reset). Subclasses must override this."""
@@ -60,16 +71,49 @@ class ControllerContract:
             assert (delay >= 0.0).all()
 
     @pytest.mark.parametrize("num_ranks", NUM_RANKS)
+    def test_wait_mode_is_known(self, num_ranks: int) -> None:
+        """How the ranks wait in the collective is one of WAIT_MODES, the same at every decision."""
+        controller = self._fresh(num_ranks)
+        naturals = synthetic_natural_arrivals(num_ranks, 10, seed=12)
+        waits = {controller.act(make_observation(n, iteration=k)).wait for k, n in enumerate(naturals)}
+        assert waits <= set(WAIT_MODES) and len(waits) == 1
+
+    @pytest.mark.parametrize("num_ranks", NUM_RANKS)
     def test_some_rank_is_never_delayed(self, num_ranks: int) -> None:
-        """Delaying every rank by a common amount only lengthens the iteration."""
+        """Delaying every rank by a common amount only lengthens the iteration (of one job alone).
+
+        A job-level controller delays every rank alike instead, on purpose: that moves the job's
+        collectives against another job's (:mod:`pacectl.controllers.phase`).
+        """
         naturals = synthetic_natural_arrivals(num_ranks, NUM_ITERATIONS, seed=2)
-        for delay in run_closed_loop(self._fresh(num_ranks), naturals):
-            assert delay.min() == 0.0
+        collective = synthetic_collective_times(NUM_ITERATIONS, seed=2) if self.job_level else None
+        for delay in run_closed_loop(self._fresh(num_ranks), naturals, collective_time_s=collective):
+            if self.job_level:
+                assert (delay == delay[0]).all(), "a job-level delay is the same on every rank"
+            else:
+                assert delay.min() == 0.0
+
+    @pytest.mark.parametrize("num_ranks", NUM_RANKS)
+    def test_job_level_shifts_on_slowed_collectives(self, num_ranks: int) -> None:
+        if not self.job_level:
+            pytest.skip("a per-rank controller: test_paces_on_stragglers covers it")
+        naturals = np.full((NUM_ITERATIONS, num_ranks), 0.5)
+        collective = synthetic_collective_times(NUM_ITERATIONS, seed=3)
+        delays = run_closed_loop(self._fresh(num_ranks), naturals, collective_time_s=collective)
+        assert max(float(d.max()) for d in delays) > 0.0
+        quiet = run_closed_loop(
+            self._fresh(num_ranks), naturals, collective_time_s=np.full(NUM_ITERATIONS, 0.1)
+        )
+        assert all(float(d.max()) == 0.0 for d in quiet), "a quiet collective is never shifted"
 
     @pytest.mark.parametrize("num_ranks", [2, 8])
     def test_paces_on_stragglers(self, num_ranks: int) -> None:
         if not self.expects_pacing:
             pytest.skip("this controller never paces")
+        if self.job_level:
+            pytest.skip(
+                "a job-level controller ignores the ranks' spread: test_job_level_shifts_on_slowed_collectives"
+            )
         naturals = synthetic_natural_arrivals(num_ranks, NUM_ITERATIONS, seed=3)
         delays = run_closed_loop(self._fresh(num_ranks), naturals)
         assert max(float(d.max()) for d in delays) > 0.0

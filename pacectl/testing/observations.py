@@ -67,6 +67,24 @@ def make_observation(
     )
 
 
+def synthetic_collective_times(num_iterations: int, *, seed: int = 0) -> FloatArray:
+    """Seeded collective times of a job that shares a link with another now and then, seconds.
+
+    Model: 0.1 s alone on the fabric (plus Gaussian noise, std 0.5 ms); in iterations ``[10, 25)``
+    and ``[40, 50)`` another job's collective overlaps it, and it takes up to twice as long (the
+    overlap drawn uniformly from 20 % to 100 % of it). For job-level controllers (``phase``).
+
+    Returns:
+        ``float64[num_iterations]``, seconds, all > 0.
+    """
+    rng = np.random.default_rng(seed)
+    times = 0.1 + rng.normal(0.0, 0.0005, num_iterations)
+    k = np.arange(num_iterations)
+    overlapped = ((k >= 10) & (k < 25)) | ((k >= 40) & (k < 50))
+    times[overlapped] += 0.1 * rng.uniform(0.2, 1.0, int(overlapped.sum()))
+    return times
+
+
 def synthetic_natural_arrivals(num_ranks: int, num_iterations: int, *, seed: int = 0) -> FloatArray:
     """Seeded natural arrivals with noise, a persistent straggler, transient stragglers and a quiet phase.
 
@@ -93,7 +111,11 @@ def synthetic_natural_arrivals(num_ranks: int, num_iterations: int, *, seed: int
 
 
 def run_closed_loop(
-    controller: Controller, natural_arrival_s: FloatArray, *, read_only: bool = False
+    controller: Controller,
+    natural_arrival_s: FloatArray,
+    *,
+    read_only: bool = False,
+    collective_time_s: FloatArray | None = None,
 ) -> list[FloatArray]:
     """Drive a (reset) controller over a sequence, feeding each action back as the next applied delay.
 
@@ -103,6 +125,8 @@ def run_closed_loop(
         controller: a controller already reset to ``natural_arrival_s.shape[1]`` ranks.
         natural_arrival_s: ``float64[num_iterations, num_ranks]``, seconds.
         read_only: mark the observation arrays read-only, to catch in-place writes.
+        collective_time_s: ``float64[num_iterations]`` the paced collective's time per iteration,
+            seconds (default 0.01 throughout: a quiet fabric).
 
     Returns:
         A copy of each action's ``delay_s``.
@@ -111,7 +135,10 @@ def run_closed_loop(
     applied = np.zeros(natural_arrival_s.shape[1])
     for k, natural in enumerate(natural_arrival_s):
         iteration_time_s = float((natural + applied).max()) + 0.5
-        obs = make_observation(natural, applied, iteration=k, iteration_time_s=iteration_time_s)
+        coll = 0.01 if collective_time_s is None else float(collective_time_s[k])
+        obs = make_observation(
+            natural, applied, iteration=k, iteration_time_s=iteration_time_s, collective_time_s=coll
+        )
         if read_only:
             for arr in (obs.arrival_s, obs.applied_delay_s, obs.natural_arrival_s, obs.wait_s):
                 arr.flags.writeable = False

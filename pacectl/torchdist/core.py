@@ -1032,6 +1032,7 @@ def episode_from_log(
     iteration_time_s: FloatArray,
     diagnostics: Sequence[Mapping[str, float]],
     decisions_before: Sequence[int] | None = None,
+    waits: Sequence[str] | None = None,
 ) -> Episode:
     """The columnar :class:`~pacectl.types.Episode` of a live run (one domain: the whole world).
 
@@ -1047,11 +1048,16 @@ def episode_from_log(
             diagnostics and ``pacing_active`` is then the state that decided iteration k's delay, as in
             :func:`pacectl.loop.run_episode`, whatever the exchange lag (1 iteration with a collective,
             2 with piggybacking, more with ``gather_every``). Without it rows are per decision.
+        waits: the ``Action.wait`` of each decision (one per observation, as ``diagnostics``), for
+            the episode's ``wait_asleep``; None: every rank spun.
     """
     n = len(observations)
+    asleep = None if waits is None else [w == "sleep" for w in waits]
     if decisions_before is not None:
         counts = list(decisions_before)[-n:] if n else []
         diagnostics = [diagnostics[c - 1] if 0 < c <= len(diagnostics) else {"active": 0.0} for c in counts]
+        if asleep is not None:
+            asleep = [asleep[c - 1] if 0 < c <= len(asleep) else False for c in counts]
     world = observations[0].num_ranks if n else 0
     keys = sorted({k for d in diagnostics for k in d})
     diag = {
@@ -1082,4 +1088,5 @@ def episode_from_log(
         pacing_active=active,
         diagnostics=diag,
         guard_interventions=int(sum(float(np.nansum(c)) for c in counters)),
+        wait_asleep=None if asleep is None else np.array(asleep, dtype=np.bool_).reshape(-1, 1)[:n],
     )

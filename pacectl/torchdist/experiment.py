@@ -133,6 +133,13 @@ class TorchExperiment:
             f"{self.comm_model} (real collectives on this machine's fabric: durations depend on timing)"
         )
         self.comm_timing_dependent = True
+        #: what sleep_wait changes live (pacectl/controllers/sleep_wait.py); a job-level shift can
+        #: meet other traffic on a real fabric, so there is no job_shift_note
+        self.sleep_wait_note = (
+            "on CPU/gloo a waiting rank already sleeps (gloo's TCP pair blocks on epoll; a thread "
+            "waiting on a gloo work blocks on a condition variable), so sleep_wait behaves as no "
+            "pacing here: its difference from no pacing is this machine's run-to-run noise"
+        )
         pacing = {**PACING_DEFAULTS, **dict(as_dict(b).get("pacing") or {})}
         # the real exchange's lag (pacectl.torchdist.pacer): piggybacked figures are decided on
         # during the next iteration and pace the one after; a tiny all-reduce paces the next one

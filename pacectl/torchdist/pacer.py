@@ -436,6 +436,11 @@ class Pacer:
             self._complete_closed()
         self.observations: list[Observation] = []
         self.decisions: list[np.ndarray] = []
+        #: how each decision had the ranks wait in the collective (``Action.wait``). Recorded, not
+        #: enacted: on gloo a waiting rank already blocks (epoll, a condition variable), on NCCL the
+        #: waiting is the GPU kernel's and the proxy thread's, which the host cannot put to sleep
+        #: (:mod:`pacectl.controllers.sleep_wait`)
+        self.waits: list[str] = []
         self.diagnostics: list[dict[str, float]] = []
         self._raw_marks: list[tuple[Any, ...]] = []
         #: runtime controls received: ``observation`` (index in :attr:`observations` of the first
@@ -1031,6 +1036,7 @@ class Pacer:
             action = self.engine.decide(obs)
             self.observations.append(obs)
             self.decisions.append(action.delay_s.copy())
+            self.waits.append(action.wait)
             self.diagnostics.append(self.engine.diagnostics())
         if action is not None:
             self._next_delay = float(action.delay_s[self.rank])

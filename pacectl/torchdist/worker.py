@@ -219,6 +219,7 @@ class LiveRun:
                 iteration_time_s=periods,
                 diagnostics=pacer.diagnostics,
                 decisions_before=[int(m.get("decisions_before", 0)) for m in marks],
+                waits=pacer.waits,
             )
             extras = {
                 "gather_s": out["gather_s"],

@@ -1,0 +1,161 @@
+"""Job-level phase control: shift a whole job once, so that its collectives slide into the gaps of
+another job's on the links they share.
+
+Why a job-level delay: a per-rank delay no larger than the rank's earliness never moves a
+collective's start (:mod:`pacectl.fabric`), so it cannot change whom the collective meets on the
+fabric. A delay of *every* rank of a job moves the whole job in time: its next collective starts
+that much later, and can leave an overlap with another job's collective on a shared link. Delaying
+every iteration would only lengthen the job's period; a shift is a one-time delay, after which the
+job holds zero again, keeping its new phase.
+
+Sources, and what is taken from each:
+
+- Cassini (Rajasekaran, Ghobadi, Akella, "CASSINI: Network-Aware Job Scheduling in Machine Learning
+  Clusters", NSDI 2024): the mechanism. Jobs sharing a link have periodic communication phases;
+  giving a job a one-time *time shift* interleaves its phases with the other job's in the gaps,
+  and with compatible (commensurate) periods the interleaving then persists on its own. Cassini
+  computes the shifts centrally from profiled communication patterns; here each job finds its
+  own, with no profile and no scheduler.
+- MLTCP (Rajasekaran, Narang, Zabreyko, Ghobadi, "MLTCP: Congestion Control for DNN Training",
+  arXiv:2402.09589, 2024; HotNets 2024): the decentralised feedback. Each job reacts only to what
+  it measures of its own communication, and the reactions of competing jobs converge to an
+  interleaving within a few iterations, from any start offset, without coordination. MLTCP acts
+  in the congestion window (scaled by the bytes a flow has sent in the iteration, which makes
+  competing jobs unequal); here the job acts by a delay, and a seeded random backoff makes
+  identical jobs unequal.
+
+Update rule, per decision on the observation of iteration ``k`` (all times in seconds):
+
+1. ``c_k = collective_time_s``: the job's paced collective, from its last rank's arrival to its end.
+2. Quiet-fabric estimate ``q_k = min(c_j)`` over the last ``quiet_window_iters`` observations
+   (the collective alone on the fabric is the fastest it runs; no fabric knowledge is used).
+3. Excess ``e_k = c_k - q_k``: to first order the time this collective overlapped another job's on
+   a shared link. Two identical jobs whose collectives of length ``T`` overlap, the later one
+   starting ``phi`` after the earlier, share the link max-min fairly: both see ``e = T - phi``, and
+   the later one, shifted by ``e``, starts exactly when the earlier one ends.
+4. If ``e_k > slowdown_frac * q_k`` (the collective was slowed) and no earlier shift is still on
+   its way (``cooldown``), then with probability ``shift_prob`` (drawn from the controller's seeded
+   ``rng``: two identical jobs do not move together, which would keep their offset) every rank
+   gets ``delay = gain * e_k / hold_iters`` (the shift, spread over the ``hold_iters`` iterations a
+   decision stays in force), and the next ``horizon_iters + hold_iters - 2`` observations, which
+   predate the shift's full effect, are not acted on. Otherwise every rank gets zero delay.
+
+Once the jobs interleave, no collective is slowed and the delay stays zero: the controller holds
+the phase it found. Compute noise makes jobs' phases drift; a drift back into overlap is corrected
+the same way.
+
+Where it can do nothing: a job alone on its links, with no other traffic, has collectives that
+nothing slows (``comm=null``, or ``comm=contention`` without other jobs or cross traffic): then
+``e_k = 0`` always and it never shifts (a run says so in a note). Under max-plus with fixed
+durations (``comm=null``) a shift can only lengthen an iteration.
+
+Live (``backend=torch``): every rank runs the same guarded controller on the same exchanged
+figures (:class:`~pacectl.torchdist.core.DecisionEngine`), with the same seeded ``rng``, so they
+all shift together. Two live jobs that should not shift in lockstep need different seeds
+(``seed=`` of each job's run).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pacectl.controllers.base import BaseController, FloatArray, check_float, check_int
+from pacectl.types import Observation
+
+
+class PhaseController(BaseController):
+    """Shift every rank of the job by the same one-time delay when its collective is slowed.
+
+    See the module docstring for the update rule and its sources (Cassini, MLTCP).
+
+    Args:
+        slowdown_frac: a collective counts as slowed when it exceeds the quiet estimate by more
+            than this fraction of it, > 0 (default 0.05: above the few-percent spread of a quiet
+            collective's time).
+        gain: fraction of the excess to shift by, in (0, 2] (1: exactly past a two-job overlap).
+        shift_prob: probability that a slowed job shifts at a decision, in (0, 1] (0.5: two
+            identical jobs then move alone in half of their coincident decisions).
+        quiet_window_iters: observations the quiet-fabric estimate (their minimum collective time)
+            covers, >= 1.
+        horizon_iters: iterations from an observation to the first one its decision paces, >= 1;
+            ``auto`` in a config follows the run's exchange (its lag), as the forecast
+            controller's (:func:`pacectl.controllers.fill_schedule`).
+        hold_iters: iterations a decision stays in force, >= 1 (``auto``: the run's
+            ``exchange.every_iters`` / live ``gather_every``); the shift is spread over them.
+
+    Raises:
+        ConfigError: a parameter is out of range.
+
+    Diagnostics: ``active`` (1.0 when the last decision shifted), ``quiet_s`` (the quiet estimate),
+    ``excess_frac`` (``e_k / q_k``), ``shifts`` (shifts so far), ``cooldown`` (observations still
+    skipped).
+
+    Example:
+        >>> c = PhaseController()
+        >>> c.reset(4, np.random.default_rng(0))
+    """
+
+    name = "phase"
+
+    def __init__(
+        self,
+        *,
+        slowdown_frac: float = 0.05,
+        gain: float = 1.0,
+        shift_prob: float = 0.5,
+        quiet_window_iters: int = 200,
+        horizon_iters: int = 1,
+        hold_iters: int = 1,
+    ) -> None:
+        self.slowdown_frac = check_float(self.name, "slowdown_frac", slowdown_frac, low=0.0, low_open=True)
+        self.gain = check_float(self.name, "gain", gain, low=0.0, high=2.0, low_open=True)
+        self.shift_prob = check_float(self.name, "shift_prob", shift_prob, low=0.0, high=1.0, low_open=True)
+        self.quiet_window_iters = check_int(self.name, "quiet_window_iters", quiet_window_iters, low=1)
+        self.horizon_iters = check_int(self.name, "horizon_iters", horizon_iters, low=1)
+        self.hold_iters = check_int(self.name, "hold_iters", hold_iters, low=1)
+
+    def reset(self, num_ranks: int, rng: np.random.Generator | None = None) -> None:
+        """Clear all state; keep ``rng`` (default ``default_rng(0)``) for the random backoff.
+
+        Raises:
+            ConfigError: ``num_ranks`` is not an integer >= 1.
+        """
+        self._rng = np.random.default_rng(0) if rng is None else rng
+        super().reset(num_ranks, rng)
+
+    def _reset_state(self, num_ranks: int) -> None:
+        self._times = np.full(self.quiet_window_iters, np.inf)
+        self._count = 0
+        self._quiet_s = np.inf
+        self._excess_frac = 0.0
+        self._shifts = 0
+        self._cooldown = 0
+        self._active = False
+
+    def _act(self, obs: Observation, natural_arrival_s: FloatArray) -> FloatArray:
+        c = float(obs.collective_time_s)
+        self._times[self._count % self.quiet_window_iters] = c
+        self._count += 1
+        self._quiet_s = float(self._times.min())
+        excess = c - self._quiet_s
+        self._excess_frac = excess / self._quiet_s if self._quiet_s > 0 else 0.0
+        self._active = False
+        delay = np.zeros_like(natural_arrival_s)
+        if self._cooldown > 0:
+            self._cooldown -= 1
+            return delay
+        if excess > self.slowdown_frac * self._quiet_s and self._rng.random() < self.shift_prob:
+            delay[:] = self.gain * excess / self.hold_iters
+            self._shifts += 1
+            self._cooldown = self.horizon_iters + self.hold_iters - 2
+            self._active = True
+        return delay
+
+    def _diagnostics(self) -> dict[str, float]:
+        return {
+            "active": float(self._active),
+            "quiet_s": self._quiet_s if np.isfinite(self._quiet_s) else 0.0,
+            "excess_frac": self._excess_frac,
+            "shifts": float(self._shifts),
+            "cooldown": float(self._cooldown),
+        }
