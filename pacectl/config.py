@@ -428,6 +428,7 @@ RUN_KEYS = frozenset(
         "guard",
         "exchange",
         "comm",
+        "fit",
         "seed",
         "output",
         "controller_file",

@@ -10,6 +10,7 @@ tuning never import torch.
 from __future__ import annotations
 
 import importlib
+import logging
 import importlib.util
 import warnings
 from collections.abc import Callable, Mapping
@@ -114,11 +115,29 @@ class ReplayExperiment(_ClosedLoop):
         from pacectl.backends.replay import ReplayBackend
 
         self.cfg = cfg
+        from pacectl.fabric.profile import comm_name
+
         self.trace = load_trace(cfg.trace)
-        comm = make_comm_model(cfg, self.trace.meta.world_size)
+        fitted = comm_name(cfg.get("comm")) == "fitted"
+        if fitted:
+            from pacectl.fabric.fitted import fit_options
+
+            options = fit_options(cfg.get("fit"))  # checked before the (slow) fit and replay
+        comm = None if fitted else make_comm_model(cfg, self.trace.meta.world_size)
         _warn_if_inert(cfg, comm, interference_kappa=None)
         _warn_if_other_trace(cfg)
         self.backend = ReplayBackend(self.trace, paced_optype=str(cfg.backend.paced_optype), comm_model=comm)
+        self.comm_fit: dict[str, Any] | None = None
+        if fitted:  # comm=fitted: the model is fitted from this backend's recording, then put in force
+            from pacectl.fabric.fitted import FittedComm
+
+            model = FittedComm.for_backend(self.backend, **options)
+            self.backend.use_comm_model(model)
+            comm = model
+            self.comm_fit = model.fit.to_dict() if model.fit is not None else None
+            log_fit = logging.getLogger("pacectl.run")
+            log_fit.info(f"comm=fitted: {model.fit.verdict if model.fit else model.description}")
+        assert comm is not None
         self.comm_model = comm.name
         self.comm_description = comm.description
         self.comm_timing_dependent = bool(comm.timing_dependent)
@@ -188,6 +207,7 @@ class ReplayExperiment(_ClosedLoop):
                 "num_op_instances": fidelity.num_op_instances,
             },
             "whatif": self._straggler_cost(on_step) if self.describe_steps else None,
+            **({"comm_fit": self.comm_fit} if self.comm_fit is not None else {}),
         }
 
     def _straggler_cost(self, on_step: Callable[[], None] | None) -> dict[str, Any]:

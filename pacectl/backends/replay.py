@@ -108,6 +108,21 @@ class ReplayBackend:
         self._k = -1
         self._clock_s = 0.0
 
+    def use_comm_model(self, comm_model: CommModel) -> None:
+        """Replace the communication model (for ``comm=fitted``, whose fit needs this backend first).
+
+        The recorded transfer times stay the reference; the new model's static part
+        (``transfer_s``) is applied to them and the baseline re-evaluated.
+        """
+        _, transfer, _ = estimate_intrinsic(self.dag)
+        self._comm = comm_model
+        self.comm_model = comm_model.name
+        self.comm_description = comm_model.description
+        self.comm_timing_dependent = bool(comm_model.timing_dependent)
+        self._transfer = comm_model.transfer_s(transfer)
+        self._base_end[:] = 0.0
+        evaluate(self.dag.levels, self._base_end, self._base_start, self._launch, self._transfer)
+
     def _find_co_paced(self) -> IntArray:
         """The compute op after the paced collective's launch, per stage (``pacing_blocks_compute``).
 
@@ -180,9 +195,13 @@ class ReplayBackend:
         pace[self._paced] = delays
         if len(self._co_paced):
             pace[self._co_paced] = delays
-        evaluate(
-            self._tail, end, start, self._launch[:, k], self._transfer[:, k], pace, self._transfer_hook()
-        )
+        solve_step = getattr(self._comm, "solve_step", None)
+        if solve_step is not None:  # a model whose durations depend on the whole step (comm=fitted)
+            solve_step(self, k, end, start, pace)
+        else:
+            evaluate(
+                self._tail, end, start, self._launch[:, k], self._transfer[:, k], pace, self._transfer_hook()
+            )
         self._k += 1
         iteration_time = float(end[:-1].max())
         self._clock_s += iteration_time

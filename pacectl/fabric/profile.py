@@ -1,8 +1,9 @@
 """Cluster profiles (``conf/cluster/*.yaml``) to fabric objects, for the simulator and for replay.
 
 ``comm`` picks the communication model: ``null`` (fixed durations, max-plus), ``alpha_beta``
-(closed-form collective cost, still max-plus) or ``contention`` (max-min fair fat-tree with cross
-traffic, plus early-arrival interference: timing-dependent). The profile gives the parameters.
+(closed-form collective cost, still max-plus), ``contention`` (max-min fair fat-tree with cross
+traffic, plus early-arrival interference: timing-dependent) or, for replay only, ``fitted``
+(fitted from the trace itself, :mod:`pacectl.fabric.fitted`). The profile gives the parameters.
 
 :func:`validate_cluster` checks a whole profile (known keys at every level, types, finiteness,
 ranges, enums) and returns its values converted; every builder here goes through it, so the
@@ -33,7 +34,7 @@ from pacectl.fabric.contention import (
 from pacectl.fabric.noise import NOISE_COMPONENTS, ComputeModel
 from pacectl.fabric.topology import FatTree
 
-COMM_NAMES = ("null", "alpha_beta", "contention")
+COMM_NAMES = ("null", "alpha_beta", "contention", "fitted")
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
@@ -444,6 +445,11 @@ def sim_fabric(
     that, the fixed duration differs from ``contention``'s.
     """
     name = comm_name(comm)
+    if name == "fitted":
+        raise ConfigError(
+            "comm=fitted is fitted from a recorded trace, so it needs backend=replay, got backend=sim; "
+            "the simulator takes comm=null, alpha_beta or contention"
+        )
     profile = validate_cluster(cluster)
     topology = FatTree(**profile["topology"])
     coll = _collective(profile)

@@ -5,7 +5,10 @@ Subcommands (``python -m pacectl.traces <cmd> --help`` for options):
 - ``info PATH...``: ranks, steps, collectives per step, arrival-spread summary, clock-alignment
   residual, step times;
 - ``validate PATH...``: every problem found, one per line as ``file:event #i: field: message``;
-- ``convert PATH... -o OUT.parquet``: write pacectl's canonical Parquet (atomically).
+- ``convert PATH... -o OUT.parquet``: write pacectl's canonical Parquet (atomically);
+- ``fit PATH...``: fit the communication-timing model (:mod:`pacectl.fabric.fitted`) and print its
+  slopes with 95 % intervals, the placebo and held-out checks, the completion-on-arrival slopes and
+  the verdict ("consistent with max-plus within +-x % of step time" or "timing-dependent: ...").
 
 Formats (``--format``, default by file name, :mod:`pacectl.traces.detect`): ``kineto`` (``*.json``,
 ``*.json.gz``, or a directory or glob of them), ``steplevel`` (``*.csv``), ``canonical``
@@ -278,6 +281,69 @@ def _check_output(out: Path) -> None:
         raise OutputError(f"could not write {out}: {problem}. Pick another -o path.")
 
 
+def cmd_fit(args: argparse.Namespace) -> int:
+    from pacectl.backends.replay import ReplayBackend
+    from pacectl.fabric.fitted import fit_backend, fit_options
+
+    options = fit_options(
+        {
+            "ranks_per_node": args.ranks_per_node,
+            "rank_order": args.rank_order,
+            "block_steps": args.block_steps,
+            "tolerance_frac": args.tolerance,
+            "seed": args.seed,
+        }
+    )
+    trace, _, notes = _load(args)
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
+    print(f"fitting {trace.source} ({len(trace.ops)} ops, {len(trace.steps)} steps) ...", file=sys.stderr)
+    fit = fit_backend(ReplayBackend(trace), **options)
+    if args.json:
+        print(json.dumps(fit.to_dict(), indent=2))
+        return 0
+    print(f"trace      {trace.source}")
+    print(f"model      log(intrinsic time) = FE[op template, DP rank] + FE[block of {fit.block_steps} steps]")
+    print("           + slope per op class x (concurrent transfers, concurrent compute ops on the node)")
+    print(f"placement  {fit.placement.describe()} (--ranks-per-node, --rank-order)")
+    print(f"covariance {fit.fit.covariance}; {fit.fit.num_obs} op instances")
+
+    def table(title: str, coefs: Any, null: float, unit: str) -> None:
+        print(f"{title}")
+        print(f"  {'op class':<28} {'feature':<8} {'slope':>9} {'95% interval':>22} {'p':>7} {'n':>7}  {unit}")
+        for c in coefs:
+            if not c.identified:
+                print(f"  {c.op_class:<28} {c.feature:<8} {'n/i':>9} {'(too little variation)':>22} {'':>7} {c.num_obs:>7}")
+                continue
+            ci = f"[{c.ci95_low:+.4f}, {c.ci95_high:+.4f}]"
+            print(f"  {c.op_class:<28} {c.feature:<8} {c.estimate:+9.4f} {ci:>22} {c.p_value:7.3f} {c.num_obs:>7}")
+        print(f"  (max-plus: {null})")
+
+    table("fit (slope of log intrinsic time per concurrent op)", fit.fit.coefficients, 0.0, "")
+    print(f"  joint Wald test of every slope = 0: p = {fit.fit.wald_p_value:.3g}")
+    table("placebo (features from permuted steps: should find nothing)", fit.placebo.coefficients, 0.0, "")
+    print(f"  joint Wald test: p = {fit.placebo.wald_p_value:.3g}")
+    print(f"held out   fitted on the first half of the steps, the slopes explain {fit.heldout_r2 * 100:+.1f} % of the second half's variation (<= 0: nothing)")
+    table("completion on last arrival (s per s)", fit.arrival, 1.0, "")
+    for name, r in fit.overlap_residuals.items():
+        if r["num_mate_overlap"]:
+            print(
+                f"overlap    {name}: median log residual {r['median_log_residual_mate_overlap']:+.4f} when a node-mate's "
+                f"transfer overlaps it fully ({r['num_mate_overlap']} instances), "
+                + (
+                    f"{r['median_log_residual_no_overlap']:+.4f} with none ({r['num_no_overlap']})"
+                    if r["num_no_overlap"]
+                    else "none without"
+                )
+            )
+    print(
+        f"probe      random delays before every transfer: fitted minus max-plus mean step time "
+        f"{fit.effect_frac * 100:+.3f} % (se {fit.effect_se_frac * 100:.3f} %) of {fit.mean_step_time_s:.4g} s"
+    )
+    print(f"verdict    {fit.verdict}")
+    return 0
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from pacectl.traces.canonical import write_canonical
 
@@ -331,11 +397,12 @@ def build_parser() -> argparse.ArgumentParser:
         "  python -m pacectl.traces info pacectl/data/h200-capture\n"
         "  python -m pacectl.traces validate 'traces/rank*.json.gz'\n"
         "  python -m pacectl.traces convert traces/ -o job.parquet\n"
+        "  python -m pacectl.traces fit pacectl/data/bytedance/trace-AR.parquet\n"
         "Exit codes: 0 usable trace, 1 unusable (message on stderr), 2 bad command line.\n"
         "pacectl-traces ... is the same command (pip install puts it on the PATH).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{info,validate,convert}")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{info,validate,convert,fit}")
     common = _OneLineErrors(add_help=False)
     common.add_argument(
         "paths", nargs="+", metavar="PATH", help="trace file(s), a directory of rank files, or a glob"
@@ -395,6 +462,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_conv.add_argument("-o", "--output", required=True, type=Path, help="output .parquet path")
     p_conv.set_defaults(func=cmd_convert)
+    p_fit = sub.add_parser(
+        "fit",
+        parents=[common],
+        help="fit how transfer times depend on concurrent comm and compute; judge max-plus",
+        description="Fit the communication-timing model of pacectl/fabric/fitted.py to a trace: slopes with "
+        "95 %% intervals, a placebo on permuted steps, a held-out check, the completion-on-arrival slope, and "
+        "the verdict. The node placement is an assumption (the traces do not record it).",
+    )
+    p_fit.add_argument("--ranks-per-node", type=_positive(int), default=8, help="ranks per node (default 8)")
+    p_fit.add_argument(
+        "--rank-order",
+        choices=("megatron", "trace"),
+        default="megatron",
+        help="global rank of a (dp_rank, stage): megatron = tp * (dp_rank + dp_size * stage) (default), "
+        "trace = the trace's rank column",
+    )
+    p_fit.add_argument("--block-steps", type=_positive(int), default=8, help="steps per fixed-effect block (default 8)")
+    p_fit.add_argument(
+        "--tolerance", type=_positive(float), default=0.01, help="verdict tolerance, fraction of step time (default 0.01)"
+    )
+    p_fit.add_argument("--seed", type=int, default=0, help="placebo permutation and probe delays (default 0)")
+    p_fit.add_argument("--json", action="store_true", help="print the fit as JSON on stdout")
+    p_fit.set_defaults(func=cmd_fit)
     return parser
 
 
