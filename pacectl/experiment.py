@@ -10,8 +10,8 @@ tuning never import torch.
 from __future__ import annotations
 
 import importlib
-import logging
 import importlib.util
+import logging
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path

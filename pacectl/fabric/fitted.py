@@ -49,7 +49,8 @@ replayed timeline. A replay with the recorded timing therefore reproduces the re
 the null model does), and only a change in what overlaps what changes a duration. Because the
 features depend on the durations they set, the step is solved by a fixed-point pass
 (:func:`fixed_point`): evaluate the DAG, recompute the features from the evaluated timeline, update
-the transfer times, evaluate again, until no time moves by more than ``tol_s``. Ops that overlap
+the transfer times, evaluate again, until the transfer times reproduce themselves (to a relative
+``1e-6``; ``scipy.optimize.fixed_point`` accelerates the iteration). Ops that overlap
 within one level of the DAG (node-mates' concurrent transfers) and ops of later levels that overlap
 an earlier one (compute under a transfer) settle together.
 
@@ -62,7 +63,9 @@ point estimate; ``bound_frac`` is the largest difference in mean step time betwe
 (fitted minus max-plus, as a fraction of the zero-delay mean step time) over the point estimate and
 the far end of its 95 % interval (delta method: one replay per identified slope gives the
 difference's gradient in the slopes, and their covariance its standard error). "consistent with max-plus within +-x % of step time" when
-that bound is under ``tolerance_frac`` and no class's arrival response departs from 1.0 (a
+that bound is under ``tolerance_frac``, no dependence is *validated* (joint Wald test below
+:data:`SIGNIFICANCE`, held-out R^2 at least :data:`MIN_HELDOUT_R2`, and a placebo that does not
+also reject), and no class's arrival response departs from 1.0 (a
 departure: more than ``arrival_tolerance`` from 1.0, its interval excluding 1.0, and large enough to
 move completions by ``tolerance_frac`` of the step time at the arrivals' own spread); else
 "timing-dependent: ..." naming what departs.
@@ -103,6 +106,10 @@ MIN_TAU_S = 1e-6
 MIN_CLUSTERS = 10
 #: Instances of a class with a non-zero feature below which its slope is reported as not identified.
 MIN_VARYING = 20
+#: The verdict's significance level for the joint tests (fit and placebo).
+SIGNIFICANCE = 0.01
+#: Held-out share of variance the slopes must explain for a significant fit to count as a dependence.
+MIN_HELDOUT_R2 = 0.05
 #: Within-(template, block) standard deviation of a feature below which its slope is not identified:
 #: a slope per concurrent op read off variation of a few hundredths of one op is an extrapolation.
 MIN_FEATURE_SD = 0.05
@@ -485,7 +492,11 @@ def _ols(
             res = model.fit(cov_type="cluster", cov_kwds={"groups": np.column_stack([steps, cells])})
         kind = "cluster(step, template x dp_rank)"
         if np.all(np.diag(np.asarray(res.cov_params())) > 0):
-            return np.asarray(res.params, dtype=np.float64), np.asarray(res.cov_params(), dtype=np.float64), kind
+            return (
+                np.asarray(res.params, dtype=np.float64),
+                np.asarray(res.cov_params(), dtype=np.float64),
+                kind,
+            )
         # the two-way estimate is a difference of covariances and can lose positivity: one way then
         res = model.fit(cov_type="cluster", cov_kwds={"groups": steps})
         kind = "cluster(step)"
@@ -655,7 +666,9 @@ def _arrival(panel: _Panel, classes: tuple[str, ...]) -> tuple[Coefficient, ...]
         cells = np.unique(panel.cell[sel], return_inverse=True)[1]
         g = _demean(panel.gstart_s[sel], cells)
         e = _demean(panel.end_s[sel], cells)
-        cols = [g] + [_demean((panel.block[sel] == b).astype(np.float64), cells) for b in range(1, num_blocks)]
+        cols = [g] + [
+            _demean((panel.block[sel] == b).astype(np.float64), cells) for b in range(1, num_blocks)
+        ]
         x = np.column_stack(cols)
         keep = [0] + [j for j in range(1, x.shape[1]) if np.ptp(x[:, j]) > 1e-12]
         if n < MIN_VARYING or np.ptp(g) <= 1e-12:
@@ -665,7 +678,9 @@ def _arrival(panel: _Panel, classes: tuple[str, ...]) -> tuple[Coefficient, ...]
         params, cov, _ = _ols(e, x[:, keep], steps, cells)
         est, se = float(params[0]), float(math.sqrt(max(cov[0, 0], 0.0)))
         p = float(2 * stats.norm.sf(abs(est - 1.0) / se)) if se > 0 else nan
-        out.append(Coefficient(name, "arrival", est, se, est - z * se, est + z * se, p, n, 0, True, float(np.std(g))))
+        out.append(
+            Coefficient(name, "arrival", est, se, est - z * se, est + z * se, p, n, 0, True, float(np.std(g)))
+        )
     return tuple(out)
 
 
@@ -676,7 +691,9 @@ def _overlap_residuals(panel: _Panel, classes: tuple[str, ...]) -> dict[str, dic
     num_blocks = int(panel.block.max()) + 1
     y = _demean(panel.y, cells)
     if num_blocks > 1:
-        xd = _demean(np.column_stack([(panel.block == b).astype(np.float64) for b in range(1, num_blocks)]), cells)
+        xd = _demean(
+            np.column_stack([(panel.block == b).astype(np.float64) for b in range(1, num_blocks)]), cells
+        )
         coef, *_ = np.linalg.lstsq(xd, y, rcond=None)
         y = y - xd @ coef
     out: dict[str, dict[str, Any]] = {}
@@ -780,7 +797,9 @@ def fit_backend(
     linear = float(grad @ b_hat) if len(grad) else 0.0
     se = float(math.sqrt(max(float(grad @ fit.cov @ grad), 0.0))) if len(grad) else 0.0
     bound = float(max(abs(effect), abs(linear) + 1.96 * se))
-    verdict, ok = _verdict(bound, effect, fit, arrival, tolerance_frac, arrival_tolerance, base_mean)
+    verdict, ok = _verdict(
+        bound, effect, fit, placebo, heldout, arrival, tolerance_frac, arrival_tolerance, base_mean
+    )
     return CommFit(
         source=trace.source,
         placement=placement,
@@ -832,6 +851,8 @@ def _verdict(
     bound: float,
     effect: float,
     fit: RegressionResult,
+    placebo: RegressionResult,
+    heldout_r2: float,
     arrival: tuple[Coefficient, ...],
     tolerance: float,
     arrival_tolerance: float,
@@ -849,12 +870,28 @@ def _verdict(
         and abs(c.estimate - 1.0) * c.regressor_sd >= tolerance * mean_step_time_s
     ]
     reasons = []
-    if bound >= tolerance:
-        strongest = max(
-            (c for c in fit.coefficients if c.identified),
-            key=lambda c: abs(c.estimate) / c.std_err if c.std_err > 0 else 0.0,
-            default=None,
+    strongest = max(
+        (c for c in fit.coefficients if c.identified),
+        key=lambda c: abs(c.estimate) / c.std_err if c.std_err > 0 else 0.0,
+        default=None,
+    )
+    # a dependence that is significant, predicts held-out steps, and that the placebo does not also find
+    validated = (
+        strongest is not None
+        and fit.wald_p_value < SIGNIFICANCE
+        and heldout_r2 >= MIN_HELDOUT_R2
+        and not (placebo.wald_p_value < SIGNIFICANCE)
+    )
+    if validated and bound < tolerance:
+        assert strongest is not None
+        reasons.append(
+            f"{strongest.op_class}'s log transfer time moves {strongest.estimate:+.3g} "
+            f"[{strongest.ci95_low:+.3g}, {strongest.ci95_high:+.3g}] per concurrent {strongest.feature} op "
+            f"(joint p = {fit.wald_p_value:.2g}, held out R^2 = {heldout_r2:.2f}, placebo p = "
+            f"{placebo.wald_p_value:.2g}), though random delays before every transfer change mean step time by "
+            f"only {effect * 100:+.3f} % (up to {bound * 100:.3f} %) against max-plus"
         )
+    if bound >= tolerance:
         what = (
             f"; strongest slope {strongest.op_class}/{strongest.feature} {strongest.estimate:+.3g} "
             f"[{strongest.ci95_low:+.3g}, {strongest.ci95_high:+.3g}] per concurrent op"
@@ -951,14 +988,14 @@ class FittedComm:
         *,
         placement: Placement,
         source: str,
-        tol_s: float = 1e-7,
-        max_passes: int = 50,
+        rtol: float = 1e-6,
+        max_passes: int = 100,
     ) -> None:
         self.layout = layout
         self.beta = np.asarray(beta, dtype=np.float64)
         self.placement = placement
         self.source = source
-        self.tol_s = tol_s
+        self.rtol = rtol
         self.max_passes = max_passes
         self.timing_dependent = bool(np.any(self.beta != 0))
         self.fit: CommFit | None = None
@@ -968,7 +1005,9 @@ class FittedComm:
         self.unconverged = 0
 
     @classmethod
-    def from_fit(cls, layout: _Layout, fit: RegressionResult, *, placement: Placement, source: str) -> FittedComm:
+    def from_fit(
+        cls, layout: _Layout, fit: RegressionResult, *, placement: Placement, source: str
+    ) -> FittedComm:
         """The model of a regression's point estimate."""
         return cls(layout, fit.beta, placement=placement, source=source)
 
@@ -977,7 +1016,9 @@ class FittedComm:
         """Fit ``backend``'s recording (:func:`fit_backend`) and return its model, ``fit`` attached."""
         fit = fit_backend(backend, **fit_kwargs)
         meta = backend.trace.meta
-        layout = _layout(backend.dag, fit.placement, dp_size=meta.dp_size, pp_size=meta.pp_size, tp_size=meta.tp_size)
+        layout = _layout(
+            backend.dag, fit.placement, dp_size=meta.dp_size, pp_size=meta.pp_size, tp_size=meta.tp_size
+        )
         model = cls(layout, fit.fit.beta, placement=fit.placement, source=backend.trace.source)
         model.fit = fit
         model.description = model._describe()
@@ -1000,7 +1041,9 @@ class FittedComm:
         """Static part: the recorded transfer times (the fitted part is applied in the fixed point)."""
         return recorded_transfer_s
 
-    def reference_features(self, dag: StepDag, start_s: FloatArray, end_s: FloatArray) -> tuple[FloatArray, FloatArray]:
+    def reference_features(
+        self, dag: StepDag, start_s: FloatArray, end_s: FloatArray
+    ) -> tuple[FloatArray, FloatArray]:
         """The features of the zero-delay (null-model) replay, computed once: the reference that a
         replayed op's features are compared with, so a zero-delay replay is the null model's exactly.
 
@@ -1087,10 +1130,12 @@ def fixed_point(
 ) -> tuple[FloatArray, FloatArray]:
     """Solve a replayed step (or every step) under the fitted model, in place.
 
-    Evaluates ``levels`` with the current transfer times, recomputes every communication op's
-    features from the evaluated timeline, sets its transfer time to the recorded one times
-    ``exp(beta . (x - x_recorded))``, and repeats until no start or end moves by more than
-    ``model.tol_s`` (or ``model.max_passes``, counted in ``model.unconverged``).
+    The unknowns are the communication ops' transfer times ``t``; one pass evaluates ``levels`` with
+    ``t``, recomputes every communication op's features ``x(t)`` from the evaluated timeline and
+    returns ``t_recorded * exp(beta . (x(t) - x_reference))``. The fixed point ``t = pass(t)`` is
+    found by ``scipy.optimize.fixed_point`` (Steffensen's method with Aitken's acceleration) to the
+    relative tolerance ``model.rtol`` within ``model.max_passes`` iterations; one that does not
+    converge keeps its last pass and is counted in ``model.unconverged``. Slopes of 0 need no pass.
 
     Args:
         end: ``float64[N + 1, (num_steps,) dp_size]``, the baseline end times (sentinel row last).
@@ -1114,22 +1159,19 @@ def fixed_point(
     transfer = transfer_s.copy()
     base_transfer = transfer_s[c]
     one_step = start.ndim == 2
-    passes = 0
-    prev_start, prev_end = None, None
     base_end, base_start = end.copy(), start.copy()
-    while True:
+    passes = 0
+
+    def solve(comm_transfer: FloatArray) -> None:
+        nonlocal passes
         end[:] = base_end
         start[:] = base_start
+        transfer[c] = comm_transfer
         evaluate(levels, end, start, launch_s, transfer, pace_s)
         passes += 1
-        if prev_start is not None:
-            moved = max(float(np.abs(start - prev_start).max()), float(np.abs(end - prev_end).max()))
-            if moved <= model.tol_s:
-                break
-        if passes >= model.max_passes:
-            model.unconverged += 1
-            break
-        prev_start, prev_end = start.copy(), end.copy()
+
+    def update(comm_transfer: FloatArray) -> FloatArray:
+        solve(comm_transfer)
         s3 = start[:, None] if one_step else start
         e3 = end[:-1, None] if one_step else end[:-1]
         _, comm, compute = timeline_features(model.layout, dag, s3, e3)
@@ -1137,10 +1179,21 @@ def fixed_point(
             comm, compute = comm[:, 0], compute[:, 0]
         d_comm = np.where(np.isfinite(comm) & np.isfinite(rec_comm), comm - rec_comm, 0.0)
         d_compute = np.where(np.isfinite(compute) & np.isfinite(rec_compute), compute - rec_compute, 0.0)
-        new = base_transfer * np.exp(b_comm * d_comm + b_compute * d_compute)
-        if np.array_equal(new, transfer[c]) and passes > 1:
-            break
-        transfer[c] = new
+        return base_transfer * np.exp(b_comm * d_comm + b_compute * d_compute)
+
+    if not np.any(beta):
+        solve(base_transfer)
+    else:
+        from scipy.optimize import fixed_point as scipy_fixed_point
+
+        # Steffensen's method with Aitken's del^2 acceleration (scipy): the transfer times whose
+        # features they produce give them back, to a relative tolerance of model.rtol
+        try:
+            solution = scipy_fixed_point(update, base_transfer, xtol=model.rtol, maxiter=model.max_passes)
+        except RuntimeError:  # not converged in max_passes: keep the last plain iterate, and count it
+            model.unconverged += 1
+            solution = update(transfer[c].copy())
+        solve(np.maximum(np.asarray(solution, dtype=np.float64), 0.0))
     model.last_passes = passes
     return start, end[:-1]
 
@@ -1170,7 +1223,11 @@ def fit_options(section: Any) -> dict[str, Any]:
         try:
             from omegaconf import DictConfig, OmegaConf
 
-            raw = dict(OmegaConf.to_container(section, resolve=True)) if isinstance(section, DictConfig) else dict(section)  # type: ignore[arg-type]
+            raw = (
+                dict(OmegaConf.to_container(section, resolve=True))
+                if isinstance(section, DictConfig)
+                else dict(section)
+            )  # type: ignore[arg-type]
         except (TypeError, ValueError) as err:
             raise ConfigError(f"fit must be a mapping of {sorted(FIT_DEFAULTS)}, got {section!r}") from err
     unknown = [k for k in raw if k not in FIT_DEFAULTS]
@@ -1179,20 +1236,39 @@ def fit_options(section: Any) -> dict[str, Any]:
     opts = {**FIT_DEFAULTS, **raw}
     for key in ("block_steps", "seed"):
         v = opts[key]
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (1 if key == "block_steps" else 0):
-            raise ConfigError(f"fit.{key} must be an integer >= {1 if key == 'block_steps' else 0}, got {v!r}; e.g. fit.{key}={FIT_DEFAULTS[key]}")
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, np.integer))
+            or v < (1 if key == "block_steps" else 0)
+        ):
+            raise ConfigError(
+                f"fit.{key} must be an integer >= {1 if key == 'block_steps' else 0}, got {v!r}; e.g. fit.{key}={FIT_DEFAULTS[key]}"
+            )
     for key in ("tolerance_frac", "arrival_tolerance"):
         v = opts[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(float(v)) and float(v) > 0):
-            raise ConfigError(f"fit.{key} must be a finite number > 0, got {v!r}; e.g. fit.{key}={FIT_DEFAULTS[key]}")
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or not (math.isfinite(float(v)) and float(v) > 0)
+        ):
+            raise ConfigError(
+                f"fit.{key} must be a finite number > 0, got {v!r}; e.g. fit.{key}={FIT_DEFAULTS[key]}"
+            )
     placement = Placement(ranks_per_node=opts.pop("ranks_per_node"), rank_order=opts.pop("rank_order"))
-    return {"placement": placement, **{k: (float(v) if k.endswith(("frac", "tolerance")) else int(v)) for k, v in opts.items()}}
+    return {
+        "placement": placement,
+        **{k: (float(v) if k.endswith(("frac", "tolerance")) else int(v)) for k, v in opts.items()},
+    }
 
 
 def fit_table(fit: CommFit) -> pd.DataFrame:
     """The fit's slopes, placebo slopes and arrival responses as one table (for printing)."""
     rows = []
-    for which, reg in (("fit", fit.fit.coefficients), ("placebo", fit.placebo.coefficients), ("arrival", fit.arrival)):
+    for which, reg in (
+        ("fit", fit.fit.coefficients),
+        ("placebo", fit.placebo.coefficients),
+        ("arrival", fit.arrival),
+    ):
         for c in reg:
             rows.append({"which": which, **asdict(c)})
     return pd.DataFrame(rows)

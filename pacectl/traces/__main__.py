@@ -310,20 +310,28 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     def table(title: str, coefs: Any, null: float, unit: str) -> None:
         print(f"{title}")
-        print(f"  {'op class':<28} {'feature':<8} {'slope':>9} {'95% interval':>22} {'p':>7} {'n':>7}  {unit}")
+        print(
+            f"  {'op class':<28} {'feature':<8} {'slope':>9} {'95% interval':>22} {'p':>7} {'n':>7}  {unit}"
+        )
         for c in coefs:
             if not c.identified:
-                print(f"  {c.op_class:<28} {c.feature:<8} {'n/i':>9} {'(too little variation)':>22} {'':>7} {c.num_obs:>7}")
+                print(
+                    f"  {c.op_class:<28} {c.feature:<8} {'n/i':>9} {'(too little variation)':>22} {'':>7} {c.num_obs:>7}"
+                )
                 continue
             ci = f"[{c.ci95_low:+.4f}, {c.ci95_high:+.4f}]"
-            print(f"  {c.op_class:<28} {c.feature:<8} {c.estimate:+9.4f} {ci:>22} {c.p_value:7.3f} {c.num_obs:>7}")
+            print(
+                f"  {c.op_class:<28} {c.feature:<8} {c.estimate:+9.4f} {ci:>22} {c.p_value:7.3f} {c.num_obs:>7}"
+            )
         print(f"  (max-plus: {null})")
 
     table("fit (slope of log intrinsic time per concurrent op)", fit.fit.coefficients, 0.0, "")
     print(f"  joint Wald test of every slope = 0: p = {fit.fit.wald_p_value:.3g}")
     table("placebo (features from permuted steps: should find nothing)", fit.placebo.coefficients, 0.0, "")
     print(f"  joint Wald test: p = {fit.placebo.wald_p_value:.3g}")
-    print(f"held out   fitted on the first half of the steps, the slopes explain {fit.heldout_r2 * 100:+.1f} % of the second half's variation (<= 0: nothing)")
+    print(
+        f"held out   fitted on the first half of the steps, the slopes explain {fit.heldout_r2 * 100:+.1f} % of the second half's variation (<= 0: nothing)"
+    )
     table("completion on last arrival (s per s)", fit.arrival, 1.0, "")
     for name, r in fit.overlap_residuals.items():
         if r["num_mate_overlap"]:
@@ -478,9 +486,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="global rank of a (dp_rank, stage): megatron = tp * (dp_rank + dp_size * stage) (default), "
         "trace = the trace's rank column",
     )
-    p_fit.add_argument("--block-steps", type=_positive(int), default=8, help="steps per fixed-effect block (default 8)")
     p_fit.add_argument(
-        "--tolerance", type=_positive(float), default=0.01, help="verdict tolerance, fraction of step time (default 0.01)"
+        "--block-steps", type=_positive(int), default=8, help="steps per fixed-effect block (default 8)"
+    )
+    p_fit.add_argument(
+        "--tolerance",
+        type=_positive(float),
+        default=0.01,
+        help="verdict tolerance, fraction of step time (default 0.01)",
     )
     p_fit.add_argument("--seed", type=int, default=0, help="placebo permutation and probe delays (default 0)")
     p_fit.add_argument("--json", action="store_true", help="print the fit as JSON on stdout")
