@@ -109,6 +109,7 @@ def _load_steplevel(trace_cfg: DictConfig) -> OpTrace:
         collective_s=trace_cfg.get("collective_s"),
         collective_frac=float(trace_cfg.get("collective_frac", 0.01)),
         name=trace_cfg.get("name"),
+        sample_every=trace_cfg.get("sample_every"),
     )
 
 

@@ -176,6 +176,16 @@ class ReplayExperiment(_ClosedLoop):
                 "tp_size": trace.meta.tp_size,
                 "num_steps": backend.num_iterations,
                 "time_unit": trace.time_unit,
+                "sample_every_iters": trace.sample_every_iters,
+                **(
+                    {
+                        "sample_note": f"each replayed step is one recorded sample, {trace.sample_every_iters} "
+                        "real iterations after the previous one: lags and autocorrelations counted in replayed "
+                        f"iterations are {trace.sample_every_iters}x as long in real iterations"
+                    }
+                    if trace.sample_every_iters > 1
+                    else {}
+                ),
                 # why runs[*].num_ranks may differ from world_size
                 "ranks_modelled": sum(len(d.ranks) for d in backend.domains),
                 **(
@@ -331,6 +341,10 @@ class SimExperiment(_ClosedLoop):
                 "num_iterations": b.num_iterations,
                 "comm_free_time_s": float(b.comm.free_time_s),
                 "interference_kappa": b.interference.kappa,
+                # how each noise component draws compute times (a sampled series says how it is filled)
+                "compute_noise": [
+                    c.describe() if hasattr(c, "describe") else type(c).__name__ for c in b.compute.components
+                ],
             },
         }
 

@@ -163,3 +163,24 @@ def test_empirical_step_times_follow_the_time_column_not_the_row_order(tmp_path)
     np.testing.assert_array_equal(
         EmpiricalSamples(str(shuffled))._factors, EmpiricalSamples(str(shipped))._factors
     )
+
+
+def test_alibaba_fill_keeps_the_samples_and_their_lag10_autocorrelation() -> None:
+    """The PAI series is sampled every 10 iterations: the AR(1) bridge passes through every sample and
+    its lag-10 autocorrelation is the samples' lag-1 one; the description says how it fills."""
+    from pacectl.data import DATA_DIR
+    from pacectl.fabric.noise import EmpiricalSamples
+
+    model = EmpiricalSamples(str(DATA_DIR / "alibaba-pai" / "job_1_norm.csv"))
+    assert model.interval_iters == 10
+    assert "AR(1) bridge" in model.describe() and "every 10 iterations" in model.describe()
+    series = model._series(np.random.default_rng(0))
+    np.testing.assert_allclose(series[::10], model._factors, rtol=1e-12)
+    for w in range(series.shape[1]):
+        logs = np.log(series[:, w])
+        lag10 = np.corrcoef(logs[:-10], logs[10:])[0, 1]
+        assert abs(lag10 - model._rho[w]) < 0.1
+    held = EmpiricalSamples(str(DATA_DIR / "alibaba-pai" / "job_1_norm.csv"), fill="hold")._series(
+        np.random.default_rng(0)
+    )
+    assert held.shape[0] == 10 * model._factors.shape[0]

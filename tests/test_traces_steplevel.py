@@ -185,3 +185,42 @@ def test_not_csv_and_wide_cv_file(tmp_path: Path) -> None:
         load_steplevel(tmp_path / "nope.csv")
     with pytest.raises(TraceError, match="collective_frac"):
         load_steplevel(JOB1, collective_frac=2.0)
+
+
+def test_sampling_interval_of_the_shipped_alibaba_file_is_ten():
+    """The Alibaba PAI series records every 10th iteration (time = 1, 11, 21, ...); its short last
+    gap (2981 -> 2988, the job's end) is not an irregularity."""
+    import warnings as _w
+
+    from pacectl.data import DATA_DIR
+    from pacectl.traces.steplevel import load_steplevel
+
+    with _w.catch_warnings():
+        _w.simplefilter("error")
+        trace = load_steplevel(DATA_DIR / "alibaba-pai" / "job_1_norm.csv")
+    assert trace.sample_every_iters == 10
+    from pacectl.traces.model import TraceWarning
+
+    with pytest.warns(TraceWarning, match="sampled every 5 iterations .as trace.sample_every says"):
+        given = load_steplevel(DATA_DIR / "alibaba-pai" / "job_1_norm.csv", sample_every=5)
+    assert given.sample_every_iters == 5
+
+
+def test_irregular_sampling_is_warned_with_its_rows(tmp_path):
+    import pytest as _pytest
+
+    from pacectl.errors import TraceError
+    from pacectl.traces.model import TraceWarning
+    from pacectl.traces.steplevel import load_steplevel
+
+    path = tmp_path / "job.csv"
+    times = [0, 10, 20, 25, 35, 45]
+    lines = ["worker,time,batch_time_norm"] + [f"{w},{t},{100 + w + t}" for t in times for w in (0, 1)]
+    path.write_text("\n".join(lines) + "\n")
+    with _pytest.warns(
+        TraceWarning, match=r"sampled every 10 iterations .* 1 of 5 gaps differ: 20 -> 25 \(rows 6-9\)"
+    ):
+        trace = load_steplevel(path)
+    assert trace.sample_every_iters == 10
+    with _pytest.raises(TraceError, match=r"sample_every \(trace.sample_every\) must be an integer >= 1"):
+        load_steplevel(path, sample_every=0)

@@ -663,6 +663,9 @@ def _arrival(panel: _Panel, classes: tuple[str, ...]) -> tuple[Coefficient, ...]
     for k, name in enumerate(classes):
         sel = panel.cls == k
         n = int(sel.sum())
+        if n < MIN_VARYING:
+            out.append(Coefficient(name, "arrival", nan, nan, nan, nan, nan, n, 0, False))
+            continue
         cells = np.unique(panel.cell[sel], return_inverse=True)[1]
         g = _demean(panel.gstart_s[sel], cells)
         e = _demean(panel.end_s[sel], cells)

@@ -159,27 +159,61 @@ class SlowRanks:
         return compute_s * np.where(slow, self.factor, 1.0)[None, :]
 
 
+#: How :class:`EmpiricalSamples` fills the iterations between samples of a sampled series.
+FILLS = ("ar1", "hold", "consecutive")
+
+
 @dataclass(frozen=True)
 class EmpiricalSamples:
     """Replay of real per-worker step-time variation from a step-level trace (Alibaba PAI
-    ``job_*_norm.csv``: columns ``worker``, ``batch_time_norm``, and ``time`` for the order; without
-    it, the file's row order), as multiplicative factors.
+    ``job_*_norm.csv``: columns ``worker``, ``batch_time_norm``, and ``time`` or ``iteration`` for
+    the order; without one, the file's row order), as multiplicative factors.
 
     Each worker's normalised times (truncated to the shortest worker's series) are divided by the
-    job-wide mean; simulated rank ``r`` replays
-    worker ``r mod num_workers`` from a random offset, cycling (Alibaba cluster-trace-gpu-v2020,
-    Weng et al., "MLaaS in the Wild", NSDI 2022; CC BY 4.0).
+    job-wide mean; simulated rank ``r`` replays worker ``r mod num_workers`` from a random offset,
+    cycling (Alibaba cluster-trace-gpu-v2020, Weng et al., "MLaaS in the Wild", NSDI 2022; CC BY 4.0).
+
+    **Sampling.** The series may be sampled: the Alibaba PAI files record every 10th iteration
+    (``time`` = 1, 11, 21, ...). The interval ``k`` is read from the ``time``/``iteration`` column
+    (:func:`pacectl.traces.steplevel.sampling_interval`) or given as ``sample_every``, and ``fill``
+    says how the ``k - 1`` iterations between two samples are filled:
+
+    - ``ar1`` (default): an AR(1) bridge in log space, per worker: ``x_t = phi x_{t-1} + e_t`` with
+      ``phi = rho_k ** (1 / k)``, ``rho_k`` the worker's lag-1 autocorrelation *of the samples* (lag
+      ``k`` in iterations, clipped to [0.01, 0.99]) and the variance of its log factors, drawn
+      conditionally on the two samples it joins (a Gaussian bridge: it passes through every recorded
+      value). Its lag-``k`` autocorrelation therefore matches the data's; its lag-1 is ``phi``. The
+      fill is an assumption (the data say nothing between samples), and every output that uses the
+      model says so (:meth:`describe`).
+    - ``hold``: each sample is held for ``k`` iterations.
+    - ``consecutive``: the samples replay as consecutive iterations (pacectl before 2026-12: the
+      series' time axis compressed ``k``-fold).
 
     Args:
         path: CSV file with ``worker`` and ``batch_time_norm`` columns.
+        fill: one of :data:`FILLS`.
+        sample_every: iterations between samples; None reads it from the file (1 without a
+            ``time``/``iteration`` column).
+
+    Raises:
+        ConfigError: a missing file or an unknown ``fill``.
+        TraceError: the file is not such a CSV.
     """
 
     path: str = ""
+    fill: str = "ar1"
+    sample_every: int | None = None
     _factors: FloatArray = field(init=False, repr=False, compare=False)
+    _interval: int = field(init=False, repr=False, compare=False, default=1)
+    _rho: FloatArray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         import pandas as pd
 
+        from pacectl.traces.steplevel import sampling_interval
+
+        if self.fill not in FILLS:
+            raise ConfigError(f"empirical.fill must be one of {list(FILLS)}, got {self.fill!r}")
         p = Path(self.path)
         if not p.is_file():
             raise ConfigError(f"empirical.path must be an existing CSV file, got {self.path!r}")
@@ -197,20 +231,87 @@ class EmpiricalSamples:
         values = frame["batch_time_norm"].to_numpy(np.float64)
         if not np.isfinite(values).all() or (values <= 0).any():
             raise TraceError(f"batch_time_norm must be finite and > 0 (in {p}: column batch_time_norm)")
-        if "time" in frame.columns:  # each worker's series in recorded order, whatever the file's row order
-            frame = frame.sort_values(["worker", "time"], kind="stable")
+        order = next((c for c in ("time", "iteration") if c in frame.columns), None)
+        interval = int(self.sample_every or 1)
+        if order is not None:  # each worker's series in recorded order, whatever the file's row order
+            frame = frame.sort_values(["worker", order], kind="stable")
+            interval = sampling_interval(
+                frame[order].to_numpy(np.int64), source=str(p), column=order, sample_every=self.sample_every
+            )
         groups = [g["batch_time_norm"].to_numpy(np.float64) for _, g in frame.groupby("worker", sort=True)]
         length = min(len(g) for g in groups)
         factors = np.stack([g[:length] for g in groups], axis=1)
         object.__setattr__(self, "_factors", factors / factors.mean())
+        object.__setattr__(self, "_interval", interval)
+        logs = np.log(factors)
+        rho = np.array(
+            [
+                np.corrcoef(logs[:-1, w], logs[1:, w])[0, 1] if length > 2 else 0.0
+                for w in range(logs.shape[1])
+            ]
+        )
+        object.__setattr__(self, "_rho", np.clip(np.nan_to_num(rho, nan=0.0), 0.01, 0.99))
+
+    @property
+    def interval_iters(self) -> int:
+        """Iterations between the file's samples."""
+        return self._interval
+
+    def describe(self) -> str:
+        """One line for outputs: the file, its sampling and how the gaps are filled."""
+        length, workers = self._factors.shape
+        k = self._interval
+        head = f"empirical step times from {Path(self.path).name}: {workers} workers x {length} samples"
+        if k == 1:
+            return f"{head}, one per iteration (nothing to fill)"
+        if self.fill == "ar1":
+            phi = self._rho ** (1.0 / k)
+            how = (
+                f"the {k - 1} iterations between samples filled by an AR(1) bridge in log space per worker "
+                f"(phi = rho_{k}^(1/{k}) = {phi.min():.3f}-{phi.max():.3f}, from the samples' lag-{k} "
+                f"autocorrelation {self._rho.min():.2f}-{self._rho.max():.2f}, which the fill keeps): an assumption"
+            )
+        elif self.fill == "hold":
+            how = f"each sample held for {k} iterations: an assumption"
+        else:
+            how = f"samples replayed as consecutive iterations (the series' time axis compressed {k}-fold)"
+        return f"{head} every {k} iterations; {how}"
+
+    def _series(self, rng: np.random.Generator) -> FloatArray:
+        """``float64[iterations, workers]`` factors at iteration resolution (see ``fill``)."""
+        k = self._interval
+        if k == 1 or self.fill == "consecutive":
+            return self._factors
+        if self.fill == "hold":
+            return np.repeat(self._factors, k, axis=0)
+        logs = np.log(self._factors)  # [L, W]
+        mean = logs.mean(axis=0)
+        x = logs - mean
+        var = x.var(axis=0)
+        phi = self._rho ** (1.0 / k)
+        gaps, workers = x.shape[0] - 1, x.shape[1]
+        out = np.empty((gaps * k + 1, workers))
+        out[::k] = x
+        prev, target = x[:-1], x[1:]  # [gaps, W]
+        for t in range(1, k):
+            m = k - t + 1  # steps from the previous point to the target
+            # x_t | x_{t-1}, x_target for an AR(1) with stationary variance var (Gaussian bridge)
+            w = phi ** (m - 1) * (1 - phi**2) / (1 - phi ** (2 * m))
+            mu = phi * prev + w * (target - phi**m * prev)
+            v = var * ((1 - phi**2) - phi ** (2 * (m - 1)) * (1 - phi**2) ** 2 / (1 - phi ** (2 * m)))
+            prev = mu + np.sqrt(np.maximum(v, 0.0)) * rng.standard_normal((gaps, workers))
+            out[t::k][:gaps] = prev
+        return np.exp(out + mean)
 
     def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
-        """Multiply by the recorded per-worker factors."""
+        """Multiply by the recorded per-worker factors (filled between samples as ``fill`` says)."""
         num_iterations, num_ranks = compute_s.shape
-        length, workers = self._factors.shape
+        series = self._series(rng)
+        series = series / series.mean()
+        length, workers = series.shape
         offset = np.asarray(rng.integers(0, length, size=num_ranks), dtype=np.int64)
         rows = (np.arange(num_iterations)[:, None] + offset[None, :]) % length
-        return compute_s * self._factors[rows, np.arange(num_ranks)[None, :] % workers]
+        return compute_s * series[rows, np.arange(num_ranks)[None, :] % workers]
 
 
 @dataclass(frozen=True)

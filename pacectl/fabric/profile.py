@@ -238,7 +238,14 @@ NOISE_SCHEMA: dict[str, dict[str, tuple[_Check, str]]] = {
         "fraction": _number("0.05", low=0.0, high=1.0),
         "factor": _number("1.15", low=1.0),
     },
-    "empirical": {"path": _text("job_norm.csv")},
+    "empirical": {
+        "path": _text("job_norm.csv"),
+        "fill": _choice(("ar1", "hold", "consecutive"), "ar1"),
+        "sample_every": (
+            lambda value, key: None if value is None else _integer(1, "10")[0](value, key),
+            "10",
+        ),
+    },
 }
 
 

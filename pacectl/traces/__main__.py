@@ -153,6 +153,11 @@ def cmd_info(args: argparse.Namespace) -> int:
             f"as 1 unit = {trace.norm_unit_s:g} s, so seconds and it/s derived from this trace are "
             "arbitrary: compare only ratios (CV, relative throughput)"
         )
+    if trace.sample_every_iters > 1:
+        say(
+            f"sampling  every {trace.sample_every_iters} iterations: consecutive steps are "
+            f"{trace.sample_every_iters} real iterations apart (a lag of 1 step is {trace.sample_every_iters} iterations)"
+        )
     ranks = sorted(trace.ops["rank"].unique().tolist())
     say(
         f"ranks     {len(ranks)} recorded {ranks[:16]}{' ...' if len(ranks) > 16 else ''}  "
@@ -222,6 +227,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             "pp_size": m.pp_size,
             "time_unit": trace.time_unit,
             "norm_unit_s": trace.norm_unit_s,
+            "sample_every_iters": trace.sample_every_iters,
             "ranks": ranks,
             "steps": steps.tolist(),
             "collective": trace.collective or "grads-reduce-scatter",

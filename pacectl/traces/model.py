@@ -183,6 +183,10 @@ class OpTrace:
             carry their iteration periods here (between common exits on the host clock the ranks
             share, else the mean of the ranks' own periods), because the span of jittery per-rank
             stamps can overstate them; fidelity compares against these.
+        sample_every_iters: training iterations between consecutive recorded steps (1: every
+            iteration recorded). A step-level series sampled every 10 iterations (the Alibaba PAI
+            files) has 10: its consecutive steps are 10 real iterations apart, so a lag or an
+            autocorrelation counted in its steps is 10 times as long in iterations.
         collective: what the source calls the collectives recorded under the canonical gradient op
             type ``grads-reduce-scatter`` (the schema has one type for the gradient collective,
             whatever its algorithm), e.g. ``"gloo all_reduce"`` for a Kineto capture of DDP; empty:
@@ -198,12 +202,16 @@ class OpTrace:
     norm_unit_s: float = 1.0
     measured_step_time_s: tuple[float, ...] | None = None
     collective: str = ""
+    sample_every_iters: int = 1
 
     def __post_init__(self) -> None:
         if self.time_unit not in TIME_UNITS:
             raise TraceError(f"time_unit must be one of {list(TIME_UNITS)}, got {self.time_unit!r}")
         if not (np.isfinite(self.norm_unit_s) and self.norm_unit_s > 0):
             raise TraceError(f"norm_unit_s must be a positive number of seconds, got {self.norm_unit_s!r}")
+        every = self.sample_every_iters
+        if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
+            raise TraceError(f"sample_every_iters must be an integer >= 1, got {every!r} (in {self.source})")
         measured = self.measured_step_time_s
         if measured is not None:
             values = np.asarray(measured, dtype=np.float64)

@@ -16,6 +16,14 @@ worker (``rank`` = worker's index in sorted order, pure data parallel, ``pp_size
   ``collective_frac`` (1 %) of the median step time. The recorded batch time *includes* the real
   synchronisation, which the file cannot separate, so arrival spreads here are upper bounds.
 
+**Sampling interval.** The step column need not count every iteration: the Alibaba PAI files
+record every 10th (``time`` = 1, 11, 21, ...). :func:`sampling_interval` reads the interval from the
+column (its most common step between consecutive recorded values) or takes ``sample_every``
+(``trace.sample_every``), and the trace records it (:attr:`OpTrace.sample_every_iters`): consecutive
+steps of the trace are that many real iterations apart, which every figure counted in steps (a lag,
+an autocorrelation) has to be read with. Gaps that differ from the interval get a
+:class:`~pacectl.traces.model.TraceWarning` naming the values and the file's rows.
+
 No absolute time is recorded, so no clock alignment is needed (or possible); the values are
 normalised, so ``unit_s`` only scales the result (default: 1 unit = 1 ms, so 1000 -> 1 s), and the
 trace is marked ``time_unit="normalized"`` (``norm_unit_s = unit_s``): times, step times and it/s
@@ -52,6 +60,77 @@ _STEP_COLS = ("time", "iteration", "step")
 _VALUE_COLS = ("batch_time_norm", "step_time_s")
 
 
+def sampling_interval(
+    steps: np.ndarray,
+    *,
+    source: str,
+    column: str,
+    rows: np.ndarray | None = None,
+    sample_every: int | None = None,
+) -> int:
+    """Iterations between consecutive recorded samples of a step column.
+
+    Args:
+        steps: the step (iteration) value of every row, integers.
+        source: file name for messages; column: the column's name.
+        rows: the file line of every row (for the warning), or None.
+        sample_every: the interval given by the user (``trace.sample_every``), or None to infer it.
+
+    Returns:
+        ``sample_every`` if given, else the most common difference between consecutive distinct
+        values (1 for a single value; ties go to the smaller).
+
+    Warns:
+        TraceWarning: some consecutive values are not one interval apart (the first few are named,
+            with their rows); a *shorter last* gap is not warned about (the job's final iteration,
+            sampled when it ended: the shipped Alibaba job ends ``2981 -> 2988``).
+
+    Raises:
+        TraceError: ``sample_every`` is not an integer >= 1.
+
+    Example:
+        >>> sampling_interval(np.array([1, 11, 21, 31]), source="job.csv", column="time")
+        10
+    """
+    if sample_every is not None and (
+        isinstance(sample_every, bool) or not isinstance(sample_every, (int, np.integer)) or sample_every < 1
+    ):
+        raise TraceError(
+            f"sample_every (trace.sample_every) must be an integer >= 1 or null, got {sample_every!r}; "
+            "e.g. trace.sample_every=10"
+        )
+    values = np.unique(np.asarray(steps, dtype=np.int64))
+    if len(values) < 2:
+        return int(sample_every or 1)
+    gaps = np.diff(values)
+    kinds, counts = np.unique(gaps, return_counts=True)
+    seen = int(kinds[np.argmax(counts)])
+    every = int(sample_every) if sample_every is not None else seen
+    odd = np.flatnonzero(gaps != every)
+    if len(odd) and odd[-1] == len(gaps) - 1 and gaps[-1] < every:
+        odd = odd[:-1]  # a short last gap: the job's final iteration, sampled as it ended
+    if len(odd):
+        shown = []
+        for i in odd[:3]:
+            a, b = int(values[i]), int(values[i + 1])
+            where = ""
+            if rows is not None:
+                line_a = np.asarray(rows)[np.asarray(steps) == a]
+                line_b = np.asarray(rows)[np.asarray(steps) == b]
+                where = f" (rows {int(line_a.min())}-{int(line_b.max())})"
+            shown.append(f"{a} -> {b}{where}")
+        more = f", and {len(odd) - 3} more" if len(odd) > 3 else ""
+        given = "as trace.sample_every says" if sample_every is not None else "its most common step"
+        warnings.warn(
+            f"{source}: column {column} is sampled every {every} iterations ({given}), but {len(odd)} of "
+            f"{len(gaps)} gaps differ: {'; '.join(shown)}{more}; each recorded step still replays as one "
+            f"sample {every} iterations after the last (set trace.sample_every to override)",
+            TraceWarning,
+            stacklevel=3,
+        )
+    return every
+
+
 def load_steplevel(
     path: str | Path,
     *,
@@ -59,6 +138,7 @@ def load_steplevel(
     collective_s: float | None = None,
     collective_frac: float = 0.01,
     name: str | None = None,
+    sample_every: int | None = None,
 ) -> OpTrace:
     """Load a step-level CSV as a canonical trace.
 
@@ -68,13 +148,17 @@ def load_steplevel(
         collective_s: fixed collective transfer time, seconds; ``None`` uses ``collective_frac``.
         collective_frac: transfer time as a fraction of the median step time, in [0, 1].
         name: job name (default: the file stem).
+        sample_every: iterations between recorded steps; None reads it from the step column
+            (:func:`sampling_interval`).
 
     Returns:
         The validated :class:`OpTrace` (``fmt="steplevel"``, ``time_unit="normalized"`` for
-        ``batch_time_norm``); only steps recorded by every worker.
+        ``batch_time_norm``, ``sample_every_iters`` the interval); only steps recorded by every
+        worker.
 
     Warns:
-        TraceWarning: exact duplicate rows or incomplete steps were dropped (how many, which).
+        TraceWarning: exact duplicate rows or incomplete steps were dropped (how many, which), or
+            the step column's gaps are irregular (which, on which rows).
 
     Raises:
         TraceError: the file is missing or not CSV, lacks a column, holds a NaN, negative or absurd
@@ -163,6 +247,7 @@ def load_steplevel(
             f"{n_keys} (worker, {step_col}) pair(s) are recorded more than once with different values. "
             "Which one is right cannot be told: keep one row per worker and step."
         )
+    every = sampling_interval(step, source=str(p), column=step_col, rows=rows, sample_every=sample_every)
     workers = np.unique(worker)
     table = pd.DataFrame({"w": worker, "s": step, "t": value}).pivot(index="s", columns="w", values="t")
     complete = table.dropna()
@@ -222,4 +307,5 @@ def load_steplevel(
         time_unit="normalized" if normalized else "s",
         norm_unit_s=float(unit_s) if normalized else 1.0,
         collective="one modelled per step: the file records none",
+        sample_every_iters=every,
     )
