@@ -87,8 +87,8 @@ def _check(capsys, args: list[str], config_name: str = "config") -> str:
 def test_an_empty_group_choice_lists_every_option(capsys) -> None:
     err = _check(capsys, ["controller="])
     assert (
-        "controller= needs an option of conf/controller/: one of all, ewma, forecast, none, pid, quantile, threshold"
-        in err
+        "controller= needs an option of conf/controller/: one of all, ewma, forecast, none, phase, pid, quantile, "
+        "sleep_wait, threshold" in err
     )
 
 
