@@ -95,7 +95,7 @@ def main() -> int:
             ("H200 gloo, Kineto (4 steps)", kin),
             ("H200 gloo, hook CSVs (170 iterations)", h200_csv_trace()),
         ]
-    traces += [(f"live {Path(p).parent.parent.name}/{Path(p).name}", load_canonical(p)) for p in args.records]
+    traces += [(f"live record {Path(p).parent.name}/{Path(p).name}", load_canonical(p)) for p in args.records]
     fits: dict[str, dict] = {}
     lines = [
         "| trace | op instances | slopes (class/feature: estimate [95 % CI]) | joint p | placebo p | held-out R² | completion on last arrival | verdict |",

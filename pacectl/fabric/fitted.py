@@ -45,8 +45,9 @@ ByteDance's traces record exactly Megatron's order, so the two agree there.
 
 **Replay** (:class:`FittedComm`, ``comm=fitted``): every communication op's transfer time becomes its
 recorded one times ``exp(beta . (x_replayed - x_recorded))``, with ``x`` its two features in the
-replayed timeline. A replay with the recorded timing therefore reproduces the recording exactly (as
-the null model does), and only a change in what overlaps what changes a duration. Because the
+replayed timeline and ``x_recorded`` those of the recording as replayed with its own pacing delays
+(:func:`reference_timeline`). A replay with the recorded timing therefore reproduces the recording
+exactly (as the null model does), and only a change in what overlaps what changes a duration. Because the
 features depend on the durations they set, the step is solved by a fixed-point pass
 (:func:`fixed_point`): evaluate the DAG, recompute the features from the evaluated timeline, update
 the transfer times, evaluate again, until the transfer times reproduce themselves (to a relative
@@ -938,6 +939,19 @@ def probe_pace(backend: ReplayBackend, layout: _Layout, rng: np.random.Generator
     return pace
 
 
+def reference_timeline(backend: ReplayBackend) -> tuple[FloatArray, FloatArray]:
+    """The timeline whose features the fitted replay compares with: the recording as the replay
+    reproduces it, i.e. replayed with the pacing delays it carries (a paced live record), or with none.
+
+    Returns:
+        ``(start_s, end_s)``, each ``float64[N, num_steps, dp_size]``.
+    """
+    recorded = backend.dag.delay_s[backend._paced]  # [pp, steps, dp]
+    if recorded.any():
+        return backend.replayed_times(recorded.transpose(1, 0, 2).reshape(backend.num_iterations, -1))
+    return backend._base_start, backend._base_end[:-1]
+
+
 def _mean_step(backend: ReplayBackend, model: FittedComm | None, pace: FloatArray, beta: FloatArray) -> float:
     """Mean step time of an open-loop replay with ``pace`` before each op: max-plus (``model`` None)
     or the fitted model with slopes ``beta``."""
@@ -958,7 +972,7 @@ def _mean_step(backend: ReplayBackend, model: FittedComm | None, pace: FloatArra
         pace,
         steps=slice(None),
         beta=beta,
-        reference=(backend._base_start, backend._base_end[:-1]),
+        reference=reference_timeline(backend),
     )
     return float(e.max(axis=(0, 2)).mean())
 
@@ -1047,8 +1061,9 @@ class FittedComm:
     def reference_features(
         self, dag: StepDag, start_s: FloatArray, end_s: FloatArray
     ) -> tuple[FloatArray, FloatArray]:
-        """The features of the zero-delay (null-model) replay, computed once: the reference that a
-        replayed op's features are compared with, so a zero-delay replay is the null model's exactly.
+        """The features of the recording as replayed (:func:`reference_timeline`), computed once: the
+        reference a replayed op's features are compared with, so replaying the recording's own timing
+        gives its recorded times exactly, as the null model does.
 
         Args:
             start_s, end_s: ``float64[N, num_steps, dp_size]``, the backend's zero-delay timeline.
@@ -1078,7 +1093,7 @@ class FittedComm:
             pace,
             steps=k,
             beta=self.beta,
-            reference=(backend._base_start, backend._base_end[:-1]),
+            reference=reference_timeline(backend),
         )
 
     def replay(
@@ -1113,7 +1128,7 @@ class FittedComm:
             pace,
             steps=slice(None),
             beta=self.beta if beta is None else beta,
-            reference=(backend._base_start, backend._base_end[:-1]),
+            reference=reference_timeline(backend),
         )
 
 
@@ -1145,7 +1160,7 @@ def fixed_point(
         start: ``float64[N, (num_steps,) dp_size]``.
         launch_s, transfer_s: the recorded launch and transfer times of the same shape as ``start``.
         steps: ``slice(None)`` when the arrays hold every step, else the one step's index.
-        reference: ``(start_s, end_s)`` of the zero-delay replay, ``float64[N, num_steps, dp_size]``.
+        reference: ``(start_s, end_s)`` of :func:`reference_timeline`, ``float64[N, num_steps, dp_size]``.
 
     Returns:
         ``(start, end[:-1])``.
