@@ -1241,11 +1241,10 @@ def fit_options(section: Any) -> dict[str, Any]:
         try:
             from omegaconf import DictConfig, OmegaConf
 
-            raw = (
-                dict(OmegaConf.to_container(section, resolve=True))
-                if isinstance(section, DictConfig)
-                else dict(section)
-            )  # type: ignore[arg-type]
+            plain_section: Any = (
+                OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else section
+            )
+            raw = {str(k): v for k, v in dict(plain_section).items()}
         except (TypeError, ValueError) as err:
             raise ConfigError(f"fit must be a mapping of {sorted(FIT_DEFAULTS)}, got {section!r}") from err
     unknown = [k for k in raw if k not in FIT_DEFAULTS]
