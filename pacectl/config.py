@@ -94,7 +94,7 @@ def _max_bytes(max_mb: Any) -> int:
     """``trace.max_mb`` (MiB, a finite number > 0) in bytes; anything else is a ConfigError."""
     if isinstance(max_mb, bool) or not isinstance(max_mb, int | float) or not 0 < max_mb < math.inf:
         raise ConfigError(
-            f"trace.max_mb must be a finite number of MiB > 0 (the cap on each Kineto file's size and "
+            f"trace.max_mb must be a finite number of MiB > 0 (the cap on each trace file's size and "
             f"decompressed text), got {max_mb!r}: for example trace.max_mb=2048"
         )
     return int(max_mb * 2**20)
@@ -113,12 +113,55 @@ def _load_steplevel(trace_cfg: DictConfig) -> OpTrace:
     )
 
 
+def _layout_overrides(trace_cfg: DictConfig) -> Any:
+    from pacectl.traces.collectives import LayoutOverrides
+
+    return LayoutOverrides(
+        **{k: trace_cfg.get(k) for k in ("dp_size", "tp_size", "pp_size", "dp_group", "collectives_per_step")}
+    )
+
+
+def _paths(trace_cfg: DictConfig) -> list[str]:
+    raw = trace_cfg.path
+    paths = [str(p) for p in raw] if not isinstance(raw, str) and raw is not None else [str(raw)]
+    return [user_path(p) for p in paths]
+
+
+def _load_flight_recorder(trace_cfg: DictConfig) -> OpTrace:
+    from pacectl.traces.flight_recorder import load_flight_recorder
+
+    ranks = trace_cfg.get("ranks")
+    return load_flight_recorder(
+        _paths(trace_cfg),
+        ranks=None if ranks is None else [int(r) for r in ranks],
+        max_bytes=_max_bytes(trace_cfg.get("max_mb", 1024)),
+        layout=_layout_overrides(trace_cfg),
+        timing=str(trace_cfg.get("timing", "auto")),
+        collective_s=trace_cfg.get("collective_s"),
+        collective_frac=float(trace_cfg.get("collective_frac", 0.01)),
+        name=trace_cfg.get("name"),
+    )
+
+
+def _load_nccl_inspector(trace_cfg: DictConfig) -> OpTrace:
+    from pacectl.traces.nccl_inspector import load_nccl_inspector
+
+    return load_nccl_inspector(
+        _paths(trace_cfg),
+        max_bytes=_max_bytes(trace_cfg.get("max_mb", 4096)),
+        layout=_layout_overrides(trace_cfg),
+        name=trace_cfg.get("name"),
+    )
+
+
 #: trace.format -> loader of a ``trace`` config node. Importers register here.
 TRACE_LOADERS: dict[str, Callable[[DictConfig], OpTrace]] = {
     "bytedance": _load_bytedance,
     "canonical": _load_canonical,
     "kineto": _load_kineto,
     "steplevel": _load_steplevel,
+    "flight_recorder": _load_flight_recorder,
+    "nccl_inspector": _load_nccl_inspector,
 }
 
 

@@ -10,7 +10,10 @@ Subcommands (``python -m pacectl.traces <cmd> --help`` for options):
   slopes with 95 % intervals, the placebo and held-out checks, the completion-on-arrival slopes and
   the verdict ("consistent with max-plus within +-x % of step time" or "timing-dependent: ...").
 
-Formats (``--format``, default by file name, :mod:`pacectl.traces.detect`): ``kineto`` (``*.json``,
+Formats (``--format``, default by file name and first bytes, :mod:`pacectl.traces.detect`):
+``flight_recorder`` (PyTorch Flight Recorder dumps, pickle or JSON, one per rank: a folder, glob or
+files; ``info`` on a hang snapshot prints which ranks each process group waits for and exits 0),
+``nccl_inspector`` (NCCL Inspector ``<host>-pid<pid>.log`` JSON lines), ``kineto`` (``*.json``,
 ``*.json.gz``, or a directory or glob of them), ``steplevel`` (``*.csv``), ``canonical``
 (``*.parquet`` written by pacectl), ``bytedance`` (``*.parquet`` plus ``--meta``, found beside a
 ``trace-X.parquet`` as ``meta-X.yaml`` when not given). Exit codes: 0 usable, 1 unusable trace (message on
@@ -36,7 +39,9 @@ from pacectl.errors import PacectlError, TraceError
 from pacectl.traces.detect import detect_format, meta_beside, other_traces_in
 from pacectl.traces.model import OpTrace, TraceWarning
 
-FORMATS = ("auto", "kineto", "steplevel", "canonical", "bytedance")
+FORMATS = ("auto", "flight_recorder", "nccl_inspector", "kineto", "steplevel", "canonical", "bytedance")
+#: formats that take a set of files (a folder, glob or several paths)
+_MULTI_FILE = ("kineto", "flight_recorder", "nccl_inspector")
 
 
 def _detect(paths: list[str], fmt: str, meta: str | None) -> str:
@@ -61,7 +66,8 @@ def _load(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | None, lis
 
     Returns:
         The trace, the Kineto report summary (None for other formats) and the importer's warnings
-        (what was repaired or dropped), in order.
+        (what was repaired or dropped), in order. A Flight Recorder or NCCL Inspector import leaves
+        its report in ``args.collective_report``.
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TraceWarning)
@@ -71,6 +77,42 @@ def _load(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | None, lis
     return trace, rep, notes
 
 
+def _layout(args: argparse.Namespace) -> Any:
+    from pacectl.traces.collectives import LayoutOverrides
+
+    return LayoutOverrides(
+        dp_size=args.dp_size,
+        tp_size=args.tp_size,
+        pp_size=args.pp_size,
+        dp_group=args.dp_group,
+        collectives_per_step=args.collectives_per_step,
+    )
+
+
+def _load_collective_log(args: argparse.Namespace, fmt: str) -> OpTrace:
+    """Flight Recorder or NCCL Inspector: the trace; the report goes to ``args.collective_report``."""
+    report: Any
+    if fmt == "flight_recorder":
+        from pacectl.traces.flight_recorder import import_flight_recorder
+
+        trace, report = import_flight_recorder(
+            args.paths,
+            ranks=args.rank,
+            max_bytes=int(args.max_mb * 2**20),
+            layout=_layout(args),
+            timing=args.timing,
+            collective_s=args.collective_s,
+        )
+    else:
+        from pacectl.traces.nccl_inspector import import_nccl_inspector
+
+        trace, report = import_nccl_inspector(
+            args.paths, max_bytes=int(args.max_mb * 2**20), layout=_layout(args)
+        )
+    args.collective_report = report
+    return trace
+
+
 def _load_quiet(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | None]:
     if args.format in ("auto", "bytedance") and not args.meta and len(args.paths) == 1:
         beside = meta_beside(args.paths[0])
@@ -78,8 +120,10 @@ def _load_quiet(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | Non
             print(f"reading {args.paths[0]} as a ByteDance trace with {beside} (--meta)", file=sys.stderr)
             args.meta = str(beside)
     fmt = _detect(args.paths, args.format, args.meta)
-    if fmt != "kineto" and len(args.paths) != 1:
+    if fmt not in _MULTI_FILE and len(args.paths) != 1:
         raise CommandLineError(f"a {fmt} trace must be one file, got {len(args.paths)} paths; name one")
+    if fmt in ("flight_recorder", "nccl_inspector"):
+        return _load_collective_log(args, fmt), None
     if fmt == "kineto":
         from pacectl.traces.kineto import import_kineto
 
@@ -139,10 +183,91 @@ def _spread_stats(trace: OpTrace) -> tuple[np.ndarray, np.ndarray]:
     return spread, trace.recorded_step_time_s().to_numpy()
 
 
-def cmd_info(args: argparse.Namespace) -> int:
-    trace, rep, notes = _load(args)
+def _say(args: argparse.Namespace) -> Callable[..., None]:
     # with --json, stdout holds the JSON alone (pipe it to a parser); the text goes to stderr
-    say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
+    return functools.partial(print, file=sys.stderr if args.json else sys.stdout)
+
+
+def _print_groups(say: Callable[..., None], report: Any) -> None:
+    """The process groups (Flight Recorder) or communicators (NCCL Inspector) of a report."""
+    say(f"process groups ({len(report.groups)}):")
+    for g in report.groups:
+        shown = list(g.ranks)[:16]
+        say(
+            f"  {g.label}: role {g.role}, ranks {shown}{' ...' if len(g.ranks) > 16 else ''} "
+            f"(members from {g.ranks_from})"
+        )
+
+
+def _info_hang(args: argparse.Namespace) -> int | None:
+    """``info`` on a Flight Recorder hang snapshot: groups and who is behind; exit 0. None: not one."""
+    from pacectl.traces.flight_recorder import describe_status, inspect_flight_recorder
+
+    _, report = inspect_flight_recorder(args.paths, ranks=args.rank, max_bytes=int(args.max_mb * 2**20))
+    if report.hang is None:
+        return None
+    say = _say(args)
+    say(f"trace     {'; '.join(report.files[:4])}{' ...' if len(report.files) > 4 else ''}")
+    say(f"format    flight_recorder (versions {', '.join(report.versions)}; {', '.join(report.formats)})")
+    say(
+        f"ranks     {len(report.ranks)} dumps, world size {max(report.ranks) + 1}; backends {report.backends}"
+    )
+    _print_groups(say, report)
+    say(f"HANG SNAPSHOT (not replayable): {report.hang}")
+    say(
+        "behind report, per process group (collective_seq_id of the last collective enqueued/started/completed):"
+    )
+    for line in describe_status(report.status):
+        say(f"  {line}")
+    if args.json:
+        from pacectl.report import jsonable
+
+        print(
+            json.dumps(jsonable({"format": "flight_recorder", **report.summary()}), indent=1, allow_nan=False)
+        )
+    return 0
+
+
+def _print_collective_report(say: Callable[..., None], report: Any) -> None:
+    """What a Flight Recorder / NCCL Inspector import found: groups, layout, timing, steps."""
+    from pacectl.traces.flight_recorder import FlightRecorderReport, describe_status
+
+    a = report.assembly
+    lay = a.layout
+    _print_groups(say, report)
+    say(
+        f"layout    dp {lay.dp_size} x pp {lay.pp_size} x tp {lay.tp_size} (world size {lay.world_size}): {lay.how}"
+    )
+    say(f"timing    {a.timing}: {a.timing_note}")
+    say(f"transfer  {a.transfer_note}")
+    say(
+        f"steps     {a.steps} replayed, inferred from the DP gradient collectives' pattern "
+        f"({a.collectives_per_step} per step per stage); compute = the gaps between a rank's collectives"
+    )
+    if a.folded_per_step:
+        say(f"folded into compute, per rank per step: {a.folded_per_step}")
+    if isinstance(report, FlightRecorderReport):
+        say(
+            f"dumps     versions {', '.join(report.versions)} ({', '.join(report.formats)}); backends {report.backends}"
+        )
+        say("status per process group (last collective enqueued/started/completed):")
+        for line in describe_status(report.status):
+            say(f"  {line}")
+    else:
+        say(
+            f"logs      Inspector format {', '.join(report.versions) or 'unknown'}; verbose {report.verbose}; "
+            f"timing sources {report.timing_sources}; ranks from {report.rank_from}; "
+            f"{report.p2p_records} p2p records folded"
+        )
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    if _detect(args.paths, args.format, args.meta) == "flight_recorder":
+        code = _info_hang(args)
+        if code is not None:
+            return code
+    trace, rep, notes = _load(args)
+    say = _say(args)
     m = trace.meta
     fmt_t = _time_formatter(trace)
     say(f"trace     {trace.source}")
@@ -201,6 +326,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             say(
                 f"arrival spread (all buckets, true arrivals): median {_ms(allb['median'])}, p99 {_ms(allb['p99'])}, max {_ms(allb['max'])}"
             )
+    elif getattr(args, "collective_report", None) is not None:
+        _print_collective_report(say, args.collective_report)
     else:
         say("clock alignment: not needed (timestamps already aligned or step-level)")
     for w in notes:
@@ -240,6 +367,9 @@ def cmd_info(args: argparse.Namespace) -> int:
             "warnings": notes,
             "kineto": rep,
         }
+        extra = getattr(args, "collective_report", None)
+        if extra is not None:
+            out[trace.fmt] = extra.summary()
         from pacectl.report import jsonable  # non-finite -> null: strict JSON
 
         print(json.dumps(jsonable(out), indent=1, allow_nan=False))
@@ -406,9 +536,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineErrors(
         prog="pacectl-traces" if script else "python -m pacectl.traces",
         description="Inspect, validate and convert distributed-training traces "
-        "(Kineto/PyTorch-profiler JSON, step-level CSV, ByteDance and pacectl Parquet).",
+        "(PyTorch Flight Recorder dumps, NCCL Inspector logs, Kineto/PyTorch-profiler JSON, step-level CSV, "
+        "ByteDance and pacectl Parquet).",
         epilog="Examples:\n"
         "  python -m pacectl.traces info pacectl/data/h200-capture\n"
+        "  python -m pacectl.traces info /tmp/fr_dumps/        # Flight Recorder: groups, layout, who is behind\n"
         "  python -m pacectl.traces validate 'traces/rank*.json.gz'\n"
         "  python -m pacectl.traces convert traces/ -o job.parquet\n"
         "  python -m pacectl.traces fit pacectl/data/bytedance/trace-AR.parquet\n"
@@ -458,7 +590,30 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--collective-s",
         type=_positive(float),
-        help="step-level: collective transfer time, s (default 1%% of median step)",
+        help="step-level, Flight Recorder without durations: collective transfer time, s (default 1%% of "
+        "the median step)",
+    )
+    common.add_argument(
+        "--timing",
+        choices=("auto", "duration", "created"),
+        default="auto",
+        help="Flight Recorder: earliness from durations (clock-free, TORCH_NCCL_ENABLE_TIMING) or enqueue "
+        "times (default auto: durations when every gradient collective has one)",
+    )
+    for flag, what in (("--dp-size", "DP"), ("--tp-size", "TP"), ("--pp-size", "PP")):
+        common.add_argument(
+            flag,
+            type=_positive(int),
+            help=f"Flight Recorder, NCCL Inspector: the {what} degree, when the groups do not tell the layout "
+            "(rank order: TP fastest, then DP, then PP)",
+        )
+    common.add_argument(
+        "--dp-group", help="Flight Recorder, NCCL Inspector: the description (or name) of the DP groups"
+    )
+    common.add_argument(
+        "--collectives-per-step",
+        type=_positive(int),
+        help="Flight Recorder, NCCL Inspector: gradient collectives per step, when the pattern is ambiguous",
     )
     p_info = sub.add_parser(
         "info", parents=[common], help="summarise a trace: ranks, steps, collectives, spreads, clocks"

@@ -1,5 +1,11 @@
 """Which importer reads a trace path: one rule for ``pacectl.traces`` and ``trace=<file>``.
 
+- a PyTorch Flight Recorder dump (a pickle or JSON object with ``pg_config`` and ``entries``,
+  whatever its name: torch's writer adds no suffix), a folder holding such dumps or a glob whose
+  first match is one: ``flight_recorder``; found by the file's first bytes
+  (:func:`pacectl.traces.flight_recorder.sniff`);
+- an NCCL Inspector log (JSON lines with ``header`` and ``coll_perf``, ``<host>-pid<pid>.log``),
+  a folder or glob of them: ``nccl_inspector`` (:func:`pacectl.traces.nccl_inspector.sniff`);
 - ``.json`` or ``.json.gz``, a folder holding such files, or a glob (``*``, ``?``, ``[``) with
   another ending: Kineto (one file per rank); the ending decides first;
 - ``.csv``: step-level (Alibaba PAI mini-batch CSV);
@@ -44,6 +50,30 @@ def meta_beside(path: str | Path) -> Path | None:
     return meta
 
 
+def sniff_format(path: Path) -> str | None:
+    """``flight_recorder`` or ``nccl_inspector`` when the file's first bytes say so, else None."""
+    from pacectl.traces.flight_recorder import sniff as sniff_fr
+    from pacectl.traces.nccl_inspector import sniff as sniff_inspector
+
+    if not path.is_file():
+        return None
+    if sniff_fr(path):
+        return "flight_recorder"
+    if sniff_inspector(path):
+        return "nccl_inspector"
+    return None
+
+
+def _folder_format(folder: Path) -> str | None:
+    """The format of the first file of ``folder`` that sniffs as a Flight Recorder dump or an NCCL
+    Inspector log (sorted names; None: none does)."""
+    for f in sorted(folder.iterdir()):
+        found = sniff_format(f)
+        if found:
+            return found
+    return None
+
+
 def detect_format(path: str | Path) -> tuple[str | None, Path | None]:
     """``(format, meta)`` for a trace path (see the module docstring); ``(None, None)`` when unknown.
 
@@ -51,11 +81,20 @@ def detect_format(path: str | Path) -> tuple[str | None, Path | None]:
         path: a file, folder or glob (it need not exist: a missing file is named by its loader).
 
     Returns:
-        The ``trace.format`` (``kineto``, ``steplevel``, ``canonical``, ``bytedance``) and, for a
+        The ``trace.format`` (``flight_recorder``, ``nccl_inspector``, ``kineto``, ``steplevel``,
+        ``canonical``, ``bytedance``) and, for a
         ByteDance trace, the meta YAML found beside it.
     """
     text = str(path)
     low = text.lower()
+    sniffed = sniff_format(Path(path))
+    if sniffed is None and any(c in text for c in "*?["):  # a glob: its first match's bytes
+        import glob as globmod
+
+        first = next(iter(sorted(globmod.glob(str(Path(text).expanduser())))), None)
+        sniffed = sniff_format(Path(first)) if first else None
+    if sniffed:
+        return sniffed, None
     for suffix, fmt in SUFFIX_FORMATS:  # the suffix first: "run[1]/job.csv" is a CSV file
         if low.endswith(suffix):
             if fmt == "canonical":
@@ -63,9 +102,13 @@ def detect_format(path: str | Path) -> tuple[str | None, Path | None]:
                 if meta is not None:
                     return "bytedance", meta
             return fmt, None
-    if any(c in text for c in "*?["):  # a glob of rank files: Kineto is the one multi-file format
+    if any(c in text for c in "*?["):  # a glob of rank files: Kineto is the other multi-file format
         return "kineto", None
     folder = Path(path)
+    if folder.is_dir():
+        found = _folder_format(folder)
+        if found:
+            return found, None
     if folder.is_dir() and any(p.name.lower().endswith((".json", ".json.gz")) for p in folder.iterdir()):
         return "kineto", None
     return None, None  # a folder of other files (live records: .parquet) is no trace by itself

@@ -1,0 +1,879 @@
+"""From per-rank collective logs without step markers to a canonical :class:`OpTrace`.
+
+Shared by the Flight Recorder (:mod:`pacectl.traces.flight_recorder`) and NCCL Inspector
+(:mod:`pacectl.traces.nccl_inspector`) importers, whose sources record each rank's collectives
+(group, sequence number, kind, size, times) but no step boundaries and no compute.
+
+**Layout.** The data-parallel (DP) groups are the process groups whose description (or name) names
+data parallelism (``DATA_PARALLEL_GROUP*`` in Megatron-LM, ``mesh_dp*`` for a torchtitan
+``DeviceMesh`` dimension ``dp``/``dp_shard``/``dp_replicate``, ``DP Group 0``, ...) and that carry
+gradient collectives (all-reduce, reduce-scatter); when none does, the groups with the most
+gradient collectives (the world group of a pure DP job). Tensor-parallel peers (groups naming
+``TENSOR_MODEL_PARALLEL`` / ``tp``) fold into their lowest rank, as the ByteDance traces do; the
+pipeline stage of a DP group is the position of its ranks in their pipeline group
+(``PIPELINE_MODEL_PARALLEL_GROUP`` / ``pp``), else the order of the DP groups. A group is identified
+by its name plus its rank set (names are reused after ``split_group``). :class:`LayoutOverrides`
+give the layout when it cannot be inferred (Megatron's and torchtitan's rank order: TP fastest,
+then DP, then PP).
+
+**Matching and steps.** Collectives are matched across the ranks of a group by sequence number.
+Steps are inferred from the DP gradient collectives' pattern (there are no step markers): the
+shortest period of their (kind, size) sequence, with the step boundary placed before the
+collective that follows the longest host-side gap (the forward pass and optimizer step happen
+there). Entries before the repeating pattern (set-up broadcasts, DDP's first iteration before it
+rebuilds its buckets) and an incomplete last period are dropped, with a warning. Other collectives
+(all-gathers of FSDP parameters, broadcasts, barriers) and point-to-point ops fold into compute.
+
+**Compute is the gap between a rank's collectives.** Per step and rank: ``forward-compute`` runs
+from the step start (the end of the previous step's last gradient collective: the first inferred
+step is only the anchor and is not replayed) to the first gradient collective;
+``backward-compute k`` from gradient collective ``k - 1``'s arrival to ``k``'s; each
+``grads-reduce-scatter k`` from its arrival (serialised after the previous one, as
+:mod:`pacectl.traces.kineto` does) to its common end; ``optimizer`` is empty (it lies inside the
+next step's first segment).
+
+**Timing.** Two estimates; every output names the one used (:attr:`AssemblyReport.timing`):
+
+- ``duration`` (clock-free): every matched gradient collective carries its duration (Flight
+  Recorder ``duration_ms`` with ``TORCH_NCCL_ENABLE_TIMING``, device events; NCCL Inspector
+  ``coll_exec_time_us``). All ranks leave a collective together, so rank i's earliness is its
+  duration minus the shortest in the collective: the quantity the live pacer measures. Arrival =
+  common end - duration; the common end is placed at the median over ranks of enqueue + duration.
+- ``created``: host enqueue times (``time_created_ns``, NCCL Inspector ``coll_start_ts``), assumed
+  to share one clock (one host, or synchronised clocks). Where durations are present too, each
+  rank's clock offset is estimated from the collectives' common completion (enqueue + duration),
+  and removed when it exceeds 1 ms and twice the residual (the Kineto importer's ``auto`` rule).
+  The dumps record no end time then, so a collective's transfer is modelled:
+  ``collective_s``, or ``collective_frac`` of the median step period (the step-level importer's
+  rule); arrival spreads are unaffected by it.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
+
+from pacectl.errors import TraceError
+from pacectl.traces.model import MAX_DURATION_S, JobMeta, OpTrace, TraceWarning, validate_ops
+
+#: Collective kinds that reduce gradients: the sync points of data parallelism.
+GRAD_KINDS = ("all_reduce", "reduce_scatter")
+TIMINGS = ("auto", "duration", "created")
+_AUTO_ALIGN_S = 1e-3
+_MAX_PERIOD = 1024
+#: a step boundary's gaps must be this many times the other gaps (lower quartile over median)
+_CLEAR_GAP = 1.5
+_KIND_PATTERNS = (
+    ("reduce_scatter", re.compile(r"reduce_?scatter|reducescatter", re.I)),
+    ("all_reduce", re.compile(r"all_?reduce", re.I)),
+    ("all_gather", re.compile(r"all_?gather", re.I)),
+    ("all_to_all", re.compile(r"all_?to_?all", re.I)),
+    ("broadcast", re.compile(r"broadcast", re.I)),
+    ("barrier", re.compile(r"barrier", re.I)),
+    ("send", re.compile(r"^send", re.I)),
+    ("recv", re.compile(r"^recv", re.I)),
+    ("coalesced", re.compile(r"coalesced", re.I)),
+    ("reduce", re.compile(r"^_?reduce", re.I)),
+    ("gather", re.compile(r"^_?gather", re.I)),
+    ("scatter", re.compile(r"^_?scatter", re.I)),
+)
+_ROLE_PATTERNS = (
+    ("ep", re.compile(r"expert|(^|[^a-z])ep($|[^a-z])")),
+    ("other", re.compile(r"tensor_and|_and_data|_and_context")),
+    ("pp", re.compile(r"pipe|(^|[^a-z])pp($|[^a-z])")),
+    ("tp", re.compile(r"tensor|(^|[^a-z])tp($|[^a-z])")),
+    ("dp", re.compile(r"data|(^|[^a-z])(dp|fsdp|hsdp)($|[^a-z])|dp_|_dp|shard|replicate")),
+    ("cp", re.compile(r"context|(^|[^a-z])cp($|[^a-z])")),
+    ("world", re.compile(r"^(default_pg|world)$")),
+)
+
+
+def kind_of(op: str) -> str:
+    """The collective kind of an op name (``all_reduce``, ``_reduce_scatter_base``, ``AllReduce``,
+    ``send 0->1``, ...): one of ``reduce_scatter``, ``all_reduce``, ``all_gather``, ...; else the
+    lower-cased name."""
+    head = op.split(" ")[0]
+    for kind, pattern in _KIND_PATTERNS:
+        if pattern.search(head):
+            return kind
+    return head.lower() or "unknown"
+
+
+def role_of(name: str, desc: str) -> str:
+    """The parallelism a process group serves, from its description (else its name): ``dp``,
+    ``tp``, ``pp``, ``cp``, ``ep``, ``world`` or ``other`` (see the module docstring)."""
+    for text in (desc, name):
+        low = text.lower()
+        if not low or low == "undefined":
+            continue
+        for role, pattern in _ROLE_PATTERNS:
+            if pattern.search(low):
+                return role
+    return "other"
+
+
+@dataclass(frozen=True)
+class Group:
+    """One process group (or NCCL communicator), identified by name plus rank set.
+
+    Attributes:
+        key: index in the set's group list.
+        name: the group's name (torch's ``group_name``; an Inspector communicator's ``id``).
+        desc: its description (torch's ``group_desc``; an Inspector ``comm_name``).
+        ranks: its global ranks, sorted.
+        ranks_from: ``"pg_config"`` (declared by the dump) or ``"dumps"`` (the ranks whose dumps
+            hold its entries).
+    """
+
+    key: int
+    name: str
+    desc: str
+    ranks: tuple[int, ...]
+    ranks_from: str = "pg_config"
+
+    @property
+    def role(self) -> str:
+        """See :func:`role_of`."""
+        return role_of(self.name, self.desc)
+
+    @property
+    def label(self) -> str:
+        """``'3' (mesh_dp)`` as messages name a group."""
+        return f"{self.name!r} ({self.desc})" if self.desc else repr(self.name)
+
+    def summary(self) -> dict[str, Any]:
+        """Plain values for JSON outputs."""
+        return {
+            "name": self.name,
+            "desc": self.desc,
+            "ranks": list(self.ranks),
+            "role": self.role,
+            "ranks_from": self.ranks_from,
+        }
+
+
+@dataclass(frozen=True)
+class LayoutOverrides:
+    """A layout given by the user (``trace.dp_size`` etc.) where the dumps do not tell it.
+
+    With any of the sizes set, rank ``r = (pp * dp_size + dp) * tp_size + tp`` (TP fastest, then
+    DP, then PP: Megatron-LM's default order and torchtitan's mesh ``("pp", "dp", "tp")``); the
+    sizes not given follow from the world size. ``dp_group`` names the DP groups by description or
+    name instead.
+    """
+
+    dp_size: int | None = None
+    tp_size: int | None = None
+    pp_size: int | None = None
+    dp_group: str | None = None
+    collectives_per_step: int | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("dp_size", "tp_size", "pp_size", "collectives_per_step"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise TraceError(f"trace.{key} must be an integer >= 1 or null, got {value!r}")
+
+    @property
+    def sizes_given(self) -> bool:
+        return any(v is not None for v in (self.dp_size, self.tp_size, self.pp_size))
+
+
+@dataclass(frozen=True)
+class CollectiveSet:
+    """Every rank's recorded collectives (no point-to-point ops), one row each.
+
+    Attributes:
+        table: columns ``rank``, ``group`` (a :attr:`Group.key`), ``kind`` (:func:`kind_of`),
+            ``backend``, ``seq`` (sequence number within the group), ``numel`` (elements, or
+            bytes for the Inspector), ``created_ns`` (host enqueue time, int64 ns; -1: none),
+            ``duration_s`` (NaN: none), ``end_ns`` (-1: none), ``finished`` (bool).
+        ranks: the ranks that contributed a log.
+    """
+
+    table: pd.DataFrame
+    ranks: tuple[int, ...]
+
+
+@dataclass
+class Layout:
+    """The inferred layout: one DP group per (folded) pipeline stage.
+
+    Attributes:
+        dp_groups: the DP group of each stage, in stage order.
+        dp_size, pp_size, tp_size: the degrees.
+        world_size: ranks in the job.
+        how: how it was found, in words.
+    """
+
+    dp_groups: list[Group]
+    dp_size: int
+    pp_size: int
+    tp_size: int
+    world_size: int
+    how: str
+
+
+@dataclass
+class AssemblyReport:
+    """How a collective log became a trace.
+
+    Times are seconds. ``timing`` is ``"duration"`` or ``"created"`` (module docstring), with
+    ``timing_note`` saying what was measured and ``transfer_note`` how collective ends were found.
+    """
+
+    layout: Layout
+    timing: str
+    timing_note: str
+    transfer_note: str
+    collectives_per_step: list[int]
+    steps: int
+    dropped: list[str]
+    folded_per_step: dict[str, float]
+    clock_offsets_s: dict[int, float]
+    spread_first_s: NDArray[np.float64] = field(repr=False)
+    step_time_s: NDArray[np.float64] = field(repr=False)
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """Plain values for JSON outputs."""
+
+        def stats(x: NDArray[np.float64]) -> dict[str, float] | None:
+            if not len(x):
+                return None
+            return {"median": float(np.median(x)), "p99": float(np.quantile(x, 0.99)), "max": float(x.max())}
+
+        lay = self.layout
+        return {
+            "layout": {
+                "dp_size": lay.dp_size,
+                "pp_size": lay.pp_size,
+                "tp_size": lay.tp_size,
+                "world_size": lay.world_size,
+                "dp_groups": [g.summary() for g in lay.dp_groups],
+                "how": lay.how,
+            },
+            "timing": self.timing,
+            "timing_note": self.timing_note,
+            "transfer_note": self.transfer_note,
+            "collectives_per_step": self.collectives_per_step,
+            "steps": self.steps,
+            "dropped": self.dropped,
+            "folded_per_step": self.folded_per_step,
+            "clock_offsets_s": {str(k): v for k, v in self.clock_offsets_s.items()},
+            "arrival_spread_first_s": stats(self.spread_first_s),
+            "step_time_s": stats(self.step_time_s),
+            "warnings": self.warnings,
+        }
+
+
+# ------------------------------------------------------------------------------------------ layout
+def _grad_counts(coll: CollectiveSet, grad_kinds: tuple[str, ...]) -> pd.Series:
+    t = coll.table
+    grads = t[t["kind"].isin(grad_kinds) & t["finished"]]
+    return grads.groupby("group").size()
+
+
+def infer_layout(
+    coll: CollectiveSet,
+    groups: list[Group],
+    overrides: LayoutOverrides,
+    grad_kinds: tuple[str, ...],
+    source: str,
+) -> Layout:
+    """The DP groups, stages and degrees of the job (see the module docstring).
+
+    Raises:
+        TraceError: no group carries gradient collectives; the chosen DP groups overlap or differ
+            in size; an override does not match the recorded groups.
+    """
+    counts = _grad_counts(coll, grad_kinds)
+    world = max(coll.ranks) + 1
+    carrying = [g for g in groups if counts.get(g.key, 0) > 0]
+    if not carrying:
+        kinds = sorted(coll.table["kind"].astype(str).unique())
+        raise TraceError(
+            f"a trace must hold gradient collectives ({', '.join(grad_kinds)}) that finished on their "
+            f"ranks, got none: only {kinds} (in {source}). Dump after a few training steps."
+        )
+    tp_groups = [g for g in groups if g.role == "tp" and len(g.ranks) > 1]
+    pp_groups = [g for g in groups if g.role == "pp" and len(g.ranks) > 1]
+    if overrides.sizes_given:
+        return _layout_from_sizes(coll, groups, counts, overrides, world, source)
+    if overrides.dp_group is not None:
+        chosen = [g for g in carrying if overrides.dp_group in (g.desc, g.name)]
+        if not chosen:
+            names = sorted({g.desc or g.name for g in carrying})
+            raise TraceError(
+                f"trace.dp_group must name a group (description or name) that carries gradient "
+                f"collectives, got {overrides.dp_group!r}; those are {names} (in {source})"
+            )
+        how = f"DP groups named {overrides.dp_group!r} (trace.dp_group)"
+    else:
+        dp = [g for g in carrying if g.role == "dp"]
+        pool = dp or [g for g in carrying if g.role not in ("tp", "pp", "ep")] or carrying
+        by_desc: dict[str, int] = {}
+        for g in pool:
+            by_desc[g.desc or g.name] = by_desc.get(g.desc or g.name, 0) + int(counts[g.key])
+        best = max(by_desc, key=lambda d: (by_desc[d], -len(d)))
+        chosen = [g for g in pool if (g.desc or g.name) == best]
+        why = "its description names data parallelism" if dp else "it carries the most gradient collectives"
+        how = f"DP groups: process groups described {best!r} ({why})"
+    # fold TP peers into their lowest rank
+    rep: dict[int, int] = {}
+    for g in tp_groups:
+        for r in g.ranks:
+            rep[r] = min(rep.get(r, r), g.ranks[0])
+    tp_size = max((len(g.ranks) for g in tp_groups), default=1)
+    kept = [g for g in chosen if all(rep.get(r, r) == r for r in g.ranks)]
+    if tp_groups and len(kept) < len(chosen):
+        how += f"; tensor-parallel peers (groups of {tp_size}) folded into their lowest rank"
+    if not kept:
+        raise TraceError(f"the DP groups {[g.label for g in chosen]} hold no TP representative (in {source})")
+    seen: set[int] = set()
+    for g in kept:
+        if seen & set(g.ranks):
+            raise TraceError(
+                f"DP groups must not share ranks, got {[g.label for g in kept if set(g.ranks) & seen][:2]} "
+                f"sharing {sorted(seen & set(g.ranks))[:8]} (in {source}); name them with trace.dp_group "
+                "or give the layout (trace.dp_size, trace.tp_size, trace.pp_size)"
+            )
+        seen |= set(g.ranks)
+    sizes = sorted({len(g.ranks) for g in kept})
+    if len(sizes) > 1:
+        raise TraceError(
+            f"every DP group must have the same size, got sizes {sizes} for {[g.label for g in kept][:4]} "
+            f"(in {source}); give the layout with trace.dp_size / trace.tp_size / trace.pp_size"
+        )
+    stage_of = _stages(kept, pp_groups)
+    if stage_of is not None:
+        kept = [g for _, g in sorted(zip(stage_of, kept, strict=True), key=lambda x: (x[0], x[1].ranks))]
+        how += "; stages from the pipeline groups"
+    else:
+        kept = sorted(kept, key=lambda g: g.ranks)
+        if len(kept) > 1:
+            how += "; no pipeline group recorded: each DP group is a stage of its own, in rank order"
+    return Layout(kept, sizes[0], len(kept), tp_size, world, how)
+
+
+def _stages(dp_groups: list[Group], pp_groups: list[Group]) -> list[int] | None:
+    """Each DP group's stage: the position of its ranks in their pipeline group (None: unknown)."""
+    pos: dict[int, int] = {}
+    for g in pp_groups:
+        for i, r in enumerate(g.ranks):
+            pos[r] = i
+    out = []
+    for g in dp_groups:
+        stages = {pos.get(r) for r in g.ranks}
+        if len(stages) != 1 or None in stages:
+            return None
+        out.append(int(next(iter(stages))))  # type: ignore[arg-type]
+    return out if len(set(out)) == len(out) else None
+
+
+def _layout_from_sizes(
+    coll: CollectiveSet, groups: list[Group], counts: pd.Series, o: LayoutOverrides, world: int, source: str
+) -> Layout:
+    tp = o.tp_size or 1
+    pp = o.pp_size
+    dp = o.dp_size
+    if dp is None:
+        dp = world // (tp * (pp or 1))
+    if pp is None:
+        pp = world // (tp * dp)
+    if dp * tp * pp != world:
+        raise TraceError(
+            f"trace.dp_size x tp_size x pp_size must equal the world size {world}, got {dp} x {tp} x {pp}"
+        )
+    by_ranks: dict[tuple[int, ...], list[Group]] = {}
+    for g in groups:
+        by_ranks.setdefault(g.ranks, []).append(g)
+    out = []
+    for s in range(pp):
+        ranks = tuple((s * dp + d) * tp for d in range(dp))
+        cands = [g for g in by_ranks.get(ranks, []) if counts.get(g.key, 0) > 0]
+        if not cands:
+            raise TraceError(
+                f"the layout dp {dp} x tp {tp} x pp {pp} puts stage {s}'s DP ranks at {list(ranks)[:8]}, but no "
+                f"recorded group with those ranks carries gradient collectives (in {source}); check trace.dp_size, "
+                "trace.tp_size and trace.pp_size (rank order: TP fastest, then DP, then PP)"
+            )
+        out.append(max(cands, key=lambda g: int(counts[g.key])))
+    return Layout(
+        out,
+        dp,
+        pp,
+        tp,
+        world,
+        f"given: dp {dp} x tp {tp} x pp {pp} (trace.*_size; TP fastest, then DP, then PP)",
+    )
+
+
+# ------------------------------------------------------------------------------------------- steps
+@dataclass
+class _GroupSteps:
+    """One DP group's matched gradient collectives, cut into steps."""
+
+    group: Group
+    seqs: NDArray[np.int64]  # [S, K] sequence numbers of each step's gradient collectives
+    dropped: list[str]
+
+
+def _period(sig: NDArray[np.int64]) -> tuple[int, int, int]:
+    """``(period, start, length)``: the shortest period of the longest repeating run in ``sig``."""
+    m = len(sig)
+    best: list[tuple[int, int, int]] = []
+    for p in range(1, min(m // 2, _MAX_PERIOD) + 1):
+        eq = sig[:-p] == sig[p:]
+        if not eq.any():
+            continue
+        padded = np.concatenate([[False], eq, [False]])
+        edges = np.flatnonzero(np.diff(padded.astype(np.int8)))
+        starts, ends = edges[::2], edges[1::2]
+        i = int(np.argmax(ends - starts))
+        best.append((p, int(starts[i]), int(ends[i] - starts[i]) + p))
+    if not best:
+        return m, 0, m
+    longest = max(b[2] for b in best)
+    for p, start, length in best:  # smallest period whose run covers nearly the longest one
+        if length >= 0.9 * longest and length >= 2 * p:
+            return p, start, length
+    return m, 0, m
+
+
+def _gap_score(gaps: NDArray[np.float64], bounds: NDArray[np.int64], region: NDArray[np.int64]) -> float:
+    """How clearly the gaps before ``bounds`` exceed the other gaps of ``region``: the lower quartile
+    of the boundary gaps over the median of the others (host time; higher is clearer)."""
+    inside = np.setdiff1d(region, bounds)
+    if not len(bounds) or not len(inside):
+        return -np.inf
+    other = float(np.median(gaps[inside]))
+    return float(np.quantile(gaps[bounds], 0.25)) / max(other, 1e-9)
+
+
+def _steps_of_group(
+    coll: CollectiveSet, g: Group, grad_kinds: tuple[str, ...], fixed_k: int | None, source: str
+) -> _GroupSteps:
+    """Match the group's collectives across its ranks and cut them into steps (module docstring).
+
+    The step period is a multiple of the shortest period of the (kind, size) sequence of every
+    collective of the group; among those multiples, the smallest whose boundaries (the gaps before
+    each step's first collective) stand out from the other host-side gaps; with ``fixed_k``, the one
+    with that many gradient collectives per step.
+    """
+    t = coll.table
+    mine = t[t["group"] == g.key]
+    present = set(coll.ranks)
+    members = [r for r in g.ranks if r in present]
+    dropped: list[str] = []
+    unfinished = mine.loc[~mine["finished"], "seq"]
+    if len(unfinished):
+        first_open = int(unfinished.min())
+        n_open = int((mine["seq"].drop_duplicates() >= first_open).sum())
+        dropped.append(
+            f"group {g.label}: {n_open} collective(s) from #{first_open} on had not finished on every rank"
+        )
+        mine = mine[mine["seq"] < first_open]
+    per = mine.groupby("seq")["rank"].nunique()
+    common = np.sort(per.index[per.to_numpy() == len(members)].to_numpy())
+    lost = len(per) - len(common)
+    if lost:
+        dropped.append(
+            f"group {g.label}: {lost} collective(s) not in every rank's dump (ring buffer wrapped)"
+        )
+    sub = mine[mine["seq"].isin(common)]
+    sig = sub.groupby("seq")[["kind", "numel"]].nunique()
+    bad = sig[(sig["kind"] > 1) | (sig["numel"] > 1)]
+    if len(bad):
+        s = int(bad.index[0])
+        rows = sub[sub["seq"] == s][["rank", "kind", "numel"]].astype(str).to_dict("records")
+        raise TraceError(
+            f"a collective must be the same op on every rank of its group, got {rows[:4]} for group {g.label} "
+            f"collective #{s} (in {source}): the ranks issued different collectives (a desync; "
+            "torch.distributed.flight_recorder's fr_trace analyses it)"
+        )
+    first = sub.drop_duplicates("seq").set_index("seq").reindex(common)
+    is_grad = first["kind"].astype(str).isin(grad_kinds).to_numpy()
+    if not is_grad.any():
+        raise TraceError(
+            f"the DP group {g.label} must share at least one finished gradient collective across its ranks "
+            f"{list(g.ranks)[:8]}, got none (in {source}); are these dumps of one job, taken at one time?"
+        )
+    codes = pd.factorize(first["kind"].astype(str) + ":" + first["numel"].astype(str))[0].astype(np.int64)
+    created = (
+        sub.pivot_table(index="seq", columns="rank", values="created_ns", aggfunc="first")
+        .reindex(index=common, columns=members)
+        .to_numpy(dtype=np.float64)
+    )
+    m = len(common)
+    p0, start, length = _period(codes)
+    gaps = np.full(m, np.nan)
+    timed = bool((created >= 0).all()) and m > 1
+    if timed:
+        gaps[1:] = np.median(np.diff(created, axis=0), axis=1)
+    region = np.arange(max(start, 1), start + length)
+    if fixed_k is not None:  # the shortest multiple of the pattern with that many gradient collectives
+        periods = [
+            p
+            for p in range(p0, max(p0, min(length // 2, _MAX_PERIOD)) + 1, p0)
+            if int(is_grad[start : start + p].sum()) == fixed_k
+        ]
+        if not periods:
+            raise TraceError(
+                f"trace.collectives_per_step={fixed_k} must be a multiple of the gradient collectives in the "
+                f"repeating pattern of DP group {g.label} ({int(is_grad[start : start + p0].sum())} per "
+                f"{p0} collectives), got none that fits (in {source})"
+            )
+        period = periods[0]
+    else:
+        period = p0
+    scores = []  # (phase, score): a step ends with a gradient collective
+    for phase in range(period):
+        begin = start + phase
+        if begin + period > m or not is_grad[begin + period - 1]:
+            continue
+        num = (start + length - begin) // period
+        bounds = np.arange(begin, begin + num * period, period)
+        scores.append((phase, _gap_score(gaps, bounds[bounds >= 1], region) if timed else 0.0))
+    if not scores:
+        raise TraceError(
+            f"the collectives of DP group {g.label} must repeat step after step, got no whole step in "
+            f"{m} matched collectives (in {source}); give trace.collectives_per_step (gradient collectives per step)"
+        )
+    # a step ends after the longest run of gradient collectives of its pattern (the end of the
+    # backward pass: FSDP2's last reduce-scatters follow its last all-gather) and, among such
+    # boundaries (DDP: every collective is one), where the host-side gap before the next is longest
+    pattern = is_grad[start : start + period]
+
+    def run_before(phase: int) -> int:
+        n = 0
+        while n < period and pattern[(phase - 1 - n) % period]:
+            n += 1
+        return n
+
+    longest = max(run_before(ph) for ph, _ in scores)
+    scores = [(ph, sc) for ph, sc in scores if run_before(ph) == longest]
+    phase, best = max(scores, key=lambda x: (x[1], -x[0]))
+    if len(scores) > 1 and timed and not best >= _CLEAR_GAP:
+        dropped.append(
+            f"group {g.label}: no host-side gap marks the step boundary clearly (gaps before it "
+            f"{best:.1f} x the others); the boundary may fall inside a step"
+        )
+    if start > 0:
+        dropped.append(
+            f"group {g.label}: {start} collective(s) before the repeating pattern began (set-up, first iteration)"
+        )
+    begin = start + phase
+    if phase:
+        dropped.append(f"group {g.label}: {phase} collective(s) of a step cut by the dump's start")
+    num = (start + length - begin) // period
+    end = begin + num * period
+    if m - end:
+        dropped.append(f"group {g.label}: {m - end} collective(s) after the last whole step")
+    if num < 2:
+        raise TraceError(
+            f"the DP group {g.label} must record at least two whole steps (one anchors the time of the next), "
+            f"got {num} in {m} matched collectives (in {source}). Dump later (more steps), raise "
+            "TORCH_FR_BUFFER_SIZE, or give trace.collectives_per_step"
+        )
+    chunks = common[begin:end].reshape(num, period)
+    grad_mask = is_grad[begin:end].reshape(num, period)
+    seqs = chunks[grad_mask].reshape(num, int(grad_mask[0].sum()))
+    return _GroupSteps(g, seqs, dropped)
+
+
+# -------------------------------------------------------------------------------------- op table
+def _stage_times(
+    coll: CollectiveSet, gs: _GroupSteps, members: list[int]
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """created (ns, float), duration (s) and end (ns) arrays ``[S, n, K]`` of a stage's steps."""
+    t = coll.table
+    sub = t[(t["group"] == gs.group.key) & t["seq"].isin(gs.seqs.ravel())]
+    S, K = gs.seqs.shape
+    out = []
+    for col in ("created_ns", "duration_s", "end_ns"):
+        m = sub.pivot_table(index="seq", columns="rank", values=col, aggfunc="first").reindex(
+            index=gs.seqs.ravel(), columns=members
+        )
+        arr = m.to_numpy(dtype=np.float64).reshape(S, K, len(members)).transpose(0, 2, 1)
+        if col != "duration_s":
+            arr = np.where(arr < 0, np.nan, arr)
+        out.append(arr)
+    return out[0], out[1], out[2]
+
+
+def _offsets(created: NDArray[np.float64], dur: NDArray[np.float64]) -> tuple[NDArray[np.float64], float]:
+    """Each rank's clock offset (s) from the common completion ``created + duration``, and the residual."""
+    done = created + dur  # [S, n, K]
+    n = done.shape[1]
+    if n < 2 or not np.isfinite(done).any():
+        return np.zeros(n), 0.0
+    diff = (done - done[:, :1, :]).transpose(1, 0, 2).reshape(n, -1)
+    est = np.nanmedian(diff, axis=1)
+    est = np.where(np.isfinite(est), est, 0.0)
+    after = done - est[None, :, None]
+    resid = float(np.nanmedian(np.nanmax(after, axis=1) - np.nanmin(after, axis=1)))
+    return est, resid
+
+
+def assemble(
+    coll: CollectiveSet,
+    groups: list[Group],
+    *,
+    source: str,
+    fmt: str,
+    name: str,
+    layout: LayoutOverrides | None = None,
+    timing: str = "auto",
+    collective_s: float | None = None,
+    collective_frac: float = 0.01,
+    grad_kinds: tuple[str, ...] = GRAD_KINDS,
+    warning: type[Warning] = TraceWarning,
+    backend_label: str | None = None,
+    duration_field: str = "duration_ms",
+) -> tuple[OpTrace, AssemblyReport]:
+    """Build the canonical trace of a collective log (see the module docstring).
+
+    Args:
+        coll: the collectives of every rank.
+        groups: their process groups.
+        source: where they came from (messages, ``OpTrace.source``).
+        fmt: the importer's name (``OpTrace.fmt``).
+        name: job name.
+        layout: overrides of the inferred layout.
+        timing: one of :data:`TIMINGS`.
+        collective_s: modelled transfer time when no duration is recorded, s (None: the fraction).
+        collective_frac: modelled transfer as a fraction of the median step period, in [0, 1].
+        grad_kinds: the kinds that are gradient collectives.
+        warning: the warning class for what was dropped.
+        backend_label: how :attr:`OpTrace.collective` names the collectives (default: backends and
+            kinds found).
+        duration_field: the source's name for a collective's duration (for the timing note).
+
+    Returns:
+        ``(trace, report)``.
+
+    Raises:
+        TraceError: bad settings; no DP group, or fewer than two steps, can be found; ``timing``
+            ``"duration"`` but some gradient collective has no duration.
+    """
+    if timing not in TIMINGS:
+        raise TraceError(f"trace.timing must be one of {list(TIMINGS)}, got {timing!r}")
+    if collective_s is not None and not (np.isfinite(collective_s) and 0 <= collective_s <= MAX_DURATION_S):
+        raise TraceError(
+            f"trace.collective_s must be in [0, {MAX_DURATION_S:.0f}] s or null, got {collective_s!r}"
+        )
+    if not (0.0 <= collective_frac <= 1.0):
+        raise TraceError(f"trace.collective_frac must be in [0, 1], got {collective_frac!r}")
+    overrides = layout or LayoutOverrides()
+    lay = infer_layout(coll, groups, overrides, grad_kinds, source)
+    steps = [
+        _steps_of_group(coll, g, grad_kinds, overrides.collectives_per_step, source) for g in lay.dp_groups
+    ]
+    num = min(len(s.seqs) for s in steps)
+    dropped = [d for s in steps for d in s.dropped]
+    if any(len(s.seqs) > num for s in steps):
+        dropped.append(
+            f"stages aligned on their last {num} steps (their dumps hold different numbers of steps)"
+        )
+    for s in steps:
+        s.seqs = s.seqs[-num:]
+    members = [list(g.ranks) for g in lay.dp_groups]
+    arrays = [_stage_times(coll, s, m) for s, m in zip(steps, members, strict=True)]
+    have_dur = all(np.isfinite(d).all() for _, d, _ in arrays)
+    have_created = all(np.isfinite(c).all() for c, _, _ in arrays)
+    have_end = all(np.isfinite(e).all() for _, _, e in arrays)
+    if timing == "duration" and not have_dur:
+        raise TraceError(
+            f"trace.timing=duration needs every gradient collective's duration, got some without (in {source}); "
+            "record with TORCH_NCCL_ENABLE_TIMING=1, or use trace.timing=auto"
+        )
+    if timing == "created" and not have_created:
+        raise TraceError(
+            f"trace.timing=created needs enqueue times on every collective, got some without (in {source})"
+        )
+    mode = "duration" if (timing == "duration" or (timing == "auto" and have_dur)) else "created"
+    if mode == "created" and not have_created:
+        mode = "duration"
+        if not have_dur:
+            raise TraceError(
+                f"a trace needs enqueue times or durations of its collectives, got neither (in {source})"
+            )
+    base_ns = min(float(np.nanmin(c)) for c, _, _ in arrays) if have_created else 0.0
+    offsets_all: dict[int, float] = {}
+    stage_ops: list[pd.DataFrame] = []
+    spreads, periods, t0s, step_times = [], [], [], []
+    per_stage = []
+    for (created_ns, dur, end_ns), mem in zip(arrays, members, strict=True):
+        created = (created_ns - base_ns) * 1e-9 if have_created else np.zeros_like(dur)
+        offsets = np.zeros(len(mem))
+        if have_created and np.isfinite(dur).any():
+            est, resid = _offsets(created, dur)
+            if float(np.max(np.abs(est))) > max(_AUTO_ALIGN_S, 2.0 * resid):
+                offsets = est
+        offsets_all.update({r: float(o) for r, o in zip(mem, offsets, strict=True)})
+        created = created - offsets[None, :, None]
+        per_stage.append((created, dur, end_ns))
+        if mode == "created":
+            first = created[:, :, 0].mean(axis=1)
+            periods.extend(np.diff(first).tolist())
+    if mode == "created":
+        median_period = float(np.median(periods)) if periods else 0.0
+        transfer = float(collective_s) if collective_s is not None else collective_frac * median_period
+        timing_note = "arrival = host enqueue time (time_created_ns), the ranks' clocks assumed to agree" + (
+            "; clock offsets removed on the collectives' common completion"
+            if any(offsets_all.values())
+            else ""
+        )
+        transfer_note = (
+            f"modelled: the dumps record no collective's end; each ends {transfer * 1e3:.3f} ms after its last "
+            + (
+                "arrival (trace.collective_s)"
+                if collective_s is not None
+                else f"arrival ({collective_frac:g} of the median step period)"
+            )
+        )
+    else:
+        transfer = 0.0
+        timing_note = (
+            f"clock-free: earliness = duration - shortest duration in the collective ({duration_field}, device "
+            "timing); "
+            "arrival = common end - duration"
+        )
+        transfer_note = "recorded: each collective's shortest duration (its last arriver waited for no one)"
+    for stage, ((created, dur, end_ns), mem) in enumerate(zip(per_stage, members, strict=True)):
+        S, n, K = dur.shape
+        if mode == "duration":
+            if have_end:
+                end = np.nanmedian(
+                    (end_ns - base_ns) * 1e-9 - offsets_all_arr(offsets_all, mem)[None, :, None], axis=1
+                )
+            elif have_created:
+                end = np.nanmedian(created + dur, axis=1)  # [S, K]
+            else:  # durations only: lay the collectives out one after the other
+                end = np.cumsum(np.nanmax(dur, axis=1).ravel()).reshape(S, K)
+            arrival = end[:, None, :] - dur
+            coll_end = np.broadcast_to(end[:, None, :], arrival.shape).copy()
+        else:
+            arrival = created
+            coll_end = np.broadcast_to((arrival.max(axis=1) + transfer)[:, None, :], arrival.shape).copy()
+        ops, spread, step_t, t0 = _op_table(arrival, coll_end, stage=stage, ranks=mem)
+        stage_ops.append(ops)
+        spreads.append(spread)
+        step_times.append(step_t)
+        t0s.append(t0)
+    table = pd.concat(stage_ops, ignore_index=True)
+    meta = JobMeta(
+        name=name, dp_size=lay.dp_size, pp_size=lay.pp_size, tp_size=lay.tp_size, world_size=lay.world_size
+    )
+    ops_valid = validate_ops(table, meta, source=source)
+    t = coll.table
+    dp_keys = {g.key for g in lay.dp_groups}
+    kinds = sorted(t.loc[t["group"].isin(dp_keys) & t["kind"].isin(grad_kinds), "kind"].astype(str).unique())
+    backends = sorted(b for b in t["backend"].astype(str).unique() if b)
+    label = backend_label or " ".join(x for x in (",".join(backends), ",".join(kinds)) if x)
+    trace = OpTrace(ops=ops_valid, meta=meta, source=source, fmt=fmt, collective=label)
+    folded = _folded(coll, lay, steps, grad_kinds)
+    for note in dropped:
+        warnings.warn(f"{source}: dropped {note}", warning, stacklevel=3)
+    report = AssemblyReport(
+        layout=lay,
+        timing=mode,
+        timing_note=timing_note,
+        transfer_note=transfer_note,
+        collectives_per_step=[int(s.seqs.shape[1]) for s in steps],
+        steps=int(num - 1),
+        dropped=dropped + ["the first inferred step: it anchors the next step's start and is not replayed"],
+        folded_per_step=folded,
+        clock_offsets_s=offsets_all,
+        spread_first_s=np.concatenate([s[:, 0] for s in spreads]),
+        step_time_s=np.max(np.stack(step_times), axis=0),
+        warnings=[f"dropped {d}" for d in dropped],
+    )
+    return trace, report
+
+
+def offsets_all_arr(offsets: dict[int, float], ranks: list[int]) -> NDArray[np.float64]:
+    """The clock offsets of ``ranks`` as an array (0 where none was estimated)."""
+    return np.asarray([offsets.get(r, 0.0) for r in ranks], dtype=np.float64)
+
+
+def _folded(
+    coll: CollectiveSet, lay: Layout, steps: list[_GroupSteps], grad_kinds: tuple[str, ...]
+) -> dict[str, float]:
+    """Mean count per rank and step of the collectives folded into compute, by kind (between the
+    first and last kept step's gradient collectives of each stage's ranks, any group)."""
+    t = coll.table
+    out: dict[str, float] = {}
+    total_steps = 0
+    for g, s in zip(lay.dp_groups, steps, strict=True):
+        mine = t[t["group"] == g.key]
+        lo, hi = int(s.seqs[0, -1]), int(s.seqs[-1, -1])
+        inside = mine[(mine["seq"] > lo) & (mine["seq"] <= hi) & ~mine["kind"].isin(grad_kinds)]
+        n_steps = len(s.seqs) - 1
+        total_steps += n_steps * len(g.ranks)
+        for k, c in inside.groupby("kind", observed=True).size().items():
+            out[str(k)] = out.get(str(k), 0.0) + float(c)
+    return {k: v / max(total_steps, 1) for k, v in sorted(out.items())}
+
+
+def _op_table(
+    arrival: NDArray[np.float64], end: NDArray[np.float64], *, stage: int, ranks: list[int]
+) -> tuple[pd.DataFrame, NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """The ops of one stage from arrivals and ends ``[S, n, K]`` (s); step s >= 1 starts where step
+    s - 1's last collective ended (step 0 anchors it and is left out).
+
+    Returns:
+        ``(ops, spread, step_time, t0)``: the op table (times relative to each step's start ``t0``,
+        ``[S - 1]``), the arrival spread ``[S - 1, K]`` and step times ``[S - 1]`` (s).
+    """
+    S, n, K = arrival.shape
+    start = end[:-1, :, K - 1].max(axis=1)  # [S-1] common step start
+    A = np.maximum(arrival[1:], start[:, None, None])
+    E = np.maximum(end[1:], A)
+    starts_b = A.copy()
+    for k in range(1, K):  # buckets one after the other, as the replay's dependency model runs them
+        starts_b[..., k] = np.maximum(A[..., k], E[..., k - 1])
+        E[..., k] = np.maximum(E[..., k], starts_b[..., k])
+    A_sorted = np.sort(A, axis=2)
+    last_end = E.max(axis=2)
+    step_end = np.broadcast_to(last_end.max(axis=1, keepdims=True), last_end.shape)
+    t0 = start
+    steps = np.arange(1, S, dtype=np.int64)
+    rows: list[pd.DataFrame] = []
+
+    def block(optype: str, seq: int, lo: NDArray[np.float64], hi: NDArray[np.float64], mc: int) -> None:
+        lo = np.broadcast_to(lo, (S - 1, n))
+        rows.append(
+            pd.DataFrame(
+                {
+                    "step": np.repeat(steps, n),
+                    "dp_rank": np.tile(np.arange(n), S - 1),
+                    "stage": stage,
+                    "rank": np.tile(np.asarray(ranks, dtype=np.int64), S - 1),
+                    "optype": optype,
+                    "seq_id": seq,
+                    "mc": mc,
+                    "start_ts": (lo - t0[:, None]).ravel(),
+                    "duration": np.maximum(hi - lo, 0.0).ravel(),
+                }
+            )
+        )
+
+    block("forward-compute", 0, start[:, None], A_sorted[..., 0], 0)
+    for k in range(K):
+        lo = A_sorted[..., k - 1] if k else A_sorted[..., 0]
+        block("backward-compute", k, lo, A_sorted[..., k], 0)
+        block("grads-reduce-scatter", k, starts_b[..., k], E[..., k], -1)
+    block("optimizer", 0, last_end, step_end, -1)
+    ops = pd.concat(rows, ignore_index=True)
+    ops.attrs["rows_per_step"] = n
+    ops.attrs["blocks"] = len(rows)
+    spread = A.max(axis=1) - A.min(axis=1)
+    return ops, spread, last_end.max(axis=1) - start, t0

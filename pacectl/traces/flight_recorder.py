@@ -1,0 +1,946 @@
+"""Importer for PyTorch Flight Recorder dumps: one file per rank, into an :class:`OpTrace`.
+
+Format (read from the torch sources, ``torch/csrc/distributed/c10d/FlightRecorder.hpp`` and
+``FlightRecorderDetail.hpp``, and checked against real dumps of torch 2.13, see
+``pacectl/data/flight-recorder/README.md``): each rank's recorder writes one object,
+
+- ``version`` (``"2.10"`` in torch 2.13), ``pg_config`` (group name -> ``{name, desc, ranks}``,
+  ``ranks`` a string such as ``"[0, 1]"``), ``pg_status`` (local group id ->
+  ``last_enqueued_collective``, ``last_started_collective``, ``last_completed_collective``),
+  ``comm_lib_version`` (``nccl_version`` before 2.10) and ``entries``: the ring buffer
+  (``TORCH_FR_BUFFER_SIZE`` / ``TORCH_NCCL_TRACE_BUFFER_SIZE`` entries, oldest first), one per
+  collective or point-to-point op with ``process_group`` = (name, desc), ``collective_seq_id``,
+  ``p2p_seq_id``, ``is_p2p``, ``profiling_name`` (``nccl:all_reduce``, ``gloo:broadcast``, ...),
+  ``input_sizes``, ``time_created_ns`` (host clock when the op was enqueued), ``duration_ms``
+  (only with ``TORCH_NCCL_ENABLE_TIMING``: device start to end event), ``state``
+  (``scheduled``/``started``/``completed``), ``retired`` and ``time_discovered_*_ns``;
+- as a pickle (``torch._C._distributed_c10d._dump_fr_trace()``, what the default writer puts in
+  ``TORCH_FR_DUMP_TEMP_FILE<rank>``) or as JSON (``_dump_fr_trace_json()``).
+
+Versions 2.4 to 2.10 are read (:data:`VERSIONS`); the fields used here are the same in all of them.
+Pickles are untrusted input: they are read by :class:`SafeUnpickler`, which builds only the plain
+values a dump holds and refuses any class or function, so nothing in a file is ever executed.
+
+What an entry means here:
+
+- *finished*: ``state == "completed"``, or retired by gloo. ProcessGroupGloo records no device
+  events, so its entries stay ``scheduled`` for ever, and it retires an entry when its work has run
+  (``ProcessGroupGloo::runLoop``); on NCCL an entry retired without ``completed`` timed out.
+- *timing*: ``duration_ms`` when every matched gradient collective carries it (clock-free, see
+  :mod:`pacectl.traces.collectives`), else ``time_created_ns``: host enqueue times, assumed to share
+  one clock unless their completions (enqueue + duration) say otherwise. ``time_discovered_*`` are
+  the watchdog's observation times, not event times: never used.
+- *hang snapshot*: a process group whose oldest unfinished collective some member rank never
+  enqueued, or a dump set in which nothing finished (all entries ``scheduled``, as a dump taken on a
+  timeout is). It cannot be replayed; :func:`hang_report` says, per process group, which ranks are
+  behind. A gloo dump taken at the end of a healthy run has every entry retired.
+
+Files: a folder (every file in it that holds a dump, whatever its name), a glob or a list. The rank
+of a file is the number that ends its name (``..._rank_3``, ``...rank3.json``; the convention of
+torch's writer and its ``fr_trace`` analyzer), or ``ranks=`` in sorted-path order.
+
+The layout, the step inference and the op table are :mod:`pacectl.traces.collectives`'.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob as globmod
+import io
+import math
+import pickle
+import re
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pacectl.errors import TraceError
+from pacectl.traces.collectives import (
+    GRAD_KINDS,
+    CollectiveSet,
+    Group,
+    LayoutOverrides,
+    assemble,
+    kind_of,
+)
+from pacectl.traces.model import OpTrace, TraceWarning
+
+#: Flight Recorder format versions this importer reads (``version`` of a dump).
+VERSIONS = ("2.4", "2.5", "2.6", "2.7", "2.8", "2.9", "2.10")
+#: Default cap on one dump file's size, bytes (1 GiB; ``trace.max_mb``).
+DEFAULT_MAX_BYTES = 1 << 30
+#: The environment variables that make replayable dumps (named in the hang-snapshot refusal).
+REPLAYABLE_ENV = (
+    "TORCH_FR_BUFFER_SIZE (or TORCH_NCCL_TRACE_BUFFER_SIZE) large enough for a few steps, "
+    "TORCH_NCCL_ENABLE_TIMING=1 for clock-free durations, and a dump taken while training runs "
+    "(torch._C._distributed_c10d._dump_fr_trace()) rather than on a timeout"
+)
+_RANK_RE = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?$", re.IGNORECASE)
+_JSON_KEYS = re.compile(rb'"(pg_config|collective_seq_id|comm_lib_version|nccl_version|pg_status)"')
+_STATES = ("scheduled", "started", "completed")
+#: builtins a dump may name (a pickle of plain values needs none; these build only plain values)
+_SAFE_GLOBALS = frozenset(
+    ("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset", "str", "int", "float", "bool")
+)
+
+
+class FlightRecorderWarning(TraceWarning):
+    """A Flight Recorder dump set was usable, but something was dropped, guessed or assumed."""
+
+
+class SafeUnpickler(pickle.Unpickler):
+    """An unpickler that builds plain values only (dicts, lists, tuples, strings, numbers, None).
+
+    A Flight Recorder pickle holds nothing else (torch's c10 pickler writes dumps without any
+    global reference; checked with ``pickletools`` on torch 2.13 dumps), so any class or function
+    a file names is refused before it is looked up, let alone called.
+    """
+
+    def __init__(self, file: Any, *, source: str) -> None:
+        super().__init__(file)
+        self.source = source
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _SAFE_GLOBALS:
+            return super().find_class(module, name)
+        raise TraceError(
+            f"a Flight Recorder pickle must hold plain values only, got a reference to {module}.{name} "
+            f"(in {self.source}); refused and not executed: the file is not a Flight Recorder dump "
+            "(or was tampered with)"
+        )
+
+
+def sniff(path: Path) -> str | None:
+    """``"pickle"`` or ``"json"`` when the file starts like a Flight Recorder dump, else None."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 16)
+    except OSError:
+        return None
+    if head[:1] == b"\x80" and b"pg_config" in head and b"entries" in head:
+        return "pickle"
+    text = head.lstrip()
+    if text[:1] == b"{" and b'"traceEvents"' not in head and _JSON_KEYS.search(head):
+        return "json"
+    return None
+
+
+def resolve_dump_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
+    """Expand folders (their dump files), globs and files into a sorted list of dump files.
+
+    Raises:
+        TraceError: a path does not exist, a folder holds no dump, or a glob matches nothing.
+    """
+    items = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    if not items:
+        raise TraceError("trace.path must name at least one Flight Recorder dump, folder or glob, got none")
+    out: list[Path] = []
+    for item in items:
+        text = str(item)
+        p = Path(text).expanduser()
+        if p.is_dir():
+            found = sorted(f for f in p.iterdir() if f.is_file() and sniff(f))
+            if not found:
+                raise TraceError(
+                    f"a Flight Recorder folder must hold per-rank dump files, got none in {str(p)!r} (a dump "
+                    "is the pickle of torch._C._distributed_c10d._dump_fr_trace() or its JSON form). "
+                    "Point trace.path at the folder the dumps were written to (TORCH_FR_DUMP_TEMP_FILE)."
+                )
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        elif any(c in text for c in "*?["):
+            found = sorted(Path(f) for f in globmod.glob(str(p)) if Path(f).is_file())
+            if not found:
+                raise TraceError(f"trace.path glob must match at least one file, got no match for {text!r}")
+            out.extend(found)
+        else:
+            raise TraceError(f"trace.path must be an existing file, folder or glob, got {text!r}")
+    unique: dict[Path, Path] = {}
+    for f in out:
+        unique.setdefault(f.resolve(), f)
+    return sorted(unique.values())
+
+
+# ----------------------------------------------------------------------------------------- one dump
+@dataclass
+class RankDump:
+    """What one rank's dump holds, compacted (one row per entry in :attr:`entries`).
+
+    Attributes:
+        path: the file.
+        rank: global rank of the dump.
+        fmt: ``"pickle"`` or ``"json"``.
+        version: the dump's format version.
+        pg_config: group name -> ``(desc, ranks)`` as the dump declares it (ranks may be empty: gloo
+            in torch 2.13 writes one empty-named group only).
+        pg_status: local group id -> ``{last_enqueued, last_started, last_completed}`` (-1: none).
+        entries: columns ``pg_name``, ``pg_desc``, ``pg_id``, ``seq`` (collective_seq_id),
+            ``p2p_seq``, ``is_p2p``, ``backend``, ``kind``, ``op`` (profiling name without backend),
+            ``numel``, ``created_ns`` (int64), ``duration_ms`` (NaN if absent), ``state``, ``retired``.
+    """
+
+    path: Path
+    rank: int
+    fmt: str
+    version: str
+    pg_config: dict[str, tuple[str, tuple[int, ...]]]
+    pg_status: dict[int, dict[str, int]]
+    entries: pd.DataFrame = field(repr=False)
+
+    @property
+    def finished(self) -> np.ndarray:
+        """``bool[n]``: entry completed, or retired by gloo (see the module docstring)."""
+        e = self.entries
+        return ((e["state"] == "completed") | (e["retired"] & (e["backend"] == "gloo"))).to_numpy()
+
+
+def _where(path: Path, i: int | None, key: str) -> str:
+    return f"in {path}: entry #{i}, key {key}" if i is not None else f"in {path}: key {key}"
+
+
+def _parse_ranks(raw: Any, path: Path, name: str) -> tuple[int, ...]:
+    if isinstance(raw, str):
+        try:
+            raw = ast.literal_eval(raw.strip() or "[]")
+        except (ValueError, SyntaxError) as err:
+            raise TraceError(
+                f"pg_config ranks must be a list of ranks such as '[0, 1]', got {raw!r} "
+                f"(in {path}: pg_config[{name!r}].ranks)"
+            ) from err
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(r, int) and r >= 0 for r in raw):
+        raise TraceError(
+            f"pg_config ranks must be a list of non-negative ranks, got {raw!r} (in {path}: pg_config[{name!r}].ranks)"
+        )
+    return tuple(sorted(int(r) for r in raw))
+
+
+def _int_or(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _numel(sizes: Any) -> int:
+    total = 0
+    if isinstance(sizes, list):
+        for s in sizes:
+            if isinstance(s, list) and all(isinstance(d, int) for d in s):
+                total += math.prod(s)
+    return total
+
+
+class _Columns:
+    """Growing per-entry columns (plain lists; turned into a DataFrame at the end)."""
+
+    NAMES = (
+        "pg_name", "pg_desc", "pg_id", "seq", "p2p_seq", "is_p2p", "backend", "kind", "op",
+        "numel", "created_ns", "duration_ms", "state", "retired",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[Any]] = {n: [] for n in self.NAMES}
+
+    def add(self, e: Any, i: int, path: Path) -> None:
+        if not isinstance(e, dict):
+            raise TraceError(
+                f"each Flight Recorder entry must be an object, got {type(e).__name__} ({_where(path, i, 'entries')})"
+            )
+        c = self.cols
+        for key in ("process_group", "collective_seq_id", "profiling_name", "time_created_ns"):
+            if key not in e:
+                raise TraceError(
+                    f"a Flight Recorder entry must have {key!r}, got keys {sorted(e)[:8]} ({_where(path, i, key)}); "
+                    "is this a Flight Recorder dump of a supported version?"
+                )
+        pg = e["process_group"]
+        if not isinstance(pg, (list, tuple)) or len(pg) != 2:
+            raise TraceError(
+                f"process_group must be [name, desc], got {pg!r} ({_where(path, i, 'process_group')})"
+            )
+        name = str(e["profiling_name"])
+        backend, _, op = name.partition(":")
+        if not op:
+            backend, op = "", name
+        created = e["time_created_ns"]
+        seq = e["collective_seq_id"]
+        if isinstance(created, bool) or not isinstance(created, int) or created < 0:
+            raise TraceError(
+                f"time_created_ns must be a non-negative integer (ns), got {created!r} ({_where(path, i, 'time_created_ns')})"
+            )
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+            raise TraceError(
+                f"collective_seq_id must be a non-negative integer, got {seq!r} ({_where(path, i, 'collective_seq_id')})"
+            )
+        duration = e.get("duration_ms")
+        if duration is not None:
+            if (
+                isinstance(duration, bool)
+                or not isinstance(duration, (int, float))
+                or not (math.isfinite(float(duration)) and 0 <= float(duration) < 7 * 24 * 3600e3)
+            ):
+                raise TraceError(
+                    f"duration_ms must be a finite number of milliseconds >= 0, got {duration!r} "
+                    f"({_where(path, i, 'duration_ms')})"
+                )
+        state = str(e.get("state", "scheduled"))
+        if state not in _STATES:
+            raise TraceError(
+                f"state must be one of {list(_STATES)}, got {state!r} ({_where(path, i, 'state')})"
+            )
+        p2p = e.get("is_p2p")
+        kind = kind_of(op)
+        c["pg_name"].append(str(pg[0]))
+        c["pg_desc"].append(str(pg[1]))
+        c["pg_id"].append(_int_or(e.get("pg_id"), -1))
+        c["seq"].append(int(seq))
+        c["p2p_seq"].append(_int_or(e.get("p2p_seq_id"), 0))
+        c["is_p2p"].append(bool(p2p) if p2p is not None else kind in ("send", "recv"))
+        c["backend"].append(backend)
+        c["kind"].append(kind)
+        c["op"].append(op)
+        c["numel"].append(_numel(e.get("input_sizes")))
+        c["created_ns"].append(int(created))
+        c["duration_ms"].append(float(duration) if duration is not None else math.nan)
+        c["state"].append(state)
+        c["retired"].append(bool(e.get("retired", False)))
+
+    def frame(self) -> pd.DataFrame:
+        c = self.cols
+        df = pd.DataFrame(
+            {
+                "pg_name": pd.Categorical(c["pg_name"]),
+                "pg_desc": pd.Categorical(c["pg_desc"]),
+                "pg_id": np.asarray(c["pg_id"], dtype=np.int64),
+                "seq": np.asarray(c["seq"], dtype=np.int64),
+                "p2p_seq": np.asarray(c["p2p_seq"], dtype=np.int64),
+                "is_p2p": np.asarray(c["is_p2p"], dtype=bool),
+                "backend": pd.Categorical(c["backend"]),
+                "kind": pd.Categorical(c["kind"]),
+                "op": pd.Categorical(c["op"]),
+                "numel": np.asarray(c["numel"], dtype=np.int64),
+                "created_ns": np.asarray(c["created_ns"], dtype=np.int64),
+                "duration_ms": np.asarray(c["duration_ms"], dtype=np.float64),
+                "state": pd.Categorical(c["state"], categories=list(_STATES)),
+                "retired": np.asarray(c["retired"], dtype=bool),
+            }
+        )
+        return df
+
+
+def _check_version(raw: Any, path: Path) -> str:
+    version = str(raw)
+    if version not in VERSIONS:
+        raise TraceError(
+            f"a Flight Recorder dump's version must be one of {list(VERSIONS)}, got {version!r} (in {path}: key version). "
+            "pacectl reads the formats 2.4 to 2.10 (torch 2.13 writes 2.10); convert or re-record the dump "
+            "with a torch whose format is among them"
+        )
+    return version
+
+
+def _config(raw: Any, path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise TraceError(
+            f"pg_config must be an object of groups, got {type(raw).__name__} (in {path}: key pg_config)"
+        )
+    out = {}
+    for name, info in raw.items():
+        if not isinstance(info, dict):
+            raise TraceError(
+                f"pg_config[{name!r}] must be an object, got {info!r} (in {path}: key pg_config)"
+            )
+        out[str(info.get("name", name))] = (
+            str(info.get("desc", "")),
+            _parse_ranks(info.get("ranks", "[]"), path, str(name)),
+        )
+    return out
+
+
+def _status(raw: Any, path: Path) -> dict[int, dict[str, int]]:
+    if not isinstance(raw, dict):
+        return {}
+    out = {}
+    for pg_id, st in raw.items():
+        if isinstance(st, dict):
+            out[_int_or(pg_id, -1)] = {
+                k: _int_or(st.get(f"last_{k}_collective"), -1) for k in ("enqueued", "started", "completed")
+            }
+    return out
+
+
+def _rank_of_name(path: Path) -> int | None:
+    m = _RANK_RE.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+def read_dump(path: str | Path, *, rank: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> RankDump:
+    """Read one rank's Flight Recorder dump (pickle or JSON, by its first bytes), in bounded memory.
+
+    Args:
+        path: the dump file.
+        rank: its global rank (default: the number that ends the file name).
+        max_bytes: cap on the file's size, bytes.
+
+    Returns:
+        The compacted :class:`RankDump`.
+
+    Raises:
+        TraceError: the file is missing, too large, truncated, not a dump, of an unknown version, or
+            holds an entry without a field the import needs; a pickle that names a class or function
+            (refused unexecuted, see :class:`SafeUnpickler`).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError(f"trace.path must name existing dump files, got {str(p)!r}")
+    size = p.stat().st_size
+    if size > max_bytes:
+        raise TraceError(
+            f"a Flight Recorder dump must be <= {max_bytes} bytes (trace.max_mb), got {size} bytes (in {p}). "
+            "Raise the cap (trace.max_mb / --max-mb) if the file is genuine."
+        )
+    if size == 0:
+        raise TraceError(
+            f"a Flight Recorder dump must not be empty, got an empty file (in {p}). Copy or dump it again."
+        )
+    kind = sniff(p)
+    if rank is None:
+        rank = _rank_of_name(p)
+        if rank is None:
+            raise TraceError(
+                f"a dump file's name must end in its rank (as torch's writer names them: <prefix><rank>), got "
+                f"{p.name!r} (in {p.parent}); rename it or pass the ranks (trace.ranks / --rank)"
+            )
+    if kind == "pickle":
+        return _read_pickle(p, rank)
+    if kind == "json":
+        return _read_json(p, rank)
+    with open(p, "rb") as fh:
+        head = fh.read(2)
+    if head[:1] == b"\x80":
+        raise TraceError(
+            f"a Flight Recorder dump must be a pickle of the recorder's dict (keys version, pg_config, entries), "
+            f"got a pickle without them (in {p}); it is not a Flight Recorder dump, or it is cut short"
+        )
+    raise TraceError(
+        f"a Flight Recorder dump must be a pickle or JSON object with keys version, pg_config and entries, "
+        f"got neither (in {p}). Is it a Flight Recorder dump (torch._C._distributed_c10d._dump_fr_trace())?"
+    )
+
+
+def _read_pickle(p: Path, rank: int) -> RankDump:
+    with open(p, "rb") as fh:
+        data = fh.read()
+    try:
+        obj = SafeUnpickler(io.BytesIO(data), source=str(p)).load()
+    except TraceError:
+        raise
+    except EOFError as err:
+        raise TraceError(
+            f"a Flight Recorder pickle must be complete, got a file that ends early (truncated after "
+            f"{len(data)} bytes) (in {p}). Copy or dump it again."
+        ) from err
+    except (
+        pickle.UnpicklingError,
+        ValueError,
+        TypeError,
+        IndexError,
+        KeyError,
+        AttributeError,
+        MemoryError,
+    ) as err:
+        truncated = "truncated" in str(err) or "ran out" in str(err).lower()
+        why = "it ends early (truncated)" if truncated else f"it is corrupt ({type(err).__name__}: {err})"
+        raise TraceError(
+            f"a Flight Recorder pickle must load, got a file that does not: {why} (in {p}). Copy or dump it again."
+        ) from err
+    del data
+    if not isinstance(obj, dict) or "entries" not in obj and "version" not in obj:
+        raise TraceError(
+            f"a Flight Recorder pickle must hold the recorder's dict (keys version, pg_config, entries), got "
+            f"{type(obj).__name__} (in {p})"
+        )
+    if "version" not in obj:
+        raise TraceError(
+            f"a Flight Recorder dump must have key 'version', got keys {sorted(obj)[:8]} (in {p})"
+        )
+    version = _check_version(obj["version"], p)
+    cols = _Columns()
+    entries = obj.get("entries", [])
+    if not isinstance(entries, list):
+        raise TraceError(f"entries must be a list, got {type(entries).__name__} (in {p}: key entries)")
+    for i, e in enumerate(entries):
+        cols.add(e, i, p)
+    return RankDump(
+        p,
+        rank,
+        "pickle",
+        version,
+        _config(obj.get("pg_config"), p),
+        _status(obj.get("pg_status"), p),
+        cols.frame(),
+    )
+
+
+def _read_json(p: Path, rank: int) -> RankDump:
+    import ijson
+
+    cols = _Columns()
+    top: dict[str, Any] = {}
+    try:
+        with open(p, "rb") as fh:
+            for i, e in enumerate(ijson.items(fh, "entries.item", use_float=True)):
+                cols.add(e, i, p)
+        for key in ("version", "pg_config", "pg_status"):
+            with open(p, "rb") as fh:
+                for value in ijson.items(fh, key, use_float=True):
+                    top[key] = value
+                    break
+    except ijson.IncompleteJSONError as err:
+        where = f"after {len(cols.cols['seq'])} entries" if cols.cols["seq"] else "before the first entry"
+        cut = "incomplete" in str(err).lower() or "premature" in str(err).lower()
+        why = "it ends early (truncated)" if cut else f"it is malformed ({str(err).strip()})"
+        raise TraceError(
+            f"a Flight Recorder JSON dump must be valid JSON, got a file where {why} {where} (in {p}). Copy or dump it again."
+        ) from err
+    except ijson.JSONError as err:
+        raise TraceError(
+            f"a Flight Recorder JSON dump must be valid JSON, got {str(err).strip()} (in {p})"
+        ) from err
+    if "version" not in top:
+        raise TraceError(f"a Flight Recorder dump must have key 'version', got none (in {p})")
+    version = _check_version(top["version"], p)
+    return RankDump(
+        p,
+        rank,
+        "json",
+        version,
+        _config(top.get("pg_config"), p),
+        _status(top.get("pg_status"), p),
+        cols.frame(),
+    )
+
+
+# ----------------------------------------------------------------------------------------- the set
+def read_dumps(
+    paths: str | Path | Sequence[str | Path],
+    *,
+    ranks: Sequence[int] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> list[RankDump]:
+    """Read every dump of a set, sorted by rank (see :func:`read_dump`).
+
+    Raises:
+        TraceError: as :func:`read_dump`; two files claim one rank; ``ranks`` does not give one rank
+            per file.
+    """
+    files = resolve_dump_paths(paths)
+    if ranks is not None and len(ranks) != len(files):
+        raise TraceError(
+            f"trace.ranks must give one rank per dump file ({len(files)} files: {[f.name for f in files][:8]}), "
+            f"got {list(ranks)!r}"
+        )
+    dumps = [
+        read_dump(f, rank=None if ranks is None else int(ranks[i]), max_bytes=max_bytes)
+        for i, f in enumerate(files)
+    ]
+    seen: dict[int, Path] = {}
+    for d in dumps:
+        if d.rank in seen:
+            raise TraceError(
+                f"each rank must have one dump, got two for rank {d.rank}: {seen[d.rank].name} and {d.path.name} "
+                f"(in {d.path.parent}); keep one job's dumps in the folder or pass trace.ranks"
+            )
+        seen[d.rank] = d.path
+    versions = sorted({d.version for d in dumps})
+    if len(versions) > 1:
+        warnings.warn(
+            f"{dumps[0].path.parent}: the dumps have different format versions {versions}; read alike",
+            FlightRecorderWarning,
+            stacklevel=2,
+        )
+    return sorted(dumps, key=lambda d: d.rank)
+
+
+def process_groups(dumps: list[RankDump]) -> tuple[list[Group], dict[tuple[int, str, str], int]]:
+    """The process groups of a dump set, identified by name plus rank set.
+
+    Members come from ``pg_config`` where a dump declares the group with its ranks; otherwise (gloo
+    in torch 2.13 declares none) from the dumps whose entries use it. A name that two rank sets use
+    (reused after ``split_group``) is two groups.
+
+    Returns:
+        ``(groups, index)``: the groups, and ``(rank, name, desc) -> group key`` for every entry's group.
+    """
+    declared: dict[tuple[str, str], set[tuple[int, ...]]] = {}
+    used: dict[tuple[str, str], set[int]] = {}
+    for d in dumps:
+        pairs = d.entries[["pg_name", "pg_desc"]].drop_duplicates()
+        for name, desc in pairs.itertuples(index=False):
+            used.setdefault((str(name), str(desc)), set()).add(d.rank)
+        for name, (desc, ranks) in d.pg_config.items():
+            if ranks and d.rank in ranks:
+                declared.setdefault((name, desc), set()).add(ranks)
+    groups: list[Group] = []
+    index: dict[tuple[int, str, str], int] = {}
+    by_members: dict[tuple[str, str, tuple[int, ...]], int] = {}
+
+    def natural(item: tuple[tuple[str, str], set[int]]) -> tuple[int, str, str]:
+        (name, desc), _ = item
+        return (int(name) if name.isdigit() else 1 << 62, name, desc)
+
+    for (name, desc), users in sorted(used.items(), key=natural):
+        sets = declared.get((name, desc), set())
+        for r in sorted(users):
+            members = next((s for s in sets if r in s), None)
+            source = "pg_config"
+            if members is None:
+                members, source = tuple(sorted(users)), "dumps"
+            key = (name, desc, members)
+            if key not in by_members:
+                by_members[key] = len(groups)
+                groups.append(Group(key=len(groups), name=name, desc=desc, ranks=members, ranks_from=source))
+            index[(r, name, desc)] = by_members[key]
+    return groups, index
+
+
+def collective_set(dumps: list[RankDump], *, source: str) -> tuple[CollectiveSet, list[Group]]:
+    """Every rank's finished collectives (not point-to-point) as one :class:`CollectiveSet`."""
+    groups, index = process_groups(dumps)
+    frames = []
+    for d in dumps:
+        e = d.entries
+        keep = ~e["is_p2p"].to_numpy()
+        if not keep.any():
+            continue
+        sub = e[keep]
+        gkeys = np.fromiter(
+            (index[(d.rank, str(n), str(s))] for n, s in zip(sub["pg_name"], sub["pg_desc"], strict=True)),
+            dtype=np.int64,
+            count=len(sub),
+        )
+        frames.append(
+            pd.DataFrame(
+                {
+                    "rank": np.int64(d.rank),
+                    "group": gkeys,
+                    "kind": sub["kind"].astype(str).to_numpy(),
+                    "backend": sub["backend"].astype(str).to_numpy(),
+                    "seq": sub["seq"].to_numpy(),
+                    "numel": sub["numel"].to_numpy(),
+                    "created_ns": sub["created_ns"].to_numpy(),
+                    "duration_s": sub["duration_ms"].to_numpy() * 1e-3,
+                    "end_ns": np.full(len(sub), -1, dtype=np.int64),
+                    "finished": d.finished[keep],
+                }
+            )
+        )
+    if not frames:
+        raise TraceError(
+            f"a Flight Recorder dump set must record at least one collective, got none (in {source}); "
+            "set TORCH_FR_BUFFER_SIZE before init_process_group and dump after some training steps"
+        )
+    table = pd.concat(frames, ignore_index=True)
+    table["kind"] = table["kind"].astype("category")
+    table["backend"] = table["backend"].astype("category")
+    return CollectiveSet(table=table, ranks=tuple(d.rank for d in dumps)), groups
+
+
+# ----------------------------------------------------------------------------------- hang snapshots
+@dataclass(frozen=True)
+class GroupStatus:
+    """Where each member rank of one process group stands (the ``info`` "behind" report).
+
+    Attributes:
+        group: the process group.
+        last_enqueued, last_started, last_completed: per member rank (in :attr:`Group.ranks`
+            order), the collective_seq_id of the last collective it enqueued, started and finished
+            (-1: none recorded; ``started`` is unknown on gloo, which records no start events).
+        oldest_unfinished: the lowest collective_seq_id some member enqueued and has not finished
+            (None: none).
+        oldest_op: its op name (``all_reduce``) or "".
+        waiting: member ranks that enqueued it and wait in it.
+        behind: member ranks that never enqueued it (the ranks the others wait for).
+        missing_dumps: member ranks with no dump in the set.
+    """
+
+    group: Group
+    last_enqueued: tuple[int, ...]
+    last_started: tuple[int, ...]
+    last_completed: tuple[int, ...]
+    oldest_unfinished: int | None
+    oldest_op: str
+    waiting: tuple[int, ...]
+    behind: tuple[int, ...]
+    missing_dumps: tuple[int, ...]
+
+    @property
+    def hung(self) -> bool:
+        """Some member never reached a collective that others wait in."""
+        return self.oldest_unfinished is not None and bool(self.behind)
+
+
+def hang_report(dumps: list[RankDump]) -> list[GroupStatus]:
+    """Per process group: the last collective each rank enqueued, started and finished, and which
+    ranks are missing from the oldest unfinished one (from the entries, and ``pg_status`` where the
+    entries have fallen off the ring buffer)."""
+    groups, index = process_groups(dumps)
+    by_rank = {d.rank: d for d in dumps}
+    out = []
+    with_collectives = {
+        index[(d.rank, str(n), str(s))]
+        for d in dumps
+        for n, s in d.entries.loc[~d.entries["is_p2p"], ["pg_name", "pg_desc"]]
+        .drop_duplicates()
+        .itertuples(index=False)
+    }
+    for g in groups:
+        if g.key not in with_collectives:
+            continue  # only point-to-point ops: nothing to match by collective_seq_id
+        enq, sta, com = [], [], []
+        unfinished: dict[int, set[int]] = {}
+        op_of: dict[int, str] = {}
+        for r in g.ranks:
+            d = by_rank.get(r)
+            if d is None:
+                enq.append(-1)
+                sta.append(-1)
+                com.append(-1)
+                continue
+            e = d.entries
+            mine = (e["pg_name"].astype(str) == g.name).to_numpy() & (
+                e["pg_desc"].astype(str) == g.desc
+            ).to_numpy()
+            mine &= ~e["is_p2p"].to_numpy()
+            seq = e["seq"].to_numpy()[mine]
+            fin = d.finished[mine]
+            started = (e["state"].to_numpy()[mine] != "scheduled") | fin
+            status = next(
+                (st for pid, st in d.pg_status.items() if pid in set(e["pg_id"].to_numpy()[mine].tolist())),
+                None,
+            )
+            enq.append(max(int(seq.max()) if len(seq) else -1, status["enqueued"] if status else -1))
+            sta.append(int(seq[started].max()) if started.any() else (status["started"] if status else -1))
+            com.append(max(int(seq[fin].max()) if fin.any() else -1, status["completed"] if status else -1))
+            ops = e["op"].astype(str).to_numpy()[mine]
+            for s, o in zip(seq[~fin], ops[~fin], strict=True):
+                unfinished.setdefault(int(s), set()).add(r)
+                op_of[int(s)] = str(o)
+        oldest = min(unfinished) if unfinished else None
+        waiting = tuple(sorted(unfinished[oldest])) if oldest is not None else ()
+        behind = tuple(
+            r
+            for r, e_last in zip(g.ranks, enq, strict=True)
+            if oldest is not None and e_last < oldest and r in by_rank
+        )
+        out.append(
+            GroupStatus(
+                group=g,
+                last_enqueued=tuple(enq),
+                last_started=tuple(sta),
+                last_completed=tuple(com),
+                oldest_unfinished=oldest,
+                oldest_op=op_of.get(oldest, "") if oldest is not None else "",
+                waiting=waiting,
+                behind=behind,
+                missing_dumps=tuple(r for r in g.ranks if r not in by_rank),
+            )
+        )
+    return out
+
+
+def is_hang_snapshot(dumps: list[RankDump], statuses: list[GroupStatus] | None = None) -> str | None:
+    """Why the dump set is a hang snapshot (one sentence), or None when it is replayable in principle."""
+    statuses = hang_report(dumps) if statuses is None else statuses
+    hung = [s for s in statuses if s.hung]
+    if hung:
+        s = hung[0]
+        return (
+            f"process group {s.group.label}: ranks {list(s.behind)} never entered {s.oldest_op or 'collective'} "
+            f"#{s.oldest_unfinished}, which ranks {list(s.waiting)} wait in"
+        )
+    if not any(d.finished.any() for d in dumps):
+        return "no entry of any dump has finished (every entry is scheduled: a dump taken on a timeout)"
+    return None
+
+
+def describe_status(statuses: list[GroupStatus]) -> list[str]:
+    """The "behind" report as lines (one header and one line per rank per group)."""
+    lines = []
+    for s in statuses:
+        head = f"group {s.group.label} (ranks {list(s.group.ranks)[:16]}{' ...' if len(s.group.ranks) > 16 else ''})"
+        if s.oldest_unfinished is None:
+            lines.append(f"{head}: nothing unfinished")
+        else:
+            lines.append(
+                f"{head}: oldest unfinished {s.oldest_op} #{s.oldest_unfinished}; waiting in it: {list(s.waiting)}; "
+                f"behind (never entered it): {list(s.behind) or 'none'}"
+            )
+        if s.missing_dumps:
+            lines.append(f"  no dump from ranks {list(s.missing_dumps)}")
+        for r, a, b, c in zip(s.group.ranks, s.last_enqueued, s.last_started, s.last_completed, strict=True):
+            if r in s.missing_dumps:
+                continue
+            mark = "  <- behind" if r in s.behind else ""
+            started = "unknown" if b < 0 else str(b)
+            lines.append(f"  rank {r}: last enqueued #{a}, started #{started}, completed #{c}{mark}")
+    return lines
+
+
+# --------------------------------------------------------------------------------------- the import
+@dataclass
+class FlightRecorderReport:
+    """How a dump set was imported (what ``python -m pacectl.traces info`` prints).
+
+    Attributes:
+        files: the dump files, in rank order.
+        ranks: their ranks.
+        versions: format versions found.
+        formats: ``pickle`` and/or ``json``.
+        backends: communication backends named in the entries (``gloo``, ``nccl``).
+        groups: the process groups.
+        status: the per-group status (:func:`hang_report`).
+        hang: why the set is a hang snapshot, or None.
+        layout: how the layout was found (:class:`~pacectl.traces.collectives.AssemblyReport`).
+        assembly: the import's own report, None for a hang snapshot.
+    """
+
+    files: list[str]
+    ranks: list[int]
+    versions: list[str]
+    formats: list[str]
+    backends: list[str]
+    groups: list[Group]
+    status: list[GroupStatus]
+    hang: str | None
+    assembly: Any = None
+
+    def summary(self) -> dict[str, Any]:
+        """Plain values for ``info --json``."""
+        return {
+            "files": self.files,
+            "ranks": self.ranks,
+            "world_size": max(self.ranks) + 1 if self.ranks else 0,
+            "versions": self.versions,
+            "formats": self.formats,
+            "backends": self.backends,
+            "process_groups": [g.summary() for g in self.groups],
+            "hang_snapshot": self.hang,
+            "status": [
+                {
+                    "group": s.group.label,
+                    "ranks": list(s.group.ranks),
+                    "last_enqueued": list(s.last_enqueued),
+                    "last_started": list(s.last_started),
+                    "last_completed": list(s.last_completed),
+                    "oldest_unfinished": s.oldest_unfinished,
+                    "waiting": list(s.waiting),
+                    "behind": list(s.behind),
+                    "missing_dumps": list(s.missing_dumps),
+                }
+                for s in self.status
+            ],
+            "assembly": self.assembly.summary() if self.assembly is not None else None,
+        }
+
+
+def inspect_flight_recorder(
+    paths: str | Path | Sequence[str | Path],
+    *,
+    ranks: Sequence[int] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> tuple[list[RankDump], FlightRecorderReport]:
+    """Read a dump set and report its groups and where each rank stands, without building a trace
+    (``info`` on a hang snapshot)."""
+    dumps = read_dumps(paths, ranks=ranks, max_bytes=max_bytes)
+    groups, _ = process_groups(dumps)
+    status = hang_report(dumps)
+    report = FlightRecorderReport(
+        files=[str(d.path) for d in dumps],
+        ranks=[d.rank for d in dumps],
+        versions=sorted({d.version for d in dumps}),
+        formats=sorted({d.fmt for d in dumps}),
+        backends=sorted({str(b) for d in dumps for b in d.entries["backend"].unique() if str(b)}),
+        groups=groups,
+        status=status,
+        hang=is_hang_snapshot(dumps, status),
+    )
+    return dumps, report
+
+
+def import_flight_recorder(
+    paths: str | Path | Sequence[str | Path],
+    *,
+    ranks: Sequence[int] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    layout: LayoutOverrides | None = None,
+    timing: str = "auto",
+    collective_s: float | None = None,
+    collective_frac: float = 0.01,
+    name: str | None = None,
+) -> tuple[OpTrace, FlightRecorderReport]:
+    """Import a set of Flight Recorder dumps (one per rank) into a canonical :class:`OpTrace`.
+
+    Args:
+        paths: dump files, a folder of them, or a glob (see :func:`resolve_dump_paths`).
+        ranks: the rank of each file, in sorted-path order (default: from the file names).
+        max_bytes: cap on each file's size, bytes.
+        layout: layout overrides (see :class:`~pacectl.traces.collectives.LayoutOverrides`).
+        timing: ``"auto"`` (durations when every gradient collective has one), ``"duration"``
+            or ``"created"`` (see :func:`~pacectl.traces.collectives.assemble`).
+        collective_s: transfer time of a collective when the dumps record no duration, s
+            (None: ``collective_frac`` of the median step period).
+        collective_frac: that fraction, in [0, 1].
+        name: job name (default: the folder's name).
+
+    Returns:
+        ``(trace, report)`` with ``trace.fmt == "flight_recorder"``.
+
+    Raises:
+        TraceError: a file cannot be read (see :func:`read_dump`), the set is a hang snapshot (the
+            message names the group and ranks behind and the settings that make replayable dumps),
+            or the layout or steps cannot be inferred.
+
+    Example:
+        >>> from pacectl.data import DATA_DIR
+        >>> trace, report = import_flight_recorder(DATA_DIR / "flight-recorder" / "ddp2")
+        >>> trace.meta.dp_size, report.assembly.timing
+        (2, 'created')
+    """
+    dumps, report = inspect_flight_recorder(paths, ranks=ranks, max_bytes=max_bytes)
+    src = str(dumps[0].path.parent) if len({d.path.parent for d in dumps}) == 1 else "; ".join(report.files)
+    if report.hang is not None:
+        raise TraceError(
+            f"a replayable Flight Recorder dump set must record finished steps, got a hang snapshot: "
+            f"{report.hang} (in {src}). See who is behind with `python -m pacectl.traces info {src}`; for "
+            f"replayable dumps set {REPLAYABLE_ENV}"
+        )
+    coll, groups = collective_set(dumps, source=src)
+    trace, assembly = assemble(
+        coll,
+        groups,
+        source=src,
+        fmt="flight_recorder",
+        name=name or (dumps[0].path.parent.name or "flight_recorder"),
+        layout=layout,
+        timing=timing,
+        collective_s=collective_s,
+        collective_frac=collective_frac,
+        grad_kinds=GRAD_KINDS,
+        warning=FlightRecorderWarning,
+    )
+    report.assembly = assembly
+    return trace, report
+
+
+def load_flight_recorder(paths: str | Path | Sequence[str | Path], **kwargs: Any) -> OpTrace:
+    """Like :func:`import_flight_recorder`, returning only the trace."""
+    return import_flight_recorder(paths, **kwargs)[0]

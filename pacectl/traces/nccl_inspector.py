@@ -1,0 +1,401 @@
+"""Importer for NCCL Inspector logs: the JSON lines NCCL's inspector profiler plugin writes.
+
+Format (read from NCCL's ``plugins/profiler/inspector/README.md`` and ``inspector_json.cc``; NCCL
+cannot run on this machine, so the shipped fixtures are written from that documentation, see
+``pacectl/data/nccl-inspector/README.md``): with ``NCCL_PROFILER_PLUGIN=libnccl-profiler-inspector.so``
+and ``NCCL_INSPECTOR_ENABLE=1`` each process appends to ``<NCCL_INSPECTOR_DUMP_DIR>/<host>-pid<pid>.log``
+one JSON object per line, per completed collective per communicator:
+
+- ``header``: ``id`` (the communicator's hash, the same on all its ranks), ``comm_name``, ``rank``
+  (within the communicator), ``n_ranks``, ``nnodes``;
+- ``metadata``: ``inspector_output_format_version``, ``hostname``, ``pid``, ``dump_timestamp_us``, ...;
+- ``coll_perf``: ``coll`` (``AllReduce``, ``ReduceScatter``, ...), ``coll_sn`` (sequence number in
+  the communicator), ``coll_msg_size_bytes``, ``coll_exec_time_us``, ``coll_timing_source``
+  (``kernel_gpu``, ``kernel_cpu``, ``collective_cpu``), bandwidths, and with
+  ``NCCL_INSPECTOR_DUMP_VERBOSE=1`` ``event_trace_ts`` (``coll_start_ts``, ``coll_stop_ts`` and
+  per-channel ``kernel_start_ts``/``kernel_stop_ts``, µs); or ``p2p_perf`` for point-to-point ops
+  (folded into compute, like the Flight Recorder's).
+
+Mapping: a process is one rank; its global rank is its ``rank`` in the communicator with the most
+ranks (the world), else its place in (host, pid) order, with a warning. Communicators are process
+groups (``id`` plus members; ``comm_name`` is the description that names DP, TP or PP). Timing is
+always clock-free: a rank's earliness is its execution time minus the shortest in the collective
+(all ranks leave together); verbose logs place each collective on the host clock at its kernels'
+end (median over ranks), else the collectives are laid out back to back and compute is unknown
+(the replay then holds the collectives alone: a warning says so). Steps, layout and the op table are
+:mod:`pacectl.traces.collectives`'. Messages smaller than ``NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES``
+(8 KiB by default) are not logged by the plugin, so tiny collectives never appear.
+"""
+
+from __future__ import annotations
+
+import glob as globmod
+import json
+import math
+import re
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pacectl.errors import TraceError
+from pacectl.traces.collectives import (
+    AssemblyReport,
+    CollectiveSet,
+    Group,
+    LayoutOverrides,
+    assemble,
+    kind_of,
+)
+from pacectl.traces.model import OpTrace, TraceWarning
+
+#: Default cap on one log file's size, bytes (4 GiB: the plugin appends for the job's lifetime).
+DEFAULT_MAX_BYTES = 4 << 30
+_HEAD_RE = re.compile(rb'"header"\s*:')
+_PERF_RE = re.compile(rb'"(coll_perf|p2p_perf)"\s*:')
+
+
+class NcclInspectorWarning(TraceWarning):
+    """An NCCL Inspector log set was usable, but something was dropped, guessed or assumed."""
+
+
+def sniff(path: Path) -> bool:
+    """Whether the file's first line looks like an NCCL Inspector record."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.readline(1 << 16)
+    except OSError:
+        return False
+    return head.lstrip()[:1] == b"{" and bool(_HEAD_RE.search(head)) and bool(_PERF_RE.search(head))
+
+
+def resolve_log_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
+    """Expand folders (their Inspector logs), globs and files into a sorted list.
+
+    Raises:
+        TraceError: a path does not exist, a folder holds no log, or a glob matches nothing.
+    """
+    items = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    if not items:
+        raise TraceError("trace.path must name at least one NCCL Inspector log, folder or glob, got none")
+    out: list[Path] = []
+    for item in items:
+        text = str(item)
+        p = Path(text).expanduser()
+        if p.is_dir():
+            found = sorted(f for f in p.iterdir() if f.is_file() and sniff(f))
+            if not found:
+                raise TraceError(
+                    f"an NCCL Inspector folder must hold <host>-pid<pid>.log files of JSON lines with header and "
+                    f"coll_perf, got none in {str(p)!r}. Point trace.path at NCCL_INSPECTOR_DUMP_DIR."
+                )
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        elif any(c in text for c in "*?["):
+            found = sorted(Path(f) for f in globmod.glob(str(p)) if Path(f).is_file())
+            if not found:
+                raise TraceError(f"trace.path glob must match at least one file, got no match for {text!r}")
+            out.extend(found)
+        else:
+            raise TraceError(f"trace.path must be an existing file, folder or glob, got {text!r}")
+    unique: dict[Path, Path] = {}
+    for f in out:
+        unique.setdefault(f.resolve(), f)
+    return sorted(unique.values())
+
+
+@dataclass
+class _Proc:
+    """One process's log, compacted."""
+
+    path: Path
+    host: str
+    pid: int
+    comms: dict[str, tuple[str, int, int]]  # id -> (comm_name, rank in comm, n_ranks)
+    rows: pd.DataFrame  # comm, kind, seq, numel, created_ns, duration_s, end_ns, timing_source
+    p2p: int
+    versions: set[str]
+
+
+def _num(rec: dict[str, Any], key: str, where: str, *, integer: bool = True) -> Any:
+    value: Any = rec.get(key)
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or not math.isfinite(float(value)) or value < 0:
+        raise TraceError(
+            f"{key} must be a non-negative {'integer' if integer else 'number'}, got {value!r} ({where})"
+        )
+    return value
+
+
+def _read_log(path: Path, max_bytes: int, notes: list[str]) -> _Proc:
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise TraceError(
+            f"an NCCL Inspector log must be <= {max_bytes} bytes (trace.max_mb), got {size} bytes (in {path})"
+        )
+    cols: dict[str, list[Any]] = {
+        k: [] for k in ("comm", "kind", "seq", "numel", "created_ns", "duration_s", "end_ns", "source")
+    }
+    comms: dict[str, tuple[str, int, int]] = {}
+    host, pid = "", -1
+    versions: set[str] = set()
+    p2p = 0
+    with open(path, "rb") as fh:
+        lines = fh.readlines() if size < (64 << 20) else None
+        fh.seek(0)
+        iterator = iter(lines) if lines is not None else fh
+        last_line = None
+        for i, raw in enumerate(iterator, start=1):
+            if not raw.strip():
+                continue
+            last_line = i
+            try:
+                rec = json.loads(raw)
+            except json.JSONDecodeError as err:
+                if not raw.endswith(b"\n"):  # the last line, cut short while the plugin wrote it
+                    notes.append(f"{path}: dropped its last line {i}, cut short (truncated)")
+                    break
+                raise TraceError(
+                    f"each line of an NCCL Inspector log must be one JSON object, got invalid JSON ({err.msg}, "
+                    f"column {err.colno}) (in {path}:{i})"
+                ) from None
+            where = f"in {path}:{i}"
+            if not isinstance(rec, dict) or not isinstance(rec.get("header"), dict):
+                raise TraceError(
+                    f"an NCCL Inspector record must have a header object, got {str(rec)[:80]!r} ({where})"
+                )
+            head = rec["header"]
+            meta: dict[str, Any] = rec["metadata"] if isinstance(rec.get("metadata"), dict) else {}
+            if "p2p_perf" in rec:
+                p2p += 1
+                continue
+            perf = rec.get("coll_perf")
+            if not isinstance(perf, dict):
+                raise TraceError(
+                    f"an NCCL Inspector record must have coll_perf or p2p_perf, got keys {sorted(rec)} ({where})"
+                )
+            comm = str(head.get("id", ""))
+            rank = _num(head, "rank", f"{where}: header.rank")
+            n_ranks = _num(head, "n_ranks", f"{where}: header.n_ranks")
+            comms[comm] = (str(head.get("comm_name", "")), int(rank), int(n_ranks))
+            host = str(meta.get("hostname", host))
+            pid = int(meta["pid"]) if isinstance(meta.get("pid"), int) else pid
+            if meta.get("inspector_output_format_version"):
+                versions.add(str(meta["inspector_output_format_version"]))
+            exec_us = _num(perf, "coll_exec_time_us", f"{where}: coll_perf.coll_exec_time_us", integer=False)
+            ts: dict[str, Any] = (
+                perf["event_trace_ts"] if isinstance(perf.get("event_trace_ts"), dict) else {}
+            )
+            kernels = [k for k in ts.get("kernel_events", []) if isinstance(k, dict)]
+            starts = [
+                k["kernel_start_ts"]
+                for k in kernels
+                if isinstance(k.get("kernel_start_ts"), int) and k["kernel_start_ts"] > 0
+            ]
+            stops = [
+                k["kernel_stop_ts"]
+                for k in kernels
+                if isinstance(k.get("kernel_stop_ts"), int) and k["kernel_stop_ts"] > 0
+            ]
+            start_us = (
+                min(starts)
+                if starts
+                else ts.get("coll_start_ts")
+                if isinstance(ts.get("coll_start_ts"), int)
+                else -1
+            )
+            cols["comm"].append(comm)
+            cols["kind"].append(kind_of(str(perf.get("coll", ""))))
+            cols["seq"].append(int(_num(perf, "coll_sn", f"{where}: coll_perf.coll_sn")))
+            cols["numel"].append(int(perf.get("coll_msg_size_bytes", 0) or 0))
+            cols["created_ns"].append(int(start_us) * 1000 if start_us and start_us > 0 else -1)
+            cols["duration_s"].append(float(exec_us) * 1e-6)
+            cols["end_ns"].append(max(stops) * 1000 if stops else -1)
+            cols["source"].append(str(perf.get("coll_timing_source", "")))
+    if last_line is None:
+        raise TraceError(
+            f"an NCCL Inspector log must hold at least one record, got an empty file (in {path})"
+        )
+    rows = pd.DataFrame(cols)
+    rows = rows.drop_duplicates(
+        subset=["comm", "seq"], keep="last"
+    )  # periodic dumps never repeat one; be safe
+    if pid < 0:
+        m = re.search(r"pid(\d+)", path.name)
+        pid = int(m.group(1)) if m else -1
+    return _Proc(path, host or path.stem, pid, comms, rows, p2p, versions)
+
+
+@dataclass
+class NcclInspectorReport:
+    """How an Inspector log set was imported (``python -m pacectl.traces info`` prints it)."""
+
+    files: list[str]
+    ranks: list[int]
+    rank_from: str
+    versions: list[str]
+    timing_sources: dict[str, int]
+    verbose: bool
+    p2p_records: int
+    groups: list[Group]
+    assembly: AssemblyReport
+
+    def summary(self) -> dict[str, Any]:
+        """Plain values for ``info --json``."""
+        return {
+            "files": self.files,
+            "ranks": self.ranks,
+            "rank_from": self.rank_from,
+            "versions": self.versions,
+            "timing_sources": self.timing_sources,
+            "verbose": self.verbose,
+            "p2p_records": self.p2p_records,
+            "process_groups": [g.summary() for g in self.groups],
+            "assembly": self.assembly.summary(),
+        }
+
+
+def import_nccl_inspector(
+    paths: str | Path | Sequence[str | Path],
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    layout: LayoutOverrides | None = None,
+    name: str | None = None,
+) -> tuple[OpTrace, NcclInspectorReport]:
+    """Import a set of NCCL Inspector logs (one per process) into a canonical :class:`OpTrace`.
+
+    Args:
+        paths: log files, a folder of them (``NCCL_INSPECTOR_DUMP_DIR``) or a glob.
+        max_bytes: cap on each file's size, bytes.
+        layout: layout overrides (:class:`~pacectl.traces.collectives.LayoutOverrides`).
+        name: job name (default: the folder's name).
+
+    Returns:
+        ``(trace, report)`` with ``trace.fmt == "nccl_inspector"``.
+
+    Raises:
+        TraceError: a malformed line (file and line named), two logs of one rank, or no DP group or
+            too few steps (see :func:`~pacectl.traces.collectives.assemble`).
+
+    Example:
+        >>> from pacectl.data import DATA_DIR
+        >>> trace, report = import_nccl_inspector(DATA_DIR / "nccl-inspector" / "verbose")
+        >>> trace.meta.dp_size, report.assembly.timing
+        (4, 'duration')
+    """
+    files = resolve_log_paths(paths)
+    notes: list[str] = []
+    procs = [_read_log(f, max_bytes, notes) for f in files]
+    src = str(files[0].parent) if len({f.parent for f in files}) == 1 else "; ".join(map(str, files))
+    world = max(n for p in procs for (_, _, n) in p.comms.values()) if any(p.comms for p in procs) else 0
+    world_comms = {c for p in procs for c, (_, _, n) in p.comms.items() if n == world}
+    rank_of: dict[int, int] = {}
+    rank_from = "its rank in the communicator of all ranks"
+    for i, p in enumerate(procs):
+        mine = [p.comms[c][1] for c in p.comms if c in world_comms]
+        if mine and len(world_comms) >= 1:
+            rank_of[i] = mine[0]
+    if len(rank_of) != len(procs) or len(set(rank_of.values())) != len(procs):
+        order = sorted(range(len(procs)), key=lambda i: (procs[i].host, procs[i].pid))
+        rank_of = {i: r for r, i in enumerate(order)}
+        rank_from = "(host, pid) order: no communicator spans every process"
+        notes.append(f"{src}: no communicator spans every log; ranks assigned in (host, pid) order")
+    seen: dict[int, Path] = {}
+    for i, p in enumerate(procs):
+        r = rank_of[i]
+        if r in seen:
+            raise TraceError(
+                f"each rank must have one Inspector log, got two for rank {r}: {seen[r].name} and {p.path.name} (in {src})"
+            )
+        seen[r] = p.path
+    members: dict[str, list[int]] = {}
+    for i, p in enumerate(procs):
+        for c in p.comms:
+            members.setdefault(c, []).append(rank_of[i])
+    groups: list[Group] = []
+    key_of: dict[str, int] = {}
+    for c in sorted(members):
+        desc = next((p.comms[c][0] for p in procs if c in p.comms), "")
+        key_of[c] = len(groups)
+        groups.append(
+            Group(key=len(groups), name=c, desc=desc, ranks=tuple(sorted(members[c])), ranks_from="dumps")
+        )
+    frames = []
+    for i, p in enumerate(procs):
+        if not len(p.rows):
+            continue
+        frames.append(
+            pd.DataFrame(
+                {
+                    "rank": np.int64(rank_of[i]),
+                    "group": p.rows["comm"].map(key_of).to_numpy(dtype=np.int64),
+                    "kind": p.rows["kind"].to_numpy(),
+                    "backend": "nccl",
+                    "seq": p.rows["seq"].to_numpy(dtype=np.int64),
+                    "numel": p.rows["numel"].to_numpy(dtype=np.int64),
+                    "created_ns": p.rows["created_ns"].to_numpy(dtype=np.int64),
+                    "duration_s": p.rows["duration_s"].to_numpy(dtype=np.float64),
+                    "end_ns": p.rows["end_ns"].to_numpy(dtype=np.int64),
+                    "finished": True,
+                }
+            )
+        )
+    if not frames:
+        raise TraceError(
+            f"an NCCL Inspector log set must record at least one collective, got none (in {src})"
+        )
+    table = pd.concat(frames, ignore_index=True)
+    table["kind"] = table["kind"].astype("category")
+    table["backend"] = table["backend"].astype("category")
+    coll = CollectiveSet(table=table, ranks=tuple(sorted(rank_of.values())))
+    verbose = bool((table["end_ns"] >= 0).all())
+    if not verbose:
+        notes.append(
+            f"{src}: no event timestamps (NCCL_INSPECTOR_DUMP_VERBOSE=0): compute between collectives is unknown, "
+            "so each step holds its collectives back to back; arrival spreads are right, step times are the "
+            "collectives' only"
+        )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", NcclInspectorWarning)
+        trace, assembly = assemble(
+            coll,
+            groups,
+            source=src,
+            fmt="nccl_inspector",
+            name=name or files[0].parent.name or "nccl_inspector",
+            layout=layout,
+            timing="duration",
+            warning=NcclInspectorWarning,
+            duration_field="coll_exec_time_us",
+        )
+    for w in caught:
+        warnings.warn(w.message, w.category, stacklevel=2)
+    for note in notes:
+        warnings.warn(note, NcclInspectorWarning, stacklevel=2)
+    assembly.warnings = notes + assembly.warnings
+    timing_sources: dict[str, int] = {}
+    for p in procs:
+        for k, v in p.rows["source"].value_counts().items():
+            timing_sources[str(k)] = timing_sources.get(str(k), 0) + int(v)
+    report = NcclInspectorReport(
+        files=[str(p.path) for p in procs],
+        ranks=[rank_of[i] for i in range(len(procs))],
+        rank_from=rank_from,
+        versions=sorted({v for p in procs for v in p.versions}),
+        timing_sources=timing_sources,
+        verbose=verbose,
+        p2p_records=sum(p.p2p for p in procs),
+        groups=groups,
+        assembly=assembly,
+    )
+    return trace, report
+
+
+def load_nccl_inspector(paths: str | Path | Sequence[str | Path], **kwargs: Any) -> OpTrace:
+    """Like :func:`import_nccl_inspector`, returning only the trace."""
+    return import_nccl_inspector(paths, **kwargs)[0]

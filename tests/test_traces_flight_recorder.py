@@ -1,0 +1,337 @@
+"""Flight Recorder and NCCL Inspector importers: real gloo dumps, synthesised formats, hang snapshots.
+
+The real dumps in ``pacectl/data/flight-recorder`` were recorded with torch 2.13 on CPU by
+``experiments/flight_recorder/record_dumps.py`` (see that folder's README for each scenario and the
+timing path it exercises: every gloo dump takes the ``created`` path, gloo writes no
+``duration_ms``); the synthesised ones by ``experiments/flight_recorder/write_synthetic.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pacectl.data import DATA_DIR
+from pacectl.errors import TraceError
+from pacectl.testing.synth_traces import (
+    SynthJob,
+    flight_recorder_dumps,
+    nccl_inspector_logs,
+    simulate,
+    write_flight_recorder,
+)
+from pacectl.traces.__main__ import main as traces_main
+from pacectl.traces.collectives import LayoutOverrides, kind_of, role_of
+from pacectl.traces.detect import detect_format
+from pacectl.traces.flight_recorder import (
+    VERSIONS,
+    FlightRecorderWarning,
+    import_flight_recorder,
+    inspect_flight_recorder,
+    read_dump,
+)
+from pacectl.traces.nccl_inspector import NcclInspectorWarning, import_nccl_inspector
+
+FR = DATA_DIR / "flight-recorder"
+INSPECTOR = DATA_DIR / "nccl-inspector"
+
+
+def _quiet_import(path: Path | str, **kwargs: object) -> tuple[object, object]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FlightRecorderWarning)
+        return import_flight_recorder(path, **kwargs)  # type: ignore[arg-type]
+
+
+def _first_arrivals(trace: object) -> pd.DataFrame:
+    """Arrival at each step's first gradient collective: step x rank, seconds from the step start."""
+    ops = trace.ops  # type: ignore[attr-defined]
+    first = ops[(ops["optype"] == "grads-reduce-scatter") & (ops["seq_id"] == 0)]
+    return first.pivot_table(index="step", columns="rank", values="start_ts")
+
+
+# ------------------------------------------------------------------------------ the real gloo dumps
+@pytest.mark.parametrize("name", ["ddp2", "ddp4_json", "fsdp2_2x2", "hang2"])
+def test_real_gloo_dumps_carry_no_duration_and_stay_scheduled(name: str) -> None:
+    """What the fixtures' README says of gloo in torch 2.13, checked on the files themselves."""
+    for f in sorted((FR / name).glob("fr_trace_rank_*")):
+        dump = read_dump(f)
+        e = dump.entries
+        assert dump.version == "2.10" and len(e) > 0
+        assert e["duration_ms"].isna().all()  # no TORCH_NCCL_ENABLE_TIMING on gloo: the created path
+        assert (e["state"] == "scheduled").all()
+        assert set(e["backend"].astype(str)) == {"gloo"}
+
+
+def test_ddp2_straggler_is_rank_1_on_the_injected_iterations() -> None:
+    trace, report = _quiet_import(FR / "ddp2")
+    a = report.assembly  # type: ignore[attr-defined]
+    assert trace.meta.dp_size == 2 and trace.meta.pp_size == 1  # type: ignore[attr-defined]
+    assert a.timing == "created" and "time_created_ns" in a.timing_note
+    assert a.collectives_per_step == [2] and a.steps == 10  # 12 iterations: the first differs, one anchors
+    arr = _first_arrivals(trace)
+    late = arr[1] - arr[0]
+    # record_dumps.py: rank 1 sleeps 100 ms on iterations 3, 6, 9; step k is iteration k + 1 here
+    assert sorted(late.nlargest(3).index.tolist()) == [2, 5, 8]
+    assert (late.loc[[2, 5, 8]] > 0.05).all()
+
+
+def test_ddp4_json_dumps_are_real_json_and_rank_2_is_late() -> None:
+    assert all(read_dump(f).fmt == "json" for f in (FR / "ddp4_json").iterdir() if f.name.startswith("fr_"))
+    trace, report = _quiet_import(FR / "ddp4_json")
+    assert trace.meta.dp_size == 4  # type: ignore[attr-defined]
+    arr = _first_arrivals(trace)
+    injected = [1, 3, 5, 7]  # iterations 2, 4, 6, 8
+    assert (arr.loc[injected].idxmax(axis=1) == 2).all()
+    assert ((arr.loc[injected, 2] - arr.loc[injected].drop(columns=2).max(axis=1)) > 0.03).all()
+
+
+def test_fsdp2_mesh_dumps_give_two_dp_groups_each_with_its_straggler() -> None:
+    trace, report = _quiet_import(FR / "fsdp2_2x2")
+    a = report.assembly  # type: ignore[attr-defined]
+    assert (trace.meta.dp_size, trace.meta.pp_size) == (2, 2)  # type: ignore[attr-defined]
+    assert [g.desc for g in a.layout.dp_groups] == ["mesh_dp", "mesh_dp"]
+    assert [g.ranks for g in a.layout.dp_groups] == [(0, 1), (2, 3)]
+    assert a.collectives_per_step == [3, 3]  # one reduce-scatter per fully_shard layer
+    assert a.folded_per_step == {"all_gather": 6.0}  # parameter all-gathers fold into compute
+    arr = _first_arrivals(trace)
+    odd = [s for s in arr.index if s % 2 == 1]  # ranks 1 and 2 are slowed on odd iterations (= steps)
+    assert ((arr.loc[odd, 1] - arr.loc[odd, 0]) > 0.05).all()
+    assert ((arr.loc[odd, 2] - arr.loc[odd, 3]) > 0.05).all()
+
+
+def test_hang_snapshot_reports_who_is_behind_and_refuses_replay() -> None:
+    _, report = inspect_flight_recorder(FR / "hang2")
+    assert report.hang is not None and "ranks [1] never entered all_reduce #5" in report.hang
+    (status,) = report.status
+    assert status.behind == (1,) and status.waiting == (0,) and status.oldest_unfinished == 5
+    assert status.last_enqueued == (5, 4) and status.last_completed == (4, 4)
+    with pytest.raises(TraceError) as err:
+        import_flight_recorder(FR / "hang2")
+    msg = str(err.value)
+    assert "hang snapshot" in msg and "TORCH_FR_BUFFER_SIZE" in msg and "TORCH_NCCL_ENABLE_TIMING" in msg
+    assert "\n" not in msg
+
+
+def test_info_on_a_hang_snapshot_exits_0_with_the_behind_report(capsys: pytest.CaptureFixture[str]) -> None:
+    assert traces_main(["info", str(FR / "hang2")]) == 0
+    out = capsys.readouterr().out
+    assert "HANG SNAPSHOT" in out and "rank 1: last enqueued #4" in out and "<- behind" in out
+    assert traces_main(["info", str(FR / "hang2"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["status"][0]["behind"] == [1] and info["world_size"] == 2
+    assert traces_main(["validate", str(FR / "hang2")]) == 1
+    assert "hang snapshot" in capsys.readouterr().err
+
+
+def test_info_prints_world_size_groups_and_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    assert traces_main(["info", str(FR / "fsdp2_2x2")]) == 0
+    out = capsys.readouterr().out
+    for key in (
+        "world_size 4",
+        "'3' (mesh_dp): role dp, ranks [0, 1]",
+        "layout    dp 2 x pp 2 x tp 1",
+        "timing    created",
+    ):
+        assert key in out, out
+
+
+# ---------------------------------------------------------------------------- untrusted pickles
+class _Evil:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_malicious_pickle_is_refused_in_one_line_and_never_executed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker = tmp_path / "pwned"
+    dump = {"version": "2.10", "pg_config": {}, "pg_status": {}, "entries": [_Evil(marker)]}
+    path = tmp_path / "dumps" / "fr_trace_rank_0"
+    path.parent.mkdir()
+    path.write_bytes(pickle.dumps(dump))
+    assert detect_format(path.parent)[0] == "flight_recorder"  # it looks like a dump
+    with pytest.raises(TraceError, match=r"refused and not executed") as err:
+        read_dump(path)
+    assert "system" in str(err.value) and str(path) in str(err.value)
+    assert traces_main(["info", str(path.parent)]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "refused and not executed" in lines[0] and "Traceback" not in lines[0]
+    assert not marker.exists()
+
+
+def test_truncated_and_foreign_files_name_the_file(tmp_path: Path) -> None:
+    src = FR / "ddp2" / "fr_trace_rank_0"
+    cut = tmp_path / "fr_trace_rank_0"
+    cut.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
+    with pytest.raises(TraceError, match=r"ends early \(truncated") as err:
+        read_dump(cut)
+    assert str(cut) in str(err.value)
+    jsrc = FR / "ddp4_json" / "fr_trace_rank_0.json"
+    jcut = tmp_path / "fr_trace_rank_1.json"
+    jcut.write_bytes(jsrc.read_bytes()[:5000])
+    with pytest.raises(TraceError, match=r"truncated") as err:
+        read_dump(jcut)
+    assert str(jcut) in str(err.value)
+    empty = tmp_path / "fr_trace_rank_2"
+    empty.write_bytes(b"")
+    with pytest.raises(TraceError, match="empty"):
+        read_dump(empty)
+    with pytest.raises(TraceError, match=r"must be <= 100 bytes"):
+        read_dump(src, max_bytes=100)
+
+
+# ---------------------------------------------------------------------------- versions and formats
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_every_supported_version_imports_alike(tmp_path: Path, version: str, fmt: str) -> None:
+    job = SynthJob(dp=4, steps=5, straggler_s={1: 0.01})
+    write_flight_recorder(flight_recorder_dumps(job, version=version), tmp_path, fmt=fmt)
+    trace, report = _quiet_import(tmp_path)
+    assert report.versions == [version] and report.formats == [fmt]  # type: ignore[attr-defined]
+    assert report.assembly.timing == "duration"  # type: ignore[attr-defined]
+    assert _first_arrivals(trace).idxmax(axis=1).eq(1).all()
+
+
+@pytest.mark.parametrize("version", ["2.3", "3.0", "banana"])
+def test_an_unknown_version_is_named(tmp_path: Path, version: str) -> None:
+    write_flight_recorder(flight_recorder_dumps(SynthJob(dp=2), version="2.10"), tmp_path)
+    path = tmp_path / "nccl_trace_rank_0"
+    d = pickle.loads(path.read_bytes())
+    d["version"] = version
+    path.write_bytes(pickle.dumps(d))
+    with pytest.raises(TraceError) as err:
+        read_dump(path)
+    assert repr(version) in str(err.value) and "key version" in str(err.value) and str(path) in str(err.value)
+
+
+# ------------------------------------------------------------------------- timing and layout (synth)
+def test_durations_give_clock_free_earliness_where_enqueue_times_mislead(tmp_path: Path) -> None:
+    """Hosts run 30-50 ms ahead of their devices (varying): durations recover the device arrivals
+    exactly; enqueue times do not."""
+    job = SynthJob(dp=4, steps=6, straggler_s={2: 0.02}, host_lead_s=0.03, host_jitter_s=0.02, seed=3)
+    truth = simulate(job)
+    write_flight_recorder(flight_recorder_dumps(job), tmp_path)
+    true_rel = truth.arrival_s[1:, :, 0] - truth.arrival_s[1:, :, 0].min(axis=1, keepdims=True)
+    errors = {}
+    for timing in ("duration", "created"):
+        trace, report = _quiet_import(tmp_path, timing=timing)
+        assert report.assembly.timing == timing  # type: ignore[attr-defined]
+        arr = _first_arrivals(trace).to_numpy()
+        rel = arr - arr.min(axis=1, keepdims=True)
+        errors[timing] = float(np.abs(rel - true_rel).max())
+    assert errors["duration"] < 1e-6  # ns rounding of the written times only
+    assert errors["created"] > 5e-3
+
+
+def test_megatron_layout_folds_tp_and_takes_stages_from_pipeline_groups() -> None:
+    trace, report = _quiet_import(FR / "synth_megatron_nccl")
+    lay = report.assembly.layout  # type: ignore[attr-defined]
+    assert (lay.dp_size, lay.pp_size, lay.tp_size, lay.world_size) == (2, 2, 2, 8)
+    assert [g.ranks for g in lay.dp_groups] == [(0, 2), (4, 6)]  # TP representatives, stage order
+    assert sorted(trace.ops["rank"].unique().tolist()) == [0, 2, 4, 6]  # type: ignore[attr-defined]
+    arr = _first_arrivals(trace)
+    assert ((arr[2] - arr[0]) > 0.015).all()  # rank 2 (stage 0, DP rank 1) late by 20 ms every step
+    assert ((arr[6] - arr[4]).abs() < 0.005).all()
+
+
+def test_layout_overrides_and_their_errors() -> None:
+    _, by_name = _quiet_import(FR / "fsdp2_2x2", layout=LayoutOverrides(dp_group="mesh_dp"))
+    _, by_size = _quiet_import(FR / "fsdp2_2x2", layout=LayoutOverrides(dp_size=2, pp_size=2))
+    for r in (by_name, by_size):
+        assert [g.ranks for g in r.assembly.layout.dp_groups] == [(0, 1), (2, 3)]  # type: ignore[attr-defined]
+    with pytest.raises(TraceError, match="dp_size x tp_size x pp_size must equal the world size 4"):
+        _quiet_import(FR / "fsdp2_2x2", layout=LayoutOverrides(dp_size=3))
+    with pytest.raises(TraceError, match="trace.dp_group must name a group"):
+        _quiet_import(FR / "fsdp2_2x2", layout=LayoutOverrides(dp_group="DATA_PARALLEL_GROUP"))
+    with pytest.raises(TraceError, match="collectives_per_step=2 must be a multiple"):
+        _quiet_import(FR / "fsdp2_2x2", layout=LayoutOverrides(collectives_per_step=2))
+
+
+def test_a_timeout_dump_with_every_entry_scheduled_is_a_hang(tmp_path: Path) -> None:
+    write_flight_recorder(flight_recorder_dumps(SynthJob(dp=2), all_scheduled=True), tmp_path)
+    _, report = inspect_flight_recorder(tmp_path)
+    assert report.hang is not None and "every entry is scheduled" in report.hang
+
+
+def test_a_rank_that_never_arrives_is_behind_in_its_own_group_only(tmp_path: Path) -> None:
+    job = SynthJob(dp=2, pp=2, tp=1, steps=4)
+    write_flight_recorder(flight_recorder_dumps(job, hang_rank=3), tmp_path, fmt="json")
+    _, report = inspect_flight_recorder(tmp_path)
+    hung = [s for s in report.status if s.hung]
+    assert [(s.group.ranks, s.behind, s.waiting) for s in hung] == [((2, 3), (3,), (2,))]
+
+
+def test_group_roles_and_kinds() -> None:
+    assert role_of("1", "DATA_PARALLEL_GROUP_WITH_CP") == "dp"
+    assert role_of("3", "mesh_dp_shard") == "dp"
+    assert role_of("2", "TENSOR_MODEL_PARALLEL_GROUP") == "tp"
+    assert role_of("4", "PIPELINE_MODEL_PARALLEL_GROUP") == "pp"
+    assert role_of("5", "EXPERT_DATA_PARALLEL_GROUP") == "ep"
+    assert role_of("0", "default_pg") == "world"
+    assert role_of("9", "undefined") == "other"
+    assert kind_of("_reduce_scatter_base") == "reduce_scatter" and kind_of("AllReduce") == "all_reduce"
+    assert kind_of("allgather_into_tensor_coalesced") == "all_gather" and kind_of("send 0->1") == "send"
+
+
+# ------------------------------------------------------------------------------ detection and run
+def test_detection_keeps_kineto_folders_and_finds_dumps_and_logs(tmp_path: Path) -> None:
+    assert detect_format(DATA_DIR / "h200-capture")[0] == "kineto"
+    assert detect_format(DATA_DIR / "h200-capture" / "gloo4_rank0.json.gz")[0] == "kineto"
+    assert detect_format(FR / "ddp2")[0] == "flight_recorder"
+    assert detect_format(FR / "ddp2" / "fr_trace_rank_0")[0] == "flight_recorder"
+    assert detect_format(FR / "ddp4_json" / "fr_trace_rank_0.json")[0] == "flight_recorder"
+    assert detect_format(f"{FR / 'ddp4_json'}/fr_trace_rank_*.json")[0] == "flight_recorder"
+    assert detect_format(INSPECTOR / "verbose")[0] == "nccl_inspector"
+
+
+def test_shipped_synthetic_fixtures_are_what_the_script_writes(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "write_synthetic",
+        Path(__file__).parents[1] / "experiments" / "flight_recorder" / "write_synthetic.py",
+    )
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    for folder in mod.write_all(tmp_path):
+        shipped = DATA_DIR / folder.relative_to(tmp_path)
+        for f in folder.iterdir():
+            assert f.read_bytes() == (shipped / f.name).read_bytes(), f
+
+
+# ------------------------------------------------------------------------------- NCCL Inspector
+@pytest.mark.parametrize("variant", ["verbose", "plain"])
+def test_inspector_earliness_from_execution_times(variant: str) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", NcclInspectorWarning)
+        trace, report = import_nccl_inspector(INSPECTOR / variant)
+    assert trace.meta.dp_size == 4 and report.assembly.timing == "duration"
+    assert report.rank_from.startswith("its rank in the communicator of all ranks")
+    arr = _first_arrivals(trace)
+    late = arr[2] - arr.drop(columns=2).max(axis=1)
+    assert (late > 0.015).all()  # write_synthetic.py: rank 2 is 20 ms late every step
+    unknown_compute = any("compute between collectives is unknown" in str(w.message) for w in caught)
+    assert unknown_compute == (variant == "plain")
+
+
+def test_inspector_bad_lines(tmp_path: Path) -> None:
+    nccl_inspector_logs(SynthJob(dp=2, steps=4), tmp_path)
+    first = sorted(tmp_path.iterdir())[0]
+    lines = first.read_text().splitlines()
+    first.write_text("\n".join(lines) + "\n" + lines[-1][:40])  # a last line cut short
+    with pytest.warns(NcclInspectorWarning, match="cut short"):
+        import_nccl_inspector(tmp_path)
+    lines.insert(2, "{not json")
+    first.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError, match=rf"{first.name}:3\)"):
+        import_nccl_inspector(tmp_path)
