@@ -1,4 +1,10 @@
-"""The pacing layer: a DDP communication hook and a thin ``all_reduce`` wrapper. Model code is unchanged.
+"""The pacing layer: a DDP communication hook, FSDP2's custom reduce-scatter and a thin ``all_reduce``
+wrapper. Model code is unchanged.
+
+FSDP2 (``fully_shard``): :meth:`Pacer.attach` installs :class:`PacedReduceScatter` with
+``set_custom_reduce_scatter`` on every sharded module; the first reduce-scatter of each backward is
+the paced collective (the delay before it, its wait measured inside it), everything else below is
+the same (the exchange runs on the pacer's group, which must be the one FSDP2 reduce-scatters on).
 
 Per iteration, on every rank:
 
@@ -161,6 +167,20 @@ class DeviceDelay:
                 rates.append(cycles / (start.elapsed_time(end) / 1e3))
         self.calibration_rates = rates
         return float(np.median(rates))
+
+    def sleep_on(self, stream: torch.cuda.Stream, delay_s: float) -> Any:
+        """Queue a device-side wait of ``delay_s`` on ``stream`` (FSDP2's reduce-scatter stream).
+
+        Returns:
+            An event recorded on ``stream`` just before the wait (None when ``delay_s <= 0``).
+        """
+        if delay_s <= 0.0:
+            return None
+        with torch.cuda.stream(stream):
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(stream)
+            torch.cuda._sleep(int(delay_s * self.cycles_per_s))
+        return ev
 
     def paced_stream(self, delay_s: float) -> torch.cuda.Stream:
         """The pacing stream, ordered after the current stream, with a device wait of ``delay_s`` queued."""
@@ -344,7 +364,8 @@ class Pacer:
             )
         self.spin_s = float(settings["spin_s"])
         self.gather_every = int(settings["gather_every"])
-        self.gather = resolve_gather(str(settings["gather"]), dist.get_backend(group))
+        self._gather_requested = str(settings["gather"])
+        self.gather = resolve_gather(self._gather_requested, dist.get_backend(group))
         engine.set_schedule(exchange_lag(self.gather), self.gather_every)  # what a parameter "auto" means
         self.piggyback_max_bytes: int | None = settings["piggyback_max_bytes"]
         control = settings["control_path"]
@@ -379,17 +400,69 @@ class Pacer:
         self._clear_iteration()
         self._iter_start = now()
         self._start_ev: Any = None
+        self._in_backward = False  # FSDP2: the first reduce-scatter of this backward was seen
 
     # ----------------------------------------------------------------------------------- set-up
-    def attach(self, ddp: torch.nn.parallel.DistributedDataParallel) -> Pacer:
-        """Register the comm hook and forward hook on a DDP model; align the iteration clock.
+    def attach(self, model: torch.nn.Module) -> Pacer:
+        """Pace a DDP model (a comm hook) or an FSDP2 model (``set_custom_reduce_scatter``); align the
+        iteration clock.
+
+        Args:
+            model: a ``DistributedDataParallel`` module, or a module whose submodules (or itself)
+                were sharded by ``fully_shard`` (FSDP2). For FSDP2 the pacer's group must be the
+                group FSDP2 reduce-scatters on (the ``dp``/shard dimension of its mesh), and the
+                exchange cannot ride on a gradient bucket (``gather="piggyback"``): ``"auto"``
+                becomes ``"async"`` there.
 
         Returns:
             self.
+
+        Raises:
+            ConfigError: another kind of module; an FSDP2 model whose reduce-scatter group is not
+                the pacer's; ``gather="piggyback"`` asked for an FSDP2 model.
         """
-        # Unannotated lambda: DDP checks annotations, which are strings under ``from __future__``.
-        ddp.register_comm_hook(state=None, hook=lambda state, bucket: self._comm_hook(state, bucket))
-        ddp.register_forward_hook(self._on_forward_end)
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            # Unannotated lambda: DDP checks annotations, which are strings under ``from __future__``.
+            model.register_comm_hook(state=None, hook=lambda state, bucket: self._comm_hook(state, bucket))
+            model.register_forward_hook(self._on_forward_end)
+            self.align()
+            return self
+        fsdp = fsdp2_modules(model)
+        if not fsdp:
+            raise ConfigError(
+                f"Pacer.attach needs a DistributedDataParallel model or an FSDP2 model (fully_shard), got "
+                f"{type(model).__name__}; for a loop that calls all_reduce itself use PacedAllReduce"
+            )
+        return self._attach_fsdp2(model, fsdp)
+
+    def _attach_fsdp2(self, model: torch.nn.Module, fsdp: list[Any]) -> Pacer:
+        """FSDP2: every sharded module reduce-scatters through :class:`PacedReduceScatter`."""
+        if self.gather == "piggyback":
+            if self._gather_requested == "piggyback":
+                raise ConfigError(
+                    "Pacer gather='piggyback' rides on a gradient all-reduce, and FSDP2 reduce-scatters its "
+                    "gradients (every rank keeps a different shard): use gather='async' or 'collective'"
+                )
+            self.gather = "async"
+            self.engine.set_schedule(exchange_lag(self.gather), self.gather_every)
+        mine = sorted(dist.get_process_group_ranks(self.group or dist.group.WORLD))
+        for m in fsdp:
+            for param_group in m._get_fsdp_state()._fsdp_param_groups:
+                pg = getattr(param_group.mesh_info, "shard_process_group", None)
+                if pg is None:  # replicate only (no reduce-scatter)
+                    continue
+                theirs = sorted(dist.get_process_group_ranks(pg))
+                if theirs != mine:
+                    raise ConfigError(
+                        f"Pacer's group (ranks {mine[:8]}) must be the group FSDP2 reduce-scatters on, got "
+                        f"ranks {theirs[:8]} for {type(m).__name__}: build the Pacer with "
+                        "group=mesh['dp'].get_group() (the shard dimension of the model's mesh)"
+                    )
+        comm = PacedReduceScatter(self)
+        for m in fsdp:
+            m.set_custom_reduce_scatter(comm)
+        self._in_backward = False
+        model.register_forward_hook(self._on_forward_end)
         self.align()
         return self
 
@@ -768,6 +841,63 @@ class Pacer:
         self._hook_return.append(now())
         return fut
 
+    def _reduce_scatter(self, output: torch.Tensor, inp: torch.Tensor, group: Any, op: Any) -> None:
+        """FSDP2's reduce-scatter (:class:`PacedReduceScatter`): pace the first of a backward, stamp it.
+
+        The first call of a backward begins the iteration and queues its end (an autograd-engine
+        callback, after FSDP2's own final callback: the last reduce-scatters are in). CPU/gloo: the
+        delay is a host sleep on the training thread (FSDP2 calls this from backward), then the
+        collective runs to its end (FSDP2 calls it synchronously). CUDA: the delay is a device-side
+        wait on the current stream, which is the one FSDP2 issues its reduce-scatter on; the host
+        is not blocked, and CUDA events time the collective.
+        """
+        t_call = now()
+        first = not self._in_backward
+        if first:
+            self._in_backward = True
+            self._begin_iteration()
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_fsdp2_backward)
+        self._hook_call.append(t_call)
+        self._exit.append(float("nan"))
+        self._sizes.append(inp.numel() * inp.element_size())
+        if inp.is_cuda and self.device_delay_mode == "auto":
+            self._reduce_scatter_cuda(output, inp, group, op, first=first)
+            return
+        slot = len(self._enter)
+        if first:
+            self._applied = self._next_delay
+            self.delay_actual_s.append(host_delay(self._applied, spin_s=self.spin_s))
+        self._enter.append(now())
+        dist.reduce_scatter_single(output, inp, op=op, group=group)
+        self._exit[slot] = now()
+        self._hook_return.append(now())
+
+    def _reduce_scatter_cuda(
+        self, output: torch.Tensor, inp: torch.Tensor, group: Any, op: Any, *, first: bool
+    ) -> None:
+        """CUDA: the delay on FSDP2's reduce-scatter stream (the current one), events around the call."""
+        if self._device_delay is None:
+            self._device_delay = DeviceDelay(inp.device)
+        stream = torch.cuda.current_stream(inp.device)
+        delay = self._next_delay if first else 0.0
+        sleep_ev = self._device_delay.sleep_on(stream, delay)
+        if first:
+            self._sleep_ev = sleep_ev
+            self._applied = delay
+        enter_ev = torch.cuda.Event(enable_timing=True)
+        exit_ev = torch.cuda.Event(enable_timing=True)
+        enter_ev.record(stream)
+        # synchronous: the current stream waits for the collective, so exit_ev follows its end
+        dist.reduce_scatter_single(output, inp, op=op, group=group)
+        exit_ev.record(stream)
+        self._enter.append(now())
+        self._cuda_events.append((enter_ev, exit_ev))
+        self._hook_return.append(now())
+
+    def _end_fsdp2_backward(self) -> None:
+        self._in_backward = False
+        self._end_iteration()
+
     # ---------------------------------------------------------------------- end of the iteration
     def _end_iteration(self) -> None:
         """End of the gradient sync: close the iteration's log, then exchange the figures and decide
@@ -1052,8 +1182,64 @@ class Pacer:
             if self.rank == 0
             else None
         ]
-        dist.broadcast_object_list(payload, src=0, group=self.group)
+        # group rank 0 (a global src would name a rank outside a sub-group, e.g. a second DP group)
+        dist.broadcast_object_list(payload, group=self.group, group_src=0)
         return [(v, control, self.engine.apply_control(control, v)) for v, control in payload[0]]
+
+
+try:  # FSDP2's comm interface (torch >= 2.8); the pacer only needs its call signature
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterBase
+except ImportError:  # pragma: no cover - an older torch: FSDP2 then has no set_custom_reduce_scatter
+    _ReduceScatterBase = object  # type: ignore[assignment,misc]
+
+
+class PacedReduceScatter(_ReduceScatterBase):  # type: ignore[misc,valid-type]
+    """FSDP2's reduce-scatter, paced: ``fsdp_module.set_custom_reduce_scatter(PacedReduceScatter(pacer))``.
+
+    :meth:`Pacer.attach` installs it on every sharded module. FSDP2 (torch 2.13,
+    ``_fsdp_collectives.foreach_reduce``) calls it with keyword arguments, on its reduce-scatter
+    stream, synchronously: ``comm(output_tensor=..., input_tensor=..., group=..., op=...)``; the
+    signature below is the interface's (``torch.distributed.fsdp._fully_shard._fsdp_api.ReduceScatter``).
+    Gradient scaling stays FSDP2's (its pre/post-divide factors and ``op``): the gradients are
+    bit-identical to plain FSDP2's.
+
+    Args:
+        pacer: the :class:`Pacer` that paces and measures.
+    """
+
+    def __init__(self, pacer: Pacer) -> None:
+        self.pacer = pacer
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A plain buffer, as FSDP2's default reduce-scatter allocates one."""
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: Any,
+        op: Any,
+        async_op: bool = False,
+    ) -> Any:
+        """Reduce-scatter ``input_tensor`` into ``output_tensor`` on ``group`` (paced, timed).
+
+        Raises:
+            ConfigError: ``async_op=True`` (FSDP2 never asks for it; the wait is what is measured).
+        """
+        if async_op:
+            raise ConfigError("PacedReduceScatter runs synchronously, as FSDP2 calls it: got async_op=True")
+        self.pacer._reduce_scatter(output_tensor, input_tensor, group, op)
+        return None
+
+
+def fsdp2_modules(model: torch.nn.Module) -> list[Any]:
+    """The FSDP2 (``fully_shard``) modules in ``model``, itself included; [] when there is none."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return []
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
 class PacedAllReduce:

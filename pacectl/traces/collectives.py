@@ -422,6 +422,7 @@ class _GroupSteps:
 
     group: Group
     seqs: NDArray[np.int64]  # [S, K] sequence numbers of each step's gradient collectives
+    anchors: NDArray[np.int64]  # [S] the group's collective just before each step (its end starts it)
     dropped: list[str]
 
 
@@ -565,43 +566,53 @@ def _steps_of_group(
             f"group {g.label}: no host-side gap marks the step boundary clearly (gaps before it "
             f"{best:.1f} x the others); the boundary may fall inside a step"
         )
-    if start > 0:
+    # every occurrence of the step's pattern is a step, wherever it falls (a collective outside the
+    # pattern, such as set-up, DDP's first iteration or a marker between blocks, only separates them)
+    pattern = codes[start + phase : start + phase + period]
+    starts: list[int] = []
+    i = 0
+    while i + period <= m:
+        if codes[i] == pattern[0] and np.array_equal(codes[i : i + period], pattern):
+            starts.append(i)
+            i += period
+        else:
+            i += 1
+    covered = len(starts) * period
+    if m - covered:
         dropped.append(
-            f"group {g.label}: {start} collective(s) before the repeating pattern began (set-up, first iteration)"
+            f"group {g.label}: {m - covered} collective(s) outside the repeating step pattern "
+            "(set-up, a first iteration that differs, steps cut by the dump's start or end)"
         )
-    begin = start + phase
-    if phase:
-        dropped.append(f"group {g.label}: {phase} collective(s) of a step cut by the dump's start")
-    num = (start + length - begin) // period
-    end = begin + num * period
-    if m - end:
-        dropped.append(f"group {g.label}: {m - end} collective(s) after the last whole step")
-    if num < 2:
+    if starts and starts[0] == 0:
+        starts = starts[1:]  # no collective before it: its start is not recorded
+        dropped.append(f"group {g.label}: the first step (nothing before it gives its start)")
+    if not starts:
         raise TraceError(
-            f"the DP group {g.label} must record at least two whole steps (one anchors the time of the next), "
-            f"got {num} in {m} matched collectives (in {source}). Dump later (more steps), raise "
+            f"the DP group {g.label} must record at least one whole step after another collective (whose end "
+            f"starts it), got none in {m} matched collectives (in {source}). Dump later (more steps), raise "
             "TORCH_FR_BUFFER_SIZE, or give trace.collectives_per_step"
         )
-    chunks = common[begin:end].reshape(num, period)
-    grad_mask = is_grad[begin:end].reshape(num, period)
-    seqs = chunks[grad_mask].reshape(num, int(grad_mask[0].sum()))
-    return _GroupSteps(g, seqs, dropped)
+    idx = np.asarray(starts)[:, None] + np.arange(period)[None, :]
+    grads = idx[:, is_grad[start + phase : start + phase + period]]
+    return _GroupSteps(g, common[grads], common[np.asarray(starts) - 1], dropped)
 
 
 # -------------------------------------------------------------------------------------- op table
 def _stage_times(
     coll: CollectiveSet, gs: _GroupSteps, members: list[int]
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-    """created (ns, float), duration (s) and end (ns) arrays ``[S, n, K]`` of a stage's steps."""
+    """created (ns, float), duration (s) and end (ns) arrays ``[S, n, 1 + K]`` of a stage's steps:
+    index 0 is each step's anchor (the collective before it), 1.. its gradient collectives."""
     t = coll.table
-    sub = t[(t["group"] == gs.group.key) & t["seq"].isin(gs.seqs.ravel())]
-    S, K = gs.seqs.shape
+    seqs = np.concatenate([gs.anchors[:, None], gs.seqs], axis=1)
+    sub = t[(t["group"] == gs.group.key) & t["seq"].isin(seqs.ravel())]
+    S, K1 = seqs.shape
     out = []
     for col in ("created_ns", "duration_s", "end_ns"):
         m = sub.pivot_table(index="seq", columns="rank", values=col, aggfunc="first").reindex(
-            index=gs.seqs.ravel(), columns=members
+            index=seqs.ravel(), columns=members
         )
-        arr = m.to_numpy(dtype=np.float64).reshape(S, K, len(members)).transpose(0, 2, 1)
+        arr = m.to_numpy(dtype=np.float64).reshape(S, K1, len(members)).transpose(0, 2, 1)
         if col != "duration_s":
             arr = np.where(arr < 0, np.nan, arr)
         out.append(arr)
@@ -683,10 +694,10 @@ def assemble(
             f"stages aligned on their last {num} steps (their dumps hold different numbers of steps)"
         )
     for s in steps:
-        s.seqs = s.seqs[-num:]
+        s.seqs, s.anchors = s.seqs[-num:], s.anchors[-num:]
     members = [list(g.ranks) for g in lay.dp_groups]
     arrays = [_stage_times(coll, s, m) for s, m in zip(steps, members, strict=True)]
-    have_dur = all(np.isfinite(d).all() for _, d, _ in arrays)
+    have_dur = all(np.isfinite(d[..., 1:]).all() for _, d, _ in arrays)
     have_created = all(np.isfinite(c).all() for c, _, _ in arrays)
     have_end = all(np.isfinite(e).all() for _, _, e in arrays)
     if timing == "duration" and not have_dur:
@@ -700,15 +711,14 @@ def assemble(
         )
     mode = "duration" if (timing == "duration" or (timing == "auto" and have_dur)) else "created"
     if mode == "created" and not have_created:
-        mode = "duration"
         if not have_dur:
             raise TraceError(
                 f"a trace needs enqueue times or durations of its collectives, got neither (in {source})"
             )
+        mode = "duration"
     base_ns = min(float(np.nanmin(c)) for c, _, _ in arrays) if have_created else 0.0
     offsets_all: dict[int, float] = {}
-    stage_ops: list[pd.DataFrame] = []
-    spreads, periods, t0s, step_times = [], [], [], []
+    periods: list[float] = []
     per_stage = []
     for (created_ns, dur, end_ns), mem in zip(arrays, members, strict=True):
         created = (created_ns - base_ns) * 1e-9 if have_created else np.zeros_like(dur)
@@ -719,10 +729,10 @@ def assemble(
                 offsets = est
         offsets_all.update({r: float(o) for r, o in zip(mem, offsets, strict=True)})
         created = created - offsets[None, :, None]
-        per_stage.append((created, dur, end_ns))
+        end_s = (end_ns - base_ns) * 1e-9 - offsets[None, :, None]
+        per_stage.append((created, dur, end_s))
         if mode == "created":
-            first = created[:, :, 0].mean(axis=1)
-            periods.extend(np.diff(first).tolist())
+            periods.extend(np.diff(created[:, :, 1].mean(axis=1)).tolist())
     if mode == "created":
         median_period = float(np.median(periods)) if periods else 0.0
         transfer = float(collective_s) if collective_s is not None else collective_frac * median_period
@@ -743,31 +753,34 @@ def assemble(
         transfer = 0.0
         timing_note = (
             f"clock-free: earliness = duration - shortest duration in the collective ({duration_field}, device "
-            "timing); "
-            "arrival = common end - duration"
+            "timing); arrival = common end - duration"
         )
         transfer_note = "recorded: each collective's shortest duration (its last arriver waited for no one)"
-    for stage, ((created, dur, end_ns), mem) in enumerate(zip(per_stage, members, strict=True)):
-        S, n, K = dur.shape
+    stage_ops: list[pd.DataFrame] = []
+    spreads, step_times = [], []
+    for stage, ((created, dur, end_s), mem) in enumerate(zip(per_stage, members, strict=True)):
         if mode == "duration":
             if have_end:
-                end = np.nanmedian(
-                    (end_ns - base_ns) * 1e-9 - offsets_all_arr(offsets_all, mem)[None, :, None], axis=1
-                )
+                end = np.nanmedian(end_s, axis=1)  # [S, 1 + K]
             elif have_created:
-                end = np.nanmedian(created + dur, axis=1)  # [S, K]
-            else:  # durations only: lay the collectives out one after the other
-                end = np.cumsum(np.nanmax(dur, axis=1).ravel()).reshape(S, K)
-            arrival = end[:, None, :] - dur
-            coll_end = np.broadcast_to(end[:, None, :], arrival.shape).copy()
+                end = np.nanmedian(created + dur, axis=1)
+                missing = ~np.isfinite(end)  # an anchor without a duration (a set-up collective)
+                end[missing] = np.nanmax(created, axis=1)[missing]
+            else:  # durations only: each step's collectives back to back, steps one after the other
+                longest = np.nanmax(np.nan_to_num(dur, nan=0.0), axis=1)  # [S, 1 + K]
+                longest[:, 0] = 0.0
+                end = np.cumsum(longest.ravel()).reshape(longest.shape)
+            arrival = end[:, None, :] - np.nan_to_num(dur, nan=0.0)
         else:
             arrival = created
-            coll_end = np.broadcast_to((arrival.max(axis=1) + transfer)[:, None, :], arrival.shape).copy()
-        ops, spread, step_t, t0 = _op_table(arrival, coll_end, stage=stage, ranks=mem)
+            end = arrival.max(axis=1) + transfer
+        coll_end = np.broadcast_to(end[:, None, :], arrival.shape)
+        ops, spread, step_t = _op_table(
+            arrival[..., 1:], coll_end[..., 1:], end[:, 0], stage=stage, ranks=mem
+        )
         stage_ops.append(ops)
         spreads.append(spread)
         step_times.append(step_t)
-        t0s.append(t0)
     table = pd.concat(stage_ops, ignore_index=True)
     meta = JobMeta(
         name=name, dp_size=lay.dp_size, pp_size=lay.pp_size, tp_size=lay.tp_size, world_size=lay.world_size
@@ -788,8 +801,8 @@ def assemble(
         timing_note=timing_note,
         transfer_note=transfer_note,
         collectives_per_step=[int(s.seqs.shape[1]) for s in steps],
-        steps=int(num - 1),
-        dropped=dropped + ["the first inferred step: it anchors the next step's start and is not replayed"],
+        steps=int(num),
+        dropped=dropped,
         folded_per_step=folded,
         clock_offsets_s=offsets_all,
         spread_first_s=np.concatenate([s[:, 0] for s in spreads]),
@@ -799,44 +812,43 @@ def assemble(
     return trace, report
 
 
-def offsets_all_arr(offsets: dict[int, float], ranks: list[int]) -> NDArray[np.float64]:
-    """The clock offsets of ``ranks`` as an array (0 where none was estimated)."""
-    return np.asarray([offsets.get(r, 0.0) for r in ranks], dtype=np.float64)
-
-
 def _folded(
     coll: CollectiveSet, lay: Layout, steps: list[_GroupSteps], grad_kinds: tuple[str, ...]
 ) -> dict[str, float]:
-    """Mean count per rank and step of the collectives folded into compute, by kind (between the
-    first and last kept step's gradient collectives of each stage's ranks, any group)."""
+    """Mean count per rank and step of the DP group's collectives folded into compute, by kind
+    (those between each step's anchor and its last gradient collective)."""
     t = coll.table
     out: dict[str, float] = {}
-    total_steps = 0
-    for g, s in zip(lay.dp_groups, steps, strict=True):
-        mine = t[t["group"] == g.key]
-        lo, hi = int(s.seqs[0, -1]), int(s.seqs[-1, -1])
-        inside = mine[(mine["seq"] > lo) & (mine["seq"] <= hi) & ~mine["kind"].isin(grad_kinds)]
-        n_steps = len(s.seqs) - 1
-        total_steps += n_steps * len(g.ranks)
-        for k, c in inside.groupby("kind", observed=True).size().items():
-            out[str(k)] = out.get(str(k), 0.0) + float(c)
-    return {k: v / max(total_steps, 1) for k, v in sorted(out.items())}
+    total = 0
+    for g, st in zip(lay.dp_groups, steps, strict=True):
+        mine = t[(t["group"] == g.key) & (t["rank"] == g.ranks[0]) & ~t["kind"].isin(grad_kinds)]
+        total += len(st.seqs)
+        for kind, seq in mine.groupby("kind", observed=True)["seq"]:
+            ordered = np.sort(seq.to_numpy())
+            inside = np.searchsorted(ordered, st.seqs[:, -1], side="right") - np.searchsorted(
+                ordered, st.anchors, side="right"
+            )
+            out[str(kind)] = out.get(str(kind), 0.0) + float(inside.sum())
+    return {k: v / max(total, 1) for k, v in sorted(out.items()) if v > 0}
 
 
 def _op_table(
-    arrival: NDArray[np.float64], end: NDArray[np.float64], *, stage: int, ranks: list[int]
-) -> tuple[pd.DataFrame, NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-    """The ops of one stage from arrivals and ends ``[S, n, K]`` (s); step s >= 1 starts where step
-    s - 1's last collective ended (step 0 anchors it and is left out).
+    arrival: NDArray[np.float64],
+    end: NDArray[np.float64],
+    start: NDArray[np.float64],
+    *,
+    stage: int,
+    ranks: list[int],
+) -> tuple[pd.DataFrame, NDArray[np.float64], NDArray[np.float64]]:
+    """The ops of one stage from arrivals and ends ``[S, n, K]`` and step starts ``[S]`` (s).
 
     Returns:
-        ``(ops, spread, step_time, t0)``: the op table (times relative to each step's start ``t0``,
-        ``[S - 1]``), the arrival spread ``[S - 1, K]`` and step times ``[S - 1]`` (s).
+        ``(ops, spread, step_time)``: the op table (times relative to each step's start), the
+        arrival spread ``[S, K]`` and the step times ``[S]`` (s).
     """
     S, n, K = arrival.shape
-    start = end[:-1, :, K - 1].max(axis=1)  # [S-1] common step start
-    A = np.maximum(arrival[1:], start[:, None, None])
-    E = np.maximum(end[1:], A)
+    A = np.maximum(arrival, start[:, None, None])
+    E = np.maximum(end, A)
     starts_b = A.copy()
     for k in range(1, K):  # buckets one after the other, as the replay's dependency model runs them
         starts_b[..., k] = np.maximum(A[..., k], E[..., k - 1])
@@ -844,23 +856,22 @@ def _op_table(
     A_sorted = np.sort(A, axis=2)
     last_end = E.max(axis=2)
     step_end = np.broadcast_to(last_end.max(axis=1, keepdims=True), last_end.shape)
-    t0 = start
-    steps = np.arange(1, S, dtype=np.int64)
+    steps = np.arange(S, dtype=np.int64)
     rows: list[pd.DataFrame] = []
 
     def block(optype: str, seq: int, lo: NDArray[np.float64], hi: NDArray[np.float64], mc: int) -> None:
-        lo = np.broadcast_to(lo, (S - 1, n))
+        lo = np.broadcast_to(lo, (S, n))
         rows.append(
             pd.DataFrame(
                 {
                     "step": np.repeat(steps, n),
-                    "dp_rank": np.tile(np.arange(n), S - 1),
+                    "dp_rank": np.tile(np.arange(n), S),
                     "stage": stage,
-                    "rank": np.tile(np.asarray(ranks, dtype=np.int64), S - 1),
+                    "rank": np.tile(np.asarray(ranks, dtype=np.int64), S),
                     "optype": optype,
                     "seq_id": seq,
                     "mc": mc,
-                    "start_ts": (lo - t0[:, None]).ravel(),
+                    "start_ts": (lo - start[:, None]).ravel(),
                     "duration": np.maximum(hi - lo, 0.0).ravel(),
                 }
             )
@@ -873,7 +884,5 @@ def _op_table(
         block("grads-reduce-scatter", k, starts_b[..., k], E[..., k], -1)
     block("optimizer", 0, last_end, step_end, -1)
     ops = pd.concat(rows, ignore_index=True)
-    ops.attrs["rows_per_step"] = n
-    ops.attrs["blocks"] = len(rows)
     spread = A.max(axis=1) - A.min(axis=1)
-    return ops, spread, last_end.max(axis=1) - start, t0
+    return ops, spread, last_end.max(axis=1) - start

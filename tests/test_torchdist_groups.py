@@ -1,0 +1,241 @@
+"""FSDP2 pacing and process-group aware pacing, on gloo (CPU, ``dist`` marker).
+
+- FSDP2 (``fully_shard`` on an explicit CPU mesh, 2 ranks): the pacer goes in through
+  ``set_custom_reduce_scatter``; the trained parameters are bit-identical to plain FSDP2's, every rank
+  decides alike, and the first reduce-scatter of each backward is paced.
+- A 2 x 2 mesh (4 ranks, ``("pp", "dp")``): two DP groups, each with its own pacer and its own
+  straggler, for 300 iterations. Decisions are identical within a group and differ across groups;
+  after set-up no collective touches the default group (the Flight Recorder says so), which is
+  what makes an exchange on the default group deadlock on sub-meshes elsewhere (NVRx issue #277).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as queue_module
+import time
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.dist
+
+_FSDP_STEPS = 8
+_FSDP_MODES = ("plain", "async", "collective")
+_MESH_STEPS = 300
+
+
+def _engine(world: int) -> Any:
+    from pacectl.torchdist.core import DecisionEngine
+
+    return DecisionEngine(
+        "threshold",
+        {"on_threshold_s": 0.002, "off_threshold_s": 0.001, "gain": 0.5},
+        {"max_delay_frac": 0.5},
+        num_ranks=world,
+        seed=0,
+    )
+
+
+def _fsdp_model(mesh: Any) -> Any:
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 16))
+    for i, layer in enumerate(model):
+        if isinstance(layer, nn.Linear):
+            # the last layer stays unsharded after forward, so backward starts with its gradients (not
+            # with an all-gather that every rank waits in): the straggler shows at its reduce-scatter
+            fully_shard(layer, mesh=mesh, reshard_after_forward=i != len(model) - 1)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _fsdp_rank(rank: int, world: int, port: int, queue: Any) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from pacectl.errors import ConfigError
+    from pacectl.torchdist.pacer import Pacer
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    out: dict[str, Any] = {}
+    try:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+        for mode in _FSDP_MODES:
+            model = _fsdp_model(mesh)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            pacer = None
+            if mode != "plain":
+                pacer = Pacer(_engine(world), gather=mode, group=mesh.get_group("dp")).attach(model)
+            gen = torch.Generator().manual_seed(100 + rank)
+            for _ in range(_FSDP_STEPS):
+                x = torch.randn(16, 32, generator=gen)
+                opt.zero_grad(set_to_none=True)
+                loss = model(x).pow(2).mean()
+                if rank == 1:
+                    time.sleep(0.01)  # rank 1 straggles: the controller paces rank 0
+                loss.backward()
+                opt.step()
+            result: dict[str, Any] = {
+                "params": torch.cat(
+                    [p.full_tensor().detach().reshape(-1) for p in model.parameters()]
+                ).numpy()
+            }
+            if pacer is not None:
+                pacer.flush()
+                result.update(
+                    decisions=np.array(pacer.decisions),
+                    applied=np.array([o.applied_delay_s for o in pacer.observations]),
+                    delay_actual=np.array(pacer.delay_actual_s),
+                    collectives=[len(m["enter_s"]) for m in pacer.marks],
+                    gather=pacer.gather,
+                )
+            out[mode] = result
+        try:  # FSDP2 reduce-scatters: nothing to piggyback on
+            Pacer(_engine(world), gather="piggyback").attach(_fsdp_model(mesh))
+            out["piggyback"] = "accepted"
+        except ConfigError as err:
+            out["piggyback"] = str(err)
+        queue.put((rank, out))
+    except BaseException as err:  # noqa: BLE001 - report to the parent instead of hanging it
+        queue.put((rank, {"error": repr(err)}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _mesh_rank(rank: int, world: int, port: int, queue: Any) -> None:
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "100000"  # read by init_process_group: count the default group's ops
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from pacectl.torchdist.pacer import Pacer
+
+    def default_group_ops() -> int:
+        import pickle
+
+        import torch._C._distributed_c10d as c10d
+
+        dump = pickle.loads(c10d._dump_fr_trace(includeStackTraces=False))
+        return sum(1 for e in dump["entries"] if e["process_group"][1] == "default_pg")
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+        dp = mesh.get_group("dp")
+        torch.manual_seed(rank)
+        model = nn.parallel.DistributedDataParallel(nn.Linear(16, 16), process_group=dp)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        pacer = Pacer(_engine(2), group=dp).attach(model)
+        before = default_group_ops()
+        x = torch.randn(4, 16)
+        for k in range(_MESH_STEPS):
+            if k == 150:
+                pacer.request_control({"guard": {"max_delay_frac": 0.4}})  # group rank 0: a broadcast on dp
+            # each DP group has its own straggler and schedule: rank 1 (group {0, 1}) every 3rd
+            # iteration, rank 2 (group {2, 3}) every 5th
+            if (rank == 1 and k % 3 == 0) or (rank == 2 and k % 5 == 0):
+                time.sleep(0.004)
+            opt.zero_grad(set_to_none=True)
+            model(x).pow(2).mean().backward()
+            opt.step()
+        pacer.flush()
+        after = default_group_ops()
+        queue.put(
+            (
+                rank,
+                {
+                    "decisions": np.array(pacer.decisions),
+                    "group": sorted(dist.get_process_group_ranks(dp)),
+                    "default_group_ops_during_training": after - before,
+                    "version": pacer.engine.version,
+                },
+            )
+        )
+    except BaseException as err:  # noqa: BLE001
+        queue.put((rank, {"error": repr(err)}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(target: Any, world: int, timeout_s: float) -> dict[int, dict[str, Any]]:
+    from pacectl.torchdist.launch import free_port
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, world, port, q), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        results: dict[int, dict[str, Any]] = {}
+        for _ in procs:
+            try:
+                rank, res = q.get(timeout=timeout_s)
+            except queue_module.Empty:
+                pytest.fail(
+                    f"no result from ranks {sorted(set(range(world)) - set(results))} within {timeout_s} s"
+                )
+            results[rank] = res
+    finally:
+        for p in procs:
+            p.join(timeout=20)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    for r, res in results.items():
+        assert "error" not in res, f"rank {r}: {res.get('error')}"
+    return results
+
+
+@pytest.fixture(scope="module")
+def fsdp_ranks() -> dict[int, dict[str, Any]]:
+    return _spawn(_fsdp_rank, 2, 180)
+
+
+@pytest.mark.parametrize("mode", _FSDP_MODES[1:])
+def test_fsdp2_gradients_are_unchanged_by_the_pacer(fsdp_ranks, mode: str) -> None:
+    for r in (0, 1):
+        assert np.array_equal(fsdp_ranks[r][mode]["params"], fsdp_ranks[r]["plain"]["params"])
+
+
+@pytest.mark.parametrize("mode", _FSDP_MODES[1:])
+def test_fsdp2_decides_alike_on_every_rank_and_paces_the_first_reduce_scatter(fsdp_ranks, mode: str) -> None:
+    r0, r1 = fsdp_ranks[0][mode], fsdp_ranks[1][mode]
+    assert r0["gather"] == mode
+    assert np.array_equal(r0["decisions"], r1["decisions"])
+    assert r0["collectives"] == [3] * _FSDP_STEPS  # one reduce-scatter per sharded layer, per backward
+    # rank 1 straggles, so rank 0 is paced (more than rank 1, which the shared machine's noise can pace too)
+    assert r0["applied"][:, 0].sum() > r0["applied"][:, 1].sum()
+    paced = r0["applied"][:, 0] > 0
+    assert (r0["delay_actual"][paced] >= r0["applied"][paced, 0] - 1e-6).all()
+
+
+def test_fsdp2_refuses_a_piggybacked_exchange(fsdp_ranks) -> None:
+    assert "FSDP2 reduce-scatters its gradients" in fsdp_ranks[0]["piggyback"]
+
+
+def test_two_dp_groups_pace_on_their_own_group_without_a_hang() -> None:
+    ranks = _spawn(_mesh_rank, 4, 600)
+    assert [ranks[r]["group"] for r in range(4)] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    for a, b in ((0, 1), (2, 3)):  # identical within a group
+        assert np.array_equal(ranks[a]["decisions"], ranks[b]["decisions"])
+        assert ranks[a]["decisions"].shape == (_MESH_STEPS, 2)
+        assert ranks[a]["version"] == 1  # the control reached the group through its own broadcast
+    # independent across groups: each paces its own early rank, on its own straggler's schedule
+    d_a, d_b = ranks[0]["decisions"], ranks[2]["decisions"]
+    assert not np.array_equal(d_a, d_b)
+    assert d_a[:, 0].max() > 0 and d_b[:, 1].max() > 0  # rank 0 waits for 1; rank 3 waits for 2
+    for r in range(4):
+        assert ranks[r]["default_group_ops_during_training"] == 0
