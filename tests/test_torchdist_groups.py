@@ -15,6 +15,7 @@ import multiprocessing as mp
 import os
 import queue as queue_module
 import time
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -239,3 +240,75 @@ def test_two_dp_groups_pace_on_their_own_group_without_a_hang() -> None:
     assert d_a[:, 0].max() > 0 and d_b[:, 1].max() > 0  # rank 0 waits for 1; rank 3 waits for 2
     for r in range(4):
         assert ranks[r]["default_group_ops_during_training"] == 0
+
+
+# ------------------------------------------------------------------ the built-in workload, live
+_LIVE = [
+    "backend=torch",
+    "backend.nproc_per_node=2",
+    "backend.num_iterations=12",
+    "backend.warmup_iterations=2",
+    "backend.pg_timeout_s=20",
+    "backend.workload.width=64",
+    "backend.workload.depth=2",
+    "backend.workload.batch_size=8",
+    "backend.workload.bucket_cap_mb=0.01",
+    "backend.straggler.prob=0.6",
+    "backend.straggler.duration_s=0.04",
+    "backend.straggler.jitter_frac=0.0",
+    "controller=none",
+]
+
+
+def _live(tmp: Any, *extra: str) -> tuple[Any, dict[str, Any]]:
+    from hydra import compose, initialize_config_dir
+
+    from pacectl.config import CONF_DIR
+    from pacectl.torchdist.experiment import TorchExperiment
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*_LIVE, f"backend.record_dir={tmp}", *extra])
+    exp = TorchExperiment(cfg)
+    summary = exp.describe()
+    exp.write_outputs(tmp)
+    return exp, summary
+
+
+def _late_rank(trace: Any) -> tuple[int, int]:
+    """``(rank that arrives last most often at the paced collective, steps)``."""
+    ops = trace.ops
+    first = ops[(ops["optype"] == "grads-reduce-scatter") & (ops["seq_id"] == 0)]
+    arrivals = first.pivot_table(index="step", columns="rank", values="start_ts")
+    return int(arrivals.idxmax(axis=1).value_counts().idxmax()), len(arrivals)
+
+
+def test_a_live_flight_recorder_dump_replays_like_the_run_record(tmp_path) -> None:
+    """backend.flight_recorder=true: the dump of the run and its canonical record agree on the
+    iteration count and on the straggler (rank 1: backend.straggler.rank's default)."""
+    from pacectl.traces.canonical import load_canonical
+    from pacectl.traces.flight_recorder import FlightRecorderWarning, import_flight_recorder
+
+    _, summary = _live(tmp_path, "backend.flight_recorder=true")
+    folder = summary["flight_recorder"]["none"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FlightRecorderWarning)
+        dump, report = import_flight_recorder(folder)
+    record = load_canonical(summary["records"]["none"])
+    assert report.assembly.timing == "created" and report.assembly.layout.dp_groups[0].desc == "pacectl-none"
+    assert _late_rank(dump) == _late_rank(record) == (1, 12)
+
+
+def test_an_fsdp2_run_writes_the_summary_a_ddp_run_writes(tmp_path) -> None:
+    def keys(node: Any, prefix: str = "") -> set[str]:
+        if isinstance(node, dict):
+            return {
+                k for key, value in node.items() for k in {prefix + key} | keys(value, prefix + key + ".")
+            }
+        return set()
+
+    _, ddp = _live(tmp_path / "ddp")
+    _, fsdp2 = _live(tmp_path / "fsdp2", "backend.parallel=fsdp2")
+    assert keys(fsdp2) == keys(ddp)
+    assert fsdp2["workload"]["parallel"] == "fsdp2" and ddp["workload"]["parallel"] == "ddp"
+    assert "FSDP2 gradient reduce-scatter" in fsdp2["paced_collective"]
+    assert fsdp2["trace"]["num_steps"] == ddp["trace"]["num_steps"] == 12

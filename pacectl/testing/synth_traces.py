@@ -197,6 +197,7 @@ def flight_recorder_dumps(
     all_scheduled: bool = False,
     frames: int = 0,
     truth: SynthTruth | None = None,
+    ranks: range | list[int] | None = None,
 ) -> dict[int, dict[str, Any]]:
     """One Flight Recorder dump (the recorder's dict) per rank of ``job``.
 
@@ -212,6 +213,7 @@ def flight_recorder_dumps(
         all_scheduled: every entry ``scheduled``, not retired, no duration (a dump taken on a timeout).
         frames: stack frames per entry (for file size; the importer ignores them).
         truth: the timeline (default: :func:`simulate`).
+        ranks: build these ranks' dumps only (default: all; a large set is written in chunks).
 
     Returns:
         rank -> dump dict (plain values only).
@@ -224,7 +226,7 @@ def flight_recorder_dumps(
     leads = job.host_lead_s + lead_rng.uniform(0.0, job.host_jitter_s, (job.world, job.steps + 2))
     dumps = {}
     frame_list = [{"name": f"f{i}", "filename": "train.py", "line": i} for i in range(frames)]
-    for r in range(job.world):
+    for r in range(job.world) if ranks is None else ranks:
         mine = [g for g in groups if r in g[2]]
         dp_group = next(g for g in mine if g[3] == "dp")
         lead = 0.0

@@ -201,12 +201,16 @@ PACING_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: ``backend.parallel``: how the built-in workload shards its gradients (DDP all-reduce or FSDP2
+#: reduce-scatter on a CPU device mesh).
+PARALLEL_MODES = ("ddp", "fsdp2")
+
 #: Keys of ``backend=torch`` and of its sections (``conf/backend/torch.yaml``).
 _BACKEND_KEYS = {
     "": {
         "name", "comm_model", "nproc_per_node", "num_iterations", "interleave_block", "warmup_iterations",
         "pg_timeout_s", "start_method", "socket_ifname", "threads", "record_dir", "workload", "straggler",
-        "pacing", "fault",
+        "pacing", "fault", "parallel", "flight_recorder",
     },
     "workload": {"model", "width", "depth", "batch_size", "seq_len", "heads", "bucket_cap_mb", "lr"},
     "pacing": set(PACING_DEFAULTS),
@@ -314,6 +318,23 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
     _real(b, "pg_timeout_s", low=0.0, low_open=True)
     _choice(b, "start_method", _START_METHODS, "spawn")
     _int(b, "threads", low=1, default=1)
+    parallel = _choice(b, "parallel", PARALLEL_MODES, "ddp")
+    recorder = b.get("flight_recorder", False)
+    if not isinstance(recorder, bool):
+        raise ConfigError(
+            f"backend.flight_recorder must be true or false, got {recorder!r}: for example "
+            f"backend.flight_recorder=true ({_HINT})"
+        )
+    if recorder and _int(b, "warmup_iterations", low=0) < 1:
+        raise ConfigError(
+            "backend.flight_recorder=true needs backend.warmup_iterations >= 1, got 0: DDP rebuilds its "
+            "buckets after the first iteration, so the recorded steps match the record only after it"
+        )
+    if parallel == "fsdp2" and str((b.get("pacing") or {}).get("gather", "auto")) == "piggyback":
+        raise ConfigError(
+            "backend.pacing.gather=piggyback rides on a gradient all-reduce, and backend.parallel=fsdp2 "
+            "reduce-scatters its gradients: use backend.pacing.gather=async (the default on gloo) or collective"
+        )
     workload = b.get("workload")
     if not isinstance(workload, Mapping):
         raise ConfigError(f"backend.workload must be a mapping, got {workload!r} ({_HINT})")

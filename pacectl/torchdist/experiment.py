@@ -216,6 +216,8 @@ class TorchExperiment:
             "fault": container.get("fault"),
             "threads": int(container.get("threads", 1)),
             "interleave_block": int(container.get("interleave_block", 10)),
+            "parallel": str(container.get("parallel", "ddp")),
+            "flight_recorder": bool(container.get("flight_recorder", False)),
         }
 
     def _launch(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
@@ -272,12 +274,20 @@ class TorchExperiment:
             # DDP's gradient all-reduce of bucket 0, recorded under the canonical op type of the
             # gradient collective (the trace schema has one type for it, whatever the algorithm)
             "paced_optype": "grads-reduce-scatter",
-            "paced_collective": "DDP gradient all-reduce, bucket 0 (canonical op type grads-reduce-scatter)",
-            "workload": spec["workload"],
+            "paced_collective": (
+                "FSDP2 gradient reduce-scatter, the first of each backward (canonical op type grads-reduce-scatter)"
+                if spec["parallel"] == "fsdp2"
+                else "DDP gradient all-reduce, bucket 0 (canonical op type grads-reduce-scatter)"
+            ),
+            "workload": {**spec["workload"], "parallel": spec["parallel"]},
             "straggler": spec["straggler"],
             "pacing": {**spec["pacing"], "gather_resolved": self.gather},
             "records": {f: str(self.final_record_dir / f"{f}.parquet") for f in self.families},
         }
+        if spec["flight_recorder"]:  # replay with: python -m pacectl.run trace=<folder>
+            out["flight_recorder"] = {
+                f: str(self.final_record_dir / "flight_recorder" / f) for f in self.families
+            }
         fidelity: dict[str, Any] = {}
         for family in self.families:
             fid = self.fidelity(family)
@@ -368,7 +378,10 @@ class TorchExperiment:
             return
         self.final_record_dir.mkdir(parents=True, exist_ok=True)
         for path in sorted(self.record_dir.iterdir()):
-            os.replace(path, self.final_record_dir / path.name)
+            target = self.final_record_dir / path.name
+            if path.is_dir() and target.is_dir():  # an earlier run's flight_recorder/ folder
+                shutil.rmtree(target)
+            os.replace(path, target)
         self.record_dir.rmdir()
 
     def decisions(self) -> dict[int, dict[str, Any]]:

@@ -9,6 +9,16 @@ writes:
 
 - ``<record_dir>/<family>.parquet``: the canonical trace of every rank (replayable);
 - ``<record_dir>/<family>.episode.pkl``: the :class:`~pacectl.types.Episode` plus measurement extras.
+
+``backend.parallel=fsdp2`` shards the model with FSDP2 (``fully_shard`` per layer on a 1-D CPU
+device mesh over the ranks) instead of DDP; the pacer goes in through ``set_custom_reduce_scatter``.
+
+``backend.flight_recorder=true`` turns on PyTorch's Flight Recorder (``TORCH_FR_BUFFER_SIZE``) and
+gives each run its own process group (description ``pacectl-<family>``), so that the dump tells the
+runs apart; at the end every rank writes ``<record_dir>/flight_recorder/<family>/fr_trace_rank_<rank>``:
+its dump, cut to that run's group from the marker all-reduce that starts the measured iterations (a
+:meth:`~pacectl.torchdist.pacer.Pacer.align` after the warm-up, whose end is the record's iteration-0
+start). ``python -m pacectl.run trace=<that folder>`` replays it.
 """
 
 from __future__ import annotations
@@ -48,6 +58,8 @@ from pacectl.torchdist.core import (
 )
 from pacectl.torchdist.pacer import Pacer
 
+#: Flight Recorder ring size with ``backend.flight_recorder=true`` (entries; memory is used as filled).
+FLIGHT_RECORDER_ENTRIES = 1_000_000
 #: Seconds a rank that lost a peer waits before it fails (see :func:`worker_main`).
 PEER_ERROR_EXIT_DELAY_S = 1.0
 
@@ -114,14 +126,24 @@ class LiveRun:
         model, x = build_model(workload)
         torch.manual_seed(self.seed * 1009 + self.rank + 1)
         self.x = torch.randn_like(x)
-        self.ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=float(workload["bucket_cap_mb"]))
+        self.parallel = str(spec.get("parallel", "ddp"))
+        self.recorder = bool(spec.get("flight_recorder", False))
+        # a run of its own group when the Flight Recorder is on: its dump then tells the runs apart
+        self.group = (
+            dist.new_group(ranks=list(range(self.world)), group_desc=f"pacectl-{family}")
+            if self.recorder
+            else None
+        )
+        self.ddp = wrap_model(model, self.parallel, float(workload["bucket_cap_mb"]), self.group)
         self.opt = torch.optim.SGD(self.ddp.parameters(), lr=float(workload.get("lr", 1e-3)))
+        self.fr_first_id: int | None = None
         pacing = spec["pacing"]
         self.engine = DecisionEngine(family, params, spec["guard"], num_ranks=self.world, seed=self.seed)
         with warnings.catch_warnings():  # the launching process checked these settings and warned
             warnings.filterwarnings("ignore", message=r"Pacer\.")
             self.pacer = Pacer(
                 self.engine,
+                group=self.pacing_group(),
                 spin_s=float(pacing["spin_s"]),
                 gather_every=int(pacing["gather_every"]),
                 gather=str(pacing.get("gather", "auto")),
@@ -142,6 +164,13 @@ class LiveRun:
         self.loop_s = np.zeros(self.total)
         self.k = 0
 
+    def pacing_group(self) -> Any:
+        """The process group the model communicates on (its pacing domain): the run's own with the
+        Flight Recorder on, FSDP2's mesh group, else the world (None)."""
+        if self.parallel == "fsdp2":
+            return getattr(self.ddp, "pacectl_mesh").get_group()  # noqa: B009 - set by wrap_model
+        return self.group
+
     @property
     def total(self) -> int:
         """Iterations of the run, warm-up included."""
@@ -150,6 +179,12 @@ class LiveRun:
     def train(self, iterations: int) -> None:
         """Train the next ``iterations`` iterations (fewer at the end of the run)."""
         for k in range(self.k, min(self.k + iterations, self.total)):
+            if k == self.warmup and self.recorder:
+                # the Flight Recorder's marker: entries from the next one on are this run's measured
+                # iterations, and the marker's end starts iteration 0's clock (align restarts it)
+                self.pacer.flush()
+                self.fr_first_id = last_flight_recorder_id() + 1
+                self.pacer.align()
             t0 = time.perf_counter()
             if k == self.warmup:
                 self.pacer.flush()  # the warm-up's last figures: decided on (paced off), not logged
@@ -182,6 +217,8 @@ class LiveRun:
             else np.zeros(0),
             "gather_s": np.array(pacer.gather_s),
         }
+        if self.recorder:
+            out["flight_recorder_path"] = self.write_flight_recorder()
         marks = pacer.marks
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, (host_clock_id(), marks))
@@ -250,6 +287,64 @@ class LiveRun:
             out["episode_path"] = str(episode_path)
         dist.barrier()
         return out
+
+    def write_flight_recorder(self) -> str:
+        """This rank's Flight Recorder dump of the run: its group's entries from the marker on (pickle,
+        the format of ``_dump_fr_trace``), in ``<record_dir>/flight_recorder/<family>/``."""
+        import torch._C._distributed_c10d as c10d
+
+        dump = pickle.loads(c10d._dump_fr_trace(includeStackTraces=False))  # type: ignore[attr-defined]
+        group: Any = self.group if self.parallel == "ddp" else self.pacing_group()
+        name = group.group_name
+        first = self.fr_first_id if self.fr_first_id is not None else 0
+        dump["entries"] = [
+            e for e in dump["entries"] if e["process_group"][0] == name and e["record_id"] >= first
+        ]
+        folder = Path(self.spec["record_dir"]) / "flight_recorder" / self.family
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"fr_trace_rank_{self.rank}"
+        path.write_bytes(pickle.dumps(dump, protocol=2))
+        return str(path)
+
+
+def last_flight_recorder_id() -> int:
+    """The ``record_id`` of the Flight Recorder's newest entry (-1 when it holds none)."""
+    import torch._C._distributed_c10d as c10d
+
+    dump = pickle.loads(c10d._dump_fr_trace(includeStackTraces=False))  # type: ignore[attr-defined]
+    return max((int(e["record_id"]) for e in dump.get("entries", [])), default=-1)
+
+
+def wrap_model(model: nn.Module, parallel: str, bucket_cap_mb: float, group: Any) -> nn.Module:
+    """The built-in model, data-parallel: DDP (``bucket_cap_mb`` buckets) or FSDP2 (``fully_shard``
+    per layer, then the root, on a 1-D CPU mesh over ``group``'s ranks; the mesh is kept as
+    ``model.pacectl_mesh``).
+
+    Args:
+        model: the model.
+        parallel: ``"ddp"`` or ``"fsdp2"``.
+        bucket_cap_mb: DDP's bucket size, MB (DDP only).
+        group: the process group (None: the world).
+    """
+    if parallel == "ddp":
+        return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb, process_group=group)
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if group is None:
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("dp",))
+    else:
+        mesh = DeviceMesh.from_group(group, "cpu", mesh_dim_names=("dp",))
+    # one FSDP2 unit per layer: the transformer's encoder layers (MultiheadAttention uses its
+    # out_proj weight without calling the module, so the Linears inside stay in their layer's unit)
+    layers: list[nn.Module] = [m for m in model.modules() if isinstance(m, nn.TransformerEncoderLayer)] or [
+        m for m in model.modules() if isinstance(m, nn.Linear)
+    ]
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.pacectl_mesh = mesh  # type: ignore[assignment]
+    return model
 
 
 def host_clock_id() -> str:
@@ -331,6 +426,8 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
     signal.signal(signal.SIGINT, _exit_on_interrupt)
     one_line_warnings()
     torch.set_num_threads(int(spec.get("threads", 1)))
+    if spec.get("flight_recorder"):  # read by init_process_group; lazily filled up to this many entries
+        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES))
     dist.init_process_group(
         backend=BUILTIN_DIST_BACKEND, timeout=timedelta(seconds=float(spec["pg_timeout_s"]))
     )

@@ -50,6 +50,7 @@ next step's first segment).
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -94,6 +95,7 @@ _ROLE_PATTERNS = (
 )
 
 
+@functools.lru_cache(maxsize=4096)
 def kind_of(op: str) -> str:
     """The collective kind of an op name (``all_reduce``, ``_reduce_scatter_base``, ``AllReduce``,
     ``send 0->1``, ...): one of ``reduce_scatter``, ``all_reduce``, ``all_gather``, ...; else the
@@ -438,12 +440,13 @@ def _period(sig: NDArray[np.int64]) -> tuple[int, int, int]:
         edges = np.flatnonzero(np.diff(padded.astype(np.int8)))
         starts, ends = edges[::2], edges[1::2]
         i = int(np.argmax(ends - starts))
-        best.append((p, int(starts[i]), int(ends[i] - starts[i]) + p))
+        if ends[i] - starts[i] >= p:  # at least two whole repetitions
+            best.append((p, int(starts[i]), int(ends[i] - starts[i]) + p))
     if not best:
         return m, 0, m
     longest = max(b[2] for b in best)
     for p, start, length in best:  # smallest period whose run covers nearly the longest one
-        if length >= 0.9 * longest and length >= 2 * p:
+        if length >= 0.9 * longest:
             return p, start, length
     return m, 0, m
 

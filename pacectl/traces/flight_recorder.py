@@ -45,6 +45,7 @@ The layout, the step inference and the op table are :mod:`pacectl.traces.collect
 from __future__ import annotations
 
 import ast
+import functools
 import glob as globmod
 import io
 import math
@@ -227,6 +228,13 @@ def _int_or(value: Any, default: int) -> int:
         return default
 
 
+@functools.lru_cache(maxsize=4096)
+def _split_name(name: str) -> tuple[str, str]:
+    """``("nccl", "all_reduce")`` for ``"nccl:all_reduce"``; ``("", name)`` without a backend."""
+    backend, _, op = name.partition(":")
+    return (backend, op) if op else ("", name)
+
+
 def _numel(sizes: Any) -> int:
     total = 0
     if isinstance(sizes, list):
@@ -252,61 +260,60 @@ class _Columns:
             raise TraceError(
                 f"each Flight Recorder entry must be an object, got {type(e).__name__} ({_where(path, i, 'entries')})"
             )
-        c = self.cols
-        for key in ("process_group", "collective_seq_id", "profiling_name", "time_created_ns"):
-            if key not in e:
-                raise TraceError(
-                    f"a Flight Recorder entry must have {key!r}, got keys {sorted(e)[:8]} ({_where(path, i, key)}); "
-                    "is this a Flight Recorder dump of a supported version?"
-                )
-        pg = e["process_group"]
-        if not isinstance(pg, (list, tuple)) or len(pg) != 2:
+        try:
+            pg, name, created, seq = (
+                e["process_group"],
+                e["profiling_name"],
+                e["time_created_ns"],
+                e["collective_seq_id"],
+            )
+        except KeyError as err:
+            key = err.args[0]
+            raise TraceError(
+                f"a Flight Recorder entry must have {key!r}, got keys {sorted(e)[:8]} ({_where(path, i, key)}); "
+                "is this a Flight Recorder dump of a supported version?"
+            ) from None
+        if type(pg) not in (list, tuple) or len(pg) != 2:
             raise TraceError(
                 f"process_group must be [name, desc], got {pg!r} ({_where(path, i, 'process_group')})"
             )
-        name = str(e["profiling_name"])
-        backend, _, op = name.partition(":")
-        if not op:
-            backend, op = "", name
-        created = e["time_created_ns"]
-        seq = e["collective_seq_id"]
-        if isinstance(created, bool) or not isinstance(created, int) or created < 0:
+        if type(created) is not int or created < 0:
             raise TraceError(
-                f"time_created_ns must be a non-negative integer (ns), got {created!r} ({_where(path, i, 'time_created_ns')})"
+                f"time_created_ns must be a non-negative integer (ns), got {created!r} "
+                f"({_where(path, i, 'time_created_ns')})"
             )
-        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+        if type(seq) is not int or seq < 0:
             raise TraceError(
                 f"collective_seq_id must be a non-negative integer, got {seq!r} ({_where(path, i, 'collective_seq_id')})"
             )
         duration = e.get("duration_ms")
-        if duration is not None:
-            if (
-                isinstance(duration, bool)
-                or not isinstance(duration, (int, float))
-                or not (math.isfinite(float(duration)) and 0 <= float(duration) < 7 * 24 * 3600e3)
-            ):
-                raise TraceError(
-                    f"duration_ms must be a finite number of milliseconds >= 0, got {duration!r} "
-                    f"({_where(path, i, 'duration_ms')})"
-                )
-        state = str(e.get("state", "scheduled"))
+        if duration is not None and (
+            type(duration) not in (int, float) or not (0 <= duration < 7 * 24 * 3600e3)  # NaN fails too
+        ):
+            raise TraceError(
+                f"duration_ms must be a finite number of milliseconds >= 0, got {duration!r} "
+                f"({_where(path, i, 'duration_ms')})"
+            )
+        state = e.get("state", "scheduled")
         if state not in _STATES:
             raise TraceError(
                 f"state must be one of {list(_STATES)}, got {state!r} ({_where(path, i, 'state')})"
             )
-        p2p = e.get("is_p2p")
+        backend, op = _split_name(str(name))
         kind = kind_of(op)
+        p2p = e.get("is_p2p")
+        c = self.cols
         c["pg_name"].append(str(pg[0]))
         c["pg_desc"].append(str(pg[1]))
         c["pg_id"].append(_int_or(e.get("pg_id"), -1))
-        c["seq"].append(int(seq))
+        c["seq"].append(seq)
         c["p2p_seq"].append(_int_or(e.get("p2p_seq_id"), 0))
         c["is_p2p"].append(bool(p2p) if p2p is not None else kind in ("send", "recv"))
         c["backend"].append(backend)
         c["kind"].append(kind)
         c["op"].append(op)
         c["numel"].append(_numel(e.get("input_sizes")))
-        c["created_ns"].append(int(created))
+        c["created_ns"].append(created)
         c["duration_ms"].append(float(duration) if duration is not None else math.nan)
         c["state"].append(state)
         c["retired"].append(bool(e.get("retired", False)))

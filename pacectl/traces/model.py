@@ -326,7 +326,7 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
             f"rank must be in [0, world_size={meta.world_size}), got max {out['rank'].max()} "
             f"(in {source}: column rank). Check world_size in the meta file."
         )
-    per_step = out.groupby("step")[["dp_rank", "stage"]].apply(lambda g: len(g.drop_duplicates()))
+    per_step = out[["step", "dp_rank", "stage"]].drop_duplicates().groupby("step").size()
     short = per_step[per_step < len(pairs)]
     if len(short):
         step = int(short.index[0])

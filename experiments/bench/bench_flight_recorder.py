@@ -1,0 +1,140 @@
+"""Import time and peak memory of Flight Recorder dump sets (figures in ``results/flight_recorder.json``).
+
+Sets synthesised by :mod:`pacectl.testing.synth_traces` (format 2.10 pickles, NCCL entries with
+``duration_ms``, a DP job of ``ranks`` ranks with 4 gradient reduce-scatters per step), each
+written to a temporary folder and imported by ``python -m pacectl.traces info`` in a fresh
+subprocess, so that its peak resident memory (``VmHWM`` of the child) is the import's alone.
+``frames`` stack frames per entry pad the files towards real dumps' size (the importer skips them;
+real pickles share their frame dicts through the pickle memo, as these do).
+
+- ``16 x 20000``: 16 ranks with torchtitan's default ring buffer (20,000 entries each);
+- ``1024 x 2000``: 1,024 ranks x 2,000 entries, the issue's large case;
+- ``1024 x 2000, frames``: the same padded with frames to about 1 GB on disk.
+
+Reported per set: bytes on disk, entries, import wall time, peak RSS, and both per MB of dump
+(``s_per_mb``, ``peak_rss_mb_per_mb``) beside the baseline RSS of a child that only imports the
+modules (``baseline_rss_mb``). The machine is shared with other engineers' jobs: wall times carry
+their load (``loadavg`` is recorded before and after each import).
+
+Usage: ``python experiments/bench/bench_flight_recorder.py [--cases small,large,large_frames]
+[--out results/flight_recorder.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _record import write_record  # noqa: E402
+
+CASES = {
+    "small": {"ranks": 16, "steps": 5000, "frames": 0},  # 16 x 20,001 entries
+    "large": {"ranks": 1024, "steps": 500, "frames": 0},  # 1,024 x 2,001 entries
+    "large_frames": {"ranks": 1024, "steps": 500, "frames": 48},  # ~1 GB
+}
+_CHILD = r"""
+import sys, time, warnings
+warnings.simplefilter("ignore")
+from pacectl.traces.flight_recorder import import_flight_recorder
+def hwm_kb():  # the process's own peak RSS (VmHWM restarts at exec; ru_maxrss may count the parent's)
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
+if sys.argv[1] == "-":
+    print("RESULT", 0.0, hwm_kb(), 0)
+    sys.exit(0)
+t0 = time.perf_counter()
+trace, report = import_flight_recorder(sys.argv[1], max_bytes=1 << 32)
+dt = time.perf_counter() - t0
+print("RESULT", dt, hwm_kb(), len(trace.steps))
+"""
+
+
+def _write_set(folder: Path, ranks: int, steps: int, frames: int) -> tuple[int, int]:
+    """Write the synthetic set in chunks of ranks (bounded memory here too); ``(bytes, entries)``."""
+    from pacectl.testing.synth_traces import SynthJob, flight_recorder_dumps, simulate, write_flight_recorder
+
+    job = SynthJob(dp=ranks, steps=steps, buckets=4, straggler_s={3: 0.01}, noise_s=1e-4, seed=0)
+    truth = simulate(job)
+    entries = 0
+    for lo in range(0, ranks, 64):
+        dumps = flight_recorder_dumps(job, truth=truth, frames=frames, ranks=range(lo, min(lo + 64, ranks)))
+        entries += sum(len(d["entries"]) for d in dumps.values())
+        write_flight_recorder(dumps, folder)
+        del dumps
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    return size, entries
+
+
+def _child(path: str) -> tuple[float, float, int]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, path], capture_output=True, text=True, env=env, check=True
+    )
+    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT"))
+    _, dt, rss_kb, steps = line.split()
+    return float(dt), float(rss_kb) / 1024.0, int(steps)
+
+
+def bench(case: str) -> dict[str, Any]:
+    c = CASES[case]
+    with tempfile.TemporaryDirectory(prefix="pacectl-frbench-") as tmp:
+        t0 = time.perf_counter()
+        size, entries = _write_set(Path(tmp), c["ranks"], c["steps"], c["frames"])
+        written_s = time.perf_counter() - t0
+        load_before = os.getloadavg()
+        _, base_mb, _ = _child("-")
+        dt, rss_mb, steps = _child(tmp)
+        load_after = os.getloadavg()
+    mb = size / 2**20
+    return {
+        "case": case,
+        "ranks": c["ranks"],
+        "entries_per_rank": entries // c["ranks"],
+        "frames_per_entry": c["frames"],
+        "bytes": size,
+        "mb": round(mb, 1),
+        "steps_found": steps,
+        "write_s": round(written_s, 1),
+        "import_s": round(dt, 2),
+        "s_per_mb": round(dt / mb, 4),
+        "peak_rss_mb": round(rss_mb, 1),
+        "baseline_rss_mb": round(base_mb, 1),
+        "peak_rss_mb_per_mb": round((rss_mb - base_mb) / mb, 3),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in load_after],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", default="small,large,large_frames", help=f"comma list of {list(CASES)}")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "flight_recorder.json"
+    )
+    args = parser.parse_args()
+    rows = []
+    for case in args.cases.split(","):
+        row = bench(case)
+        print(row, flush=True)
+        rows.append(row)
+    write_record(
+        args.out,
+        rows,
+        note=(
+            "synthetic Flight Recorder pickles (pacectl/testing/synth_traces.py), imported by "
+            "import_flight_recorder in a fresh subprocess; peak RSS = VmHWM of that child; the machine "
+            "(2 cores) was shared with other jobs while measured (loadavg per row)"
+        ),
+        cpu_count=os.cpu_count(),
+        rss_unit="MiB (VmHWM of /proc/self/status)",
+    )
+
+
+if __name__ == "__main__":
+    main()
