@@ -13,7 +13,10 @@ real pickles share their frame dicts through the pickle memo, as these do).
 
 Reported per set: bytes on disk, entries, import wall time, peak RSS, and both per MB of dump
 (``s_per_mb``, ``peak_rss_mb_per_mb``) beside the baseline RSS of a child that only imports the
-modules (``baseline_rss_mb``). The machine is shared with other engineers' jobs: wall times carry
+modules (``baseline_rss_mb``); and the same for the input side alone (``read_only_*``: every dump
+read, one file at a time, into compact columns and matched into one collective table), since the
+full import's peak also holds the canonical op table it builds (``canonical_ops`` rows: steps x
+ranks x 10 ops), which grows with steps x ranks, not with the dumps' bytes. The machine is shared with other engineers' jobs: wall times carry
 their load (``loadavg`` is recorded before and after each import).
 
 Usage: ``python experiments/bench/bench_flight_recorder.py [--cases small,large,large_frames]
@@ -49,6 +52,11 @@ if sys.argv[1] == "-":
     print("RESULT", 0.0, hwm_kb(), 0)
     sys.exit(0)
 t0 = time.perf_counter()
+if len(sys.argv) > 2:  # the input side only: every dump read and matched into one collective table
+    from pacectl.traces.flight_recorder import collective_set, read_dumps
+    coll, _ = collective_set(read_dumps(sys.argv[1], max_bytes=1 << 32), source=sys.argv[1])
+    print("RESULT", time.perf_counter() - t0, hwm_kb(), len(coll.table))
+    sys.exit(0)
 trace, report = import_flight_recorder(sys.argv[1], max_bytes=1 << 32)
 dt = time.perf_counter() - t0
 print("RESULT", dt, hwm_kb(), len(trace.steps))
@@ -89,6 +97,7 @@ def bench(case: str) -> dict[str, Any]:
         written_s = time.perf_counter() - t0
         load_before = os.getloadavg()
         _, base_mb, _ = _child("-")
+        read_s, read_mb, _ = _child(tmp, "read")
         dt, rss_mb, steps = _child(tmp)
         load_after = os.getloadavg()
     mb = size / 2**20
@@ -106,6 +115,10 @@ def bench(case: str) -> dict[str, Any]:
         "peak_rss_mb": round(rss_mb, 1),
         "baseline_rss_mb": round(base_mb, 1),
         "peak_rss_mb_per_mb": round((rss_mb - base_mb) / mb, 3),
+        "read_only_s": round(read_s, 2),
+        "read_only_peak_rss_mb": round(read_mb, 1),
+        "read_only_peak_rss_mb_per_mb": round((read_mb - base_mb) / mb, 3),
+        "canonical_ops": steps * c["ranks"] * (2 + 2 * 4),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],
     }
