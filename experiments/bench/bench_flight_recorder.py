@@ -79,10 +79,10 @@ def _write_set(folder: Path, ranks: int, steps: int, frames: int) -> tuple[int, 
     return size, entries
 
 
-def _child(path: str) -> tuple[float, float, int]:
+def _child(path: str, *extra: str) -> tuple[float, float, int]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, path], capture_output=True, text=True, env=env, check=True
+        [sys.executable, "-c", _CHILD, path, *extra], capture_output=True, text=True, env=env, check=True
     )
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT"))
     _, dt, rss_kb, steps = line.split()
