@@ -47,7 +47,10 @@ class Experiment(Protocol):
     what-if replays); absent or 0: none. ``job_shift_note``: why a job-level shift (the ``phase``
     controller) cannot change any duration here, e.g. no other traffic on the job's links; absent
     or None: it can. ``sleep_wait_note``: what waiting asleep (``sleep_wait``) changes here, in
-    words. :func:`controller_notes` turns both into the run's lines.
+    words. :func:`controller_notes` turns both into the run's lines. ``power``: the GPU power
+    profile the runs' modelled energy comes from (:mod:`pacectl.energy`; absent: no modelled
+    energy); ``actuators`` and ``set_actuator(name)``: the pacing actuators each controller runs
+    with (``backend.actuator``).
     """
 
     backend_name: str
@@ -72,11 +75,39 @@ class Experiment(Protocol):
         ...
 
 
+def actuators_of(value: object) -> tuple[str, ...]:
+    """``backend.actuator``: ``delay``, ``clock`` or ``both`` (every controller with each, delay first).
+
+    Raises:
+        ConfigError: any other value.
+    """
+    from pacectl.fabric.power import ACTUATORS
+
+    if value == "both":
+        return ACTUATORS
+    if value not in ACTUATORS:
+        raise ConfigError(
+            f"backend.actuator must be one of {[*ACTUATORS, 'both']}, got {value!r}; e.g. backend.actuator=clock "
+            "(run the early rank's compute slower instead of sleeping) or backend.actuator=both (side by side)"
+        )
+    return (str(value),)
+
+
 class _ClosedLoop:
-    """What replay and simulation share: one seeded closed-loop episode per run on ``self.backend``."""
+    """What replay and simulation share: one seeded closed-loop episode per run on ``self.backend``.
+
+    ``power`` is the GPU power profile (``cluster.power``) the energy of every run is computed with;
+    ``actuators`` the pacing actuators each controller runs with (``backend.actuator``).
+    """
 
     backend: Any
     cfg: DictConfig
+    power: Any
+    actuators: tuple[str, ...] = ("delay",)
+
+    def set_actuator(self, actuator: str) -> None:
+        """Apply the next runs' pacing delays with ``actuator`` (``delay`` or ``clock``)."""
+        self.backend.actuator = actuator
 
     @property
     def iterations_per_run(self) -> int:
@@ -113,10 +144,15 @@ class ReplayExperiment(_ClosedLoop):
 
     def __init__(self, cfg: DictConfig) -> None:
         from pacectl.backends.replay import ReplayBackend
+        from pacectl.config import as_dict
+        from pacectl.fabric.profile import power_from
 
         self.cfg = cfg
         from pacectl.fabric.profile import comm_name
 
+        cluster = as_dict(cfg.cluster)
+        self.power = power_from(cluster)
+        self.actuators = actuators_of(cfg.backend.get("actuator", "delay"))
         self.trace = load_trace(cfg.trace)
         fitted = comm_name(cfg.get("comm")) == "fitted"
         if fitted:
@@ -126,7 +162,20 @@ class ReplayExperiment(_ClosedLoop):
         comm = None if fitted else make_comm_model(cfg, self.trace.meta.world_size)
         _warn_if_inert(cfg, comm, interference_kappa=None)
         _warn_if_other_trace(cfg)
-        self.backend = ReplayBackend(self.trace, paced_optype=str(cfg.backend.paced_optype), comm_model=comm)
+        if (cluster.get("power_cap") or {}).get("node_w") is not None:
+            warnings.warn(
+                "cluster.power_cap is modelled by backend=sim only (the replay keeps the recorded compute "
+                "times, whose clocks a node cap already set): it is ignored here",
+                UserWarning,
+                stacklevel=2,
+            )
+        self.backend = ReplayBackend(
+            self.trace,
+            paced_optype=str(cfg.backend.paced_optype),
+            comm_model=comm,
+            actuator=self.actuators[0],
+            power=self.power,
+        )
         self.comm_fit: dict[str, Any] | None = None
         if fitted:  # comm=fitted: the model is fitted from this backend's recording, then put in force
             from pacectl.fabric.fitted import FittedComm
@@ -292,11 +341,13 @@ class SimExperiment(_ClosedLoop):
     def __init__(self, cfg: DictConfig) -> None:
         from pacectl.backends.sim import SimBackend
         from pacectl.config import as_dict
-        from pacectl.fabric.profile import compute_from, sim_fabric
+        from pacectl.fabric.profile import compute_from, power_cap_from, power_from, sim_fabric
 
         self.cfg = cfg
         cluster = as_dict(cfg.cluster)
         self.cluster_name = str(cluster.get("name", "?"))
+        self.power = power_from(cluster)
+        self.actuators = actuators_of(cfg.backend.get("actuator", "delay"))
         num_ranks = config_int(cfg.backend.num_ranks, "backend.num_ranks")
         comm, interference = sim_fabric(cluster, cfg.get("comm"), num_ranks)
         _warn_if_inert(
@@ -318,6 +369,9 @@ class SimExperiment(_ClosedLoop):
             comm=comm,
             interference=interference,
             record=cfg.backend.get("record", False),
+            actuator=self.actuators[0],
+            power=self.power,
+            power_cap=power_cap_from(cluster),
         )
         self.comm_model = self.backend.comm_model
         self.comm_description = self.backend.comm_description
@@ -345,6 +399,8 @@ class SimExperiment(_ClosedLoop):
                 "compute_noise": [
                     c.describe() if hasattr(c, "describe") else type(c).__name__ for c in b.compute.components
                 ],
+                "power_cap_node_w": None if b.power_cap is None else b.power_cap.node_w,
+                "mechanisms": list(b.mechanisms),
             },
         }
 
@@ -354,7 +410,10 @@ class SimExperiment(_ClosedLoop):
         """One seeded episode; every controller sees the same compute-time draws."""
         episode = self._episode(family, params, on_iteration)
         if self.backend.record:
-            self.recorded[family] = self.backend.to_trace(name=f"sim-{self.cluster_name}-{family}")
+            run = (
+                family if self.backend.actuator == self.actuators[0] else f"{family}@{self.backend.actuator}"
+            )
+            self.recorded[run] = self.backend.to_trace(name=f"sim-{self.cluster_name}-{run}")
         return episode
 
     def record_folder(self, out_dir: Path) -> Path | None:

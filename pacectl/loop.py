@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pacectl.types import Action, Backend, Controller, Episode, Observation
+from pacectl.types import Action, Backend, Controller, Episode, Observation, RankCompute
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,8 @@ def run_episode(
     domain_time = np.zeros((n_iter, num_domains))
     collective_time = np.zeros((n_iter, num_domains))
     asleep = np.zeros((n_iter, num_domains), dtype=np.bool_)
+    # what each rank's GPU did (energy accounting), when the backend reports it
+    compute_rec: dict[str, np.ndarray] = {}
     # Row k holds the controller state that decided iteration k's delays (taken after act() on
     # the observation whose decision paces k: k-1 with lag 1), so pacing_active lines up with
     # applied_delay_s. Iteration 0 is never paced.
@@ -165,6 +167,8 @@ def run_episode(
                 collective_time[k, d] = obs.collective_time_s
                 domain_time[k, d] = obs.iteration_time_s
                 asleep[k, d] = actions[d].wait == "sleep"
+                if obs.compute is not None:
+                    _record_compute(compute_rec, obs.compute, k, idx, (n_iter, num_ranks))
                 diag_rows[k][d] = deciding[d]
             ctrl = controllers[d]
             decided = ctrl.act(obs)
@@ -213,8 +217,30 @@ def run_episode(
         guard_interventions=int(sum(np.nansum(c) for c in final.values())),
         wait_asleep=asleep,
         domain_iteration_time_s=domain_time if independent else None,
+        actuator=str(getattr(backend, "actuator", "delay")),
+        **compute_rec,
         **rec,
     )
+
+
+def _record_compute(
+    out: dict[str, np.ndarray], compute: RankCompute, k: int, idx: slice | np.ndarray, shape: tuple[int, int]
+) -> None:
+    """Copy one observation's :class:`RankCompute` into the episode's columns (created on first use)."""
+    for key in (
+        "compute_s",
+        "pre_arrival_compute_s",
+        "clock_frac",
+        "sleep_s",
+        "slow_compute_s",
+        "compute_energy_j",
+    ):
+        value = getattr(compute, key)
+        if value is None:
+            continue
+        if key not in out:
+            out[key] = np.ones(shape) if key == "clock_frac" else np.zeros(shape)
+        out[key][k, idx] = value
 
 
 def _columns(ranks: tuple[int, ...]) -> slice | np.ndarray:

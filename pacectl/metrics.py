@@ -408,13 +408,35 @@ def paired_change_ci95_frac(
     Returns:
         The half-width (>= 0), or NaN when the runs differ in length or there are fewer than 2 blocks.
     """
+    return paired_ci95_frac(baseline.iteration_time_s, other.iteration_time_s, block=block, offset=offset)
+
+
+def paired_ci95_frac(
+    baseline: NDArray[np.float64], other: NDArray[np.float64], *, block: int | None = None, offset: int = 0
+) -> float:
+    """The batch-means interval of :func:`paired_change_ci95_frac` for any per-iteration quantity
+    (iteration time, energy per iteration): half-width of the 95 % interval of the mean of
+    ``other - baseline``, over the baseline's mean.
+
+    Args:
+        baseline, other: ``float64[num_iterations]`` each.
+        block, offset: as :func:`paired_change_ci95_frac`.
+
+    Returns:
+        The half-width (>= 0), or NaN when the lengths differ, there are fewer than 2 blocks or the
+        baseline's mean is 0.
+    """
     from scipy import stats
 
-    n = baseline.num_iterations
-    if n != other.num_iterations or n < 2:
+    base = np.asarray(baseline, dtype=np.float64)
+    oth = np.asarray(other, dtype=np.float64)
+    n = base.shape[0]
+    if n != oth.shape[0] or n < 2:
         return math.nan
-    d = other.iteration_time_s - baseline.iteration_time_s
-    scale = float(baseline.iteration_time_s.mean())
+    d = oth - base
+    scale = float(base.mean())
+    if scale == 0.0:
+        return math.nan
     ids = _batch_ids(n, block, offset)
     means = np.bincount(ids, weights=d) / np.bincount(ids)
     m = means.size

@@ -317,6 +317,101 @@ def plot_spread(
     return fig
 
 
+def plot_energy(
+    path: str | os.PathLike[str],
+    summaries: Mapping[str, Mapping[str, Any]],
+    baseline: str = "none",
+    *,
+    bound_j: float | None = None,
+) -> Any:
+    """Plot each run's energy per iteration by state (left) and its energy change against its
+    throughput change (right), PNG, atomically. The title names the power profile.
+
+    Args:
+        path: destination PNG.
+        summaries: run name -> summary with the energy fields of :func:`pacectl.energy.summarize_energy`.
+        baseline: the run the changes are measured against.
+        bound_j: the oracle bound (joules over the run), drawn as the energy no pacing would need
+            with it removed.
+
+    Returns:
+        The matplotlib ``Figure`` (already saved).
+    """
+    from matplotlib.figure import Figure
+
+    from pacectl.energy import STATE_LABELS
+
+    runs = [r for r, s in summaries.items() if "energy_by_state_j" in s]
+    fig = Figure(figsize=(11.0, 0.45 * len(runs) + 2.6), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=(3, 2))
+    y = np.arange(len(runs))
+    offset = np.zeros(len(runs))
+    for state, label in STATE_LABELS.items():
+        per_it = np.array(
+            [
+                summaries[r]["energy_by_state_j"][state] / max(int(summaries[r].get("num_iterations", 1)), 1)
+                for r in runs
+            ]
+        )
+        if not per_it.any():
+            continue
+        left.barh(y, per_it / 1e3, left=offset, label=label)
+        offset += per_it / 1e3
+    base = summaries.get(baseline)
+    if base is not None and bound_j is not None and "energy_total_j" in base:
+        n = max(int(base.get("num_iterations", 1)), 1)
+        left.axvline(
+            (base["energy_total_j"] - bound_j) / n / 1e3,
+            color="black",
+            ls="--",
+            lw=1.0,
+            label="no pacing minus the oracle bound",
+        )
+    left.set_yticks(y, runs)
+    left.invert_yaxis()
+    left.set_xlabel("energy per iteration, all ranks (kJ)")
+    left.legend(
+        loc="upper left", bbox_to_anchor=(0.0, -0.08 - 0.6 / max(len(runs), 1)), ncol=3, fontsize="x-small"
+    )
+    left.grid(alpha=0.3, axis="x")
+    if base is not None and base.get("energy_total_j"):
+        for r in runs:
+            if r == baseline:
+                continue
+            s = summaries[r]
+            de = 100.0 * (s["energy_total_j"] / base["energy_total_j"] - 1.0)
+            dt = 100.0 * (s["throughput_it_per_s"] / base["throughput_it_per_s"] - 1.0)
+            xerr = 100.0 * float(s.get("throughput_change_ci95_frac") or 0.0)
+            yerr = 100.0 * float(s.get("energy_change_ci95_frac") or 0.0)
+            right.errorbar(
+                dt,
+                de,
+                xerr=xerr if math.isfinite(xerr) else 0,
+                yerr=yerr if math.isfinite(yerr) else 0,
+                fmt="o",
+                capsize=3,
+                label=r,
+            )
+        right.axhline(0.0, color="black", lw=0.8)
+        right.axvline(0.0, color="black", lw=0.8)
+        if bound_j is not None:
+            right.axhline(
+                -100.0 * bound_j / base["energy_total_j"],
+                color="black",
+                ls="--",
+                lw=1.0,
+                label="oracle bound",
+            )
+        right.set_xlabel(f"Δthroughput vs {baseline} (%)")
+        right.set_ylabel(f"Δenergy vs {baseline} (%)")
+        right.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="x-small")
+        right.grid(alpha=0.3)
+    profile = power_note(summaries).removeprefix("energy: ") or "no energy"
+    fig.suptitle(f"Energy per run, {profile}\n{_models_note(_summary_models(summaries))}")
+    save_figure(fig, path)
+    return fig
+
+
 # --- tables and report.md -------------------------------------------------------------------------
 
 _TABLE_HEADERS = (
@@ -347,8 +442,38 @@ def format_value(value: Any, spec: str) -> str:
     return text[:-1] if text.endswith(".") else text  # "#.4g" keeps 47.00 but would print 3443.
 
 
+#: the energy columns, shown when the runs carry energy (:mod:`pacectl.energy`)
+_ENERGY_HEADERS = ("E/iter (kJ)", "ΔE (%)", "of bound (%)")
+
+
+def _has_energy(summaries: Mapping[str, Mapping[str, Any]]) -> bool:
+    return any("energy_per_iteration_j" in s for s in summaries.values())
+
+
+def _headers(summaries: Mapping[str, Mapping[str, Any]]) -> tuple[str, ...]:
+    return _TABLE_HEADERS + (_ENERGY_HEADERS if _has_energy(summaries) else ())
+
+
+def _energy_cells(run: str, s: Mapping[str, Any], base: Mapping[str, Any] | None, baseline: str) -> list[str]:
+    """E/iter, its change against no pacing (± the paired interval) and the share of the oracle bound."""
+    per_it = s.get("energy_per_iteration_j")
+    if run == baseline:
+        delta, bound = "baseline", ""
+    elif base is None or not base.get("energy_total_j") or s.get("energy_total_j") is None:
+        delta, bound = "n/a", "n/a"
+    else:
+        delta = format_value(100.0 * (s["energy_total_j"] / base["energy_total_j"] - 1.0), "+.2f")
+        ci = s.get("energy_change_ci95_frac")
+        if ci is not None and math.isfinite(ci):
+            delta += f" ±{100.0 * ci:.2f}"
+        reached = s.get("oracle_bound_reached_frac")
+        bound = format_value(None if reached is None else 100.0 * reached, ".1f")
+    return [format_value(None if per_it is None else per_it / 1e3, "#.4g"), delta, bound]
+
+
 def _table_rows(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> list[list[str]]:
     base = summaries.get(baseline)
+    energy = _has_energy(summaries)
     rows = []
     for run, s in summaries.items():
         if run == baseline:
@@ -374,9 +499,25 @@ def _table_rows(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> li
                 format_value(s.get("spread_median_s"), "#.4g"),
                 format_value(s.get("pacing_delay_total_s"), "#.4g"),
                 format_value(None if active is None else 100.0 * active, ".1f"),
+                *(_energy_cells(run, s, base, baseline) if energy else []),
             ]
         )
     return rows
+
+
+def power_note(summaries: Mapping[str, Mapping[str, Any]]) -> str:
+    """The line naming the power profile(s) the runs' energy comes from ("" without energy)."""
+    profiles = list(
+        dict.fromkeys(str(s["power_profile"]) for s in summaries.values() if "power_profile" in s)
+    )
+    if not profiles:
+        return ""
+    sources = list(
+        dict.fromkeys(
+            str(s.get("energy_source", "model")) for s in summaries.values() if "power_profile" in s
+        )
+    )
+    return f"energy: power profile {', '.join(profiles)} ({', '.join(sources)})"
 
 
 def format_console_table(summaries: Mapping[str, Mapping[str, Any]], baseline: str = "none") -> str:
@@ -397,20 +538,23 @@ def format_console_table(summaries: Mapping[str, Mapping[str, Any]], baseline: s
         ...
     """
     rows = _table_rows(summaries, baseline)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(_TABLE_HEADERS)]
+    headers = _headers(summaries)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
 
     def line(cells: list[str] | tuple[str, ...]) -> str:
         first = cells[0].ljust(widths[0])
         return "  ".join([first, *(c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))]).rstrip()
 
     note = _models_note(_summary_models(summaries))
+    power = power_note(summaries)
     rule = "  ".join("-" * w for w in widths)
-    return "\n".join([note, line(_TABLE_HEADERS), rule, *(line(r) for r in rows)])
+    return "\n".join([note, *([power] if power else []), line(headers), rule, *(line(r) for r in rows)])
 
 
 def _markdown_table(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> str:
-    head = "| " + " | ".join(_TABLE_HEADERS) + " |"
-    align = "| --- |" + " ---: |" * (len(_TABLE_HEADERS) - 1)
+    headers = _headers(summaries)
+    head = "| " + " | ".join(headers) + " |"
+    align = "| --- |" + " ---: |" * (len(headers) - 1)
     body = [
         "| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in _table_rows(summaries, baseline)
     ]
@@ -418,7 +562,9 @@ def _markdown_table(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -
 
 
 #: the plots a run writes beside its report (pacectl.run), linked from report.md when present
-PLOT_FILES = {"iteration_time": "iteration_time.png", "spread": "spread.png"}
+PLOT_FILES = {"iteration_time": "iteration_time.png", "spread": "spread.png", "energy": "energy.png"}
+
+ENERGY_NOTE = """Energy columns: E/iter = energy per iteration summed over ranks (kJ), from the power profile named above (the time of every state times its power: compute at its clock, collective transfer, spinning or sleeping wait, pacing sleep, the rest of the iteration); ΔE = the change of total energy against no pacing, ± the same paired batch-means interval as Δthroughput; of bound = the energy saved as a share of the oracle bound (every rank's compute before the paced collective as slow as its slack without pacing allows, the rest slept, at no throughput cost; Perseus's extrinsic bloat at the paced collective). A timing-dependent mechanism (the node power cap) can exceed it."""
 
 
 def write_report_md(
@@ -442,7 +588,12 @@ def write_report_md(
     parts = [f"# {title}", "", f"_{note}_", ""]
     if context:
         parts += [f"- **{k}**: {jsonable(v)}" for k, v in context.items()] + [""]
+    power = power_note(summaries)
+    if power:
+        parts += [f"_{power}_", ""]
     parts += [_markdown_table(summaries, baseline), "", COLUMNS_NOTE, ""]
+    if power:
+        parts += [ENERGY_NOTE, ""]
     plots = [name for name in PLOT_FILES.values() if (Path(path).parent / name).exists()]
     if plots:
         parts += [f"![{name.removesuffix('.png')}]({name})" for name in plots] + [""]

@@ -38,7 +38,7 @@ from omegaconf.errors import MissingMandatoryValue
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from pacectl import cli, files, metrics, report, whatif
+from pacectl import cli, energy, files, metrics, report, whatif
 from pacectl.config import CONF_DIR, config_int, controller_families, load_trace, validate_run_config
 from pacectl.errors import ConfigError, PacectlError, one_line_warning, one_line_warnings
 from pacectl.experiment import controller_notes, make_experiment
@@ -86,6 +86,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         if not per_run:  # live: one job runs them all
             log.info(f"running {len(families)} run(s) ({', '.join(families)}) interleaved in one job")
         summary: dict[str, Any] = _describe(experiment)
+        runs = run_names(families, tuple(getattr(experiment, "actuators", ("delay",))))
         episodes = {}
         # a bar on a terminal only (tqdm's disable=None), over the iterations of every run (no pacing,
         # each controller) where the backend reports them, else one step per run
@@ -93,7 +94,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         with (
             logging_redirect_tqdm(),
             tqdm(
-                total=len(families) * (per_run or 1),
+                total=len(runs) * (per_run or 1),
                 unit="iter" if per_run else "run",
                 desc="iterations (all runs)" if per_run else "runs",
                 file=sys.stderr,
@@ -101,17 +102,20 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                 leave=False,
             ) as bar,
         ):
-            for family, params in families.items():
-                bar.set_postfix_str(family)
-                episodes[family] = experiment.run(
-                    family, params, on_iteration=bar.update if per_run else None
+            for name, (family, actuator) in runs.items():
+                bar.set_postfix_str(name)
+                set_actuator = getattr(experiment, "set_actuator", None)
+                if set_actuator is not None and len(runs) > len(families):  # backend.actuator=both
+                    set_actuator(actuator)
+                episodes[name] = experiment.run(
+                    family, families[family], on_iteration=bar.update if per_run else None
                 )
                 if not per_run:
                     bar.update()
                 if len(episodes) == 1:  # every run has the first one's size: check before the rest
-                    rows = episodes[family].arrival_s.size * len(families)
+                    rows = episodes[name].arrival_s.size * len(runs)
                     _check_memory(rows, bool(cfg.output.get("iterations", True)))
-                    _warn_if_degenerate(episodes[family])
+                    _warn_if_degenerate(episodes[name])
     # what the run warned about stays with its results (dropped ranks or steps, guard interventions)
     summary["warnings"] = list(
         dict.fromkeys([*notes, *(f"{w.category.__name__}: {w.message}" for w in caught)])
@@ -126,6 +130,18 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             summaries[name]["throughput_change_ci95_frac"] = metrics.paired_change_ci95_frac(
                 episodes[BASELINE], ep, block=block, offset=offset
             )
+    power = getattr(experiment, "power", None)
+    energy_top: dict[str, Any] = {}
+    energy_vs: dict[str, dict[str, float]] = {}
+    if power is not None:  # modelled energy (replay, sim): every run, the bound, the spin-power range
+        per_run_energy, energy_vs, energy_top = energy.energy_summary(
+            episodes, power, baseline=BASELINE, block=block, offset=offset
+        )
+        for name, fields in per_run_energy.items():
+            summaries[name].update(fields)
+            for key in ("energy_change_ci95_frac", "oracle_bound_reached_frac"):  # for the tables
+                if name in energy_vs:
+                    summaries[name][key] = energy_vs[name][key]
     n_iter = episodes[BASELINE].num_iterations
     line = interval_warning(
         n_iter, metrics.num_batches(n_iter, block=block, offset=offset), block, len(episodes)
@@ -160,10 +176,13 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                 name: {
                     **metrics.compare(summaries[BASELINE], s),
                     "throughput_change_ci95_frac": s["throughput_change_ci95_frac"],
+                    **energy_vs.get(name, {}),
                 }
                 for name, s in summaries.items()
                 if name != BASELINE
             },
+            **energy_top,
+            "actuators": list(getattr(experiment, "actuators", ("delay",))),
             "controller_params": dict(families),
             "controller_file": cfg.get("controller_file"),
             "cluster": cfg.cluster.get("name"),
@@ -196,6 +215,13 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             unit = "arbitrary s" if "time_unit_note" in summary else "s"  # a normalised trace: no real time
             report.plot_iteration_time(stage / report.PLOT_FILES["iteration_time"], episodes, time_unit=unit)
             report.plot_spread(stage / report.PLOT_FILES["spread"], episodes, time_unit=unit)
+            if "energy_bound" in summary:
+                report.plot_energy(
+                    stage / report.PLOT_FILES["energy"],
+                    summaries,
+                    BASELINE,
+                    bound_j=summary["energy_bound"]["oracle_saving_j"],
+                )
         if cfg.output.report:
             report.write_report_md(
                 stage / "report.md",
@@ -208,6 +234,20 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             write_extra(stage)
         report.write_summary_json(stage / "summary.json", summary)
     return summary
+
+
+def run_names(families: Mapping[str, Any], actuators: tuple[str, ...]) -> dict[str, tuple[str, str]]:
+    """The runs of an experiment: run name -> (controller family, actuator).
+
+    No pacing runs once (no delay, so no actuator matters); every other family once per actuator,
+    named ``<family>`` with the first and ``<family>@<actuator>`` with the others
+    (``backend.actuator=both``: ``pid`` and ``pid@clock``).
+    """
+    out: dict[str, tuple[str, str]] = {}
+    for family in families:
+        for i, actuator in enumerate(actuators[:1] if family == BASELINE else actuators):
+            out[family if i == 0 else f"{family}@{actuator}"] = (family, actuator)
+    return out
 
 
 def interval_warning(n_iter: int, batches: int, block: int | None, num_runs: int) -> str:
@@ -425,9 +465,25 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
             f"blocking slowdown S = {wi['blocking_slowdown']:.3f}, M_W = {report.format_value(wi['m_w'], '.3f')}, "
             f"M_S = {report.format_value(wi['m_s'], '.3f')}"
         )
+    if "energy_bound" in summary:
+        context["energy"] = energy_line(summary)
     if "note" in summary:
         context["note"] = summary["note"]
     return context
+
+
+def energy_line(summary: dict[str, Any]) -> str:
+    """The energy context in words: the power profile, the oracle bound and the assumed spin power."""
+    power, bound = summary.get("power") or {}, summary["energy_bound"]
+    return (
+        f"power profile {power.get('name')} ({power.get('gpu')}: compute {power.get('compute_w_at_max_clock'):g} W "
+        f"at {power.get('max_clock_mhz'):g} MHz, spinning wait {power.get('spin_w'):g} W, sleep "
+        f"{power.get('sleep_w'):g} W, idle {power.get('idle_w'):g} W; assumed values and every source in "
+        f"summary.json power.sources); oracle bound {bound['oracle_saving_j'] / 1e3:.4g} kJ = "
+        f"{100 * bound['oracle_saving_frac']:.2f} % of no pacing's energy; actuator(s) "
+        f"{', '.join(summary.get('actuators', ['delay']))}; energy_vs_spin_w in summary.json reports every "
+        "run's change at other spinning powers"
+    )
 
 
 def _describe(experiment: Any) -> dict[str, Any]:
@@ -534,6 +590,8 @@ def log_summary(summary: dict[str, Any], out_dir: Path) -> None:
             f"stragglers' cost (what-if, Lin et al. OSDI'25, null model): blocking slowdown S = {wi['blocking_slowdown']:.3f}, "
             f"ideal mean iteration {wi['ideal_iteration_time_mean_s']:.4g} s"
         )
+    if "energy_bound" in summary:
+        log.info(f"energy: {energy_line(summary)}")
     if summary.get("comm_model_timing_dependent"):
         log.info(f"comm model in force: {summary['comm_model_description']}")
     if exchange_line(summary):

@@ -23,6 +23,34 @@ BoolArray = NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
+class RankCompute:
+    """What each rank's GPU did in one iteration besides waiting, for energy accounting.
+
+    All arrays are ``float64[num_ranks]`` (ranks of one domain, in domain order).
+
+    Attributes:
+        compute_s: time computing, as run (at the clock it ran at), seconds.
+        pre_arrival_compute_s: of which before the arrival at the paced collective, seconds (the
+            oracle bound slows it, :func:`pacectl.energy.oracle_saving`).
+        clock_frac: SM clock of ``slow_compute_s`` as a fraction of the highest (1 = full speed; the
+            rest of the compute runs at 1).
+        sleep_s: the part of the pacing delay slept (the delay minus what running slower absorbed),
+            seconds.
+        slow_compute_s: the compute that ran at ``clock_frac`` (the clock actuator's), as run,
+            seconds; None: none (all at the highest clock).
+        compute_energy_j: energy of the compute when the backend integrated it itself (a clock that
+            varied within the iteration: the node power cap), joules; None: from the power profile.
+    """
+
+    compute_s: FloatArray
+    pre_arrival_compute_s: FloatArray
+    clock_frac: FloatArray
+    sleep_s: FloatArray
+    slow_compute_s: FloatArray | None = None
+    compute_energy_j: FloatArray | None = None
+
+
+@dataclass(frozen=True)
 class Observation:
     """What a controller sees for one iteration of one pacing domain.
 
@@ -38,6 +66,10 @@ class Observation:
         wait_s: time blocked inside the paced collective waiting for the last rank (>= 0).
         iteration_time_s: wall time of the whole iteration (all domains), seconds.
         collective_time_s: transfer time of the paced collective after the last rank arrived, seconds.
+        compute: what each rank's GPU did in the iteration (compute time and clock, the part of the
+            delay slept), for energy accounting (:mod:`pacectl.energy`); None where the backend does
+            not know (then everything before the natural arrival counts as compute at the highest
+            clock, and the whole delay as sleep). Controllers do not read it.
     """
 
     iteration: int
@@ -48,6 +80,7 @@ class Observation:
     wait_s: FloatArray
     iteration_time_s: float
     collective_time_s: float
+    compute: RankCompute | None = None
 
     @property
     def num_ranks(self) -> int:
@@ -223,6 +256,13 @@ class Episode:
             whose domains share every iteration's time (``iteration_time_s``). With it,
             ``iteration_time_s`` is the row's mean over domains, and the metrics report each domain
             as a job (:func:`pacectl.metrics.summarize`).
+        compute_s, pre_arrival_compute_s, clock_frac, sleep_s, slow_compute_s, compute_energy_j:
+            ``float64[num_iterations, num_ranks]`` each, the :class:`RankCompute` of every
+            observation, or None where the backend reported none (:mod:`pacectl.energy` then
+            assumes the defaults that class describes).
+        actuator: how the pacing delays were applied: ``"delay"`` (sleep, then run at full speed)
+            or ``"clock"`` (run the pre-arrival compute slower, sleep what the clock range cannot
+            absorb).
     """
 
     backend: str
@@ -244,6 +284,13 @@ class Episode:
     comm_timing_dependent: bool | None = None
     wait_asleep: BoolArray | None = None
     domain_iteration_time_s: FloatArray | None = None
+    compute_s: FloatArray | None = None
+    pre_arrival_compute_s: FloatArray | None = None
+    clock_frac: FloatArray | None = None
+    sleep_s: FloatArray | None = None
+    slow_compute_s: FloatArray | None = None
+    compute_energy_j: FloatArray | None = None
+    actuator: str = "delay"
 
     @property
     def num_iterations(self) -> int:

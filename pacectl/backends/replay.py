@@ -20,10 +20,13 @@ import numpy as np
 from pacectl.backends.dag import Level, StepDag, compile_dag, estimate_intrinsic, evaluate
 from pacectl.errors import BackendError, ConfigError
 from pacectl.fabric.base import CommModel, NullComm
-from pacectl.traces.model import OpTrace
-from pacectl.types import Action, Domain, FloatArray, IntArray, Observation
+from pacectl.fabric.power import PowerProfile, check_actuator, power_profile
+from pacectl.traces.model import COMPUTE_OPTYPES, OpTrace
+from pacectl.types import Action, Domain, FloatArray, IntArray, Observation, RankCompute
 
 DEFAULT_PACED_OPTYPE = "grads-reduce-scatter"
+#: Op types that run on the GPU's compute stream (their time is compute in the energy account).
+GPU_COMPUTE_OPTYPES = (*COMPUTE_OPTYPES, "optimizer")
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,20 @@ class ReplayBackend:
         paced_optype: op type of the paced collective; the delay goes before its first instance
             (``seq_id`` 0) in each step. Must be a DP-synchronised collective present on every stage.
         comm_model: communication model (default :class:`~pacectl.fabric.base.NullComm`).
+        actuator: ``"delay"`` (sleep before the paced collective, then run at full speed: today's) or
+            ``"clock"``: run each pipeline's GPU compute before its paced collectives (every compute op
+            of the DP rank's stages upstream of them) slower, one clock per DP rank for all its stages
+            (a pipeline's stages feed each other: clocking them apart would compound through its p2p
+            transfers). The clock is the lowest the GPU type allows at which no stage's arrival moves
+            by more than its delay: ``1 / (1 + min_s d_s / A_s)`` of the highest, with ``A_s`` the
+            stage's natural arrival (the compute on its path is at most that, and compute-bound time
+            scales with ``f_max / f``), snapped up to an allowed clock; each stage then sleeps what is
+            left of its delay. One stage (the simulator's case) absorbs the whole delay in its compute.
+        power: the power profile whose clocks the clock actuator may set (default
+            :data:`~pacectl.fabric.power.DEFAULT_POWER`).
 
     Raises:
-        ConfigError: ``paced_optype`` is not a DP collective of this trace.
+        ConfigError: ``paced_optype`` is not a DP collective of this trace, or an unknown actuator.
         TraceError: the trace does not fit the dependency model (see :func:`compile_dag`).
 
     Example:
@@ -78,7 +92,11 @@ class ReplayBackend:
         *,
         paced_optype: str = DEFAULT_PACED_OPTYPE,
         comm_model: CommModel | None = None,
+        actuator: str = "delay",
+        power: PowerProfile | None = None,
     ) -> None:
+        self.actuator = check_actuator(actuator)
+        self.power = power if power is not None else power_profile(None)
         self.trace = trace
         self.dag: StepDag = compile_dag(trace)
         self._comm = comm_model or NullComm()
@@ -105,6 +123,7 @@ class ReplayBackend:
         self._group_members = [np.flatnonzero(self.dag.group == self.dag.group[p]) for p in self._paced]
         self._paced_mask = np.zeros(n, dtype=bool)
         self._paced_mask[self._paced] = True
+        self._split_compute()
         self._k = -1
         self._clock_s = 0.0
 
@@ -122,6 +141,22 @@ class ReplayBackend:
         self._transfer = comm_model.transfer_s(transfer)
         self._base_end[:] = 0.0
         evaluate(self.dag.levels, self._base_end, self._base_start, self._launch, self._transfer)
+        self._split_compute()
+
+    def _split_compute(self) -> None:
+        """Each stage's GPU compute ops upstream of the paced collective (the clock actuator slows
+        them) and downstream of it, and their durations summed per step and DP rank."""
+        dag = self.dag
+        compute = np.isin(dag.optype.astype(str), GPU_COMPUTE_OPTYPES)
+        downstream = np.zeros(dag.num_nodes, dtype=bool)
+        for lv in self._tail:
+            downstream[lv.nodes] = True
+        pp = self.trace.meta.pp_size
+        self._upstream = [np.flatnonzero(compute & ~downstream & (dag.stage == s)) for s in range(pp)]
+        after = [np.flatnonzero(compute & downstream & (dag.stage == s)) for s in range(pp)]
+        # [steps, pp, dp]: compute seconds before / after the paced collective, at the highest clock
+        self._pre_compute_s = np.stack([self._transfer[u].sum(axis=0) for u in self._upstream], axis=1)
+        self._post_compute_s = np.stack([self._transfer[a].sum(axis=0) for a in after], axis=1)
 
     def _find_co_paced(self) -> IntArray:
         """The compute op after the paced collective's launch, per stage (``pacing_blocks_compute``).
@@ -191,17 +226,39 @@ class ReplayBackend:
         delays = self._check_actions(actions)
         end = self._base_end[:, k].copy()
         start = self._base_start[:, k].copy()
+        pre = self._pre_compute_s[k]  # [pp, dp]
+        clock = np.ones_like(delays)
+        slept = delays
+        transfer = self._transfer[:, k]
+        hook = self._transfer_hook()
+        if self.actuator == "clock" and delays.any():
+            natural = start[self._paced]  # [pp, dp], unpaced
+            with np.errstate(divide="ignore", invalid="ignore"):
+                absorb = np.where(natural > 0, delays / natural, 0.0).min(axis=0)  # [dp]
+            pipeline_clock = self.power.snap_clock_up(1.0 / (1.0 + absorb))
+            clock = np.broadcast_to(pipeline_clock, delays.shape).copy()
+            if (pipeline_clock < 1.0).any():
+                transfer = transfer.copy()
+                for nodes in self._upstream:
+                    transfer[nodes] = transfer[nodes] / pipeline_clock
+                end[:] = 0.0  # the slower compute moves what depends on it: the whole step, unpaced
+                evaluate(self.dag.levels, end, start, self._launch[:, k], transfer, None, hook)
+                shift = start[self._paced] - natural
+                slept = np.maximum(delays - shift, 0.0)
         pace = np.zeros_like(start)
-        pace[self._paced] = delays
+        pace[self._paced] = slept
         if len(self._co_paced):
-            pace[self._co_paced] = delays
+            pace[self._co_paced] = slept
         solve_step = getattr(self._comm, "solve_step", None)
         if solve_step is not None:  # a model whose durations depend on the whole step (comm=fitted)
+            if self.actuator == "clock":
+                raise ConfigError(
+                    "backend.actuator=clock is not modelled with comm=fitted (its fixed point solves the "
+                    "recorded compute times): use comm=null or comm=contention, or backend.actuator=delay"
+                )
             solve_step(self, k, end, start, pace)
         else:
-            evaluate(
-                self._tail, end, start, self._launch[:, k], self._transfer[:, k], pace, self._transfer_hook()
-            )
+            evaluate(self._tail, end, start, self._launch[:, k], transfer, pace, hook)
         self._k += 1
         iteration_time = float(end[:-1].max())
         self._clock_s += iteration_time
@@ -209,6 +266,8 @@ class ReplayBackend:
         for s, (p, members) in enumerate(zip(self._paced, self._group_members, strict=True)):
             arrival = start[p]
             last = start[members].max()
+            pre_s = pre[s] / clock[s]
+            room = np.maximum(iteration_time - end[p], 0.0)  # after the paced collective
             obs.append(
                 Observation(
                     iteration=k,
@@ -219,6 +278,13 @@ class ReplayBackend:
                     wait_s=last - arrival,
                     iteration_time_s=iteration_time,
                     collective_time_s=float(np.mean(end[p] - last)),
+                    compute=RankCompute(
+                        compute_s=pre_s + np.minimum(self._post_compute_s[k, s], room),
+                        pre_arrival_compute_s=pre_s,
+                        clock_frac=clock[s],
+                        sleep_s=slept[s],
+                        slow_compute_s=pre_s,
+                    ),
                 )
             )
         return obs

@@ -5,12 +5,17 @@ One iteration of pure data parallelism (one pacing domain: the whole world)::
     W_r      compute time of rank r, drawn up front for every iteration (pacectl.fabric.noise)
     c_r      compute finish = W_r plus early-arrival interference from co-located peers that wait
              spinning (none when the action's ranks wait asleep: Action.wait, controller=sleep_wait)
-    a_r      arrival at the all-reduce = c_r + d_r (d_r: the pacing delay, a sleep)
+    a_r      arrival at the all-reduce = c_r + d_r (d_r: the pacing delay, a sleep; with
+             backend.actuator=clock the compute runs slower instead and only the rest is slept)
     A        max_r a_r: the collective starts when the last rank arrives
     T(t)     all-reduce duration from the comm model, started at absolute time t (null: constant)
     iteration time = A + T(t_iter + A); every rank leaves together and starts the next iteration
 
 With the null comm model and no interference this is max-plus: no delay can shorten an iteration.
+With a node power cap (``cluster.power_cap``, :mod:`pacectl.fabric.powercap`), ``c_r`` instead
+follows from the clock each GPU's share of its node's power buys while its peers compute, sleep or
+spin: then a sleeping wait or a pacing delay can shorten an iteration. Switched off (the default),
+the simulator is exactly the one above.
 The run is recorded in the canonical trace format (``to_trace``), so a simulated run replays like a
 recorded one.
 """
@@ -25,8 +30,10 @@ import pandas as pd
 from pacectl.errors import BackendError, ConfigError
 from pacectl.fabric.contention import EarlyArrivalInterference, SimComm
 from pacectl.fabric.noise import ComputeModel
+from pacectl.fabric.power import PowerProfile, check_actuator, clock_for_delay, power_profile
+from pacectl.fabric.powercap import NodePowerCap
 from pacectl.traces.model import JobMeta, OpTrace, validate_ops
-from pacectl.types import Action, Domain, IntArray, Observation
+from pacectl.types import Action, Domain, IntArray, Observation, RankCompute
 
 
 class SimBackend:
@@ -41,6 +48,11 @@ class SimBackend:
         interference: early-arrival interference (``kappa = 0`` disables it).
         record: keep per-iteration records for :meth:`to_trace`; a bool (``backend.record``:
             true or false, a string such as "maybe" is a ConfigError).
+        actuator: ``"delay"`` (sleep, then compute at full speed) or ``"clock"`` (compute slower so
+            that the rank arrives when the delay says, :func:`~pacectl.fabric.power.clock_for_delay`;
+            without a power cap the timing is the delay actuator's, only the energy differs).
+        power: the GPUs' power profile (the clock actuator's clocks; the power cap's powers).
+        power_cap: a node power cap shared by the node's GPUs, or None (off: today's simulator).
 
     Example:
         >>> from pacectl.fabric.contention import FixedComm
@@ -61,6 +73,9 @@ class SimBackend:
         comm: SimComm,
         interference: EarlyArrivalInterference | None = None,
         record: bool = False,
+        actuator: str = "delay",
+        power: PowerProfile | None = None,
+        power_cap: NodePowerCap | None = None,
     ) -> None:
         for key, value in (("num_ranks", num_ranks), ("num_iterations", num_iterations)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -78,15 +93,31 @@ class SimBackend:
         self.comm = comm
         self.interference = interference or EarlyArrivalInterference(kappa=0.0)
         self.record = bool(record)
+        self.actuator = check_actuator(actuator)
+        self.power = power if power is not None else (power_cap.profile if power_cap else power_profile(None))
+        self.power_cap = power_cap
         self.domains: tuple[Domain, ...] = (Domain(name="world", ranks=tuple(range(self.num_ranks))),)
         self.rank_labels: IntArray = np.arange(self.num_ranks, dtype=np.int64)
         self.step_ids: IntArray = np.arange(self._num_iterations, dtype=np.int64)
         interfering = self.interference.active(self.num_ranks)
         self.comm_model: str = str(comm.name)
-        self.comm_timing_dependent = bool(comm.timing_dependent) or interfering
+        capped = power_cap is not None and power_cap.binding()
+        self.comm_timing_dependent = bool(comm.timing_dependent) or interfering or capped
         self.comm_description = str(comm.description)
         if interfering:
             self.comm_description += f" + early-arrival interference (kappa {self.interference.kappa:g})"
+        if power_cap is not None:
+            self.comm_description += f" + {power_cap.description}"
+        #: timing-dependent mechanisms in force, by name
+        self.mechanisms: tuple[str, ...] = tuple(
+            name
+            for name, on in (
+                ("contention", bool(comm.timing_dependent)),
+                ("early_arrival_interference", interfering),
+                ("node_power_cap", capped),
+            )
+            if on
+        )
         self._k = -1
 
     @property
@@ -100,6 +131,7 @@ class SimBackend:
         self._work = self.compute.sample(rng, self._num_iterations, self.num_ranks)
         self._clock_s = 0.0
         self._k = 0
+        self.over_cap_s = 0.0
         if self.record:
             shape = (self._num_iterations, self.num_ranks)
             self._rec_finish = np.zeros(shape)
@@ -125,13 +157,20 @@ class SimBackend:
             raise BackendError(
                 f"action must hold {self.num_ranks} finite delays >= 0, got shape {delay.shape}"
             )
-        finish = self.interference.finish_s(self._work[k], delay, spinning=actions[0].wait == "spin")
-        arrival = finish + delay
+        asleep = actions[0].wait == "sleep"
+        finish = self.interference.finish_s(self._work[k], delay, spinning=not asleep)
+        compute = self._compute(finish, delay, wait_sleeps=asleep)
+        if self.power_cap is None:
+            natural = finish  # the clock actuator arrives when the delay actuator would
+            arrival = finish + delay
+        else:
+            arrival = self._cap_arrival
+            natural = self._cap_finish if self.actuator == "delay" else arrival - delay
         last = float(arrival.max())
         comm_s = float(self.comm.time_s(self._clock_s + last))
         iteration_s = last + comm_s
         if self.record:
-            self._rec_finish[k] = finish
+            self._rec_finish[k] = natural
             self._rec_delay[k] = delay
             self._rec_start[k] = last
             self._rec_comm[k] = comm_s
@@ -143,12 +182,49 @@ class SimBackend:
                 domain=0,
                 arrival_s=arrival,
                 applied_delay_s=delay,
-                natural_arrival_s=finish,
+                natural_arrival_s=natural,
                 wait_s=last - arrival,
                 iteration_time_s=iteration_s,
                 collective_time_s=comm_s,
+                compute=compute,
             )
         ]
+
+    def _compute(
+        self, work: np.ndarray, delay: np.ndarray, *, wait_sleeps: bool = False
+    ) -> RankCompute | None:
+        """What each GPU computed (and at which clock) and slept, for the energy account; with a power
+        cap also when each rank finished and arrived (``_cap_finish``, ``_cap_arrival``)."""
+        if self.power_cap is None:
+            if self.actuator == "delay":
+                return RankCompute(
+                    compute_s=work, pre_arrival_compute_s=work, clock_frac=np.ones_like(work), sleep_s=delay
+                )
+            clock, slept = clock_for_delay(work, delay, self.power)
+            stretched = np.where(work > 0, work / clock, 0.0)
+            return RankCompute(
+                compute_s=stretched,
+                pre_arrival_compute_s=stretched,
+                clock_frac=clock,
+                sleep_s=slept,
+                slow_compute_s=stretched,
+            )
+        if self.actuator == "clock":
+            clock, _ = clock_for_delay(work, delay, self.power)
+            run = self.power_cap.run(
+                work, delay, clock_ceiling=clock, arrive_at_s=work + delay, wait_sleeps=wait_sleeps
+            )
+        else:
+            run = self.power_cap.run(work, delay, wait_sleeps=wait_sleeps)
+        self._cap_finish, self._cap_arrival = run.finish_s, run.arrival_s
+        self.over_cap_s += float(run.over_cap_s.sum())
+        return RankCompute(
+            compute_s=run.compute_s,
+            pre_arrival_compute_s=run.compute_s,
+            clock_frac=run.clock_frac,
+            sleep_s=run.sleep_s,
+            compute_energy_j=run.compute_energy_j,
+        )
 
     def to_trace(self, name: str = "sim") -> OpTrace:
         """The iterations run so far as a canonical trace (``forward-compute`` then one DP

@@ -32,6 +32,8 @@ from pacectl.fabric.contention import (
     FixedComm,
 )
 from pacectl.fabric.noise import NOISE_COMPONENTS, ComputeModel
+from pacectl.fabric.power import PowerProfile, power_profile
+from pacectl.fabric.powercap import NodePowerCap
 from pacectl.fabric.topology import FatTree
 
 COMM_NAMES = ("null", "alpha_beta", "contention", "fitted")
@@ -176,6 +178,21 @@ def _strings(example: str) -> tuple[_Check, str]:
     return check, example
 
 
+def _optional_power(example: str) -> tuple[_Check, str]:
+    """A finite power > 0 W, or None (the mechanism off)."""
+    inner, _ = _number(example, low=0.0, low_open=True)
+
+    def check(value: object, key: str) -> float | None:
+        if value is None:
+            return None
+        try:
+            return float(inner(value, key))
+        except ConfigError:
+            raise _fail(key, "a finite power > 0 W, or null (off)", value, example) from None
+
+    return check, example
+
+
 def _indices(example: str) -> tuple[_Check, str]:
     def check(value: object, key: str) -> tuple[int, ...]:
         if value is None:
@@ -217,6 +234,9 @@ FABRIC_SCHEMA: dict[str, dict[str, tuple[_Check, str]]] = {
     },
     "interference": {  # EarlyArrivalInterference (ranks_per_node comes from the topology)
         "kappa": _number("0.05", low=0.0),
+    },
+    "power_cap": {  # NodePowerCap (ranks_per_node from the topology, the profile from cluster.power)
+        "node_w": _optional_power("4000"),
     },
     "compute": {  # ComputeModel; noise items below
         "compute_s": _number("0.5", low=0.0, low_open=True),
@@ -356,6 +376,7 @@ def validate_cluster(cluster: Mapping[str, Any]) -> dict[str, Any]:
         section = dict(_mapping(cluster.get(name), where, example))
         out[name] = _check_fields(section, schema, where)
     out["compute"]["noise"] = _noise_items(out["compute"].get("noise"))
+    power_from(cluster)  # the name is checked here too
     for name, sub_known in shipped.items():
         if sub_known is None or name in FABRIC_SCHEMA or cluster.get(name) is None:
             continue
@@ -407,6 +428,28 @@ def _compute_model(compute: Mapping[str, Any], where: str) -> ComputeModel:
             f"{where}.compute_s must be set (seconds of compute per iteration); e.g. {where}.compute_s=0.5"
         )
     return ComputeModel(compute_s=compute["compute_s"], components=tuple(components))
+
+
+def power_from(cluster: Mapping[str, Any]) -> PowerProfile:
+    """The GPU power profile ``cluster.power`` names (:mod:`pacectl.fabric.power`; absent: the default).
+
+    Raises:
+        ConfigError: an unknown profile name.
+    """
+    return power_profile(cluster.get("power"), key="cluster.power")
+
+
+def power_cap_from(cluster: Mapping[str, Any]) -> NodePowerCap | None:
+    """The node power cap of a profile (``cluster.power_cap.node_w``), or None when it is off."""
+    profile = validate_cluster(cluster)
+    node_w = profile.get("power_cap", {}).get("node_w")
+    if node_w is None:
+        return None
+    return NodePowerCap(
+        node_w=float(node_w),
+        ranks_per_node=int(profile["topology"].get("ranks_per_node", 8)),
+        profile=power_from(cluster),
+    )
 
 
 def _collective(profile: Mapping[str, Any]) -> dict[str, Any]:

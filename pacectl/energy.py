@@ -1,0 +1,325 @@
+"""Energy of an episode under a power profile: pure functions, no I/O.
+
+Each rank's time in each iteration is split into disjoint states (:data:`pacectl.fabric.power.STATES`),
+rank-seconds, ``float64[num_iterations, num_ranks]`` each:
+
+- ``compute``: the rank's compute (``Episode.compute_s``; where the backend reported none, all the
+  time before its natural arrival);
+- ``pacing_sleep``: the part of the pacing delay slept (``Episode.sleep_s``; else the whole delay):
+  with ``backend.actuator=clock`` the rest of the delay went into running the compute slower;
+- ``spin_wait`` / ``sleep_wait``: blocked in the paced collective until the last rank arrives
+  (``wait_s``): spinning, as NCCL and gloo wait today, or sleeping (``controller=sleep_wait``);
+- ``transfer``: the paced collective's transfer after the last arrival (``collective_time_s``);
+- ``other``: the rest of the iteration (other communication, pipeline bubbles, host gaps):
+  ``iteration_time_s`` minus the states above, at least 0.
+
+Energy is each state's time times its power (:class:`~pacectl.fabric.power.PowerProfile`); compute
+runs at ``P(clock)`` for the compute the clock actuator slowed (``slow_compute_s`` at ``clock_frac``)
+and at the highest clock for the rest, unless the backend integrated its compute energy itself (``compute_energy_j``: the node power
+cap). The total is by definition the sum of the states.
+
+The **oracle bound** (:func:`oracle_saving`) is Perseus's extrinsic-bloat bound (Chung et al.,
+"Perseus: Reducing Energy Bloat in Large Model Training", SOSP'24, sec. 3) restricted to what pacing
+can reach: the energy saved if every rank's pre-arrival compute ran exactly as slowly as its slack
+at the paced collective allows (its earliness there in the run without pacing), at any clock the GPU
+type allows, sleeping what is left, every iteration as long as without pacing. Each rank's choice
+is independent (its window ends at the collective's start, which does not move), so the bound is
+the minimum over the allowed clocks, evaluated in closed form per rank and iteration: no solver.
+With compute power piecewise linear in the clock (the profile's table), the energy of a window is
+monotone in the clock between two table points, so the table's clocks plus the one that exactly
+fills the slack contain the minimum. Slack elsewhere in a pipeline (bubbles between its stages) is
+not in it: pacing at the paced collective cannot reach it either.
+
+Example:
+    >>> from pacectl.fabric.power import uniform_profile
+    >>> from pacectl.testing.episodes import make_episode
+    >>> ep = make_episode([[0.0, 0.5]], iteration_time_s=[1.0])
+    >>> float(account(ep, uniform_profile(100.0)).total_j.sum())
+    200.0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pacectl.fabric.power import STATES, PowerProfile
+from pacectl.types import Episode
+
+FloatArray = NDArray[np.float64]
+
+#: How each state reads in reports.
+STATE_LABELS = {
+    "compute": "compute",
+    "transfer": "collective transfer",
+    "spin_wait": "spinning wait",
+    "sleep_wait": "sleeping wait",
+    "pacing_sleep": "pacing sleep",
+    "other": "other (bubbles, other comm)",
+}
+
+
+@dataclass(frozen=True)
+class EnergyAccount:
+    """The time and energy of every state, per iteration and rank.
+
+    Attributes:
+        profile: the power profile's name.
+        time_s: state -> ``float64[num_iterations, num_ranks]``, seconds.
+        energy_j: state -> ``float64[num_iterations, num_ranks]``, joules.
+    """
+
+    profile: str
+    time_s: dict[str, FloatArray]
+    energy_j: dict[str, FloatArray]
+
+    @property
+    def total_j(self) -> FloatArray:
+        """``float64[num_iterations, num_ranks]``: the sum of the states' energies, joules."""
+        return np.sum([self.energy_j[s] for s in STATES], axis=0)
+
+    @property
+    def per_iteration_j(self) -> FloatArray:
+        """``float64[num_iterations]``: energy of each iteration summed over ranks, joules."""
+        return self.total_j.sum(axis=1)
+
+
+def _or(value: FloatArray | None, default: FloatArray) -> FloatArray:
+    return default if value is None else np.asarray(value, dtype=np.float64)
+
+
+def wait_sleeps(ep: Episode) -> NDArray[np.bool_]:
+    """``bool[num_iterations, num_ranks]``: whether each rank slept (rather than spun) while it waited
+    in the paced collective (``Episode.wait_asleep`` of its domain, :attr:`pacectl.types.Action.wait`);
+    spinning where the episode does not say (today's NCCL and gloo)."""
+    flag = ep.wait_asleep
+    if flag is None:
+        return np.zeros(ep.arrival_s.shape, dtype=bool)
+    return np.asarray(flag, dtype=bool)[:, ep.domain_of_rank]
+
+
+def state_times(ep: Episode) -> dict[str, FloatArray]:
+    """Rank-seconds of every state of :data:`~pacectl.fabric.power.STATES` (see the module docstring),
+    each ``float64[num_iterations, num_ranks]``."""
+    iteration = np.asarray(ep.iteration_time_s, dtype=np.float64)[:, None]
+    compute = np.maximum(_or(ep.compute_s, ep.natural_arrival_s), 0.0)
+    sleep = np.maximum(_or(ep.sleep_s, ep.applied_delay_s), 0.0)
+    wait = np.maximum(np.asarray(ep.wait_s, dtype=np.float64), 0.0)
+    sleeping = wait_sleeps(ep)
+    transfer = np.maximum(np.asarray(ep.collective_time_s, dtype=np.float64)[:, ep.domain_of_rank], 0.0)
+    other = np.maximum(iteration - compute - sleep - wait - transfer, 0.0)
+    return {
+        "compute": compute,
+        "transfer": transfer,
+        "spin_wait": np.where(sleeping, 0.0, wait),
+        "sleep_wait": np.where(sleeping, wait, 0.0),
+        "pacing_sleep": sleep,
+        "other": other,
+    }
+
+
+def account(ep: Episode, profile: PowerProfile) -> EnergyAccount:
+    """The time and energy of every state of ``ep`` under ``profile``.
+
+    Args:
+        ep: the episode.
+        profile: the power profile.
+
+    Returns:
+        The :class:`EnergyAccount`.
+    """
+    times = state_times(ep)
+    power = profile.state_power_w()
+    energy = {s: times[s] * power[s] for s in STATES if s != "compute"}
+    if ep.compute_energy_j is not None:
+        energy["compute"] = np.asarray(ep.compute_energy_j, dtype=np.float64)
+    else:
+        compute = times["compute"]
+        slow = np.minimum(_or(ep.slow_compute_s, np.zeros_like(compute)), compute)
+        clock = _or(ep.clock_frac, np.ones_like(compute))
+        energy["compute"] = profile.compute_power_w(clock) * slow + power["compute"] * (compute - slow)
+    return EnergyAccount(profile=profile.name, time_s=times, energy_j=energy)
+
+
+def summarize_energy(ep: Episode, profile: PowerProfile) -> dict[str, Any]:
+    """The energy fields of a run's summary (JSON-ready).
+
+    Returns:
+        ``energy_total_j`` (summed over ranks and iterations), ``energy_per_iteration_j`` (mean over
+        iterations of the energy summed over ranks), ``energy_per_rank_j`` (global rank label ->
+        total), ``energy_by_state_j`` and ``state_time_s`` (state -> joules / rank-seconds, summed),
+        ``mean_power_w`` (per rank: total energy over rank-time), ``power_profile``,
+        ``energy_source`` (``"model"``) and ``actuator``.
+    """
+    acc = account(ep, profile)
+    total = acc.total_j
+    rank_time = float(np.sum(ep.iteration_time_s)) * ep.num_ranks
+    return {
+        "energy_total_j": float(total.sum()),
+        "energy_per_iteration_j": float(acc.per_iteration_j.mean()),
+        "energy_per_rank_j": {
+            str(int(r)): float(e) for r, e in zip(ep.rank_labels, total.sum(axis=0), strict=True)
+        },
+        "energy_by_state_j": {s: float(acc.energy_j[s].sum()) for s in STATES},
+        "state_time_s": {s: float(acc.time_s[s].sum()) for s in STATES},
+        "mean_power_w": float(total.sum()) / rank_time if rank_time > 0 else math.nan,
+        "power_profile": profile.name,
+        "energy_source": "model",
+        "actuator": str(ep.actuator),
+    }
+
+
+def oracle_saving(baseline: Episode, profile: PowerProfile) -> FloatArray:
+    """The oracle bound: the energy each rank could save in each iteration of ``baseline`` (the run
+    without pacing) by running its pre-arrival compute as slowly as its slack allows (module
+    docstring), joules, ``float64[num_iterations, num_ranks]``, every entry >= 0.
+
+    Per rank and iteration, with ``W`` its pre-arrival compute at the highest clock and ``e`` its
+    wait in the paced collective (its slack): the window ``W + e`` costs ``P(1) W + P_wait e``
+    without pacing and ``P(c) W / c + P_sleep (W + e - W / c)`` at clock fraction ``c``, for every
+    allowed ``c >= W / (W + e)``; the saving is the first minus the least of the second.
+    """
+    w = np.maximum(
+        _or(baseline.pre_arrival_compute_s, _or(baseline.compute_s, baseline.natural_arrival_s)), 0.0
+    )
+    e = np.maximum(np.asarray(baseline.wait_s, dtype=np.float64), 0.0)
+    sleeping = wait_sleeps(baseline)
+    p_sleep = float(profile.sleep_w)
+    p_wait = np.where(sleeping, p_sleep, float(profile.spin_w))
+    p_full = float(profile.compute_power_w(1.0))
+    window = w + e
+    base = p_full * w + p_wait * e
+    with np.errstate(divide="ignore", invalid="ignore"):
+        feasible = np.where(window > 0, w / window, 1.0)  # the slowest clock that fits the slack
+    c_fill = np.clip(feasible, profile.min_clock_frac, 1.0)
+    candidates = [*profile.clock_fracs.tolist(), None]
+    best = np.full(w.shape, np.inf)
+    for c in candidates:
+        clock = c_fill if c is None else np.full(w.shape, c)
+        ok = clock >= feasible - 1e-12
+        stretched = np.where(w > 0, w / clock, 0.0)
+        energy = profile.compute_power_w(clock) * stretched + p_sleep * np.maximum(window - stretched, 0.0)
+        best = np.where(ok, np.minimum(best, energy), best)
+    return np.maximum(base - best, 0.0)
+
+
+def paired_energy_ci95_frac(
+    baseline: FloatArray, other: FloatArray, *, block: int | None = None, offset: int = 0
+) -> float:
+    """Half-width of the 95 % interval of the mean per-iteration energy change, as a fraction of the
+    baseline's mean: the batch-means interval of :func:`pacectl.metrics.paired_change_ci95_frac`,
+    on ``float64[num_iterations]`` energies per iteration (summed over ranks)."""
+    from pacectl.metrics import paired_ci95_frac
+
+    return paired_ci95_frac(baseline, other, block=block, offset=offset)
+
+
+def energy_comparison(
+    baseline: Episode,
+    episodes: dict[str, Episode],
+    profile: PowerProfile,
+    *,
+    block: int | None = None,
+    offset: int = 0,
+    accounts: dict[str, EnergyAccount] | None = None,
+) -> dict[str, dict[str, float]]:
+    """Per run other than the baseline: its energy change against no pacing and the oracle bound.
+
+    Returns:
+        run -> ``energy_change_frac`` (``E_run / E_none - 1``; < 0 saves), ``energy_change_ci95_frac``
+        (paired batch means, as throughput's), ``energy_saved_j``, ``oracle_bound_reached_frac``
+        (``energy_saved_j`` over the oracle bound; NaN when the bound is 0).
+    """
+    accounts = accounts or {}
+    base = accounts.get("__baseline__") or account(baseline, profile)
+    base_it = base.per_iteration_j
+    bound = float(oracle_saving(baseline, profile).sum())
+    out = {}
+    for name, ep in episodes.items():
+        acc = accounts.get(name) or account(ep, profile)
+        run_it = acc.per_iteration_j
+        saved = float(base_it.sum() - run_it.sum())
+        out[name] = {
+            "energy_change_frac": float(run_it.sum() / base_it.sum() - 1.0)
+            if base_it.sum() > 0
+            else math.nan,
+            "energy_change_ci95_frac": paired_energy_ci95_frac(base_it, run_it, block=block, offset=offset)
+            if len(run_it) == len(base_it)
+            else math.nan,
+            "energy_saved_j": saved,
+            "oracle_bound_reached_frac": saved / bound if bound > 0 else math.nan,
+        }
+    return out
+
+
+def bound_summary(baseline: Episode, profile: PowerProfile) -> dict[str, Any]:
+    """The summary's ``energy_bound`` block: the oracle bound in joules and as a fraction of the
+    no-pacing run's energy, with what it means."""
+    saving = oracle_saving(baseline, profile)
+    total = float(account(baseline, profile).total_j.sum())
+    return {
+        "oracle_saving_j": float(saving.sum()),
+        "oracle_saving_frac": float(saving.sum()) / total if total > 0 else math.nan,
+        "power_profile": profile.name,
+        "method": "Perseus's extrinsic-bloat bound at the paced collective: each rank's pre-arrival compute "
+        "as slow as its earliness without pacing allows (any allowed clock), the rest slept, iteration "
+        "times as without pacing (closed form per rank and iteration; pacectl.energy.oracle_saving)",
+    }
+
+
+def spin_power_range(profile: PowerProfile) -> tuple[float, ...]:
+    """The spinning powers an energy result is reported across (``spin_w`` is assumed): the null
+    (spinning costs what sleeping does: then no wait-to-sleep conversion saves anything), the
+    profile's value, and twice it."""
+    return tuple(dict.fromkeys((float(profile.sleep_w), float(profile.spin_w), 2.0 * float(profile.spin_w))))
+
+
+def energy_summary(
+    episodes: dict[str, Episode],
+    profile: PowerProfile,
+    *,
+    baseline: str = "none",
+    block: int | None = None,
+    offset: int = 0,
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, float]], dict[str, Any]]:
+    """Every energy field of a run's ``summary.json``.
+
+    Args:
+        episodes: run name -> episode, the baseline (no pacing) among them.
+        profile: the power profile.
+        baseline: the baseline's run name.
+        block, offset: the paired interval's blocks (as throughput's).
+
+    Returns:
+        ``(per_run, vs_baseline, top)``: per run the fields of :func:`summarize_energy`; per run but
+        the baseline, those of :func:`energy_comparison`; and the top-level ``power`` (the profile,
+        with every number's source), ``energy_bound`` (:func:`bound_summary`) and
+        ``energy_vs_spin_w`` (each run's energy change at every spinning power of
+        :func:`spin_power_range`: the assumed parameter, reported across a range).
+    """
+    base = episodes[baseline]
+    per_run = {name: summarize_energy(ep, profile) for name, ep in episodes.items()}
+    others = {name: ep for name, ep in episodes.items() if name != baseline}
+    vs = energy_comparison(base, others, profile, block=block, offset=offset)
+    sweep: dict[str, dict[str, float]] = {}
+    for spin in spin_power_range(profile):
+        varied = profile if spin == profile.spin_w else profile.with_powers(spin_w=spin)
+        total = float(account(base, varied).total_j.sum())
+        sweep[f"{spin:g}"] = {
+            name: float(account(ep, varied).total_j.sum()) / total - 1.0 if total > 0 else math.nan
+            for name, ep in others.items()
+        }
+    top = {
+        "power": profile.describe(),
+        "energy_bound": bound_summary(base, profile),
+        "energy_vs_spin_w": {
+            "note": "energy_change_frac of each run at each spinning power (W; spin_w is assumed): at "
+            f"{profile.sleep_w:g} W spinning costs what sleeping does, the null of the wait-to-sleep mechanism",
+            "by_spin_w": sweep,
+        },
+    }
+    return per_run, vs, top
