@@ -323,3 +323,64 @@ def energy_summary(
         },
     }
     return per_run, vs, top
+
+
+#: What a live run's meter measures, by its source (:mod:`pacectl.torchdist.meters`).
+MEASURED_SOURCES = {
+    "nvml": ("energy", "j", "GPU energy read from NVML (nvmlDeviceGetTotalEnergyConsumption, read-only)"),
+    "cpu_time_proxy": (
+        "cpu_time",
+        "s",
+        "no energy counter on CPU/gloo: each rank's process CPU time per iteration, the closest proxy "
+        "(compute and waits both burn CPU here; a busy-polling wait costs CPU time, a blocking or sleeping "
+        "one does not), not joules",
+    ),
+}
+
+
+def measured_summary(
+    source: str,
+    per_iteration: dict[str, FloatArray],
+    *,
+    baseline: str = "none",
+    block: int | None = None,
+    offset: int = 0,
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, float]], dict[str, Any]]:
+    """The energy fields of a live run's summary from what its ranks measured.
+
+    Args:
+        source: ``"nvml"`` (joules) or ``"cpu_time_proxy"`` (CPU seconds), :data:`MEASURED_SOURCES`.
+        per_iteration: run -> ``float64[num_iterations, num_ranks]`` measured per iteration and rank.
+        baseline: the no-pacing run.
+        block, offset: the paired interval's blocks (the live interleave blocks).
+
+    Returns:
+        ``(per_run, vs_baseline, top)`` as :func:`energy_summary`: per run ``<q>_total_<u>``,
+        ``<q>_per_iteration_<u>``, ``<q>_per_rank_<u>`` and ``energy_source`` (``q`` is ``energy``
+        with NVML, ``cpu_time`` for the proxy; ``u`` its unit); per run but the baseline
+        ``<q>_change_frac`` and ``<q>_change_ci95_frac``; top-level ``energy_measured`` saying what
+        was measured.
+    """
+    quantity, unit, what = MEASURED_SOURCES[source]
+    per_run: dict[str, dict[str, Any]] = {}
+    for name, values in per_iteration.items():
+        v = np.asarray(values, dtype=np.float64)
+        per_run[name] = {
+            f"{quantity}_total_{unit}": float(v.sum()),
+            f"{quantity}_per_iteration_{unit}": float(v.sum(axis=1).mean()) if len(v) else math.nan,
+            f"{quantity}_per_rank_{unit}": {str(r): float(x) for r, x in enumerate(v.sum(axis=0))},
+            "energy_source": source,
+        }
+    vs: dict[str, dict[str, float]] = {}
+    base = per_iteration.get(baseline)
+    if base is not None:
+        b = np.asarray(base, dtype=np.float64).sum(axis=1)
+        for name, values in per_iteration.items():
+            if name == baseline:
+                continue
+            o = np.asarray(values, dtype=np.float64).sum(axis=1)
+            vs[name] = {
+                f"{quantity}_change_frac": float(o.sum() / b.sum() - 1.0) if b.sum() > 0 else math.nan,
+                f"{quantity}_change_ci95_frac": paired_energy_ci95_frac(b, o, block=block, offset=offset),
+            }
+    return per_run, vs, {"energy_measured": {"source": source, "what": what}}

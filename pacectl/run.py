@@ -137,11 +137,22 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         per_run_energy, energy_vs, energy_top = energy.energy_summary(
             episodes, power, baseline=BASELINE, block=block, offset=offset
         )
-        for name, fields in per_run_energy.items():
-            summaries[name].update(fields)
-            for key in ("energy_change_ci95_frac", "oracle_bound_reached_frac"):  # for the tables
-                if name in energy_vs:
-                    summaries[name][key] = energy_vs[name][key]
+    elif (measure := getattr(experiment, "measured_energy", None)) is not None:  # live: as measured
+        source, measured = measure()
+        per_run_energy, energy_vs, energy_top = energy.measured_summary(
+            source,
+            {n: v for n, v in measured.items() if n in episodes},
+            baseline=BASELINE,
+            block=block,
+            offset=offset,
+        )
+    else:
+        per_run_energy = {}
+    for name, fields in per_run_energy.items():
+        summaries[name].update(fields)
+        for key in ("energy_change_ci95_frac", "oracle_bound_reached_frac"):  # for the tables
+            if key in energy_vs.get(name, {}):
+                summaries[name][key] = energy_vs[name][key]
     n_iter = episodes[BASELINE].num_iterations
     line = interval_warning(
         n_iter, metrics.num_batches(n_iter, block=block, offset=offset), block, len(episodes)
@@ -467,9 +478,36 @@ def _report_context(summary: dict[str, Any]) -> dict[str, str]:
         )
     if "energy_bound" in summary:
         context["energy"] = energy_line(summary)
+    if "energy_measured" in summary:
+        context["energy (measured)"] = measured_energy_line(summary)
     if "note" in summary:
         context["note"] = summary["note"]
     return context
+
+
+def measured_energy_line(summary: dict[str, Any]) -> str:
+    """A live run's measured energy (or its CPU-time proxy) per iteration, per run, in words."""
+    from pacectl.energy import MEASURED_SOURCES
+
+    source = summary["energy_measured"]["source"]
+    quantity, unit, what = MEASURED_SOURCES[source]
+    parts = []
+    for name, s in summary["runs"].items():
+        value = s.get(f"{quantity}_per_iteration_{unit}")
+        if value is None:
+            continue
+        text = f"{name} {value:.4g} {'J' if unit == 'j' else 'CPU-s'}"
+        vs = summary["vs_baseline"].get(name, {})
+        change = vs.get(f"{quantity}_change_frac")
+        if change is not None:
+            ci = vs.get(f"{quantity}_change_ci95_frac")
+            text += (
+                f" ({100 * change:+.2f} %"
+                + (f" ±{100 * ci:.2f}" if ci is not None and ci == ci else "")
+                + ")"
+            )
+        parts.append(text)
+    return f"per iteration, all ranks: {', '.join(parts)}; {what}"
 
 
 def energy_line(summary: dict[str, Any]) -> str:
@@ -592,6 +630,8 @@ def log_summary(summary: dict[str, Any], out_dir: Path) -> None:
         )
     if "energy_bound" in summary:
         log.info(f"energy: {energy_line(summary)}")
+    if "energy_measured" in summary:
+        log.info(f"energy (measured): {measured_energy_line(summary)}")
     if summary.get("comm_model_timing_dependent"):
         log.info(f"comm model in force: {summary['comm_model_description']}")
     if exchange_line(summary):

@@ -240,6 +240,22 @@ def test_live_summary_says_what_its_interval_does_not_cover(live) -> None:
     assert all("runtime_controls" in m for m in summary["measured"].values())
 
 
+def test_live_runs_measure_cpu_time_per_iteration_as_the_energy_proxy(live) -> None:
+    """On CPU/gloo there is no energy counter: every rank's process CPU time per measured iteration
+    is the proxy, and the summary says so."""
+    from pacectl.energy import measured_summary
+
+    exp, _ = live
+    source, measured = exp.measured_energy()
+    assert source == "cpu_time_proxy"
+    assert set(measured) == {"none", "threshold"}
+    for values in measured.values():
+        assert values.shape == (12, 2) and (values > 0).all()
+    per_run, vs, top = measured_summary(source, measured, block=10, offset=2)
+    assert per_run["none"]["cpu_time_per_iteration_s"] > 0
+    assert "cpu_time_change_frac" in vs["threshold"] and "proxy" in top["energy_measured"]["what"]
+
+
 def test_runs_are_interleaved_in_blocks_with_a_rotating_order() -> None:
     from pacectl.torchdist.worker import run_interleaved
 

@@ -179,6 +179,9 @@ class TorchExperiment:
         self._episodes: dict[str, Episode] = {}
         self._extras: dict[str, dict[str, Any]] = {}
         self._decisions: dict[int, dict[str, Any]] = {}
+        #: per run, what each rank measured per iteration (see :meth:`measured_energy`)
+        self._metered: dict[str, np.ndarray] = {}
+        self.meter_source = "cpu_time_proxy"
 
     def _record_dir(self) -> str:
         configured = self.cfg.backend.get("record_dir")
@@ -236,6 +239,13 @@ class TorchExperiment:
             )
         for rank, per_family in results.items():
             self._decisions.setdefault(int(rank), {}).update(per_family)
+        for family, _ in runs:  # every rank's meter: [iterations, ranks]
+            per_rank = [results[r][family] for r in sorted(results, key=int) if family in results[r]]
+            if per_rank and all("metered" in x for x in per_rank):
+                self._metered[family] = np.stack(
+                    [np.asarray(x["metered"], np.float64) for x in per_rank], axis=1
+                )
+                self.meter_source = str(per_rank[0].get("meter_source", "cpu_time_proxy"))
         for family, _ in runs:
             path = self.record_dir / f"{family}.episode.pkl"
             if not path.is_file():
@@ -383,6 +393,12 @@ class TorchExperiment:
                 shutil.rmtree(target)
             os.replace(path, target)
         self.record_dir.rmdir()
+
+    def measured_energy(self) -> tuple[str, dict[str, np.ndarray]]:
+        """What the ranks measured per iteration, per run: ``(source, run -> float64[iterations,
+        ranks])``, GPU joules (``"nvml"``) or each rank's CPU seconds (``"cpu_time_proxy"``)."""
+        self._ensure()
+        return self.meter_source, dict(self._metered)
 
     def decisions(self) -> dict[int, dict[str, Any]]:
         """Per rank, per family: what every rank decided (``decisions``), for the identical-decision check."""

@@ -141,21 +141,39 @@ class DeviceDelay:
     """
 
     def __init__(self, device: torch.device) -> None:
+        from pacectl.torchdist.meters import CycleClock, nvml_sm_clock_reader
+
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
         #: an event on the pacing stream just before the last non-zero wait queued (else None)
         self.last_sleep_start: Any = None
+        #: the cycles of that wait (for :meth:`observe`)
+        self.last_cycles = 0
         #: cycles per second of each calibration repeat (their spread shows clock drift)
         self.calibration_rates: list[float] = []
-        self.cycles_per_s = self.calibrate()
+        #: the SM clock read (NVML, read-only) while each calibration repeat ran, MHz
+        self.calibration_clocks_mhz: list[float] = []
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self._read_clock = nvml_sm_clock_reader(int(index))
+        rate = self.calibrate()
+        reference = float(np.median(self.calibration_clocks_mhz)) if self.calibration_clocks_mhz else None
+        #: seconds to cycles at the clock in force (read before each wait, recalibrated from each
+        #: measured wait: ``_sleep`` counts SM cycles, so a clock change would stretch a fixed count)
+        self.clock = CycleClock(rate, read_clock_mhz=self._read_clock, reference_mhz=reference)
+
+    @property
+    def cycles_per_s(self) -> float:
+        """``_sleep`` cycles per second at the clock last read (the calibration's until then)."""
+        return self.clock.cycles_per_s
 
     def calibrate(self, cycles: int = 20_000_000, repeats: int = 5) -> float:
         """Clock cycles per second of ``torch.cuda._sleep``: the median of ``repeats`` CUDA-event timings.
 
         ``_sleep`` counts SM clock cycles, so a first, untimed sleep of the same length lets the
         clock leave its idle state before anything is timed (about 10 ms per sleep on an H200).
+        While each timed sleep runs, the SM clock is read through NVML when it can be (read-only).
         """
-        rates = []
+        rates, clocks = [], []
         with torch.cuda.device(self.device):
             torch.cuda._sleep(cycles)  # warm-up: the SM clock ramps up from idle
             for _ in range(repeats):
@@ -163,9 +181,15 @@ class DeviceDelay:
                 start.record()
                 torch.cuda._sleep(cycles)
                 end.record()
+                if self._read_clock is not None:
+                    try:
+                        clocks.append(float(self._read_clock()))  # the sleep runs: its clock
+                    except Exception:  # noqa: BLE001 - no reading: the feedback alone follows the clock
+                        pass
                 end.synchronize()
                 rates.append(cycles / (start.elapsed_time(end) / 1e3))
         self.calibration_rates = rates
+        self.calibration_clocks_mhz = clocks
         return float(np.median(rates))
 
     def sleep_on(self, stream: torch.cuda.Stream, delay_s: float) -> Any:
@@ -186,12 +210,18 @@ class DeviceDelay:
         """The pacing stream, ordered after the current stream, with a device wait of ``delay_s`` queued."""
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         self.last_sleep_start = None
+        self.last_cycles = 0
         if delay_s > 0.0:
             with torch.cuda.stream(self.stream):
                 self.last_sleep_start = torch.cuda.Event(enable_timing=True)
                 self.last_sleep_start.record(self.stream)
-                torch.cuda._sleep(int(delay_s * self.cycles_per_s))
+                self.last_cycles = self.clock.cycles(delay_s)
+                torch.cuda._sleep(self.last_cycles)
         return self.stream
+
+    def observe(self, cycles: int, measured_s: float) -> None:
+        """Recalibrate from a wait of ``cycles`` cycles measured at ``measured_s`` seconds (CUDA events)."""
+        self.clock.observe(cycles, measured_s)
 
 
 _PIGGYBACK_DTYPES = (torch.float32, torch.float64)
@@ -233,6 +263,8 @@ class _ClosedIteration:
     t_end: float
     #: CUDA: an event just before the device-side wait of a non-zero delay (its length: to enter 0)
     sleep_ev: Any = None
+    #: CUDA: the ``_sleep`` cycles of that wait
+    sleep_cycles: int = 0
     #: host time the next iteration started, when the completion was left for later
     t_exit: float | None = None
 
@@ -631,6 +663,7 @@ class Pacer:
         self._applied = 0.0
         self._cuda_events: list[tuple[Any, Any]] = []
         self._sleep_ev: Any = None
+        self._sleep_cycles = 0
         self._sizes: list[int] = []  # bytes of each collective of this iteration, in launch order
         # decisions logged before this iteration's delay was applied: the last of them chose it
         self._decided_before = len(getattr(self, "decisions", ()))
@@ -817,6 +850,7 @@ class Pacer:
         stream = self._device_delay.paced_stream(delay)
         if first:
             self._sleep_ev = self._device_delay.last_sleep_start
+            self._sleep_cycles = self._device_delay.last_cycles
         enter_ev = torch.cuda.Event(enable_timing=True)
         exit_ev = torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(stream):
@@ -955,6 +989,7 @@ class Pacer:
             decided_before=self._decided_before,
             t_end=now(),
             sleep_ev=self._sleep_ev,
+            sleep_cycles=self._sleep_cycles,
         )
 
     def _stage_inflight(self) -> None:
@@ -1014,6 +1049,8 @@ class Pacer:
             # the device-side wait's length as run: _sleep counts SM cycles, calibrated at one clock
             waited = c.sleep_ev.elapsed_time(c.cuda_events[0][0]) / 1e3 if c.sleep_ev is not None else 0.0
             self.delay_actual_s.append(waited)
+            if c.sleep_ev is not None and self._device_delay is not None:  # follow the SM clock
+                self._device_delay.observe(c.sleep_cycles, waited)
         k = c.k
         if self._inflight is not None:  # CUDA: decoded here, after the events resolved
             self._decide(*self._decode_inflight())

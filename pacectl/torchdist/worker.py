@@ -56,6 +56,7 @@ from pacectl.torchdist.core import (
     shared_clock_marks,
     straggler_schedule,
 )
+from pacectl.torchdist.meters import make_meter
 from pacectl.torchdist.pacer import Pacer
 
 #: Flight Recorder ring size with ``backend.flight_recorder=true`` (entries; memory is used as filled).
@@ -162,6 +163,9 @@ class LiveRun:
         self.host_paced = True
         self.engine.controller.enabled = False
         self.loop_s = np.zeros(self.total)
+        # energy per iteration: NVML on a GPU (read-only), else the process's CPU time (the proxy)
+        self.meter = make_meter("cpu")
+        self.metered = np.zeros(self.total)
         self.k = 0
 
     def pacing_group(self) -> Any:
@@ -186,6 +190,7 @@ class LiveRun:
                 self.fr_first_id = last_flight_recorder_id() + 1
                 self.pacer.align()
             t0 = time.perf_counter()
+            m0 = self.meter.read_j()
             if k == self.warmup:
                 self.pacer.flush()  # the warm-up's last figures: decided on (paced off), not logged
                 self.pacer.reset_log()
@@ -198,6 +203,7 @@ class LiveRun:
             self.ddp(self.x).float().pow(2).mean().backward()
             self.opt.step()
             self.loop_s[k] = time.perf_counter() - t0
+            self.metered[k] = self.meter.read_j() - m0
             self.k = k + 1
 
     def finish(self) -> dict[str, Any]:
@@ -205,7 +211,9 @@ class LiveRun:
 
         Returns:
             ``loop_s``, ``decisions`` (``float64[num_iterations, world]``, every rank's own copy),
-            ``delay_actual_s``, ``gather_s`` and, on rank 0, ``episode_path`` and ``record_path``.
+            ``delay_actual_s``, ``gather_s``, ``metered`` (per iteration: GPU joules from NVML, or
+            this process's CPU seconds, the proxy on CPU; ``meter_source`` says which) and, on rank 0,
+            ``episode_path`` and ``record_path``.
         """
         pacer, family, world = self.pacer, self.family, self.world
         pacer.flush()  # the last figures still in flight (one collective, outside the timed loop)
@@ -216,6 +224,8 @@ class LiveRun:
             if pacer.delay_actual_s
             else np.zeros(0),
             "gather_s": np.array(pacer.gather_s),
+            "metered": self.metered[self.warmup :],
+            "meter_source": self.meter.source,
         }
         if self.recorder:
             out["flight_recorder_path"] = self.write_flight_recorder()
