@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -148,9 +149,22 @@ def test_a_sleeping_wait_never_uses_more_energy_than_a_spinning_one(wait, spin, 
     ep = make_episode([arrival.tolist()], iteration_time_s=[float(np.max(wait)) + 1.0])
     profile = H100.with_powers(sleep_w=spin, spin_w=spin + extra)
     spinning = energy.account(ep, profile).total_j.sum()
-    sleeping_ep = make_episode([arrival.tolist()], iteration_time_s=[float(np.max(wait)) + 1.0])
-    object.__setattr__(sleeping_ep, "wait_sleep", np.ones_like(sleeping_ep.wait_s, dtype=bool))
-    assert energy.account(sleeping_ep, profile).total_j.sum() <= spinning + 1e-9
+    sleeping_ep = dataclasses.replace(ep, wait_asleep=np.ones((1, ep.num_domains), dtype=bool))
+    sleeping = energy.account(sleeping_ep, profile)
+    assert sleeping.total_j.sum() <= spinning + 1e-9
+    assert sleeping.time_s["spin_wait"].sum() == 0.0
+    assert sleeping.time_s["sleep_wait"].sum() == pytest.approx(ep.wait_s.sum())
+
+
+def test_sleep_wait_controller_spends_no_more_energy_than_no_pacing() -> None:
+    """controller=sleep_wait (Action.wait='sleep'): same timing in max-plus, waits at the sleeping power."""
+    backend = _sim()
+    base, asleep = _run(backend, "none"), _run(backend, "sleep_wait")
+    assert np.array_equal(base.iteration_time_s, asleep.iteration_time_s)
+    assert asleep.wait_asleep is not None and asleep.wait_asleep[1:].all()
+    e_base, e_asleep = (energy.account(ep, H100) for ep in (base, asleep))
+    assert e_asleep.total_j.sum() < e_base.total_j.sum()
+    assert e_asleep.energy_j["sleep_wait"].sum() > 0.0
 
 
 def test_energy_summary_fields_and_the_paired_interval() -> None:
