@@ -105,7 +105,10 @@ def wait_sleeps(ep: Episode) -> NDArray[np.bool_]:
 def state_times(ep: Episode) -> dict[str, FloatArray]:
     """Rank-seconds of every state of :data:`~pacectl.fabric.power.STATES` (see the module docstring),
     each ``float64[num_iterations, num_ranks]``."""
-    iteration = np.asarray(ep.iteration_time_s, dtype=np.float64)[:, None]
+    if ep.domain_iteration_time_s is not None:  # domains with their own clocks: each rank's own
+        iteration = np.asarray(ep.domain_iteration_time_s, dtype=np.float64)[:, ep.domain_of_rank]
+    else:
+        iteration = np.asarray(ep.iteration_time_s, dtype=np.float64)[:, None]
     compute = np.maximum(_or(ep.compute_s, ep.natural_arrival_s), 0.0)
     sleep = np.maximum(_or(ep.sleep_s, ep.applied_delay_s), 0.0)
     wait = np.maximum(np.asarray(ep.wait_s, dtype=np.float64), 0.0)
@@ -157,7 +160,7 @@ def summarize_energy(ep: Episode, profile: PowerProfile) -> dict[str, Any]:
     """
     acc = account(ep, profile)
     total = acc.total_j
-    rank_time = float(np.sum(ep.iteration_time_s)) * ep.num_ranks
+    rank_time = float(np.sum([acc.time_s[s] for s in STATES]))
     return {
         "energy_total_j": float(total.sum()),
         "energy_per_iteration_j": float(acc.per_iteration_j.mean()),

@@ -413,3 +413,12 @@ def test_energy_settings_are_checked(tmp_path: Path, override: str, message: str
     with pytest.raises(ConfigError, match=message):
         run.run_experiment(cfg, tmp_path)
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_domains_with_their_own_clocks_account_each_ranks_own_iteration() -> None:
+    """Several jobs on one fabric: a domain's k-th iteration has its own length; every rank's states
+    fill its own domain's iteration, not the row's mean."""
+    ep = make_episode([[0.0, 0.5, 0.1, 0.1]], iteration_time_s=[1.5], domain_of_rank=[0, 0, 1, 1])
+    own = dataclasses.replace(ep, domain_iteration_time_s=np.array([[1.0, 2.0]]))
+    acc = energy.account(own, uniform_profile(100.0))
+    assert np.allclose(np.sum([acc.time_s[s] for s in STATES], axis=0), [[1.0, 1.0, 2.0, 2.0]])
