@@ -110,7 +110,19 @@ def _load_steplevel(trace_cfg: DictConfig) -> OpTrace:
         collective_frac=float(trace_cfg.get("collective_frac", 0.01)),
         name=trace_cfg.get("name"),
         sample_every=trace_cfg.get("sample_every"),
+        max_bytes=_max_bytes(trace_cfg.get("max_mb", 1024)),
+        max_ops=_max_ops(trace_cfg.get("max_ops", 20_000_000)),
     )
+
+
+def _max_ops(max_ops: Any) -> int:
+    """``trace.max_ops`` (an integer > 0); anything else is a ConfigError."""
+    if isinstance(max_ops, bool) or not isinstance(max_ops, int) or max_ops < 1:
+        raise ConfigError(
+            f"trace.max_ops must be an integer > 0 (the cap on the operations a trace may hold, two per "
+            f"step-level row), got {max_ops!r}: for example trace.max_ops=40000000"
+        )
+    return max_ops
 
 
 def _layout_overrides(trace_cfg: DictConfig) -> Any:

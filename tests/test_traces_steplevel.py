@@ -224,3 +224,60 @@ def test_irregular_sampling_is_warned_with_its_rows(tmp_path):
     assert trace.sample_every_iters == 10
     with _pytest.raises(TraceError, match=r"sample_every \(trace.sample_every\) must be an integer >= 1"):
         load_steplevel(path, sample_every=0)
+
+
+def test_a_huge_header_is_refused_with_a_short_message(tmp_path: Path) -> None:
+    # a new user's 200 MB file printed an 839 MB error line (the whole header, echoed)
+    p = tmp_path / "wide.csv"
+    p.write_text(",".join(f"column_{i:07d}_" + "x" * 50 for i in range(10_000)) + "\n1,2,3\n")
+    with pytest.raises(TraceError, match="must have columns worker") as err:
+        load_steplevel(p)
+    assert len(str(err.value)) < 1_000 and "more)" in str(err.value)
+    p.write_text("x" * (3 << 20))  # one line, no newline, past the header cap
+    with pytest.raises(TraceError, match="header line must be at most") as err:
+        load_steplevel(p)
+    assert len(str(err.value)) < 1_000
+
+
+def test_a_long_bad_field_is_quoted_as_an_excerpt(tmp_path: Path) -> None:
+    d = _base().astype({"batch_time_norm": object})
+    d.loc[2, "batch_time_norm"] = "y" * 100_000
+    with pytest.raises(
+        TraceError, match=r"batch_time_norm must be a finite time.*got 'yyyy.*more characters.*row 4"
+    ) as err:
+        load_steplevel(_csv(tmp_path, d))
+    assert len(str(err.value)) < 1_000
+
+
+def test_size_and_row_caps(tmp_path: Path) -> None:
+    p = _csv(tmp_path, _base())
+    with pytest.raises(TraceError, match=r"must be <= 10 bytes.*trace.max_mb / trace.max_ops"):
+        load_steplevel(p, max_bytes=10)
+    with pytest.raises(TraceError, match=r"must hold <= 2 rows, got more than 4.*trace.max_ops"):
+        load_steplevel(p, max_ops=4)
+    assert len(load_steplevel(p, max_ops=8).steps) == 2
+
+
+def test_rows_with_the_wrong_number_of_fields(tmp_path: Path) -> None:
+    p = _csv(tmp_path, _base())
+    text = p.read_text()
+    p.write_text(text.rstrip("\n").rsplit(",", 2)[0] + "\n")  # the last row cut mid-way
+    with pytest.raises(TraceError, match=r"got 3 in row 5.*the file looks truncated"):
+        load_steplevel(p)
+    p.write_text(text.replace("1,1,25,1,410.0", "1,1,25,1,410.0,7,7"))
+    with pytest.raises(TraceError, match=r"every row must have 5 fields.*got 7 in row 3.*Repair or drop"):
+        load_steplevel(p)
+
+
+def test_the_config_caps_reach_the_importer(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from pacectl.config import load_trace
+    from pacectl.errors import ConfigError
+
+    cfg = OmegaConf.create({"format": "steplevel", "path": str(_csv(tmp_path, _base())), "max_ops": 2})
+    with pytest.raises(TraceError, match="must hold <= 1 rows"):
+        load_trace(cfg)
+    cfg.max_ops = "many"
+    with pytest.raises(ConfigError, match="trace.max_ops must be an integer > 0"):
+        load_trace(cfg)

@@ -217,17 +217,40 @@ class EmpiricalSamples:
         p = Path(self.path)
         if not p.is_file():
             raise ConfigError(f"empirical.path must be an existing CSV file, got {self.path!r}")
-        try:
-            frame = pd.read_csv(p)
-        except (ValueError, UnicodeDecodeError) as err:
-            raise TraceError(
-                f"empirical step-time file must be CSV, could not parse it (in {p}): {err}"
-            ) from err
-        missing = [c for c in ("worker", "batch_time_norm") if c not in frame.columns]
+        from pacectl.traces.csvstream import columns_excerpt, read_header, read_numeric_columns
+
+        what = "empirical step-time file"
+        header = read_header(p, what=what)
+        missing = [c for c in ("worker", "batch_time_norm") if c not in header]
         if missing:
             raise TraceError(
-                f"empirical step-time file must have columns worker, batch_time_norm; missing {missing} (in {p})"
+                f"empirical step-time file must have columns worker, batch_time_norm; missing {missing}, "
+                f"got {columns_excerpt(header)} (in {p})"
             )
+        kept = [c for c in header if c in ("worker", "batch_time_norm", "time", "iteration")]
+        got = read_numeric_columns(
+            p,
+            kept,
+            what=what,
+            header=header,
+            max_bytes=1 << 30,
+            max_rows=10_000_000,
+            cap_hint="cut the file",
+        )
+        if got.bad_rows.count:
+            raise TraceError(
+                f"every row of an {what} must have {len(header)} fields like the header, got "
+                f"{got.bad_rows.first_fields} in row {got.bad_rows.first_row} (in {p}); repair or drop it"
+            )
+        if got.num_rows == 0:
+            raise TraceError(f"an {what} must hold at least one row, got none (in {p})")
+        frame = pd.DataFrame(got.values)
+        for col in ("worker", "time", "iteration"):
+            if col in frame:
+                v = frame[col].to_numpy()
+                if not (np.isfinite(v).all() and (v == np.round(v)).all()):
+                    raise TraceError(f"{col} must hold integers (in {p}: column {col})")
+                frame[col] = v.astype(np.int64)
         values = frame["batch_time_norm"].to_numpy(np.float64)
         if not np.isfinite(values).all() or (values <= 0).any():
             raise TraceError(f"batch_time_norm must be finite and > 0 (in {p}: column batch_time_norm)")

@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from pacectl.errors import TraceError
+from pacectl.traces.csvstream import columns_excerpt, read_header, read_numeric_columns
 from pacectl.traces.model import (
     MAX_DURATION_S,
     JobMeta,
@@ -51,10 +52,14 @@ from pacectl.traces.model import (
     TraceWarning,
     drop_exact_duplicates,
     dropped_steps_note,
-    plain,
     require_file,
     validate_ops,
 )
+
+#: Default cap on the file's size, bytes (1 GiB; ``trace.max_mb``).
+DEFAULT_MAX_BYTES = 1 << 30
+#: Default cap on the operations (two per row; ``trace.max_ops``).
+DEFAULT_MAX_OPS = 20_000_000
 
 _STEP_COLS = ("time", "iteration", "step")
 _VALUE_COLS = ("batch_time_norm", "step_time_s")
@@ -139,6 +144,8 @@ def load_steplevel(
     collective_frac: float = 0.01,
     name: str | None = None,
     sample_every: int | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_ops: int = DEFAULT_MAX_OPS,
 ) -> OpTrace:
     """Load a step-level CSV as a canonical trace.
 
@@ -150,6 +157,9 @@ def load_steplevel(
         name: job name (default: the file stem).
         sample_every: iterations between recorded steps; None reads it from the step column
             (:func:`sampling_interval`).
+        max_bytes: cap on the file's size, bytes (``trace.max_mb``).
+        max_ops: cap on the operations the trace may hold, two per row (``trace.max_ops``); the
+            read stops once the rows pass ``max_ops / 2``.
 
     Returns:
         The validated :class:`OpTrace` (``fmt="steplevel"``, ``time_unit="normalized"`` for
@@ -183,38 +193,70 @@ def load_steplevel(
         raise TraceError(
             f"collective_frac (trace.collective_frac) must be in [0, 1], got {collective_frac!r}"
         )
-    try:
-        df = pd.read_csv(p)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as err:
-        raise TraceError(
-            f"a step-level trace must be a CSV file, could not parse it (in {p}): {err}"
-        ) from err
-    step_col = next((c for c in _STEP_COLS if c in df.columns), None)
-    value_col = next((c for c in _VALUE_COLS if c in df.columns), None)
-    if "worker" not in df.columns or step_col is None or value_col is None:
+    header = read_header(p, what="step-level trace")
+    step_col = next((c for c in _STEP_COLS if c in header), None)
+    value_col = next((c for c in _VALUE_COLS if c in header), None)
+    if "worker" not in header or step_col is None or value_col is None:
         raise TraceError(
             f"a step-level trace must have columns worker, one of {list(_STEP_COLS)} and one of "
-            f"{list(_VALUE_COLS)}, got {list(df.columns)[:12]!r} (in {p}). Expected the Alibaba PAI "
+            f"{list(_VALUE_COLS)}, got {columns_excerpt(header)} (in {p}). Expected the Alibaba PAI "
             "job_*_norm.csv layout `,worker,gpu,time,batch_time_norm`."
         )
-    if len(df) == 0:
+    wanted = {"worker", step_col, value_col, *(["gpu"] if "gpu" in header else [])}
+    kept = [c for c in header if c in wanted]  # header order; other columns are not read
+    got = read_numeric_columns(
+        p,
+        kept,
+        what="step-level trace",
+        header=header,
+        max_bytes=max_bytes,
+        max_rows=max(1, max_ops // 2),
+        cap_hint="trace.max_mb / trace.max_ops",
+    )
+    bad_rows = got.bad_rows
+    if bad_rows.count:
+        last_line = got.num_rows + bad_rows.count + 1
+        cut = bad_rows.count == 1 and bad_rows.last_row == last_line and bad_rows.first_fields < len(header)
+        raise TraceError(
+            f"every row must have {len(header)} fields like the header, got {bad_rows.first_fields} in row "
+            f"{bad_rows.first_row} ({bad_rows.first_text}) (in {p}); {bad_rows.count} rows are like that. "
+            + (
+                "It is the last row: the file looks truncated; copy it again or drop that row."
+                if cut
+                else "Repair or drop them."
+            )
+        )
+    if got.num_rows == 0:
         raise TraceError(f"a step-level trace must hold at least one row, got none (in {p})")
     scale = 1.0 if value_col == "step_time_s" else unit_s
     for col in ("worker", step_col, value_col):
-        values = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float)
+        values = got.values[col]
         limit = MAX_DURATION_S / scale if col == value_col else 2**62
-        bad = ~np.isfinite(values) | (values < 0) | (values > limit)
-        if col != value_col:
-            bad |= values != np.round(values)
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(values) | (values < 0) | (values > limit)
+            if col != value_col:
+                bad |= values != np.round(values)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             what = "a finite time >= 0 (and not absurd)" if col == value_col else "a non-negative integer"
+            odd = got.unparsed.get(col)
+            v = float(values[i])
+            if odd is not None and odd[0] == i:
+                shown = odd[1]
+            elif col != value_col and np.isfinite(v) and v == round(v):
+                shown = repr(int(v))
+            else:
+                shown = repr(v)
             # only the last row is bad, its value is missing, and so is every field after it:
             # the file was most likely cut short in that row
-            tail = df.iloc[i, list(df.columns).index(col) :]
-            cut = i == len(df) - 1 and bool(bad.sum() == 1) and bool(tail.isna().all())
+            tail = kept[kept.index(col) :]
+            cut = (
+                i == got.num_rows - 1
+                and bool(bad.sum() == 1)
+                and all(got.last_raw.get(c) is None for c in tail)
+            )
             raise TraceError(
-                f"{col} must be {what}, got {plain(df[col].iloc[i])!r} (in {p}:row {i + 2}); "
+                f"{col} must be {what}, got {shown} (in {p}:row {i + 2}); "
                 f"{int(bad.sum())} rows are bad. "
                 + (
                     "It is the last row and has empty fields: the file looks truncated; copy it again "
@@ -223,13 +265,14 @@ def load_steplevel(
                     else "Drop or repair them."
                 )
             )
-    # the unnamed first column is the index pandas wrote with the file: it differs on every row
-    data = df.drop(columns=[c for c in df.columns if str(c).startswith("Unnamed: ")])
+    ints = ("worker", step_col)  # validated integers above
+    data = pd.DataFrame({c: got.values[c].astype(np.int64) if c in ints else got.values[c] for c in kept})
+    del got
     data = drop_exact_duplicates(
         data,
         source=str(p),
         what=" and ".join([", ".join(map(str, data.columns[:-1])), str(data.columns[-1])]),
-        describe=lambda r: f"worker {plain(r['worker'])}, {step_col} {plain(r[step_col])}",
+        describe=lambda r: f"worker {int(r['worker'])}, {step_col} {int(r[step_col])}",
         row_offset=2,
     )
     worker = data["worker"].to_numpy(dtype=float).astype(np.int64)
