@@ -431,6 +431,140 @@ class SimExperiment(_ClosedLoop):
             write_canonical(trace, out_dir / "records" / f"{family}.parquet")
 
 
+class MultiJobSimExperiment(_ClosedLoop):
+    """Several jobs on one fabric (``backend=sim`` with a profile that has ``jobs``,
+    :mod:`pacectl.backends.multijob`): ``backend.num_ranks`` is the fabric's size, the profile places
+    the jobs on it, each job is a pacing domain with the run's controller (or the one it pins)."""
+
+    backend_name = "sim"
+
+    def __init__(self, cfg: DictConfig) -> None:
+        from pacectl.backends.multijob import MultiJobSimBackend
+        from pacectl.config import as_dict
+        from pacectl.controllers import CONTROLLERS
+        from pacectl.fabric.contention import CrossTraffic, EarlyArrivalInterference
+        from pacectl.fabric.jobs import parse_jobs
+        from pacectl.fabric.profile import _collective, comm_name, power_from, validate_cluster
+        from pacectl.fabric.topology import FatTree
+
+        self.cfg = cfg
+        cluster = as_dict(cfg.cluster)
+        self.cluster_name = str(cluster.get("name", "?"))
+        profile = validate_cluster(cluster)
+        self.power = power_from(cluster)
+        self.actuators = actuators_of(cfg.backend.get("actuator", "delay"))
+        comm = comm_name(cfg.get("comm"))
+        if comm == "fitted":
+            raise ConfigError(
+                "comm=fitted is fitted from a recorded trace, so it needs backend=replay, got backend=sim; "
+                "the simulator takes comm=null, alpha_beta or contention"
+            )
+        if cfg.backend.get("record", False):
+            raise ConfigError(
+                f"backend.record=true is not supported with several jobs on one fabric (cluster={self.cluster_name} "
+                "has cluster.jobs): no canonical trace of a multi-job run yet; use backend.record=false"
+            )
+        if (profile.get("power_cap") or {}).get("node_w") is not None:
+            raise ConfigError(
+                f"cluster.power_cap.node_w must be null with several jobs on one fabric (cluster={self.cluster_name} "
+                "has cluster.jobs): the node power cap is modelled by the single-job simulator only"
+            )
+        fabric_ranks = config_int(cfg.backend.num_ranks, "backend.num_ranks")
+        topology = FatTree(**profile["topology"])
+        coll = _collective(profile)
+        self.jobs = parse_jobs(
+            cluster.get("jobs"),
+            fabric_ranks=fabric_ranks,
+            topology=topology,
+            message_bytes=float(coll["message_bytes"]),
+            controllers=tuple(CONTROLLERS),
+        )
+        self.backend = MultiJobSimBackend(
+            self.jobs,
+            topology,
+            fabric_ranks,
+            num_iterations=config_int(cfg.backend.num_iterations, "backend.num_iterations"),
+            comm=comm,
+            interference=EarlyArrivalInterference(
+                float(profile["interference"].get("kappa", 0.0)), topology.ranks_per_node
+            ),
+            cross_traffic=CrossTraffic(**profile["cross_traffic"]),
+            alpha_inter_s=float(coll["alpha_inter_s"]),
+            alpha_intra_s=float(coll["alpha_intra_s"]),
+            power=self.power,
+            actuator=self.actuators[0],
+        )
+        self.comm_model = self.backend.comm_model
+        self.comm_description = self.backend.comm_description
+        self.comm_timing_dependent = self.backend.comm_timing_dependent
+        self.job_shift_note = self.backend.job_shift_note
+        b = self.backend
+        if any(b.interference.active(len(j.ranks)) for j in self.jobs):
+            self.sleep_wait_note: str = (
+                f"it removes exactly the early-arrival interference term (kappa {b.interference.kappa:g}, "
+                "spinning waiters only, within each job): the bar a per-rank controller must beat on this run"
+            )
+        else:
+            self.sleep_wait_note = (
+                "no early-arrival interference on this run (kappa 0, or comm=null), so sleep_wait equals "
+                "no pacing here"
+            )
+        if comm == "contention" and not b.comm_timing_dependent:
+            warnings.warn(
+                f"cluster={self.cluster_name} gives comm=contention no timing-dependent mechanism "
+                f"({self.job_shift_note}; no early-arrival interference), so durations are fixed here and no "
+                "controller can gain; place two jobs whose rings cross one oversubscribed link "
+                "(cluster=shared_uplink)",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    def _episode(
+        self, family: str, params: dict[str, Any], on_iteration: Callable[[], None] | None
+    ) -> Episode:
+        from pacectl.config import shipped_controller
+        from pacectl.loop import run_episode
+
+        run = controller_factory(family, params, self.cfg.guard)
+        factories = [
+            run
+            if job.controller is None
+            else controller_factory(job.controller, shipped_controller(job.controller, self.cfg), self.cfg.guard)
+            for job in self.jobs
+        ]
+        return run_episode(
+            self.backend, factories, seed=int(self.cfg.seed), on_iteration=on_iteration, exchange=self.exchange
+        )
+
+    def run(
+        self, family: str, params: dict[str, Any], *, on_iteration: Callable[[], None] | None = None
+    ) -> Episode:
+        """One seeded episode; every controller sees the same compute-time draws."""
+        return self._episode(family, params, on_iteration)
+
+    def describe(self, on_step: Callable[[], None] | None = None) -> dict[str, Any]:
+        """``trace`` (the synthetic scenario) and ``sim`` summary fields, with every job."""
+        from pacectl.fabric.jobs import describe_jobs
+
+        b = self.backend
+        return {
+            "trace": {"name": f"sim:{self.cluster_name}", "path": None, "format": "sim", "world_size": b.num_ranks},
+            "sim": {
+                "cluster": self.cluster_name,
+                "num_ranks": b.num_ranks,
+                "fabric_ranks": b.fabric_ranks,
+                "num_iterations": b.num_iterations,
+                "interference_kappa": b.interference.kappa,
+                "jobs": describe_jobs(self.jobs, b.fabrics, b.topology.ranks_per_node),
+                "shared_links": [
+                    {"jobs": [self.jobs[i].name, self.jobs[j].name], "links": links} for i, j, links in b.shared
+                ],
+                "power_cap_node_w": None,
+                "mechanisms": list(b.mechanisms),
+            },
+        }
+
+
 def controller_notes(experiment: Any, families: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """The run's warnings and notes about what ``phase`` and ``sleep_wait`` can change on it.
 
@@ -505,5 +639,7 @@ def make_experiment(cfg: DictConfig) -> Experiment:
             "for the built-in gloo job; the build for your CUDA version from pytorch.org for GPUs), or "
             "pip install 'pacectl[torch]'; replay and sim need no torch"
         )
+    if name == "sim" and cfg.get("cluster") is not None and cfg.cluster.get("jobs"):
+        cls = "MultiJobSimExperiment"  # several jobs on one fabric (pacectl/backends/multijob.py)
     factory: Callable[[DictConfig], Experiment] = getattr(importlib.import_module(module), cls)
     return factory(cfg)

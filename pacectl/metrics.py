@@ -79,12 +79,44 @@ def throughput_it_per_s(ep: Episode) -> float:
         ep: the episode.
 
     Returns:
-        ``num_iterations / sum(iteration_time_s)``, iterations per second.
+        ``num_iterations / sum(iteration_time_s)``, iterations per second. For an episode whose
+        domains keep their own clocks (several jobs on one fabric, ``domain_iteration_time_s``
+        set): the sum over jobs of each job's own throughput (:func:`job_summaries`).
 
     Raises:
         PacectlError: if the episode is empty or its total time is not positive.
     """
-    return ep.num_iterations / _total_time_s(ep)
+    total = _total_time_s(ep)
+    if ep.domain_iteration_time_s is not None:
+        return float(sum(s["throughput_it_per_s"] for s in job_summaries(ep).values()))
+    return ep.num_iterations / total
+
+
+def job_summaries(ep: Episode) -> dict[str, dict[str, float]]:
+    """Each job's own figures, for an episode whose domains keep their own clocks (several jobs on
+    one fabric): job name -> ``throughput_it_per_s``, ``iteration_time_mean_s``,
+    ``iteration_time_p99_s``, ``cv``, ``collective_time_mean_s``, ``pacing_delay_total_s`` (each
+    over the job's own first ``num_iterations`` iterations); empty for a lockstep episode.
+    """
+    _require_data(ep)
+    if ep.domain_iteration_time_s is None:
+        return {}
+    times = np.asarray(ep.domain_iteration_time_s, dtype=np.float64)
+    out: dict[str, dict[str, float]] = {}
+    for d, name in enumerate(ep.domain_names):
+        t = times[:, d]
+        total = float(t.sum())
+        if not total > 0.0:
+            raise PacectlError(f"job {name!r}: sum of its iteration times must be > 0, got {total!r}")
+        out[str(name)] = {
+            "throughput_it_per_s": t.size / total,
+            "iteration_time_mean_s": float(t.mean()),
+            "iteration_time_p99_s": float(np.percentile(t, 99.0)),
+            "cv": float(t.std(ddof=0) / t.mean()),
+            "collective_time_mean_s": float(np.mean(ep.collective_time_s[:, d])),
+            "pacing_delay_total_s": float(np.sum(ep.applied_delay_s[:, ep.domain_of_rank == d])),
+        }
+    return out
 
 
 def iteration_time_mean_s(ep: Episode) -> float:
@@ -320,6 +352,7 @@ def summarize(ep: Episode) -> dict[str, Any]:
         "comm_timing_dependent": is_timing_dependent(str(ep.comm_model), ep.comm_timing_dependent),
         "controller": str(ep.controller),
         "backend": str(ep.backend),
+        **({"jobs": job_summaries(ep)} if ep.domain_iteration_time_s is not None else {}),
     }
 
 
@@ -405,10 +438,63 @@ def paired_change_ci95_frac(
         offset: iterations of the first block that are not in the episodes (unlogged warm-up):
             iteration ``k`` is in block ``(k + offset) // block``.
 
+    For episodes whose domains keep their own clocks (several jobs on one fabric), the quantity is
+    the throughput summed over jobs (:func:`throughput_it_per_s`): in each block, each job's
+    throughput over its own iterations of the block, summed over jobs; the interval is that of the
+    mean paired change of those sums, over the baseline's sum.
+
     Returns:
         The half-width (>= 0), or NaN when the runs differ in length or there are fewer than 2 blocks.
     """
+    if baseline.domain_iteration_time_s is not None and other.domain_iteration_time_s is not None:
+        return paired_jobs_ci95_frac(
+            baseline.domain_iteration_time_s, other.domain_iteration_time_s, block=block, offset=offset
+        )
     return paired_ci95_frac(baseline.iteration_time_s, other.iteration_time_s, block=block, offset=offset)
+
+
+def paired_jobs_ci95_frac(
+    baseline_s: NDArray[np.float64],
+    other_s: NDArray[np.float64],
+    *,
+    block: int | None = None,
+    offset: int = 0,
+) -> float:
+    """Half-width of the 95 % batch-means interval of the change of the throughput summed over jobs,
+    as a fraction of the baseline's sum.
+
+    Args:
+        baseline_s, other_s: ``float64[num_iterations, num_jobs]`` each job's iteration times, seconds
+            (a single column gives one job's throughput change).
+        block, offset: as :func:`paired_change_ci95_frac`.
+
+    Returns:
+        The half-width (>= 0), or NaN when the shapes differ or there are fewer than 2 blocks.
+    """
+    from scipy import stats
+
+    base = np.asarray(baseline_s, dtype=np.float64)
+    oth = np.asarray(other_s, dtype=np.float64)
+    if base.ndim == 1:
+        base, oth = base[:, None], oth[:, None]
+    n = base.shape[0]
+    if base.shape != oth.shape or n < 2:
+        return math.nan
+    ids = _batch_ids(n, block, offset)
+    m = int(ids[-1]) + 1
+    if m < 2:
+        return math.nan
+    counts = np.bincount(ids, minlength=m)[:, None]
+
+    def sums(t: NDArray[np.float64]) -> NDArray[np.float64]:
+        per_block = np.stack([np.bincount(ids, weights=t[:, j], minlength=m) for j in range(t.shape[1])], axis=1)
+        return (counts / per_block).sum(axis=1)  # sum over jobs of each block's throughput
+
+    d = sums(oth) - sums(base)
+    scale = float((n / base.sum(axis=0)).sum())
+    if not scale > 0.0:
+        return math.nan
+    return float(stats.t.ppf(0.975, m - 1) * d.std(ddof=1) / math.sqrt(m) / scale)
 
 
 def paired_ci95_frac(

@@ -118,7 +118,12 @@ def _episode_frame(run: str, ep: Episode) -> pd.DataFrame:
             "applied_delay_s": np.asarray(ep.applied_delay_s, np.float64).reshape(-1),
             "natural_arrival_s": np.asarray(ep.natural_arrival_s, np.float64).reshape(-1),
             "wait_s": np.asarray(ep.wait_s, np.float64).reshape(-1),
-            "iteration_time_s": np.asarray(ep.iteration_time_s, np.float64)[iteration],
+            # several jobs on one fabric: each rank's own job's k-th iteration
+            "iteration_time_s": (
+                np.asarray(ep.iteration_time_s, np.float64)[iteration]
+                if ep.domain_iteration_time_s is None
+                else np.asarray(ep.domain_iteration_time_s, np.float64)[:, ep.domain_of_rank].reshape(-1)
+            ),
             "pacing_active": np.asarray(ep.pacing_active, np.bool_)[:, ep.domain_of_rank].reshape(-1),
         },
         columns=list(FRAME_COLUMNS),

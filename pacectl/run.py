@@ -130,6 +130,12 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             summaries[name]["throughput_change_ci95_frac"] = metrics.paired_change_ci95_frac(
                 episodes[BASELINE], ep, block=block, offset=offset
             )
+            base_jobs = episodes[BASELINE].domain_iteration_time_s
+            if base_jobs is not None and ep.domain_iteration_time_s is not None:  # several jobs: each one's
+                for d, job in enumerate(ep.domain_names):
+                    summaries[name]["jobs"][str(job)]["throughput_change_ci95_frac"] = metrics.paired_jobs_ci95_frac(
+                        base_jobs[:, d], ep.domain_iteration_time_s[:, d], block=block, offset=offset
+                    )
     power = getattr(experiment, "power", None)
     energy_top: dict[str, Any] = {}
     energy_vs: dict[str, dict[str, float]] = {}
@@ -188,6 +194,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                     **metrics.compare(summaries[BASELINE], s),
                     "throughput_change_ci95_frac": s["throughput_change_ci95_frac"],
                     **energy_vs.get(name, {}),
+                    **_job_changes(summaries[BASELINE], s),
                 }
                 for name, s in summaries.items()
                 if name != BASELINE
@@ -612,6 +619,8 @@ def log_summary(summary: dict[str, Any], out_dir: Path) -> None:
     """Log the console lines of a finished run: the table, fidelity, what-if, live-pacing controls,
     notes and where the outputs are (Hydra's job logging also files them in ``run.log``)."""
     log.info(report.format_console_table(summary["runs"], baseline=BASELINE))
+    for line in job_lines(summary):
+        log.info(line)
     fid = summary.get("fidelity")
     if fid:
         what = fid.get("compares", "replay vs recorded step times")
@@ -746,6 +755,46 @@ def main() -> None:
         else:
             print("pacectl.run: interrupted; no outputs were written", file=sys.stderr)
         sys.exit(130)
+
+
+def job_lines(summary: dict[str, Any]) -> list[str]:
+    """Console lines of a run of several jobs on one fabric: each run's jobs, their throughput and its
+    change against no pacing (the table above shows their sum); empty otherwise."""
+    lines = []
+    for name, run in summary.get("runs", {}).items():
+        if "jobs" not in run:
+            continue
+        vs = summary.get("vs_baseline", {}).get(name, {}).get("jobs", {})
+        parts = []
+        for job, s in run["jobs"].items():
+            change = vs.get(job)
+            tail = (
+                f" ({100 * change['throughput_change_frac']:+.2f} ±{100 * change['throughput_change_ci95_frac']:.2f} %)"
+                if change
+                else ""
+            )
+            parts.append(
+                f"{job} {s['throughput_it_per_s']:.4g} it/s, mean {s['iteration_time_mean_s']:.4g} s, "
+                f"p99 {s['iteration_time_p99_s']:.4g} s{tail}"
+            )
+        lines.append(f"jobs under {name} (throughput above = their sum): " + "; ".join(parts))
+    return lines
+
+
+def _job_changes(baseline: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """``{"jobs": {job: throughput change and its interval}}`` for runs of several jobs on one fabric
+    (a gain for one job next to the other job's figure), else ``{}``."""
+    if "jobs" not in other or "jobs" not in baseline:
+        return {}
+    return {
+        "jobs": {
+            job: {
+                "throughput_change_frac": s["throughput_it_per_s"] / baseline["jobs"][job]["throughput_it_per_s"] - 1.0,
+                "throughput_change_ci95_frac": s.get("throughput_change_ci95_frac", float("nan")),
+            }
+            for job, s in other["jobs"].items()
+        }
+    }
 
 
 def _check_config(cfg: DictConfig) -> None:

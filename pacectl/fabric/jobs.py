@@ -1,0 +1,263 @@
+"""Several jobs on one fabric: where each job's ranks sit on the fat-tree, and what its all-reduce
+moves over which links (the simulator's :class:`~pacectl.backends.multijob.MultiJobSimBackend`).
+
+A cluster profile places jobs with a ``jobs`` list (``conf/cluster/shared_uplink.yaml``)::
+
+    jobs:
+      - name: a
+        ranks: ["0-7", "16-23"]      # global ranks of the fabric: ints or "first-last" ranges
+        compute: {compute_s: 0.3, noise: [{kind: lognormal, sigma: 0.03}]}
+        message_bytes: 5.0e9         # optional: the profile's collective.message_bytes
+        start_s: 0.0                 # optional: when the job's first iteration starts, seconds
+        controller: null             # optional: a family pinned for this job (default: the run's)
+
+The fabric holds ``backend.num_ranks`` ranks (``ranks_per_node`` per node, ``nodes_per_leaf`` per
+leaf); every job's ranks must lie in it, and no rank may belong to two jobs. A job's inter-node
+ring visits its nodes in the order its ranks first name them (:meth:`FatTree.ring_flows_on`); its
+all-reduce is the hierarchical one of :class:`~pacectl.fabric.contention.ContentionComm` (NVLink
+within a node, a ring over nodes), so one job alone on the fabric takes exactly the time that model
+gives it on a quiet fabric.
+
+Approximations, stated: a node shared by two jobs shares its NIC through the max-min model, but the
+early-arrival interference acts only among a job's own ranks; the fixed (NVLink and latency) part
+of an all-reduce runs after its ring transfer, using no network link.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pacectl.errors import ConfigError, unknown_keys_error
+from pacectl.fabric.noise import ComputeModel
+from pacectl.fabric.topology import FatTree
+
+FloatArray = NDArray[np.float64]
+
+#: Keys of one ``cluster.jobs`` entry.
+JOB_KEYS = ("name", "ranks", "compute", "message_bytes", "start_s", "controller")
+_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job placed on the fabric.
+
+    Attributes:
+        name: the job's name (its pacing domain's and its summary entry's).
+        ranks: global ranks of the fabric the job runs on, in the job's rank order.
+        compute: its compute-time model.
+        message_bytes: gradient bytes per rank per iteration.
+        start_s: when its first iteration starts, seconds from the episode's start.
+        controller: a controller family pinned for this job, or None (the run's controller).
+    """
+
+    name: str
+    ranks: tuple[int, ...]
+    compute: ComputeModel
+    message_bytes: float
+    start_s: float = 0.0
+    controller: str | None = None
+
+    def nodes(self, ranks_per_node: int) -> tuple[int, ...]:
+        """The job's nodes, in the order its ranks first name them."""
+        return tuple(dict.fromkeys(r // ranks_per_node for r in self.ranks))
+
+
+@dataclass(frozen=True)
+class JobFabric:
+    """What one job's all-reduce asks of the fabric.
+
+    Attributes:
+        weights: ``float64[num_links]``, how many of the job's lock-step ring flows cross each link
+            (the ring moves at its slowest flow's rate ``x``, loading a link by ``weight * x``).
+        ring_bytes: bytes each ring flow moves per all-reduce (0 within one node).
+        fixed_s: the all-reduce's time outside the network ring (NVLink phases, latencies), seconds.
+        quiet_s: its duration alone on the fabric, seconds.
+    """
+
+    weights: FloatArray
+    ring_bytes: float
+    fixed_s: float
+    quiet_s: float
+
+
+def _ranks(value: object, key: str) -> tuple[int, ...]:
+    example = f"{key}=[0-7,16-23]"
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, Sequence) or isinstance(value, str) or not value:
+        raise ConfigError(
+            f"{key} must be a non-empty list of ranks (integers >= 0 or 'first-last' ranges), got {value!r}; "
+            f"e.g. {example}"
+        )
+    out: list[int] = []
+    for item in value:
+        if isinstance(item, (int, np.integer)) and not isinstance(item, bool) and item >= 0:
+            out.append(int(item))
+            continue
+        match = _RANGE.match(item) if isinstance(item, str) else None
+        if match is None or int(match.group(1)) > int(match.group(2)):
+            raise ConfigError(
+                f"{key} entries must be integers >= 0 or 'first-last' ranges with first <= last, got {item!r}; "
+                f"e.g. {example}"
+            )
+        out.extend(range(int(match.group(1)), int(match.group(2)) + 1))
+    if len(set(out)) != len(out):
+        twice = sorted({r for r in out if out.count(r) > 1})
+        raise ConfigError(f"{key} names rank(s) {twice[:5]} more than once; list each rank once, e.g. {example}")
+    return tuple(out)
+
+
+def _span(ranks: Sequence[int]) -> str:
+    return f"{min(ranks)}-{max(ranks)}" if len(ranks) > 1 else str(ranks[0])
+
+
+def parse_jobs(
+    value: object,
+    *,
+    fabric_ranks: int,
+    topology: FatTree,
+    message_bytes: float,
+    controllers: Sequence[str] = (),
+) -> tuple[JobSpec, ...]:
+    """The jobs of ``cluster.jobs``, checked against the fabric.
+
+    Args:
+        value: the ``cluster.jobs`` list (plain containers).
+        fabric_ranks: ranks the fabric holds (``backend.num_ranks``).
+        topology: the fabric.
+        message_bytes: a job's message size when it sets none (``cluster.collective.message_bytes``).
+        controllers: the known controller families (to check a pinned one); empty: not checked.
+
+    Raises:
+        ConfigError: one line naming ``cluster.jobs.<i>.<key>``, what was expected and a fix; among
+            them a job whose ranks do not fit the fabric and a rank claimed by two jobs.
+    """
+    from pacectl.fabric.profile import compute_section
+
+    if not isinstance(value, Sequence) or isinstance(value, str) or not value:
+        raise ConfigError(
+            f"cluster.jobs must be a non-empty list of jobs (name, ranks, compute), got {value!r}; "
+            "see conf/cluster/shared_uplink.yaml"
+        )
+    jobs: list[JobSpec] = []
+    owner: dict[int, str] = {}
+    nodes = math.ceil(fabric_ranks / topology.ranks_per_node)
+    for i, raw in enumerate(value):
+        where = f"cluster.jobs.{i}"
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{where} must be a mapping with name, ranks and compute, got {raw!r}")
+        if any(k not in JOB_KEYS for k in raw):
+            raise unknown_keys_error(where, raw, JOB_KEYS)
+        name = raw.get("name", f"job{i}")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigError(f"{where}.name must be a name of letters, digits and _, got {name!r}; e.g. {where}.name=a")
+        if any(j.name == name for j in jobs):
+            raise ConfigError(f"{where}.name {name!r} is already the name of another job; give each job its own")
+        if "ranks" not in raw:
+            raise ConfigError(f"{where}.ranks must be set (the job's global ranks); e.g. {where}.ranks=[0-7,16-23]")
+        ranks = _ranks(raw["ranks"], f"{where}.ranks")
+        outside = [r for r in ranks if r >= fabric_ranks]
+        if outside:
+            raise ConfigError(
+                f"{where} ({name}) claims ranks up to {max(outside)}, which do not fit the fabric of "
+                f"{fabric_ranks} ranks (backend.num_ranks={fabric_ranks}: {nodes} node(s) of "
+                f"{topology.ranks_per_node}); place the job on ranks below {fabric_ranks} or raise backend.num_ranks"
+            )
+        for r in ranks:
+            if r in owner:
+                raise ConfigError(
+                    f"{where} ({name}) claims rank {r}, which job {owner[r]!r} already runs on: two jobs "
+                    f"cannot share a rank; give {where}.ranks ranks no other job lists (now {_span(ranks)})"
+                )
+            owner[r] = name
+        if "compute" not in raw:
+            raise ConfigError(
+                f"{where}.compute must be set (compute_s and noise of the job); e.g. {where}.compute.compute_s=0.3"
+            )
+        compute = compute_section(raw["compute"], f"{where}.compute")
+        msg = raw.get("message_bytes", message_bytes)
+        if isinstance(msg, bool) or not isinstance(msg, (int, float)) or not (math.isfinite(msg) and msg >= 0):
+            raise ConfigError(f"{where}.message_bytes must be a finite number >= 0 bytes, got {msg!r}; e.g. {where}.message_bytes=5.0e9")
+        start = raw.get("start_s", 0.0)
+        if isinstance(start, bool) or not isinstance(start, (int, float)) or not (math.isfinite(start) and start >= 0):
+            raise ConfigError(f"{where}.start_s must be a finite number >= 0 seconds, got {start!r}; e.g. {where}.start_s=0.1")
+        pinned = raw.get("controller")
+        if pinned is not None and (not isinstance(pinned, str) or (controllers and pinned not in controllers)):
+            raise ConfigError(
+                f"{where}.controller must be null (the run's controller) or one of {sorted(controllers)}, "
+                f"got {pinned!r}; e.g. {where}.controller=none"
+            )
+        jobs.append(JobSpec(str(name), ranks, compute, float(msg), float(start), pinned))
+    return tuple(jobs)
+
+
+def job_fabric(topology: FatTree, job: JobSpec, fabric_ranks: int, *, alpha_inter_s: float, alpha_intra_s: float) -> JobFabric:
+    """The links, bytes and fixed time of ``job``'s hierarchical all-reduce (as
+    :class:`~pacectl.fabric.contention.ContentionComm` computes them for a job filling nodes in order)."""
+    from pacectl.fabric.topology import max_min_fair
+
+    names, caps = topology.links(fabric_ranks)
+    nodes = job.nodes(topology.ranks_per_node)
+    flows = topology.ring_flows_on(nodes, fabric_ranks)
+    weights = flows.sum(axis=0).astype(np.float64) if len(flows) else np.zeros(len(names))
+    per_node = max(sum(1 for r in job.ranks if r // topology.ranks_per_node == n) for n in nodes)
+    g, count, m = per_node, len(nodes), job.message_bytes
+    ring_bytes = 2 * (count - 1) / count * m / topology.rails() if count > 1 else 0.0
+    fixed = 2 * (g - 1) * alpha_intra_s + 2 * (g - 1) / g * m / topology.nvlink_bandwidth_Bps
+    fixed += 2 * (count - 1) * alpha_inter_s
+    if ring_bytes > 0:
+        rate = float(max_min_fair(caps, weights[None, :])[0])
+        quiet = fixed + ring_bytes / rate
+    else:
+        quiet = fixed
+    return JobFabric(weights=weights, ring_bytes=ring_bytes, fixed_s=fixed, quiet_s=quiet)
+
+
+def shared_links(topology: FatTree, fabrics: Sequence[JobFabric], fabric_ranks: int) -> list[tuple[int, int, list[str]]]:
+    """Pairs of jobs ``(i, j, links)`` whose rings slow each other: the links both cross, for every
+    pair in which running both at once lowers either ring's rate below its rate alone."""
+    from pacectl.fabric.topology import max_min_fair
+
+    names, caps = topology.links(fabric_ranks)
+    out = []
+    for i in range(len(fabrics)):
+        for j in range(i + 1, len(fabrics)):
+            a, b = fabrics[i], fabrics[j]
+            if not (a.ring_bytes > 0 and b.ring_bytes > 0):
+                continue
+            both = (a.weights > 0) & (b.weights > 0)
+            if not both.any():
+                continue
+            alone = [float(max_min_fair(caps, f.weights[None, :])[0]) for f in (a, b)]
+            together = max_min_fair(caps, np.vstack([a.weights, b.weights]))
+            if together[0] < alone[0] * (1 - 1e-9) or together[1] < alone[1] * (1 - 1e-9):
+                out.append((i, j, [names[k] for k in np.flatnonzero(both)]))
+    return out
+
+
+def describe_jobs(jobs: Sequence[JobSpec], fabrics: Sequence[JobFabric], ranks_per_node: int) -> list[dict[str, Any]]:
+    """Summary fields of each job: name, ranks (as spans), nodes, message, quiet collective, compute."""
+    out = []
+    for job, fab in zip(jobs, fabrics, strict=True):
+        out.append(
+            {
+                "name": job.name,
+                "num_ranks": len(job.ranks),
+                "nodes": list(job.nodes(ranks_per_node)),
+                "message_bytes": job.message_bytes,
+                "compute_s": job.compute.compute_s,
+                "quiet_collective_s": fab.quiet_s,
+                "quiet_comm_duty": fab.quiet_s / (job.compute.compute_s + fab.quiet_s),
+                "start_s": job.start_s,
+                "controller": job.controller,
+            }
+        )
+    return out
