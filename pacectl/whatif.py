@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from pacectl.backends.dag import StepDag
+from pacectl.backends.dag import StepDag, evaluate
 from pacectl.backends.replay import ReplayBackend
 from pacectl.files import atomic_write_text
 from pacectl.report import format_value, jsonable, save_figure
@@ -183,20 +183,91 @@ def _sorted(table: dict[str, float]) -> dict[str, float]:
 
 
 class _Replayer:
-    """Runs no-launch-delay replays of a backend with modified transfer times; counts them."""
+    """Runs no-launch-delay replays of a backend with modified transfer times; counts them.
 
-    def __init__(self, backend: ReplayBackend, on_replay: Callable[[], None] | None = None) -> None:
+    Two ways to evaluate a scenario, with bit-identical step times:
+
+    - :meth:`step_times`: one full replay of every op of every (step, DP rank) block;
+    - :meth:`column_step_times`: a batch of scenarios that each change only ``k`` DP columns of the
+      ideal durations (the rest ideal). Every other column then carries the same inputs, so it
+      evaluates to the same times, and the DP synchronisation (a max over the columns) sees the
+      same values whether it takes the max over one representative ideal column or over all of
+      them: each scenario is evaluated on its ``k`` columns plus one ideal column, and a batch of
+      them as one max-plus evaluation over a scenario axis (``[N, num_steps, scenarios, k + 1]``).
+    """
+
+    def __init__(
+        self,
+        backend: ReplayBackend,
+        on_replay: Callable[[], None] | None = None,
+        *,
+        chunk_elements: int = 1 << 22,
+        legacy: bool = False,
+    ) -> None:
         self.backend = backend
-        self.zero_launch = np.zeros_like(backend.launch_s)
+        self.legacy = legacy
         self.count = 0
         self.on_replay = on_replay
+        self.chunk_elements = chunk_elements
+
+    def _tick(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.count += 1
+            if self.on_replay is not None:
+                self.on_replay()
 
     def step_times(self, transfer_s: FloatArray) -> FloatArray:
-        _, end = self.backend.replayed_times(launch_s=self.zero_launch, transfer_s=transfer_s)
-        self.count += 1
-        if self.on_replay is not None:
-            self.on_replay()
-        return end.max(axis=(0, 2))
+        """Step times of one full replay with no launch delays, ``float64[num_steps]`` seconds."""
+        dag = self.backend.dag
+        if self.legacy:  # the way every replay ran before the column method (kept as the reference)
+            zero = np.zeros_like(self.backend.launch_s)
+            _, ended = self.backend.replayed_times(launch_s=zero, transfer_s=transfer_s)
+            self._tick()
+            return ended.max(axis=(0, 2))
+        end = np.zeros((dag.num_nodes + 1, *transfer_s.shape[1:]))
+        start = np.empty(transfer_s.shape)
+        evaluate(dag.levels, end, start, None, transfer_s)
+        self._tick()
+        return end[:-1].max(axis=(0, 2))
+
+    def column_step_times(
+        self,
+        num_scenarios: int,
+        num_columns: int,
+        columns: Callable[[int, int], FloatArray],
+        ideal_column: FloatArray,
+    ) -> FloatArray:
+        """Step times of scenarios that differ from the ideal in ``num_columns`` DP columns each.
+
+        Args:
+            num_scenarios: scenarios to evaluate.
+            num_columns: columns each scenario changes (``k``, at most ``dp_size``).
+            columns: ``columns(b0, b1)`` gives the changed columns' durations of scenarios
+                ``b0..b1-1``, ``float64[N, num_steps, k, b1 - b0]`` seconds (scenarios last).
+            ideal_column: ``float64[N, num_steps]`` the ideal durations of any DP column.
+
+        Returns:
+            ``float64[num_scenarios, num_steps]`` seconds, as :meth:`step_times` of each scenario
+            (bit-identical: the same sums and maxima of the same values).
+        """
+        dag = self.backend.dag
+        n, num_steps = dag.num_nodes, dag.start_s.shape[1]
+        dp = dag.rank_labels.shape[1]
+        width = num_columns + 1 if num_columns < dp else num_columns
+        chunk = max(1, self.chunk_elements // ((n + 1) * num_steps * width))
+        out = np.empty((num_scenarios, num_steps))
+        for b0 in range(0, num_scenarios, chunk):
+            b1 = min(num_scenarios, b0 + chunk)
+            transfer = np.empty((n, num_steps, width, b1 - b0))
+            transfer[:, :, :num_columns] = columns(b0, b1)
+            if width > num_columns:
+                transfer[:, :, num_columns] = ideal_column[:, :, None]
+            end = np.zeros((n + 1, *transfer.shape[1:]))
+            start = np.empty(transfer.shape)
+            evaluate(dag.levels, end, start, None, transfer, dp_axis=-2)
+            out[b0:b1] = end[:-1].max(axis=(0, 2)).T
+            self._tick(b1 - b0)
+        return out
 
 
 def _optype_groups(dag: StepDag) -> NDArray[np.str_]:
@@ -207,7 +278,9 @@ def _optype_groups(dag: StepDag) -> NDArray[np.str_]:
 def num_replays(backend: ReplayBackend) -> int:
     """How many replays :func:`analyze` runs on ``backend``: 2 (recorded, ideal) + one per DP rank,
     stage, op group and (DP rank, stage) cell + 2 for M_W + 2 for M_S (with more than one stage).
-    Each costs about one open-loop replay of the whole trace, so the count grows as dp x pp."""
+    The count grows as dp x pp, the cost only as dp: a by-DP-rank or by-cell scenario is evaluated
+    on two DP columns (see :func:`analyze`), so all of them together cost about ``2 (pp + 1)``
+    full replays."""
     dag = backend.dag
     dp, pp = dag.rank_labels.shape[1], dag.rank_labels.shape[0]
     groups = len(np.unique(_optype_groups(dag)))
@@ -230,15 +303,28 @@ def ideal_transfer_s(backend: ReplayBackend) -> FloatArray:
     return ideal
 
 
-def analyze(backend: ReplayBackend, *, on_replay: Callable[[], None] | None = None) -> WhatIfResult:
+def analyze(
+    backend: ReplayBackend,
+    *,
+    on_replay: Callable[[], None] | None = None,
+    method: str = "columns",
+) -> WhatIfResult:
     """Run the full what-if analysis on a replay backend (null model).
 
     Args:
         backend: a :class:`~pacectl.backends.replay.ReplayBackend` of the trace.
         on_replay: called after each of the :func:`num_replays` replays (a progress bar).
+        method: ``"columns"`` (default) evaluates each by-DP-rank, by-cell and M_W-add scenario on
+            only the DP columns it changes plus one representative ideal column, batched over a
+            scenario axis, and reuses the original replay where a scenario's durations equal it
+            (one pipeline stage: the by-stage and by-cell replays); ``"full"`` runs one full replay
+            per scenario (the artifact's way). Both give bit-identical results (tested).
 
     Returns:
         The :class:`WhatIfResult`.
+
+    Raises:
+        ValueError: ``method`` is neither ``"columns"`` nor ``"full"``.
 
     Example:
         >>> from pacectl.data import shipped_trace
@@ -247,8 +333,10 @@ def analyze(backend: ReplayBackend, *, on_replay: Callable[[], None] | None = No
         >>> round(result.blocking_slowdown, 2)
         1.18
     """
+    if method not in ("columns", "full"):
+        raise ValueError(f"method must be 'columns' or 'full', got {method!r}")
     dag = backend.dag
-    rep = _Replayer(backend, on_replay)
+    rep = _Replayer(backend, on_replay, legacy=method == "full")
     recorded_t = np.asarray(backend.transfer_s)
     ideal_t = ideal_transfer_s(backend)
     step_recorded = (dag.start_s + dag.duration_s).max(axis=(0, 2))
@@ -257,44 +345,82 @@ def analyze(backend: ReplayBackend, *, on_replay: Callable[[], None] | None = No
     t_ori, t_ideal = float(step_ori.mean()), float(step_ideal.mean())
     dp, pp = dag.rank_labels.shape[1], dag.rank_labels.shape[0]
     steps = [str(int(s)) for s in dag.steps]
+    ideal_col = ideal_t[:, :, 0]
+    # the column method rests on every DP column of the ideal being the same
+    columns = method == "columns" and bool((ideal_t == ideal_col[:, :, None]).all())
+    # nodes whose recorded durations are their ideal ones in every step and DP rank
+    as_ideal = (recorded_t == ideal_t).all(axis=(1, 2)) if columns else np.zeros(dag.num_nodes, dtype=bool)
+
+    def full(transfer: FloatArray, node_mask: NDArray[np.bool_] | None = None) -> FloatArray:
+        """One full replay; or, when ``transfer`` keeps the recording on ``node_mask`` (ideal elsewhere)
+        and that equals the original's or the ideal's durations, their step times."""
+        if node_mask is not None and as_ideal[~node_mask].all():
+            rep._tick()
+            return step_ori
+        if node_mask is not None and as_ideal[node_mask].all():
+            rep._tick()
+            return step_ideal
+        return rep.step_times(transfer)
 
     def keep(node_mask: NDArray[np.bool_], dp_mask: NDArray[np.bool_] | None = None) -> FloatArray:
         """Ideal everywhere except the selected (node, dp) cells, which keep their recorded values."""
         mask = np.broadcast_to(node_mask[:, None, None], recorded_t.shape)
         if dp_mask is not None:
             mask = mask & dp_mask[None, None, :]
-        return rep.step_times(np.where(mask, recorded_t, ideal_t))
+        return full(np.where(mask, recorded_t, ideal_t), node_mask if dp_mask is None else None)
+
+    def keep_cells(dp_index: NDArray[np.int64], stage_index: NDArray[np.int64] | None) -> FloatArray:
+        """Step times, ``[len(dp_index), num_steps]``, of keeping DP column ``dp_index[b]``'s recorded
+        durations (only on stage ``stage_index[b]``'s ops, if given), ideal elsewhere."""
+        if not columns:
+            return np.array(
+                [
+                    keep(
+                        np.ones(dag.num_nodes, dtype=bool) if stage_index is None else dag.stage == stage_index[b],
+                        np.arange(dp) == dp_index[b],
+                    )
+                    for b in range(len(dp_index))
+                ]
+            ).reshape(len(dp_index), len(steps))
+
+        def changed(b0: int, b1: int) -> FloatArray:
+            rec = recorded_t[:, :, dp_index[b0:b1]]
+            if stage_index is not None:
+                on = dag.stage[:, None] == stage_index[None, b0:b1]
+                rec = np.where(on[:, None, :], rec, ideal_col[:, :, None])
+            return rec[:, :, None, :]
+
+        return rep.column_step_times(len(dp_index), 1, changed, ideal_col)
 
     per_step: dict[str, dict[str, dict[str, float]]] = {}
 
-    def attribute(
-        name: str, subsets: dict[str, tuple[NDArray[np.bool_], NDArray[np.bool_] | None]]
-    ) -> dict[str, float]:
+    def record(name: str, keys: list[str], times: FloatArray) -> dict[str, float]:
         overall: dict[str, float] = {}
         by_step: dict[str, dict[str, float]] = {s: {} for s in steps}
-        for key, (node_mask, dp_mask) in subsets.items():
-            times = keep(node_mask, dp_mask)
-            overall[key] = float(times.mean() / t_ideal)
-            for s, ratio in zip(steps, times / step_ideal, strict=True):
+        for key, row in zip(keys, times, strict=True):
+            overall[key] = float(row.mean() / t_ideal)
+            for s, ratio in zip(steps, row / step_ideal, strict=True):
                 by_step[s][key] = float(ratio)
         per_step[name] = {s: _sorted(v) for s, v in by_step.items()}
         return overall
 
-    all_nodes = np.ones(dag.num_nodes, dtype=bool)
-    by_dp = attribute("by_dp_rank", {str(d): (all_nodes, np.arange(dp) == d) for d in range(dp)})
-    by_stage = attribute("by_stage", {str(s): (dag.stage == s, None) for s in range(pp)})
-    groups = _optype_groups(dag)
-    by_optype = attribute("by_optype", {g: (groups == g, None) for g in np.unique(groups)})
-    by_rank = np.array(
-        [
-            [float(keep(dag.stage == s, np.arange(dp) == d).mean() / t_ideal) for s in range(pp)]
-            for d in range(dp)
-        ]
+    dp_range = np.arange(dp, dtype=np.int64)
+    dp_times = keep_cells(dp_range, None)
+    by_dp = record("by_dp_rank", [str(d) for d in range(dp)], dp_times)
+    by_stage = record(
+        "by_stage", [str(s) for s in range(pp)], np.array([keep(dag.stage == s) for s in range(pp)])
     )
+    groups = _optype_groups(dag)
+    names = [str(g) for g in np.unique(groups)]
+    by_optype = record("by_optype", names, np.array([keep(groups == g) for g in names]))
+    if columns and pp == 1:  # the cell (d, 0) is the whole DP column d: the by-DP-rank replay
+        rep._tick(dp)
+        cell_times = dp_times
+    else:
+        cell_times = keep_cells(np.repeat(dp_range, pp), np.tile(np.arange(pp, dtype=np.int64), dp))
+    by_rank = np.array([float(row.mean() / t_ideal) for row in cell_times]).reshape(dp, pp)
 
-    def explain(mask: NDArray[np.bool_], subset: str) -> Explained:
-        t_rem = float(rep.step_times(np.where(mask, ideal_t, recorded_t)).mean())
-        t_add = float(rep.step_times(np.where(mask, recorded_t, ideal_t)).mean())
+    def explained(t_rem: float, t_add: float, subset: str) -> Explained:
         gap = t_ori - t_ideal
         return Explained(
             t_ori=t_ori,
@@ -305,6 +431,11 @@ def analyze(backend: ReplayBackend, *, on_replay: Callable[[], None] | None = No
             add=(t_add - t_ideal) / gap if gap > 0 else math.nan,
             subset=subset,
         )
+
+    def explain(mask: NDArray[np.bool_], subset: str) -> Explained:
+        t_rem = float(full(np.where(mask, ideal_t, recorded_t)).mean())
+        t_add = float(full(np.where(mask, recorded_t, ideal_t)).mean())
+        return explained(t_rem, t_add, subset)
 
     if pp > 1:
         last = np.broadcast_to((dag.stage == pp - 1)[:, None, None], recorded_t.shape)
@@ -321,14 +452,21 @@ def analyze(backend: ReplayBackend, *, on_replay: Callable[[], None] | None = No
     n_top = max(1, math.ceil(dp * pp * MW_TOP_FRAC))
     order = np.lexsort((np.arange(dp * pp), -score.reshape(-1)))[:n_top]  # ties: lower dp_rank first
     cells = [(int(i // pp), int(i % pp)) for i in order]
+    subset = f"top {n_top} rank(s) by min(DP-rank, stage) slowdown: " + ", ".join(
+        f"rank {int(dag.rank_labels[s, d])} (dp {d}, stage {s})" for d, s in cells
+    )
     mw_mask = np.zeros(recorded_t.shape, dtype=bool)
     for d, s in cells:
         mw_mask[dag.stage == s, :, d] = True
-    m_w = explain(
-        mw_mask,
-        f"top {n_top} rank(s) by min(DP-rank, stage) slowdown: "
-        + ", ".join(f"rank {int(dag.rank_labels[s, d])} (dp {d}, stage {s})" for d, s in cells),
-    )
+    if columns:
+        t_rem = float(full(np.where(mw_mask, ideal_t, recorded_t)).mean())
+        mw_cols = np.array(sorted({d for d, _ in cells}), dtype=np.int64)
+        on = mw_mask[:, 0, :][:, mw_cols]  # [N, k]: which of the columns' ops keep their recording
+        kept = np.where(on[:, None, :], recorded_t[:, :, mw_cols], ideal_col[:, :, None])[..., None]
+        t_add = float(rep.column_step_times(1, len(mw_cols), lambda b0, b1: kept, ideal_col)[0].mean())
+        m_w = explained(t_rem, t_add, subset)
+    else:
+        m_w = explain(mw_mask, subset)
     return WhatIfResult(
         trace=backend.trace.meta.name,
         steps=dag.steps,
@@ -390,9 +528,8 @@ def write_timeline(path: str | Path, backend: ReplayBackend, *, step_index: int 
     Two processes, ``recorded`` and ``ideal (what-if)``, one thread per global rank; ``ts``/``dur`` in µs.
     """
     dag = backend.dag
-    rep = _Replayer(backend)
     start_ideal, end_ideal = backend.replayed_times(
-        launch_s=rep.zero_launch, transfer_s=ideal_transfer_s(backend)
+        launch_s=np.zeros_like(backend.launch_s), transfer_s=ideal_transfer_s(backend)
     )
     events: list[dict[str, Any]] = []
     for pid, label, start, end in (

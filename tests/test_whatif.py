@@ -112,3 +112,60 @@ def test_the_replay_count_is_known_before_the_analysis(name: str, request: pytes
     assert (
         num_replays(backend) == result.num_replays == len(calls) == {"st_backend": 31, "ar_backend": 41}[name]
     )
+
+
+def _tiled_st(tmp_path_factory: pytest.TempPathFactory) -> ReplayBackend:
+    from pacectl.testing.synthetic import tiled_bytedance
+    from pacectl.traces.bytedance import load_bytedance
+
+    out = tmp_path_factory.mktemp("tiled")
+    return ReplayBackend(load_bytedance(*tiled_bytedance(out, name="ST", dp_factor=3, jitter=0.1)))
+
+
+def _steplevel(tmp_path_factory: pytest.TempPathFactory) -> ReplayBackend:
+    from pacectl.testing.synthetic import steplevel_csv
+    from pacectl.traces.steplevel import load_steplevel
+
+    path = steplevel_csv(tmp_path_factory.mktemp("step") / "s.csv", num_workers=12, num_iterations=40)
+    return ReplayBackend(load_steplevel(path))
+
+
+@pytest.mark.parametrize("case", ["st_backend", "ar_backend", "tiled", "steplevel", "h200"])
+def test_column_method_is_bit_identical_to_one_full_replay_per_scenario(
+    case: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The default method (changed DP columns plus one ideal column, batched; reuse of the original
+    where a scenario's durations are its) gives exactly what one full replay per scenario gives."""
+    if case == "tiled":
+        backend = _tiled_st(tmp_path_factory)
+    elif case == "steplevel":
+        backend = _steplevel(tmp_path_factory)
+    elif case == "h200":
+        from pacectl.traces.kineto import load_kineto
+
+        backend = ReplayBackend(load_kineto(DATA_DIR / "h200-capture"))
+    else:
+        backend = request.getfixturevalue(case)
+    fast, full = analyze(backend), analyze(backend, method="full")
+    assert json.dumps(fast.to_json()) == json.dumps(full.to_json())
+    assert np.array_equal(fast.by_rank, full.by_rank)
+    assert np.array_equal(fast.step_time_ideal_s, full.step_time_ideal_s)
+    assert fast.num_replays == full.num_replays == num_replays(backend)
+
+
+def test_column_batches_do_not_change_the_result(ar_backend: ReplayBackend) -> None:
+    """Scenario batches split at any size (here one scenario per batch) give the same times."""
+    from pacectl import whatif
+
+    small = whatif._Replayer(ar_backend, chunk_elements=1)
+    ideal = ideal_transfer_s(ar_backend)
+    recorded = np.asarray(ar_backend.transfer_s)
+    cols = small.column_step_times(4, 1, lambda b0, b1: recorded[:, :, None, b0:b1], ideal[:, :, 0])
+    for d in range(4):
+        mask = (np.arange(4) == d)[None, None, :]
+        assert np.array_equal(cols[d], small.step_times(np.where(mask, recorded, ideal)))
+
+
+def test_unknown_method_is_refused(st_backend: ReplayBackend) -> None:
+    with pytest.raises(ValueError, match="method must be"):
+        analyze(st_backend, method="fast")

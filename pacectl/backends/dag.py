@@ -65,6 +65,27 @@ class Level:
     group_sizes: IntArray
     dp_sync: NDArray[np.bool_]
 
+    def group_max(self, values: FloatArray) -> FloatArray:
+        """Max of ``values`` (``[k, ...]``, rows in ``nodes`` order) over each group, ``[g, ...]``.
+
+        Groups of one size are a reshape and a max (singletons: ``values`` itself), else
+        ``np.maximum.reduceat``; the maxima are the same either way (a max is exact).
+        """
+        sizes = self.group_sizes
+        m = int(sizes[0])
+        if (sizes == m).all():
+            if m == 1:
+                return values
+            return values.reshape(len(sizes), m, *values.shape[1:]).max(axis=1)
+        return np.maximum.reduceat(values, self.group_offsets, axis=0)
+
+    def spread(self, per_group: FloatArray) -> FloatArray:
+        """Each group's value repeated for its members, ``[k, ...]`` (inverse of :meth:`group_max`)."""
+        sizes = self.group_sizes
+        if (sizes == 1).all():
+            return per_group
+        return np.repeat(per_group, sizes, axis=0)
+
 
 @dataclass(frozen=True)
 class StepDag:
@@ -371,10 +392,12 @@ def evaluate(
     levels: tuple[Level, ...],
     end: FloatArray,
     start: FloatArray,
-    launch_s: FloatArray,
+    launch_s: FloatArray | None,
     transfer_s: FloatArray,
     pace_s: FloatArray | None = None,
     transfer_hook: Callable[[IntArray, FloatArray, FloatArray], FloatArray] | None = None,
+    *,
+    dp_axis: int = -1,
 ) -> None:
     """Evaluate the max-plus recursion level by level, in place.
 
@@ -383,7 +406,8 @@ def evaluate(
         end: ``float64[N + 1, ...]`` op end times, seconds; row ``N`` is the sentinel (step start, 0).
             Rows of earlier levels must already hold their values.
         start: ``float64[N, ...]`` op start times, written for the evaluated levels.
-        launch_s: ``float64[N, ...]`` launch delay of each op (gap after its deps are done).
+        launch_s: ``float64[N, ...]`` launch delay of each op (gap after its deps are done), or None
+            for no launch delays (the same times as zeros: every time is >= +0.0, so adding 0 is exact).
         transfer_s: ``float64[N, ...]`` time from the group's last arrival to this op's end.
         pace_s: optional ``float64[N, ...]`` pacing delay added before each op starts.
         transfer_hook: optional timing-dependent communication model:
@@ -391,19 +415,24 @@ def evaluate(
             when their group starts (for example contention with cross traffic at that moment).
             Without it the recursion is max-plus: no pacing delay can make anything end earlier.
 
-    The trailing axes are ``[..., dp_size]``; DP synchronisation reduces over the last axis.
+        dp_axis: the axis of the DP ranks, over which DP synchronisation reduces (default the last;
+            the what-if's scenario batches put a scenario axis after it).
+
+    The trailing axes are ``[..., dp_size]``; DP synchronisation reduces over ``dp_axis``.
     Formula: ``start = max(end[deps]) + launch (+ pace)``;
     ``end = max(start over the group [and DP ranks]) + transfer``.
     """
     for lv in levels:
-        s = end[lv.deps].max(axis=1) + launch_s[lv.nodes]
+        s = end[lv.deps].max(axis=1)
+        if launch_s is not None:
+            s += launch_s[lv.nodes]
         if pace_s is not None:
             s += pace_s[lv.nodes]
         start[lv.nodes] = s
-        g = np.maximum.reduceat(s, lv.group_offsets, axis=0)
+        g = lv.group_max(s)  # may be s itself: s is stored already
         if lv.dp_sync.any():
-            g[lv.dp_sync] = g[lv.dp_sync].max(axis=-1, keepdims=True)
-        group_start = np.repeat(g, lv.group_sizes, axis=0)
+            g[lv.dp_sync] = g[lv.dp_sync].max(axis=dp_axis, keepdims=True)
+        group_start = lv.spread(g)
         transfer = transfer_s[lv.nodes]
         if transfer_hook is not None:
             transfer = transfer_hook(lv.nodes, group_start, transfer)
@@ -438,10 +467,10 @@ def estimate_intrinsic(dag: StepDag) -> tuple[FloatArray, FloatArray, dict[str, 
     for lv in dag.levels:
         ready = end[lv.deps].max(axis=1)
         launch[lv.nodes] = dag.start_s[lv.nodes] - dag.delay_s[lv.nodes] - ready
-        g = np.maximum.reduceat(dag.start_s[lv.nodes], lv.group_offsets, axis=0)
+        g = lv.group_max(dag.start_s[lv.nodes])  # a fresh array (fancy indexing): safe to write
         if lv.dp_sync.any():
             g[lv.dp_sync] = g[lv.dp_sync].max(axis=-1, keepdims=True)
-        transfer[lv.nodes] = rec_end[lv.nodes] - np.repeat(g, lv.group_sizes, axis=0)
+        transfer[lv.nodes] = rec_end[lv.nodes] - lv.spread(g)
     counts = {
         "launch_clipped": int((launch < -_EPS_S).sum()),
         "transfer_clipped": int((transfer < -_EPS_S).sum()),
