@@ -78,6 +78,82 @@ def test_max_min_conserves_capacity(data: st.DataObject) -> None:
         assert bottlenecks, (f, rates, load, caps)
 
 
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_sparse_max_min_is_bit_identical_to_dense(data: st.DataObject) -> None:
+    """The scipy.sparse path gives exactly the dense rates, for 0/1 and for integer weights."""
+    import scipy.sparse
+
+    num_links = data.draw(st.integers(1, 7))
+    num_flows = data.draw(st.integers(1, 9))
+    caps = np.array(data.draw(st.lists(st.floats(0.5, 100.0), min_size=num_links, max_size=num_links)))
+    weights = np.array(
+        data.draw(st.lists(st.integers(0, 3), min_size=num_links * num_flows, max_size=num_links * num_flows)),
+        dtype=np.float64,
+    ).reshape(num_flows, num_links)
+    demand = np.array(data.draw(st.lists(st.sampled_from([np.inf, 1.0, 7.5]), min_size=num_flows, max_size=num_flows)))
+    for inc in (weights > 0, weights):
+        dense = max_min_fair(caps, inc, demand)
+        sparse = max_min_fair(caps, scipy.sparse.csr_array(inc), demand)
+        assert np.array_equal(dense, sparse)
+
+
+def _ring_flows_by_name(topo: FatTree, nodes: list[int], num_ranks: int) -> np.ndarray:
+    """The ring's incidence built link by link from the link names (the former construction)."""
+    names, _ = topo.links(num_ranks)
+    index = {name: i for i, name in enumerate(names)}
+    rows = []
+    for r in range(topo.rails()):
+        suffix = f":rail{r}" if topo.rails() > 1 else ""
+        for pos, i in enumerate(nodes):
+            j = nodes[(pos + 1) % len(nodes)]
+            row = np.zeros(len(names), dtype=bool)
+            row[index[f"nic_up:{i}{suffix}"]] = True
+            row[index[f"nic_down:{j}{suffix}"]] = True
+            if i // topo.nodes_per_leaf != j // topo.nodes_per_leaf:
+                row[index[f"leaf_up:{i // topo.nodes_per_leaf}{suffix}"]] = True
+                row[index[f"leaf_down:{j // topo.nodes_per_leaf}{suffix}"]] = True
+            rows.append(row)
+    return np.array(rows)
+
+
+@pytest.mark.parametrize(
+    "topo",
+    [FatTree(), FatTree(ranks_per_node=4, nodes_per_leaf=3, oversubscription=2.0), FatTree(rail_optimized=True)],
+)
+@pytest.mark.parametrize("num_ranks", [8, 40, 256])
+def test_ring_incidence_dense_and_sparse_match_the_link_names(topo: FatTree, num_ranks: int) -> None:
+    nodes = list(range(topo.num_nodes(num_ranks)))
+    for order in (nodes, nodes[::-1][: max(0, len(nodes) - 1)]):
+        dense = topo.ring_flows_on(order, num_ranks)
+        sparse = topo.ring_flows_on(order, num_ranks, sparse=True)
+        assert dense.shape == sparse.shape and np.array_equal(dense, sparse.toarray())
+        if len(order) > 1:
+            assert np.array_equal(dense, _ring_flows_by_name(topo, order, num_ranks))
+        else:
+            assert dense.shape[0] == 0
+
+
+@pytest.mark.parametrize("rail_optimized", [False, True])
+def test_contention_rates_from_sparse_incidence_equal_the_dense_solve(rail_optimized: bool) -> None:
+    """Every cross-traffic state's ring rate is bit-identical to the dense flows x links solve."""
+    topo = FatTree(ranks_per_node=8, nodes_per_leaf=2, oversubscription=2.0, rail_optimized=rail_optimized)
+    cross = CrossTraffic(links=("leaf_up:*",), rate_frac=0.7, on_s=0.3, off_s=0.5)
+    model = ContentionComm(topo, 128, message_bytes=1e9, cross_traffic=cross)
+    names, caps = topo.links(128)
+    ring = topo.ring_flows(128)
+    cross_links = [i for i, n in enumerate(names) if n.startswith("leaf_up:")]
+    states = model._states_in_period()
+    assert len(states) > 2
+    for state in states:
+        active = [link for link, on in zip(cross_links, state, strict=True) if on]
+        extra = np.zeros((len(active), len(caps)), dtype=bool)
+        extra[np.arange(len(active)), active] = True
+        demand = np.concatenate([np.full(len(ring), np.inf), 0.7 * caps[active]])
+        dense = max_min_fair(caps, np.vstack([ring, extra]), demand)
+        assert model.ring_rate_Bps(state) == float(dense[: len(ring)].min())
+
+
 def test_max_min_respects_demands() -> None:
     caps = np.array([10.0])
     inc = np.ones((3, 1), dtype=bool)

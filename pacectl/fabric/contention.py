@@ -133,7 +133,7 @@ class ContentionComm:
         self.cross = cross_traffic or CrossTraffic()
         names, caps = topology.links(num_ranks)
         self._caps = caps
-        self._ring = topology.ring_flows(num_ranks)
+        self._ring = topology.ring_flows(num_ranks, sparse=True)  # csr: 2 to 4 links per flow
         g = min(topology.ranks_per_node, num_ranks)
         nodes = topology.num_nodes(num_ranks)
         rails = topology.rails()
@@ -200,18 +200,18 @@ class ContentionComm:
     def ring_rate_Bps(self, cross_on: tuple[bool, ...]) -> float:
         """Rate of the ring's slowest flow when the given cross flows are on, bytes/s."""
         if cross_on not in self._rate_cache:
+            import scipy.sparse  # imported by ring_flows(sparse=True) already
+
             active = [link for link, on in zip(self._cross_links, cross_on, strict=True) if on]
-            cross = np.zeros((len(active), len(self._caps)), dtype=bool)
-            for row, link in enumerate(active):
-                cross[row, link] = True
-            incidence = np.vstack([self._ring, cross]) if len(active) else self._ring
-            demand = np.concatenate(
-                [np.full(len(self._ring), np.inf), self.cross.rate_frac * self._caps[active]]
+            num_ring = self._ring.shape[0]
+            cross = scipy.sparse.csr_array(
+                (np.ones(len(active), dtype=bool), (np.arange(len(active)), np.array(active, dtype=np.int64))),
+                shape=(len(active), len(self._caps)),
             )
+            incidence = scipy.sparse.vstack([self._ring, cross], format="csr") if len(active) else self._ring
+            demand = np.concatenate([np.full(num_ring, np.inf), self.cross.rate_frac * self._caps[active]])
             rates = max_min_fair(self._caps, incidence, demand)
-            self._rate_cache[cross_on] = (
-                float(rates[: len(self._ring)].min()) if len(self._ring) else math.inf
-            )
+            self._rate_cache[cross_on] = float(rates[:num_ring].min()) if num_ring else math.inf
         return self._rate_cache[cross_on]
 
     def _state(self, t: float) -> tuple[tuple[bool, ...], float]:

@@ -17,17 +17,26 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import sys
+from typing import TYPE_CHECKING
+
 import numpy as np
 from numpy.typing import NDArray
 
 from pacectl.errors import ConfigError
 
+if TYPE_CHECKING:  # scipy.sparse costs ~0.3 s to import: only where a sparse matrix is built
+    import scipy.sparse
+
 FloatArray = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
+IntArray = NDArray[np.int64]
 
 
 def max_min_fair(
-    capacity_Bps: FloatArray, incidence: BoolArray | FloatArray, demand_Bps: FloatArray | None = None
+    capacity_Bps: FloatArray,
+    incidence: BoolArray | FloatArray | scipy.sparse.sparray | scipy.sparse.spmatrix,
+    demand_Bps: FloatArray | None = None,
 ) -> FloatArray:
     """Max-min fair rates by progressive filling.
 
@@ -37,6 +46,9 @@ def max_min_fair(
             ``float64[num_flows, num_links]`` weights >= 0, a flow of rate ``x`` loading a link by
             ``weight * x``: a group of flows held to one common rate (the lock-step flows of one
             job's ring, :mod:`pacectl.backends.multijob`), weighted by how many of them cross it.
+            Either may be a ``scipy.sparse`` matrix (each flow crosses a few links: the cost is then
+            linear in the flows, not flows x links); with 0/1 or integer weights the rates are
+            bit-identical to the dense ones (every per-link count is an exact integer sum).
         demand_Bps: optional ``float64[num_flows]`` rate caps (``inf`` for greedy flows).
 
     Returns:
@@ -48,11 +60,34 @@ def max_min_fair(
     demand = np.full(num_flows, np.inf) if demand_Bps is None else np.asarray(demand_Bps, dtype=np.float64)
     rate = np.zeros(num_flows)
     remaining = np.asarray(capacity_Bps, dtype=np.float64).copy()
-    active = incidence.any(axis=1) & (demand > 0)
-    rate[~incidence.any(axis=1)] = demand[~incidence.any(axis=1)]
-    inc_f = incidence.astype(np.float64)
+    sp = sys.modules.get("scipy.sparse")  # a sparse input means scipy.sparse is imported already
+    if sp is not None and sp.issparse(incidence):
+        inc_f = sp.csr_array(incidence, dtype=np.float64)
+        inc_f.eliminate_zeros()
+        by_link = inc_f.T.tocsr()
+        crosses = np.diff(inc_f.indptr) > 0
+
+        def per_link(flow_mask: NDArray[np.bool_]) -> FloatArray:
+            return np.asarray(by_link @ flow_mask.astype(np.float64))
+
+        def touches(link_mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
+            return np.asarray(inc_f @ link_mask.astype(np.float64)) > 0
+
+    else:
+        dense = np.asarray(incidence)
+        inc_d = dense.astype(np.float64)
+        crosses = dense.any(axis=1)
+
+        def per_link(flow_mask: NDArray[np.bool_]) -> FloatArray:
+            return flow_mask.astype(np.float64) @ inc_d
+
+        def touches(link_mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
+            return dense[:, link_mask].any(axis=1)
+
+    active = crosses & (demand > 0)
+    rate[~crosses] = demand[~crosses]
     while active.any():
-        count = active.astype(np.float64) @ inc_f  # active flows per link
+        count = per_link(active)  # active flows per link
         used = count > 0
         share = np.full_like(remaining, np.inf)
         share[used] = remaining[used] / count[used]
@@ -61,7 +96,7 @@ def max_min_fair(
         rate[active] += step
         remaining -= step * count
         saturated = used & (remaining <= 1e-9 * np.maximum(capacity_Bps, 1.0))
-        done = (incidence[:, saturated].any(axis=1)) | (rate >= demand - 1e-12)
+        done = touches(saturated) | (rate >= demand - 1e-12)
         active &= ~done
     return rate
 
@@ -126,16 +161,31 @@ class FatTree:
                     caps.append(cap)
         return names, np.array(caps)
 
-    def ring_flows(self, num_ranks: int) -> BoolArray:
+    def link_index(self, kind: str, index: IntArray | int, rail: IntArray | int, num_ranks: int) -> IntArray:
+        """Position in :meth:`links` of link ``kind:index[:rail]`` (vectorised), for a cluster of
+        ``num_ranks`` ranks. ``kind`` is ``nic_up``, ``nic_down``, ``leaf_up`` or ``leaf_down``."""
+        nodes, leaves, rails = self.num_nodes(num_ranks), self.num_leaves(num_ranks), self.rails()
+        offset = {
+            "nic_up": 0,
+            "nic_down": nodes * rails,
+            "leaf_up": 2 * nodes * rails,
+            "leaf_down": 2 * nodes * rails + leaves * rails,
+        }[kind]
+        return offset + np.asarray(index, dtype=np.int64) * rails + np.asarray(rail, dtype=np.int64)
+
+    def ring_flows(self, num_ranks: int, *, sparse: bool = False) -> BoolArray | scipy.sparse.csr_array:
         """Incidence ``bool[num_flows, num_links]`` of the inter-node ring (node i -> i+1 on every rail).
 
         The ring visits nodes in rank order, so it leaves a leaf only at the leaf's last node: the
         ring all-reduce is contention-free on a full-bisection tree and meets oversubscription only
-        where cross traffic shares the uplinks it crosses.
+        where cross traffic shares the uplinks it crosses. ``sparse=True`` gives it as a
+        ``scipy.sparse.csr_array`` (2 to 4 links per flow).
         """
-        return self.ring_flows_on(range(self.num_nodes(num_ranks)), num_ranks)
+        return self.ring_flows_on(range(self.num_nodes(num_ranks)), num_ranks, sparse=sparse)
 
-    def ring_flows_on(self, nodes: Sequence[int], num_ranks: int) -> BoolArray:
+    def ring_flows_on(
+        self, nodes: Sequence[int], num_ranks: int, *, sparse: bool = False
+    ) -> BoolArray | scipy.sparse.csr_array:
         """Incidence ``bool[num_flows, num_links]`` of a ring over ``nodes``, in that order (node
         ``nodes[i]`` sends to ``nodes[i + 1]``, the last to the first, on every rail), over the links
         of a cluster of ``num_ranks`` ranks: the inter-node ring of a job placed on those nodes.
@@ -144,22 +194,38 @@ class FatTree:
         Args:
             nodes: node indices, each in ``[0, num_nodes(num_ranks))``, no repeats.
             num_ranks: ranks of the whole cluster (its links).
+            sparse: return a ``scipy.sparse.csr_array`` (bool) instead of a dense array.
         """
-        names, _ = self.links(num_ranks)
-        index = {name: i for i, name in enumerate(names)}
-        ring, rails = list(nodes), self.rails()
+        num_links = 2 * self.rails() * (self.num_nodes(num_ranks) + self.num_leaves(num_ranks))
+        ring, rails = np.asarray(list(nodes), dtype=np.int64), self.rails()
+        if sparse:
+            import scipy.sparse
         if len(ring) <= 1:
-            return np.zeros((0, len(names)), dtype=bool)
-        flows = []
-        for r in range(rails):
-            suffix = f":rail{r}" if rails > 1 else ""
-            for pos, i in enumerate(ring):
-                j = ring[(pos + 1) % len(ring)]
-                row = np.zeros(len(names), dtype=bool)
-                row[index[f"nic_up:{i}{suffix}"]] = True
-                row[index[f"nic_down:{j}{suffix}"]] = True
-                if i // self.nodes_per_leaf != j // self.nodes_per_leaf:
-                    row[index[f"leaf_up:{i // self.nodes_per_leaf}{suffix}"]] = True
-                    row[index[f"leaf_down:{j // self.nodes_per_leaf}{suffix}"]] = True
-                flows.append(row)
-        return np.array(flows)
+            return scipy.sparse.csr_array((0, num_links), dtype=bool) if sparse else np.zeros((0, num_links), dtype=bool)
+        # flows in order: rail by rail, position by position (node ring[pos] -> ring[pos + 1])
+        src = np.tile(ring, rails)
+        dst = np.tile(np.roll(ring, -1), rails)
+        rail = np.repeat(np.arange(rails, dtype=np.int64), len(ring))
+        src_leaf, dst_leaf = src // self.nodes_per_leaf, dst // self.nodes_per_leaf
+        cross = src_leaf != dst_leaf
+        cols = np.stack(
+            [
+                self.link_index("nic_up", src, rail, num_ranks),
+                self.link_index("nic_down", dst, rail, num_ranks),
+                np.where(cross, self.link_index("leaf_up", src_leaf, rail, num_ranks), -1),
+                np.where(cross, self.link_index("leaf_down", dst_leaf, rail, num_ranks), -1),
+            ],
+            axis=1,
+        )
+        num_flows = len(src)
+        rows = np.repeat(np.arange(num_flows), 4).reshape(num_flows, 4)
+        keep = cols >= 0
+        if not sparse:
+            dense = np.zeros((num_flows, num_links), dtype=bool)
+            dense[rows[keep], cols[keep]] = True
+            return dense
+        incidence = scipy.sparse.csr_array(
+            (np.ones(int(keep.sum()), dtype=bool), (rows[keep], cols[keep])), shape=(num_flows, num_links)
+        )
+        incidence.sort_indices()
+        return incidence
