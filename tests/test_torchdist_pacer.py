@@ -106,7 +106,7 @@ def _rank_main(rank: int, world: int, port: int, queue: Any) -> None:
                 if pacer is not None and k == 5:
                     pacer.request_control({"guard": {"max_delay_frac": 0.4}})  # rank 0 only; versioned
                 if rank == 1:
-                    time.sleep(0.01)  # rank 1 straggles: the controller paces rank 0
+                    time.sleep(0.03)  # rank 1 straggles: the controller paces rank 0
                 x = torch.randn(16, 32, generator=gen)
                 opt.zero_grad(set_to_none=True)
                 ddp(x).pow(2).mean().backward()
@@ -202,7 +202,7 @@ def test_every_mode_decides_identically_on_every_rank_and_pace(ranks, mode: str)
     assert r0["iterations"] == list(range(_STEPS))
     # a delay is really applied on rank 0 (rank 1 straggles) and lasts at least what was asked
     requested = r0["applied"][:, 0]
-    # (rank 1 is paced far less: a hiccup of rank 0 longer than rank 1's 10 ms sleep on a loaded
+    # (rank 1 is paced far less: a hiccup of rank 0 longer than rank 1's 30 ms sleep on a loaded
     # machine may make rank 1 early once, so "never" would be a timing assertion)
     assert requested.max() > 0.0 and ranks[1][mode]["applied"][:, 1].sum() < 0.25 * requested.sum()
     assert (r0["delay_actual"][requested > 0] >= requested[requested > 0] - 1e-6).all()

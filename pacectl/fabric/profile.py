@@ -9,6 +9,45 @@ traffic, plus early-arrival interference: timing-dependent) or, for replay only,
 ranges, enums) and returns its values converted; every builder here goes through it, so the
 simulator (:func:`sim_fabric`, :func:`compute_from`) and the contended replay
 (:class:`ReplayContention`) share one set of checks and messages.
+
+Reference for users
+-------------------
+
+`comm=` picks the model; `cluster=` (`conf/cluster/*.yaml`) gives its parameters, each with a unit
+and a source (`pacectl/fabric/`):
+
+| `comm=` | durations | pacing can gain? |
+| --- | --- | --- |
+| `null` (default) | fixed: recorded (replay) or the alpha-beta cost (sim; `cluster.collective.algorithm`, hierarchical by default: then exactly `contention`'s duration on a quiet fabric, while oversubscription <= nodes per leaf) | no (max-plus) |
+| `alpha_beta` | closed-form hierarchical / ring / tree all-reduce cost (sim only) | no (max-plus) |
+| `contention` | max-min fair shares on a fat-tree (ranks per node, nodes per leaf, oversubscription, rail-optimized variant) with on/off cross traffic on chosen links; in the simulator also **early-arrival interference** (a rank waiting in the collective busy-polls and slows co-located ranks that are still computing; a pacing rank sleeps instead) | yes, or lose: timing-dependent |
+
+`comm=contention` is timing-dependent only where something varies the ring's rate: cross traffic
+that switches on and off on links the inter-node ring crosses, or (simulator) interference
+(`kappa > 0` with ranks sharing a node). On a profile without either (`generic`, the trace profiles; a job inside one node;
+cross traffic always on, or staggered bursts on so many uplinks the ring crosses that one of them is
+busy at every instant: a constant slowdown) its durations are fixed, as under max-plus: the run
+warns, and `summary.json` (`comm_model_timing_dependent`, per run `comm_timing_dependent`), the plot
+titles, the console table and `report.md` say fixed durations.
+
+The simulator's compute-time models (`cluster.compute.noise`): i.i.d. lognormal jitter,
+heavy-tailed Pareto hiccups, periodic OS-style noise, persistent slow ranks (locality), and replay of
+real per-worker step-time samples (Alibaba PAI). Profiles: `generic`, `paper_like` (calibrated to the
+paper's no-pacing CV of 0.22 at 64 ranks with `comm=contention`, averaged over long runs: the study
+uses 3 seeds x 1,500 iterations; heavy-tailed hiccups make one short run's CV noisy), `contended`,
+`alibaba_pai` and `h200_gloo4` (the paper_like fabric with each rank replaying real step times: one
+Alibaba PAI worker, or one rank of the shipped H200 capture) and `ar` / `st` (the shipped traces).
+
+A profile is checked as a whole wherever a model reads it: always with `backend=sim` (even `comm=null`
+takes its fixed duration from `cluster.collective` and its compute times from `cluster.compute`), and
+with `backend=replay comm=contention`. Unknown keys, at any level, are refused with the known ones and
+a "did you mean"; so are values a model cannot use (`cluster.topology.ranks_per_node=abc`, a bandwidth
+of `inf`, `cluster.collective.message_bytes=nan`, `cluster.collective.algorithm=foo`): one line that
+names the override key, what it must be and an example (`pacectl.fabric.profile.validate_cluster`).
+Replay with `comm=null` (the default) never reads the profile, so it is not checked there. Besides the
+keys of `generic.yaml`, `cluster.cross_traffic.stagger` (default 0.37, in [0, 1]) shifts the on/off
+phase of successive links by that fraction of the period (`+cluster.cross_traffic.stagger=0`: all
+links switch together).
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ FSDP2 (``fully_shard``): :meth:`Pacer.attach` installs :class:`PacedReduceScatte
 ``set_custom_reduce_scatter`` on every sharded module; the first reduce-scatter of each backward is
 the paced collective (the delay before it, its wait measured inside it), everything else below is
 the same (the exchange runs on the pacer's group, which must be the one FSDP2 reduce-scatters on).
+Limitation, measured on CPU/gloo: with ``reshard_after_forward=True`` (FSDP2's default) backward
+prefetches the next unit's all-gather before the first reduce-scatter, and the early rank blocks in
+that all-gather; the reduce-scatter then shows almost no arrival spread (within 2 ms behind a 30 ms
+straggler), so nothing is paced. Use ``reshard_after_forward=False`` (the built-in workload does)
+until the pacer also measures the backward all-gather.
 
 Per iteration, on every rank:
 

@@ -327,8 +327,8 @@ def last_flight_recorder_id() -> int:
 
 def wrap_model(model: nn.Module, parallel: str, bucket_cap_mb: float, group: Any) -> nn.Module:
     """The built-in model, data-parallel: DDP (``bucket_cap_mb`` buckets) or FSDP2 (``fully_shard``
-    per layer, then the root, on a 1-D CPU mesh over ``group``'s ranks; the mesh is kept as
-    ``model.pacectl_mesh``).
+    per layer, then the root, on a 1-D CPU mesh over ``group``'s ranks, parameters kept unsharded
+    between forward and backward; the mesh is kept as ``model.pacectl_mesh``).
 
     Args:
         model: the model.
@@ -350,9 +350,13 @@ def wrap_model(model: nn.Module, parallel: str, bucket_cap_mb: float, group: Any
     layers: list[nn.Module] = [m for m in model.modules() if isinstance(m, nn.TransformerEncoderLayer)] or [
         m for m in model.modules() if isinstance(m, nn.Linear)
     ]
+    # no unit reshards after forward (ZeRO-2 style): backward then issues no all-gather, and the
+    # early rank waits in the first reduce-scatter, where the pacer measures. With resharding, FSDP2
+    # prefetches the next unit's all-gather before that reduce-scatter and on CPU the early rank
+    # blocks in it: the paced reduce-scatter then sees almost no spread (tests/test_torchdist_groups.py)
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
     model.pacectl_mesh = mesh  # type: ignore[assignment]
     return model
 
