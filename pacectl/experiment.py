@@ -506,6 +506,7 @@ class SimExperiment(_ClosedLoop):
                 "num_iterations": b.num_iterations,
                 "comm_free_time_s": float(b.comm.free_time_s),
                 "interference_kappa": b.interference.kappa,
+                "interference_kappa_source": b.interference.kappa_source,
                 # how each noise component draws compute times (a sampled series says how it is filled)
                 "compute_noise": [
                     c.describe() if hasattr(c, "describe") else type(c).__name__ for c in b.compute.components

@@ -274,6 +274,11 @@ def test_schema_covers_the_shipped_profiles_and_matches_the_model_classes() -> N
 
 BAD_VALUES = [
     (
+        "cluster.interference.kappa_source=guessed",
+        "cluster.interference.kappa_source must be a string starting with 'assumed' or 'measured: <record>', "
+        "got 'guessed'",
+    ),
+    (
         "cluster.topology.ranks_per_node=abc",
         "cluster.topology.ranks_per_node must be an integer >= 1, got 'abc'",
     ),

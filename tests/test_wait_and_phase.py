@@ -238,6 +238,20 @@ def test_kappa_override_replaces_the_profiles(kappa: float) -> None:
     assert exp.describe()["sim"]["interference_kappa"] == kappa
 
 
+def test_every_run_says_whether_its_kappa_is_measured_or_assumed() -> None:
+    from pacectl.experiment import SimExperiment
+
+    base = ["backend=sim", "backend.num_ranks=16", "cluster=paper_like", "comm=contention"]
+    sim = SimExperiment(_compose(*base)).describe()["sim"]
+    assert sim["interference_kappa_source"].startswith("assumed")
+    record = "measured: experiments/interference/results/kappa_cpu.json (spin arm)"
+    exp = SimExperiment(
+        _compose(*base, "cluster.interference.kappa=0.3", f"cluster.interference.kappa_source='{record}'")
+    )
+    assert exp.describe()["sim"]["interference_kappa_source"] == record
+    assert "(kappa 0.3, measured)" in exp.backend.comm_description
+
+
 def test_phase_alone_warns_and_sleep_wait_says_what_it_changes(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from pacectl import run
 

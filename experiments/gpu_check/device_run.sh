@@ -2,12 +2,13 @@
 # Everything the project needs from one lent GPU machine (one H200, 16 CPU cores), in one call:
 #
 #   1. experiments/gpu_check/gpu_check.py: the CUDA/NCCL pacing path (device-side delay, host and
-#      compute stream not blocked, DDP end to end in every exchange mode, zero-delay cost on the GPU);
+#      compute stream not blocked, DDP end to end in every exchange mode, zero-delay cost on the GPU),
+#      the physics steps (sleep_calibration, kappa_on_device, power_states) and FSDP2's stream check;
 #   2. the issue's <= 1 % overhead goal with a core per rank, which the 2-core development machine
 #      cannot give: experiments/bench/bench_torchdist.py with 4 gloo ranks (1 thread each) on the
 #      machine's CPUs, the same configuration as results/torchdist_2rank_async.json.
 #
-# Usage with the device tool (timeout_s=560; 5.5 minutes on 2026-11-30; both records come back under $OUT):
+# Usage with the device tool (timeout_s=560; at most 230 + 290 s of commands; both records come back under $OUT):
 #   bash experiments/gpu_check/device_run.sh
 # Copy $OUT/gpu_check.json to experiments/gpu_check/results/gpu_check_runN.json (the next N) and $OUT/torchdist_4rank_16core.json
 # to experiments/bench/results/. Dry run on any machine (small, CPU only; check 1 skips with 77):
@@ -20,10 +21,10 @@ export PYTHONUNBUFFERED=1
 # pacectl is not installed there: the bench and the ranks it spawns import it from this checkout
 export PYTHONPATH="$(cd "$(dirname "$0")/../.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 { git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo "commit: unknown"; nproc; lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)|Thread|NUMA node\(s\)'; nvidia-smi -L 2>/dev/null; } | tee "$out/machine.txt"
-python3 experiments/gpu_check/gpu_check.py --watchdog-s 170 --out "$out/gpu_check.json"
+python3 experiments/gpu_check/gpu_check.py --watchdog-s 230 --out "$out/gpu_check.json"
 gpu_rc=$?
 echo "gpu_check exit code: $gpu_rc"
-timeout 340 python3 experiments/bench/bench_torchdist.py --nproc 4 --widths 1024 --rounds "${ROUNDS:-70}" \
+timeout 290 python3 experiments/bench/bench_torchdist.py --nproc 4 --widths 1024 --rounds "${ROUNDS:-50}" \
   --block 5 --batch 512 --bucket-cap-mb 25 --reps "${REPS:-50}" --variants plain,py_hook,no_gather,async,piggyback \
   --out "$out/torchdist_4rank_16core.json"
 bench_rc=$?

@@ -29,6 +29,14 @@ Checks (each prints PASS/FAIL and is recorded):
    at batch 4096, a 10x longer iteration); per variant the median paired
    difference of the block means against plain, seconds and fraction of plain's iteration
    (recorded, not a pass/fail check).
+7. The physics behind the simulator's parameters (``device_physics.py``; recorded, not pass/fail):
+   ``sleep_calibration`` (``torch.cuda._sleep``'s rate and the SM clock, idle and under a GEMM
+   stream), ``kappa_on_device`` (a GEMM stream's slowdown while NCCL-like spinning kernels of 1-32
+   CTAs occupy the GPU, against the pacer's 1-CTA sleep: early-arrival interference on the device)
+   and ``power_states`` (mean power, NVML energy counter, in idle, compute, spinning-wait and
+   sleeping-wait states).
+8. ``fsdp2_reduce_scatter_stream`` (``experiments/fsdp2/cuda_stream_check.py``): FSDP2's paced
+   reduce-scatter waits on its own stream; host and compute stream not blocked (pass/fail).
 
 Every check runs even if an earlier one failed; the record says which failed and why. The record is
 rewritten after every check (``"complete": false`` until the end), and a watchdog (``--watchdog-s``)
@@ -52,6 +60,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # device_physics
 
 
 #: every step :func:`main` runs, in order (``--checks`` picks some)
@@ -70,7 +79,13 @@ STEPS = (
     "ddp_delay_in_a_loop",
     "overhead_zero_delay",
     "overhead_zero_delay_batch4096",
+    "sleep_calibration",
+    "kappa_on_device",
+    "power_states",
+    "fsdp2_reduce_scatter_stream",
 )
+#: steps that need CUDA (skipped with ``--cpu``)
+CUDA_ONLY = ("device_delay_precision", "not_blocked", "fsdp2_reduce_scatter_stream")
 #: steps that compare with plain DDP's parameters, which ``ddp_plain`` trains
 NEEDS_PLAIN = ("ddp_piggyback", "ddp_async", "ddp_collective", "ddp_piggyback_iteration_end")
 #: zero-delay variants timed against plain DDP on the GPU (see :func:`overhead`)
@@ -664,6 +679,28 @@ def main(argv: list[str] | None = None) -> int:
     def overhead_longer_iteration() -> None:
         out["overhead_zero_delay_batch4096"] = overhead(dev, **{"rounds": 20, **tiny, "batch": 4096})
 
+    import device_physics  # this folder (sys.path[0] when run as a script; the test adds it too)
+
+    def sleep_calibration() -> None:
+        out["sleep_calibration"] = device_physics.sleep_calibration(dev, quick=args.cpu)
+
+    def kappa_on_device() -> None:
+        out["kappa_on_device"] = device_physics.kappa_on_device(
+            dev, **({"rounds": 2, "reps": 3, "quick": True} if args.cpu else {})
+        )
+
+    def power_states() -> None:
+        out["power_states"] = device_physics.power_states(dev, seconds=0.3 if args.cpu else 2.0)
+
+    def fsdp2_stream() -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fsdp2"))
+        from cuda_stream_check import check_fsdp2_delay_on_reduce_scatter_stream
+
+        checks["fsdp2_reduce_scatter_stream"] = False  # until it has run
+        result = check_fsdp2_delay_on_reduce_scatter_stream()
+        out["fsdp2_reduce_scatter_stream"] = result
+        checks["fsdp2_reduce_scatter_stream"] = bool(result.get("ok"))
+
     try:
         if not args.cpu:  # CUDA only
             step("device_delay_precision", precision)
@@ -689,6 +726,11 @@ def main(argv: list[str] | None = None) -> int:
         step("ddp_delay_in_a_loop", delay_in_a_loop)
         step("overhead_zero_delay", overhead_on_gpu)
         step("overhead_zero_delay_batch4096", overhead_longer_iteration)
+        step("sleep_calibration", sleep_calibration)
+        step("kappa_on_device", kappa_on_device)
+        step("power_states", power_states)
+        if not args.cpu:
+            step("fsdp2_reduce_scatter_stream", fsdp2_stream)
     finally:
         save()  # before the process group is destroyed, which may wait on NCCL work
         try:

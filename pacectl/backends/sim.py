@@ -105,7 +105,10 @@ class SimBackend:
         self.comm_timing_dependent = bool(comm.timing_dependent) or interfering or capped
         self.comm_description = str(comm.description)
         if interfering:
-            self.comm_description += f" + early-arrival interference (kappa {self.interference.kappa:g})"
+            self.comm_description += (
+                f" + early-arrival interference (kappa {self.interference.kappa:g}, "
+                f"{self.interference.kappa_source.split(':')[0].strip()})"
+            )
         if power_cap is not None:
             self.comm_description += f" + {power_cap.description}"
         #: timing-dependent mechanisms in force, by name

@@ -15,9 +15,13 @@ iteration's length (see :mod:`pacectl.fabric.base`):
   rank that waits asleep (``Action.wait``, the ``sleep_wait`` controller). gloo's default TCP pair
   does not poll: it blocks on epoll, so on CPU/gloo a waiting rank already sleeps. CPU-side launch
   delays are a documented straggler cause in production (Lin et al., OSDI 2025, section 6). The
-  strength ``kappa`` is an assumption of a scenario, not a measured constant (no experiment here
-  measures it yet; issue 21 plans the CPU and GPU measurements): report a gain across a range of
-  it, beside ``sleep_wait``.
+  strength ``kappa`` of the shipped GPU profiles is an assumption of a scenario
+  (``interference.kappa_source: assumed``): experiments/interference/measure_kappa.py measures the
+  CPU case (spinning waiters on an oversubscribed host slow a computing rank by tens of per cent
+  per waiter; sleeping waiters, the pacer's sleep and gloo's epoll wait by none measurable), and
+  the GPU case (spinning NCCL-like kernels against a GEMM stream) is the prepared, not yet run,
+  ``kappa_on_device`` step of experiments/gpu_check. Report a gain across a range of ``kappa``,
+  beside ``sleep_wait``.
 """
 
 from __future__ import annotations
@@ -405,10 +409,16 @@ class EarlyArrivalInterference:
     Args:
         kappa: slowdown per waiting co-located peer, >= 0 (dimensionless).
         ranks_per_node: ranks sharing a host (the interference domain).
+        kappa_source: where ``kappa`` comes from: ``"assumed"`` (a scenario choice), or
+            ``"measured: <record>"`` naming the measurement's record (e.g.
+            ``experiments/interference/results/kappa_cpu.json``); each may carry a note after it.
+            Reported beside every simulated result. A command-line override of ``kappa`` should
+            set it too (``cluster.interference.kappa_source=assumed``).
     """
 
     kappa: float = 0.0
     ranks_per_node: int = 8
+    kappa_source: str = "assumed"
 
     def active(self, num_ranks: int) -> bool:
         """Whether it can change any finish time: ``kappa > 0`` and some rank has a peer on its node."""
@@ -419,6 +429,13 @@ class EarlyArrivalInterference:
             raise ConfigError(f"interference.kappa must be >= 0, got {self.kappa!r}")
         if int(self.ranks_per_node) < 1:
             raise ConfigError(f"interference ranks_per_node must be >= 1, got {self.ranks_per_node!r}")
+        if not isinstance(self.kappa_source, str) or not self.kappa_source.startswith(
+            ("assumed", "measured")
+        ):
+            raise ConfigError(
+                "interference.kappa_source must start with 'assumed' or 'measured' (e.g. 'measured: "
+                f"experiments/interference/results/kappa_cpu.json'), got {self.kappa_source!r}"
+            )
 
     def finish_s(
         self, work_s: FloatArray, delay_s: FloatArray, *, spinning: bool | NDArray[np.bool_] = True

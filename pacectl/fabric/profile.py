@@ -203,6 +203,17 @@ def _text(example: str) -> tuple[_Check, str]:
     return check, example
 
 
+def _source(example: str) -> tuple[_Check, str]:
+    """Where a parameter's value comes from: ``assumed...`` or ``measured...`` (with a note after it)."""
+
+    def check(value: object, key: str) -> str:
+        if not isinstance(value, str) or not value.startswith(("assumed", "measured")):
+            raise _fail(key, "a string starting with 'assumed' or 'measured: <record>'", value, example)
+        return value
+
+    return check, example
+
+
 def _strings(example: str) -> tuple[_Check, str]:
     def check(value: object, key: str) -> tuple[str, ...]:
         if value is None:
@@ -273,6 +284,7 @@ FABRIC_SCHEMA: dict[str, dict[str, tuple[_Check, str]]] = {
     },
     "interference": {  # EarlyArrivalInterference (ranks_per_node comes from the topology)
         "kappa": _number("0.05", low=0.0),
+        "kappa_source": _source("assumed"),
     },
     "power_cap": {  # NodePowerCap (ranks_per_node from the topology, the profile from cluster.power)
         "node_w": _optional_power("4000"),
@@ -551,8 +563,11 @@ def sim_fabric(
         return FixedComm(alpha_beta.free_time_s), no_interference
     if name == "alpha_beta":
         return alpha_beta, no_interference
-    kappa = profile["interference"].get("kappa", 0.0)
-    return _contention(profile, num_ranks), EarlyArrivalInterference(kappa, topology.ranks_per_node)
+    section = profile["interference"]
+    interference = EarlyArrivalInterference(
+        section.get("kappa", 0.0), topology.ranks_per_node, section.get("kappa_source", "assumed")
+    )
+    return _contention(profile, num_ranks), interference
 
 
 class ReplayContention:
