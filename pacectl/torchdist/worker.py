@@ -303,13 +303,25 @@ class LiveRun:
         the format of ``_dump_fr_trace``), in ``<record_dir>/flight_recorder/<family>/``."""
         import torch._C._distributed_c10d as c10d
 
-        dump = pickle.loads(c10d._dump_fr_trace(includeStackTraces=False))  # type: ignore[attr-defined]
         group: Any = self.group if self.parallel == "ddp" else self.pacing_group()
         name = group.group_name
         first = self.fr_first_id if self.fr_first_id is not None else 0
-        dump["entries"] = [
-            e for e in dump["entries"] if e["process_group"][0] == name and e["record_id"] >= first
-        ]
+        # gloo marks an entry retired from its worker thread after the work has run, which can be
+        # after the training thread saw the future complete: on a loaded machine the last step's
+        # entries were still unretired at the dump, and the importer dropped that step as cut by
+        # the dump's end. Wait (up to 5 s) until every entry of the run is finished.
+        deadline = time.monotonic() + 5.0
+        while True:
+            dump = pickle.loads(c10d._dump_fr_trace(includeStackTraces=False))  # type: ignore[attr-defined]
+            entries = [
+                e for e in dump["entries"] if e["process_group"][0] == name and e["record_id"] >= first
+            ]
+            if all(e.get("retired") or e.get("state") == "completed" for e in entries):
+                break
+            if time.monotonic() > deadline:
+                break  # the importer names what is unfinished
+            time.sleep(0.01)
+        dump["entries"] = entries
         folder = Path(self.spec["record_dir"]) / "flight_recorder" / self.family
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"fr_trace_rank_{self.rank}"
