@@ -18,6 +18,7 @@ import yaml
 
 from pacectl.errors import TraceError, yaml_problem
 from pacectl.traces.model import (
+    OP_KEY,
     JobMeta,
     OpTrace,
     describe_op_row,
@@ -105,6 +106,6 @@ def load_bytedance(path: str | Path, meta: str | Path) -> OpTrace:
     job = load_meta(meta)
     table = read_parquet_table(p, other_formats="For other formats pick another trace= importer")
     raw = drop_exact_duplicates(
-        table.to_pandas(), source=str(p), what="values in every column", describe=describe_op_row
+        table.to_pandas(), source=str(p), what="values in every column", describe=describe_op_row, key=OP_KEY
     )
     return OpTrace(ops=validate_ops(raw, job, source=str(p)), meta=job, source=str(p), fmt="bytedance")

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from pacectl.errors import TraceError
 from pacectl.files import atomic_path
 from pacectl.traces.model import (
+    OP_KEY,
     CANONICAL_COLUMNS,
     TIME_UNITS,
     JobMeta,
@@ -102,7 +103,7 @@ def load_canonical(path: str | Path) -> OpTrace:
             f"canonical format version must be <= {FORMAT_VERSION}, got {version} (in {p}); upgrade pacectl"
         )
     raw_ops = drop_exact_duplicates(
-        table.to_pandas(), source=str(p), what="values in every column", describe=describe_op_row
+        table.to_pandas(), source=str(p), what="values in every column", describe=describe_op_row, key=OP_KEY
     )
     ops = validate_ops(raw_ops, job, source=str(p))
     fmt = str(meta.get("source_format", "canonical"))

@@ -94,8 +94,59 @@ def describe_op_row(row: pd.Series) -> str:
     return ", ".join(f"{c} {plain(row[c])}" for c in ("step", "rank", "optype", "seq_id") if c in row.index)
 
 
+def packed_key(columns: Sequence[np.ndarray]) -> np.ndarray | None:
+    """One ``int64`` key per row whose order is the rows' lexicographic order over ``columns``.
+
+    Mixed radix: each integer column, offset by its minimum, is one digit. Equal keys are equal
+    rows over these columns, so sorting, grouping and duplicate checks run on one packed array
+    instead of several (numpy, not pandas' multi-column hashing).
+
+    Args:
+        columns: integer arrays of one length (the first is the most significant).
+
+    Returns:
+        ``int64[n]``, or None when the digits' spans do not fit 62 bits (or a column is not integer).
+    """
+    if not columns:
+        return None
+    key = np.zeros(len(columns[0]), dtype=np.int64)
+    total = 1
+    for column in columns:
+        values = np.asarray(column)
+        if values.dtype.kind not in "iu":
+            return None
+        if len(values) == 0:
+            return key
+        lo, hi = int(values.min()), int(values.max())
+        span = hi - lo + 1
+        total *= span
+        if total >= 1 << 62:
+            return None
+        key = key * span + (values.astype(np.int64) - lo)
+    return key
+
+
+def _text_codes(values: Any) -> tuple[np.ndarray, list[str]] | None:
+    """Integer codes of a text column, numbered in sorted (string) order, and its sorted values;
+    None when it holds something other than strings (NaN)."""
+    codes, uniques = pd.factorize(values)
+    if (codes < 0).any():
+        return None
+    labels = [str(u) for u in np.asarray(uniques, dtype=object)]
+    order = np.argsort(np.array(labels, dtype=object), kind="stable")
+    rank = np.empty(len(labels), dtype=np.int64)
+    rank[order] = np.arange(len(labels))
+    return rank[codes], [labels[i] for i in order]
+
+
 def drop_exact_duplicates(
-    df: pd.DataFrame, *, source: str, what: str, describe: Any = None, row_offset: int = 0
+    df: pd.DataFrame,
+    *,
+    source: str,
+    what: str,
+    describe: Any = None,
+    row_offset: int = 0,
+    key: Sequence[str] = (),
 ) -> pd.DataFrame:
     """Drop rows equal in every column to an earlier row, with a :class:`TraceWarning` saying how many.
 
@@ -108,10 +159,15 @@ def drop_exact_duplicates(
         what: what the columns compare, for the warning (``"worker, time and values"``).
         describe: optional ``row -> str`` naming the first duplicate (``"worker 3, time 2381"``).
         row_offset: added to the 0-based row index to name the row as the user sees it in the file.
+        key: integer or text columns that rows equal in every column are also equal on (an op
+            key): when no two rows share them (one packed-key sort, :func:`packed_key`), no row can
+            be an exact duplicate, and the whole-row comparison is skipped.
 
     Returns:
         ``df`` without the duplicates (the first occurrence is kept).
     """
+    if key and all(c in df.columns for c in key) and not _may_repeat(df, key):
+        return df
     dup = df.duplicated(keep="first")
     count = int(dup.sum())
     if count == 0:
@@ -128,6 +184,30 @@ def drop_exact_duplicates(
         stacklevel=3,
     )
     return df[~dup.to_numpy()]
+
+
+def _may_repeat(df: pd.DataFrame, key: Sequence[str]) -> bool:
+    """False when no two rows of ``df`` share the values of ``key`` (decided on one packed key);
+    True when some do, or when the columns cannot be packed (then the caller checks the slow way)."""
+    digits = []
+    for c in key:
+        column = df[c]
+        if pd.api.types.is_bool_dtype(column):
+            return True
+        if pd.api.types.is_integer_dtype(column):
+            digits.append(column.to_numpy())
+        elif pd.api.types.is_numeric_dtype(column):
+            return True
+        else:
+            coded = _text_codes(column)
+            if coded is None:
+                return True
+            digits.append(coded[0])
+    packed = packed_key(digits)
+    if packed is None:
+        return True
+    packed.sort()
+    return bool((packed[1:] == packed[:-1]).any())
 
 
 @dataclass(frozen=True)
@@ -273,74 +353,139 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
             f"trace must have columns {list(CANONICAL_COLUMNS)}, missing {missing} (in {source}). "
             "Is this a ByteDance what-if op trace? The schema is in pacectl/traces/model.py."
         )
-    columns = {"optype": ops["optype"].astype(str).to_numpy()}
+    # optype as text, kept as pandas holds it (an arrow-backed string array under pandas 3, objects
+    # before): the same column as ``astype(str).to_numpy()`` gives, without the round trip
+    columns: dict[str, Any] = {"optype": _text_column(ops["optype"])}
     for col in ("step", "dp_rank", "stage", "rank", "seq_id", "mc"):
         columns[col] = _integer_column(ops, col, source)
     for col in ("start_ts", "duration") + (("delay_s",) if "delay_s" in ops.columns else ()):
         columns[col] = _float_column(ops, col, source)
-    out = pd.DataFrame({c: columns[c] for c in (*CANONICAL_COLUMNS, "delay_s") if c in columns})
-    if len(out) == 0:
+    names = [c for c in (*CANONICAL_COLUMNS, "delay_s") if c in columns]
+    frames: list[pd.DataFrame] = []
+
+    def frame() -> pd.DataFrame:
+        """The table in file order, built only where a message needs rows (or no key fits)."""
+        if not frames:
+            frames.append(pd.DataFrame({c: columns[c] for c in names}))
+        return frames[0]
+
+    if len(columns["step"]) == 0:
         raise TraceError(f"trace must contain at least one op, got an empty table (in {source})")
     for col in ("start_ts", "duration", "delay_s"):
-        if col not in out.columns:
+        if col not in columns:
             continue
-        values = out[col].to_numpy()
+        values = columns[col]
         bad = ~np.isfinite(values) | (values < 0) | (values > MAX_DURATION_S)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            row = out.iloc[i]
+            row = frame().iloc[i]
             raise TraceError(
                 f"{col} must be finite, >= 0 and <= {MAX_DURATION_S:.0f} s, got {float(values[i])!r} "
                 f"(in {source}: row {i}, step {row['step']}, rank {row['rank']}, op {row['optype']}); "
                 f"{int(bad.sum())} rows are bad. Drop or repair them before replay."
             )
-    _check_unique_keys(out, source)
-    unknown = sorted(set(out["optype"].unique()) - set(OPTYPES))
+    # One packed int64 key, (step, dp_rank, stage, optype, seq_id) in lexicographic order: the key
+    # check, the per-step rank count and the sort run on it in numpy. Wherever a check fails, the
+    # pandas code below it (the reference) runs to word the message.
+    coded = _text_codes(columns["optype"])
+    step_digit = columns["step"]
+    digits = [step_digit, columns["dp_rank"], columns["stage"]]
+    key = packed_key([*digits, coded[0], columns["seq_id"]]) if coded is not None else None
+    order = None
+    if key is None:
+        _check_unique_keys(frame(), source)
+    else:
+        order = np.argsort(key, kind="stable")
+        sorted_key = key[order]
+        if (sorted_key[1:] == sorted_key[:-1]).any():
+            _check_unique_keys(frame(), source)  # raises, with the rows it finds
+    optypes = set(coded[1]) if coded is not None else set(frame()["optype"].unique())
+    unknown = sorted(optypes - set(OPTYPES))
     if unknown:
         raise TraceError(
             f"optype must be one of {list(OPTYPES)}, got {unknown!r} (in {source}: column optype)"
         )
     for col, size in (("dp_rank", meta.dp_size), ("stage", meta.pp_size)):
-        values = out[col].to_numpy()
+        values = columns[col]
         if values.min() < 0 or values.max() >= size:
             raise TraceError(
                 f"{col} must be in [0, {size}) as the job meta says, got values in "
                 f"[{values.min()}, {values.max()}] (in {source}: column {col}). "
                 "Does the meta file belong to this trace?"
             )
-    pairs = out[["dp_rank", "stage"]].drop_duplicates()
-    if len(pairs) != meta.dp_size * meta.pp_size:
+    num_pairs = meta.dp_size * meta.pp_size
+    pair = columns["dp_rank"] * meta.pp_size + columns["stage"]  # in [0, num_pairs)
+    present = np.bincount(pair, minlength=num_pairs) > 0
+    if int(present.sum()) != num_pairs:
         raise TraceError(
             f"trace must hold dp_size x pp_size = {meta.dp_size} x {meta.pp_size} ranks as its meta says, "
-            f"got {len(pairs)} distinct (dp_rank, stage) pairs (in {source}). Does the meta belong to it?"
+            f"got {int(present.sum())} distinct (dp_rank, stage) pairs (in {source}). Does the meta belong to it?"
         )
-    rank_of = out.groupby(["dp_rank", "stage"])["rank"].nunique()
-    if (rank_of > 1).any():
+    rank = columns["rank"]
+    low = np.full(num_pairs, np.iinfo(np.int64).max)
+    high = np.full(num_pairs, np.iinfo(np.int64).min)
+    np.minimum.at(low, pair, rank)
+    np.maximum.at(high, pair, rank)
+    if (low != high).any():
+        rank_of = frame().groupby(["dp_rank", "stage"])["rank"].nunique()
         dp, st = rank_of[rank_of > 1].index[0]
         raise TraceError(
             f"each (dp_rank, stage) must map to one global rank, got several for dp_rank {dp}, "
             f"stage {st} (in {source}: column rank)"
         )
-    if out["rank"].max() >= meta.world_size or out["rank"].min() < 0:
+    if rank.max() >= meta.world_size or rank.min() < 0:
         raise TraceError(
-            f"rank must be in [0, world_size={meta.world_size}), got max {out['rank'].max()} "
+            f"rank must be in [0, world_size={meta.world_size}), got max {rank.max()} "
             f"(in {source}: column rank). Check world_size in the meta file."
         )
-    per_step = out[["step", "dp_rank", "stage"]].drop_duplicates().groupby("step").size()
-    short = per_step[per_step < len(pairs)]
-    if len(short):
+    step_pair = packed_key([step_digit, pair])
+    if step_pair is None or order is None:
+        complete = _steps_complete(frame(), num_pairs)
+    else:
+        # distinct (step, pair) values per step, from the sorted key (step is its leading digit)
+        ordered = step_pair[order]
+        first = np.ones(len(ordered), dtype=bool)
+        first[1:] = ordered[1:] != ordered[:-1]
+        steps_of_pairs = step_digit[order][first]
+        starts = np.flatnonzero(np.r_[True, steps_of_pairs[1:] != steps_of_pairs[:-1]])
+        complete = bool((np.diff(np.r_[starts, len(steps_of_pairs)]) == num_pairs).all())
+    if not complete:
+        out = frame()
+        pairs = out[["dp_rank", "stage"]].drop_duplicates()
+        per_step = out[["step", "dp_rank", "stage"]].drop_duplicates().groupby("step").size()
+        short = per_step[per_step < len(pairs)]
         step = int(short.index[0])
-        present = out.loc[out["step"] == step, ["dp_rank", "stage"]].drop_duplicates()
-        have = set(map(tuple, present.to_numpy().tolist()))
+        present_pairs = out.loc[out["step"] == step, ["dp_rank", "stage"]].drop_duplicates()
+        have = set(map(tuple, present_pairs.to_numpy().tolist()))
         lost = sorted(set(map(tuple, pairs.to_numpy().tolist())) - have)
         raise TraceError(
             f"every step must record all {len(pairs)} ranks, got {len(have)} in step {step}: "
             f"missing (dp_rank, stage) {lost[:8]} (in {source}); {len(short)} steps are incomplete. "
             "Drop incomplete steps before replay."
         )
-    return out.sort_values(["step", "dp_rank", "stage", "optype", "seq_id"], kind="stable").reset_index(
-        drop=True
-    )
+    if order is None:
+        return frame().sort_values(["step", "dp_rank", "stage", "optype", "seq_id"], kind="stable").reset_index(
+            drop=True
+        )
+    if (order == np.arange(len(order))).all():
+        return frame()  # already in order
+    return pd.DataFrame({c: columns[c].take(order) for c in names})
+
+
+def _text_column(values: pd.Series) -> Any:
+    """``values.astype(str)`` as an array; a categorical column (a Parquet dictionary) converts its
+    categories once and takes them by code."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        codes = values.cat.codes.to_numpy()
+        if len(codes) and (codes >= 0).all():
+            return values.cat.categories.astype(str).array.take(codes)
+    return values.astype(str).array
+
+
+def _steps_complete(out: pd.DataFrame, num_pairs: int) -> bool:
+    """Whether every step records all ``num_pairs`` (dp_rank, stage) pairs (the pandas way)."""
+    per_step = out[["step", "dp_rank", "stage"]].drop_duplicates().groupby("step").size()
+    return bool((per_step >= num_pairs).all())
 
 
 def _check_unique_keys(out: pd.DataFrame, source: str) -> None:

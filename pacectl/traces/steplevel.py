@@ -274,6 +274,7 @@ def load_steplevel(
         what=" and ".join([", ".join(map(str, data.columns[:-1])), str(data.columns[-1])]),
         describe=lambda r: f"worker {int(r['worker'])}, {step_col} {int(r[step_col])}",
         row_offset=2,
+        key=("worker", step_col),
     )
     worker = data["worker"].to_numpy(dtype=float).astype(np.int64)
     step = data[step_col].to_numpy(dtype=float).astype(np.int64)

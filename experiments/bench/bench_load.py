@@ -1,0 +1,110 @@
+"""Benchmark: loading cost per op (time and peak memory), over trace sizes; optionally against another checkout.
+
+Usage::
+
+    python experiments/bench/bench_load.py                          # writes results/load.json
+    python experiments/bench/bench_load.py --against /tmp/old-checkout
+
+Each figure is one load in a fresh child process (so its peak resident memory is its own): the
+ByteDance-schema traces tiled from AR along DP (:func:`pacectl.testing.synthetic.tiled_bytedance`;
+DP 4, 16, 64, 256 x PP 4, 117 k to 7.5 M ops) and step-level CSVs of 1,024 and 4,096 workers x
+500 iterations (two ops per row). ``ns_per_op`` is the load's wall time per canonical op;
+``peak_bytes_per_op`` is the child's peak RSS above its RSS after imports, per op;
+``table_bytes_per_op`` is the loaded op table's own size (``memory_usage(deep=True)``).
+
+With ``--against DIR`` (a checkout of another commit), each case also runs with ``PYTHONPATH=DIR``,
+alternating with this checkout, and every row says whether both gave identical op tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from _record import write_record
+
+CHILD = r"""
+import json, resource, sys, time, warnings, hashlib
+warnings.simplefilter("ignore")
+import pandas as pd
+from pacectl.traces.bytedance import load_bytedance
+from pacectl.traces.steplevel import load_steplevel
+kind, a, b = sys.argv[1], sys.argv[2], sys.argv[3]
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+t0 = time.perf_counter()
+trace = load_bytedance(a, b) if kind == "bytedance" else load_steplevel(a)
+dt = time.perf_counter() - t0
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+ops = trace.ops
+digest = hashlib.sha256(pd.util.hash_pandas_object(ops, index=True).to_numpy().tobytes()
+                        + str(list(map(str, ops.dtypes))).encode()).hexdigest()
+print(json.dumps({"num_ops": len(ops), "load_s": dt, "ns_per_op": dt / len(ops) * 1e9,
+                  "peak_bytes_per_op": (peak - base) / len(ops),
+                  "table_bytes_per_op": float(ops.memory_usage(deep=True).sum()) / len(ops),
+                  "digest": digest}))
+"""
+
+
+def _run(code: Path, kind: str, a: str, b: str) -> dict:  # type: ignore[type-arg]
+    env = dict(os.environ, PYTHONPATH=str(code))
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, kind, a, b], env=env, capture_output=True, text=True, check=True, cwd=code
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dp", type=int, nargs="*", default=[4, 16, 64, 256])
+    parser.add_argument("--steplevel", type=int, nargs="*", default=[1024, 4096])
+    parser.add_argument("--against", type=Path, default=None, help="another checkout, run alternating")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "load.json")
+    args = parser.parse_args()
+    here = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(here))
+    from pacectl.testing.synthetic import steplevel_csv, tiled_bytedance
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = []
+        for dp in args.dp:
+            trace, meta = tiled_bytedance(tmp, name="AR", dp_factor=dp // 4)
+            cases.append(("bytedance", f"AR tiled to DP {dp} x PP 4", str(trace), str(meta)))
+        for w in args.steplevel:
+            path = steplevel_csv(Path(tmp) / f"steps-{w}.csv", num_workers=w, num_iterations=500)
+            cases.append(("steplevel", f"step-level {w} workers x 500 iterations", str(path), ""))
+        for kind, label, a, b in cases:
+            row = {"kind": kind, "trace": label, **_run(here, kind, a, b)}
+            if args.against is not None:
+                other = _run(args.against, kind, a, b)
+                row["against"] = {k: other[k] for k in ("load_s", "ns_per_op", "peak_bytes_per_op", "table_bytes_per_op")}
+                row["identical"] = other["digest"] == row["digest"]
+            rows.append(row)
+            print(
+                f"{label}: {row['num_ops']:,} ops, {row['ns_per_op']:.0f} ns/op, peak {row['peak_bytes_per_op']:.0f} B/op, "
+                f"table {row['table_bytes_per_op']:.0f} B/op"
+                + (
+                    f"; against: {row['against']['ns_per_op']:.0f} ns/op, peak {row['against']['peak_bytes_per_op']:.0f} B/op, "
+                    f"identical: {row['identical']}"
+                    if "against" in row
+                    else ""
+                ),
+                flush=True,
+            )
+    write_record(
+        args.out,
+        rows,
+        command="python experiments/bench/bench_load.py " + " ".join(sys.argv[1:]),
+        load_average_1_5_15=list(os.getloadavg()),
+        note="2-core machine shared with other agents: absolute times are loaded ones; the two checkouts "
+        "ran alternating, case by case",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""validate_ops on one packed key: the same canonical records and messages as the pandas checks."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pacectl.errors import TraceError
+from pacectl.traces.model import (
+    OP_KEY,
+    OpTrace,
+    _check_unique_keys,
+    drop_exact_duplicates,
+    packed_key,
+    validate_ops,
+)
+
+
+def test_packed_key_orders_rows_lexicographically() -> None:
+    rng = np.random.default_rng(0)
+    cols = [rng.integers(-3, 4, 500), rng.integers(0, 2, 500), rng.integers(10, 13, 500)]
+    key = packed_key(cols)
+    assert key is not None
+    assert np.array_equal(np.argsort(key, kind="stable"), np.lexsort(cols[::-1]))
+    assert packed_key([np.array([0, 2**61]), np.array([0, 7])]) is None  # too wide: the pandas path
+    assert packed_key([np.array([0.5, 1.0])]) is None
+
+
+@pytest.mark.parametrize("optype_dtype", ["str", "category", "object"])
+def test_shuffled_rows_validate_to_the_same_records(ar_trace: OpTrace, optype_dtype: str) -> None:
+    raw = ar_trace.ops.sample(frac=1.0, random_state=1).reset_index(drop=True)
+    raw["optype"] = raw["optype"].astype(optype_dtype)
+    raw["stage"] = raw["stage"].astype(np.int8)
+    out = validate_ops(raw, ar_trace.meta, source="x")
+    pd.testing.assert_frame_equal(out, ar_trace.ops, check_exact=True)
+
+
+def test_step_ids_too_wide_for_a_key_take_the_pandas_path(st_trace: OpTrace) -> None:
+    raw = st_trace.ops.copy()
+    raw["step"] = np.where(raw["step"] == raw["step"].min(), 2**61, raw["step"])
+    out = validate_ops(raw.sample(frac=1.0, random_state=2), st_trace.meta, source="x")
+    expected = raw.sort_values(["step", "dp_rank", "stage", "optype", "seq_id"], kind="stable").reset_index(drop=True)
+    pd.testing.assert_frame_equal(out, expected, check_exact=True)
+
+
+def _message(fn) -> str:  # type: ignore[no-untyped-def]
+    with pytest.raises(TraceError) as info:
+        fn()
+    return str(info.value)
+
+
+def test_bad_tables_get_the_pandas_messages(st_trace: OpTrace) -> None:
+    ops, meta = st_trace.ops, st_trace.meta
+    # a conflicting duplicate of one op: the message names its rows and what differs
+    dup = pd.concat([ops, ops.iloc[[10]].assign(duration=9.0)], ignore_index=True)
+    msg = _message(lambda: validate_ops(dup, meta, source="f"))
+    assert msg == _message(lambda: _check_unique_keys(dup, "f"))
+    assert "different duration" in msg and "rows [10, 6784]" in msg
+    # a (dp_rank, stage) that maps to two global ranks
+    two = ops.copy()
+    two.loc[two.index[-1], "rank"] = 7 if two["rank"].iloc[-1] != 7 else 6
+    assert "map to one global rank" in _message(lambda: validate_ops(two, meta, source="f"))
+    # a step that lacks a rank
+    short = ops[~((ops["step"] == ops["step"].max()) & (ops["dp_rank"] == 1) & (ops["stage"] == 2))]
+    msg = _message(lambda: validate_ops(short, meta, source="f"))
+    assert "every step must record all 8 ranks, got 7" in msg and "missing (dp_rank, stage) [(1, 2)]" in msg
+
+
+def test_exact_duplicates_are_still_dropped_with_a_key(st_trace: OpTrace) -> None:
+    raw = pd.concat([st_trace.ops, st_trace.ops.iloc[[3]]], ignore_index=True)
+    with pytest.warns(UserWarning, match="dropped 1 exact duplicate row"):
+        kept = drop_exact_duplicates(raw, source="f", what="values", key=OP_KEY)
+    assert len(kept) == len(st_trace.ops)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert drop_exact_duplicates(st_trace.ops, source="f", what="values", key=OP_KEY) is st_trace.ops
