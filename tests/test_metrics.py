@@ -262,3 +262,13 @@ def test_num_batches_counts_the_blocks_of_the_interval() -> None:
     assert num_batches(400) == 20 and num_batches(44) == 8  # blocks of floor(sqrt(44)) = 6: 7 full, 1 of 2
     assert num_batches(60, block=10, offset=5) == 7  # the warm-up opens the first block
     assert num_batches(20, block=10, offset=5) == 3 and num_batches(0) == 0
+
+
+def test_t_quantile_without_scipy_stats_is_bit_identical() -> None:
+    """metrics' t quantile (scipy.special.stdtrit) is exactly scipy.stats.t.ppf(0.975, dof)."""
+    from scipy import stats
+
+    from pacectl.metrics import _t975
+
+    for dof in (1, 2, 3, 7, 30, 99, 1000, 123457):
+        assert _t975(dof) == float(stats.t.ppf(0.975, dof))

@@ -24,6 +24,7 @@ from pacectl.traces.model import (
     describe_op_row,
     drop_exact_duplicates,
     read_parquet_table,
+    table_to_pandas as _to_pandas,
     require_file,
     validate_ops,
 )
@@ -106,6 +107,6 @@ def load_bytedance(path: str | Path, meta: str | Path) -> OpTrace:
     job = load_meta(meta)
     table = read_parquet_table(p, other_formats="For other formats pick another trace= importer")
     raw = drop_exact_duplicates(
-        table.to_pandas(), source=str(p), what="values in every column", describe=describe_op_row, key=OP_KEY
+        _to_pandas(table), source=str(p), what="values in every column", describe=describe_op_row, key=OP_KEY
     )
     return OpTrace(ops=validate_ops(raw, job, source=str(p)), meta=job, source=str(p), fmt="bytedance")

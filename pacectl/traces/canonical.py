@@ -29,6 +29,7 @@ from pacectl.traces.model import (
     describe_op_row,
     drop_exact_duplicates,
     read_parquet_table,
+    table_to_pandas as _to_pandas,
     require_file,
     validate_ops,
 )
@@ -103,7 +104,7 @@ def load_canonical(path: str | Path) -> OpTrace:
             f"canonical format version must be <= {FORMAT_VERSION}, got {version} (in {p}); upgrade pacectl"
         )
     raw_ops = drop_exact_duplicates(
-        table.to_pandas(), source=str(p), what="values in every column", describe=describe_op_row, key=OP_KEY
+        _to_pandas(table), source=str(p), what="values in every column", describe=describe_op_row, key=OP_KEY
     )
     ops = validate_ops(raw_ops, job, source=str(p))
     fmt = str(meta.get("source_format", "canonical"))

@@ -469,7 +469,11 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
         )
     if (order == np.arange(len(order))).all():
         return frame()  # already in order
-    return pd.DataFrame({c: columns[c].take(order) for c in names})
+    del frames, key, sorted_key  # keep the peak near one table: sort one column at a time, no block copy
+    ordered_columns = {}
+    for c in names:
+        ordered_columns[c] = columns.pop(c).take(order)
+    return pd.DataFrame(ordered_columns, copy=False)
 
 
 def _text_column(values: pd.Series) -> Any:
@@ -573,6 +577,13 @@ def read_parquet_table(path: Path, *, other_formats: str) -> Any:
         else:
             why, fix = f"it is not Parquet ({str(err).rstrip('.')})", other_formats
         raise TraceError(f"trace.path must be a Parquet file, could not read {path}: {why}. {fix}.") from err
+
+
+def table_to_pandas(table: Any) -> pd.DataFrame:
+    """``table.to_pandas()`` that releases the Arrow buffers as it converts (one column block per
+    column, ``self_destruct``): the same frame, without holding the table and its copy at once.
+    ``table`` must not be used afterwards."""
+    return table.to_pandas(split_blocks=True, self_destruct=True)
 
 
 def require_file(path: str | Path, what: str) -> Path:
