@@ -641,11 +641,17 @@ class MultiJobSimExperiment(_ClosedLoop):
         factories = [
             run
             if job.controller is None
-            else controller_factory(job.controller, shipped_controller(job.controller, self.cfg), self.cfg.guard)
+            else controller_factory(
+                job.controller, shipped_controller(job.controller, self.cfg), self.cfg.guard
+            )
             for job in self.jobs
         ]
         return run_episode(
-            self.backend, factories, seed=int(self.cfg.seed), on_iteration=on_iteration, exchange=self.exchange
+            self.backend,
+            factories,
+            seed=int(self.cfg.seed),
+            on_iteration=on_iteration,
+            exchange=self.exchange,
         )
 
     def run(
@@ -660,7 +666,12 @@ class MultiJobSimExperiment(_ClosedLoop):
 
         b = self.backend
         return {
-            "trace": {"name": f"sim:{self.cluster_name}", "path": None, "format": "sim", "world_size": b.num_ranks},
+            "trace": {
+                "name": f"sim:{self.cluster_name}",
+                "path": None,
+                "format": "sim",
+                "world_size": b.num_ranks,
+            },
             "sim": {
                 "cluster": self.cluster_name,
                 "num_ranks": b.num_ranks,
@@ -669,7 +680,8 @@ class MultiJobSimExperiment(_ClosedLoop):
                 "interference_kappa": b.interference.kappa,
                 "jobs": describe_jobs(self.jobs, b.fabrics, b.topology.ranks_per_node),
                 "shared_links": [
-                    {"jobs": [self.jobs[i].name, self.jobs[j].name], "links": links} for i, j, links in b.shared
+                    {"jobs": [self.jobs[i].name, self.jobs[j].name], "links": links}
+                    for i, j, links in b.shared
                 ],
                 "power_cap_node_w": None,
                 "mechanisms": list(b.mechanisms),

@@ -485,7 +485,9 @@ def paired_jobs_ci95_frac(
     counts = np.bincount(ids, minlength=m)[:, None]
 
     def sums(t: NDArray[np.float64]) -> NDArray[np.float64]:
-        per_block = np.stack([np.bincount(ids, weights=t[:, j], minlength=m) for j in range(t.shape[1])], axis=1)
+        per_block = np.stack(
+            [np.bincount(ids, weights=t[:, j], minlength=m) for j in range(t.shape[1])], axis=1
+        )
         return (counts / per_block).sum(axis=1)  # sum over jobs of each block's throughput
 
     d = sums(oth) - sums(base)

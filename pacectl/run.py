@@ -133,8 +133,10 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             base_jobs = episodes[BASELINE].domain_iteration_time_s
             if base_jobs is not None and ep.domain_iteration_time_s is not None:  # several jobs: each one's
                 for d, job in enumerate(ep.domain_names):
-                    summaries[name]["jobs"][str(job)]["throughput_change_ci95_frac"] = metrics.paired_jobs_ci95_frac(
-                        base_jobs[:, d], ep.domain_iteration_time_s[:, d], block=block, offset=offset
+                    summaries[name]["jobs"][str(job)]["throughput_change_ci95_frac"] = (
+                        metrics.paired_jobs_ci95_frac(
+                            base_jobs[:, d], ep.domain_iteration_time_s[:, d], block=block, offset=offset
+                        )
                     )
     power = getattr(experiment, "power", None)
     energy_top: dict[str, Any] = {}
@@ -789,7 +791,9 @@ def _job_changes(baseline: dict[str, Any], other: dict[str, Any]) -> dict[str, A
     return {
         "jobs": {
             job: {
-                "throughput_change_frac": s["throughput_it_per_s"] / baseline["jobs"][job]["throughput_it_per_s"] - 1.0,
+                "throughput_change_frac": s["throughput_it_per_s"]
+                / baseline["jobs"][job]["throughput_it_per_s"]
+                - 1.0,
                 "throughput_change_ci95_frac": s.get("throughput_change_ci95_frac", float("nan")),
             }
             for job, s in other["jobs"].items()

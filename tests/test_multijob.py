@@ -32,10 +32,18 @@ A_RANKS, B_RANKS = (0, 1, 4, 5), (2, 3, 6, 7)
 
 
 def _two(
-    offset: float, *, sigma: float = 0.0, slow: bool = False, n: int = 100, comm: str = "contention", b_compute: float = 0.3
+    offset: float,
+    *,
+    sigma: float = 0.0,
+    slow: bool = False,
+    n: int = 100,
+    comm: str = "contention",
+    b_compute: float = 0.3,
 ) -> MultiJobSimBackend:
     def compute(c: float) -> ComputeModel:
-        noise = ((LognormalJitter(sigma),) if sigma else ()) + ((SlowRanks(fraction=0.25, factor=1.1),) if slow else ())
+        noise = ((LognormalJitter(sigma),) if sigma else ()) + (
+            (SlowRanks(fraction=0.25, factor=1.1),) if slow else ()
+        )
         return ComputeModel(c, noise)
 
     a = JobSpec("a", A_RANKS, compute(0.3), 4e9)
@@ -168,7 +176,9 @@ def test_phase_gains_on_shared_uplink_and_reports_both_jobs() -> None:
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-@pytest.mark.parametrize("family", ["threshold", "pid", "ewma", "quantile", "forecast", "sleep_wait", "phase"])
+@pytest.mark.parametrize(
+    "family", ["threshold", "pid", "ewma", "quantile", "forecast", "sleep_wait", "phase"]
+)
 def test_null_never_gains_with_one_job_or_several(jobs: int, family: str) -> None:
     sim = _two(0.0, sigma=0.03, slow=True, n=60, comm="null", b_compute=0.6)
     if jobs == 1:
@@ -188,35 +198,72 @@ def test_parse_jobs_rejects_a_job_that_does_not_fit_and_a_rank_claimed_twice() -
     compute = {"compute_s": 0.3}
     with pytest.raises(ConfigError, match=r"cluster\.jobs\.1 \(b\) claims ranks up to 71, which do not fit"):
         parse_jobs(
-            [{"name": "a", "ranks": ["0-7"], "compute": compute}, {"name": "b", "ranks": ["56-71"], "compute": compute}],
-            fabric_ranks=64, topology=FatTree(), message_bytes=1e9,
+            [
+                {"name": "a", "ranks": ["0-7"], "compute": compute},
+                {"name": "b", "ranks": ["56-71"], "compute": compute},
+            ],
+            fabric_ranks=64,
+            topology=FatTree(),
+            message_bytes=1e9,
         )
     with pytest.raises(ConfigError, match=r"claims rank 7, which job 'a' already runs on"):
         parse_jobs(
-            [{"name": "a", "ranks": ["0-7"], "compute": compute}, {"name": "b", "ranks": ["7-15"], "compute": compute}],
-            fabric_ranks=64, topology=FatTree(), message_bytes=1e9,
+            [
+                {"name": "a", "ranks": ["0-7"], "compute": compute},
+                {"name": "b", "ranks": ["7-15"], "compute": compute},
+            ],
+            fabric_ranks=64,
+            topology=FatTree(),
+            message_bytes=1e9,
         )
     with pytest.raises(ConfigError, match=r"cluster\.jobs\.0 has unknown key"):
-        parse_jobs([{"name": "a", "ranks": [0], "compute": compute, "rank": 1}], fabric_ranks=8, topology=FatTree(), message_bytes=1e9)
+        parse_jobs(
+            [{"name": "a", "ranks": [0], "compute": compute, "rank": 1}],
+            fabric_ranks=8,
+            topology=FatTree(),
+            message_bytes=1e9,
+        )
     with pytest.raises(ConfigError, match=r"cluster\.jobs\.0\.compute\.compute_s"):
-        parse_jobs([{"name": "a", "ranks": [0], "compute": {"compute_s": -1}}], fabric_ranks=8, topology=FatTree(), message_bytes=1e9)
+        parse_jobs(
+            [{"name": "a", "ranks": [0], "compute": {"compute_s": -1}}],
+            fabric_ranks=8,
+            topology=FatTree(),
+            message_bytes=1e9,
+        )
     jobs = parse_jobs(
-        [{"name": "a", "ranks": ["0-1", 4, 5], "compute": compute}], fabric_ranks=8, topology=TOPO, message_bytes=1e9
+        [{"name": "a", "ranks": ["0-1", 4, 5], "compute": compute}],
+        fabric_ranks=8,
+        topology=TOPO,
+        message_bytes=1e9,
     )
     assert jobs[0].ranks == (0, 1, 4, 5) and jobs[0].nodes(2) == (0, 2)
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pacectl.run", "backend=sim", "cluster=shared_uplink", "output.plots=false", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pacectl.run",
+            "backend=sim",
+            "cluster=shared_uplink",
+            "output.plots=false",
+            *args,
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["cluster.jobs.1.ranks=[56-71]"], "cluster.jobs.1 (b) claims ranks up to 71, which do not fit the fabric of 64 ranks"),
+        (
+            ["cluster.jobs.1.ranks=[56-71]"],
+            "cluster.jobs.1 (b) claims ranks up to 71, which do not fit the fabric of 64 ranks",
+        ),
         (["cluster.jobs.1.ranks=[7-15]"], "cluster.jobs.1 (b) claims rank 7, which job 'a' already runs on"),
     ],
 )
@@ -232,13 +279,21 @@ def test_bad_jobs_get_one_line_and_exit_2(tmp_path: Path, args: list[str], messa
 
 def test_contract_summary_has_every_job_and_the_sum(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = _run("comm=contention", "controller=phase", "backend.num_iterations=120", f"hydra.run.dir={out}", cwd=tmp_path)
+    proc = _run(
+        "comm=contention",
+        "controller=phase",
+        "backend.num_iterations=120",
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     for run in ("none", "phase"):
         r = summary["runs"][run]
         assert set(r["jobs"]) == {"a", "b"}
-        assert r["throughput_it_per_s"] == pytest.approx(sum(j["throughput_it_per_s"] for j in r["jobs"].values()))
+        assert r["throughput_it_per_s"] == pytest.approx(
+            sum(j["throughput_it_per_s"] for j in r["jobs"].values())
+        )
         for job in r["jobs"].values():
             assert {"throughput_it_per_s", "iteration_time_mean_s", "iteration_time_p99_s", "cv"} <= set(job)
     # a gain for one job is reported next to the other job's figure
@@ -250,8 +305,14 @@ def test_contract_summary_has_every_job_and_the_sum(tmp_path: Path) -> None:
 
 def test_null_contract_shows_no_gain(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = _run("comm=null", "controller=all", "controller.families=[threshold,phase,sleep_wait]",
-                "backend.num_iterations=60", f"hydra.run.dir={out}", cwd=tmp_path)
+    proc = _run(
+        "comm=null",
+        "controller=all",
+        "controller.families=[threshold,phase,sleep_wait]",
+        "backend.num_iterations=60",
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     for name, vs in summary["vs_baseline"].items():
@@ -264,9 +325,14 @@ def test_phase_on_a_single_job_with_no_other_traffic_is_a_clear_note(tmp_path: P
     """One job left on the fabric: phase cannot move against anything; the run says so in one line
     (not a silent zero) and runs."""
     out = tmp_path / "run"
-    proc = _run("comm=contention", "controller=phase", "backend.num_iterations=30",
-                "cluster.jobs=[{name:a,ranks:[0-7,16-23],compute:{compute_s:0.3}}]",
-                f"hydra.run.dir={out}", cwd=tmp_path)
+    proc = _run(
+        "comm=contention",
+        "controller=phase",
+        "backend.num_iterations=30",
+        "cluster.jobs=[{name:a,ranks:[0-7,16-23],compute:{compute_s:0.3}}]",
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if "phase: no other traffic" in line]
     assert len(lines) == 1 and "one job on the fabric and no cross traffic" in lines[0], proc.stderr
@@ -283,7 +349,9 @@ def test_kappa_override_replaces_the_profiles() -> None:
     base = ["backend=sim", "cluster=shared_uplink", "comm=contention"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         plain = make_experiment(compose(config_name="config", overrides=base))
-        bumped = make_experiment(compose(config_name="config", overrides=[*base, "cluster.interference.kappa=0.05"]))
+        bumped = make_experiment(
+            compose(config_name="config", overrides=[*base, "cluster.interference.kappa=0.05"])
+        )
     assert type(plain).__name__ == "MultiJobSimExperiment"
     assert plain.backend.interference.kappa == 0.0
     assert bumped.backend.interference.kappa == 0.05

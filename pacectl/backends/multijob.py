@@ -30,13 +30,14 @@ moves ``S`` and can interleave the job's ring with another's.
 share nothing, and no delay can shorten an iteration (max-plus per job).
 
 Limits (refused with a clear message, or stated): no ``backend.record`` traces, no node power cap,
-the delay actuator only; a job that runs past its drawn compute times (it outpaces the slowest job
-by more than the margin drawn) reuses them from the start.
+the delay actuator only; a job that runs past its drawn compute times (3 x ``num_iterations``:
+it outpaces the slowest job by more than 3x) reuses them from the start.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -98,7 +99,11 @@ class MultiJobSimBackend:
         power: PowerProfile | None = None,
         actuator: str = "delay",
     ) -> None:
-        if isinstance(num_iterations, bool) or not isinstance(num_iterations, (int, np.integer)) or num_iterations < 1:
+        if (
+            isinstance(num_iterations, bool)
+            or not isinstance(num_iterations, (int, np.integer))
+            or num_iterations < 1
+        ):
             raise ConfigError(f"backend.num_iterations must be an integer >= 1, got {num_iterations!r}")
         if comm not in MULTIJOB_COMMS:
             raise ConfigError(f"comm must be one of {list(MULTIJOB_COMMS)} with several jobs, got {comm!r}")
@@ -117,11 +122,17 @@ class MultiJobSimBackend:
         self.record = False
         self.power = power if power is not None else power_profile(None)
         self.power_cap = None
-        self.interference = (interference or EarlyArrivalInterference(0.0)) if self.contended else EarlyArrivalInterference(0.0, topology.ranks_per_node)
+        self.interference = (
+            (interference or EarlyArrivalInterference(0.0))
+            if self.contended
+            else EarlyArrivalInterference(0.0, topology.ranks_per_node)
+        )
         names, self._caps = topology.links(self.fabric_ranks)
         self.link_names = names
         self.fabrics: tuple[JobFabric, ...] = tuple(
-            job_fabric(topology, j, self.fabric_ranks, alpha_inter_s=alpha_inter_s, alpha_intra_s=alpha_intra_s)
+            job_fabric(
+                topology, j, self.fabric_ranks, alpha_inter_s=alpha_inter_s, alpha_intra_s=alpha_intra_s
+            )
             for j in self.jobs
         )
         self.cross = (cross_traffic or CrossTraffic()) if self.contended else CrossTraffic()
@@ -130,7 +141,9 @@ class MultiJobSimBackend:
         self._cross_on = bool(self._cross_links) and self.cross.on_s > 0
         self.shared = shared_links(topology, self.fabrics, self.fabric_ranks) if self.contended else []
         # domains: each job's ranks, in job order, as columns 0..n-1
-        domains, labels, start = [], [], 0
+        domains: list[Domain] = []
+        labels: list[int] = []
+        start = 0
         for job in self.jobs:
             domains.append(Domain(name=job.name, ranks=tuple(range(start, start + len(job.ranks)))))
             labels.extend(job.ranks)
@@ -154,11 +167,10 @@ class MultiJobSimBackend:
         )
         self.comm_timing_dependent = bool(self.mechanisms)
         self.comm_description = self._description()
-        # compute times drawn per job: enough for a job faster than the slowest to keep running
-        periods = [j.compute.compute_s + f.quiet_s for j, f in zip(self.jobs, self.fabrics, strict=True)]
-        self._draws = [
-            self._num_iterations * max(1, math.ceil(1.5 * max(periods) / p)) + 8 for p in periods
-        ]
+        # compute times drawn per job: 3 x num_iterations (+8), whatever the other jobs, so a job
+        # draws the same times alone and among others; a job that outpaces the slowest by more than
+        # that (its draws exhausted while the slowest still records) reuses them from the start
+        self._draws = [3 * self._num_iterations + 8] * len(self.jobs)
         self._rate_cache: dict[tuple[tuple[int, ...], tuple[bool, ...]], np.ndarray] = {}
         self._started = False
 
@@ -166,7 +178,8 @@ class MultiJobSimBackend:
         t = self.topology
         jobs = ", ".join(
             f"{j.name}: {len(j.ranks)} ranks on nodes {list(j.nodes(t.ranks_per_node))}, quiet all-reduce "
-            f"{1e3 * f.quiet_s:.3g} ms" for j, f in zip(self.jobs, self.fabrics, strict=True)
+            f"{1e3 * f.quiet_s:.3g} ms"
+            for j, f in zip(self.jobs, self.fabrics, strict=True)
         )
         if not self.contended:
             return (
@@ -179,7 +192,8 @@ class MultiJobSimBackend:
         )
         if self.shared:
             text += "; shared links: " + "; ".join(
-                f"{self.jobs[i].name}+{self.jobs[j].name} on {', '.join(links)}" for i, j, links in self.shared
+                f"{self.jobs[i].name}+{self.jobs[j].name} on {', '.join(links)}"
+                for i, j, links in self.shared
             )
         else:
             text += "; no two jobs' rings slow each other"
@@ -208,9 +222,15 @@ class MultiJobSimBackend:
     # ---- the episode ------------------------------------------------------------------------
 
     def reset(self, *, seed: int = 0) -> None:
-        """Draw each job's compute times (``default_rng([seed, 17, job])``) and rewind every clock."""
+        """Draw each job's compute times (``default_rng([seed, 17, crc32(job name)])``: a job draws the
+        same times whichever other jobs share the fabric, so a job alone pairs with it among others)
+        and rewind every clock."""
         self._work = [
-            job.compute.sample(np.random.default_rng([seed, 17, j]), self._draws[j], len(job.ranks))
+            job.compute.sample(
+                np.random.default_rng([seed, 17, zlib.crc32(job.name.encode())]),
+                self._draws[j],
+                len(job.ranks),
+            )
             for j, job in enumerate(self.jobs)
         ]
         n = len(self.jobs)
@@ -276,7 +296,9 @@ class MultiJobSimBackend:
         n = len(job.ranks)
         delay = np.asarray(action.delay_s, dtype=np.float64)
         if delay.shape != (n,) or not np.isfinite(delay).all() or (delay < 0).any():
-            raise BackendError(f"job {job.name}'s action must hold {n} finite delays >= 0, got shape {delay.shape}")
+            raise BackendError(
+                f"job {job.name}'s action must hold {n} finite delays >= 0, got shape {delay.shape}"
+            )
         work = self._work[j][self._count[j] % self._draws[j]]
         finish = self.interference.finish_s(work, delay, spinning=action.wait != "sleep")
         arrival = finish + delay

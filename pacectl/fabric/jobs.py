@@ -111,7 +111,9 @@ def _ranks(value: object, key: str) -> tuple[int, ...]:
         out.extend(range(int(match.group(1)), int(match.group(2)) + 1))
     if len(set(out)) != len(out):
         twice = sorted({r for r in out if out.count(r) > 1})
-        raise ConfigError(f"{key} names rank(s) {twice[:5]} more than once; list each rank once, e.g. {example}")
+        raise ConfigError(
+            f"{key} names rank(s) {twice[:5]} more than once; list each rank once, e.g. {example}"
+        )
     return tuple(out)
 
 
@@ -158,11 +160,17 @@ def parse_jobs(
             raise unknown_keys_error(where, raw, JOB_KEYS)
         name = raw.get("name", f"job{i}")
         if not isinstance(name, str) or not name.isidentifier():
-            raise ConfigError(f"{where}.name must be a name of letters, digits and _, got {name!r}; e.g. {where}.name=a")
+            raise ConfigError(
+                f"{where}.name must be a name of letters, digits and _, got {name!r}; e.g. {where}.name=a"
+            )
         if any(j.name == name for j in jobs):
-            raise ConfigError(f"{where}.name {name!r} is already the name of another job; give each job its own")
+            raise ConfigError(
+                f"{where}.name {name!r} is already the name of another job; give each job its own"
+            )
         if "ranks" not in raw:
-            raise ConfigError(f"{where}.ranks must be set (the job's global ranks); e.g. {where}.ranks=[0-7,16-23]")
+            raise ConfigError(
+                f"{where}.ranks must be set (the job's global ranks); e.g. {where}.ranks=[0-7,16-23]"
+            )
         ranks = _ranks(raw["ranks"], f"{where}.ranks")
         outside = [r for r in ranks if r >= fabric_ranks]
         if outside:
@@ -184,13 +192,27 @@ def parse_jobs(
             )
         compute = compute_section(raw["compute"], f"{where}.compute")
         msg = raw.get("message_bytes", message_bytes)
-        if isinstance(msg, bool) or not isinstance(msg, (int, float)) or not (math.isfinite(msg) and msg >= 0):
-            raise ConfigError(f"{where}.message_bytes must be a finite number >= 0 bytes, got {msg!r}; e.g. {where}.message_bytes=5.0e9")
+        if (
+            isinstance(msg, bool)
+            or not isinstance(msg, (int, float))
+            or not (math.isfinite(msg) and msg >= 0)
+        ):
+            raise ConfigError(
+                f"{where}.message_bytes must be a finite number >= 0 bytes, got {msg!r}; e.g. {where}.message_bytes=5.0e9"
+            )
         start = raw.get("start_s", 0.0)
-        if isinstance(start, bool) or not isinstance(start, (int, float)) or not (math.isfinite(start) and start >= 0):
-            raise ConfigError(f"{where}.start_s must be a finite number >= 0 seconds, got {start!r}; e.g. {where}.start_s=0.1")
+        if (
+            isinstance(start, bool)
+            or not isinstance(start, (int, float))
+            or not (math.isfinite(start) and start >= 0)
+        ):
+            raise ConfigError(
+                f"{where}.start_s must be a finite number >= 0 seconds, got {start!r}; e.g. {where}.start_s=0.1"
+            )
         pinned = raw.get("controller")
-        if pinned is not None and (not isinstance(pinned, str) or (controllers and pinned not in controllers)):
+        if pinned is not None and (
+            not isinstance(pinned, str) or (controllers and pinned not in controllers)
+        ):
             raise ConfigError(
                 f"{where}.controller must be null (the run's controller) or one of {sorted(controllers)}, "
                 f"got {pinned!r}; e.g. {where}.controller=none"
@@ -199,7 +221,9 @@ def parse_jobs(
     return tuple(jobs)
 
 
-def job_fabric(topology: FatTree, job: JobSpec, fabric_ranks: int, *, alpha_inter_s: float, alpha_intra_s: float) -> JobFabric:
+def job_fabric(
+    topology: FatTree, job: JobSpec, fabric_ranks: int, *, alpha_inter_s: float, alpha_intra_s: float
+) -> JobFabric:
     """The links, bytes and fixed time of ``job``'s hierarchical all-reduce (as
     :class:`~pacectl.fabric.contention.ContentionComm` computes them for a job filling nodes in order)."""
     from pacectl.fabric.topology import max_min_fair
@@ -221,7 +245,9 @@ def job_fabric(topology: FatTree, job: JobSpec, fabric_ranks: int, *, alpha_inte
     return JobFabric(weights=weights, ring_bytes=ring_bytes, fixed_s=fixed, quiet_s=quiet)
 
 
-def shared_links(topology: FatTree, fabrics: Sequence[JobFabric], fabric_ranks: int) -> list[tuple[int, int, list[str]]]:
+def shared_links(
+    topology: FatTree, fabrics: Sequence[JobFabric], fabric_ranks: int
+) -> list[tuple[int, int, list[str]]]:
     """Pairs of jobs ``(i, j, links)`` whose rings slow each other: the links both cross, for every
     pair in which running both at once lowers either ring's rate below its rate alone."""
     from pacectl.fabric.topology import max_min_fair
@@ -243,7 +269,9 @@ def shared_links(topology: FatTree, fabrics: Sequence[JobFabric], fabric_ranks: 
     return out
 
 
-def describe_jobs(jobs: Sequence[JobSpec], fabrics: Sequence[JobFabric], ranks_per_node: int) -> list[dict[str, Any]]:
+def describe_jobs(
+    jobs: Sequence[JobSpec], fabrics: Sequence[JobFabric], ranks_per_node: int
+) -> list[dict[str, Any]]:
     """Summary fields of each job: name, ranks (as spans), nodes, message, quiet collective, compute."""
     out = []
     for job, fab in zip(jobs, fabrics, strict=True):
