@@ -598,7 +598,9 @@ class MultiJobSimExperiment(_ClosedLoop):
             num_iterations=config_int(cfg.backend.num_iterations, "backend.num_iterations"),
             comm=comm,
             interference=EarlyArrivalInterference(
-                float(profile["interference"].get("kappa", 0.0)), topology.ranks_per_node
+                float(profile["interference"].get("kappa", 0.0)),
+                topology.ranks_per_node,
+                str(profile["interference"].get("kappa_source", "assumed")),
             ),
             cross_traffic=CrossTraffic(**profile["cross_traffic"]),
             alpha_inter_s=float(coll["alpha_inter_s"]),
@@ -678,6 +680,7 @@ class MultiJobSimExperiment(_ClosedLoop):
                 "fabric_ranks": b.fabric_ranks,
                 "num_iterations": b.num_iterations,
                 "interference_kappa": b.interference.kappa,
+                "interference_kappa_source": b.interference.kappa_source,
                 "jobs": describe_jobs(self.jobs, b.fabrics, b.topology.ranks_per_node),
                 "shared_links": [
                     {"jobs": [self.jobs[i].name, self.jobs[j].name], "links": links}

@@ -357,3 +357,4 @@ def test_kappa_override_replaces_the_profiles() -> None:
     assert bumped.backend.interference.kappa == 0.05
     assert "early_arrival_interference" in bumped.backend.mechanisms
     assert bumped.describe()["sim"]["interference_kappa"] == 0.05
+    assert plain.describe()["sim"]["interference_kappa_source"].startswith("assumed: scenario choice")
