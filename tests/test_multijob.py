@@ -358,3 +358,40 @@ def test_kappa_override_replaces_the_profiles() -> None:
     assert "early_arrival_interference" in bumped.backend.mechanisms
     assert bumped.describe()["sim"]["interference_kappa"] == 0.05
     assert plain.describe()["sim"]["interference_kappa_source"].startswith("assumed: scenario choice")
+
+
+# --- the study script ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_multi_job_study_runs_and_its_null_rows_are_zero(tmp_path: Path) -> None:
+    """experiments/multi_job/run_study.py on 1 seed of 30 iterations: its records, comm=null's zero,
+    and per-rank delays within earliness moving nothing (quantile, sleep_wait: no start shift)."""
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "experiments/multi_job/run_study.py",
+            "--seeds",
+            "1",
+            "--iterations",
+            "30",
+            "--out",
+            str(out),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert {p.name for p in out.iterdir()} == {"multi_job.json", "multi_job.csv", "multi_job.md"}
+    record = json.loads((out / "multi_job.json").read_text())
+    assert record["command"].startswith("python experiments/multi_job/run_study.py")
+    null = record["scenarios"]["comm=null"]["runs"]
+    assert all(r["throughput_change_frac"] <= 1e-12 for r in null.values())
+    assert null["phase"]["throughput_change_frac"] == 0.0
+    shared = record["scenarios"]["shared_uplink"]
+    assert shared["ceiling_it_per_s"] > shared["runs"]["none"]["throughput_it_per_s"]
+    assert all(j["start_shift_s"] == 0.0 for j in shared["runs"]["sleep_wait"]["jobs"].values())
