@@ -452,6 +452,7 @@ class SimExperiment(_ClosedLoop):
     def __init__(self, cfg: DictConfig) -> None:
         from pacectl.backends.sim import SimBackend
         from pacectl.config import as_dict
+        from pacectl.fabric.overlap import bucket_engine
         from pacectl.fabric.profile import compute_from, power_cap_from, power_from, sim_fabric
 
         self.cfg = cfg
@@ -483,11 +484,19 @@ class SimExperiment(_ClosedLoop):
             actuator=self.actuators[0],
             power=self.power,
             power_cap=power_cap_from(cluster),
+            overlap=bucket_engine(cluster, cfg.get("comm"), num_ranks),
         )
         self.comm_model = self.backend.comm_model
         self.comm_description = self.backend.comm_description
         self.comm_timing_dependent = self.backend.comm_timing_dependent
         self.job_shift_note, self.sleep_wait_note = _sim_notes(comm, interference, num_ranks)
+        overlap = self.backend.overlap
+        if overlap is not None and overlap.timing_dependent:
+            self.sleep_wait_note = (
+                f"{self.sleep_wait_note}; with {overlap.count} buckets it also removes the spinning part of the "
+                f"on-device overlap slowdown ({overlap.slowdown:g}): a waiting rank's kernels then occupy its GPU "
+                "only during the transfers"
+            ).replace("so sleep_wait equals no pacing here; ", "")
         self.recorded: dict[str, OpTrace] = {}
 
     def describe(self, on_step: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -513,6 +522,7 @@ class SimExperiment(_ClosedLoop):
                 ],
                 "power_cap_node_w": None if b.power_cap is None else b.power_cap.node_w,
                 "mechanisms": list(b.mechanisms),
+                "buckets": _buckets_summary(b.overlap),
             },
         }
 
@@ -580,6 +590,12 @@ class MultiJobSimExperiment(_ClosedLoop):
             raise ConfigError(
                 f"cluster.power_cap.node_w must be null with several jobs on one fabric (cluster={self.cluster_name} "
                 "has cluster.jobs): the node power cap is modelled by the single-job simulator only"
+            )
+        if int((profile.get("buckets") or {}).get("count", 1)) > 1:
+            raise ConfigError(
+                f"cluster.buckets.count must be 1 with several jobs on one fabric (cluster={self.cluster_name} "
+                "has cluster.jobs): bucketed backward is modelled by the single-job simulator only; "
+                "e.g. cluster.buckets.count=1"
             )
         fabric_ranks = config_int(cfg.backend.num_ranks, "backend.num_ranks")
         topology = FatTree(**profile["topology"])
@@ -715,6 +731,24 @@ def controller_notes(experiment: Any, families: Mapping[str, Any]) -> tuple[list
     if "sleep_wait" in families and wait:
         noted.append(f"sleep_wait: {wait}")
     return warned, noted
+
+
+def _buckets_summary(overlap: Any) -> dict[str, Any]:
+    """The ``sim.buckets`` summary field: the bucketed backward in force (one bucket: the single
+    all-reduce model)."""
+    if overlap is None:
+        return {"count": 1}
+    spec = overlap.spec
+    return {
+        "count": overlap.count,
+        "sizes": list(spec.size_fractions),
+        "compute": list(spec.compute_fractions),
+        "forward_frac": spec.forward_frac,
+        "overlap_slowdown": overlap.slowdown,
+        "pacer": spec.pacer,
+        "noise": spec.noise,
+        "comm_free_time_s": [float(c.free_time_s) for c in overlap.comms],
+    }
 
 
 def _sim_notes(comm: Any, interference: Any, num_ranks: int, *, jobs: int = 1) -> tuple[str | None, str]:

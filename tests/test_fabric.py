@@ -370,7 +370,7 @@ def test_validate_cluster_rejects_bad_values_naming_the_key(override: str, messa
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("+cluster.foo=1", "cluster has unknown key(s) ['foo']: nothing reads them (known: ['collective',"),
+        ("+cluster.foo=1", "cluster has unknown key(s) ['foo']: nothing reads them (known: ['buckets', 'collective',"),
         ("+cluster.topology.foo=1", "cluster.topology has unknown key(s) ['foo']"),
         ("+cluster.topology.rank_per_node=4", "Did you mean cluster.topology.ranks_per_node=4?"),
         ("+cluster.collective.mesage_bytes=1", "Did you mean cluster.collective.message_bytes=1?"),

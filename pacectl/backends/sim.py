@@ -16,6 +16,9 @@ With a node power cap (``cluster.power_cap``, :mod:`pacectl.fabric.powercap`), `
 follows from the clock each GPU's share of its node's power buys while its peers compute, sleep or
 spin: then a sleeping wait or a pacing delay can shorten an iteration. Switched off (the default),
 the simulator is exactly the one above.
+With ``cluster.buckets.count > 1`` the backward runs in buckets whose all-reduces overlap the rest of
+backward (:mod:`pacectl.fabric.overlap`, the ``overlap`` hook): the paced collective is bucket 0's,
+and the iteration ends with the last bucket's. One bucket (the default) is exactly the model above.
 The run is recorded in the canonical trace format (``to_trace``), so a simulated run replays like a
 recorded one.
 """
@@ -30,6 +33,7 @@ import pandas as pd
 from pacectl.errors import BackendError, ConfigError
 from pacectl.fabric.contention import EarlyArrivalInterference, SimComm
 from pacectl.fabric.noise import ComputeModel
+from pacectl.fabric.overlap import BucketEngine
 from pacectl.fabric.power import PowerProfile, check_actuator, clock_for_delay, power_profile
 from pacectl.fabric.powercap import NodePowerCap
 from pacectl.traces.model import JobMeta, OpTrace, validate_ops
@@ -53,6 +57,9 @@ class SimBackend:
             without a power cap the timing is the delay actuator's, only the energy differs).
         power: the GPUs' power profile (the clock actuator's clocks; the power cap's powers).
         power_cap: a node power cap shared by the node's GPUs, or None (off: today's simulator).
+        overlap: bucketed backward (:class:`~pacectl.fabric.overlap.BucketEngine`), or None: one
+            all-reduce after all compute (the model above). With more than one bucket, ``record``,
+            ``actuator="clock"`` and a power cap are refused (not modelled yet).
 
     Example:
         >>> from pacectl.fabric.contention import FixedComm
@@ -76,6 +83,7 @@ class SimBackend:
         actuator: str = "delay",
         power: PowerProfile | None = None,
         power_cap: NodePowerCap | None = None,
+        overlap: BucketEngine | None = None,
     ) -> None:
         for key, value in (("num_ranks", num_ranks), ("num_iterations", num_iterations)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -96,13 +104,26 @@ class SimBackend:
         self.actuator = check_actuator(actuator)
         self.power = power if power is not None else (power_cap.profile if power_cap else power_profile(None))
         self.power_cap = power_cap
+        self.overlap = overlap
+        if overlap is not None and overlap.count > 1:
+            for on, what in (
+                (self.record, "backend.record=true (a bucketed run has no canonical trace form yet)"),
+                (self.actuator != "delay", f"backend.actuator={self.actuator} (only the delay actuator is modelled)"),
+                (power_cap is not None, "cluster.power_cap.node_w (the power cap runs one compute span)"),
+            ):
+                if on:
+                    raise ConfigError(
+                        f"cluster.buckets.count={overlap.count} does not combine with {what}; "
+                        "use cluster.buckets.count=1 for it"
+                    )
         self.domains: tuple[Domain, ...] = (Domain(name="world", ranks=tuple(range(self.num_ranks))),)
         self.rank_labels: IntArray = np.arange(self.num_ranks, dtype=np.int64)
         self.step_ids: IntArray = np.arange(self._num_iterations, dtype=np.int64)
         interfering = self.interference.active(self.num_ranks)
         self.comm_model: str = str(comm.name)
         capped = power_cap is not None and power_cap.binding()
-        self.comm_timing_dependent = bool(comm.timing_dependent) or interfering or capped
+        overlapped = overlap is not None and overlap.timing_dependent
+        self.comm_timing_dependent = bool(comm.timing_dependent) or interfering or capped or overlapped
         self.comm_description = str(comm.description)
         if interfering:
             self.comm_description += (
@@ -111,6 +132,8 @@ class SimBackend:
             )
         if power_cap is not None:
             self.comm_description += f" + {power_cap.description}"
+        if overlap is not None:
+            self.comm_description += f" + {overlap.description}"
         #: timing-dependent mechanisms in force, by name
         self.mechanisms: tuple[str, ...] = tuple(
             name
@@ -118,6 +141,7 @@ class SimBackend:
                 ("contention", bool(comm.timing_dependent)),
                 ("early_arrival_interference", interfering),
                 ("node_power_cap", capped),
+                ("on_device_overlap_contention", overlapped),
             )
             if on
         )
@@ -135,6 +159,8 @@ class SimBackend:
         self._clock_s = 0.0
         self._k = 0
         self.over_cap_s = 0.0
+        if self.overlap is not None:
+            self.overlap.reset(seed)
         if self.record:
             shape = (self._num_iterations, self.num_ranks)
             self._rec_finish = np.zeros(shape)
@@ -162,6 +188,8 @@ class SimBackend:
             )
         asleep = actions[0].wait == "sleep"
         finish = self.interference.finish_s(self._work[k], delay, spinning=not asleep)
+        if self.overlap is not None:
+            return self._step_overlap(k, finish, delay, asleep)
         compute = self._compute(finish, delay, wait_sleeps=asleep)
         if self.power_cap is None:
             natural = finish  # the clock actuator arrives when the delay actuator would
@@ -189,6 +217,37 @@ class SimBackend:
                 wait_s=last - arrival,
                 iteration_time_s=iteration_s,
                 collective_time_s=comm_s,
+                compute=compute,
+            )
+        ]
+
+    def _step_overlap(self, k: int, finish: np.ndarray, delay: np.ndarray, asleep: bool) -> list[Observation]:
+        """One bucketed iteration (:mod:`pacectl.fabric.overlap`): the paced collective is bucket 0's."""
+        assert self.overlap is not None
+        run = self.overlap.run(finish, delay, asleep=asleep, clock_s=self._clock_s)
+        if self.record:  # one bucket only (more are refused): the single all-reduce's record
+            self._rec_finish[k] = run.natural_s
+            self._rec_delay[k] = delay
+            self._rec_start[k] = run.start_s
+            self._rec_comm[k] = run.transfer_s
+        self._clock_s += run.iteration_s
+        self._k += 1
+        compute = RankCompute(
+            compute_s=run.compute_s,
+            pre_arrival_compute_s=run.natural_s,
+            clock_frac=np.ones_like(run.compute_s),
+            sleep_s=delay,
+        )
+        return [
+            Observation(
+                iteration=k,
+                domain=0,
+                arrival_s=run.arrival_s,
+                applied_delay_s=delay,
+                natural_arrival_s=run.natural_s,
+                wait_s=run.start_s - run.arrival_s,
+                iteration_time_s=run.iteration_s,
+                collective_time_s=run.transfer_s,
                 compute=compute,
             )
         ]

@@ -71,6 +71,7 @@ from pacectl.fabric.contention import (
     FixedComm,
 )
 from pacectl.fabric.noise import NOISE_COMPONENTS, ComputeModel
+from pacectl.fabric.overlap import NOISE_PLACEMENTS, PACERS
 from pacectl.fabric.power import PowerProfile, power_profile
 from pacectl.fabric.powercap import NodePowerCap
 from pacectl.fabric.topology import FatTree
@@ -243,6 +244,25 @@ def _optional_power(example: str) -> tuple[_Check, str]:
     return check, example
 
 
+def _fractions(example: str) -> tuple[_Check, str]:
+    """A list of finite numbers > 0 (a split into parts; that it sums to 1 is checked by its model), or None."""
+
+    def check(value: object, key: str) -> tuple[float, ...] | None:
+        if value is None:
+            return None
+        expected = "a list of finite numbers > 0 (fractions summing to 1), or null"
+        if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+            raise _fail(key, expected, value, example)
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, (int, float, np.integer, np.floating)):
+                raise _fail(key, expected, value, example)
+            if not (math.isfinite(float(item)) and float(item) > 0):
+                raise _fail(key, expected, value, example)
+        return tuple(float(item) for item in value)
+
+    return check, example
+
+
 def _indices(example: str) -> tuple[_Check, str]:
     def check(value: object, key: str) -> tuple[int, ...]:
         if value is None:
@@ -288,6 +308,15 @@ FABRIC_SCHEMA: dict[str, dict[str, tuple[_Check, str]]] = {
     },
     "power_cap": {  # NodePowerCap (ranks_per_node from the topology, the profile from cluster.power)
         "node_w": _optional_power("4000"),
+    },
+    "buckets": {  # BucketedBackward (pacectl/fabric/overlap.py); the cross-field checks are its own
+        "count": _integer(1, "4"),
+        "sizes": _fractions("'[0.25,0.25,0.25,0.25]'"),
+        "compute": _fractions("'[0.25,0.25,0.25,0.25]'"),
+        "forward_frac": _number("0.3333", low=0.0, high=1.0, high_open=True),
+        "overlap_slowdown": _number("0.189", low=0.0),
+        "pacer": _choice(PACERS, "device"),
+        "noise": _choice(NOISE_PLACEMENTS, "spread"),
     },
     "compute": {  # ComputeModel; noise items below
         "compute_s": _number("0.5", low=0.0, low_open=True),
