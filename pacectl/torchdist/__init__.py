@@ -44,9 +44,10 @@ Why `auto` is `async` on gloo: with a core per rank both cost the same wall time
 width 1024, batch 512, 155 ms iterations, 150 rounds; record `torchdist_2rank_async.json`: `async`
 +2.1 % [+1.4, +3.0], `piggyback` +2.3 % [+1.4, +3.2] of plain DDP), `async` takes a third less
 hook CPU (1.13 % against 1.65 % of the iteration), and its decisions are one iteration fresher.
-That matters on real step times: replaying the Alibaba PAI workers' series in simulation, the
-threshold controller gains +0.67 % at lag 1 and +0.18 % at piggyback's lag 2, and loses with
-`gather_every=10` (`experiments/staleness/`). On NCCL `piggyback` stays: the async exchange makes the host
+That can matter on real step times: replaying the Alibaba PAI workers' series in simulation on their
+real sampling axis, the threshold controller gains +2.00 % at lag 1, +1.80 % at piggyback's lag 2
+and +1.21 % exchanging every 10 (`experiments/staleness/`, real-axis rerun; simulated gains that
+rest on the assumed early-arrival interference, kappa 0.05, and on the AR(1) fill between samples). On NCCL `piggyback` stays: the async exchange makes the host
 wait for the device twice per iteration (at the iteration's end, where it resolves the device
 times, and at the next iteration's first bucket, where its decode waits for everything queued
 before it, the forward pass included): on an H200 at a 63 ms iteration it cost +1.28 ms per
