@@ -14,10 +14,9 @@ order.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import sys
 from typing import TYPE_CHECKING
 
 import numpy as np

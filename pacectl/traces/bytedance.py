@@ -24,9 +24,11 @@ from pacectl.traces.model import (
     describe_op_row,
     drop_exact_duplicates,
     read_parquet_table,
-    table_to_pandas as _to_pandas,
     require_file,
     validate_ops,
+)
+from pacectl.traces.model import (
+    table_to_pandas as _to_pandas,
 )
 
 META_KEYS = ("dp_size", "pp_size", "tp_size", "world_size")

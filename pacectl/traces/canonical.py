@@ -21,17 +21,19 @@ import pyarrow.parquet as pq
 from pacectl.errors import TraceError
 from pacectl.files import atomic_path
 from pacectl.traces.model import (
-    OP_KEY,
     CANONICAL_COLUMNS,
+    OP_KEY,
     TIME_UNITS,
     JobMeta,
     OpTrace,
     describe_op_row,
     drop_exact_duplicates,
     read_parquet_table,
-    table_to_pandas as _to_pandas,
     require_file,
     validate_ops,
+)
+from pacectl.traces.model import (
+    table_to_pandas as _to_pandas,
 )
 
 FORMAT_VERSION = 1

@@ -469,7 +469,8 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
         )
     if (order == np.arange(len(order))).all():
         return frame()  # already in order
-    del frames, key, sorted_key  # keep the peak near one table: sort one column at a time, no block copy
+    frames.clear()  # the closure above may still build it for a message
+    del key, sorted_key  # keep the peak near one table: sort one column at a time, no block copy
     ordered_columns = {}
     for c in names:
         ordered_columns[c] = columns.pop(c).take(order)
