@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -161,6 +162,43 @@ def _restore(out: Path, before: dict[str, Any], *, keep_logs: bool) -> None:
             p.unlink()
         elif p.stat().st_size > size:
             os.truncate(p, size)
+
+
+def invoke(prog: str, argv: Sequence[str] | None, body: Callable[[], None]) -> int:
+    """Run an entry point's ``body`` with ``argv`` as its command line, and return its exit status.
+
+    ``body`` reads ``sys.argv`` (Hydra does) and may end in ``sys.exit``; here that becomes the
+    returned status, so that a caller in the same process (a test) gets the status, not SystemExit.
+    Afterwards the process is as before: ``sys.argv``, Hydra's global state (so that the compose API
+    and a next run can start afresh), the warnings format and ``logging.captureWarnings``.
+
+    Args:
+        prog: the program name (``sys.argv[0]``: Hydra's argument errors name it).
+        argv: the arguments; None: this process's own (``sys.argv[1:]``).
+        body: the entry point's work.
+    """
+    import signal
+
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    saved_argv, saved_format, saved_sigint = sys.argv, warnings.formatwarning, signal.getsignal(signal.SIGINT)
+    sys.argv = [prog, *(sys.argv[1:] if argv is None else argv)]
+    try:
+        body()
+        return 0
+    except SystemExit as end:
+        if end.code is None or isinstance(end.code, int):
+            return int(end.code or 0)
+        print(end.code, file=sys.stderr)
+        return 1
+    finally:
+        sys.argv, warnings.formatwarning = saved_argv, saved_format
+        if saved_sigint is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, saved_sigint)  # a Ctrl-C handler set for the run (pacectl.tune)
+        logging.captureWarnings(False)
+        GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = None  # type: ignore[assignment]
 
 
 def sweep_job_prefix() -> str:
@@ -438,9 +476,9 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
             )
         if parent == "controller" and isinstance(section, DictConfig) and section.get("name") == "all":
             return (
-                f"{key}: controller=all (the default) runs every family with its own "
-                f"conf/controller/<family>.yaml and takes no parameters; pick one family to set them."
-                + (fix or " Each family's keys are in conf/controller/<family>.yaml")
+                f"{key}: controller=all (the default) runs every family with its own defaults "
+                f"and takes no parameters; pick one family to set them."
+                + (fix or " python -m pacectl.run --help lists each family's keys")
             )
         # (no "add it with +key" hint: pacectl reads only the keys its configs have, and refuses others)
         # the known keys: under a section; at the top level only when no near key is suggested
@@ -463,23 +501,37 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
     return line if "https://" in line else f"{line} (see {grammar})"
 
 
+def group_nodes(config_dir: Path, group: str) -> dict[str, Any]:
+    """The options of the config group ``group`` and their nodes: the ``conf/<group>/*.yaml`` files
+    and what is stored in Hydra's ConfigStore (the registered controller families), by name."""
+    from hydra.core.config_store import ConfigStore
+
+    nodes: dict[str, Any] = {}
+    stored = ConfigStore.instance().repo.get(group, {})
+    for name, entry in stored.items():
+        if name.endswith(".yaml") and hasattr(entry, "node"):
+            nodes[name.removesuffix(".yaml")] = entry.node
+    folder = config_dir / group
+    for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else ():
+        nodes[path.stem] = OmegaConf.load(path)
+    return dict(sorted(nodes.items()))
+
+
 def _options_with_key(config_dir: Path, parent: str, key: str) -> dict[str, str]:
-    """Options of the config group that ``parent`` starts with (``conf/<group>/*.yaml``) that define
+    """Options of the config group that ``parent`` starts with (:func:`group_nodes`) that define
     ``key`` or a key close to it under the rest of ``parent`` (``backend.pacing``: the ``pacing``
     section of each backend): option -> that key. Empty when ``parent`` is not in a config group."""
     group, _, section = parent.partition(".")
-    folder = config_dir / group
-    if not group or not folder.is_dir():
+    if not group:
         return {}
     found: dict[str, str] = {}
-    for path in sorted(folder.glob("*.yaml")):
-        node: Any = OmegaConf.load(path)
+    for option, node in group_nodes(config_dir, group).items():
         if section and isinstance(node, DictConfig):
             node = OmegaConf.select(node, section)
         keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
         match = key if key in keys else _closest(key, keys)
         if match:
-            found.setdefault(path.stem, match)
+            found.setdefault(option, match)
     exact = {option: k for option, k in found.items() if k == key}
     return exact or found
 

@@ -15,7 +15,16 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pacectl.controllers import SCHEDULE_KEYS, SafetyGuard, fill_schedule, make_controller, schedule_keys
+from pacectl.controllers import (
+    SCHEDULE_KEYS,
+    SafetyGuard,
+    all_families,
+    family,
+    fill_schedule,
+    make_controller,
+    schedule_keys,
+)
+from pacectl.controllers.registry import Family, subscribe
 from pacectl.data import DATA_DIR
 from pacectl.errors import ConfigError, TraceError, unknown_keys_error, yaml_problem
 from pacectl.fabric.base import CommModel, NullComm
@@ -30,6 +39,25 @@ CONF_DIR = _PKG_DIR / "conf" if (_PKG_DIR / "conf").is_dir() else _PKG_DIR.paren
 
 if not OmegaConf.has_resolver("pacectl_data"):
     OmegaConf.register_new_resolver("pacectl_data", lambda rel: str(DATA_DIR / rel))
+if not OmegaConf.has_resolver("pacectl_controllers"):  # the --help footers' list of families
+    from pacectl.controllers.registry import describe
+
+    OmegaConf.register_new_resolver("pacectl_controllers", describe)
+
+
+def _store_family(fam: Family, registered: bool) -> None:
+    """Keep the ``controller`` config group in step with the registry: every registered family is
+    an option (``controller=<family>``), its constructor defaults the config (:meth:`Family.config`)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    if registered:
+        store.store(group="controller", name=fam.name, node=fam.config())
+    else:
+        store.repo.get("controller", {}).pop(f"{fam.name}.yaml", None)
+
+
+subscribe(_store_family)
 
 
 def user_path(value: str, key: str = "path") -> str:
@@ -346,8 +374,9 @@ def use_line_differences(use: str, choices: dict[str, str]) -> tuple[list[str], 
 def controller_families(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     """The runs of an experiment: ``none`` first, then the selected controller(s).
 
-    ``controller=all`` expands to every family listed in ``conf/controller/all.yaml`` with the
-    parameters of its own ``conf/controller/<family>.yaml``. ``controller_file=PATH`` replaces the
+    ``controller=all`` expands to every registered family marked for it
+    (:func:`~pacectl.controllers.all_families`; ``controller.families=[...]`` picks others), each
+    with its constructor defaults. ``controller_file=PATH`` replaces the
     ``controller`` group with a controller YAML file (see :func:`selected_controller`).
     """
     if cfg.get("controller_file") in (None, ""):
@@ -370,16 +399,17 @@ def _controller_runs(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     runs: dict[str, dict[str, Any]] = {"none": {}}
     if name == "all":
         units = params.get("units")  # controller=all controller.units=iteration: every family in those units
-        for family in params.get("families", []):
-            fam_params = _family_file(family, "controller.families entries")
+        chosen = params.get("families")
+        for name_ in all_families() if chosen is None else chosen:
+            fam_params = _family_defaults(name_, "controller.families entries")
             if units is not None:
                 fam_params["units"] = units
-            runs[family] = fam_params
+            runs[name_] = fam_params
     elif name != "none":
         runs[name] = params
-    for family, family_params in runs.items():
-        resolve_auto_horizon(family, family_params, cfg)
-        make_controller(family, **family_params)  # validate every config before any run starts
+    for name_, family_params in runs.items():
+        resolve_auto_horizon(name_, family_params, cfg)
+        make_controller(name_, **family_params)  # validate every config before any run starts
     return runs
 
 
@@ -411,25 +441,25 @@ def decision_schedule(cfg: DictConfig) -> ExchangeSchedule:
     return exchange_schedule(cfg)
 
 
-def _family_file(family: str, what: str) -> dict[str, Any]:
-    """The parameters in ``conf/controller/<family>.yaml`` (``what`` names the setting, for the error)."""
-    path = CONF_DIR / "controller" / f"{family}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"{what} must have a conf/controller/*.yaml, got {family!r}")
-    name, params = controller_params(OmegaConf.load(path))  # type: ignore[arg-type]
-    if name != family:
-        raise ConfigError(f"conf/controller/{family}.yaml must say 'name: {family}', got {name!r}")
+def _family_defaults(name: str, what: str) -> dict[str, Any]:
+    """A registered family's config (its constructor defaults, ``auto`` schedule keys) without its
+    ``name`` (``what`` names the setting, for the error)."""
+    try:
+        params = family(str(name)).config()
+    except ConfigError as err:
+        raise ConfigError(f"{what}: {err}") from None
+    params.pop("name")
     return params
 
 
-def shipped_controller(family: str, cfg: DictConfig) -> dict[str, Any]:
-    """The parameters of ``conf/controller/<family>.yaml``, ``auto`` horizons resolved for ``cfg``
-    (:func:`resolve_auto_horizon`).
+def shipped_controller(name: str, cfg: DictConfig) -> dict[str, Any]:
+    """The default parameters of the registered family ``name``, ``auto`` horizons resolved for
+    ``cfg`` (:func:`resolve_auto_horizon`).
 
     Raises:
-        ConfigError: no such family file.
+        ConfigError: no such family.
     """
-    return resolve_auto_horizon(family, _family_file(family, "a controller family"), cfg)
+    return resolve_auto_horizon(name, _family_defaults(name, "a controller family"), cfg)
 
 
 def resolve_auto_horizon(family: str, params: dict[str, Any], cfg: DictConfig) -> dict[str, Any]:
@@ -544,7 +574,7 @@ def validate_run_config(cfg: DictConfig, *, other_keys: frozenset[str] = frozens
         extra = sorted({str(k) for k in controller.keys()} - {"name", "families", "units"})
         if extra:
             raise ConfigError(
-                f"controller=all runs every family with its own conf/controller/<family>.yaml, so it takes no "
+                f"controller=all runs every family with its own defaults, so it takes no "
                 f"parameters, got {extra}. Pick one family to set them, e.g. controller=pid controller.kp=0.8"
             )
 

@@ -709,27 +709,32 @@ class MultiJobSimExperiment(_ClosedLoop):
 
 
 def controller_notes(experiment: Any, families: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """The run's warnings and notes about what ``phase`` and ``sleep_wait`` can change on it.
+    """The run's warnings and notes about what its job-level families (``phase``) and the families
+    whose ranks wait asleep (``sleep_wait``) can change on it (their registrations say which).
 
     Args:
         experiment: the :class:`Experiment` (its optional ``job_shift_note`` and ``sleep_wait_note``).
         families: the runs (controller family -> parameters).
 
     Returns:
-        ``(warnings, notes)``: ``phase`` with no other traffic on its links is a warning (it cannot
-        do anything: a silent zero would look like a result); what ``sleep_wait`` changes is a note.
+        ``(warnings, notes)``: a job-level family with no other traffic on its links is a warning (it
+        cannot do anything: a silent zero would look like a result); what waiting asleep changes is a note.
     """
+    from pacectl.controllers import FAMILIES
+
     warned, noted = [], []
     why = getattr(experiment, "job_shift_note", None)
-    if "phase" in families and why:
-        warned.append(
-            f"phase: no other traffic shares this job's links ({why}); a job-level shift cannot change "
-            "any duration here, so phase applies no delay (cluster=shared_uplink puts two jobs on one "
-            "uplink; cross traffic on the ring's links also gives it something to move against)"
-        )
     wait = getattr(experiment, "sleep_wait_note", None)
-    if "sleep_wait" in families and wait:
-        noted.append(f"sleep_wait: {wait}")
+    for name in families:
+        fam = FAMILIES.get(name)
+        if fam is not None and fam.job_level and why:
+            warned.append(
+                f"{name}: no other traffic shares this job's links ({why}); a job-level shift cannot change "
+                f"any duration here, so {name} applies no delay (cluster=shared_uplink puts two jobs on one "
+                "uplink; cross traffic on the ring's links also gives it something to move against)"
+            )
+        if fam is not None and fam.waits_asleep and wait:
+            noted.append(f"{name}: {wait}")
     return warned, noted
 
 

@@ -1,6 +1,6 @@
 """Seeded simulation cells for the study scripts under ``experiments/`` (scaling, staleness).
 
-A *cell* is one scenario at one scale: every controller family of ``conf/controller/all.yaml``
+A *cell* is one scenario at one scale: every controller family of ``controller=all``
 with its shipped parameters, behind the default safety guard, on the same seeded compute-time
 draws as no pacing (``backend=sim``). The caller composes inside Hydra's
 ``initialize_config_dir(CONF_DIR)`` context; nothing here imports torch.

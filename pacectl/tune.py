@@ -50,7 +50,7 @@ import logging
 import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,7 @@ from pacectl.cli import (
     exit_on_bad_run_dir,
     expand_trace_file_argv,
     hydra_value,
+    invoke,
     sweep_job_prefix,
 )
 from pacectl.config import (
@@ -79,13 +80,13 @@ from pacectl.config import (
     user_path,
     validate_run_config,
 )
-from pacectl.controllers import CONTROLLERS
+from pacectl.controllers import family as controller_family
 from pacectl.controllers.units import UNITS
 from pacectl.errors import ConfigError, PacectlError, one_line_warnings, unknown_keys_error
 from pacectl.files import atomic_write_text, staged_outputs
 from pacectl.report import comm_model_note, jsonable
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet, build_scenarios
-from pacectl.tuning.space import SearchSpace, load_space
+from pacectl.tuning.space import SearchSpace, default_space, load_space, tunable_families
 from pacectl.tuning.study import (
     CHOICE_RULE,
     DIRECTIONS,
@@ -116,7 +117,7 @@ from pacectl.tuning.study import (
 #: console lines; Hydra's job logging (conf/hydra/job_logging/pacectl.yaml) also files them
 log = logging.getLogger("pacectl.tune")
 
-#: The family whose defaults (``conf/controller/threshold.yaml``) are the paper's reference point.
+#: The family whose defaults are the paper's reference point.
 REFERENCE = "threshold"
 
 
@@ -307,9 +308,10 @@ def validate_tune_config(cfg: DictConfig) -> None:
 def tune_space(cfg: DictConfig, settings: Settings) -> SearchSpace:
     """The validated search space of the selected controller family (before anything runs).
 
-    The default file is ``conf/tune/space/<family>.yaml`` (times in seconds), or
-    ``conf/tune/space/<family>.iteration.yaml`` with ``controller.units=iteration`` (times as fractions
-    of the median iteration time); ``tune.space=FILE`` replaces either.
+    The default is the family's (:func:`~pacectl.tuning.space.default_space`: the shipped
+    ``conf/tune/space/<family>[.iteration].yaml``, else the space it registered); the
+    ``.iteration`` one with ``controller.units=iteration`` (times as fractions of the median
+    iteration time); ``tune.space=FILE`` replaces either.
 
     Raises:
         ConfigError: nothing to tune (``none``, ``all``), a bad space file, or a command-line
@@ -326,9 +328,9 @@ def tune_space(cfg: DictConfig, settings: Settings) -> SearchSpace:
         )
     family, fixed = controller_params(selected_controller(cfg))
     resolve_auto_horizon(family, fixed, cfg)
-    # the families with a shipped search space (none and sleep_wait have no parameters; phase acts
+    # the families with a default search space (none and sleep_wait have no parameters; phase acts
     # on other jobs' traffic, which the tuning scenarios do not have)
-    tunable = sorted(k for k in CONTROLLERS if (CONF_DIR / "tune" / "space" / f"{k}.yaml").is_file())
+    tunable = tunable_families()
     if family not in tunable:
         raise ConfigError(f"controller must be one family to tune, one of {tunable}, got {family!r}")
     units = fixed.get("units", "s")
@@ -338,10 +340,10 @@ def tune_space(cfg: DictConfig, settings: Settings) -> SearchSpace:
             "in seconds, 'iteration' as a fraction of the median iteration time; set controller.units=s "
             "or controller.units=iteration"
         )
-    suffix = ".iteration" if units == "iteration" else ""
-    default = CONF_DIR / "tune" / "space" / f"{family}{suffix}.yaml"
-    path = Path(user_path(settings.space, "tune.space")) if settings.space else default
-    space = load_space(family, path, fixed=fixed)
+    if settings.space:
+        space = load_space(family, Path(user_path(settings.space, "tune.space")), fixed=fixed)
+    else:
+        space = default_space(family, str(units), fixed=fixed, conf_dir=CONF_DIR)
     for override in _task_overrides():
         key = _override_key(override)
         if key.startswith("controller.") and key.removeprefix("controller.") in space.keys:
@@ -416,10 +418,8 @@ def trial_settings(space: SearchSpace, scenarios: ScenarioSet) -> dict[str, Any]
 
 
 def reference_params() -> dict[str, Any]:
-    """The paper's threshold controller at its shipped defaults (``conf/controller/threshold.yaml``)."""
-    node = OmegaConf.load(CONF_DIR / "controller" / f"{REFERENCE}.yaml")
-    assert isinstance(node, DictConfig)
-    return controller_params(node)[1]
+    """The paper's threshold controller at its constructor defaults."""
+    return controller_params(controller_family(REFERENCE).config())[1]
 
 
 def _cached(study: optuna.Study, key: str, compute: Callable[[], Evaluation]) -> Evaluation:
@@ -1215,14 +1215,18 @@ def _check_config(cfg: DictConfig) -> None:
     tune_space(cfg, Settings.from_cfg(cfg.tune))
 
 
-def main() -> None:
-    """Console entry point (``pacectl-tune``)."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point (``pacectl-tune``): runs the command line ``argv`` (default: this
+    process's) and returns the exit status: 0, 2 for a user mistake, 130 for Ctrl-C."""
+    return invoke("pacectl.tune", argv, _main)
+
+
+def _main() -> None:
     expand_trace_file_argv("pacectl.tune", CONF_DIR)
     exit_on_bad_run_dir("pacectl.tune")
     check_command_line("pacectl.tune", CONF_DIR, "tune", validate=_check_config)
-    sys.argv[0] = "pacectl.tune"  # the program name of Hydra's own argument errors (not "tune.py")
     _hydra_main()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

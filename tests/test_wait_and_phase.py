@@ -25,21 +25,7 @@ from pacectl.types import Action, Controller, Observation
 RNG = np.random.default_rng(0)
 
 
-class TestSleepWaitContract(ControllerContract):
-    expects_pacing = False
-
-    def make_controller(self) -> Controller:
-        return SleepWait()
-
-
-class TestPhaseContract(ControllerContract):
-    expects_pacing = False
-    job_level = True
-
-    def make_controller(self) -> Controller:
-        return PhaseController()
-
-
+# (sleep_wait and phase at their defaults: tests/test_controllers.py runs every registered family's contract)
 class TestPhaseAlwaysShiftsContract(ControllerContract):
     expects_pacing = False
     job_level = True

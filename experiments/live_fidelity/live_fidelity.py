@@ -160,11 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 2:
         parser.error(f"--runs must be at least 2 for an interval, got {args.runs}")
-    from pacectl.config import CONF_DIR
+    from pacectl.controllers import FAMILIES
 
-    families = sorted(
-        p.stem for p in (CONF_DIR / "controller").glob("*.yaml") if p.stem not in ("none", "all")
-    )
+    families = sorted(name for name in FAMILIES if name != "none")
     if args.controller not in families:
         parser.error(f"--controller must be a pacing controller, one of {families}, got {args.controller!r}")
     for override in args.overrides:

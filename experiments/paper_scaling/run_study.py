@@ -14,7 +14,7 @@ compute noise is calibrated so that no pacing gives CV ~0.22 at 64 ranks):
 - ``interference_only`` / ``cross_traffic_only``: one timing-dependent mechanism at a time;
 - ``small_scale``: the paper_like scenario at 4 and 8 ranks, where the paper saw a slight loss.
 
-Every controller runs with the parameters of ``conf/controller/<family>.yaml`` behind the default
+Every controller runs with its constructor defaults (``controller=<family>``) behind the default
 safety guard, on the same seeded compute-time draws as no pacing. Figures are means over seeds.
 """
 

@@ -173,7 +173,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += [
         "",
         "Shipped defaults on the held-out episodes (no tuning): the paper's threshold controller and the forecast "
-        "controller (conf/controller/*.yaml).",
+        "controller (their constructor defaults).",
         "",
         "| profile (held out) | no pacing CV | paper threshold: Δthroughput, CV | forecast: Δthroughput, CV |",
         "| --- | --- | --- | --- |",

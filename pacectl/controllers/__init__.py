@@ -9,27 +9,57 @@ Example:
 
 from __future__ import annotations
 
-import difflib
-import inspect
+import importlib
+import pkgutil
+import warnings
+from importlib.metadata import entry_points
 
 from pacectl.controllers.base import BaseController
-from pacectl.controllers.ewma import EwmaController
-from pacectl.controllers.forecast import ForecastController
-from pacectl.controllers.guard import PacingGuardWarning, SafetyGuard
+
+# isort: off
+# the built-in families register themselves on import, in this order (controller=all's run order)
 from pacectl.controllers.none import NoPacing
-from pacectl.controllers.phase import PhaseController
-from pacectl.controllers.pid import PidController
-from pacectl.controllers.quantile import QuantileController
-from pacectl.controllers.sleep_wait import SleepWait
 from pacectl.controllers.threshold import ThresholdController
+from pacectl.controllers.pid import PidController
+from pacectl.controllers.ewma import EwmaController
+from pacectl.controllers.quantile import QuantileController
+from pacectl.controllers.forecast import ForecastController
+from pacectl.controllers.sleep_wait import SleepWait
+from pacectl.controllers.phase import PhaseController
+
+# isort: on
+from pacectl.controllers.guard import PacingGuardWarning, SafetyGuard
+from pacectl.controllers.registry import (
+    CONTROLLERS,
+    FAMILIES,
+    SCHEDULE_KEYS,
+    Family,
+    all_families,
+    did_you_mean,
+    family,
+    register,
+    unregister,
+)
 from pacectl.controllers.units import IterationUnits, with_units
 from pacectl.errors import ConfigError
 from pacectl.types import Controller
 
+# a new module of this package registers its families with no line here (after the built-ins), and
+# so does an installed plugin that names its module under the entry point group "pacectl.controllers"
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+for _plugin in entry_points(group="pacectl.controllers"):
+    try:
+        _plugin.load()
+    except Exception as _err:  # noqa: BLE001 - a broken plugin must not break pacectl itself
+        warnings.warn(f"controller plugin {_plugin.value!r} failed to load: {_err}", stacklevel=1)
+
 __all__ = [
     "CONTROLLERS",
+    "FAMILIES",
     "BaseController",
     "EwmaController",
+    "Family",
     "ForecastController",
     "IterationUnits",
     "NoPacing",
@@ -41,38 +71,23 @@ __all__ = [
     "SleepWait",
     "ThresholdController",
     "SCHEDULE_KEYS",
+    "all_families",
+    "family",
     "fill_schedule",
     "schedule_keys",
     "make_controller",
+    "register",
+    "unregister",
 ]
-
-CONTROLLERS: dict[str, type[BaseController]] = {
-    cls.name: cls
-    for cls in (
-        NoPacing,
-        ThresholdController,
-        PidController,
-        EwmaController,
-        QuantileController,
-        ForecastController,
-        SleepWait,
-        PhaseController,
-    )
-}
-"""Controller family name -> class."""
-
-
-def _did_you_mean(word: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def make_controller(name: str, **params: object) -> Controller:
     """Build a controller from its family name and keyword parameters (for configs and tuning).
 
     Args:
-        name: family name, one of ``CONTROLLERS`` (``"none"``, ``"threshold"``, ``"pid"``, ``"ewma"``,
-            ``"quantile"``, ``"forecast"``, ``"sleep_wait"``, ``"phase"``).
+        name: a registered family name (:data:`~pacectl.controllers.registry.FAMILIES`: the built-in
+            ``none``, ``threshold``, ``pid``, ``ewma``, ``quantile``, ``forecast``, ``sleep_wait``,
+            ``phase``, and any class decorated with :func:`~pacectl.controllers.registry.register`).
         **params: constructor parameters of that class (see its docstring for units and ranges), plus
             the reserved key ``units``: ``"s"`` (default; every ``*_s`` parameter in seconds) or
             ``"iteration"`` (every time as a fraction of the median iteration time, via
@@ -88,36 +103,24 @@ def make_controller(name: str, **params: object) -> Controller:
         >>> make_controller("pid", setpoint_s=0.005, kp=0.5).name
         'pid'
     """
-    known = sorted(CONTROLLERS)
-    if name not in CONTROLLERS:
-        raise ConfigError(
-            f"controller must be one of {', '.join(known)}, got {name!r}{_did_you_mean(str(name), known)}"
-        )
-    cls = CONTROLLERS[name]
+    fam = family(name)
     params = dict(params)
     units = params.pop("units", "s")
-    accepted = sorted(
-        p.name for p in inspect.signature(cls).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
-    )
+    accepted = sorted(fam.params)
     for key in params:
         if key not in accepted:
             raise ConfigError(
-                f"unknown parameter {key!r} for controller {name!r}{_did_you_mean(key, accepted)} "
+                f"unknown parameter {key!r} for controller {name!r}{did_you_mean(key, accepted)} "
                 f"(accepted: {', '.join(accepted) or 'none'})"
             )
-    controller: Controller = cls(**params)
+    controller: Controller = fam.cls(**params)
     return with_units(controller, units)
-
-
-#: constructor parameters that depend on the run's exchange, in order: (its lag, its every); a
-#: config value ``auto``, or leaving the key out, means "the run's" (:func:`fill_schedule`)
-SCHEDULE_KEYS = ("horizon_iters", "hold_iters")
 
 
 def schedule_keys(family: str) -> tuple[str, ...]:
     """The :data:`SCHEDULE_KEYS` that ``family``'s constructor takes (none for an unknown family)."""
-    cls = CONTROLLERS.get(family)
-    accepted = inspect.signature(cls).parameters if cls is not None else {}
+    fam = FAMILIES.get(family)
+    accepted = fam.params if fam is not None else []
     return tuple(key for key in SCHEDULE_KEYS if key in accepted)
 
 

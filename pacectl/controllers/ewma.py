@@ -14,9 +14,11 @@ from pacectl.controllers.base import (
     ewma,
     relative_to_latest,
 )
+from pacectl.controllers.registry import register
 from pacectl.types import Observation
 
 
+@register()
 class EwmaController(BaseController):
     """Pace on an exponentially smoothed natural spread, with a hysteresis band and a minimum dwell.
 

@@ -44,6 +44,7 @@ import math
 import numpy as np
 
 from pacectl.controllers.base import BaseController, FloatArray, check_float, check_int
+from pacectl.controllers.registry import register
 from pacectl.types import Observation
 
 
@@ -62,6 +63,7 @@ def _mean_power(x: float, first: int, count: int) -> float:
     return x**first * (1.0 - x**count) / ((1.0 - x) * count)
 
 
+@register()
 class ForecastController(BaseController):
     """Delay each rank by its AR(1) earliness forecast over the iterations the delay applies to
     (``horizon_iters`` ahead, for ``hold_iters``), less a safety margin.
@@ -71,8 +73,8 @@ class ForecastController(BaseController):
     Args:
         horizon_iters: iterations from the observed iteration to the first one the delay applies to, >= 1:
             ``exchange.lag_iters`` in replay and sim (1 by default), 1 for a live job's ``async`` or
-            ``collective`` exchange, 2 for ``piggyback``. In a config, ``auto`` (the shipped
-            ``conf/controller/forecast.yaml``) is replaced by the run's lag
+            ``collective`` exchange, 2 for ``piggyback``. In a config, ``auto`` (the default
+            of ``controller=forecast``) is replaced by the run's lag
             (:func:`pacectl.controllers.fill_schedule`; a missing key counts as ``auto`` there, in
             ``controller_file`` files and live runtime controls too).
         hold_iters: iterations a decision stays in force, >= 1: ``exchange.every_iters`` (a live job's

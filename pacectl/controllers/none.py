@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from pacectl.controllers.base import BaseController, FloatArray
+from pacectl.controllers.registry import register
 from pacectl.types import Observation
 
 
+@register(in_all=False, paces=False)
 class NoPacing(BaseController):
     """Never delays any rank: the baseline every result is compared with.
 

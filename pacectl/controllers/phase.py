@@ -60,9 +60,11 @@ from __future__ import annotations
 import numpy as np
 
 from pacectl.controllers.base import BaseController, FloatArray, check_float, check_int
+from pacectl.controllers.registry import register
 from pacectl.types import Observation
 
 
+@register(in_all=False, job_level=True)
 class PhaseController(BaseController):
     """Shift every rank of the job by the same one-time delay when its collective is slowed.
 

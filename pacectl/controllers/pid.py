@@ -16,10 +16,12 @@ from pacectl.controllers.base import (
     ewma,
     relative_to_latest,
 )
+from pacectl.controllers.registry import register
 from pacectl.errors import ControllerError
 from pacectl.types import Observation
 
 
+@register()
 class PidController(BaseController):
     """Track a spread setpoint with a PID whose output is a per-rank pacing budget.
 

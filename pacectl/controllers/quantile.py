@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from pacectl.controllers.base import BaseController, FloatArray, check_float, check_int
+from pacectl.controllers.registry import register
 from pacectl.types import Observation
 
 
+@register()
 class QuantileController(BaseController):
     """Delay each rank towards the ``quantile``-th predicted arrival across ranks.
 

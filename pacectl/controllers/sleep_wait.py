@@ -34,9 +34,11 @@ from __future__ import annotations
 import numpy as np
 
 from pacectl.controllers.base import BaseController, FloatArray
+from pacectl.controllers.registry import register
 from pacectl.types import Observation
 
 
+@register(in_all=False, paces=False)
 class SleepWait(BaseController):
     """Never delays any rank; every rank waits asleep inside the paced collective.
 

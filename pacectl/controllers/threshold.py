@@ -19,9 +19,11 @@ from pacectl.controllers.base import (
     ewma,
     relative_to_latest,
 )
+from pacectl.controllers.registry import register
 from pacectl.types import Observation
 
 
+@register()
 class ThresholdController(BaseController):
     """Delay early ranks by a fraction of their predicted earliness while the natural spread is high.
 

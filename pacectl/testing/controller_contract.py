@@ -214,3 +214,30 @@ class ControllerContract:
     def test_reset_rejects_bad_num_ranks(self, num_ranks: object) -> None:
         with pytest.raises(ConfigError, match="num_ranks"):
             self.make_controller().reset(num_ranks, np.random.default_rng(0))  # type: ignore[arg-type]
+
+
+def contract_for(name: str) -> type[ControllerContract]:
+    """The :class:`ControllerContract` of the registered family ``name`` at its defaults, with
+    ``expects_pacing`` and ``job_level`` as its registration says."""
+    from pacectl.controllers import FAMILIES, make_controller
+
+    fam = FAMILIES[name]
+    return type(
+        f"Test{fam.cls.__name__}Contract",
+        (ControllerContract,),
+        {
+            "expects_pacing": fam.paces,
+            "job_level": fam.job_level,
+            "make_controller": lambda self: make_controller(name),
+            "__module__": __name__,
+        },
+    )
+
+
+def registered_contracts() -> dict[str, type[ControllerContract]]:
+    """One contract class per registered family (:func:`contract_for`), by class name: a test module
+    runs them all with ``globals().update(registered_contracts())``."""
+    from pacectl.controllers import FAMILIES
+
+    classes = (contract_for(name) for name in FAMILIES)
+    return {cls.__name__: cls for cls in classes}

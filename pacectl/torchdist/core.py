@@ -545,7 +545,7 @@ def validate_control(control: Any, *, source: str, family: str | None = None) ->
     """Check a runtime control message: ``{"enabled": bool, "controller": {...}, "guard": {...}}``.
 
     Every key is optional. ``controller`` is a controller config (``name`` plus parameters, as in
-    ``conf/controller/*.yaml``; without ``name``, the running family's, ``family``); ``guard`` holds
+    ``controller=<family>``; without ``name``, the running family's, ``family``); ``guard`` holds
     SafetyGuard keyword arguments.
 
     Raises:

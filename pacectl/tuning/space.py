@@ -31,7 +31,6 @@ Every mistake (unknown key or field, bad bounds, unknown type) is a :class:`Conf
 from __future__ import annotations
 
 import difflib
-import inspect
 import math
 import re
 from collections.abc import Mapping
@@ -41,7 +40,8 @@ from typing import Any
 
 import yaml
 
-from pacectl.controllers import CONTROLLERS, make_controller
+from pacectl.controllers import FAMILIES, make_controller
+from pacectl.controllers import family as _family
 from pacectl.errors import ConfigError, yaml_problem
 
 TYPES = ("float", "int", "categorical")
@@ -57,35 +57,66 @@ def _hint(word: str, choices: list[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def accepted_params(family: str) -> list[str]:
-    """Keyword parameters of the controller family ``family``, sorted.
+def accepted_params(name: str) -> list[str]:
+    """Keyword parameters of the controller family ``name``, sorted.
 
     Raises:
         ConfigError: unknown family.
     """
-    if family not in CONTROLLERS:
-        raise ConfigError(
-            f"controller must be one of {sorted(CONTROLLERS)}, got {family!r}{_hint(family, sorted(CONTROLLERS))}"
-        )
-    signature = inspect.signature(CONTROLLERS[family])
-    keys = {p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    keys = set(_family(name).params)
     return sorted(keys | {"units"})  # the reserved key make_controller takes for every family
 
 
-def constructor_defaults(family: str) -> dict[str, Any]:
-    """The default of every keyword parameter of ``family``'s constructor, plus ``units: "s"``.
+def constructor_defaults(name: str) -> dict[str, Any]:
+    """The default of every keyword parameter of ``name``'s constructor, plus ``units: "s"``.
 
     Raises:
         ConfigError: unknown family.
     """
-    accepted_params(family)
-    signature = inspect.signature(CONTROLLERS[family])
-    defaults = {
-        p.name: p.default
-        for p in signature.parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty
-    }
-    return {**defaults, "units": "s"}
+    return {**_family(name).defaults(), "units": "s"}
+
+
+def tunable_families(conf_dir: Path | None = None) -> list[str]:
+    """The registered families with a default search space (:func:`default_space`), sorted."""
+    folder = _space_dir(conf_dir)
+    return sorted(
+        name for name, fam in FAMILIES.items() if fam.space is not None or (folder / f"{name}.yaml").is_file()
+    )
+
+
+def _space_dir(conf_dir: Path | None) -> Path:
+    if conf_dir is None:
+        from pacectl.config import CONF_DIR
+
+        conf_dir = CONF_DIR
+    return conf_dir / "tune" / "space"
+
+
+def default_space(
+    name: str, units: str, *, fixed: Mapping[str, Any], conf_dir: Path | None = None
+) -> SearchSpace:
+    """The default search space of family ``name``: the shipped ``conf/tune/space/<name>.yaml``
+    (``<name>.iteration.yaml`` with ``units == "iteration"``), else the one the family registered
+    (``register(space=..., iteration_space=...)``).
+
+    Raises:
+        ConfigError: the family has no space for these units, or it is invalid.
+    """
+    suffix = ".iteration" if units == "iteration" else ""
+    path = _space_dir(conf_dir) / f"{name}{suffix}.yaml"
+    fam = _family(name)
+    raw = fam.iteration_space if units == "iteration" else fam.space
+    if path.is_file():
+        return load_space(name, path, fixed=fixed)
+    if raw is None:
+        which = "iteration_space" if suffix else "space"
+        raise ConfigError(
+            f"controller {name!r} has no default search space with units={units}: pass tune.space=<file.yaml> "
+            f"(conf/tune/space/threshold{suffix}.yaml is an example), or give it one with "
+            f"register({which}=...) or conf/tune/space/{name}{suffix}.yaml"
+        )
+    source = f"{fam.cls.__module__}.{fam.cls.__qualname__} (register {'iteration_' if suffix else ''}space=)"
+    return parse_space(name, dict(raw), fixed=fixed, source=source)
 
 
 @dataclass(frozen=True)

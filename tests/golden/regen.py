@@ -1,7 +1,7 @@
 """Rewrite the golden metric files on purpose: ``python tests/golden/regen.py``.
 
-Each ``replay_<trace>.json`` holds the summary of every controller family (default parameters from
-``conf/controller/``, default guard) replayed on a shipped trace. ``tests/test_golden.py`` compares
+Each ``replay_<trace>.json`` holds the summary of every controller family (its constructor
+defaults, default guard) replayed on a shipped trace. ``tests/test_golden.py`` compares
 fresh runs against them, so any change in the replay, the controllers or the metrics shows up.
 """
 
@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from pacectl import metrics
 from pacectl.backends.replay import ReplayBackend
-from pacectl.config import CONF_DIR, controller_factory, controller_params
+from pacectl.config import CONF_DIR, controller_factory, shipped_controller
 from pacectl.data import SHIPPED_TRACES, shipped_trace
 from pacectl.loop import run_episode
 from pacectl.report import atomic_write_text, jsonable
@@ -40,7 +40,7 @@ def golden_summary(trace_name: str) -> dict[str, dict[str, float]]:
     guard = OmegaConf.load(CONF_DIR / "config.yaml").guard
     out = {}
     for family in FAMILIES:
-        _, params = controller_params(OmegaConf.load(CONF_DIR / "controller" / f"{family}.yaml"))
+        params = shipped_controller(family, OmegaConf.create({}))
         summary = metrics.summarize(run_episode(backend, controller_factory(family, params, guard)))
         out[family] = {key: summary[key] for key in GOLDEN_KEYS}
     return out

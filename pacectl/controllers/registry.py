@@ -1,0 +1,211 @@
+"""The open registry of controller families: ``@register`` is all a new controller needs.
+
+A family is registered where its class is defined::
+
+    @register("deadband", space={"band_s": {"type": "float", "low": 1e-3, "high": 1.0, "log": True}})
+    class Deadband(BaseController):
+        name = "deadband"
+        def __init__(self, *, band_s: float = 0.01, gain: float = 0.5) -> None: ...
+
+A module in ``pacectl/controllers/`` is imported by the package itself; a plugin elsewhere is
+imported by whoever uses it, or named under the entry point group ``pacectl.controllers`` of its
+distribution (``[project.entry-points."pacectl.controllers"] deadband = "mypkg.deadband"``). From
+then on, with no other file touched, it is:
+
+- a config group option, ``controller=deadband`` (its keyword-only constructor defaults are the
+  config: :meth:`Family.config`, stored in Hydra's ConfigStore by :mod:`pacectl.config`);
+- one of the runs of ``controller=all`` (unless ``in_all=False``);
+- built by :func:`pacectl.controllers.make_controller`, offline and in live jobs;
+- checked by the contract suite (:func:`pacectl.testing.controller_contract.registered_contracts`);
+- tunable with ``python -m pacectl.tune controller=deadband`` when it declares a search space
+  (``space``, the fields of :mod:`pacectl.tuning.space`; ``iteration_space`` for
+  ``controller.units=iteration``) or one is shipped as ``conf/tune/space/<family>[.iteration].yaml``;
+- listed in ``--help`` and by :func:`describe`.
+
+A YAML preset under ``conf/controller/`` is optional, under a name of its own (a file named like a
+family would be merged into the stored defaults, which Hydra deprecates): ``defaults: [pid, _self_]``
+and then the keys it changes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pacectl.errors import ConfigError
+
+#: constructor parameters that depend on the run's exchange, in order: (its lag, its every); a
+#: config value ``auto``, or leaving the key out, means "the run's" (:func:`pacectl.controllers.fill_schedule`)
+SCHEDULE_KEYS = ("horizon_iters", "hold_iters")
+
+_T = TypeVar("_T", bound=type)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One registered controller family.
+
+    Attributes:
+        name: the family name (``controller=<name>``; the class's ``name``).
+        cls: the controller class; its keyword-only constructor parameters are the family's keys.
+        in_all: run by ``controller=all``.
+        paces: delays some rank on stragglers (False: a baseline such as ``none``); the contract
+            suite's ``expects_pacing``.
+        job_level: delays every rank of its domain alike (a job-level phase shift); the contract
+            suite's ``job_level``.
+        space: the default search space in seconds (a space file's mapping), or None.
+        iteration_space: the default search space with ``controller.units=iteration``, or None.
+    """
+
+    name: str
+    cls: type
+    in_all: bool = True
+    paces: bool = True
+    job_level: bool = False
+    space: Mapping[str, Any] | None = None
+    iteration_space: Mapping[str, Any] | None = None
+
+    @property
+    def params(self) -> list[str]:
+        """The keyword-only constructor parameters, in signature order."""
+        return [
+            p.name
+            for p in inspect.signature(self.cls).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        ]
+
+    def defaults(self) -> dict[str, Any]:
+        """The constructor's defaults (parameters without one are left out)."""
+        return {
+            p.name: p.default
+            for p in inspect.signature(self.cls).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty
+        }
+
+    def config(self) -> dict[str, Any]:
+        """The family's config node: ``name``, the constructor defaults (the exchange-dependent
+        :data:`SCHEDULE_KEYS` as ``auto``: the run's) and ``units: s``."""
+        params = {k: "auto" if k in SCHEDULE_KEYS else v for k, v in self.defaults().items()}
+        return {"name": self.name, **params, "units": "s"}
+
+    @property
+    def waits_asleep(self) -> bool:
+        """Its ranks wait asleep in the paced collective (``Action.wait == "sleep"``)."""
+        return getattr(self.cls, "wait", "spin") == "sleep"
+
+    @property
+    def summary(self) -> str:
+        """The first paragraph of the class docstring, on one line."""
+        return " ".join((inspect.getdoc(self.cls) or "").split("\n\n", 1)[0].split())
+
+
+#: family name -> :class:`Family`, in registration order
+FAMILIES: dict[str, Family] = {}
+#: family name -> class (the same registry, as classes)
+CONTROLLERS: dict[str, type] = {}
+_listeners: list[Callable[[Family, bool], None]] = []
+
+
+def register(
+    name: str | None = None,
+    *,
+    in_all: bool = True,
+    paces: bool = True,
+    job_level: bool = False,
+    space: Mapping[str, Any] | None = None,
+    iteration_space: Mapping[str, Any] | None = None,
+) -> Callable[[_T], _T]:
+    """Class decorator: register a controller family (see the module docstring).
+
+    Args:
+        name: the family name; default the class's ``name`` attribute (set on the class if missing).
+        in_all: run it under ``controller=all``.
+        paces: it delays some rank on stragglers (False for a baseline).
+        job_level: it delays every rank alike (a job-level shift).
+        space: its default search space in seconds, as a space file's mapping.
+        iteration_space: its default search space in iteration units.
+
+    Raises:
+        ConfigError: the name is taken by another class, or differs from the class's ``name``.
+    """
+
+    def decorate(cls: _T) -> _T:
+        own = cls.__dict__.get("name")  # the class's own, not one it inherits (BaseController's "base")
+        family_name = name or own
+        if not isinstance(family_name, str) or not family_name:
+            raise ConfigError(
+                f"register: {cls.__qualname__} needs a name (register('<name>') or a 'name' attribute)"
+            )
+        if own is not None and own != family_name:
+            raise ConfigError(
+                f"register({family_name!r}): {cls.__qualname__}.name is {own!r}; they must be the same"
+            )
+        cls.name = family_name  # type: ignore[attr-defined]
+        old = FAMILIES.get(family_name)
+        if old is not None and old.cls is not cls and old.cls.__qualname__ != cls.__qualname__:
+            raise ConfigError(
+                f"controller family {family_name!r} is already registered by {old.cls.__module__}."
+                f"{old.cls.__qualname__}; pick another name"
+            )
+        family = Family(family_name, cls, in_all, paces, job_level, space, iteration_space)
+        FAMILIES[family_name] = family
+        CONTROLLERS[family_name] = cls
+        for listener in _listeners:
+            listener(family, True)
+        return cls
+
+    return decorate
+
+
+def unregister(name: str) -> None:
+    """Remove a family (tests that register one of their own clean up with this)."""
+    family = FAMILIES.pop(name, None)
+    CONTROLLERS.pop(name, None)
+    if family is not None:
+        for listener in _listeners:
+            listener(family, False)
+
+
+def subscribe(listener: Callable[[Family, bool], None]) -> None:
+    """Call ``listener(family, registered)`` for every family registered now and later (and with
+    ``registered=False`` on :func:`unregister`): how the config layer keeps Hydra's ConfigStore in step."""
+    _listeners.append(listener)
+    for family in list(FAMILIES.values()):
+        listener(family, True)
+
+
+def did_you_mean(word: str, choices: list[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``choices``, or ``""``."""
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def family(name: str) -> Family:
+    """The registered family ``name``.
+
+    Raises:
+        ConfigError: no such family (with a did-you-mean).
+    """
+    if name not in FAMILIES:
+        known = sorted(FAMILIES)
+        raise ConfigError(
+            f"controller must be one of {', '.join(known)}, got {name!r}{did_you_mean(str(name), known)}"
+        )
+    return FAMILIES[name]
+
+
+def all_families() -> list[str]:
+    """The families ``controller=all`` runs, in registration order."""
+    return [f.name for f in FAMILIES.values() if f.in_all]
+
+
+def describe() -> str:
+    """One line per family: its name, summary and keys with their defaults (``--help``)."""
+    lines = []
+    for f in FAMILIES.values():
+        keys = ", ".join(f"{k}={v}" for k, v in f.config().items() if k != "name") or "no keys"
+        lines.append(f"  {f.name}: {f.summary} Keys: {keys}.")
+    return "\n".join(lines)
