@@ -734,12 +734,17 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def main() -> None:
-    """Console entry point (``pacectl-run``)."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point (``pacectl-run``): runs the command line ``argv`` (default: this
+    process's) and returns the exit status: 0, 2 for a user mistake, 130 for Ctrl-C."""
+    return cli.invoke("pacectl.run", argv, _main)
+
+
+def _main() -> None:
     cli.expand_trace_file_argv("pacectl.run", CONF_DIR)
     cli.exit_on_bad_run_dir("pacectl.run")
     cli.check_command_line("pacectl.run", CONF_DIR, "config", validate=_check_config)
-    sys.argv[0] = "pacectl.run"  # the program name of Hydra's own argument errors (not "run.py")
+    _written.clear()
     try:
         _hydra_main()
     except KeyboardInterrupt:  # outside the job's own handling: before it started or after it wrote
@@ -813,4 +818,4 @@ def _check_config(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

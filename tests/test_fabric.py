@@ -252,7 +252,7 @@ def test_schema_covers_the_shipped_profiles_and_matches_the_model_classes() -> N
 
     from pacectl.config import CONF_DIR
     from pacectl.fabric.noise import NOISE_COMPONENTS
-    from pacectl.fabric.profile import FABRIC_SCHEMA, NOISE_SCHEMA
+    from pacectl.fabric.profile import FABRIC_SCHEMA, NOISE_SCHEMA, PROFILE_KEYS
 
     def init_fields(cls: type) -> set[str]:
         return {f.name for f in dataclasses.fields(cls) if f.init}
@@ -268,6 +268,10 @@ def test_schema_covers_the_shipped_profiles_and_matches_the_model_classes() -> N
         assert isinstance(node, dict)
         for section, schema in FABRIC_SCHEMA.items():
             assert set(node.get(section) or {}) <= set(schema), (path.name, section)
+        assert set(node) - {"defaults"} <= set(FABRIC_SCHEMA) | set(PROFILE_KEYS), path.name
+        for section, keys in PROFILE_KEYS.items():
+            if keys is not None:
+                assert set(node.get(section) or {}) <= keys, (path.name, section)
         for item in (node.get("compute") or {}).get("noise") or []:
             assert set(item) - {"kind"} <= set(NOISE_SCHEMA[item["kind"]]), path.name
 

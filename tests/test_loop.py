@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -85,12 +84,11 @@ def test_schedule_rejects_non_positive_integers(bad: object) -> None:
 
 
 def _run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pacectl.run", *overrides, f"hydra.run.dir={tmp_path / 'run'}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """``python -m pacectl.run OVERRIDES hydra.run.dir=TMP/run``, in this process."""
+    from pacectl.run import main
+    from pacectl.testing.commands import run_command
+
+    return run_command(main, [*overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
 
 
 def test_cli_lag_reaches_the_episode_and_the_summary(tmp_path: Path) -> None:
@@ -237,9 +235,11 @@ def test_forecast_horizon_auto_under_controller_all_and_in_tune() -> None:
 def test_tune_refuses_the_live_backend_and_names_a_fixed_value_at_fault(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
-    command = [sys.executable, "-m", "pacectl.tune", "controller=forecast", *args]
-    proc = subprocess.run(
-        [*command, f"hydra.run.dir={tmp_path / 'tune'}"], capture_output=True, text=True, timeout=120
+    from pacectl.testing.commands import run_command
+    from pacectl.tune import main
+
+    proc = run_command(
+        main, ["controller=forecast", *args, f"hydra.run.dir={tmp_path / 'tune'}"], cwd=tmp_path
     )
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -7,7 +7,6 @@ import json
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,8 @@ import pytest
 
 from pacectl.config import CONF_DIR
 from pacectl.data import DATA_DIR, shipped_trace
+from pacectl.run import main
+from pacectl.testing.commands import run_command
 
 RUN_KEYS = {
     "throughput_it_per_s",
@@ -27,9 +28,8 @@ RUN_KEYS = {
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pacectl.run", *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+    """``python -m pacectl.run ARGS`` in ``cwd``, run in this process (:func:`run_command`)."""
+    return run_command(main, args, cwd=cwd)
 
 
 @pytest.mark.slow
@@ -589,49 +589,44 @@ def test_a_controller_file_that_is_not_yaml_gets_one_line(tmp_path: Path) -> Non
     )
 
 
-def test_ctrl_c_after_the_outputs_are_written_says_they_are_complete(tmp_path: Path) -> None:
+def test_ctrl_c_after_the_outputs_are_written_says_they_are_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A Ctrl-C while the console summary prints (or Hydra tears down) comes after every output is
-    in place: the run says so instead of exiting 130 silently. (In a child process, where
-    log_summary is replaced by one that is interrupted, so Hydra's global state stays there.)"""
+    in place: the run says so instead of exiting 130 silently (log_summary replaced by one that is
+    interrupted)."""
+    import pacectl.run as run
+
+    def interrupted(summary: Any, out_dir: Path) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "log_summary", interrupted)
     out = tmp_path / "run"
-    code = (
-        "import sys\n"
-        "import pacectl.run as run\n"
-        "def interrupted(summary, out_dir):\n"
-        "    raise KeyboardInterrupt\n"
-        "run.log_summary = interrupted\n"
-        f"sys.argv = ['pacectl.run', 'trace=st', 'controller=none', 'output.plots=false', 'hydra.run.dir={out}']\n"
-        "run.main()\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
+    proc = _run("trace=st", "controller=none", "output.plots=false", f"hydra.run.dir={out}", cwd=tmp_path)
     assert proc.returncode == 130, proc.stderr
     assert f"interrupted after the outputs were written; they are complete: {out}" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert (out / "summary.json").is_file() and (out / "report.md").is_file()
 
 
-def test_ctrl_c_inside_a_job_says_what_earlier_jobs_wrote(tmp_path: Path) -> None:
+def test_ctrl_c_inside_a_job_says_what_earlier_jobs_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Interrupted inside the second job of a sweep: the first job's outputs are complete, the
     interrupted job leaves no folder behind, and the message says both."""
+    import pacectl.run as run
+
+    real = run.run_experiment
+
+    def second_interrupted(cfg: Any, out_dir: Path, **kw: Any) -> dict[str, Any]:
+        if int(cfg.seed) == 2:
+            raise KeyboardInterrupt
+        return real(cfg, out_dir, **kw)
+
+    monkeypatch.setattr(run, "run_experiment", second_interrupted)
     sweep = tmp_path / "sweep"
-    code = (
-        "import sys\n"
-        "import pacectl.run as run\n"
-        "real = run.run_experiment\n"
-        "def second_interrupted(cfg, out_dir, **kw):\n"
-        "    if int(cfg.seed) == 2:\n"
-        "        raise KeyboardInterrupt\n"
-        "    return real(cfg, out_dir, **kw)\n"
-        "run.run_experiment = second_interrupted\n"
-        f"sys.argv = ['pacectl.run', '-m', 'seed=1,2', 'trace=st', 'controller=none', 'output.plots=false', "
-        f"'hydra.sweep.dir={sweep}']\n"
-        "run.main()\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
+    args = ["-m", "seed=1,2", "trace=st", "controller=none", "output.plots=false", f"hydra.sweep.dir={sweep}"]
+    proc = _run(*args, cwd=tmp_path)
     assert proc.returncode == 130, proc.stderr
     assert "interrupted; 1 sweep job(s) wrote complete outputs (the last:" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -158,21 +157,8 @@ def test_step_argument_checks() -> None:
 
 def test_sim_cli_contract(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pacectl.run",
-            "backend=sim",
-            "backend.num_ranks=32",
-            "backend.num_iterations=60",
-            "comm=contention",
-            "output.plots=false",
-            f"hydra.run.dir={out}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = _cli(
+        "backend=sim", "backend.num_ranks=32", "backend.num_iterations=60", "comm=contention", out=out
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -180,21 +166,7 @@ def test_sim_cli_contract(tmp_path: Path) -> None:
     assert set(summary["runs"]) == {"none", "threshold", "pid", "ewma", "quantile", "forecast"}
     for run in summary["runs"].values():
         assert {"throughput_it_per_s", "iteration_time_mean_s", "cv", "spread_median_s"} <= set(run)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pacectl.run",
-            "backend=sim",
-            "comm=null",
-            "backend.num_iterations=20",
-            "output.plots=false",
-            f"hydra.run.dir={tmp_path / 'null'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = _cli("backend=sim", "comm=null", "backend.num_iterations=20", out=tmp_path / "null")
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "null" / "summary.json").read_text())["comm_model"] == "null"
 
@@ -216,12 +188,11 @@ def test_backend_arguments_are_checked() -> None:
 
 
 def _cli(*overrides: str, out: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pacectl.run", *overrides, "output.plots=false", f"hydra.run.dir={out}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """``python -m pacectl.run OVERRIDES output.plots=false hydra.run.dir=OUT``, in this process."""
+    from pacectl.run import main
+    from pacectl.testing.commands import run_command
+
+    return run_command(main, [*overrides, "output.plots=false", f"hydra.run.dir={out}"], cwd=out.parent)
 
 
 SIM = ("backend=sim", "backend.num_ranks=16", "backend.num_iterations=5")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pacectl.data import DATA_DIR
+from pacectl.testing.commands import run_command
 from pacectl.traces.__main__ import main
 from pacectl.traces.canonical import load_canonical
 
@@ -22,13 +23,18 @@ ST = DATA_DIR / "bytedance" / "trace-ST.parquet"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pacectl.traces", *args], capture_output=True, text=True, timeout=120
-    )
+    """``python -m pacectl.traces ARGS``, in this process."""
+    return run_command(main, args, cwd=Path.cwd())
 
 
 def test_info_h200_subprocess() -> None:
-    r = _run("info", str(H200))
+    """The module runs as a program (a fresh interpreter, once); the other tests call main(argv)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "pacectl.traces", "info", str(H200)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     for key in (
         "ranks     4",

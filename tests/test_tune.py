@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 
 from pacectl.config import CONF_DIR
 from pacectl.errors import ConfigError
-from pacectl.tune import run_tuning
+from pacectl.testing.commands import run_command
 from pacectl.tuning.scenarios import Evaluation
 from pacectl.tuning.space import load_space, parse_space
 from pacectl.tuning.study import (
@@ -38,13 +38,14 @@ FAST = ["cluster=st", "tune.population_size=4"]
 
 
 def _tune(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pacectl.tune", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """``python -m pacectl.tune ARGS`` in ``cwd``: in this process (:func:`run_command`), or with
+    worker processes (``tune.n_workers`` > 1, whose lines go to the command's own stdout) in a new one."""
+    from pacectl.tune import main
+
+    if any(a.startswith("tune.n_workers=") and a != "tune.n_workers=1" for a in args):
+        command = [sys.executable, "-m", "pacectl.tune", *args]
+        return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return run_command(main, args, cwd=cwd)
 
 
 def _trials(storage: str, name: str) -> list[optuna.trial.FrozenTrial]:
@@ -85,22 +86,10 @@ def test_small_study_end_to_end(small_study: Path) -> None:
 def test_exported_yaml_round_trips_into_run(small_study: Path, tmp_path: Path) -> None:
     exported = yaml.safe_load((small_study / "controller.yaml").read_text())
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pacectl.run",
-            f"controller_file={small_study / 'controller.yaml'}",
-            "trace=st",
-            "output.plots=false",
-            "output.report=false",
-            f"hydra.run.dir={out}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    from pacectl.run import main
+
+    args = [f"controller_file={small_study / 'controller.yaml'}", "trace=st", "output.plots=false"]
+    proc = run_command(main, [*args, "output.report=false", f"hydra.run.dir={out}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["runs"]) == {"none", "threshold"}
@@ -391,7 +380,6 @@ def test_compose_tune_config_for_a_sim_profile() -> None:
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("tune", overrides=["cluster=generic"])
     assert cfg.tune.sim.num_ranks == 32  # defaults when a profile has no tune_sim section
-    assert run_tuning is not None
 
 
 def test_a_study_never_resumes_on_a_changed_trace_file(tmp_path: Path) -> None:

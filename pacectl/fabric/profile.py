@@ -55,7 +55,6 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable, Mapping
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -349,35 +348,18 @@ NOISE_SCHEMA: dict[str, dict[str, tuple[_Check, str]]] = {
 }
 
 
-@lru_cache(maxsize=1)
-def shipped_cluster_keys() -> dict[str, frozenset[str] | None]:
-    """Top-level keys of the shipped ``conf/cluster/*.yaml`` files (``defaults`` aside).
-
-    The shipped files are the schema of the top level: each key maps to the union of the keys its
-    value has in them when that is a mapping (``tune_sim``), else None (not descended into:
-    ``name``, ``description``, ``traces``, whose items are trace configs checked when tuning loads
-    them). The fabric sections are checked against :data:`FABRIC_SCHEMA` instead.
-    """
-    from omegaconf import DictConfig, OmegaConf
-
-    from pacectl.config import CONF_DIR
-
-    keys: dict[str, set[str] | None] = {}
-    for path in sorted((CONF_DIR / "cluster").glob("*.yaml")):
-        node = OmegaConf.load(path)
-        if not isinstance(node, DictConfig):
-            continue
-        for key in node.keys():
-            key = str(key)
-            if key == "defaults":
-                continue
-            value = node.get(key)
-            if isinstance(value, DictConfig):
-                sub = keys.get(key) or set()
-                keys[key] = sub | {str(k) for k in value.keys()}
-            else:
-                keys.setdefault(key, None)
-    return {k: (frozenset(v) if v is not None else None) for k, v in keys.items()}
+#: The top-level keys of a profile besides the fabric sections (:data:`FABRIC_SCHEMA`): a key with
+#: None is not descended into (``name``, ``description``, ``power``; ``traces``, whose items are trace
+#: configs checked when tuning loads them), else the keys its mapping may have (``tune_sim``: read by
+#: pacectl.tune, see :mod:`pacectl.tuning.scenarios`). A physics model never reads the conf folder:
+#: tests/test_fabric.py checks every shipped profile against this.
+PROFILE_KEYS: dict[str, frozenset[str] | None] = {
+    "name": None,
+    "description": None,
+    "traces": None,
+    "power": None,
+    "tune_sim": frozenset({"comm", "heldout_seeds", "num_iterations", "num_ranks", "seeds"}),
+}
 
 
 def _mapping(value: object, key: str, example: str) -> Mapping[str, Any]:
@@ -420,7 +402,7 @@ def _noise_items(value: object, where: str = "cluster.compute.noise") -> list[di
 def validate_cluster(cluster: Mapping[str, Any]) -> dict[str, Any]:
     """Check a cluster profile and return it with its fabric values converted.
 
-    Checks every key at every level against the schema (the shipped profiles' top-level keys,
+    Checks every key at every level against the schema (:data:`PROFILE_KEYS`,
     :data:`FABRIC_SCHEMA`, :data:`NOISE_SCHEMA`, with a "did you mean" for typos), and every value a
     model converts: integers, finite numbers in range, booleans, ``collective.algorithm`` and the
     noise kinds. Keys left out keep the model's defaults (every shipped profile sets them all).
@@ -445,7 +427,7 @@ def validate_cluster(cluster: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         ConfigError: one line naming the override key, what was expected and an example.
     """
-    shipped = shipped_cluster_keys()
+    shipped = PROFILE_KEYS
     known = sorted(set(shipped) | set(FABRIC_SCHEMA))
     if any(k not in known for k in cluster):
         raise unknown_keys_error("cluster", cluster, known)
