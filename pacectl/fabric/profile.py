@@ -358,6 +358,7 @@ PROFILE_KEYS: dict[str, frozenset[str] | None] = {
     "description": None,
     "traces": None,
     "power": None,
+    "jobs": None,  # several jobs on one fabric: checked by pacectl.fabric.jobs.parse_jobs
     "tune_sim": frozenset({"comm", "heldout_seeds", "num_iterations", "num_ranks", "seeds"}),
 }
 
