@@ -183,6 +183,8 @@ def invoke(prog: str, argv: Sequence[str] | None, body: Callable[[], None]) -> i
     from hydra.core.hydra_config import HydraConfig
 
     saved_argv, saved_format, saved_sigint = sys.argv, warnings.formatwarning, signal.getsignal(signal.SIGINT)
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
     sys.argv = [prog, *(sys.argv[1:] if argv is None else argv)]
     try:
         body()
@@ -197,6 +199,14 @@ def invoke(prog: str, argv: Sequence[str] | None, body: Callable[[], None]) -> i
         if saved_sigint is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, saved_sigint)  # a Ctrl-C handler set for the run (pacectl.tune)
         logging.captureWarnings(False)
+        for handler in root.handlers[:]:  # the job's (its console and <run dir>/<job>.log) go
+            if handler not in saved_handlers:
+                root.removeHandler(handler)
+                handler.close()
+        for handler in saved_handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(saved_level)
         GlobalHydra.instance().clear()
         HydraConfig.instance().cfg = None  # type: ignore[assignment]
 
