@@ -1,4 +1,5 @@
-"""Writing outputs safely: atomic files, staged run folders, and the check that a folder can be written.
+"""Writing outputs safely: atomic files, staged run folders, JSON-ready values, and the check that a
+folder can be written.
 
 Every writer of pacectl (run outputs, tuned controller files, converted traces, experiment records)
 goes through :func:`atomic_path` or :func:`staged_outputs`, so a reader (or a crashed run) never
@@ -9,13 +10,17 @@ pacectl.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 
 @contextmanager
@@ -129,3 +134,28 @@ def folder_problem(path: str | os.PathLike[str]) -> str | None:
                 return f"{p} does not accept new folders ({err.strerror or type(err).__name__})"
             return None
     return None
+
+
+def jsonable(obj: Any) -> Any:
+    """Convert ``obj`` to plain JSON types: numpy scalars and arrays to Python, non-finite floats to None.
+
+    Dicts become dicts with ``str`` keys, tuples and lists become lists, ``Path`` becomes ``str``.
+    Other objects are returned unchanged (``json.dumps`` then rejects what it cannot encode).
+
+    Args:
+        obj: a nested structure of dicts, sequences, numbers, strings and numpy values.
+
+    Returns:
+        The converted structure; NaN and +-inf become ``None``.
+    """
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray | np.generic):
+        return jsonable(obj.tolist())  # an array to lists, a numpy scalar to the Python number
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pacectl.files import atomic_path, atomic_write_text
+from pacectl.files import atomic_path, atomic_write_text, jsonable
 from pacectl.types import Episode
 
 NULL_MODEL_NOTE = "fixed durations: pacing cannot shorten an iteration"
@@ -58,33 +58,6 @@ FRAME_COLUMNS = (
 
 
 # --- summary.json ---------------------------------------------------------------------------------
-
-
-def jsonable(obj: Any) -> Any:
-    """Convert ``obj`` to plain JSON types: numpy scalars and arrays to Python, non-finite floats to None.
-
-    Dicts become dicts with ``str`` keys, tuples and lists become lists, ``Path`` becomes ``str``.
-    Other objects are returned unchanged (``json.dumps`` then rejects what it cannot encode).
-
-    Args:
-        obj: a nested structure of dicts, sequences, numbers, strings and numpy values.
-
-    Returns:
-        The converted structure; NaN and +-inf become ``None``.
-    """
-    if isinstance(obj, Mapping):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return jsonable(obj.item())
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
 
 
 def write_summary_json(path: str | os.PathLike[str], summary: Mapping[str, Any]) -> None:

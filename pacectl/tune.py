@@ -83,8 +83,8 @@ from pacectl.config import (
 from pacectl.controllers import family as controller_family
 from pacectl.controllers.units import UNITS
 from pacectl.errors import ConfigError, PacectlError, one_line_warnings, unknown_keys_error
-from pacectl.files import atomic_write_text, staged_outputs
-from pacectl.report import comm_model_note, jsonable
+from pacectl.files import atomic_write_text, jsonable, staged_outputs
+from pacectl.report import comm_model_note
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet, build_scenarios
 from pacectl.tuning.space import SearchSpace, default_space, load_space, tunable_families
 from pacectl.tuning.study import (

@@ -40,8 +40,8 @@ from numpy.typing import NDArray
 
 from pacectl.backends.dag import StepDag, evaluate
 from pacectl.backends.replay import ReplayBackend
-from pacectl.files import atomic_write_text
-from pacectl.report import format_value, jsonable, save_figure
+from pacectl.files import atomic_write_text, jsonable
+from pacectl.report import format_value, save_figure
 
 COMPUTE_LIKE = ("forward-compute", "backward-compute", "gc", "optimizer")
 P2P_GROUP = {

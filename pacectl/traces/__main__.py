@@ -220,7 +220,7 @@ def _info_hang(args: argparse.Namespace) -> int | None:
     for line in describe_status(report.status):
         say(f"  {line}")
     if args.json:
-        from pacectl.report import jsonable
+        from pacectl.files import jsonable
 
         print(
             json.dumps(jsonable({"format": "flight_recorder", **report.summary()}), indent=1, allow_nan=False)
@@ -370,7 +370,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         extra = getattr(args, "collective_report", None)
         if extra is not None:
             out[trace.fmt] = extra.summary()
-        from pacectl.report import jsonable  # non-finite -> null: strict JSON
+        from pacectl.files import jsonable  # non-finite -> null: strict JSON
 
         print(json.dumps(jsonable(out), indent=1, allow_nan=False))
     return 0
