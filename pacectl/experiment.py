@@ -452,8 +452,7 @@ class SimExperiment(_ClosedLoop):
     def __init__(self, cfg: DictConfig) -> None:
         from pacectl.backends.sim import SimBackend
         from pacectl.config import as_dict
-        from pacectl.fabric.overlap import bucket_engine
-        from pacectl.fabric.profile import compute_from, power_cap_from, power_from, sim_fabric
+        from pacectl.fabric.profile import bucket_engine, compute_from, power_cap_from, power_from, sim_fabric
 
         self.cfg = cfg
         cluster = as_dict(cfg.cluster)

@@ -206,8 +206,7 @@ def test_delays_within_earliness_at_bucket_0_change_nothing_with_the_device_pace
 def test_open_loop_bucketed_sim_is_max_plus_with_comm_null() -> None:
     """The whole simulator with 4 buckets and comm=null from the profile: no mechanism in force, and
     random delays never shorten any iteration."""
-    from pacectl.fabric.overlap import bucket_engine
-    from pacectl.fabric.profile import compute_from, sim_fabric
+    from pacectl.fabric.profile import bucket_engine, compute_from, sim_fabric
 
     cluster = _profile("paper_like", ("cluster.buckets.count=4", "cluster.buckets.noise=instant"))
     n, iters = 32, 80
@@ -233,7 +232,8 @@ def test_open_loop_bucketed_sim_is_max_plus_with_comm_null() -> None:
 
 
 def test_contention_profile_turns_the_overlap_slowdown_on() -> None:
-    from pacectl.fabric.overlap import SOURCED_OVERLAP_SLOWDOWN, bucket_engine
+    from pacectl.fabric.overlap import SOURCED_OVERLAP_SLOWDOWN
+    from pacectl.fabric.profile import bucket_engine
 
     cluster = _profile("paper_like", ("cluster.buckets.count=4",))
     engine = bucket_engine(cluster, "contention", 64)
@@ -247,8 +247,7 @@ def test_sleep_wait_gains_where_spinning_waits_slow_backward() -> None:
     """Seeded sim run: with 4 buckets, hiccups at random instants (``noise=instant``) and the overlap
     slowdown (early-arrival interference off), sleeping waits are faster than spinning ones; without
     the slowdown they are the same."""
-    from pacectl.fabric.overlap import bucket_engine
-    from pacectl.fabric.profile import compute_from, sim_fabric
+    from pacectl.fabric.profile import bucket_engine, compute_from, sim_fabric
 
     means = {}
     for slowdown in (0.0, 0.4):
@@ -302,7 +301,7 @@ def test_sleep_wait_gains_where_spinning_waits_slow_backward() -> None:
     ],
 )
 def test_bad_bucket_values_get_one_line_naming_the_key(override: str, message: str) -> None:
-    from pacectl.fabric.overlap import bucket_engine
+    from pacectl.fabric.profile import bucket_engine
 
     with pytest.raises(ConfigError) as err:
         bucket_engine(_profile("paper_like", (override,)), "contention", 16)
@@ -310,7 +309,7 @@ def test_bad_bucket_values_get_one_line_naming_the_key(override: str, message: s
 
 
 def test_sizes_must_sum_to_one() -> None:
-    from pacectl.fabric.overlap import bucket_engine
+    from pacectl.fabric.profile import bucket_engine
 
     cluster = _profile("paper_like", ("cluster.buckets.count=2", "cluster.buckets.sizes=[0.5,0.6]"))
     with pytest.raises(ConfigError, match=r"^cluster\.buckets\.sizes must sum to 1 .*sum 1\.1\)"):

@@ -64,7 +64,7 @@ energy figures as approximate.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -337,49 +337,3 @@ class BucketRun:
     transfer_s: float
     iteration_s: float
     compute_s: FloatArray
-
-
-def buckets_spec(cluster: Mapping[str, Any]) -> BucketedBackward:
-    """The checked ``cluster.buckets`` section of a profile (absent: one bucket).
-
-    Raises:
-        ConfigError: one line naming the key.
-    """
-    from pacectl.fabric.profile import validate_cluster
-
-    section = dict(validate_cluster(cluster).get("buckets") or {})
-    for name in ("sizes", "compute"):
-        if section.get(name) is not None:
-            section[name] = tuple(section[name])
-    return BucketedBackward(**section)
-
-
-def bucket_engine(
-    cluster: Mapping[str, Any], comm: object, num_ranks: int, *, base_comm: Any | None = None
-) -> BucketEngine | None:
-    """The simulator's bucketed backward for a profile, or None with one bucket (the single
-    all-reduce model runs unchanged).
-
-    Each bucket's comm model is :func:`~pacectl.fabric.profile.sim_fabric`'s for the profile with
-    ``collective.message_bytes`` scaled by the bucket's size; the overlap slowdown is in force only
-    with ``comm=contention`` (the compute-side mechanisms are that model's; null and alpha_beta stay
-    max-plus).
-
-    Raises:
-        ConfigError: a bad ``cluster.buckets`` value.
-    """
-    from pacectl.fabric.profile import comm_name, sim_fabric, validate_cluster
-
-    spec = buckets_spec(cluster)
-    if spec.count == 1:
-        return None
-    profile = validate_cluster(cluster)
-    message = float(profile["collective"].get("message_bytes", 2e9))
-    comms = []
-    for fraction in spec.size_fractions:
-        scaled = dict(cluster)
-        scaled["collective"] = {**dict(cluster.get("collective") or {}), "message_bytes": message * fraction}
-        comms.append(sim_fabric(scaled, comm, num_ranks)[0])
-    slowdown = spec.overlap_slowdown if comm_name(comm) == "contention" else 0.0
-    compute_s = float(profile["compute"].get("compute_s", 0.5))
-    return BucketEngine(spec, comms, nominal_compute_s=compute_s, overlap_slowdown=slowdown)

@@ -70,7 +70,7 @@ from pacectl.fabric.contention import (
     FixedComm,
 )
 from pacectl.fabric.noise import NOISE_COMPONENTS, ComputeModel
-from pacectl.fabric.overlap import NOISE_PLACEMENTS, PACERS
+from pacectl.fabric.overlap import NOISE_PLACEMENTS, PACERS, BucketedBackward, BucketEngine
 from pacectl.fabric.power import PowerProfile, power_profile
 from pacectl.fabric.powercap import NodePowerCap
 from pacectl.fabric.topology import FatTree
@@ -623,3 +623,45 @@ class ReplayContention:
     def contended_s(self, start_s: float, recorded_s: float) -> float:
         """Duration of a recorded transfer of ``recorded_s`` seconds started at absolute time ``start_s``."""
         return self.model.scaled_time_s(start_s, recorded_s)
+
+
+def buckets_spec(cluster: Mapping[str, Any]) -> BucketedBackward:
+    """The checked ``cluster.buckets`` section of a profile (absent: one bucket).
+
+    Raises:
+        ConfigError: one line naming the key.
+    """
+    section = dict(validate_cluster(cluster).get("buckets") or {})
+    for name in ("sizes", "compute"):
+        if section.get(name) is not None:
+            section[name] = tuple(section[name])
+    return BucketedBackward(**section)
+
+
+def bucket_engine(
+    cluster: Mapping[str, Any], comm: object, num_ranks: int, *, base_comm: Any | None = None
+) -> BucketEngine | None:
+    """The simulator's bucketed backward for a profile, or None with one bucket (the single
+    all-reduce model runs unchanged).
+
+    Each bucket's comm model is :func:`sim_fabric`'s for the profile with
+    ``collective.message_bytes`` scaled by the bucket's size; the overlap slowdown is in force only
+    with ``comm=contention`` (the compute-side mechanisms are that model's; null and alpha_beta stay
+    max-plus).
+
+    Raises:
+        ConfigError: a bad ``cluster.buckets`` value.
+    """
+    spec = buckets_spec(cluster)
+    if spec.count == 1:
+        return None
+    profile = validate_cluster(cluster)
+    message = float(profile["collective"].get("message_bytes", 2e9))
+    comms = []
+    for fraction in spec.size_fractions:
+        scaled = dict(cluster)
+        scaled["collective"] = {**dict(cluster.get("collective") or {}), "message_bytes": message * fraction}
+        comms.append(sim_fabric(scaled, comm, num_ranks)[0])
+    slowdown = spec.overlap_slowdown if comm_name(comm) == "contention" else 0.0
+    compute_s = float(profile["compute"].get("compute_s", 0.5))
+    return BucketEngine(spec, comms, nominal_compute_s=compute_s, overlap_slowdown=slowdown)

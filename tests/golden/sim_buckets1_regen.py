@@ -58,9 +58,9 @@ def digests(extra: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
         experiment = SimExperiment(cfg)
         out[name] = {}
         for family in FAMILIES:
-            from pacectl.config import _family_file
+            from pacectl.config import shipped_controller
 
-            params = {} if family == "none" else _family_file(family, "golden")
+            params = {} if family == "none" else shipped_controller(family, cfg)
             out[name][family] = digest(experiment.run(family, params))
     return out
 
