@@ -15,7 +15,9 @@ compute noise is calibrated so that no pacing gives CV ~0.22 at 64 ranks):
 - ``small_scale``: the paper_like scenario at 4 and 8 ranks, where the paper saw a slight loss.
 
 Every controller runs with its constructor defaults (``controller=<family>``) behind the default
-safety guard, on the same seeded compute-time draws as no pacing. Figures are means over seeds.
+safety guard, on the same seeded compute-time draws as no pacing, beside ``sleep_wait`` (no delay,
+waits asleep: the bar where early-arrival interference is the mechanism). Figures are means over
+seeds. ``kappa_sweep.py`` sweeps the assumed interference strength and gives the ceilings.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from hydra import initialize_config_dir
 from pacectl.config import CONF_DIR
 from pacectl.errors import one_line_warnings
 from pacectl.files import atomic_path, staged_outputs
-from pacectl.studies import change_text, comm_text, markdown_table, sim_cell, study_arguments
+from pacectl.studies import SWEEP_FAMILIES, change_text, comm_text, markdown_table, sim_cell, study_arguments
 
 SCALES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SCENARIOS: dict[str, tuple[list[str], tuple[int, ...]]] = {
@@ -79,8 +81,12 @@ def main() -> None:
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         for scenario, (overrides, scales) in SCENARIOS.items():
             for n in scales:
-                cell = sim_cell(
-                    overrides, cluster="paper_like", num_ranks=n, iterations=args.iterations, seeds=args.seeds
+                cell = sim_cell(  # every per-rank family and sleep_wait (the interference baseline)
+                    [*overrides, SWEEP_FAMILIES],
+                    cluster="paper_like",
+                    num_ranks=n,
+                    iterations=args.iterations,
+                    seeds=args.seeds,
                 )
                 base = cell["none"]
                 for family, s in cell.items():

@@ -129,7 +129,7 @@ def exchange_lag(mode: str) -> int:
 
 
 #: Built-in workload models (see :func:`pacectl.torchdist.worker.build_model`).
-WORKLOAD_MODELS = ("mlp", "transformer")
+WORKLOAD_MODELS = ("mlp", "transformer", "sleep")
 _START_METHODS = ("spawn", "fork")
 _HINT = "see conf/backend/torch.yaml"
 
@@ -212,7 +212,7 @@ _BACKEND_KEYS = {
         "pg_timeout_s", "start_method", "socket_ifname", "threads", "record_dir", "workload", "straggler",
         "pacing", "fault", "parallel", "flight_recorder",
     },
-    "workload": {"model", "width", "depth", "batch_size", "seq_len", "heads", "bucket_cap_mb", "lr"},
+    "workload": {"model", "width", "depth", "batch_size", "seq_len", "heads", "bucket_cap_mb", "lr", "compute_s"},
     "pacing": set(PACING_DEFAULTS),
     "fault": {"rank", "iteration"},
 }  # fmt: skip
@@ -344,6 +344,8 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
         _int(workload, f"workload.{key}", low=1)
     _real(workload, "workload.bucket_cap_mb", low=0.0, low_open=True)
     _real(workload, "workload.lr", low=0.0, low_open=True, default=1e-3)
+    if model == "sleep":
+        _real(workload, "workload.compute_s", low=0.0, low_open=False, default=0.0)
     if model == "transformer":
         _int(workload, "workload.seq_len", low=1, default=32)
         heads = _int(workload, "workload.heads", low=1, default=4)

@@ -24,6 +24,7 @@ start). ``python -m pacectl.run trace=<that folder>`` replays it.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import pickle
 import signal
@@ -69,14 +70,22 @@ def build_model(workload: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
     """The built-in model and one synthetic input batch (seeded by ``torch.manual_seed`` beforehand).
 
     Args:
-        workload: ``model`` (``"mlp"`` or ``"transformer"``), ``width``, ``depth``, ``batch_size``,
-            ``seq_len`` (transformer), ``heads`` (transformer).
+        workload: ``model`` (``"mlp"``, ``"transformer"`` or ``"sleep"``), ``width``, ``depth``,
+            ``batch_size``, ``seq_len`` (transformer), ``heads`` (transformer). ``"sleep"`` is
+            compute emulated by a sleep (``compute_s`` per iteration, slept by :class:`LiveRun`
+            before the forward): ``depth`` bias-free ``width x width`` linear layers, whose
+            ``depth * width^2`` float32 gradients are the all-reduce, on ``batch_size`` rows (1 keeps
+            the real compute negligible), so that a CPU carries little but the network stack.
 
     Returns:
         ``(model, input)``.
     """
     kind, width, depth = str(workload["model"]), int(workload["width"]), int(workload["depth"])
     batch = int(workload["batch_size"])
+    if kind == "sleep":
+        return nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(depth)]), torch.randn(
+            batch, width
+        )
     if kind == "mlp":
         layers: list[nn.Module] = []
         for _ in range(depth):
@@ -89,7 +98,7 @@ def build_model(workload: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
         return nn.TransformerEncoder(layer, num_layers=depth, enable_nested_tensor=False), torch.randn(
             batch, int(workload.get("seq_len", 32)), width
         )
-    raise ValueError(f"workload.model must be 'mlp' or 'transformer', got {kind!r}")
+    raise ValueError(f"workload.model must be 'mlp', 'transformer' or 'sleep', got {kind!r}")
 
 
 def inject(duration_s: float, kind: str) -> None:
@@ -123,6 +132,8 @@ class LiveRun:
         self.seed = int(spec["seed"])
         workload = spec["workload"]
         self.warmup, self.n_iter = int(workload["warmup_iterations"]), int(workload["num_iterations"])
+        #: seconds slept per iteration in place of compute (``workload.model: sleep``), else 0
+        self.sleep_compute_s = float(workload.get("compute_s", 0.0)) if workload["model"] == "sleep" else 0.0
         torch.manual_seed(self.seed)
         model, x = build_model(workload)
         torch.manual_seed(self.seed * 1009 + self.rank + 1)
@@ -200,6 +211,8 @@ class LiveRun:
                 os._exit(FAULT_EXIT_CODE)  # simulate a crashed rank (tests)
             self.opt.zero_grad(set_to_none=True)
             inject(float(self.schedule[k, self.rank]), self.straggler.kind)
+            if self.sleep_compute_s > 0.0:
+                time.sleep(self.sleep_compute_s)  # the emulated forward and backward
             self.ddp(self.x).float().pow(2).mean().backward()
             self.opt.step()
             self.loop_s[k] = time.perf_counter() - t0
@@ -385,6 +398,33 @@ def host_clock_id() -> str:
         return "host:" + socket.gethostname()
 
 
+def wait_at_gate(path: str | os.PathLike[str], key: str | None = None, *, timeout_s: float = 300.0) -> float:
+    """A start gate: wait until the JSON file ``path`` exists, then until its start time.
+
+    The file holds ``{"start_unix_s": t}`` or ``{"start_unix_s": {key: t, ...}}`` (one start per
+    job), ``t`` in seconds of ``time.time()`` (every process on one host, network namespaces
+    included, shares that clock). Every rank calls it; each polls the file itself, so no collective
+    is needed and two jobs can be started a chosen offset apart (experiments/netns_fabric/two_jobs.py).
+
+    Returns:
+        the start time, seconds (``time.time()``).
+
+    Raises:
+        TimeoutError: the file did not appear within ``timeout_s``.
+    """
+    gate = Path(path)
+    deadline = time.time() + timeout_s
+    while not gate.exists():
+        if time.time() > deadline:
+            raise TimeoutError(f"start gate {gate} did not open within {timeout_s:g} s")
+        time.sleep(0.01)
+    start = json.loads(gate.read_text())["start_unix_s"]
+    t = float(start[key] if isinstance(start, dict) else start)
+    while (left := t - time.time()) > 0:
+        time.sleep(min(left, 0.05))
+    return t
+
+
 def run_interleaved(
     runs: list[LiveRun], block: int, on_progress: Callable[[int], None] | None = None
 ) -> None:
@@ -441,7 +481,8 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
         spec: plain-dict spec (``runs`` = list of ``[family, params]``, ``workload``,
             ``straggler``, ``guard``, ``pacing``, ``seed``, ``pg_timeout_s``, ``record_dir``,
             ``comm_model``, ``fault``, ``interleave_block``: iterations of each run in turn, 0 for
-            one run after the other).
+            one run after the other; ``start_gate``: a file for :func:`wait_at_gate`, or
+            ``{"path", "key"}``, waited at before the first run trains).
 
     Returns:
         ``{family: LiveRun.finish()}`` for this rank.
@@ -461,6 +502,9 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         runs.extend(LiveRun(spec, str(family), dict(params)) for family, params in spec["runs"])
         report = progress_writer(spec.get("progress_path")) if dist.get_rank() == 0 else None
+        gate = spec.get("start_gate")
+        if gate:
+            wait_at_gate(*(gate if isinstance(gate, str) else (gate["path"], gate.get("key"))))
         run_interleaved(runs, int(spec.get("interleave_block", 0)), report)
         return {run.family: run.finish() for run in runs}
     except Exception as err:
