@@ -20,7 +20,7 @@ import json
 import math
 import numbers
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +190,69 @@ def save_figure(fig: Any, path: str | os.PathLike[str]) -> None:
     """Write a matplotlib figure as PNG (110 dpi), atomically: a reader never sees half a file."""
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
+
+
+def draw_in_background(jobs: Sequence[Callable[[], Any]]) -> Callable[[], None]:
+    """Start each plotting job in a forked child process; return ``wait()``, which blocks until all
+    are done and raises if one failed.
+
+    The plots are drawn while the caller writes its other outputs, and beside each other on a
+    machine with spare cores: a run's wall time has the slowest plot in it, not their sum. Each
+    child runs exactly the code the caller would (same inputs, copied on write), so every file is
+    the one it would have drawn itself. Without ``os.fork`` (Windows), with torch imported (its
+    threads do not survive a fork) or with ``PACECTL_PLOTS_INLINE=1``, the jobs run inline, now.
+
+    Args:
+        jobs: callables that each write their files (atomically, e.g. :func:`save_figure`).
+
+    Returns:
+        ``wait()``: raises ``RuntimeError`` naming the first failed job's error (its traceback is in
+        the message).
+    """
+    import sys
+
+    inline = (
+        not hasattr(os, "fork") or "torch" in sys.modules or os.environ.get("PACECTL_PLOTS_INLINE") == "1"
+    )
+    if inline or len(jobs) == 0:
+        for job in jobs:
+            job()
+        return lambda: None
+    # imported once here, not once per child (each child would pay the import on its own core)
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+
+    children: list[tuple[int, int]] = []
+    for job in jobs:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: draw, report a failure through the pipe, never return
+            code = 0
+            try:
+                os.close(read_fd)
+                job()
+            except BaseException:
+                import traceback
+
+                os.write(write_fd, traceback.format_exc().encode(errors="replace")[-8000:])
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        children.append((pid, read_fd))
+
+    def wait() -> None:
+        errors = []
+        for pid, read_fd in children:
+            with os.fdopen(read_fd, "rb") as pipe:
+                message = pipe.read().decode(errors="replace")
+            _, status = os.waitpid(pid, 0)
+            if status != 0:
+                errors.append(message or f"plot process {pid} ended with status {status}")
+        if errors:
+            raise RuntimeError(f"drawing a plot failed: {errors[0]}")
+
+    return wait
 
 
 def plot_iteration_time(

@@ -229,19 +229,28 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
     if records is not None:
         summary["records_dir"] = str(records)
     with files.staged_outputs(out_dir) as stage:
-        if cfg.output.get("iterations", True):
-            report.write_iterations_parquet(stage / "iterations.parquet", episodes)
+        plots: list[Any] = []
         if cfg.output.plots:
             unit = "arbitrary s" if "time_unit_note" in summary else "s"  # a normalised trace: no real time
-            report.plot_iteration_time(stage / report.PLOT_FILES["iteration_time"], episodes, time_unit=unit)
-            report.plot_spread(stage / report.PLOT_FILES["spread"], episodes, time_unit=unit)
-            if "energy_bound" in summary:
-                report.plot_energy(
-                    stage / report.PLOT_FILES["energy"],
-                    summaries,
-                    BASELINE,
-                    bound_j=summary["energy_bound"]["oracle_saving_j"],
+            plots.append(
+                lambda: report.plot_iteration_time(
+                    stage / report.PLOT_FILES["iteration_time"], episodes, time_unit=unit
                 )
+            )
+            plots.append(lambda: report.plot_spread(stage / report.PLOT_FILES["spread"], episodes, time_unit=unit))
+            if "energy_bound" in summary:
+                plots.append(
+                    lambda: report.plot_energy(
+                        stage / report.PLOT_FILES["energy"],
+                        summaries,
+                        BASELINE,
+                        bound_j=summary["energy_bound"]["oracle_saving_j"],
+                    )
+                )
+        # the plots draw in child processes while the rest is written (report.draw_in_background)
+        plots_done = report.draw_in_background(plots)
+        if cfg.output.get("iterations", True):
+            report.write_iterations_parquet(stage / "iterations.parquet", episodes)
         if cfg.output.report:
             report.write_report_md(
                 stage / "report.md",
@@ -253,6 +262,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         if write_extra is not None:
             write_extra(stage)
         report.write_summary_json(stage / "summary.json", summary)
+        plots_done()
     return summary
 
 
@@ -567,10 +577,11 @@ def run_whatif(cfg: DictConfig, out_dir: Path) -> whatif.WhatIfResult:
         )
     result = whatif.analyze(backend)
     with files.staged_outputs(out_dir) as stage:
-        if cfg.output.plots:
-            whatif.plot_heatmap(stage / "whatif_heatmap.png", result)
+        heatmap = [lambda: whatif.plot_heatmap(stage / "whatif_heatmap.png", result)] if cfg.output.plots else []
+        heatmap_done = report.draw_in_background(heatmap)  # drawn while the timeline is written
         whatif.write_timeline(stage / "timeline.json", backend, step_index=step_index)
         files.atomic_write_text(stage / "whatif.json", json.dumps(result.to_json(), indent=2) + "\n")
+        heatmap_done()
     return result
 
 

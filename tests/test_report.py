@@ -215,3 +215,26 @@ def test_a_tiny_change_keeps_its_sign_and_other_cells_no_negative_zero() -> None
     assert "-0.00 ±0.01" in table and " 0.00 ±0.00" in table and "+0.00" not in table  # a tie: no sign
     assert report.format_value(-1e-9, ".2f") == "0.00" and report.format_value(-1e-9, "+.2f") == "-0.00"
     assert report.format_value(0.0, "+.2f") == "0.00" and report.format_value(1e-9, "+.2f") == "+0.00"
+
+
+def test_plots_drawn_in_background_write_the_same_files_and_report_failures(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """draw_in_background: each job in a forked child gives the file the job writes inline; a failed
+    job raises on wait() with its error."""
+    from pacectl.report import draw_in_background
+
+    def write(name: str) -> None:
+        (tmp_path / name).write_text(name * 3)
+
+    wait = draw_in_background([lambda: write("a"), lambda: write("b")])
+    wait()
+    assert (tmp_path / "a").read_text() == "aaa" and (tmp_path / "b").read_text() == "bbb"
+
+    def broken() -> None:
+        raise ValueError("no such axis")
+
+    wait = draw_in_background([broken])
+    with pytest.raises(RuntimeError, match="no such axis"):
+        wait()
+    monkeypatch.setenv("PACECTL_PLOTS_INLINE", "1")
+    with pytest.raises(ValueError, match="no such axis"):  # inline: the job's own error, at once
+        draw_in_background([broken])

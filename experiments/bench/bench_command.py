@@ -1,0 +1,114 @@
+"""Benchmark: time to first result, the commands a user types, this checkout against another.
+
+Usage::
+
+    python experiments/bench/bench_command.py --against /tmp/old-checkout   # writes results/command.json
+
+Runs each command with ``PYTHONPATH`` set to this checkout and to ``--against`` (a checkout of an
+earlier commit), alternating, ``--repeat`` times each, in fresh processes, and records every wall
+time, the medians and their ratio:
+
+- ``python -m pacectl.run`` (the main job: AR replayed under no pacing and every controller, the
+  what-if's straggler cost, every output and plot);
+- ``python -m pacectl.run analysis=whatif`` (the what-if analysis of AR, its heatmap and timeline);
+- ``python -c "import pacectl.run"`` (the import alone).
+
+The run folders of both checkouts are compared file by file afterwards (``summary.json`` without
+its ``wall_time_s``, ``whatif.json``, ``report.md``, the PNGs): ``identical_outputs`` lists what
+matched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _record import write_record
+
+HERE = Path(__file__).resolve().parents[2]
+COMMANDS = {
+    "main job": ["-m", "pacectl.run"],
+    "analysis=whatif": ["-m", "pacectl.run", "analysis=whatif"],
+    "import pacectl.run": ["-c", "import pacectl.run"],
+}
+
+
+def _run(code: Path, args: list[str], run_dir: Path | None) -> float:
+    cmd = [sys.executable, *args] + ([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])
+    env = dict(os.environ, PYTHONPATH=str(code))
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    return elapsed
+
+
+def _same(a: Path, b: Path) -> list[str]:
+    same = []
+    for f in sorted(p.name for p in a.iterdir() if p.is_file()):
+        if not (b / f).is_file() or f.endswith(".log"):
+            continue
+        x, y = (a / f).read_bytes(), (b / f).read_bytes()
+        if f == "summary.json":
+            xs, ys = json.loads(x), json.loads(y)
+            xs.pop("wall_time_s", None)
+            ys.pop("wall_time_s", None)
+            if xs == ys:
+                same.append(f)
+        elif x == y:
+            same.append(f)
+    return same
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--against", type=Path, required=True, help="a checkout of another commit")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "command.json")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, cmd in COMMANDS.items():
+            ours, theirs = [], []
+            for i in range(args.repeat):
+                hydra = cmd[0] == "-m"
+                mine = Path(tmp) / f"ours-{label}-{i}" if hydra else None
+                other = Path(tmp) / f"theirs-{label}-{i}" if hydra else None
+                ours.append(_run(HERE, cmd, mine))
+                theirs.append(_run(args.against, cmd, other))
+            row = {
+                "command": label,
+                "this_s": ours,
+                "against_s": theirs,
+                "this_median_s": statistics.median(ours),
+                "against_median_s": statistics.median(theirs),
+            }
+            row["against_over_this"] = row["against_median_s"] / row["this_median_s"]
+            if cmd[0] == "-m":
+                row["identical_outputs"] = _same(Path(tmp) / f"ours-{label}-0", Path(tmp) / f"theirs-{label}-0")
+            rows.append(row)
+            print(
+                f"{label}: {row['this_median_s']:.2f} s against {row['against_median_s']:.2f} s "
+                f"({row['against_over_this']:.2f}x)"
+                + (f"; identical: {row['identical_outputs']}" if "identical_outputs" in row else ""),
+                flush=True,
+            )
+    write_record(
+        args.out,
+        rows,
+        command="python experiments/bench/bench_command.py " + " ".join(sys.argv[1:]),
+        load_average_1_5_15=list(os.getloadavg()),
+        note="2-core machine shared with other agents: whole commands, alternating, so both see the same load",
+    )
+
+
+if __name__ == "__main__":
+    main()
