@@ -615,6 +615,7 @@ def write_report_md(
     summaries: Mapping[str, Mapping[str, Any]],
     context: Mapping[str, Any],
     baseline: str = "none",
+    plots: Sequence[str] | None = None,
 ) -> None:
     """Write a short Markdown report atomically: title, comm model note, context lines and the table.
 
@@ -624,6 +625,8 @@ def write_report_md(
         summaries: run name -> :func:`pacectl.metrics.summarize` output.
         context: extra facts shown as a bullet list, e.g. ``{"trace": ..., "fidelity_mape": ...}``.
         baseline: run the throughput change is measured against.
+        plots: the PNG files that will lie beside the report (linked in :data:`PLOT_FILES` order);
+            None: those that are there now (plots drawn in the background are not there yet).
     """
     note = _models_note(_summary_models(summaries))
     parts = [f"# {title}", "", f"_{note}_", ""]
@@ -635,7 +638,8 @@ def write_report_md(
     parts += [_markdown_table(summaries, baseline), "", COLUMNS_NOTE, ""]
     if power:
         parts += [ENERGY_NOTE, ""]
-    plots = [name for name in PLOT_FILES.values() if (Path(path).parent / name).exists()]
+    beside = set(plots) if plots is not None else {n for n in PLOT_FILES.values() if (Path(path).parent / n).exists()}
+    plots = [name for name in PLOT_FILES.values() if name in beside]
     if plots:
         parts += [f"![{name.removesuffix('.png')}]({name})" for name in plots] + [""]
     atomic_write_text(path, "\n".join(parts))

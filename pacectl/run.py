@@ -230,7 +230,11 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         summary["records_dir"] = str(records)
     with files.staged_outputs(out_dir) as stage:
         plots: list[Any] = []
+        drawn = []  # the PNGs the plots write, for report.md's links
         if cfg.output.plots:
+            drawn = [report.PLOT_FILES["iteration_time"], report.PLOT_FILES["spread"]]
+            if "energy_bound" in summary:
+                drawn.append(report.PLOT_FILES["energy"])
             unit = "arbitrary s" if "time_unit_note" in summary else "s"  # a normalised trace: no real time
             plots.append(
                 lambda: report.plot_iteration_time(
@@ -257,6 +261,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                 title=f"pacectl {experiment.backend_name}: {summary['trace']['name']}",
                 summaries=summaries,
                 context=_report_context(summary),
+                plots=drawn,
             )
         write_extra = getattr(experiment, "write_outputs", None)
         if write_extra is not None:

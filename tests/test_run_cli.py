@@ -631,3 +631,19 @@ def test_ctrl_c_inside_a_job_says_what_earlier_jobs_wrote(
     assert "interrupted; 1 sweep job(s) wrote complete outputs (the last:" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert (sweep / "0" / "summary.json").is_file() and not (sweep / "1").exists()
+
+
+def test_plots_drawn_in_the_background_are_written_and_linked(tmp_path: Path) -> None:
+    """The plots, drawn in child processes while the other outputs are written, are in the run
+    folder when the run returns, and report.md links each of them."""
+    from hydra import compose, initialize_config_dir
+
+    from pacectl import run
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["trace=st", "controller=none", "analysis.whatif=false"])
+    run.run_experiment(cfg, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    for name in ("iteration_time.png", "spread.png", "energy.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"({name})" in text

@@ -14,8 +14,8 @@ time, the medians and their ratio:
 - ``python -c "import pacectl.run"`` (the import alone).
 
 The run folders of both checkouts are compared file by file afterwards (``summary.json`` without
-its ``wall_time_s``, ``whatif.json``, ``report.md``, the PNGs): ``identical_outputs`` lists what
-matched.
+its ``wall_time_s``, ``whatif.json``, ``report.md``, the PNGs; each checkout's own path written as
+``<root>``): ``identical_outputs`` lists what matched, ``outputs`` what there was.
 """
 
 from __future__ import annotations
@@ -51,12 +51,16 @@ def _run(code: Path, args: list[str], run_dir: Path | None) -> float:
     return elapsed
 
 
-def _same(a: Path, b: Path) -> list[str]:
+def _same(a: Path, b: Path, root_a: Path, root_b: Path) -> list[str]:
+    """Files of run folder ``a`` equal to ``b``'s, each checkout's path written as ``<root>``."""
     same = []
     for f in sorted(p.name for p in a.iterdir() if p.is_file()):
         if not (b / f).is_file() or f.endswith(".log"):
             continue
         x, y = (a / f).read_bytes(), (b / f).read_bytes()
+        if not f.endswith((".png", ".parquet")):
+            x = x.replace(str(root_a).encode(), b"<root>")
+            y = y.replace(str(root_b).encode(), b"<root>")
         if f == "summary.json":
             xs, ys = json.loads(x), json.loads(y)
             xs.pop("wall_time_s", None)
@@ -76,12 +80,12 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, cmd in COMMANDS.items():
+        for c, (label, cmd) in enumerate(COMMANDS.items()):
             ours, theirs = [], []
             for i in range(args.repeat):
                 hydra = cmd[0] == "-m"
-                mine = Path(tmp) / f"ours-{label}-{i}" if hydra else None
-                other = Path(tmp) / f"theirs-{label}-{i}" if hydra else None
+                mine = Path(tmp) / f"ours-{c}-{i}" if hydra else None
+                other = Path(tmp) / f"theirs-{c}-{i}" if hydra else None
                 ours.append(_run(HERE, cmd, mine))
                 theirs.append(_run(args.against, cmd, other))
             row = {
@@ -93,7 +97,10 @@ def main() -> None:
             }
             row["against_over_this"] = row["against_median_s"] / row["this_median_s"]
             if cmd[0] == "-m":
-                row["identical_outputs"] = _same(Path(tmp) / f"ours-{label}-0", Path(tmp) / f"theirs-{label}-0")
+                row["identical_outputs"] = _same(
+                    Path(tmp) / f"ours-{c}-0", Path(tmp) / f"theirs-{c}-0", HERE, args.against.resolve()
+                )
+                row["outputs"] = sorted(p.name for p in (Path(tmp) / f"ours-{c}-0").iterdir() if p.is_file())
             rows.append(row)
             print(
                 f"{label}: {row['this_median_s']:.2f} s against {row['against_median_s']:.2f} s "
