@@ -18,9 +18,11 @@ Reference for users: what the main job does, and the backends
    gap and each collective's intrinsic transfer time from the recording (`pacectl/backends/dag.py`
    documents the model and the estimator).
 3. Runs the what-if analysis of the trace first (below) to show what straggling costs: the most
-   any controller could win. It takes 2 + dp + pp + op groups + dp x pp + 2-4 replays of the whole
-   trace, announced with their count (AR: 41, 0.3 s; a step-level trace of 1,024 workers: about
-   2,000, minutes); `analysis.whatif=false` skips it (`whatif` is then null in `summary.json`).
+   any controller could win. It evaluates 2 + dp + pp + op groups + dp x pp + 2-4 scenarios,
+   announced with their count (AR: 41; a step-level trace of 1,024 workers: 2,055), at the cost of
+   about pp + op groups + 2 (pp + 1) + 5 full replays: a by-DP-rank or by-cell scenario runs on its
+   own DP column plus one ideal one (`pacectl/whatif.py`; the 1,024-worker trace's analysis: about
+   1 s); `analysis.whatif=false` skips it (`whatif` is then null in `summary.json`).
 4. Replays every step in a closed loop: one controller per pacing domain (the DP group of each
    pipeline stage), wrapped in the safety guard; the delay goes before each rank's first
    `grads-reduce-scatter` of the step (`backend.paced_optype`).

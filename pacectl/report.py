@@ -192,7 +192,7 @@ def save_figure(fig: Any, path: str | os.PathLike[str]) -> None:
         fig.savefig(tmp, format="png", dpi=110)
 
 
-def draw_in_background(jobs: Sequence[Callable[[], Any]]) -> Callable[[], None]:
+def draw_in_background(jobs: Sequence[Callable[[], Any]], *, fork: bool | None = None) -> Callable[[], None]:
     """Start each plotting job in a forked child process; return ``wait()``, which blocks until all
     are done and raises if one failed.
 
@@ -204,6 +204,7 @@ def draw_in_background(jobs: Sequence[Callable[[], Any]]) -> Callable[[], None]:
 
     Args:
         jobs: callables that each write their files (atomically, e.g. :func:`save_figure`).
+        fork: True or False to force either way where ``os.fork`` exists; None: as above.
 
     Returns:
         ``wait()``: raises ``RuntimeError`` naming the first failed job's error (its traceback is in
@@ -214,6 +215,8 @@ def draw_in_background(jobs: Sequence[Callable[[], Any]]) -> Callable[[], None]:
     inline = (
         not hasattr(os, "fork") or "torch" in sys.modules or os.environ.get("PACECTL_PLOTS_INLINE") == "1"
     )
+    if fork is not None and hasattr(os, "fork"):
+        inline = not fork
     if inline or len(jobs) == 0:
         for job in jobs:
             job()
@@ -638,7 +641,11 @@ def write_report_md(
     parts += [_markdown_table(summaries, baseline), "", COLUMNS_NOTE, ""]
     if power:
         parts += [ENERGY_NOTE, ""]
-    beside = set(plots) if plots is not None else {n for n in PLOT_FILES.values() if (Path(path).parent / n).exists()}
+    beside = (
+        set(plots)
+        if plots is not None
+        else {n for n in PLOT_FILES.values() if (Path(path).parent / n).exists()}
+    )
     plots = [name for name in PLOT_FILES.values() if name in beside]
     if plots:
         parts += [f"![{name.removesuffix('.png')}]({name})" for name in plots] + [""]

@@ -241,7 +241,9 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                     stage / report.PLOT_FILES["iteration_time"], episodes, time_unit=unit
                 )
             )
-            plots.append(lambda: report.plot_spread(stage / report.PLOT_FILES["spread"], episodes, time_unit=unit))
+            plots.append(
+                lambda: report.plot_spread(stage / report.PLOT_FILES["spread"], episodes, time_unit=unit)
+            )
             if "energy_bound" in summary:
                 plots.append(
                     lambda: report.plot_energy(
@@ -582,7 +584,9 @@ def run_whatif(cfg: DictConfig, out_dir: Path) -> whatif.WhatIfResult:
         )
     result = whatif.analyze(backend)
     with files.staged_outputs(out_dir) as stage:
-        heatmap = [lambda: whatif.plot_heatmap(stage / "whatif_heatmap.png", result)] if cfg.output.plots else []
+        heatmap = (
+            [lambda: whatif.plot_heatmap(stage / "whatif_heatmap.png", result)] if cfg.output.plots else []
+        )
         heatmap_done = report.draw_in_background(heatmap)  # drawn while the timeline is written
         whatif.write_timeline(stage / "timeline.json", backend, step_index=step_index)
         files.atomic_write_text(stage / "whatif.json", json.dumps(result.to_json(), indent=2) + "\n")

@@ -376,7 +376,9 @@ def analyze(
             return np.array(
                 [
                     keep(
-                        np.ones(dag.num_nodes, dtype=bool) if stage_index is None else dag.stage == stage_index[b],
+                        np.ones(dag.num_nodes, dtype=bool)
+                        if stage_index is None
+                        else dag.stage == stage_index[b],
                         np.arange(dp) == dp_index[b],
                     )
                     for b in range(len(dp_index))

@@ -88,10 +88,14 @@ def test_sparse_max_min_is_bit_identical_to_dense(data: st.DataObject) -> None:
     num_flows = data.draw(st.integers(1, 9))
     caps = np.array(data.draw(st.lists(st.floats(0.5, 100.0), min_size=num_links, max_size=num_links)))
     weights = np.array(
-        data.draw(st.lists(st.integers(0, 3), min_size=num_links * num_flows, max_size=num_links * num_flows)),
+        data.draw(
+            st.lists(st.integers(0, 3), min_size=num_links * num_flows, max_size=num_links * num_flows)
+        ),
         dtype=np.float64,
     ).reshape(num_flows, num_links)
-    demand = np.array(data.draw(st.lists(st.sampled_from([np.inf, 1.0, 7.5]), min_size=num_flows, max_size=num_flows)))
+    demand = np.array(
+        data.draw(st.lists(st.sampled_from([np.inf, 1.0, 7.5]), min_size=num_flows, max_size=num_flows))
+    )
     for inc in (weights > 0, weights):
         dense = max_min_fair(caps, inc, demand)
         sparse = max_min_fair(caps, scipy.sparse.csr_array(inc), demand)
@@ -119,7 +123,11 @@ def _ring_flows_by_name(topo: FatTree, nodes: list[int], num_ranks: int) -> np.n
 
 @pytest.mark.parametrize(
     "topo",
-    [FatTree(), FatTree(ranks_per_node=4, nodes_per_leaf=3, oversubscription=2.0), FatTree(rail_optimized=True)],
+    [
+        FatTree(),
+        FatTree(ranks_per_node=4, nodes_per_leaf=3, oversubscription=2.0),
+        FatTree(rail_optimized=True),
+    ],
 )
 @pytest.mark.parametrize("num_ranks", [8, 40, 256])
 def test_ring_incidence_dense_and_sparse_match_the_link_names(topo: FatTree, num_ranks: int) -> None:

@@ -225,14 +225,14 @@ def test_plots_drawn_in_background_write_the_same_files_and_report_failures(tmp_
     def write(name: str) -> None:
         (tmp_path / name).write_text(name * 3)
 
-    wait = draw_in_background([lambda: write("a"), lambda: write("b")])
+    wait = draw_in_background([lambda: write("a"), lambda: write("b")], fork=True)
     wait()
     assert (tmp_path / "a").read_text() == "aaa" and (tmp_path / "b").read_text() == "bbb"
 
     def broken() -> None:
         raise ValueError("no such axis")
 
-    wait = draw_in_background([broken])
+    wait = draw_in_background([broken], fork=True)
     with pytest.raises(RuntimeError, match="no such axis"):
         wait()
     monkeypatch.setenv("PACECTL_PLOTS_INLINE", "1")

@@ -641,7 +641,9 @@ def test_plots_drawn_in_the_background_are_written_and_linked(tmp_path: Path) ->
     from pacectl import run
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["trace=st", "controller=none", "analysis.whatif=false"])
+        cfg = compose(
+            config_name="config", overrides=["trace=st", "controller=none", "analysis.whatif=false"]
+        )
     run.run_experiment(cfg, tmp_path)
     text = (tmp_path / "report.md").read_text()
     for name in ("iteration_time.png", "spread.png", "energy.png"):

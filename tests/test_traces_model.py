@@ -42,7 +42,9 @@ def test_step_ids_too_wide_for_a_key_take_the_pandas_path(st_trace: OpTrace) -> 
     raw = st_trace.ops.copy()
     raw["step"] = np.where(raw["step"] == raw["step"].min(), 2**61, raw["step"])
     out = validate_ops(raw.sample(frac=1.0, random_state=2), st_trace.meta, source="x")
-    expected = raw.sort_values(["step", "dp_rank", "stage", "optype", "seq_id"], kind="stable").reset_index(drop=True)
+    expected = raw.sort_values(["step", "dp_rank", "stage", "optype", "seq_id"], kind="stable").reset_index(
+        drop=True
+    )
     pd.testing.assert_frame_equal(out, expected, check_exact=True)
 
 

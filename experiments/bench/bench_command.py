@@ -73,7 +73,9 @@ def _same(a: Path, b: Path, root_a: Path, root_b: Path) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--against", type=Path, required=True, help="a checkout of another commit")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "command.json")

@@ -50,7 +50,9 @@ def _dense_rates(model: ContentionComm, num_ranks: int, states: list[tuple[bool,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ranks", type=int, nargs="*", default=[1024, 4096, 16384, 65536])
     parser.add_argument("--dense-up-to", type=int, default=4096)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "contention.json")
@@ -81,7 +83,11 @@ def main() -> None:
         print(
             f"{n} ranks: {row['num_ring_flows']} ring flows x {row['num_links']} links, {len(states)} states: "
             f"built with every state solved in {build_s:.2f} s"
-            + (f"; dense solves {row['dense_solves_s']:.2f} s, identical: {row['identical']}" if "identical" in row else ""),
+            + (
+                f"; dense solves {row['dense_solves_s']:.2f} s, identical: {row['identical']}"
+                if "identical" in row
+                else ""
+            ),
             flush=True,
         )
     write_record(

@@ -66,13 +66,20 @@ print(json.dumps({"num_ops": len(ops), "first_load_s": cold_s, "load_s": dt, "ns
 def _run(code: Path, kind: str, a: str, b: str) -> dict:  # type: ignore[type-arg]
     env = dict(os.environ, PYTHONPATH=str(code))
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, kind, a, b], env=env, capture_output=True, text=True, check=True, cwd=code
+        [sys.executable, "-c", CHILD, kind, a, b],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=code,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dp", type=int, nargs="*", default=[4, 16, 64, 256])
     parser.add_argument("--steplevel", type=int, nargs="*", default=[1024, 4096])
     parser.add_argument("--against", type=Path, default=None, help="another checkout, run alternating")
@@ -95,7 +102,16 @@ def main() -> None:
             row = {"kind": kind, "trace": label, **_run(here, kind, a, b)}
             if args.against is not None:
                 other = _run(args.against, kind, a, b)
-                row["against"] = {k: other[k] for k in ("first_load_s", "load_s", "ns_per_op", "peak_bytes_per_op", "table_bytes_per_op")}
+                row["against"] = {
+                    k: other[k]
+                    for k in (
+                        "first_load_s",
+                        "load_s",
+                        "ns_per_op",
+                        "peak_bytes_per_op",
+                        "table_bytes_per_op",
+                    )
+                }
                 row["identical"] = other["digest"] == row["digest"]
             rows.append(row)
             print(

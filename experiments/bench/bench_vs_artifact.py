@@ -45,8 +45,12 @@ def _timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifact", type=Path, required=True, help="checkout of ByteDance-Seed/StragglerAnalysis")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--artifact", type=Path, required=True, help="checkout of ByteDance-Seed/StragglerAnalysis"
+    )
     parser.add_argument("--artifact-python", type=Path, required=True, help="python of the artifact's venv")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--dp", type=int, nargs="*", default=[8, 16], help="AR tiled to these DP sizes")
@@ -60,7 +64,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         traces = {name: tuple(map(str, shipped_trace(name))) for name in ("AR", "ST")}
         for dp in args.dp:
-            traces[f"AR tiled to DP {dp}"] = tuple(map(str, tiled_bytedance(tmp, name="AR", dp_factor=dp // 4)))
+            traces[f"AR tiled to DP {dp}"] = tuple(
+                map(str, tiled_bytedance(tmp, name="AR", dp_factor=dp // 4))
+            )
         ours_env = dict(os.environ, PYTHONPATH=str(HERE))
         theirs_env = dict(os.environ, PYTHONPATH=str(args.artifact))
         for label, (trace, meta) in traces.items():
@@ -69,8 +75,16 @@ def main() -> None:
                 run_dir = Path(tmp) / f"pacectl-{len(rows)}-{i}"
                 ours.append(
                     _timed(
-                        [sys.executable, "-m", "pacectl.run", "analysis=whatif", "trace=bytedance",
-                         f"trace.path={trace}", f"trace.meta={meta}", f"hydra.run.dir={run_dir}"],
+                        [
+                            sys.executable,
+                            "-m",
+                            "pacectl.run",
+                            "analysis=whatif",
+                            "trace=bytedance",
+                            f"trace.path={trace}",
+                            f"trace.meta={meta}",
+                            f"hydra.run.dir={run_dir}",
+                        ],
                         Path(tmp),
                         ours_env,
                     )
@@ -78,8 +92,18 @@ def main() -> None:
                 dump = Path(tmp) / f"wia-{len(rows)}-{i}"
                 theirs.append(
                     _timed(
-                        [str(args.artifact_python), "analyzer/wia.py", "--metadata", meta, "--trace", trace,
-                         "--dump-dir", str(dump), "--root", str(dump)],
+                        [
+                            str(args.artifact_python),
+                            "analyzer/wia.py",
+                            "--metadata",
+                            meta,
+                            "--trace",
+                            trace,
+                            "--dump-dir",
+                            str(dump),
+                            "--root",
+                            str(dump),
+                        ],
                         args.artifact,
                         theirs_env,
                     )

@@ -91,9 +91,13 @@ def _row(kind: str, label: str, workers: int, load, full_up_to: int) -> dict:  #
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeat", type=int, default=5, help="runs per shipped-trace figure (median)")
-    parser.add_argument("--full-up-to", type=int, default=256, help="largest worker count run with method=full")
+    parser.add_argument(
+        "--full-up-to", type=int, default=256, help="largest worker count run with method=full"
+    )
     parser.add_argument("--steplevel", type=int, nargs="*", default=[64, 256, 1024, 4096])
     parser.add_argument("--dp", type=int, nargs="*", default=[4, 16, 64, 256], help="DP sizes tiled from AR")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "whatif.json")
@@ -132,10 +136,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for w in args.steplevel:
             path = steplevel_csv(Path(tmp) / f"steps-{w}.csv", num_workers=w, num_iterations=500)
-            rows.append(_row("steplevel", f"{w} workers x 500 iterations", w, lambda p=path: load_steplevel(p), args.full_up_to))
+            rows.append(
+                _row(
+                    "steplevel",
+                    f"{w} workers x 500 iterations",
+                    w,
+                    lambda p=path: load_steplevel(p),
+                    args.full_up_to,
+                )
+            )
         for dp in args.dp:
             paths = tiled_bytedance(tmp, name="AR", dp_factor=dp // 4)
-            rows.append(_row("bytedance", f"AR tiled to DP {dp} x PP 4", dp * 4, lambda p=paths: load_bytedance(*p), args.full_up_to))
+            rows.append(
+                _row(
+                    "bytedance",
+                    f"AR tiled to DP {dp} x PP 4",
+                    dp * 4,
+                    lambda p=paths: load_bytedance(*p),
+                    args.full_up_to,
+                )
+            )
     load = os.getloadavg()
     write_record(
         args.out,

@@ -209,7 +209,10 @@ class ContentionComm:
             active = [link for link, on in zip(self._cross_links, cross_on, strict=True) if on]
             num_ring = self._ring.shape[0]
             cross = scipy.sparse.csr_array(
-                (np.ones(len(active), dtype=bool), (np.arange(len(active)), np.array(active, dtype=np.int64))),
+                (
+                    np.ones(len(active), dtype=bool),
+                    (np.arange(len(active)), np.array(active, dtype=np.int64)),
+                ),
                 shape=(len(active), len(self._caps)),
             )
             incidence = scipy.sparse.vstack([self._ring, cross], format="csr") if len(active) else self._ring

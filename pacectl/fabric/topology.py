@@ -81,7 +81,7 @@ def max_min_fair(
             return flow_mask.astype(np.float64) @ inc_d
 
         def touches(link_mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
-            return dense[:, link_mask].any(axis=1)
+            return np.asarray(dense[:, link_mask].any(axis=1), dtype=np.bool_)
 
     active = crosses & (demand > 0)
     rate[~crosses] = demand[~crosses]
@@ -200,7 +200,11 @@ class FatTree:
         if sparse:
             import scipy.sparse
         if len(ring) <= 1:
-            return scipy.sparse.csr_array((0, num_links), dtype=bool) if sparse else np.zeros((0, num_links), dtype=bool)
+            return (
+                scipy.sparse.csr_array((0, num_links), dtype=bool)
+                if sparse
+                else np.zeros((0, num_links), dtype=bool)
+            )
         # flows in order: rail by rail, position by position (node ring[pos] -> ring[pos + 1])
         src = np.tile(ring, rails)
         dst = np.tile(np.roll(ring, -1), rails)

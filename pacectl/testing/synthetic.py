@@ -134,7 +134,9 @@ def tiled_bytedance(
     trace_path = out_dir / f"trace-{tag}.parquet"
     meta_out = out_dir / f"meta-{tag}.yaml"
     out.to_parquet(trace_path, index=False)
-    new_meta = dict(meta, trial_name=tag, dp_size=new_dp, world_size=new_dp * pp * tp * int(meta.get("dsp_size", 1)))
+    new_meta = dict(
+        meta, trial_name=tag, dp_size=new_dp, world_size=new_dp * pp * tp * int(meta.get("dsp_size", 1))
+    )
     meta_out.write_text(yaml.safe_dump(new_meta))
     return trace_path, meta_out
 

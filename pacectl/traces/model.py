@@ -464,8 +464,10 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
             "Drop incomplete steps before replay."
         )
     if order is None:
-        return frame().sort_values(["step", "dp_rank", "stage", "optype", "seq_id"], kind="stable").reset_index(
-            drop=True
+        return (
+            frame()
+            .sort_values(["step", "dp_rank", "stage", "optype", "seq_id"], kind="stable")
+            .reset_index(drop=True)
         )
     if (order == np.arange(len(order))).all():
         return frame()  # already in order
