@@ -30,7 +30,10 @@ CASES = (
     ("generic-null", ["cluster=generic", "comm=null"]),
     ("paper_like-alpha_beta", ["cluster=paper_like", "comm=alpha_beta"]),
     ("paper_like-contention-clock", ["cluster=paper_like", "comm=contention", "backend.actuator=clock"]),
-    ("paper_like-contention-powercap", ["cluster=paper_like", "comm=contention", "cluster.power_cap.node_w=3600"]),
+    (
+        "paper_like-contention-powercap",
+        ["cluster=paper_like", "comm=contention", "cluster.power_cap.node_w=3600"],
+    ),
 )
 
 
