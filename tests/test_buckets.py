@@ -363,3 +363,40 @@ def test_several_jobs_refuse_buckets() -> None:
         )
     with pytest.raises(ConfigError, match="cluster.buckets.count must be 1 with several jobs"):
         MultiJobSimExperiment(cfg)
+
+
+def test_device_pacer_delays_do_not_remove_early_arrival_interference() -> None:
+    """With buckets and the device pacer, a rank's delay sits on the comm stream at bucket 0: it
+    still spins after its compute, so pacing does not lower early-arrival interference (only
+    sleeping does); the host pacer's sleep holds its backward back, so there it does."""
+    from pacectl.fabric.overlap import bucket_engine
+    from pacectl.fabric.profile import compute_from, sim_fabric
+
+    n = 16
+    out = {}
+    for pacer in ("device", "host"):
+        cluster = _profile(
+            "paper_like",
+            (
+                "cluster.buckets.count=4",
+                "cluster.buckets.overlap_slowdown=0",
+                f"cluster.buckets.pacer={pacer}",
+            ),
+        )
+        comm, interference = sim_fabric(cluster, "null", n)
+        interference = EarlyArrivalInterference(0.5, 8)
+        sim = SimBackend(
+            num_ranks=n,
+            num_iterations=1,
+            compute=compute_from(cluster),
+            comm=comm,
+            interference=interference,
+            overlap=bucket_engine(cluster, "null", n),
+        )
+        runs = []
+        for delay in (np.zeros(n), np.full(n, 0.05)):
+            sim.reset(seed=0)
+            runs.append(sim.step([Action(delay)])[0])
+        out[pacer] = runs
+    np.testing.assert_array_equal(out["device"][0].natural_arrival_s, out["device"][1].natural_arrival_s)
+    assert not np.array_equal(out["host"][0].natural_arrival_s, out["host"][1].natural_arrival_s)

@@ -187,9 +187,14 @@ class SimBackend:
                 f"action must hold {self.num_ranks} finite delays >= 0, got shape {delay.shape}"
             )
         asleep = actions[0].wait == "sleep"
-        finish = self.interference.finish_s(self._work[k], delay, spinning=not asleep)
         if self.overlap is not None:
+            # the early-arrival term counts a rank's waiting from the end of its compute plus what its
+            # delay holds back: with buckets and the device pacer nothing (the delay sits on the comm
+            # stream at bucket 0, mid-backward; the rank still spins after its compute)
+            held = delay if self.overlap.count == 1 or self.overlap.host_pacer else np.zeros_like(delay)
+            finish = self.interference.finish_s(self._work[k], held, spinning=not asleep)
             return self._step_overlap(k, finish, delay, asleep)
+        finish = self.interference.finish_s(self._work[k], delay, spinning=not asleep)
         compute = self._compute(finish, delay, wait_sleeps=asleep)
         if self.power_cap is None:
             natural = finish  # the clock actuator arrives when the delay actuator would

@@ -8,7 +8,10 @@ run this module at all; ``tests/test_buckets.py`` also runs this engine with one
 One iteration of rank ``r`` with ``B`` buckets (all times from the iteration start)::
 
     c_r          the rank's compute time (W_r plus early-arrival interference, as in the single
-                 all-reduce model), split into segments: forward + the backward of bucket 0, then
+                 all-reduce model, with each peer waiting from the end of its compute: W_r + d_r
+                 with the host pacer, whose sleep holds backward back; W_r with the device pacer,
+                 whose delay sits on the comm stream at bucket 0 while the rank computes on and
+                 then spins), split into segments: forward + the backward of bucket 0, then
                  the backward of bucket k for k = 1..B-1 (``forward_frac``, ``compute``)
     p_r,k        when rank r has produced bucket k (the end of segment k)
     a_r,0        p_r,0 + d_r: the pacing delay acts before bucket 0's collective, as the live pacer
