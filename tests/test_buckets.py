@@ -369,8 +369,7 @@ def test_device_pacer_delays_do_not_remove_early_arrival_interference() -> None:
     """With buckets and the device pacer, a rank's delay sits on the comm stream at bucket 0: it
     still spins after its compute, so pacing does not lower early-arrival interference (only
     sleeping does); the host pacer's sleep holds its backward back, so there it does."""
-    from pacectl.fabric.overlap import bucket_engine
-    from pacectl.fabric.profile import compute_from, sim_fabric
+    from pacectl.fabric.profile import bucket_engine, compute_from, sim_fabric
 
     n = 16
     out = {}
