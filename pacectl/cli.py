@@ -396,11 +396,51 @@ def expand_trace_file_argv(prog: str, config_dir: Path) -> None:
 
 
 def exit_on_bad_run_dir(prog: str) -> None:
-    """Entry points, before Hydra starts: one error line and exit 2 for a bad run-folder argument."""
-    problem = run_dir_argument_error(sys.argv[1:])
+    """Entry points, before Hydra starts: one error line and exit 2 for a bad run-folder argument, or
+    for a file system with no room left where the run folder goes (Hydra's own first write would end
+    in an ``OSError`` traceback)."""
+    problem = run_dir_argument_error(sys.argv[1:]) or no_room_error(sys.argv[1:])
     if problem:
         print(f"{prog}: error: {problem}", file=sys.stderr)
         sys.exit(2)
+
+
+#: Free bytes below which a run is refused before it starts (Hydra's config files and the log).
+MIN_FREE_BYTES = 1 << 20
+
+
+def no_room_error(argv: Sequence[str], *, min_free_bytes: int = MIN_FREE_BYTES) -> str | None:
+    """The error for a run folder on a file system with less than ``min_free_bytes`` free, or None.
+
+    The folder is ``hydra.run.dir`` / ``hydra.sweep.dir`` when given, else ``outputs/`` of the current
+    folder (the default run folders live there); its nearest existing parent is the one checked.
+    """
+    targets = [a.split("=", 1)[1] for a in argv if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+    for target in targets or ["outputs"]:
+        path = Path(target.strip("'\"")).expanduser().absolute()
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            continue
+        free = st.f_bavail * st.f_frsize
+        if free < min_free_bytes:
+            return (
+                f"the run folder's file system must have room to write, got {free} bytes free at {path}; "
+                "free some space or point hydra.run.dir (hydra.sweep.dir for -m) at another disk"
+            )
+    return None
+
+
+def quiet_broken_pipe() -> None:
+    """After a ``BrokenPipeError`` on stdout (``--help | head``): no traceback, exit status 1 is kept
+    by the caller. Points stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def _closest(word: str, known: Sequence[str]) -> str | None:

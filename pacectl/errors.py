@@ -34,6 +34,10 @@ class BackendError(PacectlError, RuntimeError):
     """A backend was used out of order or cannot run on this machine."""
 
 
+class StorageFullError(PacectlError, RuntimeError):
+    """A write found no room (a full disk, a quota, a file-size limit); nothing half-written was kept."""
+
+
 def one_line_warnings(*, newline: bool = True) -> None:
     """Show warnings as one ``warning (Category): message`` line (the command-line entry points).
 

@@ -767,6 +767,9 @@ def _main() -> None:
     _written.clear()
     try:
         _hydra_main()
+    except BrokenPipeError:  # --help | head
+        cli.quiet_broken_pipe()
+        sys.exit(1)
     except KeyboardInterrupt:  # outside the job's own handling: before it started or after it wrote
         if _written and any(a in ("-m", "--multirun") for a in sys.argv[1:]):
             print(

@@ -69,6 +69,7 @@ from pacectl.cli import (
     expand_trace_file_argv,
     hydra_value,
     invoke,
+    quiet_broken_pipe,
     sweep_job_prefix,
 )
 from pacectl.config import (
@@ -82,11 +83,12 @@ from pacectl.config import (
 )
 from pacectl.controllers import family as controller_family
 from pacectl.controllers.units import UNITS
-from pacectl.errors import ConfigError, PacectlError, one_line_warnings, unknown_keys_error
+from pacectl.errors import ConfigError, PacectlError, StorageFullError, one_line_warnings, unknown_keys_error
 from pacectl.files import atomic_write_text, jsonable, staged_outputs
 from pacectl.report import comm_model_note
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet, build_scenarios
 from pacectl.tuning.space import SearchSpace, default_space, load_space, tunable_families
+from pacectl.tuning.storage import disk_full_cause, full_disk_error
 from pacectl.tuning.study import (
     CHOICE_RULE,
     DIRECTIONS,
@@ -1164,6 +1166,16 @@ def _hydra_main(cfg: DictConfig) -> None:
         )
     except KeyboardInterrupt:
         _interrupted("interrupted before the study was created; nothing was written")
+    except (OSError, AssertionError) as err:  # a full disk: Optuna hides ENOSPC behind AssertionError
+        full = disk_full_cause(err)
+        if full is None:
+            discard_run_dir(out_dir)
+            raise
+        _fail(
+            str(full)
+            if isinstance(full, StorageFullError)
+            else str(full_disk_error(full, f"the run folder {out_dir}"))
+        )
     except BaseException:  # a bug, not a user mistake: its traceback follows, but no half run folder
         discard_run_dir(out_dir)
         raise
@@ -1225,7 +1237,11 @@ def _main() -> None:
     expand_trace_file_argv("pacectl.tune", CONF_DIR)
     exit_on_bad_run_dir("pacectl.tune")
     check_command_line("pacectl.tune", CONF_DIR, "tune", validate=_check_config)
-    _hydra_main()
+    try:
+        _hydra_main()
+    except BrokenPipeError:  # --help | head
+        quiet_broken_pipe()
+        sys.exit(1)
 
 
 if __name__ == "__main__":

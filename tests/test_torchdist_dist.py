@@ -140,6 +140,33 @@ def test_a_killed_rank_ends_the_job_with_a_clear_error(tmp_path) -> None:
         TorchExperiment(cfg).describe()
 
 
+def test_a_frozen_rank_is_named_and_ends_the_job_within_pg_timeout(tmp_path) -> None:
+    from pacectl.torchdist.experiment import TorchExperiment
+
+    # SIGSTOP on rank 1: the job used to end after pg_timeout_s + 30 s, blaming the healthy rank 0
+    # with gloo internals. The watch kills the frozen rank at pg_timeout_s / 2 and names it.
+    cfg = _cfg(
+        tmp_path,
+        "controller=none",
+        "backend.pg_timeout_s=8",
+        "+backend.fault={rank: 1, iteration: 2, kind: stop}",
+    )
+    with pytest.raises(
+        BackendError, match=r"rank 1 \(pid \d+\) stopped answering: it was held stopped"
+    ) as err:
+        TorchExperiment(cfg).describe()
+    assert "rank 0" not in str(err.value) and "gloo" not in str(err.value).lower()
+
+
+def test_a_fault_past_the_run_is_refused(tmp_path) -> None:
+    from pacectl.errors import ConfigError
+    from pacectl.torchdist.experiment import TorchExperiment
+
+    cfg = _cfg(tmp_path, "controller=none", "+backend.fault={rank: 1, iteration: 100000}")
+    with pytest.raises(ConfigError, match=r"backend.fault.iteration must be < backend.num_iterations"):
+        TorchExperiment(cfg)
+
+
 @pytest.mark.parametrize("gather", ["async", "piggyback", "collective"])
 def test_runtime_control_in_process(tmp_path, gather: str) -> None:
     """One in-process gloo rank: the watched file switches pacing off, then retunes, without restart.

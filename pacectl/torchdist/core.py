@@ -214,7 +214,7 @@ _BACKEND_KEYS = {
     },
     "workload": {"model", "width", "depth", "batch_size", "seq_len", "heads", "bucket_cap_mb", "lr", "compute_s"},
     "pacing": set(PACING_DEFAULTS),
-    "fault": {"rank", "iteration"},
+    "fault": {"rank", "iteration", "kind"},
 }  # fmt: skip
 
 
@@ -379,9 +379,21 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
             )
         _known_keys("fault", fault)
         rank = _int(fault, "fault.rank", low=0)
-        _int(fault, "fault.iteration", low=0)
+        at = _int(fault, "fault.iteration", low=0)
         if rank >= nproc:
             raise ConfigError(f"backend.fault.rank must be < backend.nproc_per_node={nproc}, got {rank}")
+        measured = int(b["num_iterations"])
+        if at >= measured:
+            raise ConfigError(
+                f"backend.fault.iteration must be < backend.num_iterations={measured} (a measured iteration, "
+                f"counted from 0 after the warm-up), got {at}: the fault would never happen"
+            )
+        kind = fault.get("kind", "exit")
+        if kind not in ("exit", "stop"):
+            raise ConfigError(
+                f"backend.fault.kind must be exit (the rank exits) or stop (the rank holds itself stopped, "
+                f"SIGSTOP), got {kind!r}"
+            )
     ifname = b.get("socket_ifname")
     if ifname:
         import socket

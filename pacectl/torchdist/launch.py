@@ -15,9 +15,15 @@ import argparse
 import json
 import logging
 import os
+import shutil
+import signal
 import socket
+import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pacectl.errors import BackendError
@@ -29,6 +35,93 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _proc_state(pid: int) -> str | None:
+    """The one-letter scheduler state of ``pid`` (``/proc/<pid>/stat``), or None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[0]
+
+
+def _announced_ranks(folder: Path) -> dict[int, int]:
+    """``{pid: global rank}`` of the workers that wrote their pid into ``folder`` (one file per rank)."""
+    found: dict[int, int] = {}
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            found[int(entry.read_text())] = int(entry.name)
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+class FrozenRankWatch:
+    """Ends a job whose rank stopped answering: a worker held in the stopped state (``SIGSTOP``, state
+    ``T``) for ``frozen_s`` seconds is killed, and the job's error names it.
+
+    Without it, the peers of a frozen rank wait ``backend.pg_timeout_s`` in their collective, their
+    gloo timeout then blames a healthy rank, and the agent waits a further 30 s for the frozen rank to
+    answer its SIGTERM (63 s in all at the default 30 s). Killing the frozen rank closes its sockets,
+    so the peers fail at once with a lost peer, within ``pg_timeout_s``. Linux only (``/proc``);
+    elsewhere it watches nothing.
+
+    Args:
+        frozen_s: seconds a rank may stay stopped (default: half of ``pg_timeout_s``).
+        pid_dir: the folder where each rank writes its pid (``spec["pid_dir"]``, file named by rank).
+        poll_s: seconds between looks.
+    """
+
+    def __init__(self, frozen_s: float, pid_dir: Path, poll_s: float = 0.25) -> None:
+        self.frozen_s = float(frozen_s)
+        self.pid_dir = pid_dir
+        self.poll_s = float(poll_s)
+        self.frozen: tuple[int, int, float] | None = None  #: (rank, pid, seconds stopped), once found
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="pacectl-frozen-rank-watch")
+
+    def __enter__(self) -> FrozenRankWatch:
+        if Path("/proc/self/stat").exists():
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2.0)
+
+    def _run(self) -> None:
+        since: dict[int, float] = {}
+        while not self._stop.wait(self.poll_s):
+            now = time.monotonic()
+            ranks = _announced_ranks(self.pid_dir)
+            for pid, rank in ranks.items():
+                if _proc_state(pid) in ("T", "t"):
+                    start = since.setdefault(pid, now)
+                    if now - start >= self.frozen_s and self.frozen is None:
+                        self.frozen = (rank, pid, now - start)
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                else:
+                    since.pop(pid, None)
+
+    def message(self) -> str:
+        """The error naming the frozen rank (call only when :attr:`frozen` is set)."""
+        assert self.frozen is not None
+        rank, pid, held = self.frozen
+        return (
+            f"torch backend: rank {rank} (pid {pid}) stopped answering: it was held stopped (state T, e.g. by "
+            f"SIGSTOP or a debugger) for {held:.1f} s, so it was killed and the job was stopped, within "
+            "backend.pg_timeout_s; the other ranks only lost their peer. Resume the process (SIGCONT) sooner, "
+            "or raise backend.pg_timeout_s if pauses are expected"
+        )
 
 
 def launch_workers(
@@ -46,6 +139,7 @@ def launch_workers(
     is_host: bool | None = None,
     node_rank: int | None = None,
     entrypoint: Callable[[dict[str, Any]], Any] | None = None,
+    frozen_s: float | None = None,
 ) -> dict[int, Any]:
     """Run :func:`pacectl.torchdist.worker.worker_main` on every rank via ``elastic_launch``.
 
@@ -66,12 +160,15 @@ def launch_workers(
             deterministic rank placement; node 0 hosts the store at ``rdzv_endpoint``.
         entrypoint: run this function of the spec on every rank instead of ``worker_main``
             (benchmarks; it joins the process group itself; with ``"spawn"`` it must be importable).
+        frozen_s: seconds a rank may stay stopped before it is killed and named
+            (:class:`FrozenRankWatch`; default half of ``spec["pg_timeout_s"]``, else 15 s).
 
     Returns:
         ``{global rank: worker return value}`` for the ranks of this agent.
 
     Raises:
-        BackendError: a rank failed (crash, collective error, process-group timeout).
+        BackendError: a rank failed (crash, collective error, process-group timeout) or stopped
+            answering (held stopped, :class:`FrozenRankWatch`).
         KeyboardInterrupt: the agent got SIGINT or SIGTERM and stopped the ranks.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -106,11 +203,19 @@ def launch_workers(
     quiet = not os.environ.get("PACECTL_DEBUG")
     if quiet:
         logging.disable(logging.ERROR)
+    pid_dir = Path(tempfile.mkdtemp(prefix="pacectl-pids-"))
+    spec = dict(spec, pid_dir=str(pid_dir))
+    watch = FrozenRankWatch(
+        frozen_s if frozen_s is not None else float(spec.get("pg_timeout_s", 30.0)) / 2, pid_dir
+    )
     try:
-        return dict(elastic_launch(config, entrypoint or worker_main)(spec))
+        with watch:
+            return dict(elastic_launch(config, entrypoint or worker_main)(spec))
     except SignalException as err:  # the agent stopped the ranks on SIGINT/SIGTERM
         raise KeyboardInterrupt(str(err)) from None
     except ChildFailedError as err:
+        if watch.frozen is not None:
+            raise BackendError(watch.message()) from err
         rank, failure = _root_failure(err.failures)
         message: Any = failure.message
         if isinstance(message, dict):
@@ -129,6 +234,7 @@ def launch_workers(
             + (" A dead rank ends the job within backend.pg_timeout_s." if died else "")
         ) from err
     finally:
+        shutil.rmtree(pid_dir, ignore_errors=True)
         if quiet:
             logging.disable(logging.NOTSET)
 

@@ -208,6 +208,8 @@ class LiveRun:
                 self.engine.controller.enabled = True
                 self.engine.controller.reset(self.world, np.random.default_rng([self.seed, 0, 0]))
             if self.fault.get("rank") == self.rank and self.fault.get("iteration") == k - self.warmup:
+                if self.fault.get("kind", "exit") == "stop":
+                    os.kill(os.getpid(), signal.SIGSTOP)  # simulate a frozen rank (tests)
                 os._exit(FAULT_EXIT_CODE)  # simulate a crashed rank (tests)
             self.opt.zero_grad(set_to_none=True)
             inject(float(self.schedule[k, self.rank]), self.straggler.kind)
@@ -474,6 +476,16 @@ def _exit_on_interrupt(signum: int, frame: Any) -> None:
     os._exit(128 + signum)
 
 
+def announce_pid(spec: dict[str, Any]) -> None:
+    """Write this rank's pid where the agent's frozen-rank watch reads it (``spec["pid_dir"]``)."""
+    folder = spec.get("pid_dir")
+    if folder:
+        try:
+            Path(folder, os.environ.get("RANK", "0")).write_text(str(os.getpid()))
+        except OSError:
+            pass  # the watch then sees nothing of this rank; the job still ends on pg_timeout_s
+
+
 def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
     """Entry point of one rank: join the process group, run every requested controller, leave.
 
@@ -492,6 +504,7 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
     # SIGINT instead made the agent, which forwards it, wait 30 s before it killed the ranks.)
     signal.signal(signal.SIGINT, _exit_on_interrupt)
     one_line_warnings()
+    announce_pid(spec)
     torch.set_num_threads(int(spec.get("threads", 1)))
     if spec.get("flight_recorder"):  # read by init_process_group; lazily filled up to this many entries
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES))

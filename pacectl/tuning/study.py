@@ -54,13 +54,20 @@ from typing import Any, Literal
 import numpy as np
 import optuna
 from optuna.storages import BaseStorage
-from optuna.storages.journal import JournalFileBackend, JournalStorage
+from optuna.storages.journal import JournalStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from pacectl.controllers import make_controller
 from pacectl.errors import ConfigError, PacectlError
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet
 from pacectl.tuning.space import SearchSpace
+from pacectl.tuning.storage import (
+    FULL_ERRNOS,
+    SafeJournalFileBackend,
+    disk_full_cause,
+    full_disk_error,
+    repair_journal,
+)
 
 DIRECTIONS: tuple[Literal["maximize"], Literal["minimize"]] = ("maximize", "minimize")  # throughput, cv
 SAMPLERS = ("nsga2", "tpe", "random")
@@ -130,8 +137,17 @@ class StorageSpec:
                 )
             try:
                 lock = FlockLock(self.location)
-                return JournalStorage(JournalFileBackend(self.location, lock_obj=lock))  # type: ignore[arg-type]
-            except OSError as err:  # an unwritable folder (permissions, read-only or virtual file system)
+                lock.acquire()
+                try:  # a torn last record (a crash, a full disk) is cut off before anything appends
+                    repair_journal(path)
+                finally:
+                    lock.release()
+                return JournalStorage(SafeJournalFileBackend(self.location, lock_obj=lock))  # type: ignore[arg-type]
+            except OSError as err:
+                if err.errno in FULL_ERRNOS:
+                    raise full_disk_error(
+                        err, f"tune.storage {path}"
+                    ) from err  # an unwritable folder (permissions, read-only or virtual file system)
                 raise ConfigError(
                     f"tune.storage {path}: cannot create or open the journal there "
                     f"({err.strerror or type(err).__name__}); pick a path in a folder you can write to"
@@ -588,6 +604,13 @@ def _worker_main(index: int, parent: int, kwargs: dict[str, Any]) -> None:
         sys.exit(EXIT_INTERRUPTED)  # the main process reports Ctrl-C, once
     except PacectlError as err:
         print(f"pacectl.tune: error: worker {index}: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except (OSError, AssertionError) as err:  # a full disk: Optuna hides ENOSPC behind AssertionError
+        full = disk_full_cause(err)
+        if full is None:
+            raise
+        shown = full if isinstance(full, PacectlError) else full_disk_error(full, "the study storage")
+        print(f"pacectl.tune: error: worker {index}: {shown}", file=sys.stderr, flush=True)
         sys.exit(2)
 
 
