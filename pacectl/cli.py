@@ -54,9 +54,60 @@ class RunDirGuard(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _remember_safely(config, "run")
+        _lock_or_exit(config, "run")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _remember_safely(config, "sweep")
+        _lock_or_exit(config, "sweep")
+
+
+#: The open, locked run folders of this process (held until it exits; the kernel then releases them).
+_locks: list[int] = []
+
+
+def lock_run_dir(run_dir: Path) -> str | None:
+    """Take an exclusive lock on ``run_dir`` (created if missing) for the rest of this process.
+
+    Two runs into one folder used to both report success with mixed provenance: the second is now
+    refused while the first runs. The lock is ``flock`` on the folder itself (no lock file is left
+    behind; the kernel releases it when the process dies).
+
+    Returns:
+        None when locked (or when locking is not possible here: no ``fcntl``), else the error line.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        return None
+    run_dir = run_dir.absolute()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir, os.O_RDONLY)
+    except OSError:
+        return None  # Hydra reports an unusable folder itself
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return (
+            f"the run folder {run_dir} must not be in use by another run, got one running in it now; wait "
+            "for it to end or choose another hydra.run.dir (hydra.sweep.dir for -m)"
+        )
+    _locks.append(fd)
+    return None
+
+
+def _lock_or_exit(config: DictConfig, which: str) -> None:
+    try:
+        run_dir = Path(str(config.hydra[which].dir))
+    except Exception:  # noqa: BLE001 - a bad config is reported by the job itself
+        return
+    problem = lock_run_dir(run_dir)
+    if problem:
+        prog = str(config.hydra.job.get("name") or "pacectl")
+        prog = {"run": "pacectl.run", "tune": "pacectl.tune"}.get(prog, prog)
+        print(f"{prog}: error: {problem}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _remember_safely(config: DictConfig, which: str) -> None:

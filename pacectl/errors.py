@@ -13,6 +13,13 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+#: Exit statuses, the same for every command (``python -m pacectl.run``, ``pacectl.tune``, ``pacectl.traces``):
+#: 0 success; 2 a user mistake or unusable input (a bad trace or config, a full disk, a busy run
+#: folder), after one error line; 130 interrupted (Ctrl-C); 1 a bug (a traceback follows).
+EXIT_OK = 0
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+
 
 class PacectlError(Exception):
     """Base class of every error pacectl raises on purpose (user mistakes and bad input)."""

@@ -229,8 +229,22 @@ class _ClosedLoop:
 
     @property
     def exchange(self) -> ExchangeSchedule:
-        """``exchange.lag_iters`` / ``exchange.every_iters`` of the config."""
-        return exchange_schedule(self.cfg)
+        """``exchange.lag_iters`` / ``exchange.every_iters`` of the config.
+
+        Raises:
+            ConfigError: ``lag_iters`` at or past the run's length (no decision would ever be
+                applied: the run would be no pacing under a controller's name).
+        """
+        schedule = exchange_schedule(self.cfg)
+        n = self.iterations_per_run
+        for key, value in (("lag_iters", schedule.lag),):
+            if value >= n:
+                raise ConfigError(
+                    f"exchange.{key} must be < the run's {n} iterations, got {value}: no pacing decision "
+                    f"would ever be applied, so every controller would run as no pacing. Lower exchange.{key} "
+                    "or replay more iterations"
+                )
+        return schedule
 
     def _episode(
         self, family: str, params: dict[str, Any], on_iteration: Callable[[], None] | None
@@ -336,6 +350,7 @@ class ReplayExperiment(_ClosedLoop):
                 "dp_size": trace.meta.dp_size,
                 "pp_size": trace.meta.pp_size,
                 "tp_size": trace.meta.tp_size,
+                "dsp_size": trace.meta.dsp_size,
                 "num_steps": backend.num_iterations,
                 "time_unit": trace.time_unit,
                 "sample_every_iters": trace.sample_every_iters,

@@ -333,11 +333,16 @@ def plot_spread(
     num_runs = max(len(episodes), 1)
     fig = Figure(figsize=(9.0, 2.4 * num_runs + 0.8), layout="constrained")
     axes = np.atleast_1d(fig.subplots(num_runs, 1, sharex=True, sharey=True, squeeze=False)[:, 0])
+    top = 0.0  # the shared axis must reach every run's largest spread, not the first panel's
     for ax, (run, ep) in zip(axes, episodes.items(), strict=False):
         x = np.arange(ep.num_iterations)
         if ep.num_iterations:
-            ax.plot(x, metrics.spread_s(ep).max(axis=1), lw=1.0, label="spread (paced)")
-            ax.plot(x, metrics.natural_spread_s(ep).max(axis=1), lw=0.8, ls="--", label="spread (natural)")
+            paced, natural = metrics.spread_s(ep).max(axis=1), metrics.natural_spread_s(ep).max(axis=1)
+            finite = np.concatenate([paced, natural])
+            finite = finite[np.isfinite(finite)]
+            top = max(top, float(finite.max()) if len(finite) else 0.0)
+            ax.plot(x, paced, lw=1.0, label="spread (paced)")
+            ax.plot(x, natural, lw=0.8, ls="--", label="spread (natural)")
             active = np.asarray(ep.pacing_active, np.bool_).any(axis=1)
             # one shaded band per run of active iterations, each iteration k covering [k - 0.5, k + 0.5]
             edges = np.flatnonzero(np.diff(np.concatenate(([0], active.astype(np.int8), [0]))))
@@ -353,8 +358,8 @@ def plot_spread(
             ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
         ax.set_title(f"{run} (controller: {ep.controller})", fontsize="medium")
         ax.set_ylabel(f"worst-domain spread ({time_unit})")
-        ax.set_ylim(bottom=0.0)
         ax.grid(alpha=0.3)
+    axes[0].set_ylim(0.0, top * 1.05 if top > 0 else 1.0)  # shared by every panel (sharey)
     axes[-1].set_xlabel("iteration")
     fig.suptitle(f"Arrival spread per run{_unit_note(time_unit)}\n{_models_note(_episode_models(episodes))}")
     save_figure(fig, path)

@@ -99,6 +99,89 @@ def sim_cell(
     }
 
 
+#: Hydra launchers a study may run its cells through (``--launcher``; extra ``.[launchers]``).
+LAUNCHERS = ("joblib", "submitit_local", "submitit_slurm")
+
+
+def launched_cells(
+    overrides: list[str],
+    *,
+    cluster: str,
+    scales: tuple[int, ...] | list[int],
+    iterations: int,
+    seeds: int,
+    launcher: str,
+    launcher_overrides: list[str] | tuple[str, ...] = (),
+    sweep_dir: Path,
+) -> dict[int, dict[str, dict[str, Any]]]:
+    """:func:`sim_cell` at every scale, its seeds run as the jobs of one Hydra sweep through ``launcher``.
+
+    One ``python -m pacectl.run -m hydra/launcher=<launcher> backend.num_ranks=<scales> seed=0..seeds-1``
+    sweep: every (scale, seed) is a job of its own (a process with joblib, a submitit job on this
+    machine or a SLURM cluster), whose ``summary.json`` holds what :func:`sim_cell` computes in
+    process; the cells are the same figures (``tests/test_launchers.py``).
+
+    Args:
+        overrides, cluster, iterations, seeds: as :func:`sim_cell`.
+        scales: world sizes, one cell each.
+        launcher: one of :data:`LAUNCHERS`.
+        launcher_overrides: further ``hydra.launcher.*`` settings (``hydra.launcher.n_jobs=2``,
+            ``hydra.launcher.partition=gpu``).
+        sweep_dir: the sweep's folder (``hydra.sweep.dir``); one sub-folder per job.
+
+    Returns:
+        ``{num_ranks: {family: figures}}``.
+
+    Raises:
+        ConfigError: an unknown launcher.
+        RuntimeError: the sweep failed (its stderr's tail).
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from pacectl.errors import ConfigError
+
+    if launcher not in LAUNCHERS:
+        raise ConfigError(f"launcher must be one of {list(LAUNCHERS)}, got {launcher!r}")
+    command = [
+        sys.executable, "-m", "pacectl.run", "-m", f"hydra/launcher={launcher}", *launcher_overrides,
+        "backend=sim", f"cluster={cluster}", f"backend.num_ranks={','.join(str(n) for n in scales)}",
+        f"backend.num_iterations={iterations}", f"seed={','.join(str(i) for i in range(seeds))}", *overrides,
+        "output.plots=false", f"hydra.sweep.dir={sweep_dir}",
+    ]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ), check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the sweep through {launcher} failed: {proc.stderr[-1500:]}")
+    per_cell: dict[int, dict[int, dict[str, Any]]] = {}
+    for job in sweep_dir.iterdir():
+        if not (job / "summary.json").is_file():
+            continue
+        summary = json.loads((job / "summary.json").read_text())
+        per_cell.setdefault(int(summary["sim"]["num_ranks"]), {})[int(summary["seed"])] = summary["runs"]
+    cells: dict[int, dict[str, dict[str, Any]]] = {}
+    for n in scales:
+        by_seed = per_cell.get(int(n), {})
+        if sorted(by_seed) != list(range(seeds)):
+            raise RuntimeError(
+                f"the sweep through {launcher} left no summary for {n} ranks, seeds {sorted(by_seed)}"
+            )
+        runs = [by_seed[i] for i in range(seeds)]
+        cells[int(n)] = {
+            f: {
+                **{k: float(np.mean([r[f][k] for r in runs])) for k in CELL_KEYS},
+                "comm_model": runs[0][f]["comm_model"],
+                "comm_timing_dependent": bool(runs[0][f]["comm_timing_dependent"]),
+                "throughput_change_ci95_frac": combined_half_width(
+                    [float(r[f].get("throughput_change_ci95_frac") or 0.0) for r in runs]
+                ),
+            }
+            for f in runs[0]
+        }
+    return cells
+
+
 def combined_half_width(half_widths: list[float]) -> float:
     """95 % half-width of the mean of independent per-seed estimates: ``sqrt(sum h_i^2) / n``."""
     return float(np.sqrt(np.sum(np.square(half_widths))) / len(half_widths))
@@ -144,6 +227,19 @@ def study_arguments(
     )
     parser.add_argument("--seeds", type=int, default=seeds, help="seeds per cell (results are means), >= 1")
     parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default=None,
+        help="run the cells' jobs through this Hydra launcher (pip install -e '.[launchers]'), not in process",
+    )
+    parser.add_argument(
+        "--launcher-arg",
+        action="append",
+        default=[],
+        metavar="OVERRIDE",
+        help="a hydra.launcher.* setting for --launcher (repeatable), e.g. hydra.launcher.n_jobs=2",
+    )
     args = parser.parse_args()
     if args.seeds < 1 or args.iterations < min_iterations:
         parser.error(

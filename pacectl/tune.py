@@ -633,7 +633,11 @@ def _tune_study(out_dir: Path, echo: Callable[[str], None], t0: float, run: _Stu
         "storage": spec.display,
         "dashboard": spec.dashboard_command(),
         "family": space.family,
-        "profile": scenarios.profile,
+        # a trace named on the command line is what was tuned on; the profile then only names the
+        # fabric (it was recorded as "ar", the default profile, for any tune trace=<file>)
+        "profile": None if scenarios.trace_from_command_line else scenarios.profile,
+        "trace": scenarios.labels[0] if scenarios.trace_from_command_line else None,
+        "fabric_profile": scenarios.profile,
         "run_overrides": overrides,
         "run_overrides_differences": differences,
         "scenarios": {

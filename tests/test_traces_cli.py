@@ -72,7 +72,7 @@ def test_validate_lists_every_problem(tmp_path: Path) -> None:
     bad = text.replace('"dur": 173209.713', '"dur": -1').replace('"dur": 180293.695', '"dur": NaN')
     (tmp_path / "rank-34.json").write_text(bad)
     r = _run("validate", str(tmp_path / "rank-34.json"))
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "Traceback" not in r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and all(":event #" in e and ": dur:" in e for e in errors)
@@ -92,12 +92,12 @@ def test_unusable_exits_nonzero_without_traceback(
     p = tmp_path / "rank0.json"
     p.write_bytes(content)
     for cmd in ("info", "validate"):
-        assert main([cmd, str(p)]) == 1  # an uncaught exception would propagate (a traceback)
+        assert main([cmd, str(p)]) == 2  # an uncaught exception would propagate (a traceback)
         assert match in capsys.readouterr().err
 
 
 def test_empty_directory_and_bad_args(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["info", str(tmp_path)]) == 1
+    assert main(["info", str(tmp_path)]) == 2
     assert "empty directory" in capsys.readouterr().err
     for argv, match in (
         (["info"], "required: PATH"),
@@ -123,7 +123,7 @@ def test_convert_writes_canonical_atomically(tmp_path: Path, capsys: pytest.Capt
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2")
     out2 = tmp_path / "never.parquet"
-    assert main(["convert", str(bad), "-o", str(out2)]) == 1
+    assert main(["convert", str(bad), "-o", str(out2)]) == 2
     assert not out2.exists() and not list(tmp_path.glob(".never*"))
 
 
@@ -202,7 +202,7 @@ def test_convert_output_must_be_a_parquet_name(tmp_path: Path, capsys: pytest.Ca
 def test_a_whole_file_problem_names_the_file_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "rank0.json.gz"
     bad.write_bytes((H200 / "gloo4_rank0.json.gz").read_bytes()[:3000])
-    assert main(["info", str(bad)]) == 1
+    assert main(["info", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "ends early" in err and err.count(str(bad)) == 1, err
 
@@ -211,7 +211,7 @@ def test_folder_with_two_jobs_names_a_glob(tmp_path: Path, capsys: pytest.Captur
     for r in range(4):
         (tmp_path / f"gloo4_rank{r}.json.gz").write_bytes((H200 / f"gloo4_rank{r}.json.gz").read_bytes())
     (tmp_path / "nccl1_rank0.json.gz").write_bytes(SINGLE.read_bytes())  # another job (world_size 300)
-    assert main(["info", str(tmp_path)]) == 1
+    assert main(["info", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "files of 2 jobs" in err and f"'{tmp_path / 'gloo4_rank*.json.gz'}'" in err
 
@@ -221,7 +221,7 @@ def test_validate_names_a_truncated_rank(tmp_path: Path, capsys: pytest.CaptureF
         (tmp_path / f"gloo4_rank{r}.json.gz").write_bytes((H200 / f"gloo4_rank{r}.json.gz").read_bytes())
     text = gzip.decompress((H200 / "gloo4_rank1.json.gz").read_bytes())
     (tmp_path / "gloo4_rank1.json").write_bytes(text[:1_500_000])
-    assert main(["validate", str(tmp_path)]) == 1
+    assert main(["validate", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tmp_path / 'gloo4_rank1.json'}: ") and "looks truncated" in err
 
@@ -231,7 +231,7 @@ def test_errors_use_this_commands_options_not_pacectl_runs(
 ) -> None:
     bad = tmp_path / "garbage.parquet"
     bad.write_bytes(b"garbage")
-    assert main(["info", str(bad)]) == 1
+    assert main(["info", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pacectl.traces: error: the trace file must be a Parquet file")
     assert "--format bytedance, kineto or steplevel" in err and "trace=" not in err
@@ -263,7 +263,7 @@ def test_a_folder_of_other_traces_names_its_files(capsys) -> None:
 
 def test_a_parquet_file_read_as_kineto_is_named_as_parquet() -> None:
     r = _run("info", str(ST), "--format", "kineto")
-    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "It looks like a Parquet file" in r.stderr and "leave out --format" in r.stderr
     r = _run("info", str(JOB1), "--format", "kineto")
-    assert r.returncode == 1 and "It looks like a steplevel trace by its name" in r.stderr
+    assert r.returncode == 2 and "It looks like a steplevel trace by its name" in r.stderr

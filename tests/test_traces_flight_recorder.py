@@ -128,7 +128,7 @@ def test_info_on_a_hang_snapshot_exits_0_with_the_behind_report(capsys: pytest.C
     assert traces_main(["info", str(FR / "hang2"), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["status"][0]["behind"] == [1] and info["world_size"] == 2
-    assert traces_main(["validate", str(FR / "hang2")]) == 1
+    assert traces_main(["validate", str(FR / "hang2")]) == 2
     assert "hang snapshot" in capsys.readouterr().err
 
 
@@ -165,7 +165,7 @@ def test_a_malicious_pickle_is_refused_in_one_line_and_never_executed(
     with pytest.raises(TraceError, match=r"refused and not executed") as err:
         read_dump(path)
     assert "system" in str(err.value) and str(path) in str(err.value)
-    assert traces_main(["info", str(path.parent)]) == 1
+    assert traces_main(["info", str(path.parent)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "refused and not executed" in lines[0] and "Traceback" not in lines[0]
     assert not marker.exists()

@@ -281,3 +281,14 @@ def test_the_config_caps_reach_the_importer(tmp_path: Path) -> None:
     cfg.max_ops = "many"
     with pytest.raises(ConfigError, match="trace.max_ops must be an integer > 0"):
         load_trace(cfg)
+
+
+def test_a_row_that_is_not_utf8_is_a_bad_row_without_noise(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # found by the fuzz campaign: pyarrow printed "Exception ignored ... Traceback" for such a row
+    p = _csv(tmp_path, _base())
+    p.write_bytes(p.read_bytes().replace(b"1,1,25,1,410.0", b"1,1,\xff\xfe,1"))
+    with pytest.raises(TraceError, match=r"could not parse it.*Row #3: Expected 5 columns, got 4"):
+        load_steplevel(p)
+    assert "Traceback" not in capfd.readouterr().err

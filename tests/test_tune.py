@@ -398,6 +398,8 @@ def test_a_study_never_resumes_on_a_changed_trace_file(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr
     summary = json.loads((out / "tune.json").read_text())
     assert summary["run_overrides"].startswith(f"trace=canonical trace.path={path}")  # absolute
+    # the trace is what was tuned on, not the default profile (it recorded "profile": "ar")
+    assert summary["profile"] is None and summary["trace"] and summary["fabric_profile"] == "ar"
     moved = tmp_path / "moved" / "rec.parquet"  # the same content elsewhere (a new checkout): resumes
     moved.parent.mkdir()
     moved.write_bytes(path.read_bytes())

@@ -119,3 +119,11 @@ def test_a_full_disk_leaves_no_torn_record_and_a_journal_that_resumes(tmp_path: 
     study = optuna.load_study(study_name="s", storage=StorageSpec("journal", str(path)).open())
     study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
     assert _finished(path) == done + 2
+
+
+def test_a_file_that_is_no_journal_is_never_touched(tmp_path: Path) -> None:
+    path = tmp_path / "other.jsonl"
+    for text in (b'{"x": 1}\n', b'{"x": 1}\n{"y": 2', b"not json at all"):
+        path.write_bytes(text)
+        assert repair_journal(path) is None and path.read_bytes() == text
+    assert not list(tmp_path.glob("*.torn-*"))

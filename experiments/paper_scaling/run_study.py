@@ -5,6 +5,11 @@ Usage (from the repository root; about 3-4 minutes on 2 cores)::
 
     python experiments/paper_scaling/run_study.py                  # writes experiments/paper_scaling/results/
     python experiments/paper_scaling/run_study.py --iterations 300 --seeds 1 --out /tmp/quick
+    python experiments/paper_scaling/run_study.py --launcher joblib --launcher-arg hydra.launcher.n_jobs=8
+    python experiments/paper_scaling/run_study.py --launcher submitit_slurm --launcher-arg hydra.launcher.partition=cpu
+
+``--launcher`` runs every (scale, seed) as a job of a Hydra sweep of ``pacectl.run`` through that
+launcher (``pacectl.studies.launched_cells``), with the same figures as the in-process loop.
 
 Scenarios (all on the ``paper_like`` cluster profile, ``conf/cluster/paper_like.yaml``, whose
 compute noise is calibrated so that no pacing gives CV ~0.22 at 64 ranks):
@@ -23,6 +28,7 @@ seeds. ``kappa_sweep.py`` sweeps the assumed interference strength and gives the
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,7 +38,15 @@ from hydra import initialize_config_dir
 from pacectl.config import CONF_DIR
 from pacectl.errors import one_line_warnings
 from pacectl.files import atomic_path, staged_outputs
-from pacectl.studies import SWEEP_FAMILIES, change_text, comm_text, markdown_table, sim_cell, study_arguments
+from pacectl.studies import (
+    SWEEP_FAMILIES,
+    change_text,
+    comm_text,
+    launched_cells,
+    markdown_table,
+    sim_cell,
+    study_arguments,
+)
 
 SCALES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SCENARIOS: dict[str, tuple[list[str], tuple[int, ...]]] = {
@@ -78,15 +92,33 @@ def main() -> None:
     # the comm column says where a model is fixed-duration; each distinct warning still shows once
     rows = []
     t0 = time.perf_counter()
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"), tempfile.TemporaryDirectory() as sweeps:
         for scenario, (overrides, scales) in SCENARIOS.items():
-            for n in scales:
-                cell = sim_cell(  # every per-rank family and sleep_wait (the interference baseline)
+            launched = (
+                launched_cells(
                     [*overrides, SWEEP_FAMILIES],
                     cluster="paper_like",
-                    num_ranks=n,
+                    scales=scales,
                     iterations=args.iterations,
                     seeds=args.seeds,
+                    launcher=args.launcher,
+                    launcher_overrides=args.launcher_arg,
+                    sweep_dir=Path(sweeps) / scenario,
+                )
+                if args.launcher
+                else None
+            )
+            for n in scales:
+                cell = (
+                    launched[n]
+                    if launched is not None
+                    else sim_cell(  # every per-rank family and sleep_wait (the interference baseline)
+                        [*overrides, SWEEP_FAMILIES],
+                        cluster="paper_like",
+                        num_ranks=n,
+                        iterations=args.iterations,
+                        seeds=args.seeds,
+                    )
                 )
                 base = cell["none"]
                 for family, s in cell.items():

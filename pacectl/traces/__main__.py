@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from pacectl.errors import PacectlError, TraceError
+from pacectl.errors import EXIT_USER_ERROR, PacectlError, TraceError
 from pacectl.traces.detect import detect_format, meta_beside, other_traces_in
 from pacectl.traces.model import OpTrace, TraceWarning
 
@@ -286,7 +286,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     ranks = sorted(trace.ops["rank"].unique().tolist())
     say(
         f"ranks     {len(ranks)} recorded {ranks[:16]}{' ...' if len(ranks) > 16 else ''}  "
-        f"(dp {m.dp_size} x pp {m.pp_size}, world_size {m.world_size})"
+        f"(dp {m.dp_size} x pp {m.pp_size} x tp {m.tp_size} x dsp {m.dsp_size}, world_size {m.world_size})"
     )
     steps = trace.steps
     say(f"steps     {len(steps)}: {steps[:12].tolist()}{' ...' if len(steps) > 12 else ''}")
@@ -352,6 +352,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             "world_size": m.world_size,
             "dp_size": m.dp_size,
             "pp_size": m.pp_size,
+            "tp_size": m.tp_size,
+            "dsp_size": m.dsp_size,
             "time_unit": trace.time_unit,
             "norm_unit_s": trace.norm_unit_s,
             "sample_every_iters": trace.sample_every_iters,
@@ -385,11 +387,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for p in err.problems:
             print(f"error: {p}", file=sys.stderr)
         print(f"invalid: {len(err.problems)} problem(s)", file=sys.stderr)
-        return 1
+        return EXIT_USER_ERROR
     except TraceError as err:
         print(f"error: {in_this_commands_words(str(err))}", file=sys.stderr)
         print("invalid: 1 problem", file=sys.stderr)
-        return 1
+        return EXIT_USER_ERROR
     for w in notes:
         print(f"warning: {w}")
     unit = ", times in normalised units" if trace.time_normalized else ""
@@ -699,16 +701,16 @@ def main(argv: list[str] | None = None) -> int:
             return int(args.func(args))
     except (OutputError, CommandLineError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     except PacectlError as err:
         print(f"{prog}: error: {in_this_commands_words(str(err))}", file=sys.stderr)
-        return 1
+        return EXIT_USER_ERROR
     except BrokenPipeError:  # the reader went away (``| head``): not an error of the trace
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
     except (OSError, MemoryError) as err:
         print(f"{prog}: error: could not read the trace: {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

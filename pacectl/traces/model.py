@@ -384,6 +384,12 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
                 f"(in {source}: row {i}, step {row['step']}, rank {row['rank']}, op {row['optype']}); "
                 f"{int(bad.sum())} rows are bad. Drop or repair them before replay."
             )
+    if not (np.asarray(columns["duration"]) > 0).any():
+        raise TraceError(
+            f"duration must be > 0 for at least one op, got 0 for all {len(columns['duration'])} ops (in {source}: "
+            "column duration): a trace without time cannot be replayed or analysed. Was it recorded with timing "
+            "off (e.g. TORCH_NCCL_ENABLE_TIMING unset, a profiler without durations)? Record it again with timing on"
+        )
     # One packed int64 key, (step, dp_rank, stage, optype, seq_id) in lexicographic order: the key
     # check, the per-step rank count and the sort run on it in numpy. Wherever a check fails, the
     # pandas code below it (the reference) runs to word the message.

@@ -156,6 +156,11 @@ def _read_log(path: Path, max_bytes: int, notes: list[str]) -> _Proc:
             last_line = i
             try:
                 rec = json.loads(raw)
+            except UnicodeDecodeError as err:  # found by the fuzz campaign (experiments/fuzz)
+                raise TraceError(
+                    f"each line of an NCCL Inspector log must be UTF-8 text, got an undecodable byte at "
+                    f"offset {err.start} of the line (in {path}:{i}); the file is damaged: copy it again"
+                ) from None
             except json.JSONDecodeError as err:
                 if not raw.endswith(b"\n"):  # the last line, cut short while the plugin wrote it
                     notes.append(f"{path}: dropped its last line {i}, cut short (truncated)")

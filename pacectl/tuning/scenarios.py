@@ -252,6 +252,14 @@ def build_scenarios(
                     described[key] = [user_path(str(v), where) for v in value]
                 elif value:
                     described[key] = user_path(str(value), where)
+            if loaded is not None and (loaded.meta.dp_size < 2 or len(loaded.steps) < 2):
+                # as for tune.sim: one rank per domain has no arrival spread, one step no CV
+                raise ConfigError(
+                    f"a trace to tune on must have >= 2 ranks per pacing domain and >= 2 steps, got "
+                    f"{loaded.meta.dp_size} rank(s) per domain (dp_size) and {len(loaded.steps)} step(s) in "
+                    f"{loaded.source}: nothing can be paced there. Record more ranks (a Kineto file without rank "
+                    "information counts as one rank: give trace.ranks) or more steps"
+                )
             if loaded is not None:  # the content, so that a study never resumes on a changed file
                 described["ops_sha256"] = ops_digest(loaded.ops, loaded.meta)
             items.append(described)

@@ -10,6 +10,8 @@ they make is not JSON, and every later open fails with ``JSONDecodeError``: the 
 - a torn tail (the last line without its newline, or not JSON) is cut off;
 - a line that is not JSON in the middle (a journal that an older pacectl already appended to after a
   torn tail) is replaced by the whole record it ends with, when there is one, else dropped;
+- a file without one whole journal record is not a journal and is left untouched (Optuna's open
+  then refuses it), and so is every line that is JSON;
 - every byte removed is kept beside the journal, in ``<journal>.torn-<n>``, and a
   :class:`JournalRepaired` warning says what was done.
 
@@ -41,6 +43,14 @@ class JournalRepaired(UserWarning):
     """A torn or corrupt record was removed from a study journal (a copy is kept beside it)."""
 
 
+def _json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return True
+
+
 def _record(line: bytes) -> bool:
     try:
         value = json.loads(line)
@@ -68,6 +78,17 @@ def _keep_copy(path: Path, data: bytes) -> Path:
     return copy
 
 
+def journal_needs_repair(path: str | Path) -> bool:
+    """Whether :func:`repair_journal` would change ``path`` (read only, no lock taken)."""
+    p = Path(path)
+    if not p.is_file() or p.stat().st_size == 0:
+        return False
+    lines = p.read_bytes().splitlines(keepends=True)
+    if not any(line.endswith(b"\n") and _record(line) for line in lines):
+        return False
+    return not all(line.endswith(b"\n") and _json(line) for line in lines)
+
+
 def repair_journal(path: str | Path) -> str | None:
     """Cut a torn tail off a study journal and repair lines that are not records (module docstring).
 
@@ -87,13 +108,15 @@ def repair_journal(path: str | Path) -> str | None:
         return None
     data = p.read_bytes()
     lines = data.splitlines(keepends=True)
+    if not any(line.endswith(b"\n") and _record(line) for line in lines):
+        return None  # no whole journal record: not a journal (Optuna's open says so), left untouched
     kept: list[bytes] = []
     removed: list[bytes] = []
     salvaged = 0
     for i, line in enumerate(lines):
         last = i == len(lines) - 1
-        if line.endswith(b"\n") and _record(line):
-            kept.append(line)
+        if line.endswith(b"\n") and _json(line):
+            kept.append(line)  # JSON that is no record is Optuna's to judge, never dropped here
             continue
         if last and not line.endswith(b"\n"):
             removed.append(line)  # a torn tail: the write that never finished

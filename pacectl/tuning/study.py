@@ -66,6 +66,7 @@ from pacectl.tuning.storage import (
     SafeJournalFileBackend,
     disk_full_cause,
     full_disk_error,
+    journal_needs_repair,
     repair_journal,
 )
 
@@ -137,11 +138,12 @@ class StorageSpec:
                 )
             try:
                 lock = FlockLock(self.location)
-                lock.acquire()
-                try:  # a torn last record (a crash, a full disk) is cut off before anything appends
-                    repair_journal(path)
-                finally:
-                    lock.release()
+                if journal_needs_repair(path):  # a torn last record (a crash, a full disk) is cut
+                    lock.acquire()  # off before anything appends, under the writers' lock
+                    try:
+                        repair_journal(path)
+                    finally:
+                        lock.release()
                 return JournalStorage(SafeJournalFileBackend(self.location, lock_obj=lock))  # type: ignore[arg-type]
             except OSError as err:
                 if err.errno in FULL_ERRNOS:
@@ -152,6 +154,17 @@ class StorageSpec:
                     f"tune.storage {path}: cannot create or open the journal there "
                     f"({err.strerror or type(err).__name__}); pick a path in a folder you can write to"
                 ) from err
+        for attempt in range(6):
+            try:
+                return optuna.storages.RDBStorage(self.location)
+            except Exception as err:  # sqlalchemy.exc.IntegrityError, ProgrammingError
+                # N hosts starting at once race to create the schema on an empty database
+                # (PostgreSQL: duplicate key in pg_type); the loser finds it made on a retry
+                text = str(err).lower()
+                if attempt < 5 and ("duplicate key" in text or "already exists" in text):
+                    time.sleep(0.2 * (attempt + 1))
+                    continue
+                break
         try:
             return optuna.storages.RDBStorage(self.location)
         except Exception as err:  # sqlalchemy.exc.ArgumentError, OperationalError, ImportError
@@ -423,6 +436,8 @@ def progress_callback(
     parameters."""
 
     def callback(study: optuna.Study, trial: FrozenTrial) -> None:
+        if trial.user_attrs.get("surplus"):  # never evaluated: the study was full (SurplusTrial)
+            return
         params = " ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
         if trial.state == TrialState.COMPLETE and trial.values is not None:
             thr, cv = trial.values
@@ -521,12 +536,21 @@ def _stop_if_interrupted(study: optuna.Study, trial: FrozenTrial) -> None:
         study.stop()
 
 
+class SurplusTrial(Exception):
+    """A trial asked for after the study already held ``tune.n_trials`` (another command's); it is
+    recorded FAIL with the user attribute ``surplus`` and never evaluated."""
+
+
 def _drop_interrupts(record: logging.LogRecord) -> bool:
     """Logging filter of Optuna's trial loop: once Ctrl-C was pressed, drop its "Trial N failed ..."
-    warnings (with a KeyboardInterrupt traceback), since the command reports Ctrl-C once."""
+    warnings (with a KeyboardInterrupt traceback), since the command reports Ctrl-C once; and the
+    warning of a :class:`SurplusTrial`."""
     exc = record.exc_info
     interrupted = exc and exc[0] is not None and issubclass(exc[0], KeyboardInterrupt)
-    return not (interrupted or _INTERRUPTS.requested)
+    surplus = "SurplusTrial" in record.getMessage() or (
+        exc and exc[0] is not None and issubclass(exc[0], SurplusTrial)
+    )
+    return not (interrupted or surplus or _INTERRUPTS.requested)
 
 
 def run_worker(
@@ -556,11 +580,27 @@ def run_worker(
     )
     study.set_user_attr(f"worker:{owner_tag()}", True)
     callbacks = [progress_callback(progress, objective.baseline, echo)] if echo else []
+
+    def claimed(trial: optuna.Trial) -> tuple[float, float]:
+        # Several commands (machines) on one study: a trial runs only if fewer than tune.n_trials
+        # trials numbered before it are finished or running anywhere, so the study never finishes
+        # more than tune.n_trials (trial numbers are given out atomically by the storage).
+        ahead = [
+            t
+            for t in study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
+            if t.number < trial.number
+        ]
+        if len(ahead) >= progress.total:
+            trial.set_user_attr("surplus", f"the study already held {len(ahead)} trials finished or running")
+            study.stop()
+            raise SurplusTrial(trial.number)
+        return objective(trial)
+
     # Other commands (machines) sharing the study add trials this worker's quota does not know of:
     # stop once the study holds tune.n_trials trials finished or still running anywhere.
     callbacks.append(optuna.study.MaxTrialsCallback(progress.total, states=(*FINISHED, TrialState.RUNNING)))
     callbacks.append(_stop_if_interrupted)
-    study.optimize(objective, n_trials=n_trials, timeout=timeout_s, callbacks=callbacks)
+    study.optimize(claimed, n_trials=n_trials, timeout=timeout_s, callbacks=callbacks, catch=(SurplusTrial,))
     check_interrupt()
 
 
