@@ -139,7 +139,7 @@ def _load_steplevel(trace_cfg: DictConfig) -> OpTrace:
         name=trace_cfg.get("name"),
         sample_every=trace_cfg.get("sample_every"),
         max_bytes=_max_bytes(trace_cfg.get("max_mb", 1024)),
-        max_ops=_max_ops(trace_cfg.get("max_ops", 20_000_000)),
+        max_ops=_max_ops(trace_cfg.get("max_ops", 4_000_000)),
     )
 
 
@@ -148,7 +148,7 @@ def _max_ops(max_ops: Any) -> int:
     if isinstance(max_ops, bool) or not isinstance(max_ops, int) or max_ops < 1:
         raise ConfigError(
             f"trace.max_ops must be an integer > 0 (the cap on the operations a trace may hold, two per "
-            f"step-level row), got {max_ops!r}: for example trace.max_ops=40000000"
+            f"step-level row), got {max_ops!r}: for example trace.max_ops=8000000"
         )
     return max_ops
 

@@ -59,7 +59,7 @@ from pacectl.traces.model import (
 #: Default cap on the file's size, bytes (1 GiB; ``trace.max_mb``).
 DEFAULT_MAX_BYTES = 1 << 30
 #: Default cap on the operations (two per row; ``trace.max_ops``).
-DEFAULT_MAX_OPS = 20_000_000
+DEFAULT_MAX_OPS = 4_000_000
 
 _STEP_COLS = ("time", "iteration", "step")
 _VALUE_COLS = ("batch_time_norm", "step_time_s")
