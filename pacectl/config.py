@@ -76,16 +76,26 @@ def user_path(value: str, key: str = "path") -> str:
         return str(Path(value).expanduser().resolve())
 
 
+def _caps(trace_cfg: DictConfig) -> dict[str, int]:
+    """``max_ops`` / ``max_bytes`` of a Parquet or CSV importer (``trace.max_ops``, ``trace.max_mb``)."""
+    return {
+        "max_ops": _max_ops(trace_cfg.get("max_ops", 4_000_000)),
+        "max_bytes": _max_bytes(trace_cfg.get("max_mb", 1024)),
+    }
+
+
 def _load_bytedance(trace_cfg: DictConfig) -> OpTrace:
     return load_bytedance(
-        user_path(str(trace_cfg.path), "trace.path"), user_path(str(trace_cfg.meta), "trace.meta")
+        user_path(str(trace_cfg.path), "trace.path"),
+        user_path(str(trace_cfg.meta), "trace.meta"),
+        **_caps(trace_cfg),
     )
 
 
 def _load_canonical(trace_cfg: DictConfig) -> OpTrace:
     from pacectl.traces.canonical import load_canonical
 
-    return load_canonical(user_path(str(trace_cfg.path), "trace.path"))
+    return load_canonical(user_path(str(trace_cfg.path), "trace.path"), **_caps(trace_cfg))
 
 
 def _load_kineto(trace_cfg: DictConfig) -> OpTrace:
@@ -138,8 +148,7 @@ def _load_steplevel(trace_cfg: DictConfig) -> OpTrace:
         collective_frac=float(trace_cfg.get("collective_frac", 0.01)),
         name=trace_cfg.get("name"),
         sample_every=trace_cfg.get("sample_every"),
-        max_bytes=_max_bytes(trace_cfg.get("max_mb", 1024)),
-        max_ops=_max_ops(trace_cfg.get("max_ops", 4_000_000)),
+        **_caps(trace_cfg),
     )
 
 

@@ -148,3 +148,21 @@ def test_tune_refuses_a_one_rank_trace(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "must have >= 2 ranks per pacing domain" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_parquet_traces_are_capped_before_they_are_read(tmp_path: Path) -> None:
+    # every importer has a stated bound: Parquet rows are read from the footer before any data
+    from pacectl.data import shipped_trace
+    from pacectl.errors import TraceError
+    from pacectl.traces.bytedance import load_bytedance
+    from pacectl.traces.canonical import load_canonical, write_canonical
+
+    path, meta = shipped_trace("ST")
+    trace = load_bytedance(path, meta)
+    with pytest.raises(TraceError, match=r"must hold <= 10 ops \(rows\), got \d+ .*trace.max_ops"):
+        load_bytedance(path, meta, max_ops=10)
+    out = tmp_path / "st.parquet"
+    write_canonical(trace, out)
+    with pytest.raises(TraceError, match=r"must be <= 100 bytes.*trace.max_mb"):
+        load_canonical(out, max_bytes=100)
+    assert len(load_canonical(out).ops) == len(trace.ops)

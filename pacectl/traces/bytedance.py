@@ -18,6 +18,8 @@ import yaml
 
 from pacectl.errors import TraceError, yaml_problem
 from pacectl.traces.model import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_OPS,
     OP_KEY,
     JobMeta,
     OpTrace,
@@ -82,7 +84,9 @@ def load_meta(path: str | Path) -> JobMeta:
     return JobMeta(name=str(raw.get("trial_name", p.stem)), **sizes)
 
 
-def load_bytedance(path: str | Path, meta: str | Path) -> OpTrace:
+def load_bytedance(
+    path: str | Path, meta: str | Path, *, max_ops: int = DEFAULT_MAX_OPS, max_bytes: int = DEFAULT_MAX_BYTES
+) -> OpTrace:
     """Load and validate a ByteDance what-if trace.
 
     Args:
@@ -107,7 +111,12 @@ def load_bytedance(path: str | Path, meta: str | Path) -> OpTrace:
     """
     p = require_file(path, "trace file")
     job = load_meta(meta)
-    table = read_parquet_table(p, other_formats="For other formats pick another trace= importer")
+    table = read_parquet_table(
+        p,
+        other_formats="For other formats pick another trace= importer",
+        max_rows=max_ops,
+        max_bytes=max_bytes,
+    )
     raw = drop_exact_duplicates(
         _to_pandas(table), source=str(p), what="values in every column", describe=describe_op_row, key=OP_KEY
     )

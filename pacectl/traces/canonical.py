@@ -22,6 +22,8 @@ from pacectl.errors import TraceError
 from pacectl.files import atomic_path
 from pacectl.traces.model import (
     CANONICAL_COLUMNS,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_OPS,
     OP_KEY,
     TIME_UNITS,
     JobMeta,
@@ -69,8 +71,12 @@ def write_canonical(trace: OpTrace, path: str | Path) -> None:
         pq.write_table(table, tmp)
 
 
-def load_canonical(path: str | Path) -> OpTrace:
+def load_canonical(
+    path: str | Path, *, max_ops: int = DEFAULT_MAX_OPS, max_bytes: int = DEFAULT_MAX_BYTES
+) -> OpTrace:
     """Read a canonical Parquet file written by :func:`write_canonical`.
+
+    ``max_ops`` / ``max_bytes`` cap the rows and the file size (``trace.max_ops``, ``trace.max_mb``).
 
     Raises:
         TraceError: the file is missing, not Parquet, lacks the ``pacectl`` metadata, has a newer
@@ -80,6 +86,8 @@ def load_canonical(path: str | Path) -> OpTrace:
     table = read_parquet_table(
         p,
         other_formats="For other formats pick their importer: trace=bytedance, trace=kineto, trace=steplevel",
+        max_rows=max_ops,
+        max_bytes=max_bytes,
     )
     raw = (table.schema.metadata or {}).get(META_KEY)
     if raw is None:

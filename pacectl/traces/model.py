@@ -560,20 +560,45 @@ def _float_column(ops: pd.DataFrame, col: str, source: str) -> np.ndarray:
     return values.to_numpy(np.float64)
 
 
-def read_parquet_table(path: Path, *, other_formats: str) -> Any:
+#: Default cap on a trace's operations (rows of an op table; ``trace.max_ops``). An import holds
+#: about 0.5 kB per op at its peak (``experiments/bench/results/importer_memory.json``), so the cap
+#: bounds it near 2 GB whatever the file's size.
+DEFAULT_MAX_OPS = 4_000_000
+#: Default cap on a trace file's size on disk, bytes (1 GiB; ``trace.max_mb``).
+DEFAULT_MAX_BYTES = 1 << 30
+
+
+def read_parquet_table(
+    path: Path, *, other_formats: str, max_rows: int = DEFAULT_MAX_OPS, max_bytes: int = DEFAULT_MAX_BYTES
+) -> Any:
     """Read a Parquet file as a ``pyarrow.Table``, or raise one TraceError that says what to do.
 
     Args:
         path: an existing file (see :func:`require_file`).
         other_formats: the hint for a file that is not Parquet at all (which importer to use).
+        max_rows: cap on the table's rows, read from the footer before any data (``trace.max_ops``).
+        max_bytes: cap on the file's size (``trace.max_mb``).
 
     Raises:
-        TraceError: the file is empty, truncated (no Parquet footer) or not Parquet.
+        TraceError: the file is empty, truncated (no Parquet footer), not Parquet, or past a cap.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise TraceError(
+            f"a Parquet trace must be <= {max_bytes} bytes, got {size} bytes (in {path}). Raise the cap "
+            "(trace.max_mb) if the file is genuine"
+        )
     try:
+        rows = pq.ParquetFile(path).metadata.num_rows
+        if rows > max_rows:
+            raise TraceError(
+                f"a Parquet trace must hold <= {max_rows} ops (rows), got {rows} (in {path}); the import needs "
+                "about 0.5 kB of memory per op. Raise the cap (trace.max_ops) if the machine has the memory, "
+                "or cut the trace to the steps you need"
+            )
         return pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as err:
         with open(path, "rb") as fh:

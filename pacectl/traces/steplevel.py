@@ -46,6 +46,8 @@ import pandas as pd
 from pacectl.errors import TraceError
 from pacectl.traces.csvstream import columns_excerpt, read_header, read_numeric_columns
 from pacectl.traces.model import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_OPS,
     MAX_DURATION_S,
     JobMeta,
     OpTrace,
@@ -55,11 +57,6 @@ from pacectl.traces.model import (
     require_file,
     validate_ops,
 )
-
-#: Default cap on the file's size, bytes (1 GiB; ``trace.max_mb``).
-DEFAULT_MAX_BYTES = 1 << 30
-#: Default cap on the operations (two per row; ``trace.max_ops``).
-DEFAULT_MAX_OPS = 4_000_000
 
 _STEP_COLS = ("time", "iteration", "step")
 _VALUE_COLS = ("batch_time_norm", "step_time_s")
