@@ -238,7 +238,7 @@ class _ClosedLoop:
         schedule = exchange_schedule(self.cfg)
         n = self.iterations_per_run
         for key, value in (("lag_iters", schedule.lag),):
-            if value >= n:
+            if value >= n and value > 1:  # the default lag on a 1-iteration run is warned about elsewhere
                 raise ConfigError(
                     f"exchange.{key} must be < the run's {n} iterations, got {value}: no pacing decision "
                     f"would ever be applied, so every controller would run as no pacing. Lower exchange.{key} "
