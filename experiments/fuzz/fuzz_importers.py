@@ -286,6 +286,38 @@ def run_override_case(keys: list[str], index: int, seed: int) -> dict[str, Any]:
     return out
 
 
+def _write(
+    args: argparse.Namespace, rows: list[dict[str, Any]], t0: float, *, partial: bool
+) -> dict[str, Any]:
+    """Write the campaign's record (also after each target, marked ``partial``)."""
+    from pacectl.files import atomic_write_text
+
+    by_target: dict[str, dict[str, int]] = {}
+    for r in rows:
+        counts = by_target.setdefault(r["target"], {"cases": 0, "ok": 0, "clean": 0, "crash": 0})
+        counts["cases"] += 1
+        counts[r["outcome"]] += 1
+    record = {
+        "machine": platform.platform(),
+        "python": platform.python_version(),
+        "command": "python experiments/fuzz/fuzz_importers.py " + " ".join(sys.argv[1:]),
+        "partial": partial,
+        "seed": args.seed,
+        "cases": len(rows),
+        "by_target": by_target,
+        "crashes": [r for r in rows if r["outcome"] == "crash"],
+        "longest_clean_message_chars": max(
+            (r.get("message_chars", 0) for r in rows if r["outcome"] == "clean"), default=0
+        ),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "loadavg_end": list(os.getloadavg()),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out, json.dumps(record, indent=2) + "\n")
+    return record
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", type=int, default=1200, help="cases per target (8 inputs + overrides)")
@@ -304,38 +336,15 @@ def main() -> None:
             for i in range(args.start, args.start + args.cases):
                 rows.append(run_import_case(target, i, args.seed, Path(tmp)))
             print(f"{target.name}: {args.cases} cases in {time.perf_counter() - t1:.0f} s", flush=True)
+            _write(args, rows, t0, partial=True)  # a campaign cut short keeps what it did
         if keys:
             t1 = time.perf_counter()
             for i in range(args.start, args.start + args.cases):
                 rows.append(run_override_case(keys, i, args.seed))
             print(f"overrides: {args.cases} cases in {time.perf_counter() - t1:.0f} s", flush=True)
-    by_target: dict[str, dict[str, int]] = {}
-    for r in rows:
-        counts = by_target.setdefault(r["target"], {"cases": 0, "ok": 0, "clean": 0, "crash": 0})
-        counts["cases"] += 1
-        counts[r["outcome"]] += 1
-    crashes = [r for r in rows if r["outcome"] == "crash"]
-    record = {
-        "machine": platform.platform(),
-        "python": platform.python_version(),
-        "command": "python experiments/fuzz/fuzz_importers.py " + " ".join(sys.argv[1:]),
-        "seed": args.seed,
-        "cases": len(rows),
-        "by_target": by_target,
-        "crashes": crashes,
-        "longest_clean_message_chars": max(
-            (r.get("message_chars", 0) for r in rows if r["outcome"] == "clean"), default=0
-        ),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "loadavg_end": list(os.getloadavg()),
-    }
-    from pacectl.files import atomic_write_text
-
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(record, indent=2) + "\n")
+    record = _write(args, rows, t0, partial=False)
     print(json.dumps({k: v for k, v in record.items() if k != "crashes"}, indent=1))
-    print(f"crashes: {len(crashes)}; written: {args.out}")
+    print(f"crashes: {len(record['crashes'])}; written: {args.out}")
     shutil.rmtree(_SEED_DIR, ignore_errors=True)
 
 
