@@ -60,6 +60,22 @@ class RunDirGuard(Callback):
         _remember_safely(config, "sweep")
         _lock_or_exit(config, "sweep")
 
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        release_run_dirs()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        release_run_dirs()
+
+
+def release_run_dirs() -> None:
+    """Release the run folders this process locked (:func:`lock_run_dir`): a run in the same process
+    (an in-process command, a test) may use the folder next."""
+    while _locks:
+        try:
+            os.close(_locks.pop())
+        except OSError:
+            pass
+
 
 #: The open, locked run folders of this process (held until it exits; the kernel then releases them).
 _locks: list[int] = []
@@ -246,6 +262,7 @@ def invoke(prog: str, argv: Sequence[str] | None, body: Callable[[], None]) -> i
         print(end.code, file=sys.stderr)
         return 1
     finally:
+        release_run_dirs()  # the next in-process run may use the same folder
         sys.argv, warnings.formatwarning = saved_argv, saved_format
         if saved_sigint is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, saved_sigint)  # a Ctrl-C handler set for the run (pacectl.tune)
