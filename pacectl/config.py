@@ -98,21 +98,75 @@ def _load_canonical(trace_cfg: DictConfig) -> OpTrace:
     return load_canonical(user_path(str(trace_cfg.path), "trace.path"), **_caps(trace_cfg))
 
 
+def _flag(trace_cfg: DictConfig, key: str, default: bool = False) -> bool:
+    """``trace.<key>``, a boolean; anything else (``maybe``, ``no``, ``2``) is a ConfigError."""
+    value = trace_cfg.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"trace.{key} must be true or false, got {value!r}: for example trace.{key}=true")
+    return value
+
+
+def _positive(
+    trace_cfg: DictConfig, key: str, default: float | None, what: str, example: str
+) -> float | None:
+    """``trace.<key>``: a finite number > 0 (``what`` says of what), or null where ``default`` is."""
+    value = trace_cfg.get(key, default)
+    if value is None and default is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ConfigError(
+            f"trace.{key} must be a finite number > 0 ({what}), got {value!r}: for example trace.{key}={example}"
+        )
+    return float(value)
+
+
+def _ranks(trace_cfg: DictConfig) -> list[int] | None:
+    """``trace.ranks``: null, or a list of ranks (integers >= 0), one per file."""
+    ranks = trace_cfg.get("ranks")
+    if ranks is None:
+        return None
+    items = [ranks] if isinstance(ranks, int) else ranks
+    if isinstance(ranks, str | bool) or not all(
+        isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in items
+    ):
+        raise ConfigError(
+            f"trace.ranks must be a list of ranks (integers >= 0), one per file in sorted path order, got "
+            f"{ranks!r}: for example trace.ranks=[0,1,2,3]"
+        )
+    return [int(r) for r in items]
+
+
+def _world_size(trace_cfg: DictConfig) -> int | None:
+    """``trace.world_size``: null, or an integer >= 1."""
+    value = trace_cfg.get("world_size")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(
+            f"trace.world_size must be an integer >= 1 or null, got {value!r}: for example trace.world_size=8"
+        )
+    return value
+
+
 def _load_kineto(trace_cfg: DictConfig) -> OpTrace:
     from pacectl.traces.kineto import load_kineto
 
     raw = trace_cfg.path
     paths = [str(p) for p in raw] if not isinstance(raw, str) and raw is not None else [str(raw)]
-    ranks = trace_cfg.get("ranks")
     resolved = [user_path(p) for p in paths]
+    ranks, world_size = _ranks(trace_cfg), _world_size(trace_cfg)
+    strict, drop_unmatched = _flag(trace_cfg, "strict"), _flag(trace_cfg, "drop_unmatched")
+    align = str(trace_cfg.get("align", "auto"))
+    if align not in ("auto", "end", "none"):
+        raise ConfigError(
+            f"trace.align must be one of auto, end, none, got {align!r}: for example trace.align=auto"
+        )
     try:
         return load_kineto(
             resolved,
-            ranks=None if ranks is None else [int(r) for r in ranks],
-            world_size=trace_cfg.get("world_size"),
-            strict=bool(trace_cfg.get("strict", False)),
-            align=str(trace_cfg.get("align", "auto")),
-            drop_unmatched=bool(trace_cfg.get("drop_unmatched", False)),
+            ranks=ranks,
+            world_size=world_size,
+            strict=strict,
+            align=align,
+            drop_unmatched=drop_unmatched,
             max_bytes=_max_bytes(trace_cfg.get("max_mb", 1024)),
             name=trace_cfg.get("name"),
         )
@@ -143,13 +197,28 @@ def _load_steplevel(trace_cfg: DictConfig) -> OpTrace:
 
     return load_steplevel(
         user_path(str(trace_cfg.path), "trace.path"),
-        unit_s=float(trace_cfg.get("unit_s", 1e-3)),
-        collective_s=trace_cfg.get("collective_s"),
-        collective_frac=float(trace_cfg.get("collective_frac", 0.01)),
+        unit_s=_positive(trace_cfg, "unit_s", 1e-3, "seconds per unit of the step times", "0.001"),
+        collective_s=_positive(
+            trace_cfg, "collective_s", None, "each collective's transfer time, s", "0.005"
+        ),
+        collective_frac=_fraction(trace_cfg),
         name=trace_cfg.get("name"),
         sample_every=trace_cfg.get("sample_every"),
         **_caps(trace_cfg),
     )
+
+
+def _fraction(trace_cfg: DictConfig) -> float:
+    """``trace.collective_frac``: a fraction of the median step time in (0, 1)."""
+    value = _positive(
+        trace_cfg, "collective_frac", 0.01, "the collective's share of the median step time", "0.01"
+    )
+    if value is None or value >= 1:
+        raise ConfigError(
+            f"trace.collective_frac must be a fraction in (0, 1) of the median step time, got {value!r}: "
+            "for example trace.collective_frac=0.01"
+        )
+    return value
 
 
 def _max_ops(max_ops: Any) -> int:
@@ -179,15 +248,16 @@ def _paths(trace_cfg: DictConfig) -> list[str]:
 def _load_flight_recorder(trace_cfg: DictConfig) -> OpTrace:
     from pacectl.traces.flight_recorder import load_flight_recorder
 
-    ranks = trace_cfg.get("ranks")
     return load_flight_recorder(
         _paths(trace_cfg),
-        ranks=None if ranks is None else [int(r) for r in ranks],
+        ranks=_ranks(trace_cfg),
         max_bytes=_max_bytes(trace_cfg.get("max_mb", 1024)),
         layout=_layout_overrides(trace_cfg),
         timing=str(trace_cfg.get("timing", "auto")),
-        collective_s=trace_cfg.get("collective_s"),
-        collective_frac=float(trace_cfg.get("collective_frac", 0.01)),
+        collective_s=_positive(
+            trace_cfg, "collective_s", None, "each collective's transfer time, s", "0.005"
+        ),
+        collective_frac=_fraction(trace_cfg),
         name=trace_cfg.get("name"),
     )
 

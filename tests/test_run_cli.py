@@ -649,3 +649,31 @@ def test_plots_drawn_in_the_background_are_written_and_linked(tmp_path: Path) ->
     for name in ("iteration_time.png", "spread.png", "energy.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"({name})" in text
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("trace=steplevel trace.unit_s=fast", "trace.unit_s must be a finite number > 0"),
+        ("trace=steplevel trace.collective_frac=abc", "trace.collective_frac must be a finite number > 0"),
+        ("trace=steplevel trace.collective_frac=1.5", "trace.collective_frac must be a fraction in (0, 1)"),
+        ("trace=steplevel trace.collective_s=-1", "trace.collective_s must be a finite number > 0"),
+        ("trace=kineto trace.world_size=abc", "trace.world_size must be an integer >= 1 or null"),
+        ("trace=kineto trace.ranks=abc", "trace.ranks must be a list of ranks"),
+        ("trace=kineto trace.strict=maybe", "trace.strict must be true or false, got 'maybe'"),
+        ("trace=kineto trace.strict=no", "trace.strict must be true or false, got 'no'"),
+        ("trace=kineto trace.drop_unmatched=2", "trace.drop_unmatched must be true or false"),
+        ("trace=kineto trace.align=bogus", "trace.align must be one of auto, end, none, got 'bogus'"),
+        ("trace=flight_recorder trace.collective_s=fast", "trace.collective_s must be a finite number > 0"),
+        ("trace=flight_recorder trace.ranks=[0,-1]", "trace.ranks must be a list of ranks"),
+    ],
+)
+def test_a_trace_key_of_the_wrong_type_is_one_line(tmp_path: Path, override: str, expected: str) -> None:
+    """Values that once ended in tracebacks (or, for booleans, were read as Python truthiness: "no"
+    switched strict mode on) are one line naming the key, with an example, and exit 2."""
+    out = tmp_path / "run"
+    proc = _run(*override.split(), f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert expected in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not out.exists()

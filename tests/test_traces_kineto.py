@@ -674,3 +674,16 @@ def test_a_folder_of_other_traces_replayed_as_kineto_names_them() -> None:
         TraceError, match=r"the folder also holds trace-AR.parquet, trace-ST.parquet: to replay one"
     ):
         load_trace(cfg)
+
+
+def test_a_single_truncated_file_is_named_as_truncated(tmp_path: Path) -> None:
+    """With one file there is no other rank to compare with: its own cut JSON is the evidence, and
+    the message says so and how to fix it (it used to say only that no step held a collective)."""
+    text = gzip.open(DATA_DIR / "hta" / "trace_filter" / "sampled_rank-0.json.gz").read()
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(text[: len(text) // 2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(TraceError) as err:
+            load_kineto([str(cut)])
+    assert "looks truncated" in str(err.value) and "Re-export the trace" in str(err.value)

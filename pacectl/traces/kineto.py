@@ -1081,8 +1081,18 @@ def _truncated_suspects(recs: list[_RankFile], failure: str) -> list[Problem]:
     A file looks truncated when its JSON ended early, or when it holds fewer steps, or a step range
     less than half as long, as the other files (median).
     """
-    if len(recs) < 2:
-        return []
+    if len(recs) < 2:  # one file: nothing to compare with, only its own JSON can say it was cut
+        return [
+            Problem(
+                str(r.path),
+                "file",
+                "file",
+                f"{failure}, and this file looks truncated: {r.truncated_how}. Re-export the trace (the "
+                "profiler's export or the copy was cut short)",
+            )
+            for r in recs
+            if r.truncated
+        ]
     out: list[Problem] = []
     for r in recs:
         rest = [o for o in recs if o is not r]
@@ -1306,8 +1316,10 @@ def _uniform_steps(
             dropped[int(s2)] = f"{k} collectives instead of the usual {mode}"
     good = [s2 for s2 in good if int(s2) not in dropped]
     if mode == 0:
-        raise TraceError(
-            f"steps must contain at least one collective, got none in the common steps (in {src})"
+        _fail_across_ranks(
+            recs,
+            f"steps must contain at least one collective, got none in the common steps (in {src})",
+            "steps must contain at least one collective, got none in the common steps",
         )
     if dropped:
         notes.append(dropped_steps_note(dropped, len(all_steps)))
