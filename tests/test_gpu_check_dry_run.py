@@ -105,6 +105,7 @@ def test_without_cuda_it_skips_with_exit_77(tmp_path) -> None:
     assert not any(tmp_path.iterdir())  # no record of a check that did not run
 
 
+@pytest.mark.slow  # every step of the GPU check, dry-run: minutes on 2 loaded cores
 def test_the_scripts_harness_runs_on_cpu(tmp_path) -> None:
     """``--cpu``: main() itself (step names, the judged checks, the record) on a 1-rank
     gloo group, so a harness bug does not cost a GPU session. Figures are not judged here (timing on
