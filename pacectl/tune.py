@@ -12,7 +12,7 @@ Outputs in the Hydra run directory:
   "duplicate_trials"}`` (a parameter set drawn again appears once, under its first trial);
 - ``pareto.png``: every trial, the front, no pacing, the paper's threshold controller at its
   default parameters, and the chosen trial;
-- ``controller.yaml``: the chosen trial (rule: :data:`pacectl.tuning.study.CHOICE_RULE`) as a
+- ``controller.yaml``: the chosen trial (rule: :data:`pacectl.tuning.verdict.CHOICE_RULE`) as a
   controller config: ``python -m pacectl.run controller_file=DIR/controller.yaml``;
 - ``tune.json``: baseline, reference, choice, study, storage and the optuna-dashboard command;
 - ``optuna.journal``: the study (default storage), resumable after a crash or Ctrl-C;
@@ -23,7 +23,7 @@ its fixed parameters, ``units`` included; the search space as sampled; the episo
 traces or sim scenario, comm model, guard, seed); they are recorded in the study
 (:func:`trial_settings`) and a command that differs is refused, naming each difference.
 
-When no trial improves on no pacing by more than noise (:class:`pacectl.tuning.study.ImprovementRule`:
+When no trial improves on no pacing by more than noise (:class:`pacectl.tuning.verdict.ImprovementRule`:
 ``tune.min_cv_gain_frac``, ``tune.min_throughput_gain_frac``), the console, ``tune.json``
 (``improves_on_no_pacing: false``, ``recommendation``) and the header of ``controller.yaml`` say so
 and recommend the paper's threshold controller at its defaults if it meets the rule, else no pacing;
@@ -90,23 +90,17 @@ from pacectl.tuning.scenarios import Evaluation, ScenarioSet, build_scenarios
 from pacectl.tuning.space import SearchSpace, default_space, load_space, tunable_families
 from pacectl.tuning.storage import disk_full_cause, full_disk_error
 from pacectl.tuning.study import (
-    CHOICE_RULE,
     DIRECTIONS,
     FINISHED,
     SAMPLERS,
     SETTINGS_ATTR,
-    ImprovementRule,
     Objective,
     Progress,
     StorageSpec,
-    TrialPoint,
-    beats_no_pacing,
     check_interrupt,
-    choose,
     deferred_interrupts,
     fail_stale_trials,
     interruptible,
-    pareto_front,
     plot_pareto,
     run_workers,
     settings_diff,
@@ -114,6 +108,15 @@ from pacectl.tuning.study import (
     storage_spec,
     trial_points,
     worker_seed,
+)
+from pacectl.tuning.verdict import (
+    CHOICE_RULE,
+    ImprovementRule,
+    TrialPoint,
+    Verdict,
+    dominates,
+    judge,
+    pareto_front,
 )
 
 #: console lines; Hydra's job logging (conf/hydra/job_logging/pacectl.yaml) also files them
@@ -799,89 +802,6 @@ def _run_trials(echo: Callable[[str], None], run: _Study) -> tuple[optuna.Study,
             "they end to include them"
         )
     return study, baseline, reference
-
-
-def dominates(a: TrialPoint, b: TrialPoint) -> bool:
-    """Whether ``a`` is at least as good as ``b`` on both objectives (throughput up, CV down) and differs."""
-    return (
-        a.throughput_it_per_s >= b.throughput_it_per_s
-        and a.cv <= b.cv
-        and (a.throughput_it_per_s, a.cv) != (b.throughput_it_per_s, b.cv)
-    )
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """How a study's choice compares with no pacing and with the paper's threshold at its defaults.
-
-    Attributes:
-        chosen: the chosen trial (:func:`~pacectl.tuning.study.choose`).
-        reference: the paper's threshold at its defaults, as a trial point (number -1).
-        improving: trials that improve on no pacing (none with fixed durations).
-        lengthening_only: with fixed durations (max-plus), trials that meet the CV rule, which there
-            can only come from lengthening the fast iterations: reported, never an improvement.
-        improves: the chosen trial improves on no pacing.
-        reference_improves: the reference improves on no pacing.
-        reference_lengthening: fixed durations, and the reference meets the CV rule (so by lengthening).
-    """
-
-    chosen: TrialPoint
-    reference: TrialPoint
-    improving: list[int]
-    lengthening_only: list[int]
-    improves: bool
-    reference_improves: bool
-    reference_lengthening: bool
-
-    @property
-    def reference_beats_choice(self) -> bool:
-        """The choice improves, but the reference beats it on both objectives (few trials): the
-        reference is the better controller to run (it meets the rule too, beating a choice that does)."""
-        return self.improves and self.reference_improves and dominates(self.reference, self.chosen)
-
-    @property
-    def recommend(self) -> str:
-        """``"chosen"``, ``"reference"`` or ``"none"``: what to run."""
-        if self.improves and not self.reference_beats_choice:
-            return "chosen"
-        return "reference" if self.reference_improves else "none"
-
-
-def judge(
-    points: list[TrialPoint],
-    front: list[TrialPoint],
-    baseline: Evaluation,
-    reference: Evaluation,
-    rule: ImprovementRule,
-    timing_dependent: bool,
-) -> Verdict:
-    """Choose among the front and judge the choice and the reference against no pacing (``rule``).
-
-    With fixed durations (``timing_dependent`` False) nothing counts as an improvement: no delay
-    shortens an iteration, so a lower CV comes only from lengthening the fast iterations.
-    """
-    improving = [p.number for p in points if beats_no_pacing(p, baseline, rule)]
-    fixed = not timing_dependent
-    chosen = choose(front, [] if fixed else improving)
-    ref_loss = baseline.loss_frac(reference.throughput_it_per_s)
-    ref_point = TrialPoint(
-        -1,
-        {},
-        reference.throughput_it_per_s,
-        reference.cv,
-        ref_loss,
-        rule.cap is None or ref_loss <= rule.cap,
-    )
-    ref_meets_rule = beats_no_pacing(ref_point, baseline, rule)
-    return Verdict(
-        chosen=chosen,
-        reference=ref_point,
-        improving=[] if fixed else improving,
-        lengthening_only=improving if fixed else [],
-        improves=not fixed and beats_no_pacing(chosen, baseline, rule),
-        reference_improves=not fixed and ref_meets_rule,
-        reference_lengthening=fixed and ref_meets_rule,
-    )
 
 
 def _warning(

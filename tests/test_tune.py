@@ -17,21 +17,23 @@ import optuna
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pacectl.config import CONF_DIR
 from pacectl.errors import ConfigError
 from pacectl.testing.commands import run_command
 from pacectl.tuning.scenarios import Evaluation
 from pacectl.tuning.space import load_space, parse_space
-from pacectl.tuning.study import (
+from pacectl.tuning.study import StorageSpec, settings_diff
+from pacectl.tuning.verdict import (
     ImprovementRule,
-    StorageSpec,
     TrialPoint,
     beats_no_pacing,
     choose,
+    dominates,
     pareto_front,
     pareto_mask,
-    settings_diff,
 )
 
 FAST = ["cluster=st", "tune.population_size=4"]
@@ -353,6 +355,19 @@ def test_pareto_and_choice_rule() -> None:
     assert choose(pareto_front(infeasible)).number == 1  # none meets the cap: highest throughput
     # a trial that improves on no pacing is preferred to a lower CV that does not (noise-sized)
     assert choose(front, improving=[0]).number == 0
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0.9, 1.0, 1.1]), st.sampled_from([0.1, 0.2, 0.3])), min_size=1, max_size=8
+    )
+)
+def test_the_front_is_the_points_nothing_dominates(objectives: list[tuple[float, float]]) -> None:
+    """pareto_mask and dominates are one relation (tuning/verdict.py writes it once)."""
+    points = [TrialPoint(i, {}, thr, cv, 0.0, True) for i, (thr, cv) in enumerate(objectives)]
+    mask = pareto_mask([p.throughput_it_per_s for p in points], [p.cv for p in points])
+    assert mask == [not any(dominates(q, p) for q in points) for p in points]
 
 
 def test_pareto_front_lists_a_repeated_point_once() -> None:
