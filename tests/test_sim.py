@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pacectl.backends.replay import ReplayBackend
 from pacectl.backends.sim import SimBackend
-from pacectl.controllers import SafetyGuard, make_controller
+from pacectl.controllers import SafetyGuard, all_families, make_controller
 from pacectl.fabric.contention import ContentionComm, CrossTraffic, EarlyArrivalInterference, FixedComm
 from pacectl.fabric.noise import ComputeModel, LognormalJitter, ParetoHiccups, PeriodicNoise, SlowRanks
 from pacectl.fabric.topology import FatTree
@@ -163,7 +163,7 @@ def test_sim_cli_contract(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["comm_model"] == "contention" and summary["backend"] == "sim"
-    assert set(summary["runs"]) == {"none", "threshold", "pid", "ewma", "quantile", "forecast"}
+    assert set(summary["runs"]) == {"none", *all_families()}  # controller=all: the registry's
     for run in summary["runs"].values():
         assert {"throughput_it_per_s", "iteration_time_mean_s", "cv", "spread_median_s"} <= set(run)
     proc = _cli("backend=sim", "comm=null", "backend.num_iterations=20", out=tmp_path / "null")

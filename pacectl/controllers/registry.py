@@ -145,7 +145,8 @@ def register(
             )
         cls.name = family_name  # type: ignore[attr-defined]
         old = FAMILIES.get(family_name)
-        if old is not None and old.cls is not cls and old.cls.__qualname__ != cls.__qualname__:
+        where = (cls.__module__, cls.__qualname__)  # the same class imported again (a reload) may re-register
+        if old is not None and old.cls is not cls and (old.cls.__module__, old.cls.__qualname__) != where:
             raise ConfigError(
                 f"controller family {family_name!r} is already registered by {old.cls.__module__}."
                 f"{old.cls.__qualname__}; pick another name"
