@@ -561,7 +561,7 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
                     " (a sweep of ByteDance traces is not expanded: each needs its own trace.meta; "
                     "run them one by one)"
                 )
-        return f"{group}={option}: no such option in conf/{group}/ (available: {', '.join(available)}).{fix}"
+        return f"{group}={option}: no such option of {group} (available: {', '.join(available)}).{fix}"
     bad_key = re.search(r"Could not override '([^']+)'", text)
     if bad_key:
         key = bad_key.group(1)

@@ -310,7 +310,7 @@ def test_trace_file_shorthand_composes_with_hydra(tmp_path: Path) -> None:
 
 def test_a_trace_file_of_unknown_kind_says_which_files_the_shorthand_takes(capsys) -> None:
     err = _check(capsys, ["trace=notes.txt"])
-    assert "trace=notes.txt: no such option in conf/trace/" in err
+    assert "trace=notes.txt: no such option of trace" in err
     assert ".parquet (canonical)" in err and ".json.gz (kineto)" in err
     assert "trace=bytedance trace.path=<file> trace.meta=<meta.yaml>" in err
 

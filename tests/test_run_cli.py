@@ -212,7 +212,7 @@ def test_a_trace_file_replays_by_its_path(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["controller=pidd"], "controller=pidd: no such option in conf/controller/"),
+        (["controller=pidd"], "controller=pidd: no such option of controller"),
         (["controller=pid", "controller.kpp=1"], "kpp"),
         (["controller=pid", "controller.kp=-1"], "kp must be"),
         (["trace=bytedance"], "trace.path must be set"),
@@ -259,7 +259,7 @@ def test_a_trace_file_replays_by_its_path(tmp_path: Path) -> None:
         # Hydra's composition errors, in one line with a did-you-mean (checked before Hydra runs)
         (["controler=threshold"], "no such config key. Did you mean controller=threshold?"),
         (["backend=sim", "backend.num_rank=8"], "Did you mean backend.num_ranks=8?"),
-        (["controller=thresh"], "no such option in conf/controller/ (available: all, "),
+        (["controller=thresh"], "no such option of controller (available: all, "),
         (["controller.gain=0.3"], "controller=all (the default) runs every family"),
         (["controller=pid", "controller.kp=0.5,0.6"], "add --multirun"),
         (["~guard"], "removing config keys is not supported"),
