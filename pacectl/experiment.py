@@ -139,6 +139,11 @@ from pacectl.traces.model import OpTrace
 from pacectl.types import Episode
 
 
+def _sim_trace(cluster: str, world_size: int) -> dict[str, Any]:
+    """``summary.json``'s ``trace`` block of a simulated run (the synthetic scenario)."""
+    return {"name": f"sim:{cluster}", "path": None, "format": "sim", "world_size": world_size}
+
+
 class Experiment(Protocol):
     """One backend configured for an experiment.
 
@@ -519,12 +524,7 @@ class SimExperiment(_ClosedLoop):
         """``trace`` (the synthetic scenario) and ``sim`` summary fields (``on_step`` unused)."""
         b = self.backend
         return {
-            "trace": {
-                "name": f"sim:{self.cluster_name}",
-                "path": None,
-                "format": "sim",
-                "world_size": b.num_ranks,
-            },
+            "trace": _sim_trace(self.cluster_name, b.num_ranks),
             "sim": {
                 "cluster": self.cluster_name,
                 "num_ranks": b.num_ranks,
@@ -700,12 +700,7 @@ class MultiJobSimExperiment(_ClosedLoop):
 
         b = self.backend
         return {
-            "trace": {
-                "name": f"sim:{self.cluster_name}",
-                "path": None,
-                "format": "sim",
-                "world_size": b.num_ranks,
-            },
+            "trace": _sim_trace(self.cluster_name, b.num_ranks),
             "sim": {
                 "cluster": self.cluster_name,
                 "num_ranks": b.num_ranks,
