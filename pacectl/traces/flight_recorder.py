@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import glob as globmod
 import io
 import math
 import pickle
@@ -70,6 +69,7 @@ from pacectl.traces.collectives import (
     kind_of,
 )
 from pacectl.traces.model import OpTrace, TraceWarning
+from pacectl.traces.paths import expand_paths
 
 #: Flight Recorder format versions this importer reads (``version`` of a dump).
 VERSIONS = ("2.4", "2.5", "2.6", "2.7", "2.8", "2.9", "2.10")
@@ -137,35 +137,16 @@ def resolve_dump_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     Raises:
         TraceError: a path does not exist, a folder holds no dump, or a glob matches nothing.
     """
-    items = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    if not items:
-        raise TraceError("trace.path must name at least one Flight Recorder dump, folder or glob, got none")
-    out: list[Path] = []
-    for item in items:
-        text = str(item)
-        p = Path(text).expanduser()
-        if p.is_dir():
-            found = sorted(f for f in p.iterdir() if f.is_file() and sniff(f))
-            if not found:
-                raise TraceError(
-                    f"a Flight Recorder folder must hold per-rank dump files, got none in {str(p)!r} (a dump "
-                    "is the pickle of torch._C._distributed_c10d._dump_fr_trace() or its JSON form). "
-                    "Point trace.path at the folder the dumps were written to (TORCH_FR_DUMP_TEMP_FILE)."
-                )
-            out.extend(found)
-        elif p.is_file():
-            out.append(p)
-        elif any(c in text for c in "*?["):
-            found = sorted(Path(f) for f in globmod.glob(str(p)) if Path(f).is_file())
-            if not found:
-                raise TraceError(f"trace.path glob must match at least one file, got no match for {text!r}")
-            out.extend(found)
-        else:
-            raise TraceError(f"trace.path must be an existing file, folder or glob, got {text!r}")
-    unique: dict[Path, Path] = {}
-    for f in out:
-        unique.setdefault(f.resolve(), f)
-    return sorted(unique.values())
+
+    def empty_folder(p: Path, files: int) -> str:
+        got = "none" if not files else f"{files} file(s), none of them one"
+        return (
+            f"a Flight Recorder folder must hold per-rank dump files, got {got} in {str(p)!r} (a dump "
+            "is the pickle of torch._C._distributed_c10d._dump_fr_trace() or its JSON form). "
+            "Point trace.path at the folder the dumps were written to (TORCH_FR_DUMP_TEMP_FILE)."
+        )
+
+    return expand_paths(paths, what="Flight Recorder dump", accept=sniff, empty_folder=empty_folder)
 
 
 # ----------------------------------------------------------------------------------------- one dump

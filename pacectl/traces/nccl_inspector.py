@@ -29,7 +29,6 @@ end (median over ranks), else the collectives are laid out back to back and comp
 
 from __future__ import annotations
 
-import glob as globmod
 import json
 import math
 import re
@@ -52,6 +51,7 @@ from pacectl.traces.collectives import (
     kind_of,
 )
 from pacectl.traces.model import OpTrace, TraceWarning
+from pacectl.traces.paths import expand_paths
 
 #: Default cap on one log file's size, bytes (4 GiB: the plugin appends for the job's lifetime).
 DEFAULT_MAX_BYTES = 4 << 30
@@ -79,34 +79,15 @@ def resolve_log_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     Raises:
         TraceError: a path does not exist, a folder holds no log, or a glob matches nothing.
     """
-    items = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    if not items:
-        raise TraceError("trace.path must name at least one NCCL Inspector log, folder or glob, got none")
-    out: list[Path] = []
-    for item in items:
-        text = str(item)
-        p = Path(text).expanduser()
-        if p.is_dir():
-            found = sorted(f for f in p.iterdir() if f.is_file() and sniff(f))
-            if not found:
-                raise TraceError(
-                    f"an NCCL Inspector folder must hold <host>-pid<pid>.log files of JSON lines with header and "
-                    f"coll_perf, got none in {str(p)!r}. Point trace.path at NCCL_INSPECTOR_DUMP_DIR."
-                )
-            out.extend(found)
-        elif p.is_file():
-            out.append(p)
-        elif any(c in text for c in "*?["):
-            found = sorted(Path(f) for f in globmod.glob(str(p)) if Path(f).is_file())
-            if not found:
-                raise TraceError(f"trace.path glob must match at least one file, got no match for {text!r}")
-            out.extend(found)
-        else:
-            raise TraceError(f"trace.path must be an existing file, folder or glob, got {text!r}")
-    unique: dict[Path, Path] = {}
-    for f in out:
-        unique.setdefault(f.resolve(), f)
-    return sorted(unique.values())
+
+    def empty_folder(p: Path, files: int) -> str:
+        got = "none" if not files else f"{files} file(s), none of them one"
+        return (
+            f"an NCCL Inspector folder must hold <host>-pid<pid>.log files of JSON lines with header and "
+            f"coll_perf, got {got} in {str(p)!r}. Point trace.path at NCCL_INSPECTOR_DUMP_DIR."
+        )
+
+    return expand_paths(paths, what="NCCL Inspector log", accept=sniff, empty_folder=empty_folder)
 
 
 @dataclass
