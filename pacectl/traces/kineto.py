@@ -51,7 +51,6 @@ alignment if applied) is reported.
 
 from __future__ import annotations
 
-import glob as globmod
 import math
 import re
 import warnings
@@ -75,6 +74,7 @@ from pacectl.traces.model import (
     plain,
     validate_ops,
 )
+from pacectl.traces.paths import expand_paths
 
 ALIGN_MODES = ("auto", "end", "none")
 GRAD_KINDS = ("all_reduce", "reduce_scatter")
@@ -264,39 +264,21 @@ def resolve_paths(
     Raises:
         TraceError: a path does not exist, a directory holds no trace file, or a glob matches nothing.
     """
-    items = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    if not items:
-        raise TraceError("trace path must name at least one file, directory or glob, got none")
-    out: list[Path] = []
-    for item in items:
-        text = str(item)
-        p = Path(text).expanduser()
-        if p.is_dir():
-            found = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(suffixes))
-            if not found:
-                raise TraceError(
-                    f"a trace directory must hold files ending in {list(suffixes)}, got "
-                    f"{'an empty directory' if not any(p.iterdir()) else 'none of them'} ({str(p)!r}). "
-                    "Point trace.path at the folder of the rank files."
-                )
-            out.extend(found)
-        elif p.is_file():
-            out.append(p)
-        elif any(c in text for c in "*?["):
-            found = sorted(Path(f) for f in globmod.glob(str(p)) if Path(f).is_file())
-            if not found:
-                raise TraceError(f"trace glob must match at least one file, got no match for {text!r}")
-            out.extend(found)
-        else:
-            raise TraceError(f"trace path must be an existing file, directory or glob, got {text!r}")
-    seen: set[Path] = set()
-    unique = []
-    for f in out:
-        key = f.resolve()
-        if key not in seen:
-            seen.add(key)
-            unique.append(f)
-    return unique
+
+    def empty_folder(p: Path, files: int) -> str:
+        return (
+            f"a trace directory must hold files ending in {list(suffixes)}, got "
+            f"{'an empty directory' if not files else 'none of them'} ({str(p)!r}). "
+            "Point trace.path at the folder of the rank files."
+        )
+
+    return expand_paths(
+        paths,
+        what="trace file",
+        accept=lambda f: f.name.endswith(suffixes),
+        empty_folder=empty_folder,
+        sort=False,
+    )
 
 
 # -------------------------------------------------------------------------------------------- per file

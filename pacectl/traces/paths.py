@@ -1,7 +1,7 @@
 """``trace.path`` to the list of files an importer reads: files, folders and globs.
 
-Shared by the importers whose input is a set of per-rank files (Flight Recorder dumps, NCCL
-Inspector logs).
+Shared by the importers whose input is a set of per-rank files (Kineto traces, Flight Recorder
+dumps, NCCL Inspector logs).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ def expand_paths(
     what: str,
     accept: Callable[[Path], object],
     empty_folder: Callable[[Path, int], str],
+    sort: bool = True,
 ) -> list[Path]:
     """Expand folders (the files in them that ``accept`` takes), globs and files into a sorted,
     de-duplicated list.
@@ -29,6 +30,7 @@ def expand_paths(
         accept: whether a file of a folder is one of these inputs (a cheap sniff).
         empty_folder: the message for a folder none of whose files is accepted, given the folder and
             how many files it holds.
+        sort: sort the whole list; False keeps the order given (each folder and glob sorted).
 
     Raises:
         TraceError: nothing given, a path that does not exist, a folder with no accepted file, or a
@@ -59,4 +61,4 @@ def expand_paths(
     unique: dict[Path, Path] = {}
     for f in out:
         unique.setdefault(f.resolve(), f)
-    return sorted(unique.values())
+    return sorted(unique.values()) if sort else list(unique.values())
