@@ -619,6 +619,32 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
     return line if "https://" in line else f"{line} (see {grammar})"
 
 
+def group_value_error(config_dir: Path, overrides: list[str]) -> str | None:
+    """One line for a config group given something that is no option name, or None.
+
+    A number, bool or null (``+backend=0.5``, ``trace=-1``) makes Hydra raise a bare ``ValueError``
+    that names neither group nor value; a dict reads as "Could not override"; an empty list
+    (``backend=[]``) composes, selecting no option, and the run fails later.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    for text in overrides:
+        try:
+            parsed = OverridesParser.create().parse_override(text)
+            value = parsed.value()
+        except HydraException:
+            continue  # worded with the composition's error
+        if isinstance(value, str) or (isinstance(value, list) and value):
+            continue
+        group = parsed.key_or_group
+        options = group_nodes(config_dir, group)
+        if options:
+            given = text.partition("=")[2]
+            return f"{group}={given}: no such option of {group} (available: {', '.join(options)})."
+    return None
+
+
 def group_nodes(config_dir: Path, group: str) -> dict[str, Any]:
     """The options of the config group ``group`` and their nodes: the ``conf/<group>/*.yaml`` files
     and what is stored in Hydra's ConfigStore (the registered controller families), by name."""
@@ -748,6 +774,9 @@ def check_command_line(
     inspect_only = bool(flags - {"-m", "--multirun"})
     for job in jobs or []:
         where = f"sweep job ({' '.join(job)}): " if multirun else ""
+        line = group_value_error(config_dir, job)  # before Hydra, whose ValueError names no group
+        if line:
+            fail(where + line)
         try:
             cfg = _compose(config_dir, config_name, job)
         except HydraException as err:

@@ -38,3 +38,89 @@ def test_random_overrides_are_refused_in_one_line(fuzz) -> None:
     for i in range(25):
         out = fuzz.run_override_case(keys, i, 0)
         assert out["outcome"] != "crash", out
+
+
+# The crash classes the campaign found (experiments/fuzz/README.md), each as a user meets it: a command
+# line that ends in one line naming the file and field, exit 2, no traceback.
+
+
+def _one_clean_line(proc, *needles: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr
+
+
+def _validate(*args: str):
+    from pacectl.testing.commands import run_command
+    from pacectl.traces.__main__ import main
+
+    return run_command(main, ["validate", *args], cwd=Path.cwd())
+
+
+@pytest.mark.parametrize("damage", [b"{'index_columns'", b'{"ind\xeex_columns"'])
+def test_damaged_pandas_schema_metadata_is_one_line(tmp_path: Path, damage: bytes) -> None:
+    """A byte flipped in the Parquet schema's pandas metadata (JSON, inside the base64 Arrow schema
+    that pyarrow reads first) raised JSONDecodeError / UnicodeDecodeError (campaign cases
+    bytedance_parquet 88, 234; canonical_parquet 120, 212)."""
+    import base64
+
+    import pyarrow.parquet as pq
+
+    from pacectl.data import DATA_DIR
+    from pacectl.traces.canonical import write_canonical
+    from pacectl.traces.steplevel import load_steplevel
+
+    good = tmp_path / "job.parquet"
+    write_canonical(load_steplevel(DATA_DIR / "alibaba-pai" / "job_1_norm.csv"), good)
+    blob = pq.ParquetFile(good).metadata.metadata[b"ARROW:schema"]
+    schema = base64.b64decode(blob)
+    assert schema.count(b'{"index_columns"') == 1
+    bad_blob = base64.b64encode(schema.replace(b'{"index_columns"', damage))
+    assert len(bad_blob) == len(blob)  # the footer's lengths stay right: only the JSON is damaged
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(good.read_bytes().replace(blob, bad_blob))
+    proc = _validate(str(bad))
+    _one_clean_line(proc, "schema metadata 'pandas'", str(bad))
+
+
+def test_flight_recorder_pickle_with_a_huge_length_field_is_one_line(tmp_path: Path) -> None:
+    """A BYTEARRAY8 opcode claiming 2**63 bytes raised the unpickler's OverflowError (campaign case
+    flight_recorder_pickle 251)."""
+    import struct
+
+    from pacectl.data import DATA_DIR
+
+    src = sorted((DATA_DIR / "flight-recorder" / "ddp2").glob("fr_trace_rank_*"))
+    raw = src[0].read_bytes()
+    bad = tmp_path / "fr_trace_rank_0"
+    bad.write_bytes(raw[:2] + b"\x96" + struct.pack("<Q", 1 << 63) + raw[2:])  # after PROTO
+    (tmp_path / "fr_trace_rank_1").write_bytes(src[1].read_bytes())
+    proc = _validate("--format", "flight_recorder", str(bad), str(tmp_path / "fr_trace_rank_1"))
+    _one_clean_line(proc, "OverflowError", str(bad))
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["+backend=0.5"], "backend=0.5: no such option of backend"),
+        (["+backend=true"], "backend=true: no such option of backend"),
+        (["trace=-1"], "trace=-1: no such option of trace"),
+        (["cluster=0", "seed=1"], "cluster=0: no such option of cluster"),
+        (["controller={a: 1}"], "controller={a: 1}: no such option of controller"),
+        (["backend=null"], "backend=null: no such option of backend"),
+        (["backend=[]"], "backend=[]: no such option of backend"),  # composed, then crashed in the run
+    ],
+)
+def test_config_group_given_a_number_is_one_line(tmp_path: Path, argv: list[str], needle: str) -> None:
+    """A config group given a number, bool or null raised Hydra's bare ValueError("Config group
+    override must be a string or a list") out of the command-line check (campaign overrides cases
+    90, 93, 187, 235, 256, 284); a dict suggested itself ("did you mean controller={a: 1}?"); an
+    empty list selected no option and the run crashed on the missing section."""
+    from pacectl.run import main
+    from pacectl.testing.commands import run_command
+
+    proc = run_command(main, argv, cwd=tmp_path)
+    _one_clean_line(proc, needle, "available:")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "outputs").exists()

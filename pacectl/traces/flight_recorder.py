@@ -444,6 +444,7 @@ def _read_pickle(p: Path, rank: int) -> RankDump:
         KeyError,
         AttributeError,
         MemoryError,
+        OverflowError,  # a damaged length field (BYTEARRAY8 claiming 2**63 bytes)
     ) as err:
         truncated = "truncated" in str(err) or "ran out" in str(err).lower()
         why = "it ends early (truncated)" if truncated else f"it is corrupt ({type(err).__name__}: {err})"

@@ -580,7 +580,8 @@ def read_parquet_table(
         max_bytes: cap on the file's size (``trace.max_mb``).
 
     Raises:
-        TraceError: the file is empty, truncated (no Parquet footer), not Parquet, or past a cap.
+        TraceError: the file is empty, truncated (no Parquet footer), not Parquet, past a cap, or its
+            pandas schema metadata is damaged.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -599,7 +600,7 @@ def read_parquet_table(
                 "about 0.5 kB of memory per op. Raise the cap (trace.max_ops) if the machine has the memory, "
                 "or cut the trace to the steps you need"
             )
-        return pq.read_table(path)
+        table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as err:
         with open(path, "rb") as fh:
             head = fh.read(4)
@@ -611,6 +612,14 @@ def read_parquet_table(
         else:
             why, fix = f"it is not Parquet ({str(err).rstrip('.')})", other_formats
         raise TraceError(f"trace.path must be a Parquet file, could not read {path}: {why}. {fix}.") from err
+    try:  # pyarrow decodes the schema's pandas metadata (JSON) only when the table becomes a frame
+        _ = table.schema.pandas_metadata
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError: damaged bytes
+        raise TraceError(
+            f"the Parquet schema metadata 'pandas' must be UTF-8 JSON, got damaged bytes ({type(err).__name__}: "
+            f"{str(err)[:80]}) (in {path}). The file is corrupt: copy or write it again."
+        ) from err
+    return table
 
 
 def table_to_pandas(table: Any) -> pd.DataFrame:
