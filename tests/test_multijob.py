@@ -156,6 +156,26 @@ def test_two_identical_jobs_with_phase_interleave_from_any_offset(offset: float)
     assert min(quiet) >= 0.7 and np.mean(quiet) >= 0.85, quiet
 
 
+@pytest.mark.parametrize("offset", [0.0, 0.02, 0.05])
+def test_a_profiled_quiet_time_breaks_a_collision_the_window_minimum_never_sees(offset: float) -> None:
+    """Two identical jitter-free jobs that start overlapping stay overlapping at a fixed offset: every
+    collective is slowed alike, the window minimum takes the collided time for the quiet one and
+    phase never shifts. Given the quiet time measured alone (the job's solo time), it does, and the
+    jobs interleave."""
+    sim = _two(offset, n=200)
+    q = sim.fabrics[0].quiet_s
+    window = run_episode(sim, lambda: SafetyGuard(PhaseController()), seed=0)
+    assert window.applied_delay_s.max() == 0.0
+    assert (window.collective_time_s[-50:] > 1.3 * q).all()
+    assert window.diagnostics["quiet_s"][-1] == pytest.approx(window.collective_time_s[-1], rel=1e-9)
+    solo = MultiJobSimBackend(sim.jobs[:1], TOPO, 8, num_iterations=5)
+    probed = float(np.median(run_episode(solo, lambda: SafetyGuard(NoPacing())).collective_time_s))
+    assert probed == pytest.approx(q, rel=1e-12)  # a solo probe measures the quiet time
+    profiled = run_episode(sim, lambda: SafetyGuard(PhaseController(quiet_s=probed)), seed=0)
+    assert profiled.applied_delay_s.max() > 0.0
+    np.testing.assert_allclose(profiled.collective_time_s[-50:], q, rtol=1e-9)
+
+
 def test_phase_gains_on_shared_uplink_and_reports_both_jobs() -> None:
     sim = _two(0.0, sigma=0.01, n=300)
     none = run_episode(sim, lambda: SafetyGuard(NoPacing()), seed=0)
@@ -172,10 +192,79 @@ def test_phase_gains_on_shared_uplink_and_reports_both_jobs() -> None:
     assert np.isfinite(ci) and ci > 0
 
 
+# --- more than two jobs -------------------------------------------------------------------------------
+
+# 6 nodes of 2 ranks, 3 nodes per leaf, 3:1 uplinks (one NIC's worth): jobs a, b, c each on one node
+# of leaf 0 and one of leaf 1, so all three rings cross leaf_up:0 and leaf_up:1
+TOPO3 = FatTree(ranks_per_node=2, nodes_per_leaf=3, oversubscription=3.0)
+
+
+def _three(
+    offsets: tuple[float, float, float], *, sigma: float = 0.0, n: int = 100, comm: str = "contention"
+) -> MultiJobSimBackend:
+    noise = (LognormalJitter(sigma),) if sigma else ()
+    jobs = [
+        JobSpec(name, (2 * i, 2 * i + 1, 6 + 2 * i, 7 + 2 * i), ComputeModel(0.5, noise), 4e9, start_s=o)
+        for i, (name, o) in enumerate(zip("abc", offsets, strict=True))
+    ]
+    return MultiJobSimBackend(jobs, TOPO3, 12, num_iterations=n, comm=comm)
+
+
+def test_three_rings_on_one_uplink_each_get_a_third() -> None:
+    sim = _three((0.0, 0.0, 0.0), n=2)
+    assert [(i, j) for i, j, _ in sim.shared] == [(0, 1), (0, 2), (1, 2)]
+    fab = sim.fabrics[0]
+    sim.reset(seed=0)
+    obs = sim.step([Action.zeros(4)] * 3)
+    assert sorted(o.domain for o in obs) == [0, 1, 2]
+    for o in obs:
+        assert o.collective_time_s == pytest.approx(fab.fixed_s + 3 * (fab.quiet_s - fab.fixed_s), rel=1e-9)
+
+
+@pytest.mark.parametrize("offsets", [(0.0, 0.0, 0.0), (0.0, 0.1, 0.2)])
+def test_three_jobs_with_phase_interleave_and_every_run_gains(offsets: tuple[float, float, float]) -> None:
+    """Three identical jobs (ring ~15 % of the period each, ~45 % together) under 1 % jitter: phase
+    on every job brings most collectives of the last 100 of 400 iterations back to a quiet fabric,
+    and the sum over jobs gains in every seed."""
+    from pacectl import metrics
+
+    sim = _three(offsets, sigma=0.01, n=400)
+    q = sim.fabrics[0].quiet_s
+    quiet = []
+    for seed in (0, 1, 2):
+        none = run_episode(sim, lambda: SafetyGuard(NoPacing()), seed=seed)
+        phase = run_episode(sim, lambda: SafetyGuard(PhaseController()), seed=seed)
+        quiet.append(float((phase.collective_time_s[-100:] / q - 1 < 0.05).mean()))
+        s = metrics.summarize(phase)
+        assert set(s["jobs"]) == {"a", "b", "c"}
+        assert s["throughput_it_per_s"] > metrics.summarize(none)["throughput_it_per_s"]
+    assert np.mean(quiet) >= 0.8, quiet
+
+
+def test_the_three_job_profile_runs_and_reports_every_job() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from pacectl import metrics
+    from pacectl.config import CONF_DIR
+    from pacectl.experiment import make_experiment
+
+    overrides = ["backend=sim", "cluster=shared_uplink3", "comm=contention", "backend.num_iterations=40"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        experiment = make_experiment(compose(config_name="config", overrides=overrides))
+    b = experiment.backend
+    assert [j.name for j in b.jobs] == ["a", "b", "c"] and len(b.shared) == 3
+    assert all("leaf_up:0" in links for _, _, links in b.shared)
+    s = metrics.summarize(experiment.run("phase", {}))
+    assert set(s["jobs"]) == {"a", "b", "c"}
+    assert s["throughput_it_per_s"] == pytest.approx(
+        sum(j["throughput_it_per_s"] for j in s["jobs"].values())
+    )
+
+
 # --- the null model ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("jobs", [1, 2, 3])
 @pytest.mark.parametrize(
     "family", ["threshold", "pid", "ewma", "quantile", "forecast", "sleep_wait", "phase"]
 )
@@ -183,6 +272,8 @@ def test_null_never_gains_with_one_job_or_several(jobs: int, family: str) -> Non
     sim = _two(0.0, sigma=0.03, slow=True, n=60, comm="null", b_compute=0.6)
     if jobs == 1:
         sim = MultiJobSimBackend(sim.jobs[:1], TOPO, 8, num_iterations=60, comm="null")
+    if jobs == 3:
+        sim = _three((0.0, 0.0, 0.0), sigma=0.03, n=60, comm="null")
     base = run_episode(sim, lambda: SafetyGuard(NoPacing()), seed=1)
     paced = run_episode(sim, _guarded(family), seed=1)
     assert base.domain_iteration_time_s is not None and paced.domain_iteration_time_s is not None
@@ -389,9 +480,12 @@ def test_multi_job_study_runs_and_its_null_rows_are_zero(tmp_path: Path) -> None
     assert {p.name for p in out.iterdir()} == {"multi_job.json", "multi_job.csv", "multi_job.md"}
     record = json.loads((out / "multi_job.json").read_text())
     assert record["command"].startswith("python experiments/multi_job/run_study.py")
-    null = record["scenarios"]["comm=null"]["runs"]
-    assert all(r["throughput_change_frac"] <= 1e-12 for r in null.values())
-    assert null["phase"]["throughput_change_frac"] == 0.0
+    for scenario in ("comm=null", "comm=null (periods 1:1.37)", "comm=null (three jobs)"):
+        null = record["scenarios"][scenario]["runs"]
+        assert all(r["throughput_change_frac"] <= 1e-12 for r in null.values()), scenario
+        assert null["phase"]["throughput_change_frac"] == 0.0
+        assert null["phase_probe"]["throughput_change_frac"] == 0.0
+    assert set(record["scenarios"]["three jobs"]["runs"]["phase"]["jobs"]) == {"a", "b", "c"}
     shared = record["scenarios"]["shared_uplink"]
     assert shared["ceiling_it_per_s"] > shared["runs"]["none"]["throughput_it_per_s"]
     assert all(j["start_shift_s"] == 0.0 for j in shared["runs"]["sleep_wait"]["jobs"].values())

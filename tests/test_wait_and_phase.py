@@ -15,7 +15,7 @@ from pacectl.controllers import (
     SleepWait,
     make_controller,
 )
-from pacectl.errors import ControllerError
+from pacectl.errors import ConfigError, ControllerError
 from pacectl.fabric.contention import EarlyArrivalInterference, FixedComm
 from pacectl.fabric.noise import ComputeModel, LognormalJitter, SlowRanks
 from pacectl.loop import ExchangeSchedule, run_episode
@@ -151,6 +151,21 @@ def test_phase_shifts_by_the_excess_then_holds_zero() -> None:
     for k in range(2, 10):  # interleaved: quiet again, no more delay (a delay every iteration
         assert c.act(_obs(k, 0.10)).delay_s.max() == 0.0  # would only lengthen the period)
     assert c.diagnostics()["active"] == 0.0
+
+
+def test_phase_with_a_profiled_quiet_time_judges_against_it() -> None:
+    """Given ``quiet_s`` (measured alone), a collective slowed from the first observation on counts as
+    slowed; the window minimum would take that first slowed figure as the quiet time."""
+    window = PhaseController(shift_prob=1.0)
+    window.reset(4, np.random.default_rng(1))
+    assert [window.act(_obs(k, 0.16)).delay_s.max() for k in range(5)] == [0.0] * 5
+    assert window.diagnostics()["quiet_s"] == pytest.approx(0.16)
+    profiled = PhaseController(shift_prob=1.0, quiet_s=0.10)
+    profiled.reset(4, np.random.default_rng(1))
+    np.testing.assert_allclose(profiled.act(_obs(0, 0.16)).delay_s, 0.06)
+    assert profiled.diagnostics()["quiet_s"] == 0.10
+    with pytest.raises(ConfigError, match=r"quiet_s must be"):
+        PhaseController(quiet_s=0.0)
 
 
 def test_phase_waits_out_its_own_lag_before_judging_again() -> None:

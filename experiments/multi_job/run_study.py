@@ -1,11 +1,15 @@
-"""Multi-job study: what job-level phase control and per-rank pacing buy when two jobs share a fabric.
+"""Multi-job study: what job-level phase control and per-rank pacing buy when jobs share a fabric.
 
 On ``cluster=shared_uplink`` (two jobs whose rings cross one 2:1 oversubscribed uplink per leaf,
-``conf/cluster/shared_uplink.yaml``), in the simulator (``pacectl/backends/multijob.py``):
+``conf/cluster/shared_uplink.yaml``) and ``cluster=shared_uplink3`` (three such jobs), in the
+simulator (``pacectl/backends/multijob.py``):
 
 - every controller: none, the per-rank ones (threshold, pid, ewma, quantile, forecast), sleep_wait
   and the job-level ``phase``; each job's throughput and the sum over jobs, per seed, with the paired
   95 % batch-means interval of each change against no pacing, combined over seeds;
+- ``phase_probe``: ``phase`` given each job's quiet-fabric time (``controller.quiet_s``) as measured
+  alone, by the solo run of the ceiling (the median of its collective times), instead of the
+  window minimum, which is biased high where collisions persist;
 - the ceiling: each job alone on the fabric (no pacing), summed: what no collision at all would give,
   so that the share of the collision loss each controller recovers can be read;
 - sensitivities: a costlier collision (4:1 oversubscription: the uplink is the ring's bottleneck even
@@ -13,11 +17,15 @@ On ``cluster=shared_uplink`` (two jobs whose rings cross one 2:1 oversubscribed 
   more slowly), the assumed early-arrival interference (``cluster.interference.kappa=0.05``), and an
   open-loop competitor (job b replaced by a square wave of greedy flows on the same uplinks, on for
   b's mean collective alone and off for the rest of b's mean iteration alone, ``cluster.cross_traffic``:
-  b's mean period and duty, without its jitter and without reacting);
+  b's mean period and duty, without its jitter and without reacting); no compute jitter at all
+  (``no jitter``: collisions persist at a fixed overlap); non-commensurate periods (b's compute
+  and message scaled to 1.37 x a's instead of 2 x: b's period is 1.37 x a's, same duty); three jobs
+  (``cluster=shared_uplink3``, periods 1 : 2 : 2);
 - ``comm=null``: the same jobs sharing nothing, where no controller may gain (the null model's zero).
 
 Each seed draws job b's initial offset (``cluster.jobs.1.start_s``) uniformly in [0, b's quiet
-period) from ``default_rng([seed, 99])``, and seeds the compute-time draws and the controllers.
+period) from ``default_rng([seed, 99])`` (then, with three jobs, c's in [0, c's)), and seeds the
+compute-time draws and the controllers.
 A job-level shift is measured in every run as ``start_shift_s``: the sum over iterations of how much
 later the job's last rank arrived than it would have unpaced (``max(arrival) - max(natural)``).
 Per-rank delays within earliness give 0 there; a positive value is the collective moved, by a phase
@@ -29,6 +37,7 @@ Every figure is modelled (simulated time), so the machine's load does not move i
 
     nice -n 10 python experiments/multi_job/run_study.py            # 5 seeds x 500 iterations
     python experiments/multi_job/run_study.py --seeds 3 --iterations 200 --out /tmp/mj
+    python experiments/multi_job/run_study.py --scenarios "three jobs,comm=null (three jobs)"
 """
 
 from __future__ import annotations
@@ -49,16 +58,20 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
 
 from pacectl import metrics  # noqa: E402
-from pacectl.config import CONF_DIR, controller_families  # noqa: E402
+from pacectl.config import CONF_DIR, controller_factory, controller_families  # noqa: E402
 from pacectl.experiment import make_experiment  # noqa: E402
 from pacectl.files import atomic_write_text  # noqa: E402
+from pacectl.loop import run_episode  # noqa: E402
 from pacectl.studies import change_text, combined_half_width, markdown_table, study_arguments  # noqa: E402
 from pacectl.types import Episode  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
 FAMILIES = ["threshold", "pid", "ewma", "quantile", "forecast", "sleep_wait", "phase"]
 PER_RANK = {"threshold", "pid", "ewma", "quantile", "forecast"}
-#: scenario -> (overrides, open-loop square wave in place of job b)
+#: b's compute and message as a multiple of a's: 2 in shared_uplink (commensurate periods)
+NONCOMMENSURATE = 1.37
+#: scenario -> (overrides, open-loop square wave in place of job b); a ``cluster=`` override
+#: replaces ``cluster=shared_uplink``
 SCENARIOS: dict[str, tuple[list[str], bool]] = {
     "shared_uplink": (["comm=contention"], False),
     "oversubscription 4:1": (["comm=contention", "cluster.topology.oversubscription=4.0"], False),
@@ -73,21 +86,61 @@ SCENARIOS: dict[str, tuple[list[str], bool]] = {
     "kappa 0.05": (["comm=contention", "cluster.interference.kappa=0.05"], False),
     "open-loop square wave for b": (["comm=contention"], True),
     "comm=null": (["comm=null"], False),
+    "no jitter": (
+        [
+            "comm=contention",
+            "cluster.jobs.0.compute.noise.0.sigma=0.0",
+            "cluster.jobs.1.compute.noise.0.sigma=0.0",
+        ],
+        False,
+    ),
+    "periods 1:1.37": (
+        [
+            "comm=contention",
+            f"cluster.jobs.1.compute.compute_s={0.3 * NONCOMMENSURATE:.6g}",
+            f"cluster.jobs.1.message_bytes={4.0e9 * NONCOMMENSURATE:.6g}",
+        ],
+        False,
+    ),
+    "comm=null (periods 1:1.37)": (
+        [
+            "comm=null",
+            f"cluster.jobs.1.compute.compute_s={0.3 * NONCOMMENSURATE:.6g}",
+            f"cluster.jobs.1.message_bytes={4.0e9 * NONCOMMENSURATE:.6g}",
+        ],
+        False,
+    ),
+    "three jobs": (["cluster=shared_uplink3", "comm=contention"], False),
+    "three jobs, periods 1:1.37:1.81": (
+        [
+            "cluster=shared_uplink3",
+            "comm=contention",
+            f"cluster.jobs.1.compute.compute_s={0.3 * NONCOMMENSURATE:.6g}",
+            f"cluster.jobs.1.message_bytes={4.0e9 * NONCOMMENSURATE:.6g}",
+            "cluster.jobs.2.compute.compute_s=0.543",
+            "cluster.jobs.2.message_bytes=7.24e9",
+        ],
+        False,
+    ),
+    "comm=null (three jobs)": (["cluster=shared_uplink3", "comm=null"], False),
 }
 
 
-def _cfg(overrides: list[str], *, iterations: int, seed: int, offset: float, families: list[str]) -> Any:
+def _cfg(
+    overrides: list[str], *, iterations: int, seed: int, offsets: list[float], families: list[str]
+) -> Any:
+    cluster = [o for o in overrides if o.startswith("cluster=")] or ["cluster=shared_uplink"]
     return compose(
         "config",
         overrides=[
             "backend=sim",
-            "cluster=shared_uplink",
+            *cluster,
             f"backend.num_iterations={iterations}",
             f"seed={seed}",
-            f"cluster.jobs.1.start_s={offset}",
+            *(f"cluster.jobs.{j + 1}.start_s={offset}" for j, offset in enumerate(offsets)),
             "controller=all",
             f"controller.families=[{','.join(families)}]" if families else "controller.families=[]",
-            *overrides,
+            *(o for o in overrides if not o.startswith("cluster=")),
         ],
     )
 
@@ -134,16 +187,20 @@ def _job_ci(base: Episode, other: Episode, d: int) -> float:
 def run_cell(name: str, overrides: list[str], square: bool, *, iterations: int, seed: int) -> dict[str, Any]:
     """Every controller and the ceiling of one scenario at one seed."""
     rng = np.random.default_rng([seed, 99])
-    probe = make_experiment(_cfg(overrides, iterations=2, seed=seed, offset=0.0, families=[]))
+    probe = make_experiment(_cfg(overrides, iterations=2, seed=seed, offsets=[], families=[]))
     b = probe.backend
-    period_b = b.jobs[1].compute.compute_s + b.fabrics[1].quiet_s
-    offset = float(rng.uniform(0.0, period_b))
-    cfg = _cfg(overrides, iterations=iterations, seed=seed, offset=offset, families=FAMILIES)
+    # each later job's offset uniformly over its quiet period (b first: the two-job draws unchanged)
+    offsets = [
+        float(rng.uniform(0.0, job.compute.compute_s + fab.quiet_s))
+        for job, fab in zip(b.jobs[1:], b.fabrics[1:], strict=True)
+    ]
+    offset = offsets[0]
+    cfg = _cfg(overrides, iterations=iterations, seed=seed, offsets=offsets, families=FAMILIES)
     # the ceiling: each job alone on the fabric, no pacing (with the square wave: a alone, wave off)
     alone: dict[str, float] = {}
     alone_episodes: dict[str, Episode] = {}
     for job in list(cfg.cluster.jobs):
-        solo = _cfg(overrides, iterations=iterations, seed=seed, offset=offset, families=[])
+        solo = _cfg(overrides, iterations=iterations, seed=seed, offsets=offsets, families=[])
         with open_dict(solo):
             solo.cluster.jobs = [job]
             solo.cluster.cross_traffic.links = []
@@ -158,6 +215,18 @@ def run_cell(name: str, overrides: list[str], square: bool, *, iterations: int, 
         alone = {first: alone[first]}
     experiment = make_experiment(cfg)
     episodes = {family: experiment.run(family, params) for family, params in controller_families(cfg).items()}
+    # phase with each job's quiet time measured alone (the solo run above: a solo probe)
+    quiet = {name: float(np.median(ep.collective_time_s)) for name, ep in alone_episodes.items()}
+    phase_params = controller_families(cfg)["phase"]
+    episodes["phase_probe"] = run_episode(
+        experiment.backend,
+        [
+            controller_factory("phase", {**phase_params, "quiet_s": quiet[job.name]}, cfg.guard)
+            for job in experiment.backend.jobs
+        ],
+        seed=int(cfg.seed),
+        exchange=experiment.exchange,
+    )
     base = episodes["none"]
     runs: dict[str, Any] = {}
     for family, ep in episodes.items():
@@ -180,6 +249,10 @@ def run_cell(name: str, overrides: list[str], square: bool, *, iterations: int, 
                     - 1,
                     "throughput_change_ci95_frac": _job_ci(base, ep, d) if family != "none" else 0.0,
                     "start_shift_s": shift[job],
+                    # phase's quiet time in use against the one measured alone, over the run
+                    "quiet_bias_frac": float(np.nanmean(ep.diagnostics["quiet_s"][:, d]) / quiet[job] - 1)
+                    if family.startswith("phase")
+                    else None,
                 }
                 for d, (job, fig) in enumerate(s["jobs"].items())
             },
@@ -188,6 +261,8 @@ def run_cell(name: str, overrides: list[str], square: bool, *, iterations: int, 
         "scenario": name,
         "seed": seed,
         "offset_b_s": offset,
+        "offsets_s": offsets,
+        "quiet_probe_s": {j.name: quiet[j.name] for j in experiment.backend.jobs},
         "comm_model_description": experiment.comm_description,
         "mechanisms": list(experiment.backend.mechanisms),
         "runs": runs,
@@ -234,6 +309,11 @@ def aggregate(cells: list[dict[str, Any]]) -> dict[str, Any]:
                         "start_shift_s": float(
                             np.mean([c["runs"][f]["jobs"][job]["start_shift_s"] for c in mine])
                         ),
+                        "quiet_bias_frac": float(
+                            np.mean([c["runs"][f]["jobs"][job]["quiet_bias_frac"] for c in mine])
+                        )
+                        if f.startswith("phase")
+                        else None,
                     }
                     for job in mine[0]["runs"][f]["jobs"]
                 },
@@ -271,6 +351,7 @@ def csv_rows(cells: list[dict[str, Any]]) -> pd.DataFrame:
                     "iteration_time_p99_s": np.nan,
                     "cv": np.nan,
                     "start_shift_s": np.nan,
+                    "quiet_bias_frac": np.nan,
                     "ceiling_it_per_s": c["ceiling"]["throughput_it_per_s"],
                 }
             )
@@ -289,6 +370,7 @@ def csv_rows(cells: list[dict[str, Any]]) -> pd.DataFrame:
                         "iteration_time_p99_s": j["iteration_time_p99_s"],
                         "cv": j["cv"],
                         "start_shift_s": j["start_shift_s"],
+                        "quiet_bias_frac": j["quiet_bias_frac"],
                         "ceiling_it_per_s": c["ceiling"]["jobs"].get(job, np.nan),
                     }
                 )
@@ -301,7 +383,9 @@ def markdown(agg: dict[str, Any], *, iterations: int, seeds: int, command: str) 
         f"Made by `{command}`. Changes are against no pacing, mean over seeds, +- the combined 95 % "
         "paired batch-means half-width. `recovered` = (run - none) / (ceiling - none), the share of the "
         "collision loss won back (ceiling: each job alone on the fabric). `shift a/b` = the job's last "
-        "arrival moved later than unpaced, summed over the run (s): 0 for per-rank delays within earliness.\n",
+        "arrival moved later than unpaced, summed over the run (s): 0 for per-rank delays within earliness. "
+        "`quiet bias` = phase's quiet-fabric time in use, mean over the run, against the job's collective "
+        "measured alone, per job: `phase` estimates it (window minimum), `phase_probe` is given it.\n",
     ]
     for name, sc in agg.items():
         parts.append(f"\n## {name}\n")
@@ -338,6 +422,11 @@ def markdown(agg: dict[str, Any], *, iterations: int, seeds: int, command: str) 
                 row[f"p99 {job} (s)"] = j["iteration_time_p99_s"]
             row["shift " + "/".join(r["jobs"])] = "/".join(
                 f"{j['start_shift_s']:.3g}" for j in r["jobs"].values()
+            )
+            row["quiet bias"] = (
+                "/".join(f"{100 * j['quiet_bias_frac']:+.1f} %" for j in r["jobs"].values())
+                if f.startswith("phase")
+                else ""
             )
             frame.append(row)
         parts.append(markdown_table(pd.DataFrame(frame)))

@@ -22,26 +22,25 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    df = pd.read_csv(HERE / "results" / "multi_job.csv")
+    df = pd.read_csv(HERE / "results" / "multi_job.csv", keep_default_na=False, na_values=[""])
     df = df[df["controller"] != "none"]
     rows = []
     for (scenario, controller), g in df.groupby(["scenario", "controller"], sort=False):
         s = g[g["job"] == "sum"].sort_values("seed")["throughput_change_frac"].to_numpy() * 100
         n = len(s)
         half = float(stats.t.ppf(0.975, n - 1) * s.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
-        losses = {
-            job: int((g[g["job"] == job]["throughput_change_frac"] < 0).sum()) for job in ("a", "b")
-        }
+        jobs = [job for job in dict.fromkeys(g["job"]) if job != "sum"]
+        losses = [int((g[g["job"] == job]["throughput_change_frac"] < 0).sum()) for job in jobs]
         rows.append(
             f"| {scenario} | {controller} | {s.mean():+.2f} ±{half:.2f} | {s.min():+.2f} to {s.max():+.2f} "
-            f"| {losses['a']} / {losses['b']} of {n} |"
+            f"| {' / '.join(map(str, losses))} of {n} ({'/'.join(jobs)}) |"
         )
     head = (
         "# Across-seed intervals (from results/multi_job.csv; `python experiments/multi_job/seed_intervals.py`)\n\n"
         "Sum over jobs: mean over seeds of the throughput change, ± the Student-t 95 % half-width over the\n"
-        "per-seed values (each seed draws job b's initial offset too), the per-seed range, and the seeds in\n"
-        "which job a / job b lost throughput.\n\n"
-        "| scenario | controller | change (%) | per seed (%) | seeds lost a / b |\n|---|---|---|---|---|\n"
+        "per-seed values (each seed draws the later jobs' initial offsets too), the per-seed range, and the\n"
+        "seeds in which each job lost throughput.\n\n"
+        "| scenario | controller | change (%) | per seed (%) | seeds lost, per job |\n|---|---|---|---|---|\n"
     )
     out = HERE / "results" / "seed_intervals.md"
     tmp = out.with_suffix(".md.tmp")

@@ -27,8 +27,10 @@ Sources, and what is taken from each:
 Update rule, per decision on the observation of iteration ``k`` (all times in seconds):
 
 1. ``c_k = collective_time_s``: the job's paced collective, from its last rank's arrival to its end.
-2. Quiet-fabric estimate ``q_k = min(c_j)`` over the last ``quiet_window_iters`` observations
-   (the collective alone on the fabric is the fastest it runs; no fabric knowledge is used).
+2. Quiet-fabric time ``q_k``: the given ``quiet_s`` (profiled: the job's collective measured alone
+   on the fabric, e.g. by a short solo probe before the run), or else the estimate
+   ``min(c_j)`` over the last ``quiet_window_iters`` observations (the collective alone on the
+   fabric is the fastest it runs; no fabric knowledge is used).
 3. Excess ``e_k = c_k - q_k``: to first order the time this collective overlapped another job's on
    a shared link. Two identical jobs whose collectives of length ``T`` overlap, the later one
    starting ``phi`` after the earlier, share the link max-min fairly: both see ``e = T - phi``, and
@@ -43,6 +45,16 @@ Update rule, per decision on the observation of iteration ``k`` (all times in se
 Once the jobs interleave, no collective is slowed and the delay stays zero: the controller holds
 the phase it found. Compute noise makes jobs' phases drift; a drift back into overlap is corrected
 the same way.
+
+Why a profiled quiet time: the window minimum only finds the quiet time if some collective in
+the window ran alone. Jobs whose collectives overlap in every iteration (no compute jitter to move
+their relative phase, or enough jobs that one always overlaps) never show it one: the estimate is
+then the collided time itself, biased high, ``e_k`` stays near 0 and the job never shifts (a
+collision that persists is the case a shift is for). A ``quiet_s`` measured alone removes that bias
+(``tests/test_multijob.py``: jitter-free jobs started overlapping stay so with the window minimum
+and interleave with a profiled ``quiet_s``; ``experiments/multi_job``, ``phase_probe``). It is only as
+good as its measurement: a value too high hides slowdowns, one too low makes every collective look
+slowed (a shift at every decision, bounded by the guard's cap).
 
 Where it can do nothing: a job alone on its links, with no other traffic, has collectives that
 nothing slows (``comm=null``, or ``comm=contention`` without other jobs or cross traffic): then
@@ -78,7 +90,10 @@ class PhaseController(BaseController):
         shift_prob: probability that a slowed job shifts at a decision, in (0, 1] (0.5: two
             identical jobs then move alone in half of their coincident decisions).
         quiet_window_iters: observations the quiet-fabric estimate (their minimum collective time)
-            covers, >= 1.
+            covers, >= 1 (unused when ``quiet_s`` is given).
+        quiet_s: the job's collective time alone on the fabric, seconds, > 0, measured before the
+            run (a solo probe, or the multi-job simulator's quiet time); None (default): estimated
+            as the window minimum, which is biased high when collisions persist (module docstring).
         horizon_iters: iterations from an observation to the first one its decision paces, >= 1;
             ``auto`` in a config follows the run's exchange (its lag), as the forecast
             controller's (:func:`pacectl.controllers.fill_schedule`).
@@ -88,7 +103,7 @@ class PhaseController(BaseController):
     Raises:
         ConfigError: a parameter is out of range.
 
-    Diagnostics: ``active`` (1.0 when the last decision shifted), ``quiet_s`` (the quiet estimate),
+    Diagnostics: ``active`` (1.0 when the last decision shifted), ``quiet_s`` (the quiet time in use),
     ``excess_frac`` (``e_k / q_k``), ``shifts`` (shifts so far), ``cooldown`` (observations still
     skipped).
 
@@ -108,6 +123,7 @@ class PhaseController(BaseController):
         quiet_window_iters: int = 200,
         horizon_iters: int = 1,
         hold_iters: int = 1,
+        quiet_s: float | None = None,
     ) -> None:
         self.slowdown_frac = check_float(self.name, "slowdown_frac", slowdown_frac, low=0.0, low_open=True)
         self.gain = check_float(self.name, "gain", gain, low=0.0, high=2.0, low_open=True)
@@ -115,6 +131,9 @@ class PhaseController(BaseController):
         self.quiet_window_iters = check_int(self.name, "quiet_window_iters", quiet_window_iters, low=1)
         self.horizon_iters = check_int(self.name, "horizon_iters", horizon_iters, low=1)
         self.hold_iters = check_int(self.name, "hold_iters", hold_iters, low=1)
+        self.quiet_s = (
+            None if quiet_s is None else check_float(self.name, "quiet_s", quiet_s, low=0.0, low_open=True)
+        )
 
     def reset(self, num_ranks: int, rng: np.random.Generator | None = None) -> None:
         """Clear all state; keep ``rng`` (default ``default_rng(0)``) for the random backoff.
@@ -138,7 +157,7 @@ class PhaseController(BaseController):
         c = float(obs.collective_time_s)
         self._times[self._count % self.quiet_window_iters] = c
         self._count += 1
-        self._quiet_s = float(self._times.min())
+        self._quiet_s = float(self._times.min()) if self.quiet_s is None else self.quiet_s
         excess = c - self._quiet_s
         self._excess_frac = excess / self._quiet_s if self._quiet_s > 0 else 0.0
         self._active = False
