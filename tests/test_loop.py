@@ -207,7 +207,7 @@ def test_forecast_horizon_auto_under_controller_all_and_in_tune() -> None:
     from hydra import compose, initialize_config_dir
 
     from pacectl.config import CONF_DIR, controller_families
-    from pacectl.tune import Settings, tune_space
+    from pacectl.tuning.settings import Settings, tune_space
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["backend=sim", "exchange.lag_iters=4", "exchange.every_iters=3"])

@@ -96,7 +96,7 @@ def test_it_runs_in_controller_all(tmp_path: Path) -> None:
 
 
 def test_it_can_be_tuned(tmp_path: Path) -> None:
-    from pacectl.tune import run_tuning
+    from pacectl.tuning.study import run_tuning
 
     cfg = _compose(
         "tune",

@@ -24,8 +24,9 @@ from pacectl.config import CONF_DIR
 from pacectl.errors import ConfigError
 from pacectl.testing.commands import run_command
 from pacectl.tuning.scenarios import Evaluation
+from pacectl.tuning.settings import settings_diff
 from pacectl.tuning.space import load_space, parse_space
-from pacectl.tuning.study import StorageSpec, settings_diff
+from pacectl.tuning.storage import StorageSpec
 from pacectl.tuning.verdict import (
     ImprovementRule,
     TrialPoint,
@@ -301,7 +302,7 @@ def test_invalid_combinations_are_pruned_not_fatal(tmp_path: Path) -> None:
 import sys
 from hydra import compose, initialize_config_dir
 from pacectl.config import CONF_DIR
-from pacectl.tune import run_tuning
+from pacectl.tuning.study import run_tuning
 with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
     cfg = compose("tune", overrides={[*FAST, "controller=threshold", "tune.sampler=random", "tune.n_trials=12", f"tune.space={space}", "tune.progress=false"]!r})
 res = run_tuning(cfg, __import__("pathlib").Path({str(tmp_path / "run")!r}), echo=lambda s: None)
@@ -462,7 +463,7 @@ def test_a_modelled_decision_lag_is_part_of_the_study() -> None:
     """``exchange.*`` changes every episode: it is in the descriptor (another fingerprint, so no
     resume across it), reaches the episodes, and the "use it" overrides carry it. Absent by default,
     so studies from before it still resume."""
-    from pacectl.tune import run_overrides
+    from pacectl.tuning.outputs import run_overrides
     from pacectl.tuning.scenarios import build_scenarios
 
     base = ["cluster=contended", "tune.sim.num_iterations=30", "tune.sim.seeds=[0]"]
@@ -477,11 +478,10 @@ def test_a_modelled_decision_lag_is_part_of_the_study() -> None:
     assert "exchange.lag_iters=2" in overrides.split()
     assert "exchange" not in run_overrides(default.descriptor)[0]
     # a refused resume names the values, although a default lag is absent from the descriptor
-    from pacectl.tune import _exchange_shown
-    from pacectl.tuning.study import settings_diff
+    from pacectl.tuning.settings import exchange_shown
 
     diffs = settings_diff(
-        _exchange_shown({"episodes": lagged.descriptor}), _exchange_shown({"episodes": default.descriptor})
+        exchange_shown({"episodes": lagged.descriptor}), exchange_shown({"episodes": default.descriptor})
     )
     assert diffs == ["episodes: exchange.lag_iters: 2 in the study, 1 in this command"]
 
@@ -912,7 +912,7 @@ def test_hint_reruns_the_tuned_sim_episode(tmp_path: Path) -> None:
 def test_iteration_units_get_an_iteration_space(family: str) -> None:
     """controller.units=iteration picks conf/tune/space/<family>.iteration.yaml: no time bound above
     one iteration (1.0); every shipped space parses with its own unit."""
-    from pacectl.tune import Settings, tune_space
+    from pacectl.tuning.settings import Settings, tune_space
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("tune", overrides=[f"controller={family}", "controller.units=iteration"])
@@ -1040,7 +1040,7 @@ def test_ctrl_c_while_a_worker_is_being_reaped_still_exits_as_an_interrupt(monke
     not become a ProcessLookupError traceback."""
     import multiprocessing as mp
 
-    from pacectl.tuning import study as study_mod
+    from pacectl.tuning import workers
 
     class ReapedWorker:
         pid = 2**22 + 12345  # no such process
@@ -1069,13 +1069,13 @@ def test_ctrl_c_while_a_worker_is_being_reaped_still_exits_as_an_interrupt(monke
         raise ProcessLookupError(3, "No such process")
 
     monkeypatch.setattr(mp, "get_context", lambda method: Ctx())
-    monkeypatch.setattr(study_mod.os, "kill", no_such_process)
+    monkeypatch.setattr(workers.os, "kill", no_such_process)
     with pytest.raises(KeyboardInterrupt):
-        study_mod.run_workers(2, [1, 1], [0, 1])
+        workers.run_workers(2, [1, 1], [0, 1])
 
 
 def test_a_storage_that_is_no_journal_is_a_config_error(tmp_path: Path) -> None:
-    from pacectl.tuning.study import storage_spec
+    from pacectl.tuning.storage import storage_spec
 
     (tmp_path / "folder").mkdir()
     for value, message in (
@@ -1171,7 +1171,7 @@ def test_two_commands_sharing_a_study_stop_at_its_total(tmp_path: Path) -> None:
 def test_front_size_names_the_exact_ties_with_no_pacing() -> None:
     from types import SimpleNamespace
 
-    from pacectl.tune import _ties_note
+    from pacectl.tuning.outputs import _ties_note
     from pacectl.tuning.scenarios import Evaluation
 
     base = Evaluation(throughput_it_per_s=1.0, cv=0.02)
@@ -1186,7 +1186,7 @@ def test_front_size_names_the_exact_ties_with_no_pacing() -> None:
 def test_outputs_say_when_trials_still_run_elsewhere(tmp_path: Path) -> None:
     """A command that ends while another (a live process) still runs a trial of the shared study
     writes its outputs from the finished trials and says which are missing."""
-    from pacectl.tuning.study import owner_tag
+    from pacectl.tuning.workers import owner_tag
 
     args = [*FAST, "controller=threshold", "tune.n_trials=2", "tune.storage=s.journal", "tune.study_name=s"]
     assert _tune(*args, "hydra.run.dir=a", cwd=tmp_path).returncode == 0

@@ -19,7 +19,7 @@ import optuna
 import pytest
 
 from pacectl.testing.postgres import missing, postgres_server
-from pacectl.tuning.study import StorageSpec
+from pacectl.tuning.storage import StorageSpec
 
 FAST = ["cluster=st", "tune.population_size=4"]
 ROOT = Path(__file__).resolve().parents[1]

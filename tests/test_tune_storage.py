@@ -12,8 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from pacectl.tuning.storage import JournalRepaired, disk_full_cause, repair_journal
-from pacectl.tuning.study import StorageSpec
+from pacectl.tuning.storage import JournalRepaired, StorageSpec, disk_full_cause, repair_journal
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -83,7 +82,7 @@ _FULL_CHILD = textwrap.dedent(
     import resource, signal, sys, optuna
     from pacectl.errors import StorageFullError
     from pacectl.tuning.storage import disk_full_cause
-    from pacectl.tuning.study import StorageSpec
+    from pacectl.tuning.storage import StorageSpec
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     path = sys.argv[1]
     study = optuna.load_study(study_name="s", storage=StorageSpec("journal", path).open())

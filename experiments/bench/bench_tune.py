@@ -35,7 +35,7 @@ from typing import Any
 import optuna
 
 from pacectl.report import atomic_write_text
-from pacectl.tuning.study import StorageSpec
+from pacectl.tuning.storage import StorageSpec
 
 HERE = Path(__file__).resolve().parent
 

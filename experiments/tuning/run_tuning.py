@@ -12,7 +12,7 @@ overwrites) receives ``results.json`` and ``results.md``.
 For each profile (``ar`` and ``st``: replay of the shipped ByteDance traces, comm model null;
 ``paper_like``: the scaling study's sim scenario, comm model contention, or ``contended`` when
 ``conf/cluster/paper_like.yaml`` is missing) and each family (threshold, pid, ewma, quantile), it
-runs :func:`pacectl.tune.run_tuning` (NSGA-II, the throughput-loss cap of ``conf/tune.yaml``, one
+runs :func:`pacectl.tuning.study.run_tuning` (NSGA-II, the throughput-loss cap of ``conf/tune.yaml``, one
 worker by default, so that a rerun reproduces the record) and takes the exported choice. Then it evaluates, on episodes that tuning never saw:
 
 - sim profiles: the held-out seeds ``tune.sim.heldout_seeds``;
@@ -37,8 +37,9 @@ from hydra import compose, initialize_config_dir
 from pacectl.config import CONF_DIR, shipped_controller
 from pacectl.files import folder_problem, staged_outputs
 from pacectl.report import jsonable
-from pacectl.tune import reference_params, run_tuning
 from pacectl.tuning.scenarios import Evaluation, build_scenarios
+from pacectl.tuning.settings import reference_params
+from pacectl.tuning.study import run_tuning
 
 HERE = Path(__file__).resolve().parent
 FAMILIES = ("threshold", "pid", "ewma", "quantile", "forecast")

@@ -2,7 +2,12 @@
 
 - :mod:`pacectl.tuning.space`: search spaces (YAML, validated before any trial);
 - :mod:`pacectl.tuning.scenarios`: the episodes of a profile (traces or sim seeds) and their objectives;
-- :mod:`pacectl.tuning.study`: Optuna storage, samplers, workers, the Pareto front and the choice.
+- :mod:`pacectl.tuning.settings`: ``tune.*`` checked, and the trial settings a resume must match;
+- :mod:`pacectl.tuning.storage`: where a study lives (journal file or RDB URL), torn-journal repair;
+- :mod:`pacectl.tuning.workers`: the objective, samplers, worker processes, Ctrl-C, progress lines;
+- :mod:`pacectl.tuning.verdict`: dominance, the Pareto front, the choice and its judgement (pure);
+- :mod:`pacectl.tuning.outputs`: ``tune.json``, ``pareto.json``/``.png``, ``controller.yaml``, console lines;
+- :mod:`pacectl.tuning.study`: :func:`~pacectl.tuning.study.run_tuning`, which ties them together.
 
 Reference for users
 -------------------

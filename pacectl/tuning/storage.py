@@ -1,4 +1,17 @@
-"""Study storage that cannot be lost: torn-journal repair and full-disk handling.
+"""Where a study lives, and storage that cannot be lost: torn-journal repair and full-disk handling.
+
+Storage (``tune.storage``):
+
+- ``null`` (default): a journal file ``<run dir>/optuna.journal`` (Optuna's ``JournalStorage`` over
+  ``JournalFileBackend``). Every finished trial is one appended line, so a study killed with SIGKILL
+  keeps every finished trial and resumes when the same command runs again with the same
+  ``hydra.run.dir`` (or with ``tune.storage`` and ``tune.study_name`` set explicitly). The file lock
+  is an ``fcntl.flock`` (:class:`FlockLock`), which the kernel releases when a process dies, so a kill
+  never leaves a stale lock behind;
+- a file path: a journal file there (any name; shared by every process that names it);
+- an RDB URL (``sqlite:///tune.db``, ``postgresql://user:pw@host/db``): Optuna's ``RDBStorage``;
+  workers on several machines share one study by running the same command against the same URL
+  (PostgreSQL needs ``psycopg2``; SQLite only suits one machine).
 
 A journal file (``JournalFileBackend``) is one JSON record per line. A crash or a full disk in the
 middle of a write leaves a *torn* last record: bytes without their closing newline, or a line that is
@@ -25,15 +38,20 @@ Optuna hides that error behind ``AssertionError("Should not reach.")`` when it f
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
+import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optuna.storages.journal import JournalFileBackend
+import optuna
+from optuna.storages import BaseStorage
+from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-from pacectl.errors import StorageFullError
+from pacectl.errors import ConfigError, StorageFullError
 
 #: errno values that mean "no room to write": a full disk, a quota, a file-size limit.
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
@@ -211,3 +229,126 @@ def disk_full_cause(err: BaseException) -> StorageFullError | OSError | None:
             return cur
         cur = cur.__cause__ or cur.__context__
     return None
+
+
+class FlockLock:
+    """Journal file lock on ``fcntl.flock``: released by the kernel when its process dies.
+
+    Implements the ``acquire``/``release`` interface of Optuna's journal file locks (its base class
+    lives in a private module, so this class does not subclass it).
+
+    Optuna's default symlink lock survives a SIGKILL of the holder and is broken only after a grace
+    period; a kernel lock never goes stale. Works on local file systems (and NFS via POSIX locks on
+    Linux).
+
+    Args:
+        journal_path: the journal file; the lock file is ``<journal_path>.flock``.
+    """
+
+    def __init__(self, journal_path: str) -> None:
+        self._lock_path = journal_path + ".flock"
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        """Block until this process holds the lock."""
+        fd = os.open(self._lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        """Release the lock."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    """Where a study lives.
+
+    Attributes:
+        kind: ``"journal"`` (a journal file) or ``"rdb"`` (an SQLAlchemy URL).
+        location: absolute file path, or the URL.
+    """
+
+    kind: str
+    location: str
+
+    def open(self) -> BaseStorage:
+        """A new storage object (every process opens its own).
+
+        Raises:
+            ConfigError: the URL cannot be opened (bad scheme, missing driver, unreachable server).
+        """
+        if self.kind == "journal":
+            path = Path(self.location)
+            if path.exists() and not path.is_file():
+                raise ConfigError(f"tune.storage must be a journal file, got a folder: {path}")
+            if not path.parent.is_dir():
+                raise ConfigError(
+                    f"tune.storage {path}: its folder {path.parent} does not exist; create it first or pick "
+                    "another path"
+                )
+            try:
+                lock = FlockLock(self.location)
+                if journal_needs_repair(path):  # a torn last record (a crash, a full disk) is cut
+                    lock.acquire()  # off before anything appends, under the writers' lock
+                    try:
+                        repair_journal(path)
+                    finally:
+                        lock.release()
+                return JournalStorage(SafeJournalFileBackend(self.location, lock_obj=lock))  # type: ignore[arg-type]
+            except OSError as err:
+                if err.errno in FULL_ERRNOS:
+                    raise full_disk_error(
+                        err, f"tune.storage {path}"
+                    ) from err  # an unwritable folder (permissions, read-only or virtual file system)
+                raise ConfigError(
+                    f"tune.storage {path}: cannot create or open the journal there "
+                    f"({err.strerror or type(err).__name__}); pick a path in a folder you can write to"
+                ) from err
+        for attempt in range(6):
+            try:
+                return optuna.storages.RDBStorage(self.location)
+            except Exception as err:  # sqlalchemy.exc.IntegrityError, ProgrammingError
+                # N hosts starting at once race to create the schema on an empty database
+                # (PostgreSQL: duplicate key in pg_type); the loser finds it made on a retry
+                text = str(err).lower()
+                if attempt < 5 and ("duplicate key" in text or "already exists" in text):
+                    time.sleep(0.2 * (attempt + 1))
+                    continue
+                break
+        try:
+            return optuna.storages.RDBStorage(self.location)
+        except Exception as err:  # sqlalchemy.exc.ArgumentError, OperationalError, ImportError
+            raise ConfigError(
+                f"tune.storage must be a journal file path or a reachable RDB URL such as sqlite:///tune.db, "
+                f"got {self.location!r}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            ) from err  # SQLAlchemy appends a "(Background on this error at: ...)" line
+
+    @property
+    def display(self) -> str:
+        """The storage as a user would type it (credentials of an URL hidden)."""
+        if self.kind == "rdb" and "@" in self.location:
+            scheme, rest = self.location.split("://", 1)
+            return f"{scheme}://***@{rest.split('@', 1)[1]}"
+        return self.location
+
+    def dashboard_command(self) -> str:
+        """The optuna-dashboard command that opens this storage (``pip install optuna-dashboard``)."""
+        return f"optuna-dashboard {self.display}"
+
+
+def storage_spec(value: str | None, run_dir: Path, cwd: Path | None = None) -> StorageSpec:
+    """Interpret ``tune.storage``: null -> ``<run_dir>/optuna.journal``; ``x://...`` -> RDB; else a path."""
+    if value is None or str(value) == "":
+        return StorageSpec("journal", str((run_dir / "optuna.journal").resolve()))
+    text = str(value)
+    if "://" in text:
+        return StorageSpec("rdb", text)
+    path = Path(text).expanduser()
+    if not path.is_absolute():
+        path = (cwd or Path.cwd()) / path
+    return StorageSpec("journal", str(path.resolve()))
