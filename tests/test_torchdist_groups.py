@@ -1,8 +1,12 @@
 """FSDP2 pacing and process-group aware pacing, on gloo (CPU, ``dist`` marker).
 
 - FSDP2 (``fully_shard`` on an explicit CPU mesh, 2 ranks): the pacer goes in through
-  ``set_custom_reduce_scatter``; the trained parameters are bit-identical to plain FSDP2's, every rank
-  decides alike, and the first reduce-scatter of each backward is paced.
+  ``set_custom_reduce_scatter`` and ``set_custom_all_gather``; the trained parameters are
+  bit-identical to plain FSDP2's, every rank decides alike, and the paced collective is where the
+  early rank waits: with ``fsdp2_paced="backward"`` and a straggle between forward and backward the
+  first collective of the backward (with FSDP2's default resharding an all-gather, without it,
+  ``-zero2``, a reduce-scatter); with ``fsdp2_paced="forward"`` (``-forward``) and a straggle before
+  forward the forward's first all-gather.
 - A 2 x 2 mesh (4 ranks, ``("pp", "dp")``): two DP groups, each with its own pacer and its own
   straggler, for 300 iterations. Decisions are identical within a group and differ across groups;
   after set-up no collective touches the default group (the Flight Recorder says so), which is
@@ -27,7 +31,12 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.dist
 
 _FSDP_STEPS = 8
-_FSDP_MODES = ("plain", "async", "collective")
+_FSDP_MODES = ("plain", "async", "collective", "plain-zero2", "async-zero2", "async-forward")
+_FSDP_PACED = ("async", "collective", "async-zero2", "async-forward")
+#: collectives per iteration the pacer records: reduce-scatters, 3 per backward (one per layer); with
+#: resharding also the backward's all-gathers (the last layer's unshard, then each prefetch); paced in
+#: forward also the forward's all-gathers
+_FSDP_COLLECTIVES = {"async": 6, "collective": 6, "async-zero2": 3, "async-forward": 9}
 _MESH_STEPS = 300
 
 
@@ -43,20 +52,20 @@ def _engine(world: int) -> Any:
     )
 
 
-def _fsdp_model(mesh: Any) -> Any:
+def _fsdp_model(mesh: Any, *, reshard: bool = True) -> Any:
     from torch import nn
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 16))
+    # reshard: FSDP2's default (every unit but the root reshards after forward), so backward all-gathers
+    # each layer again (prefetching the next one) before the first reduce-scatter, and the early rank
+    # waits in the first all-gather. Without (ZeRO-2 style) backward issues no all-gather.
+    kwargs = {} if reshard else {"reshard_after_forward": False}
     for layer in model:
         if isinstance(layer, nn.Linear):
-            # no layer is resharded after forward (ZeRO-2 style), so backward issues no all-gather and
-            # the straggler shows at the first reduce-scatter. With resharding, FSDP2 prefetches the
-            # next layer's all-gather before that reduce-scatter, and on CPU the early rank waits there
-            # (measured: arrivals at the reduce-scatter within 2 ms of each other behind a 30 ms straggler)
-            fully_shard(layer, mesh=mesh, reshard_after_forward=False)
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+            fully_shard(layer, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
     return model
 
 
@@ -74,20 +83,26 @@ def _fsdp_rank(rank: int, world: int, port: int, queue: Any) -> None:
     try:
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
         for mode in _FSDP_MODES:
-            model = _fsdp_model(mesh)
+            gather, _, variant = mode.partition("-")
+            model = _fsdp_model(mesh, reshard=variant != "zero2")
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             pacer = None
-            if mode != "plain":
-                pacer = Pacer(_engine(world), gather=mode, group=mesh.get_group("dp")).attach(model)
+            paced = "forward" if variant == "forward" else "backward"
+            if gather != "plain":
+                pacer = Pacer(
+                    _engine(world), gather=gather, group=mesh.get_group("dp"), fsdp2_paced=paced
+                ).attach(model)
             gen = torch.Generator().manual_seed(100 + rank)
             for _ in range(_FSDP_STEPS):
                 x = torch.randn(16, 32, generator=gen)
                 opt.zero_grad(set_to_none=True)
+                # rank 1 straggles, well past the 2 ms threshold (the controller paces rank 0), where
+                # the pacer paces: before forward or between forward and backward
+                if rank == 1 and paced == "forward":
+                    time.sleep(0.03)
                 loss = model(x).pow(2).mean()
-                if rank == 1:
-                    time.sleep(
-                        0.02
-                    )  # rank 1 straggles, well past the 2 ms threshold: the controller paces rank 0
+                if rank == 1 and paced == "backward":
+                    time.sleep(0.03)
                 loss.backward()
                 opt.step()
             result: dict[str, Any] = {
@@ -100,6 +115,7 @@ def _fsdp_rank(rank: int, world: int, port: int, queue: Any) -> None:
                 result.update(
                     decisions=np.array(pacer.decisions),
                     applied=np.array([o.applied_delay_s for o in pacer.observations]),
+                    natural=np.array([o.natural_arrival_s for o in pacer.observations]),
                     delay_actual=np.array(pacer.delay_actual_s),
                     collectives=[len(m["enter_s"]) for m in pacer.marks],
                     gather=pacer.gather,
@@ -209,19 +225,25 @@ def fsdp_ranks() -> dict[int, dict[str, Any]]:
     return _spawn(_fsdp_rank, 2, 180)
 
 
-@pytest.mark.parametrize("mode", _FSDP_MODES[1:])
+@pytest.mark.parametrize("mode", _FSDP_PACED)
 def test_fsdp2_gradients_are_unchanged_by_the_pacer(fsdp_ranks, mode: str) -> None:
+    plain = "plain-zero2" if mode.endswith("-zero2") else "plain"  # the straggle's place changes nothing
     for r in (0, 1):
-        assert np.array_equal(fsdp_ranks[r][mode]["params"], fsdp_ranks[r]["plain"]["params"])
+        assert np.array_equal(fsdp_ranks[r][mode]["params"], fsdp_ranks[r][plain]["params"])
 
 
-@pytest.mark.parametrize("mode", _FSDP_MODES[1:])
-def test_fsdp2_decides_alike_on_every_rank_and_paces_the_first_reduce_scatter(fsdp_ranks, mode: str) -> None:
+@pytest.mark.parametrize("mode", _FSDP_PACED)
+def test_fsdp2_decides_alike_on_every_rank_and_paces_where_the_early_rank_waits(
+    fsdp_ranks, mode: str
+) -> None:
     r0, r1 = fsdp_ranks[0][mode], fsdp_ranks[1][mode]
-    assert r0["gather"] == mode
+    assert r0["gather"] == mode.partition("-")[0]
     assert np.array_equal(r0["decisions"], r1["decisions"])
-    assert r0["collectives"] == [3] * _FSDP_STEPS  # one reduce-scatter per sharded layer, per backward
-    # rank 1 straggles, so rank 0 is paced (more than rank 1, which the shared machine's noise can pace too)
+    assert r0["collectives"] == [_FSDP_COLLECTIVES[mode]] * _FSDP_STEPS
+    # the straggle shows at the paced collective: rank 1 arrives after rank 0 (before rank 0's delay)
+    late = r0["natural"][:, 1] > r0["natural"][:, 0]
+    assert late.sum() > _FSDP_STEPS / 2, r0["natural"]
+    # so rank 0 is paced (more than rank 1, which the shared machine's noise can pace too)
     assert r0["applied"][:, 0].sum() > r0["applied"][:, 1].sum()
     paced = r0["applied"][:, 0] > 0
     assert (r0["delay_actual"][paced] >= r0["applied"][paced, 0] - 1e-6).all()
@@ -315,5 +337,5 @@ def test_an_fsdp2_run_writes_the_summary_a_ddp_run_writes(tmp_path) -> None:
     _, fsdp2 = _live(tmp_path / "fsdp2", "backend.parallel=fsdp2")
     assert keys(fsdp2) == keys(ddp)
     assert fsdp2["workload"]["parallel"] == "fsdp2" and ddp["workload"]["parallel"] == "ddp"
-    assert "FSDP2 gradient reduce-scatter" in fsdp2["paced_collective"]
+    assert "FSDP2's first collective of each backward" in fsdp2["paced_collective"]
     assert fsdp2["trace"]["num_steps"] == ddp["trace"]["num_steps"] == 12

@@ -48,12 +48,13 @@ def check_fsdp2_delay_on_reduce_scatter_stream(delay_s: float = 0.02) -> dict[st
         with torch.cuda.stream(rs_stream):
             before.record(rs_stream)
             t0 = time.perf_counter()
-            pacer._in_backward = False
+            # the first collective of an iteration, its end-of-backward callback taken as queued (no
+            # autograd engine runs here to queue it)
+            pacer._fsdp2_open, pacer._fsdp2_end_queued = False, True
             comm(output_tensor=out, input_tensor=inp, group=dist.group.WORLD, op=dist.ReduceOp.SUM)
             host_s = time.perf_counter() - t0
         compute_done.record(torch.cuda.current_stream(dev))
-        pacer._in_backward = False  # no autograd engine here: close the iteration by hand
-        pacer._end_iteration()
+        pacer._end_fsdp2_backward()  # no autograd engine here: close the iteration by hand
         torch.cuda.synchronize(dev)
         enter_ev, exit_ev = pacer._cuda_events[0] if pacer._cuda_events else (None, None)
         delay_on_rs_s = before.elapsed_time(enter_ev) / 1e3 if enter_ev is not None else float("nan")

@@ -1,15 +1,30 @@
 """The pacing layer: a DDP communication hook, FSDP2's custom reduce-scatter and a thin ``all_reduce``
 wrapper. Model code is unchanged.
 
-FSDP2 (``fully_shard``): :meth:`Pacer.attach` installs :class:`PacedReduceScatter` with
-``set_custom_reduce_scatter`` on every sharded module; the first reduce-scatter of each backward is
-the paced collective (the delay before it, its wait measured inside it), everything else below is
-the same (the exchange runs on the pacer's group, which must be the one FSDP2 reduce-scatters on).
-Limitation, measured on CPU/gloo: with ``reshard_after_forward=True`` (FSDP2's default) backward
-prefetches the next unit's all-gather before the first reduce-scatter, and the early rank blocks in
-that all-gather; the reduce-scatter then shows almost no arrival spread (within 2 ms behind a 30 ms
-straggler), so nothing is paced. Use ``reshard_after_forward=False`` (the built-in workload does)
-until the pacer also measures the backward all-gather.
+FSDP2 (``fully_shard``): :meth:`Pacer.attach` installs :class:`PacedReduceScatter` and
+:class:`PacedAllGather` (``set_custom_reduce_scatter``, ``set_custom_all_gather``) on every sharded
+module. Every collective is a sync point in FSDP2, and the early rank waits in the first one after a
+straggle, so where to pace is a choice (``fsdp2_paced``):
+
+- ``"forward"`` (default): the iteration's first collective, the all-gather that unshards the first
+  unit (FSDP2 reshards after backward, so every forward begins with one). A straggle before forward
+  (data loading; the built-in workload's injected one) shows there, not later: measured on CPU/gloo,
+  2 ranks, rank 1 sleeping 30 ms before forward, the arrival spread at the first backward
+  collective was 1.8 ms (median, ``python -m pacectl.run backend=torch backend.parallel=fsdp2``).
+- ``"backward"``: the backward's first collective. With FSDP2's default ``reshard_after_forward``
+  (every unit but the root reshards) an all-gather (the last resharded unit's pre-backward unshard,
+  or its prefetch by the root), which comes before the first reduce-scatter and is where the early
+  rank waits after a straggle between forward and backward (before it was measured here, only the
+  first reduce-scatter was paced: behind a 30 ms straggler the two ranks' arrivals there were
+  within 2 ms, and nothing was paced); without resharding the first gradient reduce-scatter.
+
+Asynchronous all-gathers (``unshard_async_op``, whose wait is not in the call) and forwards under
+``no_grad`` pass through unpaced and unrecorded; every other collective of the iteration is one slot
+of its marks, the paced one first (``tests/test_torchdist_groups.py`` checks both choices and both
+resharding settings). The iteration ends with the backward (an autograd-engine callback queued by its
+first collective). Everything else below is the same (the exchange runs on the pacer's group, which
+must be the one FSDP2 shards on). On CUDA the delay goes on the stream the paced collective is issued
+on (FSDP2's all-gather stream for an all-gather); that path has not run on a GPU yet.
 
 Per iteration, on every rank:
 
@@ -84,6 +99,7 @@ import functools
 import math
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -230,6 +246,8 @@ class DeviceDelay:
 
 
 _PIGGYBACK_DTYPES = (torch.float32, torch.float64)
+#: Where an FSDP2 model is paced (see :class:`Pacer`).
+FSDP2_PACED = ("forward", "backward")
 #: When a CUDA iteration's device times are read and its figures exchanged (see :class:`Pacer`).
 CUDA_RESOLVE = ("next_iteration", "iteration_end")
 
@@ -343,6 +361,14 @@ class Pacer:
             requested between iterations rides one iteration earlier). The async and collective
             modes always resolve at the iteration's end (see :meth:`_defers`). Ignored on CPU. Must
             be the same on every rank (it decides where a control's broadcast is issued).
+        fsdp2_paced: for an FSDP2 model, which collective is paced: ``"forward"`` (default: the
+            iteration's first collective, the forward's first all-gather, as DDP's bucket 0 is the
+            first of its iteration; where a straggle before forward, such as data loading, shows:
+            FSDP2 reshards after backward, so every forward begins with an all-gather) or
+            ``"backward"`` (the backward's first collective: where a straggle between forward and
+            backward shows; with FSDP2's default resharding after forward an all-gather too). One
+            delay per iteration can absorb the straggle at one of them only: pacing at the other
+            one moves the wait, it does not remove it.
 
     Raises:
         ConfigError: a bad setting (:func:`~pacectl.torchdist.core.check_pacing`: an unknown
@@ -368,9 +394,13 @@ class Pacer:
         device_delay: str = "auto",
         piggyback_max_bytes: int | None = None,
         cuda_resolve: str = "next_iteration",
+        fsdp2_paced: str = "forward",
     ) -> None:
         if cuda_resolve not in CUDA_RESOLVE:
             raise ConfigError(f"Pacer cuda_resolve={cuda_resolve!r}: expected one of {CUDA_RESOLVE}")
+        if fsdp2_paced not in FSDP2_PACED:
+            raise ConfigError(f"Pacer fsdp2_paced={fsdp2_paced!r}: expected one of {FSDP2_PACED}")
+        self.fsdp2_paced = fsdp2_paced
         settings = check_pacing(
             {
                 "spin_s": spin_s,
@@ -437,12 +467,14 @@ class Pacer:
         self._clear_iteration()
         self._iter_start = now()
         self._start_ev: Any = None
-        self._in_backward = False  # FSDP2: the first reduce-scatter of this backward was seen
+        self._fsdp2_open = False  # FSDP2: this iteration's first collective was seen
+        self._fsdp2_end_queued = False  # FSDP2: the end-of-backward callback is queued
+        self._grad_forward = False  # FSDP2: in a forward under grad mode (a backward will follow)
 
     # ----------------------------------------------------------------------------------- set-up
     def attach(self, model: torch.nn.Module) -> Pacer:
-        """Pace a DDP model (a comm hook) or an FSDP2 model (``set_custom_reduce_scatter``); align the
-        iteration clock.
+        """Pace a DDP model (a comm hook) or an FSDP2 model (``set_custom_reduce_scatter`` and
+        ``set_custom_all_gather``); align the iteration clock.
 
         Args:
             model: a ``DistributedDataParallel`` module, or a module whose submodules (or itself)
@@ -473,7 +505,8 @@ class Pacer:
         return self._attach_fsdp2(model, fsdp)
 
     def _attach_fsdp2(self, model: torch.nn.Module, fsdp: list[Any]) -> Pacer:
-        """FSDP2: every sharded module reduce-scatters through :class:`PacedReduceScatter`."""
+        """FSDP2: every sharded module reduce-scatters through :class:`PacedReduceScatter` and
+        all-gathers through :class:`PacedAllGather`."""
         if self.gather == "piggyback":
             if self._gather_requested == "piggyback":
                 raise ConfigError(
@@ -495,10 +528,14 @@ class Pacer:
                         f"ranks {theirs[:8]} for {type(m).__name__}: build the Pacer with "
                         "group=mesh['dp'].get_group() (the shard dimension of the model's mesh)"
                     )
-        comm = PacedReduceScatter(self)
+        reduce_scatter, all_gather = PacedReduceScatter(self), PacedAllGather(self)
         for m in fsdp:
-            m.set_custom_reduce_scatter(comm)
-        self._in_backward = False
+            m.set_custom_reduce_scatter(reduce_scatter)
+            if m._get_fsdp_state()._fsdp_param_groups:  # a module without parameters all-gathers nothing
+                m.set_custom_all_gather(all_gather)
+        self._fsdp2_open = self._fsdp2_end_queued = False
+        # before FSDP2's own pre-forward hook, which all-gathers the root's parameters
+        model.register_forward_pre_hook(self._on_forward_start, prepend=True)
         model.register_forward_hook(self._on_forward_end)
         self.align()
         return self
@@ -674,8 +711,13 @@ class Pacer:
         self._decided_before = len(getattr(self, "decisions", ()))
 
     # ------------------------------------------------------------------------------- the hooks
+    def _on_forward_start(self, module: Any, inputs: Any) -> None:
+        self._grad_forward = torch.is_grad_enabled()  # FSDP2 all-gathers under no_grad: read it here
+
     def _on_forward_end(self, module: Any, inputs: Any, output: Any) -> None:
-        self._forward_end = now()
+        self._grad_forward = False
+        if not self._fsdp2_open:  # FSDP2 paced in forward: the first collective's call is the mark
+            self._forward_end = now()
 
     def _comm_hook(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         t_call = now()
@@ -880,41 +922,46 @@ class Pacer:
         self._hook_return.append(now())
         return fut
 
-    def _reduce_scatter(self, output: torch.Tensor, inp: torch.Tensor, group: Any, op: Any) -> None:
-        """FSDP2's reduce-scatter (:class:`PacedReduceScatter`): pace the first of a backward, stamp it.
+    def _fsdp2_collective(self, run: Callable[[], Any], inp: torch.Tensor, *, in_backward: bool) -> None:
+        """An FSDP2 collective of the iteration (:class:`PacedReduceScatter`, :class:`PacedAllGather`):
+        pace the first, stamp each. ``run()`` issues it synchronously.
 
-        The first call of a backward begins the iteration and queues its end (an autograd-engine
-        callback, after FSDP2's own final callback: the last reduce-scatters are in). CPU/gloo: the
-        delay is a host sleep on the training thread (FSDP2 calls this from backward), then the
-        collective runs to its end (FSDP2 calls it synchronously). CUDA: the delay is a device-side
-        wait on the current stream, which is the one FSDP2 issues its reduce-scatter on; the host
-        is not blocked, and CUDA events time the collective.
+        The first call begins the iteration (with ``fsdp2_paced="forward"`` its call time is also the
+        ``forward_end`` mark: what comes before the first collective is the record's forward
+        compute, the rest compute between collectives). The first call in backward queues the
+        iteration's end (an autograd-engine callback, after FSDP2's own final callback, which every
+        pre-backward hook queues before it unshards: the last reduce-scatters are in). CPU/gloo:
+        the delay is a host sleep on the training thread, then the collective runs to its end.
+        CUDA: the delay is a device-side wait on the current stream, which is the one FSDP2 issues
+        the collective on; the host is not blocked, and CUDA events time the collective.
         """
         t_call = now()
-        first = not self._in_backward
+        first = not self._fsdp2_open
         if first:
-            self._in_backward = True
+            self._fsdp2_open = True
             self._begin_iteration()
+            if self.fsdp2_paced == "forward":
+                self._forward_end = t_call
+        if in_backward and not self._fsdp2_end_queued:
+            self._fsdp2_end_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_fsdp2_backward)
         self._hook_call.append(t_call)
         self._exit.append(float("nan"))
         self._sizes.append(inp.numel() * inp.element_size())
         if inp.is_cuda and self.device_delay_mode == "auto":
-            self._reduce_scatter_cuda(output, inp, group, op, first=first)
+            self._fsdp2_collective_cuda(run, inp, first=first)
             return
         slot = len(self._enter)
         if first:
             self._applied = self._next_delay
             self.delay_actual_s.append(host_delay(self._applied, spin_s=self.spin_s))
         self._enter.append(now())
-        dist.reduce_scatter_single(output, inp, op=op, group=group)
+        run()
         self._exit[slot] = now()
         self._hook_return.append(now())
 
-    def _reduce_scatter_cuda(
-        self, output: torch.Tensor, inp: torch.Tensor, group: Any, op: Any, *, first: bool
-    ) -> None:
-        """CUDA: the delay on FSDP2's reduce-scatter stream (the current one), events around the call."""
+    def _fsdp2_collective_cuda(self, run: Callable[[], Any], inp: torch.Tensor, *, first: bool) -> None:
+        """CUDA: the delay on the stream FSDP2 issues the collective on (the current one), events around it."""
         if self._device_delay is None:
             self._device_delay = DeviceDelay(inp.device)
         stream = torch.cuda.current_stream(inp.device)
@@ -927,14 +974,14 @@ class Pacer:
         exit_ev = torch.cuda.Event(enable_timing=True)
         enter_ev.record(stream)
         # synchronous: the current stream waits for the collective, so exit_ev follows its end
-        dist.reduce_scatter_single(output, inp, op=op, group=group)
+        run()
         exit_ev.record(stream)
         self._enter.append(now())
         self._cuda_events.append((enter_ev, exit_ev))
         self._hook_return.append(now())
 
     def _end_fsdp2_backward(self) -> None:
-        self._in_backward = False
+        self._fsdp2_open = self._fsdp2_end_queued = False
         self._end_iteration()
 
     # ---------------------------------------------------------------------- end of the iteration
@@ -1229,10 +1276,11 @@ class Pacer:
         return [(v, control, self.engine.apply_control(control, v)) for v, control in payload[0]]
 
 
-try:  # FSDP2's comm interface (torch >= 2.8); the pacer only needs its call signature
+try:  # FSDP2's comm interfaces (torch >= 2.8); the pacer only needs their call signatures
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AllGatherBase
     from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterBase
-except ImportError:  # pragma: no cover - an older torch: FSDP2 then has no set_custom_reduce_scatter
-    _ReduceScatterBase = object  # type: ignore[assignment,misc]
+except ImportError:  # pragma: no cover - an older torch: FSDP2 then has no custom comms
+    _AllGatherBase = _ReduceScatterBase = object  # type: ignore[assignment,misc]
 
 
 class PacedReduceScatter(_ReduceScatterBase):  # type: ignore[misc,valid-type]
@@ -1271,7 +1319,54 @@ class PacedReduceScatter(_ReduceScatterBase):  # type: ignore[misc,valid-type]
         """
         if async_op:
             raise ConfigError("PacedReduceScatter runs synchronously, as FSDP2 calls it: got async_op=True")
-        self.pacer._reduce_scatter(output_tensor, input_tensor, group, op)
+        run = functools.partial(dist.reduce_scatter_single, output_tensor, input_tensor, op=op, group=group)
+        self.pacer._fsdp2_collective(run, input_tensor, in_backward=True)
+        return None
+
+
+class PacedAllGather(_AllGatherBase):  # type: ignore[misc,valid-type]
+    """FSDP2's all-gather, paced: ``fsdp_module.set_custom_all_gather(PacedAllGather(pacer))``.
+
+    :meth:`Pacer.attach` installs it on every sharded module that has parameters. FSDP2 (torch 2.13,
+    ``_fsdp_collectives.foreach_all_gather``) calls it with keyword arguments, on its all-gather
+    stream: ``comm(output_tensor=..., input_tensor=..., group=..., async_op=...)``. A synchronous
+    call in backward (the autograd engine runs a graph task: pre-backward unshards and their
+    prefetches, an activation checkpoint's recomputation) or, with ``fsdp2_paced="forward"``, in a
+    forward under grad mode is one of the iteration's collectives
+    (:meth:`Pacer._fsdp2_collective`: the first is paced). Other all-gathers (a forward under
+    ``no_grad``, asynchronous ones) run as FSDP2's default does (``all_gather_single``), unpaced and
+    unrecorded.
+
+    Args:
+        pacer: the :class:`Pacer` that paces and measures.
+    """
+
+    def __init__(self, pacer: Pacer) -> None:
+        self.pacer = pacer
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A plain buffer, as FSDP2's default all-gather allocates one."""
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: Any,
+        async_op: bool = False,
+    ) -> Any:
+        """All-gather ``input_tensor`` into ``output_tensor`` on ``group``: in backward paced and timed.
+
+        Returns:
+            The collective's work when ``async_op`` (not paced), else None.
+        """
+        in_backward = torch._C._current_graph_task_id() != -1  # what FSDP2's own ``is_bw`` reads
+        # a forward's all-gathers count when the pacer paces there and a backward follows (grad mode)
+        in_forward = self.pacer.fsdp2_paced == "forward" and self.pacer._grad_forward and not in_backward
+        if async_op or not (in_backward or in_forward):
+            return dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
+        run = functools.partial(dist.all_gather_single, output_tensor, input_tensor, group=group)
+        self.pacer._fsdp2_collective(run, input_tensor, in_backward=in_backward)
         return None
 
 

@@ -11,7 +11,8 @@ writes:
 - ``<record_dir>/<family>.episode.pkl``: the :class:`~pacectl.types.Episode` plus measurement extras.
 
 ``backend.parallel=fsdp2`` shards the model with FSDP2 (``fully_shard`` per layer on a 1-D CPU
-device mesh over the ranks) instead of DDP; the pacer goes in through ``set_custom_reduce_scatter``.
+device mesh over the ranks, FSDP2's default resharding) instead of DDP; the pacer goes in through
+``set_custom_reduce_scatter`` and ``set_custom_all_gather`` and paces the first collective of each backward.
 
 ``backend.flight_recorder=true`` turns on PyTorch's Flight Recorder (``TORCH_FR_BUFFER_SIZE``) and
 gives each run its own process group (description ``pacectl-<family>``), so that the dump tells the
@@ -354,8 +355,8 @@ def last_flight_recorder_id() -> int:
 
 def wrap_model(model: nn.Module, parallel: str, bucket_cap_mb: float, group: Any) -> nn.Module:
     """The built-in model, data-parallel: DDP (``bucket_cap_mb`` buckets) or FSDP2 (``fully_shard``
-    per layer, then the root, on a 1-D CPU mesh over ``group``'s ranks, parameters kept unsharded
-    between forward and backward; the mesh is kept as ``model.pacectl_mesh``).
+    per layer, then the root, on a 1-D CPU mesh over ``group``'s ranks, FSDP2's default resharding
+    after forward; the mesh is kept as ``model.pacectl_mesh``).
 
     Args:
         model: the model.
@@ -377,13 +378,11 @@ def wrap_model(model: nn.Module, parallel: str, bucket_cap_mb: float, group: Any
     layers: list[nn.Module] = [m for m in model.modules() if isinstance(m, nn.TransformerEncoderLayer)] or [
         m for m in model.modules() if isinstance(m, nn.Linear)
     ]
-    # no unit reshards after forward (ZeRO-2 style): backward then issues no all-gather, and the
-    # early rank waits in the first reduce-scatter, where the pacer measures. With resharding, FSDP2
-    # prefetches the next unit's all-gather before that reduce-scatter and on CPU the early rank
-    # blocks in it: the paced reduce-scatter then sees almost no spread (tests/test_torchdist_groups.py)
+    # FSDP2's default resharding (every unit but the root reshards after forward): the pacer paces
+    # the first collective of the backward, an all-gather (pacectl/torchdist/pacer.py)
     for layer in layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=False)
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     model.pacectl_mesh = mesh  # type: ignore[assignment]
     return model
 
