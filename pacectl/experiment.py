@@ -490,7 +490,7 @@ class SimExperiment(_ClosedLoop):
             warnings.warn(
                 f"cluster={self.cluster_name} stands for recorded traces (cluster.traces), which backend=sim "
                 "does not use: it simulates the profile's topology, collective, interference and compute "
-                "sections (for a trace profile, the generic ones it inherits). Replay the traces with "
+                "sections (for a trace profile, the cost_optimized ones it inherits). Replay the traces with "
                 f"trace=<name> (backend=replay), or simulate a fabric profile (cluster=paper_like)",
                 UserWarning,
                 stacklevel=2,

@@ -225,10 +225,10 @@ def test_topology_validation() -> None:
 
 # --- cluster profile validation (pacectl.fabric.profile.validate_cluster) -------------------------
 
-PROFILES = ("generic", "ar", "st", "contended", "paper_like")
+PROFILES = ("dgx_superpod", "cost_optimized", "ar", "st", "contended", "paper_like")
 
 
-def _profile(name: str = "generic", overrides: tuple[str, ...] = ()) -> dict[str, object]:
+def _profile(name: str = "dgx_superpod", overrides: tuple[str, ...] = ()) -> dict[str, object]:
     """A shipped profile as the run sees it (composed by Hydra, interpolations resolved)."""
     from hydra import compose, initialize_config_dir
 
@@ -371,7 +371,7 @@ def test_validate_cluster_rejects_bad_values_naming_the_key(override: str, messa
 
     key = override.lstrip("+").split("=")[0]
     with pytest.raises(ConfigError) as err:
-        validate_cluster(_profile("generic", (override,)))
+        validate_cluster(_profile("dgx_superpod", (override,)))
     text = str(err.value)
     assert message in text
     assert "\n" not in text
@@ -412,7 +412,7 @@ def test_validate_cluster_keeps_defaults_for_keys_left_out() -> None:
 def test_nan_message_bytes_names_the_key_not_the_null_model() -> None:
     from pacectl.fabric.profile import ReplayContention, sim_fabric
 
-    cluster = _profile("generic", ("cluster.collective.message_bytes=nan",))
+    cluster = _profile("dgx_superpod", ("cluster.collective.message_bytes=nan",))
     for build in (lambda: sim_fabric(cluster, "contention", 64), lambda: ReplayContention(cluster, 64)):
         with pytest.raises(ConfigError, match=r"^cluster\.collective\.message_bytes must be") as err:
             build()
@@ -424,7 +424,7 @@ def test_overflowing_collective_is_rejected_with_the_keys() -> None:
     from pacectl.fabric.profile import sim_fabric
 
     cluster = _profile(
-        "generic", ("cluster.collective.message_bytes=1e300", "cluster.topology.nic_bandwidth_Bps=1e-300")
+        "dgx_superpod", ("cluster.collective.message_bytes=1e300", "cluster.topology.nic_bandwidth_Bps=1e-300")
     )
     with pytest.raises(ConfigError, match="cluster.collective.message_bytes is too large"):
         sim_fabric(cluster, "null", 64)
@@ -492,7 +492,7 @@ def test_contention_without_a_timing_dependent_mechanism_is_called_out() -> None
     assert not off_path.timing_dependent and "do not slow the ring" in (off_path.inert_reason or "")
     assert off_path.time_s(1.5) == pytest.approx(off_path.time_s(0.5), rel=1e-12)
 
-    note = inert_contention_note("generic", "no cross-traffic links", interference_kappa=0.0)
+    note = inert_contention_note("dgx_superpod", "no cross-traffic links", interference_kappa=0.0)
     assert note is not None and "no controller can gain" in note and "no early-arrival interference" in note
     assert "cluster=paper_like or cluster=contended" in note
     # never recommends the profile in use; a job inside one node needs more ranks, not another profile

@@ -465,7 +465,7 @@ def test_a_tuned_file_is_compared_only_on_what_the_run_reads() -> None:
     assert use_line_differences(use, {"backend": "replay", "trace": "st"}) is None
     # a live run reads no trace (the default trace=ar is still composed) and has its own fabric
     live = use_line_differences(
-        use, {"backend": "torch", "trace": "ar", "cluster": "generic", "comm": "null"}
+        use, {"backend": "torch", "trace": "ar", "cluster": "dgx_superpod", "comm": "null"}
     )
     assert live == (["backend=replay"], ["backend=torch"])
     sim_use = "# Use: python -m pacectl.run controller_file=<this file> backend=sim cluster=contended comm=contention"
@@ -473,9 +473,9 @@ def test_a_tuned_file_is_compared_only_on_what_the_run_reads() -> None:
         use_line_differences(sim_use, {"backend": "sim", "cluster": "contended", "comm": "contention"})
         is None
     )
-    assert use_line_differences(sim_use, {"backend": "sim", "cluster": "generic", "comm": "contention"}) == (
+    assert use_line_differences(sim_use, {"backend": "sim", "cluster": "dgx_superpod", "comm": "contention"}) == (
         ["cluster=contended"],
-        ["cluster=generic"],
+        ["cluster=dgx_superpod"],
     )
 
 
@@ -550,7 +550,8 @@ def test_memory_refusal_suggests_skipping_the_parquet_only_when_that_fits(monkey
 @pytest.mark.parametrize(
     ("cluster", "timing_dependent"),
     [
-        ("generic", False),
+        ("dgx_superpod", False),
+        ("cost_optimized", False),
         ("contended", True),
         # interference without co-located ranks (and no cross traffic): max-plus in all but name
         ("contended cluster.topology.ranks_per_node=1", False),

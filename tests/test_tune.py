@@ -394,7 +394,7 @@ def test_compose_tune_config_for_a_sim_profile() -> None:
         cfg.tune.sim.num_ranks == 8 and cfg.tune.sim.seeds == [0, 1, 2] and cfg.tune.sim.comm == "contention"
     )
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("tune", overrides=["cluster=generic"])
+        cfg = compose("tune", overrides=["cluster=dgx_superpod"])
     assert cfg.tune.sim.num_ranks == 32  # defaults when a profile has no tune_sim section
 
 

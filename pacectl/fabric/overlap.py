@@ -1,7 +1,7 @@
 """Bucketed backward in the simulator: DDP's gradient all-reduce in buckets, overlapped with the
 rest of backward, and the on-device compute/communication contention that overlap brings.
 
-The profile's ``buckets`` section (``conf/cluster/generic.yaml``) turns it on; ``count: 1`` (the
+The profile's ``buckets`` section (``conf/cluster/dgx_superpod.yaml``) turns it on; ``count: 1`` (the
 default) is the single all-reduce model of :mod:`pacectl.backends.sim`, bit for bit (it does not
 run this module at all; ``tests/test_buckets.py`` also runs this engine with one bucket against it).
 

@@ -390,7 +390,7 @@ def clock_for_delay(
     return clock, np.maximum(d - stretch, 0.0)
 
 
-#: The profile of a cluster that names none (the generic profile's DGX H100/H200 nodes).
+#: The profile of a cluster that names none (the default dgx_superpod profile's DGX H100 nodes).
 DEFAULT_POWER = "h100_sxm"
 
 

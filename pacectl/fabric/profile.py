@@ -24,7 +24,7 @@ and a source (`pacectl/fabric/`):
 
 `comm=contention` is timing-dependent only where something varies the ring's rate: cross traffic
 that switches on and off on links the inter-node ring crosses, or (simulator) interference
-(`kappa > 0` with ranks sharing a node). On a profile without either (`generic`, the trace profiles; a job inside one node;
+(`kappa > 0` with ranks sharing a node). On a profile without either (`dgx_superpod`, `cost_optimized`, the trace profiles; a job inside one node;
 cross traffic always on, or staggered bursts on so many uplinks the ring crosses that one of them is
 busy at every instant: a constant slowdown) its durations are fixed, as under max-plus: the run
 warns, and `summary.json` (`comm_model_timing_dependent`, per run `comm_timing_dependent`), the plot
@@ -32,7 +32,9 @@ titles, the console table and `report.md` say fixed durations.
 
 The simulator's compute-time models (`cluster.compute.noise`): i.i.d. lognormal jitter,
 heavy-tailed Pareto hiccups, periodic OS-style noise, persistent slow ranks (locality), and replay of
-real per-worker step-time samples (Alibaba PAI). Profiles: `generic`, `paper_like` (calibrated to the
+real per-worker step-time samples (Alibaba PAI). Profiles: `dgx_superpod` (the default: NVIDIA's DGX H100 SuperPOD reference
+architecture, 8 rail-optimised 400 Gb/s NICs per node, 32-node leaves, non-blocking), `cost_optimized`
+(one NIC flow per node, 4-node leaves: the default before), `paper_like` (calibrated to the
 paper's no-pacing CV of 0.22 at 64 ranks with `comm=contention`, averaged over long runs: the study
 uses 3 seeds x 1,500 iterations; heavy-tailed hiccups make one short run's CV noisy), `contended`,
 `alibaba_pai` and `h200_gloo4` (the paper_like fabric with each rank replaying real step times: one
@@ -45,7 +47,7 @@ a "did you mean"; so are values a model cannot use (`cluster.topology.ranks_per_
 of `inf`, `cluster.collective.message_bytes=nan`, `cluster.collective.algorithm=foo`): one line that
 names the override key, what it must be and an example (`pacectl.fabric.profile.validate_cluster`).
 Replay with `comm=null` (the default) never reads the profile, so it is not checked there. Besides the
-keys of `generic.yaml`, `cluster.cross_traffic.stagger` (default 0.37, in [0, 1]) shifts the on/off
+keys of `dgx_superpod.yaml`, `cluster.cross_traffic.stagger` (default 0.37, in [0, 1]) shifts the on/off
 phase of successive links by that fraction of the period (`+cluster.cross_traffic.stagger=0`: all
 links switch together).
 """
@@ -88,7 +90,7 @@ def inert_contention_note(
     The contention model's durations depend on timing only through cross traffic that switches on
     and off on links the inter-node ring uses (:attr:`ContentionComm.inert_reason` says why not)
     and, in the simulator, early-arrival interference between co-located ranks (the replay does not
-    model it). Without either (``generic``, the trace profiles, a job inside one node) durations are
+    model it). Without either (``dgx_superpod``, the trace profiles, a job inside one node) durations are
     fixed, as under max-plus: no controller can gain there, whatever the model's name says.
 
     Args:
@@ -276,8 +278,8 @@ def _indices(example: str) -> tuple[_Check, str]:
     return check, example
 
 
-#: The fabric sections of a profile and their fields (the examples are the generic profile's values
-#: where it sets them). tests/test_fabric.py checks that every key of every shipped profile is here
+#: The fabric sections of a profile and their fields (each example is a valid value, shown in the hint
+#: of a bad one). tests/test_fabric.py checks that every key of every shipped profile is here
 #: and that each field is a parameter of the class it configures.
 FABRIC_SCHEMA: dict[str, dict[str, tuple[_Check, str]]] = {
     "topology": {  # FatTree

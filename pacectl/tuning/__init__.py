@@ -26,7 +26,7 @@ python -m pacectl.run controller_file=DIR/controller.yaml trace=st     # load th
 
 - **Profiles** (`conf/cluster/*.yaml`): a profile's `traces:` list is replayed (`ar`, `st`; the
   top-level `comm` applies, `null` by default); a profile without traces (`paper_like`,
-  `contended`, `generic`) is simulated with its fabric and `compute` sections and the scenario in
+  `contended`, `dgx_superpod`, `cost_optimized`) is simulated with its fabric and `compute` sections and the scenario in
   `tune.sim` (`num_ranks`, `num_iterations`, `comm`, `seeds`), which a profile's own `tune_sim:`
   section fills (`conf/cluster/contended.yaml`). `tune.on=traces|sim` forces one. A `tune.sim.*`
   override that the study does not use (any of them on traces; `tune.sim.heldout_seeds`, read only

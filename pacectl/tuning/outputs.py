@@ -350,7 +350,7 @@ def run_overrides(
         ``(overrides, differences)``: the overrides as one string, the differences as sentences.
     """
     comm = descriptor.get("comm") or "null"
-    profile = descriptor.get("profile", "generic")
+    profile = descriptor.get("profile", "cost_optimized")  # studies before it was named: generic
     differences: list[str] = []
     labels: list[str]
     if descriptor.get("kind") == "sim":

@@ -27,7 +27,8 @@ FAMILIES = ("none", "threshold", "pid", "quantile", "sleep_wait")
 CASES = (
     ("paper_like-contention", ["cluster=paper_like", "comm=contention"]),
     ("contended-contention", ["cluster=contended", "comm=contention"]),
-    ("generic-null", ["cluster=generic", "comm=null"]),
+    # the profile called generic when the digests were taken (its values are cost_optimized's)
+    ("cost_optimized-null", ["cluster=cost_optimized", "comm=null"]),
     ("paper_like-alpha_beta", ["cluster=paper_like", "comm=alpha_beta"]),
     ("paper_like-contention-clock", ["cluster=paper_like", "comm=contention", "backend.actuator=clock"]),
     (
