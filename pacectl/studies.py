@@ -103,6 +103,66 @@ def sim_cell(
 LAUNCHERS = ("joblib", "submitit_local", "submitit_slurm")
 
 
+def launch_sweep(
+    module: str,
+    overrides: list[str],
+    sweep: dict[str, list[Any]],
+    *,
+    launcher: str,
+    launcher_overrides: list[str] | tuple[str, ...] = (),
+    sweep_dir: Path,
+) -> list[tuple[dict[str, str], Path]]:
+    """Run one Hydra sweep of ``python -m <module>`` through ``launcher``; each job's values and folder.
+
+    The command is ``python -m <module> -m hydra/launcher=<launcher> <launcher_overrides> <overrides>
+    key=v1,v2,... hydra.sweep.dir=<sweep_dir>``: one job per combination of the ``sweep`` values (a
+    process with joblib, a submitit job on this machine or a SLURM cluster).
+
+    Args:
+        module: ``pacectl.run`` or ``pacectl.tune``.
+        overrides: the overrides every job shares.
+        sweep: swept key -> its values (a Hydra sweep is the product of them).
+        launcher: one of :data:`LAUNCHERS`.
+        launcher_overrides: further ``hydra.launcher.*`` settings (``hydra.launcher.n_jobs=2``).
+        sweep_dir: the sweep's folder (``hydra.sweep.dir``); one sub-folder per job.
+
+    Returns:
+        ``[(swept key -> this job's value as written on its command line, job folder)]``, one per job.
+
+    Raises:
+        ConfigError: an unknown launcher.
+        RuntimeError: the sweep failed (its stderr's tail), or a job left no folder.
+    """
+    import os
+    import subprocess
+    import sys
+
+    from omegaconf import OmegaConf
+
+    from pacectl.errors import ConfigError
+
+    if launcher not in LAUNCHERS:
+        raise ConfigError(f"launcher must be one of {list(LAUNCHERS)}, got {launcher!r}")
+    swept = [f"{key}={','.join(str(v) for v in values)}" for key, values in sweep.items()]
+    command = [
+        sys.executable, "-m", module, "-m", f"hydra/launcher={launcher}", *launcher_overrides,
+        *overrides, *swept, f"hydra.sweep.dir={sweep_dir}",
+    ]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ), check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the sweep through {launcher} failed: {proc.stderr[-1500:]}")
+    jobs = []
+    for job in sorted(p for p in sweep_dir.iterdir() if (p / ".hydra" / "overrides.yaml").is_file()):
+        given = dict(str(o).partition("=")[::2] for o in OmegaConf.load(job / ".hydra" / "overrides.yaml"))
+        jobs.append(({key: given[key] for key in sweep}, job))
+    expected = int(np.prod([len(values) for values in sweep.values()]))
+    if len(jobs) != expected:
+        raise RuntimeError(
+            f"the sweep through {launcher} left {len(jobs)} job folders of {expected} in {sweep_dir}"
+        )
+    return jobs
+
+
 def launched_cells(
     overrides: list[str],
     *,
@@ -117,17 +177,14 @@ def launched_cells(
     """:func:`sim_cell` at every scale, its seeds run as the jobs of one Hydra sweep through ``launcher``.
 
     One ``python -m pacectl.run -m hydra/launcher=<launcher> backend.num_ranks=<scales> seed=0..seeds-1``
-    sweep: every (scale, seed) is a job of its own (a process with joblib, a submitit job on this
-    machine or a SLURM cluster), whose ``summary.json`` holds what :func:`sim_cell` computes in
-    process; the cells are the same figures (``tests/test_launchers.py``).
+    sweep (:func:`launch_sweep`): every (scale, seed) is a job of its own, whose ``summary.json``
+    holds what :func:`sim_cell` computes in process; the cells are the same figures
+    (``tests/test_launchers.py``).
 
     Args:
         overrides, cluster, iterations, seeds: as :func:`sim_cell`.
         scales: world sizes, one cell each.
-        launcher: one of :data:`LAUNCHERS`.
-        launcher_overrides: further ``hydra.launcher.*`` settings (``hydra.launcher.n_jobs=2``,
-            ``hydra.launcher.partition=gpu``).
-        sweep_dir: the sweep's folder (``hydra.sweep.dir``); one sub-folder per job.
+        launcher, launcher_overrides, sweep_dir: as :func:`launch_sweep`.
 
     Returns:
         ``{num_ranks: {family: figures}}``.
@@ -137,37 +194,28 @@ def launched_cells(
         RuntimeError: the sweep failed (its stderr's tail).
     """
     import json
-    import os
-    import subprocess
-    import sys
 
-    from pacectl.errors import ConfigError
-
-    if launcher not in LAUNCHERS:
-        raise ConfigError(f"launcher must be one of {list(LAUNCHERS)}, got {launcher!r}")
-    command = [
-        sys.executable, "-m", "pacectl.run", "-m", f"hydra/launcher={launcher}", *launcher_overrides,
-        "backend=sim", f"cluster={cluster}", f"backend.num_ranks={','.join(str(n) for n in scales)}",
-        f"backend.num_iterations={iterations}", f"seed={','.join(str(i) for i in range(seeds))}", *overrides,
-        "output.plots=false", f"hydra.sweep.dir={sweep_dir}",
-    ]  # fmt: skip
-    proc = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ), check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the sweep through {launcher} failed: {proc.stderr[-1500:]}")
+    jobs = launch_sweep(
+        "pacectl.run",
+        [
+            "backend=sim",
+            f"cluster={cluster}",
+            f"backend.num_iterations={iterations}",
+            *overrides,
+            "output.plots=false",
+        ],
+        {"backend.num_ranks": list(scales), "seed": list(range(seeds))},
+        launcher=launcher,
+        launcher_overrides=launcher_overrides,
+        sweep_dir=sweep_dir,
+    )
     per_cell: dict[int, dict[int, dict[str, Any]]] = {}
-    for job in sweep_dir.iterdir():
-        if not (job / "summary.json").is_file():
-            continue
+    for given, job in jobs:
         summary = json.loads((job / "summary.json").read_text())
-        per_cell.setdefault(int(summary["sim"]["num_ranks"]), {})[int(summary["seed"])] = summary["runs"]
+        per_cell.setdefault(int(given["backend.num_ranks"]), {})[int(given["seed"])] = summary["runs"]
     cells: dict[int, dict[str, dict[str, Any]]] = {}
     for n in scales:
-        by_seed = per_cell.get(int(n), {})
-        if sorted(by_seed) != list(range(seeds)):
-            raise RuntimeError(
-                f"the sweep through {launcher} left no summary for {n} ranks, seeds {sorted(by_seed)}"
-            )
-        runs = [by_seed[i] for i in range(seeds)]
+        runs = [per_cell[int(n)][i] for i in range(seeds)]
         cells[int(n)] = {
             f: {
                 **{k: float(np.mean([r[f][k] for r in runs])) for k in CELL_KEYS},

@@ -136,3 +136,62 @@ def test_a_study_cell_through_a_launcher_is_the_in_process_cell(
         **kwargs,
     )
     assert launched == here
+
+
+def _script(path: str):
+    """An experiment script as a module (its functions; ``main`` is not run)."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem + "_under_test", ROOT / path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(
+    not _have("hydra_joblib_launcher"),
+    reason='hydra-joblib-launcher is not installed (pip install -e ".[launchers]")',
+)
+def test_a_staleness_cell_through_a_launcher_is_the_in_process_cell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every schedule x seed of one scenario as sweep jobs; the paired intervals between runs of
+    # different jobs come from their iterations.parquet
+    from hydra import initialize_config_dir
+
+    from pacectl.config import CONF_DIR
+
+    study = _script("experiments/staleness/run_study.py")
+    args = ("paper_like", 8, ["comm=contention"], 40, 2)
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        here = study.scenario_rows("p", "paper_like", 8, study.scenario_runs(*args), 2)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    runs = study.launched_scenario_runs(
+        *args, launcher="joblib", launcher_overrides=["hydra.launcher.n_jobs=2"], sweep_dir=tmp_path
+    )
+    assert sorted(runs) == sorted((lag, every, s) for lag, every in study.SCHEDULES for s in range(2))
+    launched = study.scenario_rows("p", "paper_like", 8, runs, 2)
+    assert len(launched) == len(study.SCHEDULES) * len(runs[(1, 1, 0)]) > 0
+    assert launched == here
+
+
+@pytest.mark.skipif(
+    not _have("hydra_joblib_launcher"),
+    reason='hydra-joblib-launcher is not installed (pip install -e ".[launchers]")',
+)
+def test_a_tuning_cell_through_a_launcher_is_the_in_process_cell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one pacectl.tune job per family; the held-out judgement runs here on each job's tune.json
+    study = _script("experiments/tuning/run_tuning.py")
+    kwargs = {"families": ["threshold", "pid"]}
+    here = study.run(["st"], 3, 1, tmp_path / "here", **kwargs)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    launched = study.run(
+        ["st"], 3, 1, tmp_path / "launched", launcher="joblib",
+        launcher_overrides=["hydra.launcher.n_jobs=2"], **kwargs,
+    )  # fmt: skip
+    for result in (here, launched):
+        for family in result["profiles"]["st"]["families"].values():
+            assert family.pop("wall_s") > 0  # the only figure that depends on the machine's load
+    assert list(launched["profiles"]["st"]["families"]) == ["threshold", "pid"]
+    assert launched == here

@@ -20,6 +20,9 @@ Usage::
 
     python experiments/fuzz/fuzz_importers.py                      # 10,000+ cases, writes results/campaign.json
     python experiments/fuzz/fuzz_importers.py --cases 20 --out /tmp/fuzz.json
+    # in chunks (each its own process, e.g. under `timeout`), then one record of them all:
+    python experiments/fuzz/fuzz_importers.py --from 0 --cases 278 --out /tmp/chunk0.json
+    python experiments/fuzz/fuzz_importers.py --merge /tmp/chunk*.json
 
 ``tests/test_fuzz.py`` runs a small derandomised slice of the same cases in CI.
 """
@@ -318,6 +321,36 @@ def _write(
     return record
 
 
+def merge(paths: list[Path], out: Path) -> dict[str, Any]:
+    """One record of several chunk records: counts summed, crashes joined, peak memory the largest
+    chunk's (each chunk is its own process), wall time the sum; partial if any chunk was."""
+    from pacectl.files import atomic_write_text
+
+    chunks = [json.loads(p.read_text()) for p in paths]
+    by_target: dict[str, dict[str, int]] = {}
+    for c in chunks:
+        for target, counts in c["by_target"].items():
+            total = by_target.setdefault(target, dict.fromkeys(counts, 0))
+            for k, v in counts.items():
+                total[k] += v
+    record = {
+        "machine": chunks[0]["machine"],
+        "python": chunks[0]["python"],
+        "command": [c["command"] for c in chunks],
+        "partial": any(c["partial"] for c in chunks),  # a chunk cut short (its counts are what it did)
+        "seed": sorted({c["seed"] for c in chunks}),
+        "cases": sum(c["cases"] for c in chunks),
+        "by_target": by_target,
+        "crashes": [x for c in chunks for x in c["crashes"]],
+        "longest_clean_message_chars": max(c["longest_clean_message_chars"] for c in chunks),
+        "peak_rss_mb": max(c["peak_rss_mb"] for c in chunks),
+        "wall_s": round(sum(c["wall_s"] for c in chunks), 1),
+        "loadavg_end": [c["loadavg_end"] for c in chunks],
+    }
+    atomic_write_text(out, json.dumps(record, indent=2) + "\n")
+    return record
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", type=int, default=1200, help="cases per target (8 inputs + overrides)")
@@ -325,7 +358,13 @@ def main() -> None:
     ap.add_argument("--from", dest="start", type=int, default=0, help="first case number")
     ap.add_argument("--only", default=None, help="one target name")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "campaign.json")
+    ap.add_argument("--merge", nargs="+", type=Path, default=None, help="chunk records to merge into --out")
     args = ap.parse_args()
+    if args.merge:
+        record = merge(args.merge, args.out)
+        print(json.dumps({k: v for k, v in record.items() if k != "crashes"}, indent=1))
+        print(f"crashes: {len(record['crashes'])}; written: {args.out}")
+        return
     targets = [t for t in _targets() if args.only in (None, t.name)]
     keys = _override_keys() if args.only in (None, "overrides") else []
     rows: list[dict[str, Any]] = []

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_study import run_scenario  # noqa: E402
+from run_study import scenario_rows, scenario_runs  # noqa: E402
 
 from pacectl.data import DATA_DIR  # noqa: E402
 from pacectl.fabric.noise import EmpiricalSamples  # noqa: E402
@@ -43,7 +43,8 @@ def main() -> int:
     from pacectl.config import CONF_DIR
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        rows = run_scenario("alibaba_pai", "alibaba_pai", 8, ["comm=contention"], args.iterations, args.seeds)
+        runs = scenario_runs("alibaba_pai", 8, ["comm=contention"], args.iterations, args.seeds)
+        rows = scenario_rows("alibaba_pai", "alibaba_pai", 8, runs, args.seeds)
     frame = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out / "alibaba_pai_real_axis.csv", index=False)

@@ -13,13 +13,23 @@ Usage (from the repository root; about 3 minutes on 2 cores)::
 
     python experiments/staleness/run_study.py                       # writes experiments/staleness/results/
     python experiments/staleness/run_study.py --iterations 300 --seeds 1 --out /tmp/quick
+    python experiments/staleness/run_study.py --launcher joblib --launcher-arg hydra.launcher.n_jobs=8
+    python experiments/staleness/run_study.py --launcher submitit_slurm --launcher-arg hydra.launcher.partition=cpu
+
+``--launcher`` runs every (schedule, seed) of a scenario as a job of a Hydra sweep of ``pacectl.run``
+through that launcher (:func:`pacectl.studies.launch_sweep`; two sweeps per scenario, one per
+``exchange.every_iters``) and pairs the runs of different jobs on the iteration times of their
+``iterations.parquet``: the same figures as in process (``tests/test_launchers.py``).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -33,6 +43,7 @@ from pacectl.studies import (
     change_text,
     combined_half_width,
     comm_text,
+    launch_sweep,
     markdown_table,
     sim_episodes,
     study_arguments,
@@ -64,31 +75,87 @@ SCHEDULES = {
 }
 
 
-def run_scenario(
-    name: str, cluster: str, num_ranks: int, overrides: list[str], iterations: int, seeds: int
+#: One seeded run of a scenario: family -> (its summary, ``float64[num_iterations]`` iteration times, s).
+Runs = dict[str, tuple[dict[str, Any], np.ndarray]]
+
+
+def scenario_runs(
+    cluster: str, num_ranks: int, overrides: list[str], iterations: int, seeds: int
+) -> dict[tuple[int, int, int], Runs]:
+    """Every schedule x seed of one scenario, in this process: ``{(lag, every, seed): runs}``."""
+    runs: dict[tuple[int, int, int], Runs] = {}
+    for lag, every in SCHEDULES:
+        for seed in range(seeds):
+            episodes = sim_episodes(
+                [*overrides, f"exchange.lag_iters={lag}", f"exchange.every_iters={every}"],
+                cluster=cluster,
+                num_ranks=num_ranks,
+                iterations=iterations,
+                seed=seed,
+            )
+            runs[(lag, every, seed)] = {
+                f: (metrics.summarize(ep), np.asarray(ep.iteration_time_s)) for f, ep in episodes.items()
+            }
+    return runs
+
+
+def launched_scenario_runs(
+    cluster: str,
+    num_ranks: int,
+    overrides: list[str],
+    iterations: int,
+    seeds: int,
+    *,
+    launcher: str,
+    launcher_overrides: list[str],
+    sweep_dir: Path,
+) -> dict[tuple[int, int, int], Runs]:
+    """:func:`scenario_runs` as the jobs of Hydra sweeps of ``pacectl.run`` through ``launcher``: one
+    sweep per ``exchange.every_iters`` over its lags and the seeds; each job's summary and the iteration
+    times of its ``iterations.parquet`` (every rank of a lockstep job has its iteration's time)."""
+    runs: dict[tuple[int, int, int], Runs] = {}
+    for every in dict.fromkeys(e for _, e in SCHEDULES):
+        jobs = launch_sweep(
+            "pacectl.run",
+            [
+                "backend=sim",
+                f"cluster={cluster}",
+                f"backend.num_ranks={num_ranks}",
+                f"backend.num_iterations={iterations}",
+                *overrides,
+                f"exchange.every_iters={every}",
+                "output.plots=false",
+                "output.report=false",
+            ],  # fmt: skip
+            {"exchange.lag_iters": [lag for lag, e in SCHEDULES if e == every], "seed": list(range(seeds))},
+            launcher=launcher,
+            launcher_overrides=launcher_overrides,
+            sweep_dir=sweep_dir / f"every_{every}",
+        )
+        for given, job in jobs:
+            summaries = json.loads((job / "summary.json").read_text())["runs"]
+            frame = pd.read_parquet(job / "iterations.parquet", columns=["run", "rank", "iteration_time_s"])
+            frame = frame[frame["rank"] == frame["rank"].iloc[0]]  # ordered by run, then iteration
+            times = {run: g["iteration_time_s"].to_numpy() for run, g in frame.groupby("run", sort=False)}
+            key = (int(given["exchange.lag_iters"]), every, int(given["seed"]))
+            runs[key] = {f: (summaries[f], t) for f, t in times.items()}  # the run's order (none first)
+    return runs
+
+
+def scenario_rows(
+    name: str, cluster: str, num_ranks: int, runs: dict[tuple[int, int, int], Runs], seeds: int
 ) -> list[dict[str, object]]:
     """Rows for one scenario: every schedule x controller, means over seeds with paired 95 % CIs."""
-    episodes = {
-        (lag, every, seed): sim_episodes(
-            [*overrides, f"exchange.lag_iters={lag}", f"exchange.every_iters={every}"],
-            cluster=cluster,
-            num_ranks=num_ranks,
-            iterations=iterations,
-            seed=seed,
-        )
-        for lag, every in SCHEDULES
-        for seed in range(seeds)
-    }
     rows: list[dict[str, object]] = []
     for (lag, every), live in SCHEDULES.items():
-        for family in episodes[(lag, every, 0)]:
-            runs = [episodes[(lag, every, s)][family] for s in range(seeds)]
-            base = [episodes[(lag, every, s)]["none"] for s in range(seeds)]
-            instant = [episodes[(1, 1, s)][family] for s in range(seeds)]
-            summaries = [metrics.summarize(ep) for ep in runs]
+        for family in runs[(lag, every, 0)]:
+            mine = [runs[(lag, every, s)][family] for s in range(seeds)]
+            base = [runs[(lag, every, s)]["none"] for s in range(seeds)]
+            instant = [runs[(1, 1, s)][family] for s in range(seeds)]
+            summaries = [summary for summary, _ in mine]
             throughput = float(np.mean([s["throughput_it_per_s"] for s in summaries]))
-            base_tp = float(np.mean([metrics.summarize(ep)["throughput_it_per_s"] for ep in base]))
-            instant_tp = float(np.mean([metrics.summarize(ep)["throughput_it_per_s"] for ep in instant]))
+            base_tp = float(np.mean([s["throughput_it_per_s"] for s, _ in base]))
+            instant_tp = float(np.mean([s["throughput_it_per_s"] for s, _ in instant]))
             rows.append(
                 {
                     "scenario": name,
@@ -103,11 +170,11 @@ def run_scenario(
                     "pacing_delay_total_s": float(np.mean([s["pacing_delay_total_s"] for s in summaries])),
                     "throughput_change_frac": throughput / base_tp - 1.0,
                     "throughput_change_ci95_frac": combined_half_width(
-                        [metrics.paired_change_ci95_frac(b, r) for b, r in zip(base, runs, strict=True)]
+                        [metrics.paired_ci95_frac(b, r) for (_, b), (_, r) in zip(base, mine, strict=True)]
                     ),
                     "vs_instant_frac": throughput / instant_tp - 1.0,
                     "vs_instant_ci95_frac": combined_half_width(
-                        [metrics.paired_change_ci95_frac(i, r) for i, r in zip(instant, runs, strict=True)]
+                        [metrics.paired_ci95_frac(i, r) for (_, i), (_, r) in zip(instant, mine, strict=True)]
                     ),
                     "comm_model": summaries[0]["comm_model"],
                     "comm_timing_dependent": bool(summaries[0]["comm_timing_dependent"]),
@@ -175,9 +242,23 @@ def main() -> None:
     one_line_warnings()
     rows: list[dict[str, object]] = []
     t0 = time.perf_counter()
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        for name, cluster, ranks, overrides in SCENARIOS:
-            cell = run_scenario(name, cluster, ranks, overrides, args.iterations, args.seeds)
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"), tempfile.TemporaryDirectory() as sweeps:
+        for k, (name, cluster, ranks, overrides) in enumerate(SCENARIOS):
+            if args.launcher:
+                runs = launched_scenario_runs(
+                    cluster,
+                    ranks,
+                    overrides,
+                    args.iterations,
+                    args.seeds,
+                    launcher=args.launcher,
+                    launcher_overrides=args.launcher_arg,
+                    sweep_dir=Path(sweeps) / str(k),
+                )
+                shutil.rmtree(Path(sweeps) / str(k))  # the jobs' iterations.parquet, read
+            else:
+                runs = scenario_runs(cluster, ranks, overrides, args.iterations, args.seeds)
+            cell = scenario_rows(name, cluster, ranks, runs, args.seeds)
             rows += cell
             worst = min(
                 (

@@ -5,6 +5,8 @@ Usage::
     python experiments/tuning/run_tuning.py                   # overwrites the committed results/ record
     python experiments/tuning/run_tuning.py --trials 30 --profiles st paper_like --out /tmp/tuning
     python experiments/tuning/run_tuning.py --trials 4 --profiles st --families threshold --out /tmp/tuning-quick
+    python experiments/tuning/run_tuning.py --launcher joblib --launcher-arg hydra.launcher.n_jobs=4
+    python experiments/tuning/run_tuning.py --launcher submitit_slurm --launcher-arg hydra.launcher.partition=cpu
 
 ``--out DIR`` (default: ``experiments/tuning/results``, the committed record, which a run
 overwrites) receives ``results.json`` and ``results.md``.
@@ -21,6 +23,12 @@ worker by default, so that a rerun reproduces the record) and takes the exported
 On the same held-out episodes it runs no pacing and the paper's threshold controller at its
 defaults, and reports whether the tuned controller dominates the paper's controller (throughput at
 least as high and CV at least as low, one of them strictly).
+
+``--launcher`` runs each profile's studies (one per family) as the jobs of a Hydra sweep of
+``pacectl.tune`` through that launcher (:func:`pacectl.studies.launch_sweep`); this process then
+judges each job's choice (its ``tune.json``) on the held-out episodes, as it judges an in-process
+study's: the same record either way (``tests/test_launchers.py``). ``wall_s`` is the tuning's own
+time (``tune.json``'s ``wall_time_s``).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from hydra import compose, initialize_config_dir
 from pacectl.config import CONF_DIR, shipped_controller
 from pacectl.files import folder_problem, staged_outputs
 from pacectl.report import jsonable
+from pacectl.studies import LAUNCHERS, launch_sweep
 from pacectl.tuning.scenarios import Evaluation, build_scenarios
 from pacectl.tuning.settings import reference_params
 from pacectl.tuning.study import run_tuning
@@ -71,9 +80,13 @@ def run(
     out_root: Path,
     families: tuple[str, ...] | list[str] = FAMILIES,
     exchange_lag: int = 1,
+    launcher: str | None = None,
+    launcher_overrides: list[str] | tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Tune and evaluate; return the results dict. ``exchange_lag``: the decision lag of tuning and
-    evaluation alike (``exchange.lag_iters``; 2 is a live job's piggyback exchange)."""
+    evaluation alike (``exchange.lag_iters``; 2 is a live job's piggyback exchange). ``launcher``:
+    run the studies as sweep jobs through this Hydra launcher (``launcher_overrides``: its
+    ``hydra.launcher.*`` settings), else in this process."""
     results: dict[str, Any] = {
         "trials_per_study": trials,
         "workers": workers,
@@ -103,43 +116,57 @@ def run(
             "heldout_forecast_defaults": _row(forecast, none),
             "families": {},
         }
-        for family in families:
-            t0 = time.perf_counter()
-            cfg = _cfg(
-                [
-                    f"cluster={profile}",
-                    f"controller={family}",
-                    f"tune.n_trials={trials}",
-                    f"tune.n_workers={workers}",
-                    "tune.population_size=10",
-                    "tune.progress=false",
-                    *lag,
-                ]
+        settings = [
+            f"cluster={profile}",
+            f"tune.n_trials={trials}",
+            f"tune.n_workers={workers}",
+            "tune.population_size=10",
+            "tune.progress=false",
+            *lag,
+        ]
+        if launcher:  # one sweep of pacectl.tune per profile, one job per family
+            jobs = launch_sweep(
+                "pacectl.tune",
+                settings,
+                {"controller": list(families)},
+                launcher=launcher,
+                launcher_overrides=launcher_overrides,
+                sweep_dir=out_root / profile,
             )
-            res = run_tuning(cfg, out_root / f"{profile}-{family}", echo=lambda _line: None)
-            tuned = heldout.evaluate(family, res.controller_params)
-            entry["tuned_on"] = f"{res.scenarios.kind}: {', '.join(res.scenarios.labels)}"
-            entry["comm_model"] = res.scenarios.comm_model
+            tune_json = {given["controller"]: job / "tune.json" for given, job in jobs}
+        else:
+            tune_json = {}
+            for family in families:
+                out_dir = out_root / f"{profile}-{family}"
+                run_tuning(_cfg([*settings, f"controller={family}"]), out_dir, echo=lambda _line: None)
+                tune_json[family] = out_dir / "tune.json"
+        for family in families:
+            s = json.loads(tune_json[family].read_text())
+            params = {k: v for k, v in s["chosen"]["controller"].items() if k != "name"}
+            tuned = heldout.evaluate(family, params)
+            entry["tuned_on"] = f"{s['scenarios']['kind']}: {', '.join(s['scenarios']['labels'])}"
+            entry["comm_model"] = s["comm_model"]
+            chosen = s["chosen"]
             entry["families"][family] = {
-                "chosen_params": res.controller_params,
+                "chosen_params": params,
                 "tune_set": {
-                    "throughput_change_frac": -res.chosen.throughput_loss_frac,
-                    "cv": res.chosen.cv,
-                    "feasible": res.chosen.feasible,
-                    "improves_on_no_pacing": res.summary["improves_on_no_pacing"],
-                    "paper_threshold_cv": res.reference.cv,
-                    "none_cv": res.baseline.cv,
-                    "pareto_size": len(res.front),
-                    "front_dominates_paper": res.summary["front_dominates_reference"],
-                    "chosen_dominates_paper": res.summary["chosen_dominates_reference"],
+                    "throughput_change_frac": -chosen["throughput_loss_frac"],
+                    "cv": chosen["cv"],
+                    "feasible": chosen["feasible"],
+                    "improves_on_no_pacing": s["improves_on_no_pacing"],
+                    "paper_threshold_cv": s["reference_threshold"]["cv"],
+                    "none_cv": s["baseline_none"]["cv"],
+                    "pareto_size": s["pareto_size"],
+                    "front_dominates_paper": s["front_dominates_reference"],
+                    "chosen_dominates_paper": s["chosen_dominates_reference"],
                 },
                 "heldout": _row(tuned, none),
                 "heldout_dominates_paper": _dominates(tuned, paper),
                 "heldout_dominates_none": _dominates(tuned, none),
-                "wall_s": time.perf_counter() - t0,
+                "wall_s": s["wall_time_s"],
             }
             print(
-                f"{profile:10s} {family:9s} tune cv {res.chosen.cv:.4g} ({-res.chosen.throughput_loss_frac:+.3%}) | "
+                f"{profile:10s} {family:9s} tune cv {chosen['cv']:.4g} ({-chosen['throughput_loss_frac']:+.3%}) | "
                 f"held-out cv {tuned.cv:.4g} ({tuned.throughput_it_per_s / none.throughput_it_per_s - 1:+.3%}) "
                 f"vs paper cv {paper.cv:.4g} ({paper.throughput_it_per_s / none.throughput_it_per_s - 1:+.3%}), "
                 f"none cv {none.cv:.4g}; dominates paper: {_dominates(tuned, paper)}",
@@ -223,6 +250,20 @@ def main(argv: list[str] | None = None) -> None:
         "default 1, a live gloo job's; 2 is NCCL's piggyback exchange)",
     )
     parser.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default=None,
+        help="run the studies as jobs of a pacectl.tune sweep through this Hydra launcher "
+        "(pip install -e '.[launchers]'), not in process",
+    )
+    parser.add_argument(
+        "--launcher-arg",
+        action="append",
+        default=[],
+        metavar="OVERRIDE",
+        help="a hydra.launcher.* setting for --launcher (repeatable), e.g. hydra.launcher.n_jobs=2",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=HERE / "results",
@@ -244,6 +285,8 @@ def main(argv: list[str] | None = None) -> None:
             Path(tmp),
             families=args.families,
             exchange_lag=args.exchange_lag,
+            launcher=args.launcher,
+            launcher_overrides=args.launcher_arg,
         )
     results["wall_s"] = time.perf_counter() - t0
     out = args.out
