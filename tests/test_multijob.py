@@ -451,6 +451,29 @@ def test_kappa_override_replaces_the_profiles() -> None:
     assert plain.describe()["sim"]["interference_kappa_source"].startswith("assumed: scenario choice")
 
 
+def test_a_job_can_pin_its_own_controller() -> None:
+    """``cluster.jobs.<i>.controller`` gives that job its own family: under ``controller=phase`` job b
+    pinned to ``none`` never delays, while a (the run's phase) shifts."""
+    from hydra import compose, initialize_config_dir
+
+    from pacectl.config import CONF_DIR
+    from pacectl.experiment import make_experiment
+
+    overrides = [
+        "backend=sim",
+        "cluster=shared_uplink",
+        "comm=contention",
+        "backend.num_iterations=150",
+        "+cluster.jobs.1.controller=none",
+    ]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        experiment = make_experiment(compose(config_name="config", overrides=overrides))
+    ep = experiment.run("phase", {})
+    b = ep.domain_of_rank == 1
+    assert ep.applied_delay_s[:, b].max() == 0.0
+    assert ep.applied_delay_s[:, ~b].max() > 0.0
+
+
 # --- the study script ---------------------------------------------------------------------------------
 
 

@@ -18,7 +18,8 @@ simulator (``pacectl/backends/multijob.py``):
   open-loop competitor (job b replaced by a square wave of greedy flows on the same uplinks, on for
   b's mean collective alone and off for the rest of b's mean iteration alone, ``cluster.cross_traffic``:
   b's mean period and duty, without its jitter and without reacting); no compute jitter at all
-  (``no jitter``: collisions persist at a fixed overlap); non-commensurate periods (b's compute
+  (``no jitter``), and with b shaped like a as well (``identical jobs, no jitter``: two identical
+  reacting jobs that overlap are slowed alike, so an overlap persists); non-commensurate periods (b's compute
   and message scaled to 1.37 x a's instead of 2 x: b's period is 1.37 x a's, same duty); three jobs
   (``cluster=shared_uplink3``, periods 1 : 2 : 2);
 - ``comm=null``: the same jobs sharing nothing, where no controller may gain (the null model's zero).
@@ -37,7 +38,6 @@ Every figure is modelled (simulated time), so the machine's load does not move i
 
     nice -n 10 python experiments/multi_job/run_study.py            # 5 seeds x 500 iterations
     python experiments/multi_job/run_study.py --seeds 3 --iterations 200 --out /tmp/mj
-    python experiments/multi_job/run_study.py --scenarios "three jobs,comm=null (three jobs)"
 """
 
 from __future__ import annotations
@@ -89,6 +89,16 @@ SCENARIOS: dict[str, tuple[list[str], bool]] = {
     "no jitter": (
         [
             "comm=contention",
+            "cluster.jobs.0.compute.noise.0.sigma=0.0",
+            "cluster.jobs.1.compute.noise.0.sigma=0.0",
+        ],
+        False,
+    ),
+    "identical jobs, no jitter": (
+        [
+            "comm=contention",
+            "cluster.jobs.1.compute.compute_s=0.3",
+            "cluster.jobs.1.message_bytes=4.0e9",
             "cluster.jobs.0.compute.noise.0.sigma=0.0",
             "cluster.jobs.1.compute.noise.0.sigma=0.0",
         ],

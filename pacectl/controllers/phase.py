@@ -56,6 +56,10 @@ and interleave with a profiled ``quiet_s``; ``experiments/multi_job``, ``phase_p
 good as its measurement: a value too high hides slowdowns, one too low makes every collective look
 slowed (a shift at every decision, bounded by the guard's cap).
 
+Where it loses: jobs whose periods are not commensurate (1:1.37 in ``experiments/multi_job``).
+Their relative phase sweeps through every offset, so collisions return at the beat period whatever
+a shift did; each shift is a delay paid for nothing kept (-2 % there, -4 % with three jobs).
+
 Where it can do nothing: a job alone on its links, with no other traffic, has collectives that
 nothing slows (``comm=null``, or ``comm=contention`` without other jobs or cross traffic): then
 ``e_k = 0`` always and it never shifts (a run says so in a note). Under max-plus with fixed
