@@ -17,7 +17,6 @@ group option) in several lines with exit status 1. So, in this order:
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import logging
 import math
@@ -34,7 +33,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from pacectl.errors import ConfigError, PacectlError
+from pacectl.errors import ConfigError, PacectlError, config_error, did_you_mean
 from pacectl.files import folder_problem
 
 #: What Hydra puts into a run directory before the job runs: its config snapshot and job log.
@@ -511,14 +510,6 @@ def quiet_broken_pipe() -> None:
         pass
 
 
-def _closest(word: str, known: Sequence[str]) -> str | None:
-    close = (
-        difflib.get_close_matches(word, known, n=1, cutoff=0.5)
-        or [k for k in known if k.startswith(word)][:1]
-    )
-    return close[0] if close else None
-
-
 def composition_error(config_dir: Path, config_name: str, overrides: list[str], err: Exception) -> str:
     """One line for a Hydra composition error of ``overrides``, with a did-you-mean where one fits.
 
@@ -529,6 +520,10 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         err: Hydra's exception (``ConfigCompositionException``, ``MissingConfigException``,
             ``OverrideParseException``).
     """
+    from omegaconf.errors import ValidationError
+
+    if isinstance(err.__cause__, ValidationError):  # a wrong type for a typed config
+        return config_error(err.__cause__)
     text = str(err)
     missing = re.search(r"Could not find '([^'/]+)/([^']*)'", text)
     if missing:
@@ -536,7 +531,7 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         available = re.findall(r"^\t(\S+)$", text.split("Config search path")[0], flags=re.M)
         if not option:
             return f"{group}= needs an option of conf/{group}/: one of {', '.join(available)}"
-        hint = _closest(option, available)
+        hint = did_you_mean(option, available)
         fix = f" Did you mean {group}={hint}?" if hint else ""
         if group == "trace" and (not re.fullmatch(r"[\w-]+", option) or Path(option).is_dir()):
             from pacectl.traces.detect import SUFFIX_FORMATS, other_traces_in
@@ -571,7 +566,7 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         section = OmegaConf.select(node, parent) if node is not None and parent else node
         known = sorted(str(k) for k in section.keys()) if isinstance(section, DictConfig) else []
         where = f"{parent}." if parent else ""
-        hint = _closest(leaf, known)
+        hint = did_you_mean(leaf, known)
         fix = f" Did you mean {where}{hint}={given}?" if hint else ""
         owners = _options_with_key(config_dir, parent, leaf)
         if hint and leaf not in owners.values():
@@ -609,7 +604,7 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
             if first in top:  # seed.x: the parent is a value, not a section
                 shown = f" ({parent} is a value, not a section with keys)"
             else:  # the section itself does not exist (tun.n_trials)
-                close = _closest(first, top)
+                close = did_you_mean(first, top)
                 fix = fix or (f" Did you mean {close}{key[len(first) :]}={given}?" if close else "")
                 shown = f" (top-level keys: {top})"
         return f"{key}={given}: no such config key{shown}.{fix}"
@@ -673,7 +668,7 @@ def _options_with_key(config_dir: Path, parent: str, key: str) -> dict[str, str]
         if section and isinstance(node, DictConfig):
             node = OmegaConf.select(node, section)
         keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
-        match = key if key in keys else _closest(key, keys)
+        match = key if key in keys else did_you_mean(key, keys)
         if match:
             found.setdefault(option, match)
     exact = {option: k for option, k in found.items() if k == key}
@@ -790,7 +785,7 @@ def check_command_line(
         except PacectlError as err:
             fail(f"{where}{err}")
         except OmegaConfBaseException as err:
-            fail(f"{where}bad config: {str(err).splitlines()[0]}")
+            fail(f"{where}{config_error(err)}")
     if multirun and jobs:
         base_error = multirun_base_error(config_dir, config_name, overrides)
         if base_error:

@@ -7,12 +7,14 @@ points at the traces shipped inside the package (``pacectl/data/<rel>``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from pacectl.controllers import (
@@ -24,6 +26,7 @@ from pacectl.controllers import (
     make_controller,
     schedule_keys,
 )
+from pacectl.controllers.guard import GuardConfig
 from pacectl.controllers.registry import Family, subscribe
 from pacectl.data import DATA_DIR
 from pacectl.errors import ConfigError, TraceError, unknown_keys_error, yaml_problem
@@ -47,17 +50,16 @@ if not OmegaConf.has_resolver("pacectl_controllers"):  # the --help footers' lis
 
 def _store_family(fam: Family, registered: bool) -> None:
     """Keep the ``controller`` config group in step with the registry: every registered family is
-    an option (``controller=<family>``), its constructor defaults the config (:meth:`Family.config`)."""
-    from hydra.core.config_store import ConfigStore
-
+    an option (``controller=<family>``), its typed fields the config (:meth:`Family.node`)."""
     store = ConfigStore.instance()
     if registered:
-        store.store(group="controller", name=fam.name, node=fam.config())
+        store.store(group="controller", name=fam.name, node=fam.node())
     else:
         store.repo.get("controller", {}).pop(f"{fam.name}.yaml", None)
 
 
 subscribe(_store_family)
+ConfigStore.instance().store(group="guard", name="default", node=GuardConfig)
 
 
 def user_path(value: str, key: str = "path") -> str:
@@ -673,7 +675,8 @@ def _shipped_keys(group: str, field: str, value: object) -> set[str] | None:
 def _check_known_keys(cfg: DictConfig) -> None:
     """Reject keys the shipped configs do not define (typos, or ``+key=`` additions nothing reads).
 
-    The shipped YAML files are the schema: ``guard`` and ``output`` against ``config.yaml``; the
+    A typed section (``guard``, ``controller``: a dataclass in Hydra's ConfigStore) has its fields;
+    for the others the shipped YAML files are the schema: ``output`` against ``config.yaml``; the
     ``backend`` against ``conf/backend/<name>.yaml`` (the torch backend checks its own, nested keys);
     the ``trace`` against every ``conf/trace/*.yaml`` of its ``format``.
 
@@ -683,7 +686,11 @@ def _check_known_keys(cfg: DictConfig) -> None:
 
     base = OmegaConf.load(CONF_DIR / "config.yaml")
     checks: list[tuple[str, set[str] | None]] = [
-        ("guard", {str(k) for k in base.guard.keys()}),
+        (str(k), {f.name for f in dataclasses.fields(t)})  # the typed sections: their fields
+        for k, t in ((k, OmegaConf.get_type(cfg, str(k))) for k in cfg)
+        if isinstance(t, type) and dataclasses.is_dataclass(t)
+    ]
+    checks += [
         ("output", {str(k) for k in base.output.keys()}),
         ("exchange", {str(k) for k in base.exchange.keys()}),
     ]

@@ -67,6 +67,16 @@ def one_line_warning(message: Warning | str, category: type[Warning]) -> str:
     return f"warning ({category.__name__}): {message}"
 
 
+def did_you_mean(word: str, known: Iterable[str]) -> str | None:
+    """The closest of ``known`` to ``word`` (a typo: ``kpp`` -> ``kp``; or the one it starts), or None.
+
+    The one did-you-mean of pacectl: every message that suggests a name gets it from here.
+    """
+    known = [str(k) for k in known]
+    close = difflib.get_close_matches(str(word), known, n=1, cutoff=0.5)
+    return close[0] if close else next((k for k in known if k.startswith(str(word))), None)
+
+
 def unknown_keys_error(where: str, section: Mapping[str, Any], known: Iterable[str]) -> ConfigError:
     """The error for the keys of the config ``section`` (at override path ``where``) not in ``known``.
 
@@ -80,20 +90,83 @@ def unknown_keys_error(where: str, section: Mapping[str, Any], known: Iterable[s
     known = sorted(known)
     unknown = sorted(str(k) for k in section if str(k) not in known)
     first = unknown[0]
-    value = section[first]
-    shown = (
-        str(value).lower()
-        if isinstance(value, bool)
-        else value
-        if isinstance(value, (int, float, str))
-        else "..."
-    )
-    close = difflib.get_close_matches(first, known, n=1) or [k for k in known if k.startswith(first)][:1]
+    shown = override_value(section[first])
+    close = did_you_mean(first, known)
     # where the key came from is not known here (a +key override, a list value, a file): name the key
     fix = f"Remove {where}.{first} (set to {shown})"
     if close:
-        fix = f"Did you mean {where}.{close[0]}={shown}? Otherwise remove {where}.{first}"
+        fix = f"Did you mean {where}.{close}={shown}? Otherwise remove {where}.{first}"
     return ConfigError(f"{where} has unknown key(s) {unknown}: nothing reads them (known: {known}). {fix}")
+
+
+def override_value(value: object) -> str:
+    """A value as an override writes it (``true``, ``0.5``, ``null``; ``...`` for a mapping or list)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value) if isinstance(value, (int, float, str)) else "..."
+
+
+_KINDS = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
+
+
+def config_error(err: BaseException) -> str:
+    """One line for an OmegaConf validation error (or a Hydra composition error caused by one).
+
+    OmegaConf refuses a value of the wrong type for a typed config (a :mod:`pacectl.checks`
+    dataclass in Hydra's ConfigStore) and a key the dataclass does not have; this names the key, the
+    value, what it must be, an example (the field's default) and, for an unknown key, the closest
+    known one. It reads the exception's fields (``full_key``, ``value``, ``object_type``), not its text.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> from omegaconf import OmegaConf
+        >>> @dataclass
+        ... class Guard:
+        ...     window_iters: int = 32
+        >>> try:
+        ...     OmegaConf.merge(OmegaConf.structured(Guard), {"window_iters": "abc"})
+        ... except Exception as err:
+        ...     print(config_error(err))
+        window_iters must be an integer, got 'abc': for example window_iters=32
+    """
+    import dataclasses
+    import enum
+    import typing
+
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    while not isinstance(err, OmegaConfBaseException) and err.__cause__ is not None:
+        err = err.__cause__
+    if not isinstance(err, OmegaConfBaseException):
+        return " ".join(str(err).split())
+    key, leaf = str(getattr(err, "full_key", "") or ""), str(getattr(err, "key", "") or "")
+    cls = getattr(err, "object_type", None)
+    declared = (
+        {f.name: f for f in dataclasses.fields(cls)}
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls)
+        else {}
+    )
+    if isinstance(err, ConfigKeyError) and declared:
+        close = did_you_mean(leaf, declared)
+        fix = f"; did you mean {key.removesuffix(leaf)}{close}?" if close else ""
+        return f"{key}: no such key (known: {', '.join(declared)}){fix}"
+    if isinstance(err, ValidationError) and leaf in declared:
+        hint = typing.get_type_hints(cls).get(leaf)
+        args = typing.get_args(hint) or (hint,)
+        kinds = [_KINDS.get(a, getattr(a, "__name__", str(a))) for a in args if a is not type(None)]
+        must = " or ".join(kinds) + (" or null" if type(None) in args else "")
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            must = "one of " + ", ".join(m.name for m in hint)
+        default = declared[leaf].default
+        example = (
+            ""
+            if default is None or default is dataclasses.MISSING
+            else f": for example {key}={override_value(default)}"
+        )
+        return f"{key} must be {must}, got {getattr(err, 'value', None)!r}{example}"
+    return f"{key or 'config'}: " + str(getattr(err, "msg", err)).splitlines()[0]
 
 
 def yaml_problem(err: BaseException) -> str:

@@ -585,13 +585,10 @@ def test_pickled_controller_keeps_parameters() -> None:
 
 
 def test_a_quoted_number_is_named_as_a_string() -> None:
-    from pacectl.controllers.base import check_float
-    from pacectl.errors import ConfigError
-
     with pytest.raises(ConfigError, match=r"got '0.5' \(a string: drop the quotes around the number\)"):
-        check_float("pid", "kp", "0.5", low=0.0)
+        PidController(kp="0.5")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"got 'abc' \(controller 'pid'"):  # not a number at all
-        check_float("pid", "kp", "abc", low=0.0)
+        PidController(kp="abc")  # type: ignore[arg-type]
 
 
 def test_a_non_finite_value_read_as_text_is_not_called_a_quoted_number() -> None:

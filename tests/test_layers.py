@@ -29,6 +29,7 @@ UPPER = (
 #: The lower layers: values, files, controllers, models, importers, backends, the loop, metrics.
 LOWER = (
     "pacectl.backends",
+    "pacectl.checks",
     "pacectl.controllers",
     "pacectl.energy",
     "pacectl.errors",

@@ -5,20 +5,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
+from pacectl.checks import within
 from pacectl.config import CONF_DIR
 from pacectl.controllers import FAMILIES, make_controller, register, unregister
-from pacectl.controllers.base import BaseController, FloatArray, check_float, earliness
+from pacectl.controllers.base import BaseController, FloatArray, earliness
 from pacectl.errors import ConfigError
 from pacectl.testing import ControllerContract
 from pacectl.types import Controller, Observation
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class Deadband(BaseController):
     """Delay each early rank by ``gain`` x its earliness while the natural spread exceeds ``band_s``.
 
@@ -28,10 +31,8 @@ class Deadband(BaseController):
     """
 
     name = "deadband"
-
-    def __init__(self, *, band_s: float = 0.01, gain: float = 0.5) -> None:
-        self.band_s = check_float(self.name, "band_s", band_s, low=0.0)
-        self.gain = check_float(self.name, "gain", gain, low=0.0, high=1.0, low_open=True)
+    band_s: float = within(0.01, ">= 0")
+    gain: float = within(0.5, "(0, 1]")
 
     def _reset_state(self, num_ranks: int) -> None:
         self._active = False

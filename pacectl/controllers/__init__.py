@@ -35,8 +35,8 @@ from pacectl.controllers.registry import (
     SCHEDULE_KEYS,
     Family,
     all_families,
-    did_you_mean,
     family,
+    hint,
     register,
     unregister,
 )
@@ -110,7 +110,7 @@ def make_controller(name: str, **params: object) -> Controller:
     for key in params:
         if key not in accepted:
             raise ConfigError(
-                f"unknown parameter {key!r} for controller {name!r}{did_you_mean(key, accepted)} "
+                f"unknown parameter {key!r} for controller {name!r}{hint(key, accepted)} "
                 f"(accepted: {', '.join(accepted) or 'none'})"
             )
     controller: Controller = fam.cls(**params)

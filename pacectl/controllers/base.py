@@ -1,4 +1,4 @@
-"""Shared pieces of the pacing controllers: parameter checks, call-order checks, earliness and EWMA.
+"""Shared pieces of the pacing controllers: the config base, call-order checks, earliness and EWMA.
 
 Controllers subclass :class:`BaseController` and implement ``_reset_state``, ``_act`` and
 ``_diagnostics``; the base class does the call-order and shape checks once, at the boundary.
@@ -6,129 +6,18 @@ Controllers subclass :class:`BaseController` and implement ``_reset_state``, ``_
 
 from __future__ import annotations
 
-import math
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
-from pacectl.errors import ConfigError, ControllerError
+from pacectl.checks import Checked, integer
+from pacectl.errors import ControllerError
 from pacectl.types import Action, Observation
 
 FloatArray = NDArray[np.float64]
 
-_REAL_TYPES = (int, float, np.integer, np.floating)
 _Sample = TypeVar("_Sample", FloatArray, np.float64)
-
-
-def _interval(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
-    if low is not None and high is not None:
-        return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    if low is not None:
-        return f"{'>' if low_open else '>='} {low:g}"
-    if high is not None:
-        return f"{'<' if high_open else '<='} {high:g}"
-    return "finite"
-
-
-def _shown(value: object) -> str:
-    """``repr`` of a user value, with numpy scalars shown as plain Python numbers; a number given
-    as a string (quoted on the command line: Hydra then keeps it a string) says so."""
-    if isinstance(value, np.generic):
-        return repr(value.item())
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            return repr(value)
-        if not math.isfinite(number):  # YAML reads a bare nan / inf as text; it is no valid value anyway
-            return f"{value!r} (not a finite number)"
-        return f"{value!r} (a string: drop the quotes around the number)"
-    return repr(value)
-
-
-def _where(controller: str, name: str) -> str:
-    """Where a bad parameter came from, and the override that sets it."""
-    if controller == "guard":
-        return f"(override: guard.{name}=<value>)"
-    return f"(controller {controller!r}; override: controller.{name}=<value>)"
-
-
-def check_float(
-    controller: str,
-    name: str,
-    value: object,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    high_open: bool = False,
-) -> float:
-    """Validate a finite real parameter against an interval.
-
-    Args:
-        controller: controller family name, quoted in the message.
-        name: parameter name.
-        value: the value given.
-        low: lower bound, or ``None`` for none.
-        high: upper bound, or ``None`` for none.
-        low_open: exclude ``low`` itself.
-        high_open: exclude ``high`` itself.
-
-    Returns:
-        ``value`` as a Python ``float``.
-
-    Raises:
-        ConfigError: ``"gain must be in (0, 1], got 1.5 (controller 'threshold'; override:
-            controller.gain=<value>)"`` and the like.
-    """
-    constraint = _interval(low, high, low_open, high_open)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, _REAL_TYPES):
-        raise ConfigError(
-            f"{name} must be a real number {constraint}, got {_shown(value)} {_where(controller, name)}"
-        )
-    x = float(value)
-    ok = math.isfinite(x)
-    if ok and low is not None:
-        ok = x > low if low_open else x >= low
-    if ok and high is not None:
-        ok = x < high if high_open else x <= high
-    if not ok:
-        finite = "" if math.isfinite(x) else "a finite number "
-        raise ConfigError(
-            f"{name} must be {finite}{constraint}, got {_shown(value)} {_where(controller, name)}"
-        )
-    return x
-
-
-def check_int(controller: str, name: str, value: object, *, low: int) -> int:
-    """Validate an integer parameter ``>= low`` (integral floats such as ``16.0`` are accepted).
-
-    Raises:
-        ConfigError: ``"window_iters must be an integer >= 1, got 0 (controller 'quantile'; ...)"``.
-    """
-    integral = isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer())
-    if isinstance(value, (bool, np.bool_)) or not integral or int(value) < low:  # type: ignore[call-overload]
-        raise ConfigError(
-            f"{name} must be an integer >= {low}, got {_shown(value)} {_where(controller, name)}"
-        )
-    return int(value)  # type: ignore[call-overload]
-
-
-def check_thresholds(controller: str, on_threshold_s: object, off_threshold_s: object) -> tuple[float, float]:
-    """Validate a hysteresis band: ``0 <= off_threshold_s <= on_threshold_s``, seconds.
-
-    Raises:
-        ConfigError: a threshold is negative or not finite, or the band is inverted.
-    """
-    on = check_float(controller, "on_threshold_s", on_threshold_s, low=0.0)
-    off = check_float(controller, "off_threshold_s", off_threshold_s, low=0.0)
-    if off > on:
-        raise ConfigError(
-            f"off_threshold_s must be <= on_threshold_s ({on:g}), got {_shown(off_threshold_s)} "
-            f"(controller {controller!r}); the band [off, on] is the hysteresis band"
-        )
-    return on, off
 
 
 def earliness(natural_arrival_s: FloatArray) -> FloatArray:
@@ -169,12 +58,21 @@ def relative_to_latest(predicted_earliness_s: FloatArray) -> FloatArray:
     return predicted_earliness_s - predicted_earliness_s.min()
 
 
-class BaseController:
-    """Call-order and shape checks shared by the built-in controllers.
+class BaseController(Checked):
+    """Typed parameters, call-order and shape checks shared by the built-in controllers.
 
-    Subclasses set ``name`` and implement ``_reset_state``, ``_act`` and ``_diagnostics``.
+    A subclass is a dataclass, ``@dataclass(kw_only=True, eq=False, repr=False)``: its fields are its
+    parameters, its typed config (the keys of ``controller=<name>``), each with its default and
+    range (``gain: float = within(0.5, "(0, 1]")``, :mod:`pacectl.checks`), checked when it is
+    built. It sets ``name`` and implements ``_reset_state``, ``_act`` and ``_diagnostics``; state
+    lives in ``_private`` attributes set by ``_reset_state``.
+
+    Raises:
+        ConfigError: a parameter is out of range; the message names it and shows the bad value.
+        TypeError: a positional argument, or a keyword that is not a field.
     """
 
+    section: ClassVar[str] = "controller"
     name: str = "base"
     #: how this controller's ranks wait inside the paced collective (:attr:`pacectl.types.Action.wait`)
     wait: str = "spin"
@@ -190,7 +88,7 @@ class BaseController:
         Raises:
             ConfigError: ``num_ranks`` is not an integer >= 1.
         """
-        self._num_ranks = check_int(self.name, "num_ranks", num_ranks, low=1)
+        self._num_ranks = integer(num_ranks, "num_ranks", 1, f" (controller {self.name!r})")
         self._reset_state(self._num_ranks)
 
     def act(self, obs: Observation) -> Action:

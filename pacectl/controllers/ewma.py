@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from pacectl.checks import within
 from pacectl.controllers.base import (
     BaseController,
     FloatArray,
-    check_float,
-    check_int,
-    check_thresholds,
     earliness,
     ewma,
     relative_to_latest,
@@ -19,6 +19,7 @@ from pacectl.types import Observation
 
 
 @register()
+@dataclass(kw_only=True, eq=False, repr=False)
 class EwmaController(BaseController):
     """Pace on an exponentially smoothed natural spread, with a hysteresis band and a minimum dwell.
 
@@ -53,21 +54,15 @@ class EwmaController(BaseController):
 
     name = "ewma"
 
-    def __init__(
-        self,
-        *,
-        alpha: float = 0.2,
-        on_threshold_s: float = 0.02,
-        off_threshold_s: float = 0.01,
-        min_dwell_iters: int = 5,
-        gain: float = 0.5,
-    ) -> None:
-        self.alpha = check_float(self.name, "alpha", alpha, low=0.0, high=1.0, low_open=True)
-        self.on_threshold_s, self.off_threshold_s = check_thresholds(
-            self.name, on_threshold_s, off_threshold_s
-        )
-        self.min_dwell_iters = check_int(self.name, "min_dwell_iters", min_dwell_iters, low=0)
-        self.gain = check_float(self.name, "gain", gain, low=0.0, high=1.0, low_open=True)
+    alpha: float = within(0.2, "(0, 1]")
+    on_threshold_s: float = within(0.02, ">= 0")
+    off_threshold_s: float = within(0.01, ">= 0")
+    min_dwell_iters: int = within(5, ">= 0")
+    gain: float = within(0.5, "(0, 1]")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_band("on_threshold_s", "off_threshold_s")
 
     def _reset_state(self, num_ranks: int) -> None:
         self._active = False

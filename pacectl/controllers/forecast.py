@@ -40,10 +40,12 @@ that never shortens an iteration, however good the forecast.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from pacectl.controllers.base import BaseController, FloatArray, check_float, check_int
+from pacectl.checks import within
+from pacectl.controllers.base import BaseController, FloatArray
 from pacectl.controllers.registry import register
 from pacectl.types import Observation
 
@@ -64,6 +66,7 @@ def _mean_power(x: float, first: int, count: int) -> float:
 
 
 @register()
+@dataclass(kw_only=True, eq=False, repr=False)
 class ForecastController(BaseController):
     """Delay each rank by its AR(1) earliness forecast over the iterations the delay applies to
     (``horizon_iters`` ahead, for ``hold_iters``), less a safety margin.
@@ -101,24 +104,13 @@ class ForecastController(BaseController):
 
     name = "forecast"
 
-    def __init__(
-        self,
-        *,
-        horizon_iters: int = 1,
-        hold_iters: int = 1,
-        alpha: float = 0.05,
-        gain: float = 1.0,
-        margin_sigmas: float = 1.0,
-        on_threshold_s: float = 0.0,
-        warmup_iters: int = 8,
-    ) -> None:
-        self.horizon_iters = check_int(self.name, "horizon_iters", horizon_iters, low=1)
-        self.hold_iters = check_int(self.name, "hold_iters", hold_iters, low=1)
-        self.alpha = check_float(self.name, "alpha", alpha, low=0.0, high=1.0, low_open=True)
-        self.gain = check_float(self.name, "gain", gain, low=0.0, high=1.0, low_open=True)
-        self.margin_sigmas = check_float(self.name, "margin_sigmas", margin_sigmas, low=0.0)
-        self.on_threshold_s = check_float(self.name, "on_threshold_s", on_threshold_s, low=0.0)
-        self.warmup_iters = check_int(self.name, "warmup_iters", warmup_iters, low=2)
+    horizon_iters: int = within(1, ">= 1")
+    hold_iters: int = within(1, ">= 1")
+    alpha: float = within(0.05, "(0, 1]")
+    gain: float = within(1.0, "(0, 1]")
+    margin_sigmas: float = within(1.0, ">= 0")
+    on_threshold_s: float = within(0.0, ">= 0")
+    warmup_iters: int = within(8, ">= 2")
 
     def _reset_state(self, num_ranks: int) -> None:
         self._seen = 0

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
-from pacectl.controllers.base import FloatArray, check_float, check_int
+from pacectl.checks import Checked, integer, within
+from pacectl.controllers.base import FloatArray
 from pacectl.errors import ConfigError, ControllerError
 from pacectl.types import WAIT_MODES, Action, Controller, Observation
 
@@ -17,7 +20,21 @@ class PacingGuardWarning(UserWarning):
     """The safety guard replaced a controller's action by zero delay."""
 
 
-class SafetyGuard:
+@dataclass(kw_only=True)
+class GuardConfig(Checked):
+    """The ``guard`` section of the run's config: the caps of :class:`SafetyGuard` (see there).
+
+    Stored in Hydra's ConfigStore as ``guard=default`` (:mod:`pacectl.config`), typed.
+    """
+
+    section = "guard"
+    max_delay_frac: float = within(0.5, "> 0")
+    max_delay_s: float | None = within(None, "> 0")
+    window_iters: int = within(32, ">= 1")
+
+
+@dataclass(eq=False, repr=False)
+class SafetyGuard(GuardConfig):
     """Wrap a controller: cap its delays, and turn any failure into zero delay plus a warning.
 
     Each iteration:
@@ -57,29 +74,16 @@ class SafetyGuard:
         >>> guard.reset(8, np.random.default_rng(0))
     """
 
-    def __init__(
-        self,
-        inner: Controller,
-        *,
-        max_delay_frac: float = 0.5,
-        max_delay_s: float | None = None,
-        window_iters: int = 32,
-        enabled: bool = True,
-    ) -> None:
-        if not isinstance(inner, Controller):
+    inner: Controller
+    enabled: bool = dataclasses.field(default=True, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inner, Controller):
             raise ConfigError(
-                f"inner must be a Controller (with name, reset, act, diagnostics), got {inner!r} (guard)"
+                f"inner must be a Controller (with name, reset, act, diagnostics), got {self.inner!r} (guard)"
             )
-        self.inner = inner
-        self.name: str = inner.name
-        self.max_delay_frac = check_float("guard", "max_delay_frac", max_delay_frac, low=0.0, low_open=True)
-        self.max_delay_s = (
-            None
-            if max_delay_s is None
-            else check_float("guard", "max_delay_s", max_delay_s, low=0.0, low_open=True)
-        )
-        self.window_iters = check_int("guard", "window_iters", window_iters, low=1)
-        self.enabled = bool(enabled)
+        super().__post_init__()
+        self.name: str = self.inner.name
         self._num_ranks: int | None = None
 
     def reset(self, num_ranks: int, rng: np.random.Generator | None = None) -> None:
@@ -92,7 +96,7 @@ class SafetyGuard:
         Raises:
             ConfigError: ``num_ranks`` is not an integer >= 1.
         """
-        num_ranks = check_int("guard", "num_ranks", num_ranks, low=1)
+        num_ranks = integer(num_ranks, "num_ranks", 1, " (guard)")
         self.inner.reset(num_ranks, rng)  # type: ignore[arg-type]
         self._num_ranks = num_ranks
         self._iteration_times = np.zeros(self.window_iters, dtype=np.float64)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from pacectl.controllers.base import BaseController, FloatArray
@@ -10,6 +12,7 @@ from pacectl.types import Observation
 
 
 @register(in_all=False, paces=False)
+@dataclass(kw_only=True, eq=False, repr=False)
 class NoPacing(BaseController):
     """Never delays any rank: the baseline every result is compared with.
 

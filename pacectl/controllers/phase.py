@@ -74,14 +74,18 @@ all shift together. Two live jobs that should not shift in lockstep need differe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from pacectl.controllers.base import BaseController, FloatArray, check_float, check_int
+from pacectl.checks import within
+from pacectl.controllers.base import BaseController, FloatArray
 from pacectl.controllers.registry import register
 from pacectl.types import Observation
 
 
 @register(in_all=False, job_level=True)
+@dataclass(kw_only=True, eq=False, repr=False)
 class PhaseController(BaseController):
     """Shift every rank of the job by the same one-time delay when its collective is slowed.
 
@@ -119,26 +123,13 @@ class PhaseController(BaseController):
 
     name = "phase"
 
-    def __init__(
-        self,
-        *,
-        slowdown_frac: float = 0.05,
-        gain: float = 1.0,
-        shift_prob: float = 0.5,
-        quiet_window_iters: int = 200,
-        horizon_iters: int = 1,
-        hold_iters: int = 1,
-        quiet_s: float | None = None,
-    ) -> None:
-        self.slowdown_frac = check_float(self.name, "slowdown_frac", slowdown_frac, low=0.0, low_open=True)
-        self.gain = check_float(self.name, "gain", gain, low=0.0, high=2.0, low_open=True)
-        self.shift_prob = check_float(self.name, "shift_prob", shift_prob, low=0.0, high=1.0, low_open=True)
-        self.quiet_window_iters = check_int(self.name, "quiet_window_iters", quiet_window_iters, low=1)
-        self.horizon_iters = check_int(self.name, "horizon_iters", horizon_iters, low=1)
-        self.hold_iters = check_int(self.name, "hold_iters", hold_iters, low=1)
-        self.quiet_s = (
-            None if quiet_s is None else check_float(self.name, "quiet_s", quiet_s, low=0.0, low_open=True)
-        )
+    slowdown_frac: float = within(0.05, "> 0")
+    gain: float = within(1.0, "(0, 2]")
+    shift_prob: float = within(0.5, "(0, 1]")
+    quiet_window_iters: int = within(200, ">= 1")
+    horizon_iters: int = within(1, ">= 1")
+    hold_iters: int = within(1, ">= 1")
+    quiet_s: float | None = within(None, "> 0")
 
     def reset(self, num_ranks: int, rng: np.random.Generator | None = None) -> None:
         """Clear all state; keep ``rng`` (default ``default_rng(0)``) for the random backoff.

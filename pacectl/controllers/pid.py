@@ -6,12 +6,14 @@ on measurement, injectable ``dt``; here ``dt`` comes from the observation, never
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from pacectl.checks import within
 from pacectl.controllers.base import (
     BaseController,
     FloatArray,
-    check_float,
     earliness,
     ewma,
     relative_to_latest,
@@ -22,6 +24,7 @@ from pacectl.types import Observation
 
 
 @register()
+@dataclass(kw_only=True, eq=False, repr=False)
 class PidController(BaseController):
     """Track a spread setpoint with a PID whose output is a per-rank pacing budget.
 
@@ -73,26 +76,14 @@ class PidController(BaseController):
 
     name = "pid"
 
-    def __init__(
-        self,
-        *,
-        setpoint_s: float = 0.02,
-        kp: float = 0.5,
-        ki: float = 0.1,
-        kd: float = 0.0,
-        output_limit_s: float = 0.1,
-        dt_s: float | None = None,
-        smoothing: float = 0.8,
-        gain: float = 0.5,
-    ) -> None:
-        self.setpoint_s = check_float(self.name, "setpoint_s", setpoint_s, low=0.0)
-        self.kp = check_float(self.name, "kp", kp, low=0.0)
-        self.ki = check_float(self.name, "ki", ki, low=0.0)
-        self.kd = check_float(self.name, "kd", kd, low=0.0)
-        self.output_limit_s = check_float(self.name, "output_limit_s", output_limit_s, low=0.0, low_open=True)
-        self.dt_s = None if dt_s is None else check_float(self.name, "dt_s", dt_s, low=0.0, low_open=True)
-        self.smoothing = check_float(self.name, "smoothing", smoothing, low=0.0, high=1.0, high_open=True)
-        self.gain = check_float(self.name, "gain", gain, low=0.0, high=1.0, low_open=True)
+    setpoint_s: float = within(0.02, ">= 0")
+    kp: float = within(0.5, ">= 0")
+    ki: float = within(0.1, ">= 0")
+    kd: float = within(0.0, ">= 0")
+    output_limit_s: float = within(0.1, "> 0")
+    dt_s: float | None = within(None, "> 0")
+    smoothing: float = within(0.8, "[0, 1)")
+    gain: float = within(0.5, "(0, 1]")
 
     def _reset_state(self, num_ranks: int) -> None:
         self._p = self._i = self._d = 0.0

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from pacectl.controllers.base import BaseController, FloatArray, check_float, check_int
+from pacectl.checks import within
+from pacectl.controllers.base import BaseController, FloatArray
 from pacectl.controllers.registry import register
 from pacectl.types import Observation
 
 
 @register()
+@dataclass(kw_only=True, eq=False, repr=False)
 class QuantileController(BaseController):
     """Delay each rank towards the ``quantile``-th predicted arrival across ranks.
 
@@ -42,18 +46,10 @@ class QuantileController(BaseController):
 
     name = "quantile"
 
-    def __init__(
-        self,
-        *,
-        window_iters: int = 16,
-        quantile: float = 0.9,
-        gain: float = 1.0,
-        on_threshold_s: float = 0.0,
-    ) -> None:
-        self.window_iters = check_int(self.name, "window_iters", window_iters, low=1)
-        self.quantile = check_float(self.name, "quantile", quantile, low=0.0, high=1.0, low_open=True)
-        self.gain = check_float(self.name, "gain", gain, low=0.0, high=1.0, low_open=True)
-        self.on_threshold_s = check_float(self.name, "on_threshold_s", on_threshold_s, low=0.0)
+    window_iters: int = within(16, ">= 1")
+    quantile: float = within(0.9, "(0, 1]")
+    gain: float = within(1.0, "(0, 1]")
+    on_threshold_s: float = within(0.0, ">= 0")
 
     def _reset_state(self, num_ranks: int) -> None:
         self._window = np.zeros((num_ranks, self.window_iters), dtype=np.float64)  # rank-major: fast median

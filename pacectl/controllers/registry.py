@@ -1,19 +1,23 @@
 """The open registry of controller families: ``@register`` is all a new controller needs.
 
-A family is registered where its class is defined::
+A family is registered where its class is defined; its fields are its typed config::
 
     @register("deadband", space={"band_s": {"type": "float", "low": 1e-3, "high": 1.0, "log": True}})
+    @dataclass(kw_only=True, eq=False, repr=False)
     class Deadband(BaseController):
         name = "deadband"
-        def __init__(self, *, band_s: float = 0.01, gain: float = 0.5) -> None: ...
+        band_s: float = within(0.01, ">= 0")
+        gain: float = within(0.5, "(0, 1]")
+        def _act(self, obs, natural_arrival_s): ...
 
 A module in ``pacectl/controllers/`` is imported by the package itself; a plugin elsewhere is
 imported by whoever uses it, or named under the entry point group ``pacectl.controllers`` of its
 distribution (``[project.entry-points."pacectl.controllers"] deadband = "mypkg.deadband"``). From
 then on, with no other file touched, it is:
 
-- a config group option, ``controller=deadband`` (its keyword-only constructor defaults are the
-  config: :meth:`Family.config`, stored in Hydra's ConfigStore by :mod:`pacectl.config`);
+- a config group option, ``controller=deadband``: its fields, typed, in Hydra's ConfigStore
+  (:meth:`Family.node`, stored by :mod:`pacectl.config`), so a wrong type is refused as Hydra
+  composes it, and a value out of range when the controller is built;
 - one of the runs of ``controller=all`` (unless ``in_all=False``);
 - built by :func:`pacectl.controllers.make_controller`, offline and in live jobs;
 - checked by the contract suite (:func:`pacectl.testing.controller_contract.registered_contracts`);
@@ -29,13 +33,14 @@ and then the keys it changes.
 
 from __future__ import annotations
 
-import difflib
+import dataclasses
 import inspect
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pacectl.errors import ConfigError
+from pacectl.errors import ConfigError, did_you_mean
 
 #: constructor parameters that depend on the run's exchange, in order: (its lag, its every); a
 #: config value ``auto``, or leaving the key out, means "the run's" (:func:`pacectl.controllers.fill_schedule`)
@@ -50,7 +55,7 @@ class Family:
 
     Attributes:
         name: the family name (``controller=<name>``; the class's ``name``).
-        cls: the controller class; its keyword-only constructor parameters are the family's keys.
+        cls: the controller class; the fields of its ``Config`` dataclass are the family's keys.
         in_all: run by ``controller=all``.
         paces: delays some rank on stragglers (False: a baseline such as ``none``); the contract
             suite's ``expects_pacing``.
@@ -70,26 +75,31 @@ class Family:
 
     @property
     def params(self) -> list[str]:
-        """The keyword-only constructor parameters, in signature order."""
-        return [
-            p.name
-            for p in inspect.signature(self.cls).parameters.values()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY
-        ]
+        """The family's keys: the fields of its class (a dataclass: its typed config), in order."""
+        return [f.name for f in dataclasses.fields(self.cls)]
 
     def defaults(self) -> dict[str, Any]:
-        """The constructor's defaults (parameters without one are left out)."""
+        """The config's defaults (fields without one are left out)."""
         return {
-            p.name: p.default
-            for p in inspect.signature(self.cls).parameters.values()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty
+            f.name: f.default for f in dataclasses.fields(self.cls) if f.default is not dataclasses.MISSING
         }
 
     def config(self) -> dict[str, Any]:
-        """The family's config node: ``name``, the constructor defaults (the exchange-dependent
+        """The family's config node as a dict: ``name``, the defaults (the exchange-dependent
         :data:`SCHEDULE_KEYS` as ``auto``: the run's) and ``units: s``."""
         params = {k: "auto" if k in SCHEDULE_KEYS else v for k, v in self.defaults().items()}
         return {"name": self.name, **params, "units": "s"}
+
+    def node(self) -> type:
+        """The typed node of ``controller=<family>`` in Hydra's ConfigStore: :meth:`config` with the
+        config's field types, so that OmegaConf refuses a wrong type when Hydra composes it (the
+        :data:`SCHEDULE_KEYS` take ``auto`` or an integer, checked by ``fill_schedule``)."""
+        hints = {**typing.get_type_hints(self.cls), "name": str, "units": str}
+        fields = [
+            (k, Any if k in SCHEDULE_KEYS else hints[k], dataclasses.field(default=v))
+            for k, v in self.config().items()
+        ]
+        return dataclasses.make_dataclass(f"{self.cls.__name__}Config", fields)
 
     @property
     def waits_asleep(self) -> bool:
@@ -143,7 +153,13 @@ def register(
             raise ConfigError(
                 f"register({family_name!r}): {cls.__qualname__}.name is {own!r}; they must be the same"
             )
+        if not dataclasses.is_dataclass(cls):
+            raise ConfigError(
+                f"register({family_name!r}): {cls.__qualname__} must be a dataclass, its fields its "
+                "parameters: @dataclass(kw_only=True, eq=False, repr=False) (see pacectl.controllers.base)"
+            )
         cls.name = family_name  # type: ignore[attr-defined]
+        cls.owner = f"controller {family_name!r}"  # type: ignore[attr-defined] # named in its range errors
         old = FAMILIES.get(family_name)
         where = (cls.__module__, cls.__qualname__)  # the same class imported again (a reload) may re-register
         if old is not None and old.cls is not cls and (old.cls.__module__, old.cls.__qualname__) != where:
@@ -178,10 +194,10 @@ def subscribe(listener: Callable[[Family, bool], None]) -> None:
         listener(family, True)
 
 
-def did_you_mean(word: str, choices: list[str]) -> str:
-    """``"; did you mean 'x'?"`` for the closest of ``choices``, or ``""``."""
-    close = difflib.get_close_matches(word, choices, n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
+def hint(word: str, known: list[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``known`` (:func:`pacectl.errors.did_you_mean`), or ``""``."""
+    close = did_you_mean(word, known)
+    return f"; did you mean {close!r}?" if close else ""
 
 
 def family(name: str) -> Family:
@@ -193,7 +209,7 @@ def family(name: str) -> Family:
     if name not in FAMILIES:
         known = sorted(FAMILIES)
         raise ConfigError(
-            f"controller must be one of {', '.join(known)}, got {name!r}{did_you_mean(str(name), known)}"
+            f"controller must be one of {', '.join(known)}, got {name!r}{hint(str(name), known)}"
         )
     return FAMILIES[name]
 

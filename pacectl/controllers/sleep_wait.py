@@ -31,6 +31,8 @@ What it changes, per backend:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from pacectl.controllers.base import BaseController, FloatArray
@@ -39,6 +41,7 @@ from pacectl.types import Observation
 
 
 @register(in_all=False, paces=False)
+@dataclass(kw_only=True, eq=False, repr=False)
 class SleepWait(BaseController):
     """Never delays any rank; every rank waits asleep inside the paced collective.
 

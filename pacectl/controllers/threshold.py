@@ -8,13 +8,14 @@ threshold. The separate off threshold (hysteresis) and the EWMA prediction are t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from pacectl.checks import within
 from pacectl.controllers.base import (
     BaseController,
     FloatArray,
-    check_float,
-    check_thresholds,
     earliness,
     ewma,
     relative_to_latest,
@@ -24,6 +25,7 @@ from pacectl.types import Observation
 
 
 @register()
+@dataclass(kw_only=True, eq=False, repr=False)
 class ThresholdController(BaseController):
     """Delay early ranks by a fraction of their predicted earliness while the natural spread is high.
 
@@ -56,19 +58,14 @@ class ThresholdController(BaseController):
 
     name = "threshold"
 
-    def __init__(
-        self,
-        *,
-        on_threshold_s: float = 0.02,
-        off_threshold_s: float = 0.01,
-        gain: float = 0.5,
-        smoothing: float = 0.5,
-    ) -> None:
-        self.on_threshold_s, self.off_threshold_s = check_thresholds(
-            self.name, on_threshold_s, off_threshold_s
-        )
-        self.gain = check_float(self.name, "gain", gain, low=0.0, high=1.0, low_open=True)
-        self.smoothing = check_float(self.name, "smoothing", smoothing, low=0.0, high=1.0, high_open=True)
+    on_threshold_s: float = within(0.02, ">= 0")
+    off_threshold_s: float = within(0.01, ">= 0")
+    gain: float = within(0.5, "(0, 1]")
+    smoothing: float = within(0.5, "[0, 1)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_band("on_threshold_s", "off_threshold_s")
 
     def _reset_state(self, num_ranks: int) -> None:
         self._active = False

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from pacectl.controllers.base import check_int
+from pacectl.checks import integer
 from pacectl.errors import ConfigError, ControllerError
 from pacectl.types import Action, Controller, Observation
 
@@ -45,7 +45,7 @@ class IterationUnits:
     def __init__(self, inner: Controller, *, window_iters: int = 32) -> None:
         self.inner = inner
         self.name: str = inner.name
-        self.window_iters = check_int(inner.name, "units_window_iters", window_iters, low=1)
+        self.window_iters = integer(window_iters, "units_window_iters", 1, f" (controller {inner.name!r})")
         self._times: np.ndarray | None = None
 
     def reset(self, num_ranks: int, rng: np.random.Generator) -> None:

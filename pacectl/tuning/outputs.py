@@ -17,12 +17,8 @@ from typing import Any
 
 import optuna
 import yaml
-from omegaconf import OmegaConf
 
 from pacectl.cli import hydra_value
-from pacectl.config import (
-    CONF_DIR,
-)
 from pacectl.files import atomic_write_text, jsonable, staged_outputs
 from pacectl.report import comm_model_note
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet
@@ -393,8 +389,9 @@ def run_overrides(
             parts += [f"comm={comm}", f"cluster={profile}"]
         if descriptor.get("seed") not in (None, 0):
             parts.append(f"seed={descriptor['seed']}")
-    defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml").guard, resolve=True)
-    assert isinstance(defaults, dict)
+    from pacectl.controllers.guard import GuardConfig
+
+    defaults = vars(GuardConfig())  # the guard's defaults live in its typed config
     for key, value in (descriptor.get("guard") or {}).items():
         if key not in defaults:
             parts.append(f"+guard.{key}={_override_value(value)}")

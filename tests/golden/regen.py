@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from pacectl import metrics
 from pacectl.backends.replay import ReplayBackend
-from pacectl.config import CONF_DIR, controller_factory, shipped_controller
+from pacectl.config import controller_factory, shipped_controller
+from pacectl.controllers.guard import GuardConfig
 from pacectl.data import SHIPPED_TRACES, shipped_trace
 from pacectl.loop import run_episode
 from pacectl.report import atomic_write_text, jsonable
@@ -37,7 +38,7 @@ GOLDEN_KEYS = (
 def golden_summary(trace_name: str) -> dict[str, dict[str, float]]:
     """Summaries of every family on one shipped trace, restricted to :data:`GOLDEN_KEYS`."""
     backend = ReplayBackend(load_bytedance(*shipped_trace(trace_name)))
-    guard = OmegaConf.load(CONF_DIR / "config.yaml").guard
+    guard = OmegaConf.structured(GuardConfig)
     out = {}
     for family in FAMILIES:
         params = shipped_controller(family, OmegaConf.create({}))
