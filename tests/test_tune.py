@@ -502,7 +502,7 @@ def _copy_study(study_dir: Path, dest: Path) -> Path:
         (["controller.units=iteration"], "controller.units: 's' in the study, 'iteration' in this command"),
         (
             ["tune.space={gain_only}", "controller.on_threshold_s=5"],
-            "controller.on_threshold_s: tuned (in the search space) in the study, 5 in this command",
+            "controller.on_threshold_s: tuned (in the search space) in the study, 5.0 in this command",
         ),
         (["tune.space={wider_gain}"], "search space key gain.low: 0.05 in the study, 0.01 in this command"),
         (
