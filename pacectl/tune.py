@@ -1,7 +1,9 @@
 """``python -m pacectl.tune``: multi-objective tuning of one controller family on one cluster profile.
 
-Two objectives, each the mean over the profile's episodes (its traces, or its sim seeds): maximize
-throughput (it/s) and minimize the CV of iteration time. Optional constraint: the throughput loss
+Two objectives by default, each the mean over the profile's episodes (its traces, or its sim seeds):
+maximize throughput (it/s) and minimize the CV of iteration time; ``tune.objectives`` picks two or
+three of ``throughput``, ``cv`` and ``energy`` (the modelled energy per iteration summed over ranks,
+under ``cluster.power``; :mod:`pacectl.tuning.verdict`). Optional constraint: the throughput loss
 against no pacing at most ``tune.max_throughput_loss_frac`` (``trial.set_constraint``). Optuna is
 driven directly (no hydra-optuna-sweeper); NSGA-II by default, ``tune.sampler=tpe`` for TPE.
 

@@ -49,6 +49,7 @@ from pacectl.studies import LAUNCHERS, launch_sweep
 from pacectl.tuning.scenarios import Evaluation, build_scenarios
 from pacectl.tuning.settings import reference_params
 from pacectl.tuning.study import run_tuning
+from pacectl.tuning.verdict import dominates
 
 HERE = Path(__file__).resolve().parent
 FAMILIES = ("threshold", "pid", "ewma", "quantile", "forecast")
@@ -58,11 +59,6 @@ HELDOUT_TRACES = {"ar": "st", "st": "ar"}
 def _cfg(overrides: list[str]) -> Any:
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return compose("tune", overrides=overrides)
-
-
-def _dominates(a: Evaluation, b: Evaluation) -> bool:
-    ge = a.throughput_it_per_s >= b.throughput_it_per_s and a.cv <= b.cv
-    return ge and (a.throughput_it_per_s > b.throughput_it_per_s or a.cv < b.cv)
 
 
 def _row(ev: Evaluation, base: Evaluation) -> dict[str, float]:
@@ -161,15 +157,15 @@ def run(
                     "chosen_dominates_paper": s["chosen_dominates_reference"],
                 },
                 "heldout": _row(tuned, none),
-                "heldout_dominates_paper": _dominates(tuned, paper),
-                "heldout_dominates_none": _dominates(tuned, none),
+                "heldout_dominates_paper": dominates(tuned, paper),
+                "heldout_dominates_none": dominates(tuned, none),
                 "wall_s": s["wall_time_s"],
             }
             print(
                 f"{profile:10s} {family:9s} tune cv {chosen['cv']:.4g} ({-chosen['throughput_loss_frac']:+.3%}) | "
                 f"held-out cv {tuned.cv:.4g} ({tuned.throughput_it_per_s / none.throughput_it_per_s - 1:+.3%}) "
                 f"vs paper cv {paper.cv:.4g} ({paper.throughput_it_per_s / none.throughput_it_per_s - 1:+.3%}), "
-                f"none cv {none.cv:.4g}; dominates paper: {_dominates(tuned, paper)}",
+                f"none cv {none.cv:.4g}; dominates paper: {dominates(tuned, paper)}",
                 flush=True,
             )
         results["profiles"][profile] = entry

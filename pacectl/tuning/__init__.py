@@ -19,6 +19,18 @@ pacing (`tune.max_throughput_loss_frac=0.005`, set with `trial.set_constraint`; 
 No pacing and the paper's threshold controller (its shipped defaults) run once per study, before
 any trial, and are cached in the study.
 
+**Energy as an objective**: `tune.objectives=[throughput,cv,energy]` (any two or three of them, in
+the order given) adds the modelled energy per iteration, summed over ranks and averaged over the
+episodes (`pacectl/energy.py` under the profile's `cluster.power`), minimized. The front is the
+front on all of them; the choice takes the lowest of the first minimized objective listed (`cv`,
+else `energy`), ties to the next; a trial also improves on no pacing when its energy is at least
+`tune.min_energy_gain_frac` (0.01) lower within the loss cap and at a CV no higher, and that gain
+counts under fixed durations too (waits asleep instead of spinning save energy without shortening
+any iteration; with every state at one power it is zero). `tune.json` then names the power profile
+(`power_profile`, `energy_note`: spinning and sleeping power, assumed or measured), `pareto.json`
+holds every member's `energy_per_iteration_j`, and `pareto.png` has one panel per pair of
+objectives. A study resumes only with the same objective list (and power profile).
+
 ```bash
 python -m pacectl.tune cluster=st controller=threshold tune.n_trials=100 hydra.run.dir=DIR
 python -m pacectl.run controller_file=DIR/controller.yaml trace=st     # load the exported choice
@@ -65,10 +77,12 @@ python -m pacectl.run controller_file=DIR/controller.yaml trace=st     # load th
   listed and left alone.
 - **What a resume may change**: `tune.n_trials`, `tune.timeout_s`, the sampler and its seed, the
   workers, `tune.progress`, `tune.max_throughput_loss_frac` (feasibility is recomputed with the
-  current cap), `tune.min_cv_gain_frac` and `tune.min_throughput_gain_frac`. Everything that
-  determines a trial's result is recorded when the study is created and must match: the controller
-  family and its fixed parameters (`units` included), the search space as sampled (its content,
-  not its file name), and the episodes (profile, traces or sim scenario, comm model, guard, seed).
+  current cap), `tune.min_cv_gain_frac`, `tune.min_throughput_gain_frac` and
+  `tune.min_energy_gain_frac`. Everything that determines a trial's result is recorded when the
+  study is created and must match: the controller family and its fixed parameters (`units`
+  included), the search space as sampled (its content, not its file name), the episodes (profile,
+  traces or sim scenario, comm model, guard, seed) and `tune.objectives` (with energy, the power
+  profile).
   A command that differs is refused before any trial, naming each differing setting, its value in
   the study and in the command (for a whole section such as the fabric that `comm=contention`
   adds, its key names): restore it, or start a new study (another `tune.study_name`,

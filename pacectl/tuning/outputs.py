@@ -25,16 +25,22 @@ from pacectl.tuning.scenarios import Evaluation, ScenarioSet
 from pacectl.tuning.settings import REFERENCE, Settings, override_key, reference_params, task_overrides
 from pacectl.tuning.space import SearchSpace
 from pacectl.tuning.storage import StorageSpec
-from pacectl.tuning.verdict import CHOICE_RULE, ImprovementRule, TrialPoint, Verdict, dominates
+from pacectl.tuning.verdict import (
+    DEFAULT_OBJECTIVES,
+    OBJECTIVES,
+    ImprovementRule,
+    TrialPoint,
+    Verdict,
+    choice_rule,
+    dominates,
+)
 
 
 @dataclass(frozen=True)
 class TuneResult:
     """What one tuning run produced (also written to ``tune.json``)."""
 
-    study_name: str
     storage: StorageSpec
-    family: str
     scenarios: ScenarioSet
     baseline: Evaluation
     reference: Evaluation
@@ -54,6 +60,11 @@ def export_controller(path: Path, family: str, params: dict[str, Any], header: l
 def _cv_change(cv: float, base_cv: float) -> float:
     """Relative CV change against no pacing (``-0.01``: 1 % lower)."""
     return cv / base_cv - 1.0 if base_cv > 0 else 0.0
+
+
+def _energy_change(point: TrialPoint, baseline: Evaluation) -> float:
+    """Relative energy change against no pacing (``-0.01``: 1 % less energy per iteration)."""
+    return point.energy_per_iteration_j / baseline.energy_per_iteration_j - 1.0
 
 
 def _change(loss_frac: float) -> float:
@@ -76,8 +87,8 @@ def _warning(
         return None
     if verdict.reference_beats_choice:
         return (
-            f"the paper's threshold controller at its defaults beats the chosen trial {chosen.number} on both "
-            f"objectives ({_change(ref_loss):+.3%} throughput, cv {reference.cv:.4g}, against "
+            f"the paper's threshold controller at its defaults beats the chosen trial {chosen.number} on every "
+            f"objective ({_change(ref_loss):+.3%} throughput, cv {reference.cv:.4g}, against "
             f"{_change(chosen.throughput_loss_frac):+.3%} and cv {chosen.cv:.4g}): recommended, run it with: "
             f"{reference_command}. controller.yaml holds the chosen trial anyway; to search further raise "
             f"tune.n_trials ({completed} completed) or try another search space"
@@ -103,14 +114,20 @@ def _warning(
     return (
         f"no trial improves on no pacing ({completed} completed; rule: CV at least "
         f"{rule.min_cv_gain_frac:.2%} lower within the throughput-loss cap, or throughput at least "
-        f"{rule.min_throughput_gain_frac:.2%} higher at a CV no higher; improvement_rule in tune.json): "
+        f"{rule.min_throughput_gain_frac:.2%} higher at a CV no higher"
+        + (
+            f", or energy per iteration at least {rule.min_energy_gain_frac:.2%} lower within the cap"
+            if "energy" in rule.objectives
+            else ""
+        )
+        + "; improvement_rule in tune.json): "
         "the chosen trial "
         f"{chosen.number} has {_change(chosen.throughput_loss_frac):+.3%} throughput and cv {chosen.cv:.4g} "
         f"({_cv_change(chosen.cv, baseline.cv):+.3%} against no pacing's {baseline.cv:.4g}). {advice}"
         "controller.yaml holds that trial anyway, flagged; "
         + (
             "to search further raise tune.n_trials, try another family or search space"
-            if scenarios.comm_timing_dependent
+            if scenarios.comm_timing_dependent or "energy" in rule.objectives
             else "more trials cannot change this with fixed durations: a gain needs a timing-dependent "
             "model (cluster=contended: simulated interference; a replay needs comm=contention with "
             "bursty cross traffic on links its ring crosses)"
@@ -136,7 +153,7 @@ def write_results(
 ) -> TuneResult:
     """Build ``tune.json``'s summary of a judged study (:func:`pacectl.tuning.verdict.judge`), write every
     output together (:func:`write_outputs`) and return the :class:`TuneResult`."""
-    chosen = verdict.chosen
+    chosen, objs = verdict.chosen, settings.objectives
     chosen_trial = study.trials[chosen.number]
     params = space.resolve(chosen_trial.params)
     chosen_episodes = chosen_trial.user_attrs.get("per_episode")
@@ -188,8 +205,8 @@ def write_results(
         },
         "sampler": settings.sampler,
         "objectives": {
-            "throughput_it_per_s": "maximize (mean over episodes)",
-            "cv": "minimize (mean over episodes)",
+            OBJECTIVES[o][0]: ("maximize" if OBJECTIVES[o][1] > 0 else "minimize") + " (mean over episodes)"
+            for o in objs
         },
         "max_throughput_loss_frac": settings.max_loss_frac,
         "num_trials": {
@@ -207,7 +224,7 @@ def write_results(
             "params": reference_params(),
             "throughput_loss_frac": verdict.reference.throughput_loss_frac,
         },
-        "choice_rule": CHOICE_RULE,
+        "choice_rule": choice_rule(objs),
         "chosen": {
             **chosen.to_json(),
             "controller": {"name": space.family, **params},
@@ -216,6 +233,7 @@ def write_results(
         "improvement_rule": settings.rule.describe(),
         "min_cv_gain_frac": settings.rule.min_cv_gain_frac,
         "min_throughput_gain_frac": settings.rule.min_throughput_gain_frac,
+        **({"min_energy_gain_frac": settings.rule.min_energy_gain_frac} if "energy" in objs else {}),
         "improves_on_no_pacing": verdict.improves,
         "trials_improving_on_no_pacing": len(verdict.improving),
         # fixed durations: trials that meet the CV rule only by lengthening fast iterations
@@ -224,12 +242,22 @@ def write_results(
         "reference_improves_on_no_pacing": verdict.reference_improves,
         "recommendation": recommendation,
         "recommendation_command": commands[verdict.recommend],
-        "chosen_dominates_reference": dominates(chosen, verdict.reference),
-        "reference_dominates_chosen": dominates(verdict.reference, chosen),
-        "front_dominates_reference": any(dominates(p, verdict.reference) for p in front),
+        "chosen_dominates_reference": dominates(chosen, verdict.reference, objs),
+        "reference_dominates_chosen": dominates(verdict.reference, chosen, objs),
+        "front_dominates_reference": any(dominates(p, verdict.reference, objs) for p in front),
         "pareto_size": len(front),
         "wall_time_s": wall_time_s,
     }
+    if "energy" in objs:
+        power = scenarios.power
+        summary["power_profile"] = power.describe()
+        summary["energy_note"] = (
+            f"energy is modelled (pacectl/energy.py) under the power profile {power.name!r}: a controller "
+            f"saves energy by turning spinning waits ({power.spin_w:g} W) into pacing sleep ({power.sleep_w:g} W) "
+            f"(spin_w: {power.sources.get('spin_w', 'no source given')}; sleep_w: "
+            f"{power.sources.get('sleep_w', 'no source given')}); with all states at one power (the null "
+            "model) it saves nothing beyond its time ratio"
+        )
     if warning:
         summary["warning"] = warning
     if not scenarios.comm_timing_dependent:
@@ -237,12 +265,15 @@ def write_results(
             f"comm model is {scenarios.comm_model} (fixed durations, max-plus, here): no delay can shorten "
             "an iteration, so no trial can beat no pacing on throughput; gains need a timing-dependent "
             "fabric (comm=contention on a profile with bursty cross traffic or interference)."
+            + (
+                " An energy saving still counts: it needs no shorter iteration, only waits that draw less power."
+                if "energy" in objs
+                else ""
+            )
         )
     write_outputs(out_dir, summary, verdict, points, front, baseline, reference, params, settings, scenarios)
     return TuneResult(
-        study_name=name,
         storage=spec,
-        family=space.family,
         scenarios=scenarios,
         baseline=baseline,
         reference=reference,
@@ -280,6 +311,11 @@ def write_outputs(
         f"pacing), cv {chosen.cv:.4g} (no pacing: cv {baseline.cv:.4g})"
         f"{'' if chosen.feasible else ' (over the throughput-loss cap)'}",
     ]
+    if "energy" in settings.objectives:
+        header.append(
+            f"energy {chosen.energy_per_iteration_j:.6g} J per iteration summed over ranks "
+            f"({_energy_change(chosen, baseline):+.3%} vs no pacing; power profile {scenarios.power.name})"
+        )
     if not verdict.improves:
         header += [
             "WARNING: no trial improves on no pacing on these episodes (tune.json: improvement_rule):",
@@ -287,7 +323,7 @@ def write_outputs(
         ]
     elif verdict.reference_beats_choice:
         header += [
-            "WARNING: the paper's threshold controller at its defaults beats this trial on both objectives",
+            "WARNING: the paper's threshold controller at its defaults beats this trial on every objective",
             f"(tune.json: reference_dominates_chosen); recommended: {summary['recommendation']}.",
         ]
     header.append(
@@ -303,6 +339,7 @@ def write_outputs(
             chosen=chosen,
             title=title,
             max_loss_frac=settings.max_loss_frac,
+            objectives=settings.objectives,
         )
         atomic_write_text(stage / "pareto.json", _json([p.to_json() for p in front]))
         export_controller(stage / "controller.yaml", family, params, header)
@@ -437,6 +474,14 @@ def _ties_note(result: TuneResult) -> str:
     return f" ({ties} of them tie exactly with no pacing)" if ties > 1 else ""
 
 
+#: axis label of each objective in ``pareto.png``
+_AXIS = {
+    "throughput": "throughput, it/s (mean over episodes; higher is better)",
+    "cv": "CV of iteration time\n(mean over episodes; lower is better)",
+    "energy": "energy per iteration, J, summed over ranks\n(mean over episodes; lower is better)",
+}
+
+
 def plot_pareto(
     path: Path,
     points: Sequence[TrialPoint],
@@ -447,79 +492,63 @@ def plot_pareto(
     chosen: TrialPoint,
     title: str,
     max_loss_frac: float | None = None,
+    objectives: Sequence[str] = DEFAULT_OBJECTIVES,
 ) -> None:
     """Pareto-front PNG (atomic): every trial, the front, no pacing, the paper's threshold, the choice,
-    and the throughput-loss cap (a vertical line; trials left of it break the constraint)."""
+    and the throughput-loss cap (a vertical line; trials left of it break the constraint). One panel
+    per pair of objectives (three panels for three objectives); the front is the front on all of them."""
+    from itertools import combinations
+
     from matplotlib.figure import Figure
 
     from pacectl.report import save_figure
 
-    fig = Figure(figsize=(7.5, 5.0), layout="constrained")
-    ax = fig.subplots()
+    pairs = list(combinations(objectives, 2))
+    fig = Figure(figsize=(7.5 if len(pairs) == 1 else 15.0, 5.0), layout="constrained")
+    axes = fig.subplots(1, len(pairs), squeeze=False)[0]
     feas = [p for p in points if p.feasible]
     infeas = [p for p in points if not p.feasible]
-    if infeas:
+    for ax, (xo, yo) in zip(axes, pairs, strict=True):
+
+        def xy(items: Sequence[Any], xo: str = xo, yo: str = yo) -> tuple[list[float], list[float]]:
+            attr_x, attr_y = OBJECTIVES[xo][0], OBJECTIVES[yo][0]
+            return [getattr(p, attr_x) for p in items], [getattr(p, attr_y) for p in items]
+
+        if infeas:
+            ax.scatter(*xy(infeas), s=10, c="0.8", label="trial (over the loss cap)")
+        if feas:
+            ax.scatter(*xy(feas), s=12, c="0.5", label="trial")
+        ordered = sorted(front, key=lambda p: getattr(p, OBJECTIVES[xo][0]))
+        ax.plot(
+            *xy(ordered), "o-" if len(pairs) == 1 else "o", c="tab:blue", ms=5, lw=1, label="Pareto front"
+        )
+        ax.scatter(*xy([baseline]), marker="X", s=110, c="black", label="no pacing", zorder=5)
         ax.scatter(
-            [p.throughput_it_per_s for p in infeas],
-            [p.cv for p in infeas],
-            s=10,
-            c="0.8",
-            label="trial (over the loss cap)",
+            *xy([reference]), marker="D", s=70, c="tab:red", label="paper threshold (defaults)", zorder=5
         )
-    if feas:
-        ax.scatter([p.throughput_it_per_s for p in feas], [p.cv for p in feas], s=12, c="0.5", label="trial")
-    ordered = sorted(front, key=lambda p: p.throughput_it_per_s)
-    ax.plot(
-        [p.throughput_it_per_s for p in ordered],
-        [p.cv for p in ordered],
-        "o-",
-        c="tab:blue",
-        ms=5,
-        lw=1,
-        label="Pareto front",
-    )
-    ax.scatter(
-        [baseline.throughput_it_per_s],
-        [baseline.cv],
-        marker="X",
-        s=110,
-        c="black",
-        label="no pacing",
-        zorder=5,
-    )
-    ax.scatter(
-        [reference.throughput_it_per_s],
-        [reference.cv],
-        marker="D",
-        s=70,
-        c="tab:red",
-        label="paper threshold (defaults)",
-        zorder=5,
-    )
-    ax.scatter(
-        [chosen.throughput_it_per_s],
-        [chosen.cv],
-        marker="*",
-        s=260,
-        c="tab:orange",
-        label=f"chosen (trial {chosen.number})",
-        zorder=6,
-    )
-    if max_loss_frac is not None:
-        ax.axvline(
-            baseline.throughput_it_per_s * (1.0 - max_loss_frac),
-            color="grey",
-            ls=":",
-            lw=1.2,
-            label=f"throughput-loss cap ({max_loss_frac:.1%})",
+        ax.scatter(
+            *xy([chosen]),
+            marker="*",
+            s=260,
+            c="tab:orange",
+            label=f"chosen (trial {chosen.number})",
+            zorder=6,
         )
-    ax.set_xlabel("throughput, it/s (mean over episodes; higher is better)")
-    ax.set_ylabel("CV of iteration time\n(mean over episodes; lower is better)")
+        if max_loss_frac is not None and xo == "throughput":
+            ax.axvline(
+                baseline.throughput_it_per_s * (1.0 - max_loss_frac),
+                color="grey",
+                ls=":",
+                lw=1.2,
+                label=f"throughput-loss cap ({max_loss_frac:.1%})",
+            )
+        ax.set_xlabel(_AXIS[xo].replace("\n", " "))
+        ax.set_ylabel(_AXIS[yo])
+        ax.grid(alpha=0.3)
     # long lines (the comm model's note) wrapped to the figure's width, which constrained layout
     # does not shrink a title to
-    ax.set_title("\n".join(textwrap.fill(line, 85) for line in title.splitlines()), fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=3, frameon=False)
+    fig.suptitle("\n".join(textwrap.fill(line, 85 * len(pairs)) for line in title.splitlines()), fontsize=9)
+    axes[0].legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=3, frameon=False)
     save_figure(fig, path)
 
 
@@ -536,7 +565,13 @@ def closing_lines(result: TuneResult, out_dir: Path) -> list[tuple[int, str]]:
             f"chosen trial {c.number}: "
             f"{c.throughput_it_per_s:.6g} it/s ({_change(c.throughput_loss_frac):+.3%} vs no pacing), cv {c.cv:.4g} "
             f"({_cv_change(c.cv, result.baseline.cv):+.3%} vs no pacing's {result.baseline.cv:.4g}; paper threshold "
-            f"{result.reference.cv:.4g})" + ("" if c.feasible else " [no trial met the throughput-loss cap]"),
+            f"{result.reference.cv:.4g})"
+            + (
+                f", {c.energy_per_iteration_j:.6g} J/it ({_energy_change(c, result.baseline):+.3%} vs no pacing)"
+                if "energy_note" in s
+                else ""
+            )
+            + ("" if c.feasible else " [no trial met the throughput-loss cap]"),
         )
     )
     lines.append((logging.INFO, f"chosen params: {c.params}"))
@@ -544,6 +579,8 @@ def closing_lines(result: TuneResult, out_dir: Path) -> list[tuple[int, str]]:
         lines.append((logging.WARNING, f"warning: {s['warning']}"))
     if "note" in s:
         lines.append((logging.INFO, f"note: {s['note']}"))
+    if "energy_note" in s:
+        lines.append((logging.INFO, f"note: {s['energy_note']}"))
     lines.append(
         (logging.INFO, f"outputs: {out_dir} (pareto.json, pareto.png, controller.yaml, tune.json, tune.log)")
     )

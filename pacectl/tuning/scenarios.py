@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,8 +28,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from pacectl import metrics
 from pacectl.config import config_int, exchange_schedule, user_path
+from pacectl.energy import account
 from pacectl.errors import ConfigError
 from pacectl.experiment import Experiment, make_experiment
+from pacectl.fabric.power import PowerProfile
 from pacectl.loop import ExchangeSchedule
 
 
@@ -39,12 +42,16 @@ class Evaluation:
     Attributes:
         throughput_it_per_s: mean over episodes of iterations per second.
         cv: mean over episodes of the iteration-time CV (std/mean).
-        per_episode: one ``{"label", "throughput_it_per_s", "cv"}`` per episode.
+        per_episode: one ``{"label", "throughput_it_per_s", "cv", "energy_per_iteration_j"}`` per episode.
+        energy_per_iteration_j: mean over episodes of the modelled energy per iteration, summed over
+            ranks (J; :func:`pacectl.energy.account` under the profile's ``cluster.power``); NaN when
+            not known (a study cached before energy was recorded).
     """
 
     throughput_it_per_s: float
     cv: float
     per_episode: list[dict[str, Any]] = field(default_factory=list)
+    energy_per_iteration_j: float = math.nan
 
     def loss_frac(self, throughput_it_per_s: float) -> float:
         """Throughput loss of a run at ``throughput_it_per_s`` against this one (the baseline):
@@ -57,13 +64,17 @@ class Evaluation:
             "throughput_it_per_s": self.throughput_it_per_s,
             "cv": self.cv,
             "per_episode": self.per_episode,
+            "energy_per_iteration_j": self.energy_per_iteration_j,
         }
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Evaluation:
         """Inverse of :meth:`to_json`."""
         return Evaluation(
-            float(data["throughput_it_per_s"]), float(data["cv"]), list(data.get("per_episode", []))
+            float(data["throughput_it_per_s"]),
+            float(data["cv"]),
+            list(data.get("per_episode", [])),
+            float(data.get("energy_per_iteration_j", math.nan)),
         )
 
 
@@ -104,8 +115,13 @@ class ScenarioSet:
         text = json.dumps(self.descriptor, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    @property
+    def power(self) -> PowerProfile:
+        """The GPU power profile the episodes' energy is modelled with (``cluster.power``)."""
+        return self.experiments[0].power  # type: ignore[attr-defined,no-any-return]  # replay and sim have one
+
     def evaluate(self, family: str, params: dict[str, Any]) -> Evaluation:
-        """Run the guarded controller on every episode; average throughput and CV.
+        """Run the guarded controller on every episode; average throughput, CV and energy.
 
         Args:
             family: controller family.
@@ -122,14 +138,11 @@ class ScenarioSet:
                     "label": label,
                     "throughput_it_per_s": metrics.throughput_it_per_s(episode),
                     "cv": metrics.cv(episode),
+                    "energy_per_iteration_j": float(account(episode, self.power).per_iteration_j.mean()),
                 }
             )
-        n = len(rows)
-        return Evaluation(
-            throughput_it_per_s=sum(float(r["throughput_it_per_s"]) for r in rows) / n,
-            cv=sum(float(r["cv"]) for r in rows) / n,
-            per_episode=rows,
-        )
+        mean = {k: sum(float(r[k]) for r in rows) / len(rows) for k in rows[0] if k != "label"}
+        return Evaluation(mean["throughput_it_per_s"], mean["cv"], rows, mean["energy_per_iteration_j"])
 
 
 def tune_mode(cfg: DictConfig) -> str:

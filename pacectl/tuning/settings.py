@@ -10,9 +10,10 @@ study records so that it resumes only with the same ones.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -32,7 +33,7 @@ from pacectl.errors import ConfigError, unknown_keys_error
 from pacectl.files import jsonable
 from pacectl.tuning.scenarios import ScenarioSet
 from pacectl.tuning.space import SearchSpace, default_space, load_space, tunable_families
-from pacectl.tuning.verdict import ImprovementRule
+from pacectl.tuning.verdict import DEFAULT_OBJECTIVES, OBJECTIVES, ImprovementRule
 
 #: The family whose defaults are the paper's reference point.
 REFERENCE = "threshold"
@@ -53,6 +54,8 @@ TUNE_KEYS = frozenset(
         "max_throughput_loss_frac",
         "min_cv_gain_frac",
         "min_throughput_gain_frac",
+        "min_energy_gain_frac",
+        "objectives",
         "progress",
         "on",
         "sim",
@@ -87,6 +90,8 @@ class Settings:
     min_cv_gain_frac: float
     min_throughput_gain_frac: float
     progress: bool
+    objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
+    min_energy_gain_frac: float = 0.01
 
     @staticmethod
     def from_cfg(tune: DictConfig) -> Settings:
@@ -160,12 +165,48 @@ class Settings:
                 "min_throughput_gain_frac", "0.005: the throughput at least 0.5 % higher than no pacing's"
             ),
             progress=progress,
+            objectives=_objectives(tune.get("objectives", list(DEFAULT_OBJECTIVES))),
+            min_energy_gain_frac=fraction(
+                "min_energy_gain_frac", "0.01: the energy per iteration at least 1 % lower than no pacing's"
+            ),
         )
 
     @property
     def rule(self) -> ImprovementRule:
         """When a trial improves on no pacing, with these settings."""
-        return ImprovementRule(self.min_cv_gain_frac, self.min_throughput_gain_frac, self.max_loss_frac)
+        return ImprovementRule(
+            self.min_cv_gain_frac,
+            self.min_throughput_gain_frac,
+            self.max_loss_frac,
+            self.min_energy_gain_frac,
+            self.objectives,
+        )
+
+    @property
+    def directions(self) -> list[Literal["maximize", "minimize"]]:
+        """The study's Optuna directions, one per objective."""
+        return ["maximize" if OBJECTIVES[o][1] > 0 else "minimize" for o in self.objectives]
+
+
+def _objectives(value: Any) -> tuple[str, ...]:
+    """``tune.objectives``: two or three distinct names of :data:`~pacectl.tuning.verdict.OBJECTIVES`.
+
+    Raises:
+        ConfigError: anything else, with the closest name for a misspelt one.
+    """
+    names = _plain(value)
+    if isinstance(names, list) and 2 <= len(names) <= 3 and len(set(map(str, names))) == len(names):
+        wrong = [str(n) for n in names if str(n) not in OBJECTIVES]
+        if not wrong:
+            return tuple(str(n) for n in names)
+        close = difflib.get_close_matches(wrong[0], list(OBJECTIVES), n=1)
+        hint = f"; did you mean {close[0]!r} for {wrong[0]!r}?" if close else ""
+    else:
+        hint = ""
+    raise ConfigError(
+        f"tune.objectives must be two or three distinct names of {list(OBJECTIVES)} (throughput up, cv "
+        f"and energy down), got {names!r}{hint} For example tune.objectives=[throughput,cv,energy]"
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -282,7 +323,9 @@ def exchange_shown(settings: dict[str, Any]) -> dict[str, Any]:
     return {**settings, "episodes": {**episodes, "exchange": {"lag_iters": 1, "every_iters": 1}}}
 
 
-def trial_settings(space: SearchSpace, scenarios: ScenarioSet) -> dict[str, Any]:
+def trial_settings(
+    space: SearchSpace, scenarios: ScenarioSet, objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
+) -> dict[str, Any]:
     """Everything that determines a trial's result, JSON-normalized; recorded in the study.
 
     ``controller``: the family and its untuned parameters (the controller group over the
@@ -292,7 +335,10 @@ def trial_settings(space: SearchSpace, scenarios: ScenarioSet) -> dict[str, Any]
     path). Not included, so free to change on resume:
     ``tune.n_trials``, ``tune.timeout_s``, sampler and its seed, workers, ``tune.progress``,
     ``tune.max_throughput_loss_frac`` (feasibility is recomputed with the current cap) and the
-    improvement thresholds ``tune.min_cv_gain_frac`` and ``tune.min_throughput_gain_frac``.
+    improvement thresholds ``tune.min_cv_gain_frac``, ``tune.min_throughput_gain_frac`` and
+    ``tune.min_energy_gain_frac``. ``objectives``: ``tune.objectives`` when not the default (so that
+    studies from before it resume), with the power profile among the episodes' settings when energy
+    is one of them.
     """
     import json
 
@@ -302,11 +348,15 @@ def trial_settings(space: SearchSpace, scenarios: ScenarioSet) -> dict[str, Any]
             {k: v for k, v in t.items() if k not in ("path", "meta")} if t.get("ops_sha256") else t
             for t in episodes["traces"]
         ]
-    value = {
+    value: dict[str, Any] = {
         "controller": {"name": space.family, **space.fixed_settings()},
         "space": space.describe(),
         "episodes": episodes,
     }
+    if objectives != DEFAULT_OBJECTIVES:  # absent when default: studies from before it still resume
+        value["objectives"] = list(objectives)
+        if "energy" in objectives:  # the energy objective's values depend on the power profile
+            episodes["power"] = scenarios.power.name
     return json.loads(json.dumps(jsonable(value), sort_keys=True, default=str))  # type: ignore[no-any-return]
 
 
@@ -320,6 +370,7 @@ _SECTIONS = {
     "controller": ("controller.{}", "tuned (in the search space)"),
     "space": ("search space key {}", "not tuned"),
     "episodes": ("episodes: {}", "not set"),
+    "objectives": ("tune.objectives{}", "[throughput, cv] (the default)"),
 }
 
 

@@ -22,7 +22,6 @@ from pacectl.config import (
     user_path,
 )
 from pacectl.errors import ConfigError, PacectlError
-from pacectl.files import jsonable
 from pacectl.tuning.outputs import TuneResult, write_results
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet, build_scenarios
 from pacectl.tuning.settings import (
@@ -40,7 +39,7 @@ from pacectl.tuning.settings import (
 )
 from pacectl.tuning.space import SearchSpace
 from pacectl.tuning.storage import StorageSpec, storage_spec
-from pacectl.tuning.verdict import TrialPoint, judge, pareto_front
+from pacectl.tuning.verdict import DEFAULT_OBJECTIVES, OBJECTIVES, TrialPoint, judge, pareto_front
 from pacectl.tuning.workers import (
     FINISHED,
     Objective,
@@ -53,8 +52,6 @@ from pacectl.tuning.workers import (
     split_quota,
     worker_seed,
 )
-
-DIRECTIONS: tuple[Literal["maximize"], Literal["minimize"]] = ("maximize", "minimize")  # throughput, cv
 
 
 class TuneInterrupted(KeyboardInterrupt):
@@ -102,11 +99,14 @@ def _previous_study_name(out_dir: Path) -> str | None:
 
 
 def _open_study(
-    spec: StorageSpec, name: str, scenarios: ScenarioSet, settings: dict[str, Any]
+    spec: StorageSpec,
+    name: str,
+    settings: dict[str, Any],
+    directions: list[Literal["maximize", "minimize"]],
 ) -> optuna.Study:
     try:
         study = optuna.create_study(
-            storage=spec.open(), study_name=name, directions=list(DIRECTIONS), load_if_exists=True
+            storage=spec.open(), study_name=name, directions=directions, load_if_exists=True
         )
     except PacectlError:
         raise
@@ -117,11 +117,6 @@ def _open_study(
             f"study {name!r} in {spec.display} cannot be opened: not an Optuna journal "
             f"({type(err).__name__}: {err}); pick a new tune.storage, or an earlier study's journal to resume it"
         ) from err
-    if [d.name.lower() for d in study.directions] != list(DIRECTIONS):
-        raise ConfigError(
-            f"study {name!r} in {spec.display} must have directions {list(DIRECTIONS)} (throughput, cv), "
-            f"got {[d.name.lower() for d in study.directions]}; choose another tune.study_name"
-        )
     attrs = study.user_attrs
     recorded = attrs.get(SETTINGS_ATTR)
     if recorded is None and (attrs or study.get_trials(deepcopy=False)):
@@ -132,9 +127,6 @@ def _open_study(
         )
     if recorded is None:
         study.set_user_attr(SETTINGS_ATTR, settings)  # first, so a concurrent opener sees it
-        study.set_user_attr("family", settings["controller"]["name"])
-        study.set_user_attr("scenario_fingerprint", scenarios.fingerprint)
-        study.set_user_attr("scenarios", jsonable(scenarios.descriptor))
     elif recorded != settings:
         diffs = settings_diff(exchange_shown(recorded), exchange_shown(settings))
         shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
@@ -143,6 +135,11 @@ def _open_study(
             f"study resumes only with the settings that determine a trial's result (controller family "
             f"and fixed parameters, units, search space, episodes, comm, guard): {shown or 'see tune.json'}. "
             f"{_RESUME_FIX}"
+        )
+    if [d.name.lower() for d in study.directions] != directions:  # a study another program made
+        raise ConfigError(
+            f"study {name!r} in {spec.display} must have directions {directions} (tune.objectives), "
+            f"got {[d.name.lower() for d in study.directions]}; choose another tune.study_name"
         )
     return study
 
@@ -196,7 +193,9 @@ def run_tuning(
         out_dir.mkdir(parents=True, exist_ok=True)  # the default journal lives in the run folder
     previous = _previous_study_name(out_dir)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = _open_study(spec, name, scenarios, trial_settings(space, scenarios))
+    study = _open_study(
+        spec, name, trial_settings(space, scenarios, settings.objectives), settings.directions
+    )
     if previous not in (None, name):  # said once the study opened: a refused resume replaces nothing
         warn(
             f"warning: {out_dir} holds the outputs of study {previous!r}: this study ({name!r}) replaces its "
@@ -233,8 +232,8 @@ def _tune_study(out_dir: Path, echo: Callable[[str], None], t0: float, run: _Stu
     """Run the study's missing trials, judge the result, write the outputs (see :func:`run_tuning`)."""
     settings, space, scenarios, spec, name = run.settings, run.space, run.scenarios, run.spec, run.name
     study, baseline, reference = _run_trials(echo, run)
-    points = trial_points(study, space, baseline, settings.max_loss_frac)
-    front = pareto_front(points)
+    points = trial_points(study, space, baseline, settings.max_loss_frac, settings.objectives)
+    front = pareto_front(points, settings.objectives)
     verdict = judge(points, front, baseline, reference, settings.rule, scenarios.comm_timing_dependent)
     return write_results(
         out_dir,
@@ -305,7 +304,7 @@ def _run_trials(echo: Callable[[str], None], run: _Study) -> tuple[optuna.Study,
     if hasattr(study._storage, "engine"):  # noqa: SLF001 (no pooled RDB connection may cross a fork)
         study._storage.engine.dispose()  # noqa: SLF001
     if remaining:
-        objective = Objective(space, scenarios, baseline, settings.max_loss_frac)
+        objective = Objective(space, scenarios, baseline, settings.max_loss_frac, settings.objectives)
         workers = min(settings.n_workers, remaining)
         run_workers(
             workers,
@@ -334,22 +333,34 @@ def _run_trials(echo: Callable[[str], None], run: _Study) -> tuple[optuna.Study,
 
 
 def trial_points(
-    study: optuna.Study, space: SearchSpace, baseline: Evaluation, cap: float | None
+    study: optuna.Study,
+    space: SearchSpace,
+    baseline: Evaluation,
+    cap: float | None,
+    objectives: tuple[str, ...] = DEFAULT_OBJECTIVES,
 ) -> list[TrialPoint]:
-    """Every completed trial with its resolved (tuned) controller parameters."""
+    """Every completed trial with its resolved (tuned) controller parameters; the values of the
+    objectives the study does not optimize are the means of its ``per_episode`` figures."""
     points = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         if t.values is None or not all(math.isfinite(v) for v in t.values):
             continue
-        loss = baseline.loss_frac(t.values[0])
+        rows = t.user_attrs.get("per_episode") or [{}]
+        value = {
+            attr: sum(float(r.get(attr, math.nan)) for r in rows) / len(rows)
+            for attr, _ in OBJECTIVES.values()
+        }
+        value.update({OBJECTIVES[o][0]: float(v) for o, v in zip(objectives, t.values, strict=True)})
+        loss = baseline.loss_frac(value["throughput_it_per_s"])
         points.append(
             TrialPoint(
                 number=t.number,
                 params=space.tuned(space.resolve(t.params)),
-                throughput_it_per_s=float(t.values[0]),
-                cv=float(t.values[1]),
+                throughput_it_per_s=value["throughput_it_per_s"],
+                cv=value["cv"],
                 throughput_loss_frac=loss,
                 feasible=cap is None or loss <= cap,
+                energy_per_iteration_j=value["energy_per_iteration_j"],
             )
         )
     return points

@@ -44,6 +44,7 @@ from pacectl.tuning.scenarios import Evaluation, ScenarioSet
 from pacectl.tuning.settings import SAMPLERS
 from pacectl.tuning.space import SearchSpace
 from pacectl.tuning.storage import StorageSpec, disk_full_cause, full_disk_error
+from pacectl.tuning.verdict import DEFAULT_OBJECTIVES, OBJECTIVES
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
@@ -131,15 +132,18 @@ class Objective:
         scenarios: the episodes of one trial.
         baseline: no pacing on the same episodes (computed once, before any trial).
         max_loss_frac: cap on the throughput loss against no pacing, or None for no constraint.
+        objectives: ``tune.objectives`` (:data:`~pacectl.tuning.verdict.OBJECTIVES`).
     """
 
     space: SearchSpace
     scenarios: ScenarioSet
     baseline: Evaluation
     max_loss_frac: float | None
+    objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
 
-    def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
-        """Returns ``(throughput_it_per_s, cv)``, both averaged over the episodes."""
+    def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
+        """Returns the value of each objective (by default ``(throughput_it_per_s, cv)``), each
+        averaged over the episodes."""
         trial.set_user_attr("worker", owner_tag())
         trial.set_user_attr("command", COMMAND_ID)
         params = self.space.sample(trial)
@@ -157,7 +161,7 @@ class Objective:
         trial.set_user_attr("per_episode", ev.per_episode)
         if self.max_loss_frac is not None:
             trial.set_constraint(CONSTRAINT, loss - self.max_loss_frac)
-        return ev.throughput_it_per_s, ev.cv
+        return tuple(getattr(ev, OBJECTIVES[o][0]) for o in self.objectives)
 
 
 class Progress:
@@ -200,7 +204,10 @@ class Progress:
 
 
 def progress_callback(
-    progress: Progress, baseline: Evaluation, echo: Callable[[str], None]
+    progress: Progress,
+    baseline: Evaluation,
+    echo: Callable[[str], None],
+    objectives: tuple[str, ...] = DEFAULT_OBJECTIVES,
 ) -> Callable[[optuna.Study, FrozenTrial], None]:
     """One line per finished trial: count (:class:`Progress`), objectives, change against no pacing,
     parameters."""
@@ -210,11 +217,20 @@ def progress_callback(
             return
         params = " ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
         if trial.state == TrialState.COMPLETE and trial.values is not None:
-            thr, cv = trial.values
-            change = -baseline.loss_frac(thr)
+            value = dict(zip(objectives, trial.values, strict=True))
+            shown = []
+            if "throughput" in value:
+                shown.append(
+                    f"{value['throughput']:.6g} it/s ({-baseline.loss_frac(value['throughput']):+.3%} vs none)"
+                )
+            if "cv" in value:
+                shown.append(f"cv {value['cv']:.4g}")
+            if "energy" in value:
+                change = value["energy"] / baseline.energy_per_iteration_j - 1.0
+                shown.append(f"{value['energy']:.6g} J/it ({change:+.3%} vs none)")
             cons = trial.system_attrs.get(f"constraints:{CONSTRAINT}")
             feas = "" if cons is None else (" feasible" if cons <= 0 else " infeasible")
-            body = f"{thr:.6g} it/s ({change:+.3%} vs none), cv {cv:.4g}{feas} | {params}"
+            body = f"{', '.join(shown)}{feas} | {params}"
         else:
             reason = trial.user_attrs.get("invalid_params", trial.state.name.lower())
             body = f"{trial.state.name.lower()} ({reason}) | {params}"
@@ -339,9 +355,9 @@ def run_worker(
         sampler=make_sampler(sampler, seed=seed, population_size=population_size),
     )
     study.set_user_attr(f"worker:{owner_tag()}", True)
-    callbacks = [progress_callback(progress, objective.baseline, echo)] if echo else []
+    callbacks = [progress_callback(progress, objective.baseline, echo, objective.objectives)] if echo else []
 
-    def claimed(trial: optuna.Trial) -> tuple[float, float]:
+    def claimed(trial: optuna.Trial) -> tuple[float, ...]:
         # Several commands (machines) on one study: a trial runs only if fewer than tune.n_trials
         # trials numbered before it are finished or running anywhere, so the study never finishes
         # more than tune.n_trials (trial numbers are given out atomically by the storage).
