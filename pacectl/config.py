@@ -253,7 +253,7 @@ def _load_flight_recorder(trace_cfg: DictConfig) -> OpTrace:
     return load_flight_recorder(
         _paths(trace_cfg),
         ranks=_ranks(trace_cfg),
-        max_bytes=_max_bytes(trace_cfg.get("max_mb", 1024)),
+        **_caps(trace_cfg),
         layout=_layout_overrides(trace_cfg),
         timing=str(trace_cfg.get("timing", "auto")),
         collective_s=_positive(

@@ -192,6 +192,31 @@ def test_truncated_and_foreign_files_name_the_file(tmp_path: Path) -> None:
         read_dump(src, max_bytes=100)
 
 
+def test_max_ops_caps_the_entries_read_and_the_ops_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """trace.max_ops bounds the import's memory: the entries are counted file by file (the set is
+    refused before its next file is read), and the trace's ops before its op table is built."""
+    job = SynthJob(dp=4, steps=6, buckets=2)
+    write_flight_recorder(flight_recorder_dumps(job), tmp_path)
+    entries = sum(len(read_dump(f).entries) for f in sorted(tmp_path.iterdir()))  # 4 x (1 + 6 x 2)
+    trace, _ = import_flight_recorder(tmp_path)
+    assert entries < len(trace.ops)  # 2 + 2 x 2 ops per step and rank
+    with pytest.raises(
+        TraceError, match=r"<= 20 entries \(trace.max_ops\), got 26 in its first 2 of 4 files"
+    ):
+        import_flight_recorder(tmp_path, max_ops=20)
+    with pytest.raises(
+        TraceError, match=rf"<= {entries} ops \(trace.max_ops\), got {len(trace.ops)} "
+    ) as err:
+        import_flight_recorder(tmp_path, max_ops=entries)
+    assert "\n" not in str(err.value)
+    assert len(import_flight_recorder(tmp_path, max_ops=len(trace.ops))[0].ops) == len(trace.ops)
+    assert traces_main(["info", str(tmp_path), "--max-ops", "20"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "trace.max_ops / --max-ops" in lines[0]
+
+
 # ---------------------------------------------------------------------------- versions and formats
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("fmt", ["pickle", "json"])

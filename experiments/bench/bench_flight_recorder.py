@@ -9,15 +9,20 @@ real pickles share their frame dicts through the pickle memo, as these do).
 
 - ``16 x 20000``: 16 ranks with torchtitan's default ring buffer (20,000 entries each);
 - ``1024 x 2000``: 1,024 ranks x 2,000 entries, the issue's large case;
-- ``1024 x 2000, frames``: the same padded with frames to about 1 GB on disk.
+- ``1024 x 2000, frames``: the same padded with 48 frames per entry (which adds little: the pickle
+  memo shares the frame dicts, 374 MB against 365 MB);
+- ``gb``: 1,024 ranks x 5,601 entries, about 1 GiB on disk (about 187 B per entry).
 
 Reported per set: bytes on disk, entries, import wall time, peak RSS, and both per MB of dump
 (``s_per_mb``, ``peak_rss_mb_per_mb``) beside the baseline RSS of a child that only imports the
 modules (``baseline_rss_mb``); and the same for the input side alone (``read_only_*``: every dump
 read, one file at a time, into compact columns and matched into one collective table), since the
 full import's peak also holds the canonical op table it builds (``canonical_ops`` rows: steps x
-ranks x 10 ops), which grows with steps x ranks, not with the dumps' bytes. The machine is shared with other engineers' jobs: wall times carry
-their load (``loadavg`` is recorded before and after each import).
+ranks x 10 ops), which grows with steps x ranks, not with the dumps' bytes. Both sides run with
+``trace.max_ops`` raised past every case (:data:`RAISED_MAX_OPS`); the outcome under the default
+cap is recorded beside them (``default_caps_*``: imported, or refused in one line, with the peak
+until then). The machine is shared with other engineers' jobs: wall times carry their load
+(``loadavg`` is recorded before and after each case).
 
 Usage: ``python experiments/bench/bench_flight_recorder.py [--cases small,large,large_frames]
 [--out results/flight_recorder.json]``
@@ -37,30 +42,40 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _record import write_record  # noqa: E402
 
+from pacectl.traces.model import DEFAULT_MAX_OPS  # noqa: E402
+
 CASES = {
     "small": {"ranks": 16, "steps": 5000, "frames": 0},  # 16 x 20,001 entries
     "large": {"ranks": 1024, "steps": 500, "frames": 0},  # 1,024 x 2,001 entries
-    "large_frames": {"ranks": 1024, "steps": 500, "frames": 48},  # ~1 GB
+    "large_frames": {"ranks": 1024, "steps": 500, "frames": 48},  # frames shared: 374 MB
+    "gb": {"ranks": 1024, "steps": 1400, "frames": 0},  # 1,024 x 5,601 entries, ~1 GiB
 }
 _CHILD = r"""
 import sys, time, warnings
 warnings.simplefilter("ignore")
-from pacectl.traces.flight_recorder import import_flight_recorder
+from pacectl.errors import TraceError
+from pacectl.traces.flight_recorder import collective_set, import_flight_recorder, read_dumps
 def hwm_kb():  # the process's own peak RSS (VmHWM restarts at exec; ru_maxrss may count the parent's)
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
-if sys.argv[1] == "-":
-    print("RESULT", 0.0, hwm_kb(), 0)
+path, mode, max_ops = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if mode == "baseline":
+    print("RESULT", 0.0, hwm_kb(), 0, "imported")
     sys.exit(0)
 t0 = time.perf_counter()
-if len(sys.argv) > 2:  # the input side only: every dump read and matched into one collective table
-    from pacectl.traces.flight_recorder import collective_set, read_dumps
-    coll, _ = collective_set(read_dumps(sys.argv[1], max_bytes=1 << 32), source=sys.argv[1])
-    print("RESULT", time.perf_counter() - t0, hwm_kb(), len(coll.table))
-    sys.exit(0)
-trace, report = import_flight_recorder(sys.argv[1], max_bytes=1 << 32)
-dt = time.perf_counter() - t0
-print("RESULT", dt, hwm_kb(), len(trace.steps))
+try:
+    if mode == "read":  # the input side only: every dump read and matched into one collective table
+        coll, _ = collective_set(read_dumps(path, max_bytes=1 << 32, max_ops=max_ops), source=path)
+        n = len(coll.table)
+    else:
+        trace, report = import_flight_recorder(path, max_bytes=1 << 32, max_ops=max_ops)
+        n = len(trace.steps)
+    outcome = "imported"
+except TraceError as err:
+    n, outcome = 0, "refused: " + str(err).replace(chr(10), " ")
+print("RESULT", time.perf_counter() - t0, hwm_kb(), n, outcome)
 """
+#: trace.max_ops raised past every case (the default's outcome is recorded beside it)
+RAISED_MAX_OPS = 1 << 26
 
 
 def _write_set(folder: Path, ranks: int, steps: int, frames: int) -> tuple[int, int]:
@@ -79,14 +94,18 @@ def _write_set(folder: Path, ranks: int, steps: int, frames: int) -> tuple[int, 
     return size, entries
 
 
-def _child(path: str, *extra: str) -> tuple[float, float, int]:
+def _child(path: str, mode: str, max_ops: int = RAISED_MAX_OPS) -> tuple[float, float, int, str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, path, *extra], capture_output=True, text=True, env=env, check=True
+        [sys.executable, "-c", _CHILD, path, mode, str(max_ops)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
     )
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT"))
-    _, dt, rss_kb, steps = line.split()
-    return float(dt), float(rss_kb) / 1024.0, int(steps)
+    _, dt, rss_kb, n, outcome = line.split(maxsplit=4)
+    return float(dt), float(rss_kb) / 1024.0, int(n), outcome
 
 
 def bench(case: str) -> dict[str, Any]:
@@ -96,9 +115,10 @@ def bench(case: str) -> dict[str, Any]:
         size, entries = _write_set(Path(tmp), c["ranks"], c["steps"], c["frames"])
         written_s = time.perf_counter() - t0
         load_before = os.getloadavg()
-        _, base_mb, _ = _child("-")
-        read_s, read_mb, _ = _child(tmp, "read")
-        dt, rss_mb, steps = _child(tmp)
+        _, base_mb, _, _ = _child("-", "baseline")
+        read_s, read_mb, _, _ = _child(tmp, "read")
+        dt, rss_mb, steps, _ = _child(tmp, "import")
+        default_s, default_mb, _, default_outcome = _child(tmp, "import", DEFAULT_MAX_OPS)
         load_after = os.getloadavg()
     mb = size / 2**20
     return {
@@ -119,6 +139,10 @@ def bench(case: str) -> dict[str, Any]:
         "read_only_peak_rss_mb": round(read_mb, 1),
         "read_only_peak_rss_mb_per_mb": round((read_mb - base_mb) / mb, 3),
         "canonical_ops": steps * c["ranks"] * (2 + 2 * 4),
+        "default_max_ops": DEFAULT_MAX_OPS,
+        "default_caps_outcome": default_outcome,
+        "default_caps_s": round(default_s, 2),
+        "default_caps_peak_rss_mb": round(default_mb, 1),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],
     }
@@ -146,6 +170,7 @@ def main() -> None:
         ),
         cpu_count=os.cpu_count(),
         rss_unit="MiB (VmHWM of /proc/self/status)",
+        command="nice -n 10 python " + " ".join(sys.argv),
     )
 
 

@@ -99,6 +99,7 @@ def _load_collective_log(args: argparse.Namespace, fmt: str) -> OpTrace:
             args.paths,
             ranks=args.rank,
             max_bytes=int(args.max_mb * 2**20),
+            max_ops=args.max_ops,
             layout=_layout(args),
             timing=args.timing,
             collective_s=args.collective_s,
@@ -203,7 +204,9 @@ def _info_hang(args: argparse.Namespace) -> int | None:
     """``info`` on a Flight Recorder hang snapshot: groups and who is behind; exit 0. None: not one."""
     from pacectl.traces.flight_recorder import describe_status, inspect_flight_recorder
 
-    _, report = inspect_flight_recorder(args.paths, ranks=args.rank, max_bytes=int(args.max_mb * 2**20))
+    _, report = inspect_flight_recorder(
+        args.paths, ranks=args.rank, max_bytes=int(args.max_mb * 2**20), max_ops=args.max_ops
+    )
     if report.hang is None:
         return None
     say = _say(args)
@@ -588,6 +591,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive(float),
         default=1024.0,
         help="Kineto: cap on each file's size and decompressed text, MiB (default 1024)",
+    )
+    common.add_argument(
+        "--max-ops",
+        type=_positive(int),
+        default=4_000_000,
+        help="Flight Recorder: cap on the entries of the set and on the trace's ops (default 4000000)",
     )
     common.add_argument(
         "--collective-s",

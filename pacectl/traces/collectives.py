@@ -651,6 +651,7 @@ def assemble(
     warning: type[Warning] = TraceWarning,
     backend_label: str | None = None,
     duration_field: str = "duration_ms",
+    max_ops: int | None = None,
 ) -> tuple[OpTrace, AssemblyReport]:
     """Build the canonical trace of a collective log (see the module docstring).
 
@@ -669,13 +670,16 @@ def assemble(
         backend_label: how :attr:`OpTrace.collective` names the collectives (default: backends and
             kinds found).
         duration_field: the source's name for a collective's duration (for the timing note).
+        max_ops: cap on the trace's ops (``trace.max_ops``), checked before the op table is built
+            (None: no cap).
 
     Returns:
         ``(trace, report)``.
 
     Raises:
         TraceError: bad settings; no DP group, or fewer than two steps, can be found; ``timing``
-            ``"duration"`` but some gradient collective has no duration.
+            ``"duration"`` but some gradient collective has no duration; the trace would hold more
+            than ``max_ops`` ops.
     """
     if timing not in TIMINGS:
         raise TraceError(f"trace.timing must be one of {list(TIMINGS)}, got {timing!r}")
@@ -700,6 +704,15 @@ def assemble(
         s.seqs, s.anchors = s.seqs[-num:], s.anchors[-num:]
     members = [list(g.ranks) for g in lay.dp_groups]
     arrays = [_stage_times(coll, s, m) for s, m in zip(steps, members, strict=True)]
+    # per step and rank: forward, optimizer, and a compute gap and a collective per gradient collective
+    num_ops = sum(S * n * (2 + 2 * (K1 - 1)) for S, n, K1 in (c.shape for c, _, _ in arrays))
+    if max_ops is not None and num_ops > max_ops:
+        raise TraceError(
+            f"a trace must hold <= {max_ops} ops (trace.max_ops), got {num_ops} ({num} steps x "
+            f"{sum(len(m) for m in members)} DP ranks x ops per step) (in {source}); the op table takes about "
+            "0.4 kB per op. Raise the cap (trace.max_ops / --max-ops) if the machine has the memory, or "
+            "import fewer ranks or steps"
+        )
     have_dur = all(np.isfinite(d[..., 1:]).all() for _, d, _ in arrays)
     have_created = all(np.isfinite(c).all() for c, _, _ in arrays)
     have_end = all(np.isfinite(e).all() for _, _, e in arrays)

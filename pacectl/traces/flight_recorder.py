@@ -40,13 +40,18 @@ of a file is the number that ends its name (``..._rank_3``, ``...rank3.json``; t
 torch's writer and its ``fr_trace`` analyzer), or ``ranks=`` in sorted-path order.
 
 The layout, the step inference and the op table are :mod:`pacectl.traces.collectives`'.
+
+Memory (``experiments/bench/results/flight_recorder.json``): files are read one at a time and
+compacted (about 60 B per entry) before the next; a pickle's values take about 12 MB per MB of
+that file while it is read (``trace.max_mb`` caps each file); ``trace.max_ops`` caps the entries of
+the set (counted file by file) and the ops of the trace (checked before its op table, about 0.36 kB
+per op, is built). A refusal is one line, with little held.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
-import io
 import math
 import pickle
 import re
@@ -68,7 +73,7 @@ from pacectl.traces.collectives import (
     assemble,
     kind_of,
 )
-from pacectl.traces.model import OpTrace, TraceWarning
+from pacectl.traces.model import DEFAULT_MAX_OPS, OpTrace, TraceWarning
 from pacectl.traces.paths import expand_paths
 
 #: Flight Recorder format versions this importer reads (``version`` of a dump).
@@ -425,16 +430,18 @@ def read_dump(path: str | Path, *, rank: int | None = None, max_bytes: int = DEF
 
 
 def _read_pickle(p: Path, rank: int) -> RankDump:
-    with open(p, "rb") as fh:
-        data = fh.read()
+    # Unpickled from the file as it is read (no copy of its bytes beside the values). The values
+    # are the transient peak of a pickle's import: about 13 MB per MB of pickle (2 kB per entry,
+    # experiments/bench/README.md), one file at a time, freed entry by entry as they are compacted.
     try:
-        obj = SafeUnpickler(io.BytesIO(data), source=str(p)).load()
+        with open(p, "rb") as fh:
+            obj = SafeUnpickler(fh, source=str(p)).load()  # its memo goes with it
     except TraceError:
         raise
     except EOFError as err:
         raise TraceError(
             f"a Flight Recorder pickle must be complete, got a file that ends early (truncated after "
-            f"{len(data)} bytes) (in {p}). Copy or dump it again."
+            f"{p.stat().st_size} bytes) (in {p}). Copy or dump it again."
         ) from err
     except (
         pickle.UnpicklingError,
@@ -451,7 +458,6 @@ def _read_pickle(p: Path, rank: int) -> RankDump:
         raise TraceError(
             f"a Flight Recorder pickle must load, got a file that does not: {why} (in {p}). Copy or dump it again."
         ) from err
-    del data
     if not isinstance(obj, dict) or "entries" not in obj and "version" not in obj:
         raise TraceError(
             f"a Flight Recorder pickle must hold the recorder's dict (keys version, pg_config, entries), got "
@@ -466,17 +472,12 @@ def _read_pickle(p: Path, rank: int) -> RankDump:
     entries = obj.get("entries", [])
     if not isinstance(entries, list):
         raise TraceError(f"entries must be a list, got {type(entries).__name__} (in {p}: key entries)")
-    for i, e in enumerate(entries):
+    for i in range(len(entries)):
+        e, entries[i] = entries[i], None  # each entry's values are freed once compacted
         cols.add(e, i, p)
-    return RankDump(
-        p,
-        rank,
-        "pickle",
-        version,
-        _config(obj.get("pg_config"), p),
-        _status(obj.get("pg_status"), p),
-        cols.frame(),
-    )
+    config, status = _config(obj.get("pg_config"), p), _status(obj.get("pg_status"), p)
+    del obj, entries
+    return RankDump(p, rank, "pickle", version, config, status, cols.frame())
 
 
 def _read_json(p: Path, rank: int) -> RankDump:
@@ -524,12 +525,17 @@ def read_dumps(
     *,
     ranks: Sequence[int] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    max_ops: int = DEFAULT_MAX_OPS,
 ) -> list[RankDump]:
-    """Read every dump of a set, sorted by rank (see :func:`read_dump`).
+    """Read every dump of a set, one file at a time, sorted by rank (see :func:`read_dump`).
+
+    Each file's values are compacted (about 60 bytes per entry) before the next file is read, so the
+    set is held as compact columns, never as raw dumps; ``max_ops`` caps the entries (the ops the
+    recorders logged) over the set, checked after each file, before the next one is read.
 
     Raises:
         TraceError: as :func:`read_dump`; two files claim one rank; ``ranks`` does not give one rank
-            per file.
+            per file; the files hold more than ``max_ops`` entries together.
     """
     files = resolve_dump_paths(paths)
     if ranks is not None and len(ranks) != len(files):
@@ -537,10 +543,18 @@ def read_dumps(
             f"trace.ranks must give one rank per dump file ({len(files)} files: {[f.name for f in files][:8]}), "
             f"got {list(ranks)!r}"
         )
-    dumps = [
-        read_dump(f, rank=None if ranks is None else int(ranks[i]), max_bytes=max_bytes)
-        for i, f in enumerate(files)
-    ]
+    dumps: list[RankDump] = []
+    held = 0
+    for i, f in enumerate(files):
+        dumps.append(read_dump(f, rank=None if ranks is None else int(ranks[i]), max_bytes=max_bytes))
+        held += len(dumps[-1].entries)
+        if held > max_ops:
+            raise TraceError(
+                f"a Flight Recorder dump set must hold <= {max_ops} entries (trace.max_ops), got {held} in its "
+                f"first {i + 1} of {len(files)} files (in {f.parent}); the import holds about 0.2 kB per entry "
+                "and 0.4 kB per op of the trace it builds. Raise the cap (trace.max_ops / --max-ops) if the "
+                "machine has the memory, or import fewer ranks or a smaller ring buffer"
+            )
     seen: dict[int, Path] = {}
     for d in dumps:
         if d.rank in seen:
@@ -602,44 +616,70 @@ def process_groups(dumps: list[RankDump]) -> tuple[list[Group], dict[tuple[int, 
 
 
 def collective_set(dumps: list[RankDump], *, source: str) -> tuple[CollectiveSet, list[Group]]:
-    """Every rank's finished collectives (not point-to-point) as one :class:`CollectiveSet`."""
+    """Every rank's finished collectives (not point-to-point) as one :class:`CollectiveSet`.
+
+    Each column is allocated once for the whole set and filled dump by dump (no per-dump frames
+    and no concatenation beside it: the table is the only copy made).
+    """
     groups, index = process_groups(dumps)
-    frames = []
-    for d in dumps:
-        e = d.entries
-        keep = ~e["is_p2p"].to_numpy()
-        if not keep.any():
-            continue
-        sub = e[keep]
-        gkeys = np.fromiter(
-            (index[(d.rank, str(n), str(s))] for n, s in zip(sub["pg_name"], sub["pg_desc"], strict=True)),
-            dtype=np.int64,
-            count=len(sub),
-        )
-        frames.append(
-            pd.DataFrame(
-                {
-                    "rank": np.int64(d.rank),
-                    "group": gkeys,
-                    "kind": sub["kind"].astype(str).to_numpy(),
-                    "backend": sub["backend"].astype(str).to_numpy(),
-                    "seq": sub["seq"].to_numpy(),
-                    "numel": sub["numel"].to_numpy(),
-                    "created_ns": sub["created_ns"].to_numpy(),
-                    "duration_s": sub["duration_ms"].to_numpy() * 1e-3,
-                    "end_ns": np.full(len(sub), -1, dtype=np.int64),
-                    "finished": d.finished[keep],
-                }
-            )
-        )
-    if not frames:
+    keeps = [~d.entries["is_p2p"].to_numpy() for d in dumps]
+    total = int(sum(k.sum() for k in keeps))
+    if not total:
         raise TraceError(
             f"a Flight Recorder dump set must record at least one collective, got none (in {source}); "
             "set TORCH_FR_BUFFER_SIZE before init_process_group and dump after some training steps"
         )
-    table = pd.concat(frames, ignore_index=True)
-    table["kind"] = table["kind"].astype("category")
-    table["backend"] = table["backend"].astype("category")
+    kinds = sorted({str(c) for d in dumps for c in d.entries["kind"].cat.categories})
+    backends = sorted({str(c) for d in dumps for c in d.entries["backend"].cat.categories})
+    cols: dict[str, np.ndarray] = {
+        "rank": np.empty(total, np.int64),
+        "group": np.empty(total, np.int64),
+        "kind": np.empty(total, np.int32),  # codes into ``kinds``
+        "backend": np.empty(total, np.int32),
+        "seq": np.empty(total, np.int64),
+        "numel": np.empty(total, np.int64),
+        "created_ns": np.empty(total, np.int64),
+        "duration_s": np.empty(total, np.float64),
+        "finished": np.empty(total, bool),
+    }
+    at = 0
+    for d, keep in zip(dumps, keeps, strict=True):
+        n = int(keep.sum())
+        if not n:
+            continue
+        e, part = d.entries, slice(at, at + n)
+        # each entry's group key, vectorized over the (name, desc) pairs' category codes
+        names, descs = e["pg_name"].cat, e["pg_desc"].cat
+        nd = len(descs.categories)
+        pair = names.codes.to_numpy(np.int64)[keep] * nd + descs.codes.to_numpy(np.int64)[keep]
+        uniq, inverse = np.unique(pair, return_inverse=True)
+        keys = [index[(d.rank, str(names.categories[u // nd]), str(descs.categories[u % nd]))] for u in uniq]
+        cols["rank"][part] = d.rank
+        cols["group"][part] = np.asarray(keys, dtype=np.int64)[inverse]
+        for name, cats in (("kind", kinds), ("backend", backends)):
+            local = e[name].cat
+            remap = np.asarray([cats.index(str(c)) for c in local.categories], dtype=np.int32)
+            cols[name][part] = remap[local.codes.to_numpy()[keep]]
+        for name, col in (("seq", "seq"), ("numel", "numel"), ("created_ns", "created_ns")):
+            cols[name][part] = e[col].to_numpy()[keep]
+        cols["duration_s"][part] = e["duration_ms"].to_numpy()[keep] * 1e-3
+        cols["finished"][part] = d.finished[keep]
+        at += n
+    table = pd.DataFrame(
+        {
+            "rank": cols["rank"],
+            "group": cols["group"],
+            "kind": pd.Categorical.from_codes(cols["kind"], categories=kinds),
+            "backend": pd.Categorical.from_codes(cols["backend"], categories=backends),
+            "seq": cols["seq"],
+            "numel": cols["numel"],
+            "created_ns": cols["created_ns"],
+            "duration_s": cols["duration_s"],
+            "end_ns": np.full(total, -1, dtype=np.int64),
+            "finished": cols["finished"],
+        },
+        copy=False,
+    )
     return CollectiveSet(table=table, ranks=tuple(d.rank for d in dumps)), groups
 
 
@@ -846,10 +886,11 @@ def inspect_flight_recorder(
     *,
     ranks: Sequence[int] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    max_ops: int = DEFAULT_MAX_OPS,
 ) -> tuple[list[RankDump], FlightRecorderReport]:
     """Read a dump set and report its groups and where each rank stands, without building a trace
     (``info`` on a hang snapshot)."""
-    dumps = read_dumps(paths, ranks=ranks, max_bytes=max_bytes)
+    dumps = read_dumps(paths, ranks=ranks, max_bytes=max_bytes, max_ops=max_ops)
     groups, _ = process_groups(dumps)
     status = hang_report(dumps)
     report = FlightRecorderReport(
@@ -870,6 +911,7 @@ def import_flight_recorder(
     *,
     ranks: Sequence[int] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    max_ops: int = DEFAULT_MAX_OPS,
     layout: LayoutOverrides | None = None,
     timing: str = "auto",
     collective_s: float | None = None,
@@ -881,7 +923,9 @@ def import_flight_recorder(
     Args:
         paths: dump files, a folder of them, or a glob (see :func:`resolve_dump_paths`).
         ranks: the rank of each file, in sorted-path order (default: from the file names).
-        max_bytes: cap on each file's size, bytes.
+        max_bytes: cap on each file's size, bytes (``trace.max_mb``).
+        max_ops: cap on the entries of the set, checked as each file is read, and on the ops of the
+            trace, checked before it is built (``trace.max_ops``).
         layout: layout overrides (see :class:`~pacectl.traces.collectives.LayoutOverrides`).
         timing: ``"auto"`` (durations when every gradient collective has one), ``"duration"``
             or ``"created"`` (see :func:`~pacectl.traces.collectives.assemble`).
@@ -894,9 +938,9 @@ def import_flight_recorder(
         ``(trace, report)`` with ``trace.fmt == "flight_recorder"``.
 
     Raises:
-        TraceError: a file cannot be read (see :func:`read_dump`), the set is a hang snapshot (the
-            message names the group and ranks behind and the settings that make replayable dumps),
-            or the layout or steps cannot be inferred.
+        TraceError: a file cannot be read (see :func:`read_dump`), the set or its trace passes
+            ``max_ops``, the set is a hang snapshot (the message names the group and ranks behind and
+            the settings that make replayable dumps), or the layout or steps cannot be inferred.
 
     Example:
         >>> from pacectl.data import DATA_DIR
@@ -904,7 +948,7 @@ def import_flight_recorder(
         >>> trace.meta.dp_size, report.assembly.timing
         (2, 'created')
     """
-    dumps, report = inspect_flight_recorder(paths, ranks=ranks, max_bytes=max_bytes)
+    dumps, report = inspect_flight_recorder(paths, ranks=ranks, max_bytes=max_bytes, max_ops=max_ops)
     src = str(dumps[0].path.parent) if len({d.path.parent for d in dumps}) == 1 else "; ".join(report.files)
     if report.hang is not None:
         raise TraceError(
@@ -925,6 +969,7 @@ def import_flight_recorder(
         collective_frac=collective_frac,
         grad_kinds=GRAD_KINDS,
         warning=FlightRecorderWarning,
+        max_ops=max_ops,
     )
     report.assembly = assembly
     return trace, report
