@@ -7,11 +7,16 @@ iterations, round-robin, the order rotating every round; each round gives one pa
 per variant (its block's mean iteration time minus plain FSDP2's, same round), so the shared
 machine's drift cancels. Variants:
 
-- ``plain``: FSDP2 with its default reduce-scatter;
-- ``custom_rs``: a custom reduce-scatter (``set_custom_reduce_scatter``) that only calls
-  ``reduce_scatter_single``: the floor of *any* Python custom comm;
+- ``plain``: FSDP2 with its default all-gather and reduce-scatter (FSDP2's default resharding);
+- ``custom_comms``: a custom all-gather and reduce-scatter (``set_custom_all_gather``,
+  ``set_custom_reduce_scatter``) that only call ``all_gather_single`` / ``reduce_scatter_single``:
+  the floor of *any* Python custom comm, which the pacer's two comms are;
 - ``async`` / ``collective``: :class:`~pacectl.torchdist.pacer.Pacer` attached (controller
-  ``none``: every delay zero), exchanging by the tiny async or blocking all-reduce.
+  ``none``: every delay zero; ``fsdp2_paced="forward"``, the default, which routes every
+  all-gather of forward and backward through its bookkeeping), exchanging by the tiny async or
+  blocking all-reduce;
+- ``async_backward``: as ``async`` with ``fsdp2_paced="backward"`` (the forward's all-gathers pass
+  through untimed).
 
 Reported: plain's median iteration time; per variant the median paired difference in ms and as a
 fraction of plain's iteration time, with a 95 % bootstrap interval over rounds; ``loadavg`` before
@@ -37,7 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _record import write_record  # noqa: E402
 
-VARIANTS = ("plain", "custom_rs", "async", "collective")
+VARIANTS = ("plain", "custom_comms", "async", "collective", "async_backward")
 
 
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -48,12 +53,16 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     from torch.distributed.fsdp import fully_shard
 
     from pacectl.torchdist.core import DecisionEngine
-    from pacectl.torchdist.pacer import PacedReduceScatter, Pacer, fsdp2_modules
+    from pacectl.torchdist.pacer import PacedAllGather, PacedReduceScatter, Pacer, fsdp2_modules
     from pacectl.torchdist.worker import build_model
 
-    class PlainCustom(PacedReduceScatter):
+    class PlainReduceScatter(PacedReduceScatter):
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # type: ignore[no-untyped-def]
             dist.reduce_scatter_single(output_tensor, input_tensor, op=op, group=group)
+
+    class PlainAllGather(PacedAllGather):
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):  # type: ignore[no-untyped-def]
+            return dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
@@ -71,13 +80,18 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         fully_shard(model, mesh=mesh)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         pacer = None
-        if name == "custom_rs":
-            comm = PlainCustom(None)  # type: ignore[arg-type]
+        if name == "custom_comms":
+            rs, ag = PlainReduceScatter(None), PlainAllGather(None)  # type: ignore[arg-type]
             for m in fsdp2_modules(model):
-                m.set_custom_reduce_scatter(comm)
-        elif name in ("async", "collective"):
+                m.set_custom_reduce_scatter(rs)
+                if m._get_fsdp_state()._fsdp_param_groups:
+                    m.set_custom_all_gather(ag)
+        elif name != "plain":
             engine = DecisionEngine("none", {}, {"max_delay_frac": 0.5}, num_ranks=world, seed=0)
-            pacer = Pacer(engine, gather=name, group=mesh.get_group()).attach(model)
+            gather, _, paced = name.partition("_")
+            pacer = Pacer(
+                engine, gather=gather, group=mesh.get_group(), fsdp2_paced=paced or "forward"
+            ).attach(model)
         setups.append((model, opt, x, pacer))
 
     def step(model: Any, opt: Any, x: Any) -> None:
@@ -155,13 +169,14 @@ def main() -> None:
         "plain_iteration_median_ms": scale * 1e3,
         "iteration_median_ms": {v: float(np.median(times[:, i])) * 1e3 for i, v in enumerate(VARIANTS)},
         "overhead_vs_plain": {v: _paired(times[:, i] - plain, scale) for i, v in enumerate(VARIANTS) if i},
-        "overhead_vs_custom_rs": {
+        "overhead_vs_custom_comms": {
             v: _paired(times[:, i] - times[:, 1], scale) for i, v in enumerate(VARIANTS) if i > 1
         },
         "block_mean_ms": {v: (times[:, i] * 1e3).round(4).tolist() for i, v in enumerate(VARIANTS)},
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "wall_s": round(time.perf_counter() - t0, 1),
+        "command": "python " + " ".join(sys.argv),
     }
     print({k: v for k, v in row.items() if k != "block_mean_ms"})
     write_record(
