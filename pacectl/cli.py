@@ -1,28 +1,30 @@
-"""What the entry points (``pacectl.run``, ``pacectl.tune``) do around Hydra, so that a user mistake
-costs one line, exit status 2, and nothing on disk.
+"""The entry points' command line (``pacectl.run``, ``pacectl.tune``): a user mistake costs one
+line, exit status 2, and nothing on disk.
 
-Hydra creates the run folder and writes ``.hydra/`` (the config snapshot) and the job log before the
-job sees its config, and reports its own composition errors (a misspelled key, an unknown config
-group option) in several lines with exit status 1. So, in this order:
+:func:`main` owns the command line of a plain run. It composes the overrides with Hydra's compose
+API, checks them (a composition error becomes one line with a did-you-mean, and the composed config
+goes through the entry point's own checks), checks that the run folder can be written, and only
+then runs the job. The job stages its outputs (:func:`pacectl.files.staged_outputs`); its console
+lines (``<job>.log``) and the composed config (``config.yaml``) are staged beside them and moved in
+only when the job succeeds, so a failed job leaves no folder behind. Hydra writes nothing into the
+run folder (``hydra.output_subdir: null``; its job logging is the console only).
 
-1. :func:`exit_on_bad_run_dir`: a ``hydra.run.dir=`` that cannot become a folder.
-2. :func:`check_command_line`: the overrides are composed with Hydra's compose API first (each
-   job of a ``--multirun`` sweep); a composition error becomes one line with a did-you-mean, and
-   the composed config goes through the entry point's own checks, all before any folder exists.
-3. :class:`RunDirGuard`, a Hydra callback (``hydra.callbacks`` in ``conf/*.yaml``), notes which
-   folders of the run path exist, and what ``.hydra/`` held, before Hydra writes into them; a job
-   that then fails (a truncated trace, an interrupt) calls :func:`discard_run_dir`, which removes
-   what this run created and puts back what it overwrote.
+``-m``/``--multirun`` (a sweep, through any Hydra launcher) and Hydra's own flags (``--help``,
+``--cfg``, ...) go through ``@hydra.main``, after the same checks (every job of a sweep). A sweep
+job runs in the folder its launcher created; a job that fails removes that folder again while it is
+still empty.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
 import logging
 import math
 import os
 import re
-import shutil
+import shlex
 import sys
 import threading
 import warnings
@@ -30,58 +32,185 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
-from pacectl.errors import ConfigError, PacectlError, config_error, did_you_mean
-from pacectl.files import folder_problem
+from pacectl.errors import ConfigError, PacectlError, config_error, did_you_mean, one_line_warnings
+from pacectl.files import folder_problem, staged_outputs
 
-#: What Hydra puts into a run directory before the job runs: its config snapshot and job log.
-_HYDRA_FILES = (".hydra",)
+#: A job: ``job(cfg, out_dir)`` runs the composed config (without Hydra's section) and writes its
+#: outputs into ``out_dir``; it raises :class:`~pacectl.errors.PacectlError` for a user mistake.
+Job = Callable[[DictConfig, Path], None]
+#: How the job log stamps the console lines.
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
-#: The run folder of this process's job as found before Hydra wrote into it (see RunDirGuard).
-_before: dict[str, Any] = {}
 
+def main(
+    prog: str,
+    config_dir: Path,
+    config_name: str,
+    job: Job,
+    *,
+    validate: Callable[[DictConfig], None] | None = None,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Run an entry point's command line ``argv`` (None: this process's) and return its exit status.
 
-class RunDirGuard(Callback):
-    """Hydra callback: remember the run folder's state before Hydra creates or writes into it.
+    Args:
+        prog: the program name (``pacectl.run``), which starts every error line.
+        config_dir: the config folder (``conf/``).
+        config_name: the primary config (``config`` or ``tune``).
+        job: the work of one run (see :data:`Job`).
+        validate: the entry point's checks of a composed config (see :func:`check_command_line`).
+        argv: the arguments, without the program name.
 
-    Remembered: the path's folders that do not exist yet (Hydra will create them), and the files
-    of an existing ``.hydra/`` and the sizes of existing job logs (a rerun into the same folder).
-    :func:`discard_run_dir` uses this after a failed job.
+    Returns:
+        0, 2 for a user mistake (one line on stderr), 1 for ``--help`` into a closed pipe.
+        A ``KeyboardInterrupt`` propagates, once the run folder is cleaned up.
     """
 
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _remember_safely(config, "run")
-        _lock_or_exit(config, "run")
+    def body() -> None:
+        args = sys.argv[1:]
+        try:
+            options = [p.stem for p in (config_dir / "trace").glob("*.yaml")]
+            args, notes = expand_trace_file(args, options)
+        except ConfigError as err:
+            _fail(prog, str(err))
+        for note in notes:
+            print(f"{prog}: {note}", file=sys.stderr)
+        cfg = check_command_line(prog, config_dir, config_name, validate, argv=args)
+        if cfg is not None and not _multirun(cfg):
+            _run_here(prog, cfg, job)
+            return
+        if cfg is not None:  # a sweep: its folder must be writable before Hydra creates it
+            problem = run_dir_error(cfg)
+            if problem:
+                _fail(prog, problem)
+        import hydra
 
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _remember_safely(config, "sweep")
-        _lock_or_exit(config, "sweep")
+        sys.argv[1:] = args
+        task = hydra.main(version_base="1.3", config_path=str(config_dir), config_name=config_name)
+        try:
+            task(lambda job_cfg: run_job(prog, job_cfg, job))()
+        except BrokenPipeError:  # --help | head
+            quiet_broken_pipe()
+            sys.exit(1)
 
-    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+    return invoke(prog, argv, body)
+
+
+def _multirun(cfg: DictConfig) -> bool:
+    from hydra.types import RunMode
+
+    return bool(cfg.hydra.mode == RunMode.MULTIRUN)
+
+
+def _fail(prog: str, line: str) -> None:
+    print(f"{prog}: error: {line}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _run_here(prog: str, cfg: DictConfig, job: Job) -> None:
+    """A plain run, composed here: Hydra's runtime config as Hydra would set it, then the job."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import configure_log, env_override
+
+    with contextlib.suppress(OmegaConfBaseException), open_dict(cfg):  # ${now:...} resolved once
+        cfg.hydra.run.dir = str(cfg.hydra.run.dir)
+    problem = run_dir_error(cfg)
+    if problem:
+        _fail(prog, problem)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(Path(cfg.hydra.run.dir).absolute())
+    HydraConfig.instance().set_config(cfg)
+    configure_log(cfg.hydra.job_logging, cfg.hydra.verbose)
+    task = cfg.copy()
+    with open_dict(task):
+        del task["hydra"]
+    with env_override(dict(cfg.hydra.job.env_set)):
+        run_job(prog, task, job)
+
+
+def run_job(prog: str, cfg: DictConfig, job: Job) -> None:
+    """Run ``job`` in the run folder of Hydra's runtime config; keep its log and config on success.
+
+    The folder is created and locked for the job (:func:`lock_run_dir`), so a second run into it is
+    refused while this one runs. The console lines are also filed, stamped, in ``<job name>.log``
+    (appended to an earlier one: a rerun into the folder), and the composed config in
+    ``config.yaml`` (its first line the command, :func:`job_overrides`): both are staged and moved in only when
+    the job succeeds. A job that fails removes the folders of its path that it found missing or
+    empty (Hydra creates a sweep job's folder before the job starts) while nothing is in them.
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    out_dir = Path(hc.runtime.output_dir)
+    new = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
+    if not new and not any(out_dir.iterdir()):
+        new = [out_dir]
+    problem = lock_run_dir(out_dir)  # creates it: removed again if the job fails
+    if problem:
+        _fail(prog, problem)
+    one_line_warnings(newline=False)
+    logging.captureWarnings(True)  # Python warnings as log lines: the console and the job log
+    lines = io.StringIO()
+    handler = logging.StreamHandler(lines)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    log_name = f"{hc.job.name}.log"
+    try:
+        try:
+            job(cfg, out_dir)
+        except PacectlError as err:
+            _fail(prog, f"{sweep_job_prefix()}{err}")
+        with staged_outputs(out_dir, append=[log_name]) as stage:
+            (stage / log_name).write_text(lines.getvalue(), encoding="utf-8")
+            command = shlex.join(["python", "-m", prog, *(str(o) for o in hc.overrides.task)])
+            (stage / "config.yaml").write_text(f"# {command}\n{OmegaConf.to_yaml(cfg)}", encoding="utf-8")
+    except BaseException as end:
+        if isinstance(end, Interrupted):  # what it wrote stays: so do its log lines
+            with staged_outputs(out_dir, append=[log_name]) as stage:
+                (stage / log_name).write_text(lines.getvalue(), encoding="utf-8")
+        for folder in new:  # deepest first
+            with contextlib.suppress(OSError):
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+        raise
+    finally:
+        root.removeHandler(handler)
         release_run_dirs()
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        release_run_dirs()
+
+def job_overrides(job_dir: Path) -> list[str]:
+    """The command-line overrides of the job whose outputs are in ``job_dir`` (a sweep job's folder):
+    the command on the first line of its ``config.yaml`` (:func:`run_job`)."""
+    first = (job_dir / "config.yaml").read_text(encoding="utf-8").partition("\n")[0]
+    return shlex.split(first.removeprefix("# "))[3:]
+
+
+class Interrupted(SystemExit):
+    """A job interrupted after writing what stays (a study's finished trials): exit status 130, and
+    :func:`run_job` keeps the job's log lines with it."""
+
+    def __init__(self) -> None:
+        super().__init__(130)
 
 
 def release_run_dirs() -> None:
     """Release the run folders this process locked (:func:`lock_run_dir`): a run in the same process
     (an in-process command, a test) may use the folder next."""
     while _locks:
-        try:
+        with contextlib.suppress(OSError):
             os.close(_locks.pop())
-        except OSError:
-            pass
 
 
-#: The open, locked run folders of this process (held until it exits; the kernel then releases them).
+#: The open, locked run folders of this process (the kernel releases them when it exits).
 _locks: list[int] = []
 
 
 def lock_run_dir(run_dir: Path) -> str | None:
-    """Take an exclusive lock on ``run_dir`` (created if missing) for the rest of this process.
+    """Take an exclusive lock on ``run_dir`` (created if missing) until :func:`release_run_dirs`.
 
     Two runs into one folder used to both report success with mixed provenance: the second is now
     refused while the first runs. The lock is ``flock`` on the folder itself (no lock file is left
@@ -94,140 +223,21 @@ def lock_run_dir(run_dir: Path) -> str | None:
         import fcntl
     except ImportError:  # not POSIX: no lock
         return None
-    run_dir = run_dir.absolute()
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(run_dir, os.O_RDONLY)
+        fd = os.open(run_dir.absolute(), os.O_RDONLY)
     except OSError:
-        return None  # Hydra reports an unusable folder itself
+        return None  # the job's first write reports an unusable folder
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
         return (
-            f"the run folder {run_dir} must not be in use by another run, got one running in it now; wait "
-            "for it to end or choose another hydra.run.dir (hydra.sweep.dir for -m)"
+            f"the run folder {run_dir.absolute()} must not be in use by another run, got one running in it "
+            "now; wait for it to end or choose another hydra.run.dir (hydra.sweep.dir for -m)"
         )
     _locks.append(fd)
     return None
-
-
-def _lock_or_exit(config: DictConfig, which: str) -> None:
-    try:
-        run_dir = Path(str(config.hydra[which].dir))
-    except Exception:  # noqa: BLE001 - a bad config is reported by the job itself
-        return
-    problem = lock_run_dir(run_dir)
-    if problem:
-        prog = str(config.hydra.job.get("name") or "pacectl")
-        prog = {"run": "pacectl.run", "tune": "pacectl.tune"}.get(prog, prog)
-        print(f"{prog}: error: {problem}", file=sys.stderr)
-        sys.exit(2)
-
-
-def _remember_safely(config: DictConfig, which: str) -> None:
-    """The guard must never break a run: a path it cannot resolve (a bad config, reported by the
-    job itself) is simply not remembered."""
-    _before.clear()
-    try:
-        remember_run_dir(Path(str(config.hydra[which].dir)), sweep=which == "sweep")
-    except Exception:  # noqa: BLE001 - see the docstring
-        _before.clear()
-
-
-def remember_run_dir(run_dir: Path, *, sweep: bool = False) -> None:
-    """Record ``run_dir``'s state before Hydra writes into it (see :class:`RunDirGuard`).
-
-    Args:
-        run_dir: the run folder, or with ``sweep`` the multirun's sweep folder (its jobs' parent).
-    """
-    run_dir = run_dir.absolute()
-    snapshot = run_dir / ".hydra"
-    multirun_yaml = run_dir / "multirun.yaml"
-    _before.clear()
-    _before.update(
-        run_dir=run_dir,
-        sweep=sweep,
-        missing=[p for p in (run_dir, *run_dir.parents) if not p.exists()],
-        hydra_files=(
-            {p.name: p.read_bytes() for p in snapshot.iterdir() if p.is_file()} if snapshot.is_dir() else None
-        ),
-        log_sizes={p.name: p.stat().st_size for p in run_dir.glob("*.log") if p.is_file()}
-        if run_dir.is_dir()
-        else {},
-        multirun_yaml=multirun_yaml.read_bytes() if multirun_yaml.is_file() else None,
-    )
-
-
-def discard_run_dir(out_dir: str | os.PathLike[str], *, keep_logs: bool = False) -> bool:
-    """Undo what Hydra wrote for a job that failed, keeping everything that was there before.
-
-    A folder holding nothing but Hydra's files (``.hydra/`` and job logs) is removed, and so are the
-    parent folders this run created (for example ``outputs/<date>/``), if empty. In a folder that
-    existed before the run (a rerun into it, a resumable study), ``.hydra/`` is put back as it was
-    and the job logs are cut back to their earlier length (with :class:`RunDirGuard` installed),
-    unless ``keep_logs`` (an interrupted tuning keeps its finished trials, and their log lines).
-
-    Returns:
-        True if the directory was removed.
-    """
-    out = Path(out_dir).absolute()
-    before = _before if _before.get("run_dir") in (out, out.parent) else {}
-    if not out.is_dir():
-        return False
-    if before.get("run_dir") == out and out not in before["missing"]:
-        _restore(out, before, keep_logs=keep_logs)
-        return False
-    entries = list(out.iterdir())
-    ours = [p for p in entries if p.name in _HYDRA_FILES or (p.suffix == ".log" and p.is_file())]
-    if len(ours) != len(entries) or not any(p.name == ".hydra" for p in ours):
-        return False
-    for p in ours:
-        if p.is_dir():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
-    out.rmdir()
-    if before.get("sweep") and before["run_dir"] == out.parent:
-        _undo_sweep_file(out.parent, before["multirun_yaml"])
-    for parent in before.get("missing", []):  # deepest first: the folders this run created
-        if parent != out and parent.is_dir() and not any(parent.iterdir()):
-            parent.rmdir()
-    return True
-
-
-def _undo_sweep_file(sweep_dir: Path, old: bytes | None) -> None:
-    """The sweep's ``multirun.yaml`` as it was before, when its first job failed (the basic launcher
-    runs the jobs in turn, so no job of this sweep kept any output); later jobs leave it."""
-    from hydra.core.hydra_config import HydraConfig
-
-    multirun_yaml = sweep_dir / "multirun.yaml"
-    if not multirun_yaml.is_file() or (HydraConfig.initialized() and HydraConfig.get().job.num != 0):
-        return
-    if old is None:
-        multirun_yaml.unlink()
-    else:
-        multirun_yaml.write_bytes(old)
-
-
-def _restore(out: Path, before: dict[str, Any], *, keep_logs: bool) -> None:
-    """Put ``.hydra/`` and the job logs of a pre-existing run folder back as they were."""
-    snapshot = out / ".hydra"
-    old = before["hydra_files"]
-    if old is None:
-        shutil.rmtree(snapshot, ignore_errors=True)
-    else:
-        for p in snapshot.iterdir() if snapshot.is_dir() else ():
-            if p.is_file() and p.name not in old:
-                p.unlink()
-        for name, data in old.items():
-            (snapshot / name).write_bytes(data)
-    for p in [] if keep_logs else out.glob("*.log"):
-        size = before["log_sizes"].get(p.name)
-        if size is None:
-            p.unlink()
-        elif p.stat().st_size > size:
-            os.truncate(p, size)
 
 
 def invoke(prog: str, argv: Sequence[str] | None, body: Callable[[], None]) -> int:
@@ -236,7 +246,7 @@ def invoke(prog: str, argv: Sequence[str] | None, body: Callable[[], None]) -> i
     ``body`` reads ``sys.argv`` (Hydra does) and may end in ``sys.exit``; here that becomes the
     returned status, so that a caller in the same process (a test) gets the status, not SystemExit.
     Afterwards the process is as before: ``sys.argv``, Hydra's global state (so that the compose API
-    and a next run can start afresh), the warnings format and ``logging.captureWarnings``.
+    and a next run can start afresh), logging, the warnings format and ``logging.captureWarnings``.
 
     Args:
         prog: the program name (``sys.argv[0]``: Hydra's argument errors name it).
@@ -266,7 +276,7 @@ def invoke(prog: str, argv: Sequence[str] | None, body: Callable[[], None]) -> i
         if saved_sigint is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, saved_sigint)  # a Ctrl-C handler set for the run (pacectl.tune)
         logging.captureWarnings(False)
-        for handler in root.handlers[:]:  # the job's (its console and <run dir>/<job>.log) go
+        for handler in root.handlers[:]:  # the job's console handlers go
             if handler not in saved_handlers:
                 root.removeHandler(handler)
                 handler.close()
@@ -303,55 +313,64 @@ class BelowLevel(logging.Filter):
         return record.levelno < self.level
 
 
-#: Hydra flags that print and exit without creating a run folder.
-_NO_RUN_FOLDER_FLAGS = (
-    "-h",
-    "--help",
-    "--hydra-help",
-    "-c",
-    "--cfg",
-    "-i",
-    "--info",
-    "-sc",
-    "--shell-completion",
-)
+#: Free bytes below which a run is refused before it starts (its outputs and the log).
+MIN_FREE_BYTES = 1 << 20
 
 
-def run_dir_argument_error(argv: list[str]) -> str | None:
-    """Why the run folder of this command line cannot be created or written, or None.
+def run_dir_error(cfg: DictConfig, *, min_free_bytes: int = MIN_FREE_BYTES) -> str | None:
+    """Why the run folder of a composed config (``hydra.run.dir``; ``hydra.sweep.dir`` for ``-m``)
+    cannot be created or written, or None.
 
-    Hydra creates the folder before the job runs and fails with a traceback when the path, or one
-    of its parents, is an existing file, or when it cannot write there; the entry points check
-    first. The folder is ``hydra.run.dir`` (``hydra.sweep.dir`` with ``-m``), else the default
-    ``outputs/`` (``multirun/``) in the current folder. Not checked: a value with an interpolation
-    (``${...}``, Hydra resolves it), and flags that print and exit (``--help``, ``--cfg``).
+    Checked without leaving anything behind (:func:`pacectl.files.folder_problem`): no part of the
+    path may be a file, the deepest existing folder must accept new ones, and its file system must
+    have ``min_free_bytes`` free (a full disk would end in an ``OSError`` at the first write).
+
+    Args:
+        cfg: the composed config, with Hydra's section (``return_hydra_config=True``).
     """
-    if any(a.partition("=")[0] in _NO_RUN_FOLDER_FLAGS for a in argv):
-        return None
-    multirun = any(a in ("-m", "--multirun") for a in argv)
-    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    given = [a.partition("=")[2] for a in argv if a.partition("=")[0].lstrip("+") == key and "=" in a]
-    if not given:
-        problem = folder_problem(Path.cwd() / ("multirun" if multirun else "outputs"))
-        if problem:
-            return (
-                f"the default run folder ({'multirun' if multirun else 'outputs'}/... in the current folder) "
-                f"cannot be created: {problem}; set {key}=<a writable folder>"
-            )
-        return None
-    for value in given:
-        if not value.strip("'\" "):
+    key = "hydra.sweep.dir" if _multirun(cfg) else "hydra.run.dir"
+    try:
+        value = str(OmegaConf.select(cfg, key))
+    except OmegaConfBaseException as err:  # ${oc.env:UNSET}/x
+        return f"{key} must resolve to a folder, got: {str(err).splitlines()[0]}"
+    # every value given for it (the last one wins, but a folder that is a file is a mistake anyway)
+    given = [o.partition("=")[2] for o in map(str, cfg.hydra.overrides.hydra) if o.partition("=")[0] == key]
+    for text in [*(v for v in given if "${" not in v), value]:
+        if not text.strip("'\" "):
             return (
                 f"{key} must name a folder, got an empty value (the outputs would land in the current folder)"
             )
-        if "${" in value:
-            continue
-        problem = folder_problem(Path(value.strip("'\"")))  # Hydra does not expand ~: nor does this
+        problem = folder_problem(Path(text.strip("'\"")).absolute())  # Hydra does not expand ~: nor does this
+        if problem and not given:
+            default = "multirun" if key == "hydra.sweep.dir" else "outputs"
+            return (
+                f"the default run folder ({default}/... in the current folder) cannot be created: {problem}; "
+                f"set {key}=<a writable folder>"
+            )
         if problem and problem.endswith("is a file, not a folder"):
             where = problem.removesuffix(" is a file, not a folder")
             return f"{key} must be a folder (new or existing), but {where} is a file; pick another path"
         if problem:
-            return f"{key}={value}: {problem}; pick a folder you can write to"
+            return f"{key}={text}: {problem}; pick a folder you can write to"
+    return no_room_error(Path(value), min_free_bytes=min_free_bytes)
+
+
+def no_room_error(path: Path, *, min_free_bytes: int = MIN_FREE_BYTES) -> str | None:
+    """The error for a run folder ``path`` on a file system with less than ``min_free_bytes`` free
+    (its nearest existing folder is the one checked), or None."""
+    path = path.expanduser().absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if free < min_free_bytes:
+        return (
+            f"the run folder's file system must have room to write, got {free} bytes free at {path}; "
+            "free some space or point hydra.run.dir (hydra.sweep.dir for -m) at another disk"
+        )
     return None
 
 
@@ -450,56 +469,6 @@ def expand_trace_file(args: Sequence[str], options: Sequence[str] = ()) -> tuple
     return out, notes
 
 
-def expand_trace_file_argv(prog: str, config_dir: Path) -> None:
-    """Entry points, before Hydra starts: expand the ``trace=<file>`` shorthand in ``sys.argv``."""
-    options = [p.stem for p in (config_dir / "trace").glob("*.yaml")]
-    try:
-        sys.argv[1:], notes = expand_trace_file(sys.argv[1:], options)
-    except ConfigError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
-        sys.exit(2)
-    for note in notes:
-        print(f"{prog}: {note}", file=sys.stderr)
-
-
-def exit_on_bad_run_dir(prog: str) -> None:
-    """Entry points, before Hydra starts: one error line and exit 2 for a bad run-folder argument, or
-    for a file system with no room left where the run folder goes (Hydra's own first write would end
-    in an ``OSError`` traceback)."""
-    problem = run_dir_argument_error(sys.argv[1:]) or no_room_error(sys.argv[1:])
-    if problem:
-        print(f"{prog}: error: {problem}", file=sys.stderr)
-        sys.exit(2)
-
-
-#: Free bytes below which a run is refused before it starts (Hydra's config files and the log).
-MIN_FREE_BYTES = 1 << 20
-
-
-def no_room_error(argv: Sequence[str], *, min_free_bytes: int = MIN_FREE_BYTES) -> str | None:
-    """The error for a run folder on a file system with less than ``min_free_bytes`` free, or None.
-
-    The folder is ``hydra.run.dir`` / ``hydra.sweep.dir`` when given, else ``outputs/`` of the current
-    folder (the default run folders live there); its nearest existing parent is the one checked.
-    """
-    targets = [a.split("=", 1)[1] for a in argv if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
-    for target in targets or ["outputs"]:
-        path = Path(target.strip("'\"")).expanduser().absolute()
-        while not path.exists() and path != path.parent:
-            path = path.parent
-        try:
-            st = os.statvfs(path)
-        except OSError:
-            continue
-        free = st.f_bavail * st.f_frsize
-        if free < min_free_bytes:
-            return (
-                f"the run folder's file system must have room to write, got {free} bytes free at {path}; "
-                "free some space or point hydra.run.dir (hydra.sweep.dir for -m) at another disk"
-            )
-    return None
-
-
 def quiet_broken_pipe() -> None:
     """After a ``BrokenPipeError`` on stdout (``--help | head``): no traceback, exit status 1 is kept
     by the caller. Points stdout at /dev/null so the interpreter's final flush cannot fail again."""
@@ -520,15 +489,21 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         err: Hydra's exception (``ConfigCompositionException``, ``MissingConfigException``,
             ``OverrideParseException``).
     """
+    from hydra.errors import MissingConfigException
     from omegaconf.errors import ValidationError
 
     if isinstance(err.__cause__, ValidationError):  # a wrong type for a typed config
         return config_error(err.__cause__)
-    text = str(err)
-    missing = re.search(r"Could not find '([^'/]+)/([^']*)'", text)
-    if missing:
-        group, option = missing.groups()
-        available = re.findall(r"^\t(\S+)$", text.split("Config search path")[0], flags=re.M)
+    missing, options = (
+        (err.missing_cfg_file, err.options) if isinstance(err, MissingConfigException) else (None, None)
+    )
+    if missing and options is not None:  # a group option that does not exist; Hydra lists them
+        groups = [
+            k for k in (o.partition("=")[0].lstrip("+") for o in overrides) if missing.startswith(f"{k}/")
+        ]
+        group = max(groups, key=len) if groups else missing.rpartition("/")[0]  # the option may hold a /
+        option = missing[len(group) + 1 :]
+        available = list(options)
         if not option:
             return f"{group}= needs an option of conf/{group}/: one of {', '.join(available)}"
         hint = did_you_mean(option, available)
@@ -557,9 +532,8 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
                     "run them one by one)"
                 )
         return f"{group}={option}: no such option of {group} (available: {', '.join(available)}).{fix}"
-    bad_key = re.search(r"Could not override '([^']+)'", text)
-    if bad_key:
-        key = bad_key.group(1)
+    key = missing_key(err, overrides)
+    if key:
         given = next((o.partition("=")[2] for o in overrides if o.partition("=")[0] == key), "...")
         parent, _, leaf = key.rpartition(".")
         node = _compose_without(config_dir, config_name, overrides, key)
@@ -608,10 +582,22 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
                 fix = fix or (f" Did you mean {close}{key[len(first) :]}={given}?" if close else "")
                 shown = f" (top-level keys: {top})"
         return f"{key}={given}: no such config key{shown}.{fix}"
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     line = " ".join(lines[:4])
     grammar = "https://hydra.cc/docs/advanced/override_grammar/basic/"
     return line if "https://" in line else f"{line} (see {grammar})"
+
+
+def missing_key(err: Exception, overrides: Sequence[str]) -> str | None:
+    """The key of the override in ``overrides`` that Hydra could not set because the config has no
+    such key (``controller.kpp=1``, ``tun.n_trials=3``), from the OmegaConf error Hydra chains, or None."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    cause = err.__cause__
+    if not isinstance(cause, ConfigAttributeError | ConfigKeyError) or not cause.full_key:
+        return None
+    keys = [o.partition("=")[0] for o in overrides if "=" in o and not o.startswith(("+", "~"))]
+    return next((k for k in keys if k == cause.full_key or k.startswith(f"{cause.full_key}.")), None)
 
 
 def group_value_error(config_dir: Path, overrides: list[str]) -> str | None:
@@ -675,12 +661,13 @@ def _options_with_key(config_dir: Path, parent: str, key: str) -> dict[str, str]
     return exact or found
 
 
-def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> DictConfig:
-    """Hydra's compose API on ``config_dir`` (raises Hydra's composition errors)."""
+def _compose(config_dir: Path, config_name: str, overrides: list[str], *, hydra: bool = False) -> DictConfig:
+    """Hydra's compose API on ``config_dir`` (raises Hydra's composition errors); with ``hydra``,
+    Hydra's own section too (``hydra.run.dir``, the job logging, the overrides)."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        return compose(config_name=config_name, overrides=overrides)
+        return compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra)
 
 
 def _compose_without(config_dir: Path, config_name: str, overrides: list[str], key: str) -> DictConfig | None:
@@ -728,7 +715,7 @@ def check_command_line(
     config_name: str,
     validate: Callable[[DictConfig], None] | None = None,
     argv: Sequence[str] | None = None,
-) -> None:
+) -> DictConfig | None:
     """Entry points, before Hydra starts: compose the overrides and check them; one line and exit 2.
 
     With ``-m``/``--multirun`` the jobs of the sweep are checked (see :data:`MAX_CHECKED_JOBS`), so
@@ -738,9 +725,12 @@ def check_command_line(
     ``validate`` gets the composed config (without Hydra's runtime section) and raises a
     :class:`~pacectl.errors.PacectlError` for a value the job would refuse; its warnings are left
     to the job, which reports them in its own log.
+
+    Returns:
+        The composed config with Hydra's section (of the first job of a sweep, ``hydra.mode``
+        ``MULTIRUN``), or None where a flag leaves the command to Hydra (``--help``, ``--cfg``).
     """
     from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     args = list(sys.argv[1:] if argv is None else argv)
     flags, overrides = set(), []
@@ -751,7 +741,7 @@ def check_command_line(
             next(it, None)
         elif a.startswith("-"):
             if a not in _FLAGS:
-                return
+                return None
             flags.add(a)
         else:
             overrides.append(a)
@@ -767,21 +757,26 @@ def check_command_line(
     multirun = bool(flags & {"-m", "--multirun"})
     jobs = sweep_jobs(overrides) if multirun else [overrides]
     inspect_only = bool(flags - {"-m", "--multirun"})
+    first = None
     for job in jobs or []:
         where = f"sweep job ({' '.join(job)}): " if multirun else ""
         line = group_value_error(config_dir, job)  # before Hydra, whose ValueError names no group
         if line:
             fail(where + line)
         try:
-            cfg = _compose(config_dir, config_name, job)
+            cfg = _compose(config_dir, config_name, [*job, *["hydra.mode=MULTIRUN"][:multirun]], hydra=True)
         except HydraException as err:
             fail(where + composition_error(config_dir, config_name, job, err))
+        first = cfg if first is None else first
         if validate is None or inspect_only:
             continue
+        task = cfg.copy()
+        with open_dict(task):
+            del task["hydra"]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                validate(cfg)
+                validate(task)
         except PacectlError as err:
             fail(f"{where}{err}")
         except OmegaConfBaseException as err:
@@ -790,6 +785,7 @@ def check_command_line(
         base_error = multirun_base_error(config_dir, config_name, overrides)
         if base_error:
             fail(base_error)
+    return None if inspect_only else first
 
 
 def multirun_base_error(config_dir: Path, config_name: str, overrides: Sequence[str]) -> str | None:
@@ -814,8 +810,8 @@ def multirun_base_error(config_dir: Path, config_name: str, overrides: Sequence[
     try:
         _compose(config_dir, config_name, base)
     except HydraException as err:
-        bad = re.search(r"Could not override '([^']+)'", str(err))
-        override = next((o for o in base if bad and o.partition("=")[0] == bad.group(1)), None)
+        bad = missing_key(err, base)
+        override = next((o for o in base if bad and o.partition("=")[0] == bad), None)
         fix = (
             f"write ++{override} (Hydra's set-or-add) instead of {override}"
             if override
@@ -824,6 +820,6 @@ def multirun_base_error(config_dir: Path, config_name: str, overrides: Sequence[
         return (
             f"-m sweep: Hydra first composes the config without the swept values ({', '.join(swept)} at "
             f"{'its default' if len(swept) == 1 else 'their defaults'}), and there "
-            f"{bad.group(1) if bad else 'an override'} does not exist: {fix}"
+            f"{bad or 'an override'} does not exist: {fix}"
         )
     return None

@@ -43,7 +43,8 @@ Reference for users: what the main job does, and the backends
      was engaged);
    - `iteration_time.png`, `spread.png` (arrival spread with the controller's active state),
      `report.md` (with a legend of every column);
-   - `run.log`: the console lines, timestamped. Warnings (repaired or dropped trace rows, ranks
+   - `run.log`: the console lines, timestamped; `config.yaml`: the composed config, its first line
+     the command's overrides (Hydra itself writes nothing into the folder). Warnings (repaired or dropped trace rows, ranks
      or steps; overrides the chosen backend ignores; a controller file the tuner flagged) are
      printed on one line each and kept in `summary.json` (`warnings`) and `report.md`. The guard's
      interventions are counted per run (`guard_interventions`: actions clipped or zeroed; a
@@ -77,15 +78,13 @@ python -m pacectl.run -m controller=threshold,ewma controller.gain=0.25,0.5   # 
 
 A wrong value or a bad file ends with one clear message on stderr and a non-zero exit (no
 traceback); no result file (`summary.json`, parquet, plots, report) is written unless the whole run
-succeeds: outputs are staged and moved into place at the end. The command line is composed and
-checked before Hydra creates a run folder (a misspelled key or group option gets a did-you-mean,
-a key of another option names it: `backend.num_ranks` is a key of `backend=sim`; the jobs of a `-m`
-sweep are checked before the first one runs: every job up to 64, beyond that every swept value once;
-a simulation too large for the memory available is refused with its estimate);
-a job that fails later removes the folders Hydra created for it (`outputs/<date>/<time>/`) and, in
-a folder that held an earlier run, puts its `.hydra/` record and log back as they were (also when
-the job ends in a traceback, which is a bug: please report it). The console
-lines are also kept, timestamped, in the run folder's `run.log`.
+succeeds: outputs, `run.log` and `config.yaml` are staged and moved into place at the end, so a
+failed job leaves no folder behind (also when it ends in a traceback, which is a bug: please
+report it). The command line is composed and checked before anything is created (a misspelled key
+or group option gets a did-you-mean, a key of another option names it: `backend.num_ranks` is a
+key of `backend=sim`; the jobs of a `-m` sweep are checked before the first one runs: every job up
+to 64, beyond that every swept value once; a simulation too large for the memory available is
+refused with its estimate). A run folder in use by another run is refused.
 Every throughput change is printed with the 95 % confidence half-width of the paired per-iteration
 difference (`-0.07 ±0.04`): a change inside it is noise. Successive iterations are not
 independent (a controller carries state, step times are correlated in time), so the interval comes

@@ -30,9 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 from tqdm import tqdm
@@ -40,7 +38,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from pacectl import cli, energy, files, metrics, report, whatif
 from pacectl.config import CONF_DIR, config_int, controller_families, load_trace, validate_run_config
-from pacectl.errors import ConfigError, PacectlError, one_line_warning, one_line_warnings
+from pacectl.errors import ConfigError, PacectlError, one_line_warning
 from pacectl.experiment import controller_notes, make_experiment
 from pacectl.types import Episode
 
@@ -639,7 +637,7 @@ def fidelity_figures(f: dict[str, Any]) -> str:
 
 def log_summary(summary: dict[str, Any], out_dir: Path) -> None:
     """Log the console lines of a finished run: the table, fidelity, what-if, live-pacing controls,
-    notes and where the outputs are (Hydra's job logging also files them in ``run.log``)."""
+    notes and where the outputs are (:func:`pacectl.cli.run_job` also files them in ``run.log``)."""
     log.info(report.format_console_table(summary["runs"], baseline=BASELINE))
     for line in job_lines(summary):
         log.info(line)
@@ -689,18 +687,22 @@ def log_summary(summary: dict[str, Any], out_dir: Path) -> None:
     )
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def _hydra_main(cfg: DictConfig) -> None:
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
-    one_line_warnings(newline=False)
-    logging.captureWarnings(True)  # through Hydra's job logging: the console and run.log
+def run_job(cfg: DictConfig, out_dir: Path) -> None:
+    """One ``pacectl.run`` job (see :func:`pacectl.cli.main`): the experiment (or the what-if
+    analysis) of ``cfg``, its outputs into ``out_dir`` and its console lines.
+
+    Raises:
+        PacectlError: a user mistake (one line and exit status 2 from the entry point).
+    """
+    from hydra.core.hydra_config import HydraConfig
+
     ignored = [
         f"override ignored: {line}" for line in ignored_overrides(list(HydraConfig.get().overrides.task), cfg)
     ]
     for line in ignored:
         log.warning(f"warning: {line}")
     earlier = [n for n in ("summary.json", "whatif.json") if (out_dir / n).is_file()]
-    if earlier:  # a named hydra.run.dir used again: Hydra reuses the folder as it is
+    if earlier:  # a named hydra.run.dir used again
         log.warning(
             f"warning: {out_dir} holds an earlier run's outputs ({', '.join(earlier)}): when this run "
             "succeeds, the files it writes replace theirs of the same name, others stay (run.log is "
@@ -723,55 +725,32 @@ def _hydra_main(cfg: DictConfig) -> None:
             if cfg.trace.get("format") == "canonical"
             else "trace=bytedance trace.path=<trace.parquet> trace.meta=<meta.yaml>"
         )
-        _fail(f"config value {err.full_key} must be set, got '???'. Example: {example}")
-    except PacectlError as err:
-        _fail(str(err))
+        raise ConfigError(f"config value {err.full_key} must be set, got '???'. Example: {example}") from err
     except OSError as err:
-        _fail(f"could not write the outputs into {out_dir}: {err}")
+        raise PacectlError(f"could not write the outputs into {out_dir}: {err}") from err
     except MemoryError as err:
-        _fail(
+        raise PacectlError(
             f"out of memory ({err or 'MemoryError'}): run fewer ranks or iterations (backend.num_ranks, "
             "backend.num_iterations), or set output.iterations=false"
-        )
-    except KeyboardInterrupt:
-        cli.discard_run_dir(out_dir)
-        raise  # main() says what was written before (earlier jobs of a sweep) and exits 130
-    except BaseException:  # a bug, not a user mistake: its traceback follows, but no half run folder
-        cli.discard_run_dir(out_dir)
-        raise
+        ) from err
     _written.append(out_dir)  # complete from here on: a later Ctrl-C must not look like a failed run
     log_summary(summary, out_dir)
 
 
-#: Run folders whose outputs are complete (a Ctrl-C after this, in the console summary or Hydra's
-#: teardown, leaves them as they are; :func:`main` says so).
+#: Run folders whose outputs are complete (a Ctrl-C after this, in the console summary, leaves them
+#: as they are; :func:`main` says so).
 _written: list[Path] = []
-
-
-def _fail(message: str) -> None:
-    print(f"pacectl.run: error: {cli.sweep_job_prefix()}{message}", file=sys.stderr)
-    cli.discard_run_dir(Path(HydraConfig.get().runtime.output_dir))
-    sys.exit(2)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point (``pacectl-run``): runs the command line ``argv`` (default: this
     process's) and returns the exit status: 0, 2 for a user mistake, 130 for Ctrl-C."""
-    return cli.invoke("pacectl.run", argv, _main)
-
-
-def _main() -> None:
-    cli.expand_trace_file_argv("pacectl.run", CONF_DIR)
-    cli.exit_on_bad_run_dir("pacectl.run")
-    cli.check_command_line("pacectl.run", CONF_DIR, "config", validate=_check_config)
     _written.clear()
     try:
-        _hydra_main()
-    except BrokenPipeError:  # --help | head
-        cli.quiet_broken_pipe()
-        sys.exit(1)
-    except KeyboardInterrupt:  # outside the job's own handling: before it started or after it wrote
-        if _written and any(a in ("-m", "--multirun") for a in sys.argv[1:]):
+        return cli.main("pacectl.run", CONF_DIR, "config", run_job, validate=_check_config, argv=argv)
+    except KeyboardInterrupt:  # the job's folder is cleaned up; say what was written before
+        multirun = any(a in ("-m", "--multirun") for a in (sys.argv[1:] if argv is None else argv))
+        if _written and multirun:
             print(
                 f"pacectl.run: interrupted; {len(_written)} sweep job(s) wrote complete outputs (the last: "
                 f"{_written[-1]}); a job cut short wrote none, and later jobs did not run",
@@ -784,7 +763,7 @@ def _main() -> None:
             )
         else:
             print("pacectl.run: interrupted; no outputs were written", file=sys.stderr)
-        sys.exit(130)
+        return 130
 
 
 def job_lines(summary: dict[str, Any]) -> list[str]:

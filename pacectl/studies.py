@@ -137,8 +137,7 @@ def launch_sweep(
     import subprocess
     import sys
 
-    from omegaconf import OmegaConf
-
+    from pacectl.cli import job_overrides
     from pacectl.errors import ConfigError
 
     if launcher not in LAUNCHERS:
@@ -152,8 +151,8 @@ def launch_sweep(
     if proc.returncode != 0:
         raise RuntimeError(f"the sweep through {launcher} failed: {proc.stderr[-1500:]}")
     jobs = []
-    for job in sorted(p for p in sweep_dir.iterdir() if (p / ".hydra" / "overrides.yaml").is_file()):
-        given = dict(str(o).partition("=")[::2] for o in OmegaConf.load(job / ".hydra" / "overrides.yaml"))
+    for job in sorted(p for p in sweep_dir.iterdir() if (p / "config.yaml").is_file()):
+        given = dict(o.partition("=")[::2] for o in job_overrides(job))
         jobs.append(({key: given[key] for key in sweep}, job))
     expected = int(np.prod([len(values) for values in sweep.values()]))
     if len(jobs) != expected:

@@ -18,7 +18,8 @@ Outputs in the Hydra run directory:
   controller config: ``python -m pacectl.run controller_file=DIR/controller.yaml``;
 - ``tune.json``: baseline, reference, choice, study, storage and the optuna-dashboard command;
 - ``optuna.journal``: the study (default storage), resumable after a crash or Ctrl-C;
-- ``tune.log``: the console lines with timestamps (Hydra's job log; a resume appends).
+- ``tune.log``: the console lines with timestamps (a resume appends); ``config.yaml``: the composed
+  config, its first line the command's overrides (Hydra itself writes nothing into the folder).
 
 A study resumes only with the settings that determine a trial's result (the controller family and
 its fixed parameters, ``units`` included; the search space as sampled; the episodes: profile,
@@ -54,30 +55,21 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from pacectl.cli import (
-    check_command_line,
-    discard_run_dir,
-    exit_on_bad_run_dir,
-    expand_trace_file_argv,
-    invoke,
-    quiet_broken_pipe,
-    sweep_job_prefix,
-)
+from pacectl import cli
 from pacectl.config import (
     CONF_DIR,
 )
-from pacectl.errors import PacectlError, StorageFullError, one_line_warnings
+from pacectl.errors import ConfigError, PacectlError, StorageFullError
 from pacectl.tuning.outputs import closing_lines
 from pacectl.tuning.settings import Settings, override_key, tune_space, validate_tune_config
 from pacectl.tuning.storage import disk_full_cause, full_disk_error
 from pacectl.tuning.study import TuneInterrupted, run_tuning
 
-#: console lines; Hydra's job logging (conf/hydra/job_logging/pacectl.yaml) also files them
+#: console lines; :func:`pacectl.cli.run_job` also files them in ``tune.log``
 log = logging.getLogger("pacectl.tune")
 
 
@@ -95,22 +87,22 @@ def resume_command(out_dir: Path, storage: str | None) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="tune")
-def _hydra_main(cfg: DictConfig) -> None:
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
-    one_line_warnings(newline=False)  # Python warnings (the episodes' set-up) as pacectl.run shows them
-    logging.captureWarnings(True)
+def tune_job(cfg: DictConfig, out_dir: Path) -> None:
+    """One ``pacectl.tune`` job (see :func:`pacectl.cli.main`): the study of ``cfg``, its outputs
+    into ``out_dir`` and its console lines.
+
+    Raises:
+        PacectlError: a user mistake (one line and exit status 2 from the entry point).
+    """
     try:
         result = run_tuning(cfg, out_dir, echo=log.info, warn=log.warning)
     except MissingMandatoryValue as err:
-        _fail(f"config value {err.full_key} must be set, got '???'")
+        raise ConfigError(f"config value {err.full_key} must be set, got '???'") from err
     except OmegaConfBaseException as err:
-        _fail(f"bad config: {err}")
-    except PacectlError as err:
-        _fail(str(err))
+        raise ConfigError(f"bad config: {err}") from err
     except TuneInterrupted as err:
         _interrupted(
-            keep_logs=True,
+            keep=True,
             message=f"interrupted; the study's {'' if err.finished is None else f'{err.finished} '}finished trial(s) "
             f"are kept in {err.storage.display} (study {err.study_name!r}) and this run wrote no outputs; "
             f"resume with the same command: {resume_command(out_dir, cfg.tune.get('storage'))}",
@@ -120,33 +112,23 @@ def _hydra_main(cfg: DictConfig) -> None:
     except (OSError, AssertionError) as err:  # a full disk: Optuna hides ENOSPC behind AssertionError
         full = disk_full_cause(err)
         if full is None:
-            discard_run_dir(out_dir)
             raise
-        _fail(
-            str(full)
-            if isinstance(full, StorageFullError)
-            else str(full_disk_error(full, f"the run folder {out_dir}"))
-        )
-    except BaseException:  # a bug, not a user mistake: its traceback follows, but no half run folder
-        discard_run_dir(out_dir)
-        raise
+        if isinstance(full, StorageFullError):
+            raise full from err
+        raise PacectlError(str(full_disk_error(full, f"the run folder {out_dir}"))) from err
     for level, line in closing_lines(result, out_dir):
         log.log(level, line)
 
 
-def _interrupted(message: str, *, keep_logs: bool = False) -> None:
+def _interrupted(message: str, *, keep: bool = False) -> None:
+    """Exit 130 with ``message``; with ``keep`` the study's finished trials stay, and the log lines."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not print a traceback
     print(f"pacectl.tune: {message}", file=sys.stderr, flush=True)
-    discard_run_dir(Path(HydraConfig.get().runtime.output_dir), keep_logs=keep_logs)
+    if keep:
+        raise cli.Interrupted
     sys.exit(130)
-
-
-def _fail(message: str) -> None:
-    print(f"pacectl.tune: error: {sweep_job_prefix()}{message}", file=sys.stderr)
-    discard_run_dir(Path(HydraConfig.get().runtime.output_dir))
-    sys.exit(2)
 
 
 def _check_config(cfg: DictConfig) -> None:
@@ -159,18 +141,7 @@ def _check_config(cfg: DictConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point (``pacectl-tune``): runs the command line ``argv`` (default: this
     process's) and returns the exit status: 0, 2 for a user mistake, 130 for Ctrl-C."""
-    return invoke("pacectl.tune", argv, _main)
-
-
-def _main() -> None:
-    expand_trace_file_argv("pacectl.tune", CONF_DIR)
-    exit_on_bad_run_dir("pacectl.tune")
-    check_command_line("pacectl.tune", CONF_DIR, "tune", validate=_check_config)
-    try:
-        _hydra_main()
-    except BrokenPipeError:  # --help | head
-        quiet_broken_pipe()
-        sys.exit(1)
+    return cli.main("pacectl.tune", CONF_DIR, "tune", tune_job, validate=_check_config, argv=argv)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""The entry points' handling around Hydra (pacectl/cli.py): run folders of failed jobs, and
-composition errors turned into one line. End-to-end cases are in test_run_cli.py and test_tune.py."""
+"""The entry points' command line (pacectl/cli.py): run folders that cannot be written, and
+composition errors turned into one line. End-to-end cases (a failed job leaves no folder) are in
+test_run_cli.py and test_tune.py."""
 
 from __future__ import annotations
 
@@ -11,68 +12,6 @@ import pytest
 from pacectl import cli
 from pacectl.config import CONF_DIR
 from pacectl.errors import ConfigError
-
-
-@pytest.fixture(autouse=True)
-def _forget_run_dir():
-    cli._before.clear()
-    yield
-    cli._before.clear()
-
-
-def test_discard_run_dir_removes_only_what_hydra_wrote(tmp_path: Path) -> None:
-    failed = tmp_path / "failed"
-    (failed / ".hydra").mkdir(parents=True)
-    (failed / ".hydra" / "config.yaml").write_text("seed: 0\n")
-    (failed / "run.log").write_text("")
-    assert cli.discard_run_dir(failed) and not failed.exists()
-
-    kept = tmp_path / "kept"  # a resumable study (or anything else the user has there) stays
-    (kept / ".hydra").mkdir(parents=True)
-    (kept / "optuna.journal").write_text("{}\n")
-    assert not cli.discard_run_dir(kept)
-    assert (kept / ".hydra").is_dir() and (kept / "optuna.journal").exists()
-
-    plain = tmp_path / "plain"  # not a Hydra run directory at all
-    plain.mkdir()
-    (plain / "notes.log").write_text("mine\n")
-    assert not cli.discard_run_dir(plain) and (plain / "notes.log").exists()
-    assert not cli.discard_run_dir(tmp_path / "missing")
-
-
-def _hydra_files(run: Path, config: str) -> None:
-    (run / ".hydra").mkdir(parents=True, exist_ok=True)
-    (run / ".hydra" / "config.yaml").write_text(config)
-
-
-def test_discard_removes_the_dated_parents_this_run_created(tmp_path: Path) -> None:
-    (tmp_path / "outputs").mkdir()
-    (tmp_path / "outputs" / "older-run.txt").write_text("keep\n")
-    run = tmp_path / "outputs" / "2026-11-30" / "08-00-00"
-    cli.remember_run_dir(run)  # what RunDirGuard does before Hydra creates it
-    _hydra_files(run, "seed: 0\n")
-    (run / "run.log").write_text("started\n")
-    assert cli.discard_run_dir(run)
-    assert not (tmp_path / "outputs" / "2026-11-30").exists()  # created by this run, now empty
-    assert (tmp_path / "outputs" / "older-run.txt").exists()  # existed before: kept
-
-
-def test_discard_restores_a_rerun_folder(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    _hydra_files(run, "trace: good\n")
-    (run / ".hydra" / "overrides.yaml").write_text("- trace=good\n")
-    (run / "run.log").write_text("good run\n")
-    (run / "summary.json").write_text("{}\n")
-    cli.remember_run_dir(run)
-    _hydra_files(run, "trace: broken\n")  # what Hydra writes for the failing rerun
-    (run / ".hydra" / "extra.yaml").write_text("x\n")
-    (run / "run.log").write_text("good run\nfailed run\n")
-    (run / "other.log").write_text("new\n")
-    assert not cli.discard_run_dir(run)
-    assert (run / ".hydra" / "config.yaml").read_text() == "trace: good\n"
-    assert sorted(p.name for p in (run / ".hydra").iterdir()) == ["config.yaml", "overrides.yaml"]
-    assert (run / "run.log").read_text() == "good run\n"
-    assert not (run / "other.log").exists() and (run / "summary.json").exists()
 
 
 def _check(capsys, args: list[str], config_name: str = "config") -> str:
@@ -198,38 +137,15 @@ def test_a_key_of_another_option_names_it(capsys) -> None:
     assert "e.g. backend=torch backend.workload.width=256" in err
 
 
-def test_a_sweep_whose_first_job_fails_leaves_no_multirun_yaml(tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
-    cli.remember_run_dir(sweep, sweep=True)
-    (sweep / "0" / ".hydra").mkdir(parents=True)
-    (sweep / "multirun.yaml").write_text("hydra: {}\n")
-    assert cli.discard_run_dir(sweep / "0")
-    assert not tmp_path.joinpath("sweep").exists()
-
-    good = tmp_path / "good"  # a sweep into an earlier run's folder: its files stay as they were
-    good.mkdir()
-    (good / "summary.json").write_text("{}\n")
-    cli.remember_run_dir(good, sweep=True)
-    (good / "0" / ".hydra").mkdir(parents=True)
-    (good / "multirun.yaml").write_text("hydra: {}\n")
-    assert cli.discard_run_dir(good / "0")
-    assert sorted(p.name for p in good.iterdir()) == ["summary.json"]
+def _dir_error(args: list[str]) -> str | None:
+    """The run folder's problem for a command line, as the entry points check it (None for a flag
+    that prints and exits: no folder)."""
+    cfg = cli.check_command_line("p", CONF_DIR, "config", argv=args)
+    return None if cfg is None else cli.run_dir_error(cfg)
 
 
 def test_an_empty_run_dir_is_refused() -> None:
-    assert "got an empty value" in cli.run_dir_argument_error(["hydra.run.dir="])
-
-
-def test_an_interrupted_tuning_keeps_its_log_lines(tmp_path: Path) -> None:
-    run = tmp_path / "study"
-    _hydra_files(run, "n_trials: 10\n")
-    (run / "tune.log").write_text("trial 0\n")
-    cli.remember_run_dir(run)
-    _hydra_files(run, "n_trials: 20\n")
-    (run / "tune.log").write_text("trial 0\ntrial 1 (kept in the journal)\n")
-    assert not cli.discard_run_dir(run, keep_logs=True)
-    assert (run / ".hydra" / "config.yaml").read_text() == "n_trials: 10\n"
-    assert (run / "tune.log").read_text().endswith("trial 1 (kept in the journal)\n")
+    assert "got an empty value" in _dir_error(["hydra.run.dir="])
 
 
 @pytest.mark.parametrize(
@@ -321,27 +237,30 @@ def test_an_unwritable_run_folder_is_one_line_before_hydra_starts(tmp_path: Path
     locked = tmp_path / "ro"
     locked.mkdir()
     real_access = os.access
-    monkeypatch.setattr(cli.os, "access", lambda p, mode: Path(p) != locked and real_access(p, mode))
-    problem = cli.run_dir_argument_error([f"hydra.run.dir={locked}/x/y"])
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != locked and real_access(p, mode))
+    problem = _dir_error([f"hydra.run.dir={locked}/x/y"])
     assert (
         problem
         == f"hydra.run.dir={locked}/x/y: {locked} is not writable (permission denied); pick a folder you can write to"
     )
-    assert cli.run_dir_argument_error([f"hydra.run.dir={tmp_path}/ok"]) is None
+    assert _dir_error([f"hydra.run.dir={tmp_path}/ok"]) is None
     monkeypatch.chdir(locked)
-    problem = cli.run_dir_argument_error(["trace=st"])
+    problem = _dir_error(["trace=st"])
     assert (
         problem is not None and problem.startswith("the default run folder") and "hydra.run.dir=" in problem
     )
-    assert cli.run_dir_argument_error(["--help"]) is None  # prints and exits: no folder
-    assert cli.run_dir_argument_error(["--cfg", "job"]) is None
-    assert cli.run_dir_argument_error(["--cfg", "job", f"hydra.run.dir={locked}/x"]) is None
-    assert cli.run_dir_argument_error(["hydra.run.dir=${oc.env:SCRATCH}/x"]) is None  # Hydra resolves it
+    assert _dir_error(["--help"]) is None  # prints and exits: no folder
+    assert _dir_error(["--cfg", "job"]) is None
+    assert _dir_error(["--cfg", "job", f"hydra.run.dir={locked}/x"]) is None
+    monkeypatch.setenv("SCRATCH", str(tmp_path))
+    assert _dir_error(["hydra.run.dir=${oc.env:SCRATCH}/x"]) is None  # resolved as Hydra does
+    monkeypatch.delenv("SCRATCH")
+    assert "hydra.run.dir must resolve to a folder" in _dir_error(["hydra.run.dir=${oc.env:SCRATCH}/x"])
     # with -m the job writes to hydra.sweep.dir (or multirun/ here): hydra.run.dir does not count
-    assert cli.run_dir_argument_error(["-m", f"hydra.run.dir={tmp_path}/ok", "seed=0,1"]) is not None
-    assert cli.run_dir_argument_error(["-m", f"hydra.sweep.dir={tmp_path}/ok", "seed=0,1"]) is None
+    assert _dir_error(["-m", f"hydra.run.dir={tmp_path}/ok", "seed=0,1"]) is not None
+    assert _dir_error(["-m", f"hydra.sweep.dir={tmp_path}/ok", "seed=0,1"]) is None
     monkeypatch.chdir(tmp_path)
-    assert cli.run_dir_argument_error(["trace=st"]) is None
+    assert _dir_error(["trace=st"]) is None
 
 
 def test_a_controller_key_beside_a_controller_file_points_at_the_file(capsys) -> None:
@@ -369,9 +288,9 @@ def test_a_key_of_another_option_beats_a_close_spelling_here(capsys) -> None:
 def test_a_file_where_the_default_run_folder_goes_is_named(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "outputs").write_text("not a folder")
-    problem = cli.run_dir_argument_error(["trace=st"])
+    problem = _dir_error(["trace=st"])
     assert problem is not None and "outputs is a file, not a folder" in problem
-    assert cli.run_dir_argument_error(["-m", "seed=0,1"]) is None  # a sweep goes to multirun/
+    assert _dir_error(["-m", "seed=0,1"]) is None  # a sweep goes to multirun/
 
 
 def test_a_misspelt_key_gets_the_fix_not_a_plus_override(capsys) -> None:

@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_a_full_file_system_is_refused_before_hydra_writes(tmp_path: Path) -> None:
     # a disk already full when the run starts ended in Hydra's OSError traceback
-    assert no_room_error([f"hydra.run.dir={tmp_path}/run"]) is None
-    message = no_room_error([f"hydra.run.dir={tmp_path}/a/b"], min_free_bytes=1 << 62)
+    assert no_room_error(tmp_path / "run") is None
+    message = no_room_error(tmp_path / "a" / "b", min_free_bytes=1 << 62)
     assert message is not None and "must have room to write" in message and str(tmp_path) in message
 
 

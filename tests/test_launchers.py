@@ -62,9 +62,11 @@ def alone(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, objec
 
 def _job_dirs(sweep: Path) -> dict[str, Path]:
     """``{controller: job folder}`` of a sweep, read from each job's own overrides."""
+    from pacectl.cli import job_overrides
+
     found = {}
     for job in sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit()):
-        overrides = (job / ".hydra" / "overrides.yaml").read_text()
+        overrides = job_overrides(job)
         found[next(c for c in CONTROLLERS if f"controller={c}" in overrides)] = job
     return found
 
