@@ -73,8 +73,10 @@ def did_you_mean(word: str, known: Iterable[str]) -> str | None:
     The one did-you-mean of pacectl: every message that suggests a name gets it from here.
     """
     known = [str(k) for k in known]
+    # a name the word begins comes first (backend.nproc: nproc_per_node, not the closer-spelled probe)
+    begun = next((k for k in known if k.startswith(str(word))), None)
     close = difflib.get_close_matches(str(word), known, n=1, cutoff=0.5)
-    return close[0] if close else next((k for k in known if k.startswith(str(word))), None)
+    return begun if begun is not None else close[0] if close else None
 
 
 def unknown_keys_error(where: str, section: Mapping[str, Any], known: Iterable[str]) -> ConfigError:

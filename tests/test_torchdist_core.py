@@ -17,12 +17,14 @@ from pacectl.torchdist.core import (
     NUM_GATHER_FIELDS,
     ControlWatcher,
     DecisionEngine,
+    ProbeSpec,
     StragglerSpec,
     common_periods,
     counterfactual_error,
     marks_to_ops,
     observation_from_table,
     one_hot_row,
+    probe_schedule,
     replay_fidelity,
     rows_to_trace,
     shared_clock_marks,
@@ -130,6 +132,22 @@ def test_straggler_schedule_is_seeded_and_shaped() -> None:
         straggler_schedule(spec, num_iterations=5, world_size=1, seed=0)
     with pytest.raises(ConfigError):
         StragglerSpec(kind="nap")
+
+
+def test_probe_schedule_is_seeded_on_the_chosen_ranks_and_off_by_default() -> None:
+    spec = ProbeSpec(ranks=[0, 2], prob=0.5, max_delay_s=0.004)
+    a = probe_schedule(spec, num_iterations=60, world_size=4, seed=3, warmup_iterations=5)
+    assert np.array_equal(
+        a, probe_schedule(spec, num_iterations=60, world_size=4, seed=3, warmup_iterations=5)
+    )
+    assert a.shape == (60, 4) and not a[:5].any() and not a[:, [1, 3]].any()
+    assert ((a == 0.0) | ((a > 0.0) & (a <= 0.004))).all()
+    for rank in (0, 2):
+        assert 10 < (a[5:, rank] > 0).sum() < 45  # about half of the 55 measured iterations
+    assert not np.array_equal(a, probe_schedule(spec, num_iterations=60, world_size=4, seed=4))
+    assert not probe_schedule(ProbeSpec(), num_iterations=5, world_size=2, seed=0).any()  # the default: off
+    with pytest.raises(ConfigError, match=r"backend.probe.ranks must be ranks in \[0, 2\)"):
+        probe_schedule(spec, num_iterations=5, world_size=2, seed=0)
 
 
 def _synthetic_rows(num_steps: int, delays: np.ndarray, *, blocks: bool = False) -> list[tuple]:
@@ -286,6 +304,11 @@ def _torch_backend(**changes: object) -> dict:
         ({"workload__dropout": 0.1}, "backend.workload has unknown key(s) ['dropout']"),
         ({"pacing__bogus": 1}, "backend.pacing has unknown key(s) ['bogus']"),
         ({"comm_model": "nvlink"}, "backend.comm_model labels the real fabric"),
+        ({"probe__ranks": [0, 4]}, "backend.probe.ranks must be ranks in [0, 4) (backend.nproc_per_node=4)"),
+        ({"probe__ranks": "all"}, "backend.probe.ranks must be a list of ranks"),
+        ({"probe__prob": 2}, "backend.probe.prob must be in [0, 1], got 2"),
+        ({"probe__max_delay_s": -0.1}, "backend.probe.max_delay_s must be >= 0 seconds and finite"),
+        ({"probe__rank": [1]}, "backend.probe has unknown key(s) ['rank']"),
         ({"fault": 7}, "backend.fault must be null or"),
         ({"fault": {"rank": 5, "iteration": 3}}, "backend.fault.rank must be < backend.nproc_per_node=4"),
         ({"fault": {"rank": 1, "iteration": 3, "x": 1}}, "backend.fault has unknown key(s) ['x']"),

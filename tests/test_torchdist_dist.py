@@ -460,3 +460,24 @@ def test_a_nameless_control_is_checked_against_the_family_published_last(tmp_pat
         assert pacer.watcher is not None and pacer.watcher.poll() == {"controller": {"kp": 0.3}}
     finally:
         dist.destroy_process_group()
+
+
+def test_probe_delays_are_slept_recorded_and_alike_in_every_run(tmp_path) -> None:
+    """backend.probe: the seeded schedule on the chosen ranks, in every controller's run, each probe
+    slept at least as long as scheduled and recorded in the episode extras and the summary."""
+    from pacectl.torchdist.core import ProbeSpec, probe_schedule
+    from pacectl.torchdist.experiment import TorchExperiment
+
+    probe = ["backend.probe.ranks=[1]", "backend.probe.prob=0.6", "backend.probe.max_delay_s=0.003"]
+    exp = TorchExperiment(_cfg(tmp_path, "controller=threshold", *probe))
+    summary = exp.describe()
+    assert summary["probe"] == {"ranks": [1], "prob": 0.6, "max_delay_s": 0.003}
+    spec = ProbeSpec(ranks=(1,), prob=0.6, max_delay_s=0.003)
+    expected = probe_schedule(spec, num_iterations=14, world_size=2, seed=0, warmup_iterations=2)[2:]
+    assert expected[:, 1].any() and not expected[:, 0].any()
+    for family in ("none", "threshold"):
+        extras = exp._extras[family]
+        assert np.array_equal(extras["probe_s"], expected)
+        slept = extras["probe_actual_s"]
+        assert slept.shape == (12, 2) and not slept[expected == 0].any()
+        assert (slept[expected > 0] >= expected[expected > 0] - 1e-6).all()

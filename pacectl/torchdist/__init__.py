@@ -70,6 +70,16 @@ Replay and simulation model any of these with `exchange.lag_iters` and `exchange
   (`backend.pg_timeout_s`), never a hang. Ctrl-C stops the job with one line.
 - Every `backend.*` key and value is checked before any rank starts, unknown keys included.
 
+### Probe delays
+
+`backend.probe` (off by default: `ranks: []`) injects small random sleeps, independent of any
+controller: on each listed rank and measured iteration, with probability `prob`, `U(0, max_delay_s)`
+seconds between forward and backward, so the rank reaches every bucket's collective that much later,
+as a host pacing delay makes it. The schedule depends only on the seed, so every run of a job gets
+the same probes. They are recorded as compute in the record (the first backward segment) and per
+iteration and rank in `<controller>.episode.pkl` (`probe_s`, `probe_actual_s`); they give the fit
+(`comm=fitted`) variation in arrivals that no controller caused (`experiments/probe/`).
+
 ### Records and replay fidelity
 
 Every run writes `records/<controller>.parquet`, its canonical record, replayable with

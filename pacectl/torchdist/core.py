@@ -210,7 +210,7 @@ _BACKEND_KEYS = {
     "": {
         "name", "comm_model", "nproc_per_node", "num_iterations", "interleave_block", "warmup_iterations",
         "pg_timeout_s", "start_method", "socket_ifname", "threads", "record_dir", "workload", "straggler",
-        "pacing", "fault", "parallel", "flight_recorder",
+        "pacing", "fault", "parallel", "flight_recorder", "probe",
     },
     "workload": {"model", "width", "depth", "batch_size", "seq_len", "heads", "bucket_cap_mb", "lr", "compute_s"},
     "pacing": set(PACING_DEFAULTS),
@@ -365,6 +365,20 @@ def validate_torch_backend(b: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"backend.straggler.rank must be in [-1, {nproc}) (backend.nproc_per_node={nproc}) or null, "
             f"got {spec.rank!r}: pick a rank that exists, or backend.straggler.rank=null for no straggler"
+        )
+    probe = b.get("probe") or {}
+    if not isinstance(probe, Mapping):
+        raise ConfigError(
+            f"backend.probe must be a mapping {{ranks, prob, max_delay_s}}, got {probe!r} ({_HINT})"
+        )
+    known = {f.name for f in fields(ProbeSpec)}
+    if set(probe) - known:
+        raise unknown_keys_error("backend.probe", probe, known)
+    probes = ProbeSpec(**dict(probe))
+    if any(r >= nproc for r in probes.ranks):
+        raise ConfigError(
+            f"backend.probe.ranks must be ranks in [0, {nproc}) (backend.nproc_per_node={nproc}), got "
+            f"{list(probes.ranks)!r}: pick ranks that exist, or backend.probe.ranks=[] for no probes"
         )
     pacing = b.get("pacing", {})
     if not isinstance(pacing, Mapping):
@@ -707,6 +721,92 @@ def straggler_schedule(spec: StragglerSpec, *, num_iterations: int, world_size: 
     )
     scale = rng.uniform(1.0 - spec.jitter_frac, 1.0 + spec.jitter_frac, num_iterations)
     out[np.flatnonzero(hit), who[hit]] = spec.duration_s * scale[hit]
+    return out
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """Randomised probe delays (``backend.probe``): small sleeps, independent of any controller.
+
+    On each chosen rank and iteration, with probability ``prob``, the rank sleeps ``U(0,
+    max_delay_s)`` seconds between its forward and its backward, so its arrival at every gradient
+    bucket's collective moves by that much, as a host pacing delay (a sleep that also holds back
+    backward) moves it. The schedule depends only on the experiment seed, so every controller run of
+    a job gets the same probes, as it gets the same straggler schedule; the delays are variation the
+    controller did not cause, from which the response of a collective's completion to a delay can be
+    estimated (``experiments/probe``). They are recorded: as compute in the canonical record (the
+    first backward segment), and per iteration and rank in ``<record_dir>/<controller>.episode.pkl``
+    (``probe_s`` as scheduled, ``probe_actual_s`` as slept).
+
+    Attributes:
+        ranks: the probed ranks; empty (the default) switches probes off.
+        prob: probability per probed rank and measured iteration, [0, 1].
+        max_delay_s: the largest delay, seconds, finite and >= 0.
+    """
+
+    ranks: tuple[int, ...] = ()
+    prob: float = 0.5
+    max_delay_s: float = 0.005
+
+    def __post_init__(self) -> None:
+        ranks = self.ranks
+        if (
+            isinstance(ranks, (str, bytes))
+            or not isinstance(ranks, (list, tuple))
+            or any(isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 0 for r in ranks)
+        ):
+            raise ConfigError(
+                f"backend.probe.ranks must be a list of ranks (integers >= 0), got {ranks!r}: for example "
+                "backend.probe.ranks=[0,1,2,3], or [] for no probes"
+            )
+        object.__setattr__(self, "ranks", tuple(int(r) for r in ranks))
+        for name, high in (("prob", 1.0), ("max_delay_s", math.inf)):
+            value = getattr(self, name)
+            real = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (real and 0.0 <= value <= high) or value == math.inf:
+                bound = "in [0, 1]" if high == 1.0 else ">= 0 seconds and finite"
+                raise ConfigError(f"backend.probe.{name} must be {bound}, got {value!r}")
+
+    @property
+    def active(self) -> bool:
+        """Whether any probe can fire."""
+        return bool(self.ranks) and self.prob > 0.0 and self.max_delay_s > 0.0
+
+
+def probe_schedule(
+    spec: ProbeSpec, *, num_iterations: int, world_size: int, seed: int, warmup_iterations: int = 0
+) -> FloatArray:
+    """The probe delay per iteration and rank: identical for every controller run of a seed.
+
+    Args:
+        spec: the probes.
+        num_iterations: iterations, warm-up included.
+        world_size: ranks.
+        seed: experiment seed (the schedule uses ``default_rng([seed, 7])``).
+        warmup_iterations: leading iterations left unprobed (unlogged warm-up).
+
+    Returns:
+        ``float64[num_iterations, world_size]``, seconds, each entry 0 or in ``(0, max_delay_s]``.
+
+    Raises:
+        ConfigError: a probed rank outside ``[0, world_size)``.
+    """
+    out = np.zeros((num_iterations, world_size), dtype=np.float64)
+    if not spec.active:
+        return out
+    bad = [r for r in spec.ranks if r >= world_size]
+    if bad:
+        raise ConfigError(
+            f"backend.probe.ranks must be ranks in [0, {world_size}), got {list(spec.ranks)!r}: "
+            f"drop {bad} or start more ranks"
+        )
+    rng = np.random.default_rng([seed, 7])
+    hit = rng.random((num_iterations, world_size)) < spec.prob
+    size = spec.max_delay_s * (1.0 - rng.random((num_iterations, world_size)))  # in (0, max]
+    chosen = np.zeros(world_size, dtype=bool)
+    chosen[list(spec.ranks)] = True
+    out[hit & chosen] = size[hit & chosen]
+    out[:warmup_iterations] = 0.0
     return out
 
 

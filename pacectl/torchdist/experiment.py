@@ -210,6 +210,7 @@ class TorchExperiment:
             "name": f"live-{workload['model']}-w{self.nproc}",
             "workload": workload,
             "straggler": dict(container["straggler"]),
+            "probe": dict(container.get("probe") or {}),
             "guard": guard,
             "pacing": {**PACING_DEFAULTS, **dict(container.get("pacing") or {})},
             "pg_timeout_s": float(b.pg_timeout_s),
@@ -292,6 +293,7 @@ class TorchExperiment:
             ),
             "workload": {**spec["workload"], "parallel": spec["parallel"]},
             "straggler": spec["straggler"],
+            "probe": spec["probe"],
             "pacing": {**spec["pacing"], "gather_resolved": self.gather},
             "records": {f: str(self.final_record_dir / f"{f}.parquet") for f in self.families},
         }

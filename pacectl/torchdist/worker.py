@@ -49,11 +49,13 @@ from pacectl.torchdist.core import (
     BUILTIN_DIST_BACKEND,
     FAULT_EXIT_CODE,
     DecisionEngine,
+    ProbeSpec,
     StragglerSpec,
     common_periods,
     episode_from_log,
     is_peer_error,
     marks_to_ops,
+    probe_schedule,
     rows_to_trace,
     shared_clock_marks,
     straggler_schedule,
@@ -169,6 +171,16 @@ class LiveRun:
         self.schedule = straggler_schedule(
             self.straggler, num_iterations=self.total, world_size=self.world, seed=self.seed
         )
+        # randomised probe delays (backend.probe, off by default): a sleep between forward and
+        # backward on the chosen ranks, the same schedule in every controller's run
+        self.probes = probe_schedule(
+            ProbeSpec(**dict(spec.get("probe") or {})),
+            num_iterations=self.total,
+            world_size=self.world,
+            seed=self.seed,
+            warmup_iterations=self.warmup,
+        )
+        self.probe_actual_s = np.zeros(self.total)
         self.fault = spec.get("fault") or {}
         # the built-in job runs gloo on CPU: the pacing delay is a sleep on the training thread (it
         # blocks backward too)
@@ -216,7 +228,12 @@ class LiveRun:
             inject(float(self.schedule[k, self.rank]), self.straggler.kind)
             if self.sleep_compute_s > 0.0:
                 time.sleep(self.sleep_compute_s)  # the emulated forward and backward
-            self.ddp(self.x).float().pow(2).mean().backward()
+            loss = self.ddp(self.x).float().pow(2).mean()
+            if self.probes[k, self.rank] > 0.0:
+                t_probe = time.perf_counter()
+                time.sleep(float(self.probes[k, self.rank]))
+                self.probe_actual_s[k] = time.perf_counter() - t_probe
+            loss.backward()
             self.opt.step()
             self.loop_s[k] = time.perf_counter() - t0
             self.metered[k] = self.meter.read_j() - m0
@@ -247,7 +264,7 @@ class LiveRun:
             out["flight_recorder_path"] = self.write_flight_recorder()
         marks = pacer.marks
         gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, (host_clock_id(), marks))
+        dist.all_gather_object(gathered, (host_clock_id(), marks, self.probe_actual_s[self.warmup :]))
         if self.rank == 0:
             record_dir = Path(self.spec["record_dir"])
             record_dir.mkdir(parents=True, exist_ok=True)
@@ -255,8 +272,8 @@ class LiveRun:
             # in the record and the episode alike, so a record replays against the iteration times
             # the run reports. Ranks on one host share a clock: their lags are placed exactly
             # (shared_clock_marks); otherwise the mean of the ranks' own periods (common_periods).
-            all_marks = [m for _, m in gathered]
-            if len({clock for clock, _ in gathered}) == 1:
+            all_marks = [m for _, m, _ in gathered]
+            if len({clock for clock, _, _ in gathered}) == 1:
                 all_marks, periods = shared_clock_marks(all_marks)
                 clock = "host"
             else:
@@ -291,6 +308,9 @@ class LiveRun:
                 "clock": clock,
                 "controls_applied": pacer.controls_applied,
                 "controls_rejected": pacer.controls_rejected,
+                # probe delays per measured iteration and rank (backend.probe): scheduled and slept
+                "probe_s": self.probes[self.warmup :].copy(),
+                "probe_actual_s": np.stack([a for _, _, a in gathered], axis=1),
             }
             try:
                 from pacectl.traces.canonical import write_canonical
