@@ -121,13 +121,14 @@ one gradient op type, `grads-reduce-scatter`.
 
 from __future__ import annotations
 
+import abc
 import importlib
 import importlib.util
 import logging
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
@@ -143,53 +144,67 @@ def _sim_trace(cluster: str, world_size: int) -> dict[str, Any]:
     return {"name": f"sim:{cluster}", "path": None, "format": "sim", "world_size": world_size}
 
 
-class Experiment(Protocol):
-    """One backend configured for an experiment.
+class Experiment(abc.ABC):
+    """One backend configured for an experiment: its runs, and the facts the summary reports.
 
-    Attributes:
-        backend_name: ``"replay"``, ``"sim"`` or ``"torch"``.
-        comm_model: name of the communication model in force (``"null"`` = fixed durations).
-        comm_description: one line for reports.
-        comm_timing_dependent: whether durations depend on timing (only then can pacing gain).
-        exchange: when decisions reach the ranks (:class:`~pacectl.loop.ExchangeSchedule`;
-            modelled by replay and sim, the real exchange's lag for live runs).
-
-    Optional: ``write_outputs(stage)`` (extra outputs, written with the others);
-    ``record_folder(out_dir)`` (where the run's canonical records go, or None); ``paired_blocks``,
-    ``(block, offset)`` for :func:`~pacectl.metrics.paired_change_ci95_frac` when the runs'
-    iterations come in blocks of their own (live runs interleaved in blocks); absent means
-    ``(None, 0)``: blocks of sqrt(n). ``iterations_per_run``: the
-    iterations of one run, for a progress bar that counts iterations; absent counts whole runs.
-    ``describe_steps``: units of work :meth:`describe` reports through ``on_step`` (replay: the
-    what-if replays); absent or 0: none. ``job_shift_note``: why a job-level shift (the ``phase``
-    controller) cannot change any duration here, e.g. no other traffic on the job's links; absent
-    or None: it can. ``sleep_wait_note``: what waiting asleep (``sleep_wait``) changes here, in
-    words. :func:`controller_notes` turns both into the run's lines. ``power``: the GPU power
-    profile the runs' modelled energy comes from (:mod:`pacectl.energy`; absent: no modelled
-    energy); ``actuators`` and ``set_actuator(name)``: the pacing actuators each controller runs
-    with (``backend.actuator``).
+    A subclass sets ``backend_name``, ``comm_model``, ``comm_description``,
+    ``comm_timing_dependent`` and ``exchange`` (when decisions reach the ranks:
+    :class:`~pacectl.loop.ExchangeSchedule`, modelled by replay and sim, the real exchange's lag
+    for live runs), and implements :meth:`describe` and :meth:`run`. Every other member has a
+    default that means "this backend does not have it".
     """
 
-    backend_name: str
+    backend_name: ClassVar[str]
+    #: live ranks on a real machine (their differences from no pacing include its noise)
+    live: ClassVar[bool] = False
     comm_model: str
     comm_description: str
     comm_timing_dependent: bool
     exchange: ExchangeSchedule
+    #: the pacing actuators each controller runs with (``backend.actuator``; see :meth:`set_actuator`)
+    actuators: tuple[str, ...] = ("delay",)
+    #: the iterations of one run, for a progress bar by iterations; None: the bar counts whole runs
+    iterations_per_run: int | None = None
+    #: ``(block, offset)`` of :func:`~pacectl.metrics.paired_change_ci95_frac` when the runs'
+    #: iterations come in blocks of their own (live runs interleaved); ``(None, 0)``: blocks of sqrt(n)
+    paired_blocks: tuple[int | None, int] = (None, 0)
+    #: units of work :meth:`describe` reports through ``on_step`` (replay: the what-if replays)
+    describe_steps: int = 0
+    #: why a job-level shift (``phase``) cannot change any duration here; None: it can
+    job_shift_note: str | None = None
+    #: what waiting asleep (``sleep_wait``) changes here, in words (see :func:`controller_notes`)
+    sleep_wait_note: str | None = None
+    #: the GPU power profile of the runs' modelled energy (:mod:`pacectl.energy`); None: not modelled
+    power: Any = None
 
+    @abc.abstractmethod
     def describe(self, on_step: Callable[[], None] | None = None) -> dict[str, Any]:
         """Summary fields describing the input: at least ``trace`` (``name``, ``path``).
 
-        ``on_step`` is called after each of ``describe_steps`` units of work (replay: the what-if
-        replays), for a progress bar; absent ``describe_steps`` means it is not called.
+        ``on_step`` is called after each of :attr:`describe_steps` units of work, for a progress bar.
         """
-        ...
 
+    @abc.abstractmethod
     def run(
         self, family: str, params: dict[str, Any], *, on_iteration: Callable[[], None] | None = None
     ) -> Episode:
         """One episode of the guarded controller ``family`` with ``params``; ``on_iteration`` is called
         after every iteration where the backend can (progress)."""
-        ...
+
+    def set_actuator(self, actuator: str) -> None:  # noqa: B027 - optional: one actuator by default
+        """Apply the next runs' pacing delays with ``actuator``, one of :attr:`actuators`."""
+
+    def record_folder(self, out_dir: Path) -> Path | None:
+        """Where the run's canonical records go (written by :meth:`write_outputs`), or None."""
+        return None
+
+    def write_outputs(self, stage: Path) -> None:  # noqa: B027 - optional: no extra outputs by default
+        """Write extra outputs into the run's staging folder ``stage``, with the others."""
+
+    def measured_energy(self) -> tuple[str, dict[str, Any]] | None:
+        """Measured energy of a live run: ``(source, run -> float64[iterations, ranks])``; None when
+        the energy is modelled (:attr:`power`) or not known."""
+        return None
 
 
 def actuators_of(value: object) -> tuple[str, ...]:
@@ -210,7 +225,7 @@ def actuators_of(value: object) -> tuple[str, ...]:
     return (str(value),)
 
 
-class _ClosedLoop:
+class _ClosedLoop(Experiment):
     """What replay and simulation share: one seeded closed-loop episode per run on ``self.backend``.
 
     ``power`` is the GPU power profile (``cluster.power``) the energy of every run is computed with;
@@ -219,20 +234,18 @@ class _ClosedLoop:
 
     backend: Any
     cfg: DictConfig
-    power: Any
-    actuators: tuple[str, ...] = ("delay",)
 
     def set_actuator(self, actuator: str) -> None:
         """Apply the next runs' pacing delays with ``actuator`` (``delay`` or ``clock``)."""
         self.backend.actuator = actuator
 
     @property
-    def iterations_per_run(self) -> int:
+    def iterations_per_run(self) -> int:  # type: ignore[override]
         """Iterations (replayed steps) per run."""
         return int(self.backend.num_iterations)
 
     @property
-    def exchange(self) -> ExchangeSchedule:
+    def exchange(self) -> ExchangeSchedule:  # type: ignore[override]
         """``exchange.lag_iters`` / ``exchange.every_iters`` of the config.
 
         Raises:
@@ -718,12 +731,12 @@ class MultiJobSimExperiment(_ClosedLoop):
         }
 
 
-def controller_notes(experiment: Any, families: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+def controller_notes(experiment: Experiment, families: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """The run's warnings and notes about what its job-level families (``phase``) and the families
     whose ranks wait asleep (``sleep_wait``) can change on it (their registrations say which).
 
     Args:
-        experiment: the :class:`Experiment` (its optional ``job_shift_note`` and ``sleep_wait_note``).
+        experiment: the :class:`Experiment` (its ``job_shift_note`` and ``sleep_wait_note``).
         families: the runs (controller family -> parameters).
 
     Returns:
@@ -733,8 +746,7 @@ def controller_notes(experiment: Any, families: Mapping[str, Any]) -> tuple[list
     from pacectl.controllers import FAMILIES
 
     warned, noted = [], []
-    why = getattr(experiment, "job_shift_note", None)
-    wait = getattr(experiment, "sleep_wait_note", None)
+    why, wait = experiment.job_shift_note, experiment.sleep_wait_note
     for name in families:
         fam = FAMILIES.get(name)
         if fam is not None and fam.job_level and why:

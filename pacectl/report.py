@@ -1,4 +1,6 @@
-"""Outputs of a run directory: ``summary.json``, ``iterations.parquet``, PNG plots and ``report.md``.
+"""Outputs of a run directory: ``summary.json``, ``iterations.parquet``, PNG plots and ``report.md``,
+and the run's facts in words (:class:`RunSummary`, :func:`context_lines`), worded once for the
+console and ``report.md``.
 
 Every writer goes through :func:`pacectl.files.atomic_path`: it writes a hidden temporary file in the target's
 directory and ``os.replace``-s it over the target only on success, so a reader (or a crashed run)
@@ -21,6 +23,7 @@ import math
 import numbers
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -621,7 +624,7 @@ def write_report_md(
     *,
     title: str,
     summaries: Mapping[str, Mapping[str, Any]],
-    context: Mapping[str, Any],
+    context: Mapping[str, Any] | Sequence[Sequence[Any]],
     baseline: str = "none",
     plots: Sequence[str] | None = None,
 ) -> None:
@@ -631,7 +634,8 @@ def write_report_md(
         path: destination, usually ``<run dir>/report.md``.
         title: first heading.
         summaries: run name -> :func:`pacectl.metrics.summarize` output.
-        context: extra facts shown as a bullet list, e.g. ``{"trace": ..., "fidelity_mape": ...}``.
+        context: facts shown as a bullet list: ``(label, line)`` pairs (:func:`context_lines`) or a
+            mapping, e.g. ``{"trace": ..., "fidelity_mape": ...}``.
         baseline: run the throughput change is measured against.
         plots: the PNG files that will lie beside the report (linked in :data:`PLOT_FILES` order);
             None: those that are there now (plots drawn in the background are not there yet).
@@ -639,7 +643,8 @@ def write_report_md(
     note = _models_note(_summary_models(summaries))
     parts = [f"# {title}", "", f"_{note}_", ""]
     if context:
-        parts += [f"- **{k}**: {jsonable(v)}" for k, v in context.items()] + [""]
+        pairs = context.items() if isinstance(context, Mapping) else context
+        parts += [f"- **{k}**: {jsonable(v)}" for k, v in pairs] + [""]
     power = power_note(summaries)
     if power:
         parts += [f"_{power}_", ""]
@@ -678,3 +683,278 @@ def _empty_episode() -> Episode:
 
 
 _EMPTY = _empty_episode()
+
+
+#: Context lines the console prints as they happen (during the run), not again at its end.
+PRINTED_LIVE = frozenset({"warnings", "notes", "never paced"})
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What one ``pacectl.run`` experiment found, built once (:func:`pacectl.run.run_experiment`).
+
+    :meth:`to_json` is ``summary.json``. Its ``context`` is :func:`context_lines`: every fact of
+    the run in words, once, as ``[label, line]`` pairs, which ``report.md`` lists and the console
+    prints (but for :data:`PRINTED_LIVE`, printed as they happened).
+
+    Attributes:
+        described: :meth:`pacectl.experiment.Experiment.describe`: ``trace``, the paced collective,
+            ``fidelity``, ``whatif`` and the backend's own fields.
+        runs: :func:`pacectl.metrics.summarize` per run, the baseline's under ``baseline``.
+        vs_baseline: each other run's changes against the baseline, with their intervals.
+        energy: the energy fields (``power``, ``energy_bound``, ``energy_measured``, ...).
+        exchange: when decisions reached the ranks (``lag_iters``, ``every_iters``, ``source``).
+    """
+
+    described: Mapping[str, Any]
+    backend: str
+    comm_model: str
+    comm_description: str
+    comm_timing_dependent: bool
+    exchange: Mapping[str, Any]
+    runs: Mapping[str, Mapping[str, Any]]
+    vs_baseline: Mapping[str, Mapping[str, Any]]
+    energy: Mapping[str, Any]
+    actuators: Sequence[str]
+    controller_params: Mapping[str, Any]
+    controller_file: str | None
+    cluster: str | None
+    seed: int
+    warnings: Sequence[str] = ()
+    notes: Sequence[str] = ()
+    never_paced: str = ""
+    wall_time_s: float = 0.0
+    records_dir: str | None = None
+    baseline: str = "none"
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields of ``summary.json``, its ``context`` lines last."""
+        out: dict[str, Any] = {**self.described, "warnings": list(self.warnings)}
+        if self.notes:
+            out["notes"] = list(self.notes)
+        if self.never_paced:
+            out["never_paced"] = self.never_paced
+        out.update(
+            backend=self.backend,
+            comm_model=self.comm_model,
+            comm_model_description=self.comm_description,
+            comm_model_timing_dependent=self.comm_timing_dependent,
+            exchange=dict(self.exchange),
+            baseline=self.baseline,
+            runs=dict(self.runs),
+            vs_baseline=dict(self.vs_baseline),
+            **self.energy,
+            actuators=list(self.actuators),
+            controller_params=dict(self.controller_params),
+            controller_file=self.controller_file,
+            cluster=self.cluster,
+            seed=self.seed,
+        )
+        if not self.comm_timing_dependent:
+            out["note"] = (
+                f"comm model is {self.comm_model} (fixed durations, max-plus): delaying a rank can never "
+                "shorten an iteration, so no controller can beat no pacing here; gains need a timing-dependent model."
+            )
+        if out.get("trace", {}).get("time_unit") == "normalized":
+            out["time_unit_note"] = (
+                "this trace's times are normalised per job (not real time), scaled by trace.unit_s to "
+                "'seconds': every time, throughput and second-based threshold here is on that arbitrary "
+                "scale; compare the runs with each other, not with other jobs"
+            )
+        out["wall_time_s"] = self.wall_time_s
+        if self.records_dir is not None:
+            out["records_dir"] = self.records_dir
+        out["context"] = [list(pair) for pair in context_lines(out)]
+        return out
+
+
+def context_lines(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every fact of a run's summary in words, once: ``(label, line)`` pairs in reading order.
+
+    Args:
+        summary: the fields of ``summary.json`` (:meth:`RunSummary.to_json`, before ``context``).
+    """
+    trace = summary["trace"]
+    if trace.get("format") == "torch-live":  # its path is this run's own record, an output
+        lines = [("workload", f"{trace['name']} (record of the no-pacing run: {trace.get('path')})")]
+    else:
+        lines = [("input", f"{trace['name']} ({trace.get('path') or 'synthetic'})")]
+    lines.append(("comm model", summary["comm_model_description"]))
+    if "paced_optype" in summary:
+        lines.append(("paced collective", summary.get("paced_collective", summary["paced_optype"])))
+    fid = summary.get("fidelity") or {}
+    for name, f in (fid.get("by_run", {"": fid}) if fid else {}).items():
+        lines.append(
+            (
+                f"replay fidelity{f' of {name}' if name else ''} (null model)",
+                f"{fidelity_figures(f)} of step time: {fid.get('compares', 'replay vs recorded step times')}",
+            )
+        )
+    lines += [(f"replay counterfactual of {name}", line) for name, line in counterfactual_lines(fid).items()]
+    lines += job_lines(summary)
+    if "time_unit_note" in summary:
+        lines.append(("time unit", summary["time_unit_note"]))
+    if "pacing" in summary:
+        lines.append(("live pacing", live_exchange_line(summary["pacing"], summary.get("exchange"))))
+    for family, measured in summary.get("measured", {}).items():
+        for c in measured.get("runtime_controls", []):
+            state = "applied" if c["applied"] else "ignored"
+            lines.append(
+                (
+                    f"runtime control v{c['version']} ({family})",
+                    f"{json.dumps(c['control'])} {state} from the decision on iteration {c['observation']}",
+                )
+            )
+        for c in measured.get("runtime_controls_rejected", []):
+            lines.append((f"runtime control file ignored ({family}, iteration {c['iteration']})", c["error"]))
+    if exchange_line(summary):
+        lines.append(("decision lag", exchange_line(summary)))
+    if summary.get("warnings"):
+        lines.append(("warnings", "; ".join(summary["warnings"])))
+    if summary.get("never_paced"):
+        lines.append(("never paced", summary["never_paced"]))
+    if summary.get("notes"):
+        lines.append(("notes", "; ".join(summary["notes"])))
+    wi = summary.get("whatif")
+    if wi:
+        lines.append(
+            (
+                "stragglers' cost (what-if, Lin et al. OSDI'25, null model)",
+                f"blocking slowdown S = {wi['blocking_slowdown']:.3f}, ideal mean iteration "
+                f"{wi['ideal_iteration_time_mean_s']:.4g} s, M_W = {format_value(wi['m_w'], '.3f')}, "
+                f"M_S = {format_value(wi['m_s'], '.3f')}",
+            )
+        )
+    if "energy_bound" in summary:
+        lines.append(("energy", energy_line(summary)))
+    if "energy_measured" in summary:
+        lines.append(("energy (measured)", measured_energy_line(summary)))
+    if "note" in summary:
+        lines.append(("note", summary["note"]))
+    return lines
+
+
+def fidelity_figures(f: Mapping[str, Any]) -> str:
+    """``median x %, p90 y % abs. rel. error``, plus the clipped estimates when there are any.
+
+    A clipped launch or transfer estimate (:func:`pacectl.backends.dag.estimate_intrinsic`) is an op
+    whose recorded timing could not be explained by its inputs; a few of them can move the replay
+    of their step by tens of %, so the line names them where the error comes from.
+    """
+    text = (
+        f"median {100 * f['step_time_median_abs_err_frac']:.3g} %, "
+        f"p90 {100 * f['step_time_p90_abs_err_frac']:.3g} % abs. rel. error"
+    )
+    clipped = int(f.get("launch_clipped", 0)) + int(f.get("transfer_clipped", 0))
+    if clipped:
+        text += f" ({clipped} of {f.get('num_op_instances', '?')} op timing estimates clipped)"
+    return text
+
+
+def counterfactual_lines(fidelity: Mapping[str, Any] | None) -> dict[str, str]:
+    """Per paced live run, its counterfactual check as one line (empty for replay and simulation).
+
+    See :func:`pacectl.torchdist.core.counterfactual_error` for the fields.
+    """
+    out = {}
+    for name, f in (fidelity or {}).get("by_run", {}).items():
+        c = f.get("counterfactual_vs_live_none")
+        if not c:
+            continue
+        line = (
+            f"its record replayed with zero delays vs the live no-pacing run: mean iteration "
+            f"{100 * c['mean_err_frac']:+.3g} %"
+        )
+        if "predicted_pacing_effect_s" in c:
+            line += (
+                f"; pacing effect per iteration predicted {1e3 * c['predicted_pacing_effect_s']:+.3g} ms, "
+                f"live {1e3 * c['live_pacing_effect_s']:+.3g} ms (one job, no interval: single jobs "
+                "scatter by a few ms, experiments/live_fidelity)"
+            )
+        out[name] = line
+    return out
+
+
+def job_lines(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A run of several jobs on one fabric: each run's jobs, their throughput and its change against
+    no pacing (the table shows their sum); empty otherwise."""
+    lines = []
+    for name, run in summary.get("runs", {}).items():
+        if "jobs" not in run:
+            continue
+        vs = summary.get("vs_baseline", {}).get(name, {}).get("jobs", {})
+        parts = []
+        for job, s in run["jobs"].items():
+            change = vs.get(job)
+            tail = (
+                f" ({100 * change['throughput_change_frac']:+.2f} ±{100 * change['throughput_change_ci95_frac']:.2f} %)"
+                if change
+                else ""
+            )
+            parts.append(
+                f"{job} {s['throughput_it_per_s']:.4g} it/s, mean {s['iteration_time_mean_s']:.4g} s, "
+                f"p99 {s['iteration_time_p99_s']:.4g} s{tail}"
+            )
+        lines.append((f"jobs under {name} (throughput in the table = their sum)", "; ".join(parts)))
+    return lines
+
+
+def exchange_line(summary: Mapping[str, Any]) -> str:
+    """When decisions reached the ranks, in words; empty for the default (the next iteration)."""
+    ex = summary.get("exchange") or {}
+    lag, every = int(ex.get("lag_iters", 1)), int(ex.get("every_iters", 1))
+    if (lag, every) == (1, 1):
+        return ""
+    batch = f", figures exchanged {every} iterations at a time" if every > 1 else ""
+    return f"a decision on iteration k paces from iteration k + {lag}{batch} ({ex.get('source', '')})"
+
+
+def live_exchange_line(pacing: Mapping[str, Any], exchange: Mapping[str, Any] | None) -> str:
+    """How a live run exchanged its figures and when decisions paced, in words."""
+    limit = pacing.get("piggyback_max_bytes")
+    gather = pacing.get("gather_resolved", pacing.get("gather"))
+    beside = (
+        f" (beside carrier buckets over {limit} bytes)" if limit is not None and gather == "piggyback" else ""
+    )
+    chosen = " (gather=auto)" if pacing.get("gather") == "auto" else ""
+    lag = f"; a decision on iteration k paces k + {exchange['lag_iters']}" if exchange else ""
+    return f"figures exchanged by {gather!r}{chosen}{beside}{lag}"
+
+
+def measured_energy_line(summary: Mapping[str, Any]) -> str:
+    """A live run's measured energy (or its CPU-time proxy) per iteration, per run, in words."""
+    from pacectl.energy import MEASURED_SOURCES
+
+    source = summary["energy_measured"]["source"]
+    quantity, unit, what = MEASURED_SOURCES[source]
+    parts = []
+    for name, s in summary["runs"].items():
+        value = s.get(f"{quantity}_per_iteration_{unit}")
+        if value is None:
+            continue
+        text = f"{name} {value:.4g} {'J' if unit == 'j' else 'CPU-s'}"
+        vs = summary["vs_baseline"].get(name, {})
+        change = vs.get(f"{quantity}_change_frac")
+        if change is not None:
+            ci = vs.get(f"{quantity}_change_ci95_frac")
+            text += (
+                f" ({100 * change:+.2f} %"
+                + (f" ±{100 * ci:.2f}" if ci is not None and ci == ci else "")
+                + ")"
+            )
+        parts.append(text)
+    return f"per iteration, all ranks: {', '.join(parts)}; {what}"
+
+
+def energy_line(summary: Mapping[str, Any]) -> str:
+    """The energy context in words: the power profile, the oracle bound and the assumed spin power."""
+    power, bound = summary.get("power") or {}, summary["energy_bound"]
+    return (
+        f"power profile {power.get('name')} ({power.get('gpu')}: compute {power.get('compute_w_at_max_clock'):g} W "
+        f"at {power.get('max_clock_mhz'):g} MHz, spinning wait {power.get('spin_w'):g} W, sleep "
+        f"{power.get('sleep_w'):g} W, idle {power.get('idle_w'):g} W; assumed values and every source in "
+        f"summary.json power.sources); oracle bound {bound['oracle_saving_j'] / 1e3:.4g} kJ = "
+        f"{100 * bound['oracle_saving_frac']:.2f} % of no pacing's energy; actuator(s) "
+        f"{', '.join(summary.get('actuators', ['delay']))}; energy_vs_spin_w in summary.json reports every "
+        "run's change at other spinning powers"
+    )

@@ -39,7 +39,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from pacectl import cli, energy, files, metrics, report, whatif
 from pacectl.config import CONF_DIR, config_int, controller_families, load_trace, validate_run_config
 from pacectl.errors import ConfigError, PacectlError, one_line_warning
-from pacectl.experiment import controller_notes, make_experiment
+from pacectl.experiment import Experiment, controller_notes, make_experiment
 from pacectl.types import Episode
 
 BASELINE = "none"
@@ -62,7 +62,8 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         notes: warnings found before the run (overrides it ignores), kept in ``summary["warnings"]``.
 
     Returns:
-        The summary dict that was written to ``summary.json``.
+        The summary dict that was written to ``summary.json``
+        (:meth:`pacectl.report.RunSummary.to_json`; its ``context`` the run's facts in words).
 
     Raises:
         PacectlError: bad trace, bad config value.
@@ -80,11 +81,11 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         for w in caught:
             log.warning(one_line_warning(w.message, w.category))
         shown = len(caught)
-        per_run = getattr(experiment, "iterations_per_run", None)
+        per_run = experiment.iterations_per_run
         if not per_run:  # live: one job runs them all
             log.info(f"running {len(families)} run(s) ({', '.join(families)}) interleaved in one job")
-        summary: dict[str, Any] = _describe(experiment)
-        runs = run_names(families, tuple(getattr(experiment, "actuators", ("delay",))))
+        described = _describe(experiment)
+        runs = run_names(families, experiment.actuators)
         episodes = {}
         # a bar on a terminal only (tqdm's disable=None), over the iterations of every run (no pacing,
         # each controller) where the backend reports them, else one step per run
@@ -102,9 +103,8 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         ):
             for name, (family, actuator) in runs.items():
                 bar.set_postfix_str(name)
-                set_actuator = getattr(experiment, "set_actuator", None)
-                if set_actuator is not None and len(runs) > len(families):  # backend.actuator=both
-                    set_actuator(actuator)
+                if len(runs) > len(families):  # backend.actuator=both
+                    experiment.set_actuator(actuator)
                 episodes[name] = experiment.run(
                     family, families[family], on_iteration=bar.update if per_run else None
                 )
@@ -115,14 +115,12 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                     _check_memory(rows, bool(cfg.output.get("iterations", True)))
                     _warn_if_degenerate(episodes[name])
     # what the run warned about stays with its results (dropped ranks or steps, guard interventions)
-    summary["warnings"] = list(
-        dict.fromkeys([*notes, *(f"{w.category.__name__}: {w.message}" for w in caught)])
-    )
+    warned_lines = list(dict.fromkeys([*notes, *(f"{w.category.__name__}: {w.message}" for w in caught)]))
     for w in caught[shown:]:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     summaries = {name: metrics.summarize(ep) for name, ep in episodes.items()}
     # batch means: sqrt(n) blocks, or a live run's interleave blocks (they share the machine's state)
-    block, offset = getattr(experiment, "paired_blocks", (None, 0))
+    block, offset = experiment.paired_blocks
     for name, ep in episodes.items():
         if name != BASELINE:
             summaries[name]["throughput_change_ci95_frac"] = metrics.paired_change_ci95_frac(
@@ -136,15 +134,16 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                             base_jobs[:, d], ep.domain_iteration_time_s[:, d], block=block, offset=offset
                         )
                     )
-    power = getattr(experiment, "power", None)
     energy_top: dict[str, Any] = {}
     energy_vs: dict[str, dict[str, float]] = {}
-    if power is not None:  # modelled energy (replay, sim): every run, the bound, the spin-power range
+    # modelled energy (replay, sim): every run, the bound, the spin-power range; live: as measured
+    measure = None if experiment.power is not None else experiment.measured_energy()
+    if experiment.power is not None:
         per_run_energy, energy_vs, energy_top = energy.energy_summary(
-            episodes, power, baseline=BASELINE, block=block, offset=offset
+            episodes, experiment.power, baseline=BASELINE, block=block, offset=offset
         )
-    elif (measure := getattr(experiment, "measured_energy", None)) is not None:  # live: as measured
-        source, measured = measure()
+    elif measure is not None:
+        source, measured = measure
         per_run_energy, energy_vs, energy_top = energy.measured_summary(
             source,
             {n: v for n, v in measured.items() if n in episodes},
@@ -165,67 +164,51 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
     )
     if line:
         log.warning(f"warning: {line}")
-        summary["warnings"].append(line)
+        warned_lines.append(line)
     for line in noted:
         log.info(f"note: {line}")
-    if noted:
-        summary["notes"] = noted
-    idle = never_paced_line(summaries, families, live=experiment.backend_name == "torch")
+    idle = never_paced_line(summaries, families, live=experiment.live)
     if idle:
         log.info(f"note: {idle}")
-        summary["never_paced"] = idle
-    summary.update(
-        {
-            "backend": experiment.backend_name,
-            "comm_model": experiment.comm_model,
-            "comm_model_description": experiment.comm_description,
-            "comm_model_timing_dependent": experiment.comm_timing_dependent,
-            "exchange": {
-                "lag_iters": experiment.exchange.lag,
-                "every_iters": experiment.exchange.every,
-                "source": "the live exchange, backend.pacing"
-                if experiment.backend_name == "torch"
-                else "modelled, exchange.*",
-            },
-            "baseline": BASELINE,
-            "runs": summaries,
-            "vs_baseline": {
-                name: {
-                    **metrics.compare(summaries[BASELINE], s),
-                    "throughput_change_ci95_frac": s["throughput_change_ci95_frac"],
-                    **energy_vs.get(name, {}),
-                    **_job_changes(summaries[BASELINE], s),
-                }
-                for name, s in summaries.items()
-                if name != BASELINE
-            },
-            **energy_top,
-            "actuators": list(getattr(experiment, "actuators", ("delay",))),
-            "controller_params": dict(families),
-            "controller_file": cfg.get("controller_file"),
-            "cluster": cfg.cluster.get("name"),
-            "seed": int(cfg.seed),
-        }
-    )
-    if not experiment.comm_timing_dependent:
-        summary["note"] = (
-            f"comm model is {experiment.comm_model} (fixed durations, max-plus): delaying a rank can never "
-            "shorten an iteration, so no controller can beat no pacing here; gains need a timing-dependent model."
-        )
-    if summary.get("trace", {}).get("time_unit") == "normalized":
-        summary["time_unit_note"] = (
-            "this trace's times are normalised per job (not real time), scaled by trace.unit_s to "
-            "'seconds': every time, throughput and second-based threshold here is on that arbitrary "
-            "scale; compare the runs with each other, not with other jobs"
-        )
-    summary["wall_time_s"] = time.perf_counter() - t0
+    records = experiment.record_folder(out_dir)
+    summary = report.RunSummary(
+        described=described,
+        backend=experiment.backend_name,
+        comm_model=experiment.comm_model,
+        comm_description=experiment.comm_description,
+        comm_timing_dependent=experiment.comm_timing_dependent,
+        exchange={
+            "lag_iters": experiment.exchange.lag,
+            "every_iters": experiment.exchange.every,
+            "source": "the live exchange, backend.pacing" if experiment.live else "modelled, exchange.*",
+        },
+        runs=summaries,
+        vs_baseline={
+            name: {
+                **metrics.compare(summaries[BASELINE], s),
+                "throughput_change_ci95_frac": s["throughput_change_ci95_frac"],
+                **energy_vs.get(name, {}),
+                **_job_changes(summaries[BASELINE], s),
+            }
+            for name, s in summaries.items()
+            if name != BASELINE
+        },
+        energy=energy_top,
+        actuators=experiment.actuators,
+        controller_params=families,
+        controller_file=cfg.get("controller_file"),
+        cluster=cfg.cluster.get("name"),
+        seed=int(cfg.seed),
+        warnings=warned_lines,
+        notes=noted,
+        never_paced=idle,
+        wall_time_s=time.perf_counter() - t0,
+        records_dir=None if records is None else str(records),
+        baseline=BASELINE,
+    ).to_json()
     rows = sum(ep.arrival_s.size for ep in episodes.values())
     if cfg.output.get("iterations", True) and rows > LARGE_PARQUET_ROWS:
         log.info(f"writing iterations.parquet ({rows:,} rows) and the other outputs ...")
-    record_folder = getattr(experiment, "record_folder", None)
-    records = record_folder(out_dir) if record_folder is not None else None
-    if records is not None:
-        summary["records_dir"] = str(records)
     with files.staged_outputs(out_dir) as stage:
         plots: list[Any] = []
         drawn = []  # the PNGs the plots write, for report.md's links
@@ -260,12 +243,10 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                 stage / "report.md",
                 title=f"pacectl {experiment.backend_name}: {summary['trace']['name']}",
                 summaries=summaries,
-                context=_report_context(summary),
+                context=summary["context"],
                 plots=drawn,
             )
-        write_extra = getattr(experiment, "write_outputs", None)
-        if write_extra is not None:
-            write_extra(stage)
+        experiment.write_outputs(stage)
         report.write_summary_json(stage / "summary.json", summary)
         plots_done()
     return summary
@@ -415,143 +396,10 @@ def _check_memory(rows: int, with_parquet: bool, *, announce: bool = True) -> No
         )
 
 
-def counterfactual_lines(fidelity: dict[str, Any] | None) -> dict[str, str]:
-    """Per paced live run, its counterfactual check as one line (empty for replay and simulation).
-
-    See :func:`pacectl.torchdist.core.counterfactual_error` for the fields.
-    """
-    out = {}
-    for name, f in (fidelity or {}).get("by_run", {}).items():
-        c = f.get("counterfactual_vs_live_none")
-        if not c:
-            continue
-        line = (
-            f"its record replayed with zero delays vs the live no-pacing run: mean iteration "
-            f"{100 * c['mean_err_frac']:+.3g} %"
-        )
-        if "predicted_pacing_effect_s" in c:
-            line += (
-                f"; pacing effect per iteration predicted {1e3 * c['predicted_pacing_effect_s']:+.3g} ms, "
-                f"live {1e3 * c['live_pacing_effect_s']:+.3g} ms (one job, no interval: single jobs "
-                "scatter by a few ms, experiments/live_fidelity)"
-            )
-        out[name] = line
-    return out
-
-
-def exchange_line(summary: dict[str, Any]) -> str:
-    """When decisions reached the ranks, in words; empty for the default (the next iteration)."""
-    ex = summary.get("exchange") or {}
-    lag, every = int(ex.get("lag_iters", 1)), int(ex.get("every_iters", 1))
-    if (lag, every) == (1, 1):
-        return ""
-    batch = f", figures exchanged {every} iterations at a time" if every > 1 else ""
-    return f"a decision on iteration k paces from iteration k + {lag}{batch} ({ex.get('source', '')})"
-
-
-def live_exchange_line(pacing: dict[str, Any], exchange: dict[str, Any] | None) -> str:
-    """How a live run exchanged its figures and when decisions paced, in words."""
-    limit = pacing.get("piggyback_max_bytes")
-    gather = pacing.get("gather_resolved", pacing.get("gather"))
-    beside = (
-        f" (beside carrier buckets over {limit} bytes)" if limit is not None and gather == "piggyback" else ""
-    )
-    chosen = " (gather=auto)" if pacing.get("gather") == "auto" else ""
-    lag = f"; a decision on iteration k paces k + {exchange['lag_iters']}" if exchange else ""
-    return f"figures exchanged by {gather!r}{chosen}{beside}{lag}"
-
-
-def _report_context(summary: dict[str, Any]) -> dict[str, str]:
-    """Context lines of report.md from the summary fields the experiment provided."""
-    trace = summary["trace"]
-    if trace.get("format") == "torch-live":  # its path is this run's own record, an output
-        source = {"workload": f"{trace['name']} (record of the no-pacing run: {trace.get('path')})"}
-    else:
-        source = {"input": f"{trace['name']} ({trace.get('path') or 'synthetic'})"}
-    context = {
-        **source,
-        "comm model": summary["comm_model_description"],
-    }
-    if "paced_optype" in summary:
-        context["paced collective"] = summary.get("paced_collective", summary["paced_optype"])
-    fid = summary.get("fidelity")
-    if fid:
-        for name, f in fid.get("by_run", {"": fid}).items():
-            context[f"replay fidelity{f' of {name}' if name else ''} (null model)"] = (
-                f"{fidelity_figures(f)} of step time: {fid.get('compares', 'replay vs recorded step times')}"
-            )
-    for name, line in counterfactual_lines(fid).items():
-        context[f"replay counterfactual of {name}"] = line
-    if "time_unit_note" in summary:
-        context["time unit"] = summary["time_unit_note"]
-    if "pacing" in summary:
-        context["live pacing"] = live_exchange_line(summary["pacing"], summary.get("exchange"))
-    if exchange_line(summary):
-        context["decision lag"] = exchange_line(summary)
-    if summary.get("warnings"):
-        context["warnings"] = "; ".join(summary["warnings"])
-    if summary.get("never_paced"):
-        context["never paced"] = summary["never_paced"]
-    if summary.get("notes"):
-        context["notes"] = "; ".join(summary["notes"])
-    wi = summary.get("whatif")
-    if wi:
-        context["stragglers' cost (what-if, null model)"] = (
-            f"blocking slowdown S = {wi['blocking_slowdown']:.3f}, M_W = {report.format_value(wi['m_w'], '.3f')}, "
-            f"M_S = {report.format_value(wi['m_s'], '.3f')}"
-        )
-    if "energy_bound" in summary:
-        context["energy"] = energy_line(summary)
-    if "energy_measured" in summary:
-        context["energy (measured)"] = measured_energy_line(summary)
-    if "note" in summary:
-        context["note"] = summary["note"]
-    return context
-
-
-def measured_energy_line(summary: dict[str, Any]) -> str:
-    """A live run's measured energy (or its CPU-time proxy) per iteration, per run, in words."""
-    from pacectl.energy import MEASURED_SOURCES
-
-    source = summary["energy_measured"]["source"]
-    quantity, unit, what = MEASURED_SOURCES[source]
-    parts = []
-    for name, s in summary["runs"].items():
-        value = s.get(f"{quantity}_per_iteration_{unit}")
-        if value is None:
-            continue
-        text = f"{name} {value:.4g} {'J' if unit == 'j' else 'CPU-s'}"
-        vs = summary["vs_baseline"].get(name, {})
-        change = vs.get(f"{quantity}_change_frac")
-        if change is not None:
-            ci = vs.get(f"{quantity}_change_ci95_frac")
-            text += (
-                f" ({100 * change:+.2f} %"
-                + (f" ±{100 * ci:.2f}" if ci is not None and ci == ci else "")
-                + ")"
-            )
-        parts.append(text)
-    return f"per iteration, all ranks: {', '.join(parts)}; {what}"
-
-
-def energy_line(summary: dict[str, Any]) -> str:
-    """The energy context in words: the power profile, the oracle bound and the assumed spin power."""
-    power, bound = summary.get("power") or {}, summary["energy_bound"]
-    return (
-        f"power profile {power.get('name')} ({power.get('gpu')}: compute {power.get('compute_w_at_max_clock'):g} W "
-        f"at {power.get('max_clock_mhz'):g} MHz, spinning wait {power.get('spin_w'):g} W, sleep "
-        f"{power.get('sleep_w'):g} W, idle {power.get('idle_w'):g} W; assumed values and every source in "
-        f"summary.json power.sources); oracle bound {bound['oracle_saving_j'] / 1e3:.4g} kJ = "
-        f"{100 * bound['oracle_saving_frac']:.2f} % of no pacing's energy; actuator(s) "
-        f"{', '.join(summary.get('actuators', ['delay']))}; energy_vs_spin_w in summary.json reports every "
-        "run's change at other spinning powers"
-    )
-
-
-def _describe(experiment: Any) -> dict[str, Any]:
+def _describe(experiment: Experiment) -> dict[str, Any]:
     """``experiment.describe()``, with a line and a progress bar when it has work to show (replay:
     the what-if replays of the stragglers' cost, which come before the runs)."""
-    steps = int(getattr(experiment, "describe_steps", 0))
+    steps = experiment.describe_steps
     if not steps:
         return dict(experiment.describe())
     log.info(
@@ -618,69 +466,14 @@ def ignored_overrides(overrides: list[str], cfg: DictConfig) -> list[str]:
     return out
 
 
-def fidelity_figures(f: dict[str, Any]) -> str:
-    """``median x %, p90 y % abs. rel. error``, plus the clipped estimates when there are any.
-
-    A clipped launch or transfer estimate (:func:`pacectl.backends.dag.estimate_intrinsic`) is an op
-    whose recorded timing could not be explained by its inputs; a few of them can move the replay
-    of their step by tens of %, so the line names them where the error comes from.
-    """
-    text = (
-        f"median {100 * f['step_time_median_abs_err_frac']:.3g} %, "
-        f"p90 {100 * f['step_time_p90_abs_err_frac']:.3g} % abs. rel. error"
-    )
-    clipped = int(f.get("launch_clipped", 0)) + int(f.get("transfer_clipped", 0))
-    if clipped:
-        text += f" ({clipped} of {f.get('num_op_instances', '?')} op timing estimates clipped)"
-    return text
-
-
 def log_summary(summary: dict[str, Any], out_dir: Path) -> None:
-    """Log the console lines of a finished run: the table, fidelity, what-if, live-pacing controls,
-    notes and where the outputs are (:func:`pacectl.cli.run_job` also files them in ``run.log``)."""
+    """Log the console lines of a finished run: the table, the run's context lines (those not
+    printed as they happened: :data:`pacectl.report.PRINTED_LIVE`) and where the outputs are
+    (:func:`pacectl.cli.run_job` also files them in ``run.log``)."""
     log.info(report.format_console_table(summary["runs"], baseline=BASELINE))
-    for line in job_lines(summary):
-        log.info(line)
-    fid = summary.get("fidelity")
-    if fid:
-        what = fid.get("compares", "replay vs recorded step times")
-        runs = fid.get("by_run", {"": fid})
-        for name, f in runs.items():
-            log.info(
-                f"replay fidelity{f' of {name}' if name else ''} (null model; {what}): {fidelity_figures(f)}"
-            )
-        for name, line in counterfactual_lines(fid).items():
-            log.info(f"replay counterfactual of {name}: {line}")
-    wi = summary.get("whatif")
-    if wi:
-        log.info(
-            f"stragglers' cost (what-if, Lin et al. OSDI'25, null model): blocking slowdown S = {wi['blocking_slowdown']:.3f}, "
-            f"ideal mean iteration {wi['ideal_iteration_time_mean_s']:.4g} s"
-        )
-    if "energy_bound" in summary:
-        log.info(f"energy: {energy_line(summary)}")
-    if "energy_measured" in summary:
-        log.info(f"energy (measured): {measured_energy_line(summary)}")
-    if summary.get("comm_model_timing_dependent"):
-        log.info(f"comm model in force: {summary['comm_model_description']}")
-    if exchange_line(summary):
-        log.info(f"decision lag: {exchange_line(summary)}")
-    if "pacing" in summary:
-        pacing = summary["pacing"]
-        log.info(f"live pacing: {live_exchange_line(pacing, summary.get('exchange'))}")
-        for family, measured in summary.get("measured", {}).items():
-            for c in measured.get("runtime_controls", []):
-                state = "applied" if c["applied"] else "ignored"
-                log.info(
-                    f"runtime control v{c['version']} ({family}): {json.dumps(c['control'])} {state} "
-                    f"from the decision on iteration {c['observation']}"
-                )
-            for c in measured.get("runtime_controls_rejected", []):
-                log.info(f"runtime control file ignored ({family}, iteration {c['iteration']}): {c['error']}")
-    if "note" in summary:
-        log.info(f"note: {summary['note']}")
-    if "time_unit_note" in summary:
-        log.info(f"time unit: {summary['time_unit_note']}")
+    for label, line in summary["context"]:
+        if label not in report.PRINTED_LIVE:
+            log.info(f"{label}: {line}")
     records = summary.get("records_dir")
     log.info(
         f"outputs: {out_dir}" + (f"; records (replay one with trace=<file>): {records}" if records else "")
@@ -764,30 +557,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print("pacectl.run: interrupted; no outputs were written", file=sys.stderr)
         return 130
-
-
-def job_lines(summary: dict[str, Any]) -> list[str]:
-    """Console lines of a run of several jobs on one fabric: each run's jobs, their throughput and its
-    change against no pacing (the table above shows their sum); empty otherwise."""
-    lines = []
-    for name, run in summary.get("runs", {}).items():
-        if "jobs" not in run:
-            continue
-        vs = summary.get("vs_baseline", {}).get(name, {}).get("jobs", {})
-        parts = []
-        for job, s in run["jobs"].items():
-            change = vs.get(job)
-            tail = (
-                f" ({100 * change['throughput_change_frac']:+.2f} ±{100 * change['throughput_change_ci95_frac']:.2f} %)"
-                if change
-                else ""
-            )
-            parts.append(
-                f"{job} {s['throughput_it_per_s']:.4g} it/s, mean {s['iteration_time_mean_s']:.4g} s, "
-                f"p99 {s['iteration_time_p99_s']:.4g} s{tail}"
-            )
-        lines.append(f"jobs under {name} (throughput above = their sum): " + "; ".join(parts))
-    return lines
 
 
 def _job_changes(baseline: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:

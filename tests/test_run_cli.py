@@ -349,6 +349,25 @@ def test_whatif_bad_timeline_step(tmp_path: Path) -> None:
     assert not (out / "whatif.json").exists()
 
 
+def test_the_console_and_report_md_word_each_fact_once(tmp_path: Path) -> None:
+    """summary.json's context lines are what both the console and report.md show, word for word
+    (the console leaves out those it printed as they happened)."""
+    from pacectl.report import PRINTED_LIVE
+
+    out = tmp_path / "run"
+    proc = _run(
+        "trace=st", "controller=threshold", "output.plots=false", f"hydra.run.dir={out}", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    context = json.loads((out / "summary.json").read_text())["context"]
+    labels = [label for label, _ in context]
+    assert {"input", "comm model", "replay fidelity (null model)", "energy", "note"} <= set(labels), labels
+    report_md = (out / "report.md").read_text()
+    for label, line in context:
+        assert f"- **{label}**: {line}" in report_md
+        assert (f"{label}: {line}" in proc.stdout) == (label not in PRINTED_LIVE), label
+
+
 def test_warnings_are_one_line_and_kept_with_the_results(tmp_path: Path) -> None:
     """A replay of 3 of the 4 recorded ranks warns: on one line, in summary.json, report.md, run.log."""
     out = tmp_path / "run"
@@ -523,7 +542,7 @@ def test_a_job_too_large_for_memory_stops_after_its_first_run(
 
 
 def test_fidelity_line_names_clipped_estimates() -> None:
-    from pacectl.run import fidelity_figures
+    from pacectl.report import fidelity_figures
 
     f = {"step_time_median_abs_err_frac": 0.0, "step_time_p90_abs_err_frac": 0.169}
     assert fidelity_figures(f) == "median 0 %, p90 16.9 % abs. rel. error"
@@ -679,3 +698,29 @@ def test_a_trace_key_of_the_wrong_type_is_one_line(tmp_path: Path, override: str
     assert expected in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not out.exists()
+
+
+def test_an_experiment_needs_only_describe_and_run(tmp_path: Path) -> None:
+    """Experiment is an abstract base: what a backend does not have is a default, not a probe."""
+    from pacectl.experiment import Experiment
+
+    with pytest.raises(TypeError, match="abstract"):
+        Experiment()  # type: ignore[abstract]
+
+    class Bare(Experiment):
+        backend_name = "bare"
+
+        def describe(self, on_step: Any = None) -> dict[str, Any]:
+            return {"trace": {"name": "bare"}}
+
+        def run(self, family: str, params: dict[str, Any], *, on_iteration: Any = None) -> Any:
+            raise NotImplementedError
+
+    bare = Bare()
+    assert bare.actuators == ("delay",) and bare.iterations_per_run is None and not bare.live
+    assert bare.paired_blocks == (None, 0) and bare.describe_steps == 0 and bare.power is None
+    assert bare.record_folder(tmp_path) is None and bare.measured_energy() is None
+    assert bare.job_shift_note is None and bare.sleep_wait_note is None
+    bare.set_actuator("delay")
+    bare.write_outputs(tmp_path)
+    assert not any(tmp_path.iterdir())

@@ -512,7 +512,7 @@ def test_shared_clock_marks_restart_at_align_and_reject_mismatches() -> None:
 
 
 def test_counterfactual_lines_for_the_console_and_report() -> None:
-    from pacectl.run import counterfactual_lines
+    from pacectl.report import counterfactual_lines
 
     cf = {"mean_err_frac": 0.0244, "predicted_pacing_effect_s": 0.0004, "live_pacing_effect_s": -0.00126}
     fid = {"by_run": {"none": {}, "threshold": {"counterfactual_vs_live_none": cf}}}
@@ -549,7 +549,7 @@ def test_auto_gather_is_async_on_gloo_and_piggyback_on_nccl() -> None:
 
 
 def test_live_exchange_line_names_the_resolved_mode_and_the_lag() -> None:
-    from pacectl.run import live_exchange_line
+    from pacectl.report import live_exchange_line
 
     line = live_exchange_line(
         {"gather": "auto", "gather_resolved": "async"}, {"lag_iters": 1, "every_iters": 1}

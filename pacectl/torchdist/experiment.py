@@ -1,6 +1,6 @@
 """``backend=torch``: run no pacing and the chosen controller(s) on live gloo ranks, record, replay-check.
 
-:class:`TorchExperiment` follows the :class:`~pacectl.experiment.Experiment` protocol. It launches the
+:class:`TorchExperiment` is an :class:`~pacectl.experiment.Experiment`. It launches the
 job once (torch's elastic launcher, ``backend.nproc_per_node`` ranks) and runs every controller of
 the experiment in the same worker processes, interleaved in blocks of ``backend.interleave_block``
 iterations, each from the same model seed, data and seeded straggler schedule. Each run writes a canonical trace record
@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pacectl.config import as_dict, controller_families, decision_schedule
 from pacectl.errors import BackendError, ConfigError
+from pacectl.experiment import Experiment
 from pacectl.metrics import interval_blocks
 from pacectl.torchdist.core import (
     BUILTIN_DIST_BACKEND,
@@ -94,7 +95,7 @@ def _progress_bar(path: Path, total: int, poll_s: float = 0.5) -> Iterator[None]
         path.unlink(missing_ok=True)
 
 
-class TorchExperiment:
+class TorchExperiment(Experiment):
     """Live torch.distributed experiment (``backend=torch``, see ``conf/backend/torch.yaml``).
 
     Args:
@@ -111,6 +112,7 @@ class TorchExperiment:
     """
 
     backend_name = "torch"
+    live = True
 
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
