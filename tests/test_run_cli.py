@@ -287,7 +287,7 @@ def test_user_errors_are_clear_and_leave_no_output(tmp_path: Path, args: list[st
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if not line.startswith("warning:")]
     assert len(errors) == 1, proc.stderr  # one line (beside warnings about ignored overrides)
-    assert not out.exists(), sorted(p.name for p in out.iterdir())  # not even Hydra's .hydra/ and run.log
+    assert not out.exists(), sorted(p.name for p in out.iterdir())  # no folder at all: Hydra writes nothing
 
 
 def test_a_failed_run_leaves_no_dated_folders(tmp_path: Path) -> None:
@@ -305,13 +305,15 @@ def test_a_failed_rerun_keeps_the_earlier_run_folder_as_it_was(tmp_path: Path) -
         "trace=st", "controller=threshold", "output.plots=false", f"hydra.run.dir={out}", cwd=tmp_path
     )
     assert good.returncode == 0, good.stderr
+    assert (out / "config.yaml").is_file() and (out / "run.log").is_file()  # staged with the outputs
+    assert not (out / ".hydra").exists()  # Hydra writes nothing into the run folder
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     bad = tmp_path / "short.parquet"
     bad.write_bytes(shipped_trace("ST")[0].read_bytes()[:3000])
     proc = _run("trace=canonical", f"trace.path={bad}", f"hydra.run.dir={out}", cwd=tmp_path)
     assert proc.returncode == 2 and "truncated" in proc.stderr
     after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    assert after == before  # .hydra/ put back (it named the failed trace), run.log cut back
+    assert after == before  # the failed rerun staged its config.yaml and run.log, and published nothing
     assert f"warning: {out} holds an earlier run's outputs (summary.json)" in proc.stderr  # said first
 
 

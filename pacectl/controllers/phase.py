@@ -59,7 +59,7 @@ slowed (a shift at every decision, bounded by the guard's cap).
 Where it loses: jobs whose periods are not commensurate (1:1.37 in ``experiments/multi_job``).
 Their relative phase sweeps through every offset, so collisions return at the beat period whatever
 a shift did; each shift is a delay paid for nothing kept (-2 % there, -4 % with three jobs).
-Three commensurate jobs loading the shared links to ~70 % gain nothing measurable (+0.4 ±1.5 %).
+Three commensurate jobs loading the shared links to about two thirds gain nothing measurable (+0.4 ±1.5 %).
 
 Where it can do nothing: a job alone on its links, with no other traffic, has collectives that
 nothing slows (``comm=null``, or ``comm=contention`` without other jobs or cross traffic): then
