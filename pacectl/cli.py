@@ -604,8 +604,9 @@ def group_value_error(config_dir: Path, overrides: list[str]) -> str | None:
     """One line for a config group given something that is no option name, or None.
 
     A number, bool or null (``+backend=0.5``, ``trace=-1``) makes Hydra raise a bare ``ValueError``
-    that names neither group nor value; a dict reads as "Could not override"; an empty list
-    (``backend=[]``) composes, selecting no option, and the run fails later.
+    that names neither group nor value; a dict reads as "Could not override"; a list of numbers
+    (``+analysis=[1,2]``) a ``TypeError``; an empty list (``backend=[]``) composes, selecting no
+    option, and the run fails later.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -616,8 +617,10 @@ def group_value_error(config_dir: Path, overrides: list[str]) -> str | None:
             value = parsed.value()
         except HydraException:
             continue  # worded with the composition's error
-        if isinstance(value, str) or (isinstance(value, list) and value):
-            continue
+        if isinstance(value, str) or (
+            isinstance(value, list) and value and all(isinstance(v, str) for v in value)
+        ):
+            continue  # an option, or a list of options
         group = parsed.key_or_group
         options = group_nodes(config_dir, group)
         if options:

@@ -58,11 +58,20 @@ def _validate(*args: str):
     return run_command(main, ["validate", *args], cwd=Path.cwd())
 
 
-@pytest.mark.parametrize("damage", [b"{'index_columns'", b'{"ind\xeex_columns"'])
-def test_damaged_pandas_schema_metadata_is_one_line(tmp_path: Path, damage: bytes) -> None:
+@pytest.mark.parametrize(
+    ("intact", "damage"),
+    [
+        (b'{"index_columns"', b"{'index_columns'"),  # not JSON
+        (b'{"index_columns"', b'{"ind\xeex_columns"'),  # not UTF-8
+        (b'"pandas_type"', b'"pandas_tyqe"'),  # JSON, a field renamed: KeyError
+        (b'"numpy_type": "float64"', b'"numpy_type": "float44"'),  # a dtype that is none: TypeError
+    ],
+)
+def test_damaged_pandas_schema_metadata_is_one_line(tmp_path: Path, intact: bytes, damage: bytes) -> None:
     """A byte flipped in the Parquet schema's pandas metadata (JSON, inside the base64 Arrow schema
     that pyarrow reads first) raised JSONDecodeError / UnicodeDecodeError (campaign cases
-    bytedance_parquet 88, 234; canonical_parquet 120, 212)."""
+    bytedance_parquet 88, 234; canonical_parquet 120, 212) or, still JSON, a KeyError or TypeError
+    from pyarrow's pandas conversion (bytedance_parquet 799, 1040, 1076; canonical_parquet 335, 498)."""
     import base64
 
     import pyarrow.parquet as pq
@@ -75,8 +84,8 @@ def test_damaged_pandas_schema_metadata_is_one_line(tmp_path: Path, damage: byte
     write_canonical(load_steplevel(DATA_DIR / "alibaba-pai" / "job_1_norm.csv"), good)
     blob = pq.ParquetFile(good).metadata.metadata[b"ARROW:schema"]
     schema = base64.b64decode(blob)
-    assert schema.count(b'{"index_columns"') == 1
-    bad_blob = base64.b64encode(schema.replace(b'{"index_columns"', damage))
+    assert schema.count(intact) >= 1
+    bad_blob = base64.b64encode(schema.replace(intact, damage, 1))
     assert len(bad_blob) == len(blob)  # the footer's lengths stay right: only the JSON is damaged
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(good.read_bytes().replace(blob, bad_blob))
@@ -101,6 +110,43 @@ def test_flight_recorder_pickle_with_a_huge_length_field_is_one_line(tmp_path: P
 
 
 @pytest.mark.parametrize(
+    ("fmt", "folder", "intact", "damage", "field"),
+    [  # campaign cases flight_recorder_json 327; nccl_inspector_log 820, 877
+        (
+            "flight_recorder",
+            "flight-recorder/ddp4_json",
+            b'"pg_id":0',
+            b'"pg_id":1e30',
+            "pg_id",
+        ),
+        (
+            "nccl_inspector",
+            "nccl-inspector/plain",
+            b'"coll_msg_size_bytes": 8192',
+            b'"coll_msg_size_bytes": 99999999999999999999',
+            "coll_perf.coll_msg_size_bytes",
+        ),
+    ],
+)
+def test_an_integer_past_int64_is_one_line(
+    tmp_path: Path, fmt: str, folder: str, intact: bytes, damage: bytes, field: str
+) -> None:
+    """A number swapped for a huge one (1e30 read as an integer id; 99999999999999999999) raised
+    numpy's OverflowError where the columns were built (Flight Recorder JSON, NCCL Inspector logs)."""
+    from pacectl.data import DATA_DIR
+
+    files = sorted(p for p in (DATA_DIR / folder).iterdir() if p.is_file())
+    for src in files:
+        (tmp_path / src.name).write_bytes(src.read_bytes())
+    bad = tmp_path / files[0].name
+    raw = bad.read_bytes()
+    assert intact in raw
+    bad.write_bytes(raw.replace(intact, damage, 1))
+    proc = _validate("--format", fmt, *(str(tmp_path / src.name) for src in files))
+    _one_clean_line(proc, f"{field} must fit in a 64-bit integer", str(bad))
+
+
+@pytest.mark.parametrize(
     ("argv", "needle"),
     [
         (["+backend=0.5"], "backend=0.5: no such option of backend"),
@@ -110,6 +156,7 @@ def test_flight_recorder_pickle_with_a_huge_length_field_is_one_line(tmp_path: P
         (["controller={a: 1}"], "controller={a: 1}: no such option of controller"),
         (["backend=null"], "backend=null: no such option of backend"),
         (["backend=[]"], "backend=[]: no such option of backend"),  # composed, then crashed in the run
+        (["+analysis=[1,2]"], "analysis=[1,2]: no such option of analysis"),  # TypeError (case 483)
     ],
 )
 def test_config_group_given_a_number_is_one_line(tmp_path: Path, argv: list[str], needle: str) -> None:

@@ -73,7 +73,7 @@ from pacectl.traces.collectives import (
     assemble,
     kind_of,
 )
-from pacectl.traces.model import DEFAULT_MAX_OPS, OpTrace, TraceWarning
+from pacectl.traces.model import DEFAULT_MAX_OPS, OpTrace, TraceWarning, int64_array
 from pacectl.traces.paths import expand_paths
 
 #: Flight Recorder format versions this importer reads (``version`` of a dump).
@@ -304,21 +304,25 @@ class _Columns:
         c["state"].append(state)
         c["retired"].append(bool(e.get("retired", False)))
 
-    def frame(self) -> pd.DataFrame:
+    def frame(self, path: Path) -> pd.DataFrame:
         c = self.cols
+
+        def int64(column: str, key: str) -> np.ndarray:  # a damaged number past int64: one line
+            return int64_array(c[column], field=key, source=f"{path}: key entries[*].{key}")
+
         df = pd.DataFrame(
             {
                 "pg_name": pd.Categorical(c["pg_name"]),
                 "pg_desc": pd.Categorical(c["pg_desc"]),
-                "pg_id": np.asarray(c["pg_id"], dtype=np.int64),
-                "seq": np.asarray(c["seq"], dtype=np.int64),
-                "p2p_seq": np.asarray(c["p2p_seq"], dtype=np.int64),
+                "pg_id": int64("pg_id", "pg_id"),
+                "seq": int64("seq", "collective_seq_id"),
+                "p2p_seq": int64("p2p_seq", "p2p_seq_id"),
                 "is_p2p": np.asarray(c["is_p2p"], dtype=bool),
                 "backend": pd.Categorical(c["backend"]),
                 "kind": pd.Categorical(c["kind"]),
                 "op": pd.Categorical(c["op"]),
-                "numel": np.asarray(c["numel"], dtype=np.int64),
-                "created_ns": np.asarray(c["created_ns"], dtype=np.int64),
+                "numel": int64("numel", "input_sizes"),
+                "created_ns": int64("created_ns", "time_created_ns"),
                 "duration_ms": np.asarray(c["duration_ms"], dtype=np.float64),
                 "state": pd.Categorical(c["state"], categories=list(_STATES)),
                 "retired": np.asarray(c["retired"], dtype=bool),
@@ -477,7 +481,7 @@ def _read_pickle(p: Path, rank: int) -> RankDump:
         cols.add(e, i, p)
     config, status = _config(obj.get("pg_config"), p), _status(obj.get("pg_status"), p)
     del obj, entries
-    return RankDump(p, rank, "pickle", version, config, status, cols.frame())
+    return RankDump(p, rank, "pickle", version, config, status, cols.frame(p))
 
 
 def _read_json(p: Path, rank: int) -> RankDump:
@@ -515,7 +519,7 @@ def _read_json(p: Path, rank: int) -> RankDump:
         version,
         _config(top.get("pg_config"), p),
         _status(top.get("pg_status"), p),
-        cols.frame(),
+        cols.frame(p),
     )
 
 

@@ -612,14 +612,32 @@ def read_parquet_table(
         else:
             why, fix = f"it is not Parquet ({str(err).rstrip('.')})", other_formats
         raise TraceError(f"trace.path must be a Parquet file, could not read {path}: {why}. {fix}.") from err
-    try:  # pyarrow decodes the schema's pandas metadata (JSON) only when the table becomes a frame
-        _ = table.schema.pandas_metadata
-    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError: damaged bytes
+    try:  # pyarrow reads the schema's pandas metadata (JSON) only when the table becomes a frame:
+        table.schema.empty_table().to_pandas()  # the same reading, on no rows
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:  # damaged JSON or fields
         raise TraceError(
-            f"the Parquet schema metadata 'pandas' must be UTF-8 JSON, got damaged bytes ({type(err).__name__}: "
-            f"{str(err)[:80]}) (in {path}). The file is corrupt: copy or write it again."
+            f"the Parquet schema metadata 'pandas' must describe the columns as pandas writes it, got damaged "
+            f"metadata ({type(err).__name__}: {str(err)[:80]}) (in {path}). The file is corrupt: copy or write it again."
         ) from err
     return table
+
+
+def int64_array(values: Any, *, field: str, source: str) -> np.ndarray:
+    """``values`` (integers) as ``int64[n]``, or a TraceError naming ``field`` and ``source`` when one
+    does not fit in 64 bits (a damaged number: numpy would raise OverflowError, or wrap a uint64)."""
+    arr = np.asarray(values)
+    if arr.dtype == np.int64:
+        return arr
+    try:
+        if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+            raise OverflowError
+        return arr.astype(np.int64)
+    except OverflowError:
+        big = max((int(v) for v in arr.ravel()), key=abs)
+        raise TraceError(
+            f"{field} must fit in a 64-bit integer, got {str(big)[:40]} (in {source}). The file is damaged: "
+            "copy or write it again."
+        ) from None
 
 
 def table_to_pandas(table: Any) -> pd.DataFrame:

@@ -50,7 +50,7 @@ from pacectl.traces.collectives import (
     assemble,
     kind_of,
 )
-from pacectl.traces.model import OpTrace, TraceWarning
+from pacectl.traces.model import OpTrace, TraceWarning, int64_array
 from pacectl.traces.paths import expand_paths
 
 #: Default cap on one log file's size, bytes (4 GiB: the plugin appends for the job's lifetime).
@@ -315,6 +315,10 @@ def import_nccl_inspector(
     for i, p in enumerate(procs):
         if not len(p.rows):
             continue
+
+        def int64(column: str, key: str, p: _Proc = p) -> np.ndarray:  # a damaged number past int64
+            return int64_array(p.rows[column], field=key, source=str(p.path))
+
         frames.append(
             pd.DataFrame(
                 {
@@ -322,11 +326,13 @@ def import_nccl_inspector(
                     "group": p.rows["comm"].map(key_of).to_numpy(dtype=np.int64),
                     "kind": p.rows["kind"].to_numpy(),
                     "backend": "nccl",
-                    "seq": p.rows["seq"].to_numpy(dtype=np.int64),
-                    "numel": p.rows["numel"].to_numpy(dtype=np.int64),
-                    "created_ns": p.rows["created_ns"].to_numpy(dtype=np.int64),
+                    "seq": int64("seq", "coll_perf.coll_sn"),
+                    "numel": int64("numel", "coll_perf.coll_msg_size_bytes"),
+                    "created_ns": int64(
+                        "created_ns", "coll_perf.event_trace_ts (kernel_start_ts or coll_start_ts)"
+                    ),
                     "duration_s": p.rows["duration_s"].to_numpy(dtype=np.float64),
-                    "end_ns": p.rows["end_ns"].to_numpy(dtype=np.int64),
+                    "end_ns": int64("end_ns", "coll_perf.event_trace_ts.kernel_events[*].kernel_stop_ts"),
                     "finished": True,
                 }
             )
