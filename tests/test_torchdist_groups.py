@@ -337,5 +337,5 @@ def test_an_fsdp2_run_writes_the_summary_a_ddp_run_writes(tmp_path) -> None:
     _, fsdp2 = _live(tmp_path / "fsdp2", "backend.parallel=fsdp2")
     assert keys(fsdp2) == keys(ddp)
     assert fsdp2["workload"]["parallel"] == "fsdp2" and ddp["workload"]["parallel"] == "ddp"
-    assert "FSDP2's first collective of each backward" in fsdp2["paced_collective"]
+    assert "the forward's first all-gather" in fsdp2["paced_collective"]
     assert fsdp2["trace"]["num_steps"] == ddp["trace"]["num_steps"] == 12

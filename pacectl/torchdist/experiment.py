@@ -288,8 +288,8 @@ class TorchExperiment(Experiment):
             # gradient collective (the trace schema has one type for it, whatever the algorithm)
             "paced_optype": "grads-reduce-scatter",
             "paced_collective": (
-                "FSDP2's first collective of each backward (with its default resharding an all-gather, "
-                "before the gradient reduce-scatters) (canonical op type grads-reduce-scatter)"
+                "FSDP2's first collective of each iteration, the forward's first all-gather (the "
+                "Pacer's fsdp2_paced='forward'; recorded under canonical op type grads-reduce-scatter)"
                 if spec["parallel"] == "fsdp2"
                 else "DDP gradient all-reduce, bucket 0 (canonical op type grads-reduce-scatter)"
             ),

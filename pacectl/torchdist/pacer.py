@@ -10,7 +10,8 @@ straggle, so where to pace is a choice (``fsdp2_paced``):
   unit (FSDP2 reshards after backward, so every forward begins with one). A straggle before forward
   (data loading; the built-in workload's injected one) shows there, not later: measured on CPU/gloo,
   2 ranks, rank 1 sleeping 30 ms before forward, the arrival spread at the first backward
-  collective was 1.8 ms (median, ``python -m pacectl.run backend=torch backend.parallel=fsdp2``).
+  collective was 1.8 ms (median; before this setting existed, when the first reduce-scatter was
+  paced and the workload did not reshard; one run, not recorded).
 - ``"backward"``: the backward's first collective. With FSDP2's default ``reshard_after_forward``
   (every unit but the root reshards) an all-gather (the last resharded unit's pre-backward unshard,
   or its prefetch by the root), which comes before the first reduce-scatter and is where the early

@@ -12,7 +12,8 @@ writes:
 
 ``backend.parallel=fsdp2`` shards the model with FSDP2 (``fully_shard`` per layer on a 1-D CPU
 device mesh over the ranks, FSDP2's default resharding) instead of DDP; the pacer goes in through
-``set_custom_reduce_scatter`` and ``set_custom_all_gather`` and paces the first collective of each backward.
+``set_custom_reduce_scatter`` and ``set_custom_all_gather`` and paces the first collective of each
+iteration, the forward's first all-gather (the Pacer's default ``fsdp2_paced="forward"``).
 
 ``backend.flight_recorder=true`` turns on PyTorch's Flight Recorder (``TORCH_FR_BUFFER_SIZE``) and
 gives each run its own process group (description ``pacectl-<family>``), so that the dump tells the
@@ -399,7 +400,7 @@ def wrap_model(model: nn.Module, parallel: str, bucket_cap_mb: float, group: Any
         m for m in model.modules() if isinstance(m, nn.Linear)
     ]
     # FSDP2's default resharding (every unit but the root reshards after forward): the pacer paces
-    # the first collective of the backward, an all-gather (pacectl/torchdist/pacer.py)
+    # the iteration's first collective, the forward's first all-gather (pacectl/torchdist/pacer.py)
     for layer in layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
