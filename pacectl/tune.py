@@ -104,7 +104,7 @@ def tune_job(cfg: DictConfig, out_dir: Path) -> None:
         _interrupted(
             keep=True,
             message=f"interrupted; the study's {'' if err.finished is None else f'{err.finished} '}finished trial(s) "
-            f"are kept in {err.storage.display} (study {err.study_name!r}) and this run wrote no outputs; "
+            f"are kept in {err.storage.display} (study {err.study_name!r}) and its log (tune.log); no results were written (tune.json, pareto.*, controller.yaml); "
             f"resume with the same command: {resume_command(out_dir, cfg.tune.get('storage'))}",
         )
     except KeyboardInterrupt:

@@ -1211,3 +1211,18 @@ def test_a_sim_scenario_with_nothing_to_tune_is_refused(tmp_path: Path, override
         proc.returncode == 2 and f"{override.partition('=')[0]} must be an integer >= 2, got 1" in proc.stderr
     )
     assert not out.exists()
+
+
+def test_settings_diff_names_the_objectives_a_command_gives_and_not_the_power_they_imply() -> None:
+    """Dropping the energy objective on resume: one line naming the default this command keeps (it
+    records no objectives), not '{}', and no line for the power profile that only energy records."""
+    study = {"episodes": {"comm": "null", "power": "h100_sxm"}, "objectives": ["throughput", "cv", "energy"]}
+    command = {"episodes": {"comm": "null"}}
+    assert settings_diff(study, command) == [
+        "tune.objectives: ['throughput', 'cv', 'energy'] in the study, [throughput, cv] (the default) in this command"
+    ]
+    other = {"episodes": {"comm": "null", "power": "a100_sxm"}, "objectives": ["throughput", "energy"]}
+    assert settings_diff(study, other) == [  # both tune energy: a changed profile is a difference
+        "episodes: power: 'h100_sxm' in the study, 'a100_sxm' in this command",
+        "tune.objectives: ['throughput', 'cv', 'energy'] in the study, ['throughput', 'energy'] in this command",
+    ]

@@ -16,8 +16,8 @@ files; ``info`` on a hang snapshot prints which ranks each process group waits f
 ``nccl_inspector`` (NCCL Inspector ``<host>-pid<pid>.log`` JSON lines), ``kineto`` (``*.json``,
 ``*.json.gz``, or a directory or glob of them), ``steplevel`` (``*.csv``), ``canonical``
 (``*.parquet`` written by pacectl), ``bytedance`` (``*.parquet`` plus ``--meta``, found beside a
-``trace-X.parquet`` as ``meta-X.yaml`` when not given). Exit codes: 0 usable, 1 unusable trace (message on
-stderr, no traceback), 2 bad command line (also an ``-o`` that cannot be written).
+``trace-X.parquet`` as ``meta-X.yaml`` when not given). Exit codes (as ``pacectl.run``'s, :mod:`pacectl.errors`): 0 usable, 2 unusable trace (message
+on stderr, no traceback) or bad command line (also an ``-o`` that cannot be written).
 """
 
 from __future__ import annotations
@@ -549,7 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  python -m pacectl.traces validate 'traces/rank*.json.gz'\n"
         "  python -m pacectl.traces convert traces/ -o job.parquet\n"
         "  python -m pacectl.traces fit pacectl/data/bytedance/trace-AR.parquet\n"
-        "Exit codes: 0 usable trace, 1 unusable (message on stderr), 2 bad command line.\n"
+        "Exit codes: 0 usable trace, 2 unusable trace (message on stderr) or bad command line.\n"
         "pacectl-traces ... is the same command (pip install puts it on the PATH).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -634,7 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_info.set_defaults(func=cmd_info)
     p_val = sub.add_parser(
-        "validate", parents=[common], help="list every problem (file, event, field); exit 1 if any"
+        "validate", parents=[common], help="list every problem (file, event, field); exit 2 if any"
     )
     p_val.set_defaults(func=cmd_validate)
     p_conv = sub.add_parser(

@@ -411,11 +411,19 @@ def settings_diff(old: Any, new: Any) -> list[str]:
         )
         out.append((whole and (_is_settings(a) or _is_settings(b)), line))
 
+    # the power profile is recorded only with the energy objective: its absence on the side without
+    # that objective is a consequence of the objectives line, not a second difference
+    energy = ["energy" in side.get("objectives", ()) for side in (old, new)]
     for section in sorted(set(old) | set(new)):
         template, absent = _SECTIONS.get(section, (section + ".{}", "not set"))
         depth = {"controller": 1, "space": 2}.get(section, -1)
         found: list[tuple[bool, str]] = []
-        walk(old.get(section, {}), new.get(section, {}), "", depth, template, absent, found)
+        a, b = old.get(section, _ABSENT), new.get(section, _ABSENT)
+        if isinstance(a, dict) or isinstance(b, dict):  # a mapping section: compared key by key
+            a, b = ({} if a is _ABSENT else a), ({} if b is _ABSENT else b)
+            if section == "episodes" and energy[0] != energy[1]:
+                a, b = {k: v for k, v in a.items() if k != "power"}, {k: v for k, v in b.items() if k != "power"}
+        walk(a, b, "", depth, template, absent, found)
         # values first; a whole mapping added or removed (usually a consequence of one of them) last
         lines += [line for _, line in sorted(found, key=lambda item: item[0])]
     return lines
