@@ -255,6 +255,24 @@ def markdown_table(frame: pd.DataFrame) -> str:
     return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"
 
 
+def add_launcher_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--launcher`` and ``--launcher-arg`` on a study script's parser: run ``what`` (e.g. "the cells'
+    jobs") as jobs of a Hydra sweep through that launcher instead of in process."""
+    parser.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default=None,
+        help=f"run {what} through this Hydra launcher (pip install -e '.[launchers]'), not in process",
+    )
+    parser.add_argument(
+        "--launcher-arg",
+        action="append",
+        default=[],
+        metavar="OVERRIDE",
+        help="a hydra.launcher.* setting for --launcher (repeatable), e.g. hydra.launcher.n_jobs=2",
+    )
+
+
 def study_arguments(
     doc: str | None, *, iterations: int, seeds: int, out: Path, min_iterations: int = 2
 ) -> argparse.Namespace:
@@ -274,19 +292,7 @@ def study_arguments(
     )
     parser.add_argument("--seeds", type=int, default=seeds, help="seeds per cell (results are means), >= 1")
     parser.add_argument("--out", type=Path, default=out)
-    parser.add_argument(
-        "--launcher",
-        choices=LAUNCHERS,
-        default=None,
-        help="run the cells' jobs through this Hydra launcher (pip install -e '.[launchers]'), not in process",
-    )
-    parser.add_argument(
-        "--launcher-arg",
-        action="append",
-        default=[],
-        metavar="OVERRIDE",
-        help="a hydra.launcher.* setting for --launcher (repeatable), e.g. hydra.launcher.n_jobs=2",
-    )
+    add_launcher_arguments(parser, "the cells' jobs")
     args = parser.parse_args()
     if args.seeds < 1 or args.iterations < min_iterations:
         parser.error(

@@ -45,7 +45,7 @@ from hydra import compose, initialize_config_dir
 from pacectl.config import CONF_DIR, shipped_controller
 from pacectl.files import folder_problem, staged_outputs
 from pacectl.report import jsonable
-from pacectl.studies import LAUNCHERS, launch_sweep
+from pacectl.studies import add_launcher_arguments, launch_sweep
 from pacectl.tuning.scenarios import Evaluation, build_scenarios
 from pacectl.tuning.settings import reference_params
 from pacectl.tuning.study import run_tuning
@@ -245,20 +245,7 @@ def main(argv: list[str] | None = None) -> None:
         help="decision lag in iterations for tuning and held-out evaluation (exchange.lag_iters; "
         "default 1, a live gloo job's; 2 is NCCL's piggyback exchange)",
     )
-    parser.add_argument(
-        "--launcher",
-        choices=LAUNCHERS,
-        default=None,
-        help="run the studies as jobs of a pacectl.tune sweep through this Hydra launcher "
-        "(pip install -e '.[launchers]'), not in process",
-    )
-    parser.add_argument(
-        "--launcher-arg",
-        action="append",
-        default=[],
-        metavar="OVERRIDE",
-        help="a hydra.launcher.* setting for --launcher (repeatable), e.g. hydra.launcher.n_jobs=2",
-    )
+    add_launcher_arguments(parser, "the studies as jobs of a pacectl.tune sweep")
     parser.add_argument(
         "--out",
         type=Path,

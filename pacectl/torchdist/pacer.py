@@ -1284,7 +1284,18 @@ except ImportError:  # pragma: no cover - an older torch: FSDP2 then has no cust
     _AllGatherBase = _ReduceScatterBase = object  # type: ignore[assignment,misc]
 
 
-class PacedReduceScatter(_ReduceScatterBase):  # type: ignore[misc,valid-type]
+class _PacedComm:
+    """What FSDP2's two custom comms share: the pacer they report to, and a plain output buffer."""
+
+    def __init__(self, pacer: Pacer) -> None:
+        self.pacer = pacer
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A plain buffer, as FSDP2's default comms allocate one."""
+        return torch.empty(*size, dtype=dtype, device=device)
+
+
+class PacedReduceScatter(_PacedComm, _ReduceScatterBase):  # type: ignore[misc,valid-type]
     """FSDP2's reduce-scatter, paced: ``fsdp_module.set_custom_reduce_scatter(PacedReduceScatter(pacer))``.
 
     :meth:`Pacer.attach` installs it on every sharded module. FSDP2 (torch 2.13,
@@ -1297,13 +1308,6 @@ class PacedReduceScatter(_ReduceScatterBase):  # type: ignore[misc,valid-type]
     Args:
         pacer: the :class:`Pacer` that paces and measures.
     """
-
-    def __init__(self, pacer: Pacer) -> None:
-        self.pacer = pacer
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """A plain buffer, as FSDP2's default reduce-scatter allocates one."""
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(
         self,
@@ -1325,7 +1329,7 @@ class PacedReduceScatter(_ReduceScatterBase):  # type: ignore[misc,valid-type]
         return None
 
 
-class PacedAllGather(_AllGatherBase):  # type: ignore[misc,valid-type]
+class PacedAllGather(_PacedComm, _AllGatherBase):  # type: ignore[misc,valid-type]
     """FSDP2's all-gather, paced: ``fsdp_module.set_custom_all_gather(PacedAllGather(pacer))``.
 
     :meth:`Pacer.attach` installs it on every sharded module that has parameters. FSDP2 (torch 2.13,
@@ -1341,13 +1345,6 @@ class PacedAllGather(_AllGatherBase):  # type: ignore[misc,valid-type]
     Args:
         pacer: the :class:`Pacer` that paces and measures.
     """
-
-    def __init__(self, pacer: Pacer) -> None:
-        self.pacer = pacer
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """A plain buffer, as FSDP2's default all-gather allocates one."""
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(
         self,
