@@ -1,20 +1,22 @@
 """Range checks of the typed configs: each field states its range beside its default.
 
-A component's config is a dataclass that subclasses :class:`Checked`. Its type hints are what
-OmegaConf checks when Hydra composes it (wrong types and unknown keys are refused there, see
-:func:`pacectl.errors.config_error`); its ranges are checked in ``__post_init__``, also for callers in
-Python::
+A component's config is a dataclass that subclasses :class:`Checked` (a controller is one itself,
+its fields its parameters). Its type hints are what OmegaConf checks when Hydra composes it (a wrong
+type is refused there, in one line: :func:`pacectl.errors.config_error`); its ranges are checked in
+``__post_init__``, also for callers in Python::
 
-    @dataclass
-    class ThresholdConfig(Checked):
-        section = "controller"
-        gain: float = within(0.5, "(0, 1]")
-        window_iters: int = within(16, ">= 1")
+    @dataclass(kw_only=True)
+    class GuardConfig(Checked):
+        section = "guard"
+        max_delay_frac: float = within(0.5, "> 0")
+        window_iters: int = within(32, ">= 1")
 
 A range is an interval ``"(0, 1]"`` / ``"[0, 1)"`` or a bound ``">= 0"`` / ``"> 0"``; ``choices=``
-names the values a string may take. Every ``float`` must be finite; an ``int`` may be given as an
-integral float (``8.0``, stored as ``8``); ``X | None`` also takes None. Messages:
-``"gain must be in (0, 1], got 1.5 (controller 'threshold'; override: controller.gain=<value>)"``.
+names the values a string may take; ``flag(False)`` is a strict boolean. Every ``float`` must be
+finite; an ``int`` may be given as an integral float (``8.0``, stored as ``8``); ``X | None`` also
+takes None; a ``list[int]`` has each item checked. Messages name the key, the constraint, the value
+and where to set it: ``"guard.window_iters must be an integer >= 1, got 0 (override:
+guard.window_iters=<value>)"``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -70,10 +73,20 @@ class Range:
         return "finite"
 
 
-def within(default: Any, spec: str | None = None, *, choices: tuple[str, ...] | None = None) -> Any:
-    """A dataclass field with its default and its range (``spec``, see :meth:`Range.parse`) or the
-    strings it may be (``choices``)."""
-    return field(default=default, metadata={"range": Range.parse(spec) if spec else None, "choices": choices})
+def within(
+    default: Any, spec: str | None = None, *, choices: tuple[str, ...] | None = None, what: str | None = None
+) -> Any:
+    """A dataclass field with its default and its range (``spec``, see :meth:`Range.parse`; for a
+    list, each item's) or the strings it may be (``choices``); ``what`` says in words what it must
+    be, in place of the range, in its messages."""
+    meta = {"range": Range.parse(spec) if spec else None, "choices": choices, "what": what}
+    return field(default=default, metadata={k: v for k, v in meta.items() if v is not None})
+
+
+def flag(default: bool) -> Any:
+    """A true-or-false field, annotated ``Any``: OmegaConf would read ``no``, ``off`` or ``2`` as a
+    boolean, this refuses anything but true and false (in ``__post_init__``)."""
+    return field(default=default, metadata={"kind": bool})
 
 
 def shown(value: object) -> str:
@@ -92,36 +105,69 @@ def shown(value: object) -> str:
     return repr(value)
 
 
+def _real(value: object, rng: Range) -> float:
+    """``value`` as a float within ``rng``; else a ConfigError holding what it must be."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, _REAL_TYPES):
+        raise ConfigError(f"a real number {rng}")
+    x = float(value)
+    if not math.isfinite(x):
+        raise ConfigError(f"a finite number {rng}")
+    if x not in rng:
+        raise ConfigError(str(rng))
+    return x
+
+
+def _integer(value: object, rng: Range) -> int:
+    integral = isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, (bool, np.bool_)) or not integral or int(value) not in rng:  # type: ignore[call-overload]
+        raise ConfigError(f"an integer {rng}")
+    return int(value)  # type: ignore[call-overload]
+
+
+def _check(value: object, kind: type, rng: Range | None, choices: tuple[str, ...] | None) -> Any:
+    """``value`` checked as a ``kind`` (and normalized); else a ConfigError holding what it must be."""
+    if kind is float:
+        return _real(value, rng or Range())
+    if kind is int:
+        return _integer(value, rng or Range(0.0))
+    if kind is bool and not isinstance(value, (bool, np.bool_)):
+        raise ConfigError("true or false")
+    if kind is str and choices and value not in choices:
+        raise ConfigError(f"one of {', '.join(choices)}")
+    return value
+
+
 def real(value: object, name: str, rng: Range = Range(), where: str = "") -> float:
     """``value`` as a finite float within ``rng``, or a ConfigError ``"<name> must be ..., got ..."``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, _REAL_TYPES):
-        raise ConfigError(f"{name} must be a real number {rng}, got {shown(value)}{where}")
-    x = float(value)
-    if not (math.isfinite(x) and x in rng):
-        finite = "" if math.isfinite(x) else "a finite number "
-        raise ConfigError(f"{name} must be {finite}{rng}, got {shown(value)}{where}")
-    return x
+    try:
+        return _real(value, rng)
+    except ConfigError as err:
+        raise ConfigError(f"{name} must be {err}, got {shown(value)}{where}") from None
 
 
 def integer(value: object, name: str, low: int = 0, where: str = "") -> int:
     """``value`` as an int ``>= low`` (an integral float such as ``16.0`` too), or a ConfigError."""
-    integral = isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer())
-    if isinstance(value, (bool, np.bool_)) or not integral or int(value) < low:  # type: ignore[call-overload]
-        raise ConfigError(f"{name} must be an integer >= {low}, got {shown(value)}{where}")
-    return int(value)  # type: ignore[call-overload]
+    try:
+        return _integer(value, Range(float(low)))
+    except ConfigError as err:
+        raise ConfigError(f"{name} must be {err}, got {shown(value)}{where}") from None
 
 
 @functools.cache
-def _kinds(cls: type) -> dict[str, tuple[type | None, bool]]:
-    """Field name -> (its scalar type or None, whether None is allowed), from the type hints."""
-    out: dict[str, tuple[type | None, bool]] = {}
+def _kinds(cls: type) -> dict[str, tuple[type | None, bool, bool]]:
+    """Field name -> (its scalar type or None, whether None is allowed, whether it is a list of
+    them), from the type hints."""
+    out: dict[str, tuple[type | None, bool, bool]] = {}
     for name, hint in typing.get_type_hints(cls).items():
         args = (
             typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
         )
         scalars = [a for a in args if a is not type(None)]
-        kind = scalars[0] if len(scalars) == 1 and scalars[0] in (float, int, bool, str) else None
-        out[name] = (kind, len(scalars) < len(args))
+        one = scalars[0] if len(scalars) == 1 else None
+        many = typing.get_origin(one) is list
+        if many:
+            one = (typing.get_args(one) or (None,))[0]
+        out[name] = (one if one in (float, int, bool, str) else None, len(scalars) < len(args), many)
     return out
 
 
@@ -147,22 +193,23 @@ class Checked:
         kinds = _kinds(type(self))  # type: ignore[arg-type]
         for f in fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
-            kind, optional = kinds[f.name]
-            if value is None and optional:
+            kind, optional, many = kinds[f.name]
+            kind = f.metadata.get("kind", kind)
+            if kind is None or (value is None and optional) or value == "???":  # "???": not set yet
                 continue
-            name, where = self.where(f.name)
             rng, choices = f.metadata.get("range"), f.metadata.get("choices")
-            if kind is float:
-                value = real(value, name, rng or Range(), where)
-            elif kind is int:
-                value = integer(value, name, int(rng.low) if rng and rng.low is not None else 0, where)
-                if rng is not None and value not in rng:
-                    raise ConfigError(f"{name} must be an integer {rng}, got {value!r}{where}")
-            elif kind is bool and not isinstance(value, (bool, np.bool_)):
-                raise ConfigError(f"{name} must be true or false, got {shown(value)}{where}")
-            elif kind is str and choices and value not in choices:
-                raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}{where}")
-            object.__setattr__(self, f.name, value)
+            try:
+                if not many:
+                    checked = _check(value, kind, rng, choices)
+                elif isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                    raise ConfigError(f"a list of {kind.__name__}")
+                else:
+                    checked = [_check(v, kind, rng, choices) for v in value]
+            except ConfigError as err:
+                name, where = self.where(f.name)
+                must = f.metadata.get("what") or str(err)
+                raise ConfigError(f"{name} must be {must}, got {shown(value)}{where}") from None
+            object.__setattr__(self, f.name, checked)
 
     def check_band(self, on: str, off: str) -> None:
         """``0 <= self.<off> <= self.<on>``: a hysteresis band (the fields' own ranges checked first)."""

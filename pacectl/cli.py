@@ -72,7 +72,7 @@ def main(
     def body() -> None:
         args = sys.argv[1:]
         try:
-            options = [p.stem for p in (config_dir / "trace").glob("*.yaml")]
+            options = list(group_nodes(config_dir, "trace"))  # formats (ConfigStore) and presets
             args, notes = expand_trace_file(args, options)
         except ConfigError as err:
             _fail(prog, str(err))

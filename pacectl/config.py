@@ -8,7 +8,6 @@ points at the traces shipped inside the package (``pacectl/data/<rel>``).
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from pacectl.backends.replay import ReplayConfig
+from pacectl.backends.sim import SimConfig
 from pacectl.controllers import (
     SCHEDULE_KEYS,
     SafetyGuard,
@@ -29,10 +30,10 @@ from pacectl.controllers import (
 from pacectl.controllers.guard import GuardConfig
 from pacectl.controllers.registry import Family, subscribe
 from pacectl.data import DATA_DIR
-from pacectl.errors import ConfigError, TraceError, unknown_keys_error, yaml_problem
+from pacectl.errors import ConfigError, did_you_mean, unknown_keys_error, yaml_problem
 from pacectl.fabric.base import CommModel, NullComm
 from pacectl.loop import ExchangeSchedule
-from pacectl.traces.bytedance import load_bytedance
+from pacectl.traces.formats import FORMATS, trace_config, user_path
 from pacectl.traces.model import OpTrace
 from pacectl.types import Controller
 
@@ -60,243 +61,20 @@ def _store_family(fam: Family, registered: bool) -> None:
 
 subscribe(_store_family)
 ConfigStore.instance().store(group="guard", name="default", node=GuardConfig)
-
-
-def user_path(value: str, key: str = "path") -> str:
-    """Resolve a user path against the directory the command was started from.
-
-    Raises:
-        ConfigError: an empty value (it would resolve to the current folder), naming ``key``.
-    """
-    if not str(value).strip():
-        raise ConfigError(f"{key} must name a file, got an empty value")
-    try:
-        from hydra.utils import to_absolute_path
-
-        return to_absolute_path(value)
-    except ValueError:  # not inside a Hydra app
-        return str(Path(value).expanduser().resolve())
-
-
-def _caps(trace_cfg: DictConfig) -> dict[str, int]:
-    """``max_ops`` / ``max_bytes`` of a Parquet or CSV importer (``trace.max_ops``, ``trace.max_mb``)."""
-    return {
-        "max_ops": _max_ops(trace_cfg.get("max_ops", 4_000_000)),
-        "max_bytes": _max_bytes(trace_cfg.get("max_mb", 1024)),
-    }
-
-
-def _load_bytedance(trace_cfg: DictConfig) -> OpTrace:
-    return load_bytedance(
-        user_path(str(trace_cfg.path), "trace.path"),
-        user_path(str(trace_cfg.meta), "trace.meta"),
-        **_caps(trace_cfg),
-    )
-
-
-def _load_canonical(trace_cfg: DictConfig) -> OpTrace:
-    from pacectl.traces.canonical import load_canonical
-
-    return load_canonical(user_path(str(trace_cfg.path), "trace.path"), **_caps(trace_cfg))
-
-
-def _flag(trace_cfg: DictConfig, key: str, default: bool = False) -> bool:
-    """``trace.<key>``, a boolean; anything else (``maybe``, ``no``, ``2``) is a ConfigError."""
-    value = trace_cfg.get(key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"trace.{key} must be true or false, got {value!r}: for example trace.{key}=true")
-    return value
-
-
-def _positive(
-    trace_cfg: DictConfig, key: str, default: float | None, what: str, example: str
-) -> float | None:
-    """``trace.<key>``: a finite number > 0 (``what`` says of what), or null where ``default`` is."""
-    value = trace_cfg.get(key, default)
-    if value is None and default is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise ConfigError(
-            f"trace.{key} must be a finite number > 0 ({what}), got {value!r}: for example trace.{key}={example}"
-        )
-    return float(value)
-
-
-def _ranks(trace_cfg: DictConfig) -> list[int] | None:
-    """``trace.ranks``: null, or a list of ranks (integers >= 0), one per file."""
-    ranks = trace_cfg.get("ranks")
-    if ranks is None:
-        return None
-    items = [ranks] if isinstance(ranks, int) else ranks
-    if isinstance(ranks, str | bool) or not all(
-        isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in items
-    ):
-        raise ConfigError(
-            f"trace.ranks must be a list of ranks (integers >= 0), one per file in sorted path order, got "
-            f"{ranks!r}: for example trace.ranks=[0,1,2,3]"
-        )
-    return [int(r) for r in items]
-
-
-def _world_size(trace_cfg: DictConfig) -> int | None:
-    """``trace.world_size``: null, or an integer >= 1."""
-    value = trace_cfg.get("world_size")
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigError(
-            f"trace.world_size must be an integer >= 1 or null, got {value!r}: for example trace.world_size=8"
-        )
-    return value
-
-
-def _load_kineto(trace_cfg: DictConfig) -> OpTrace:
-    from pacectl.traces.kineto import load_kineto
-
-    raw = trace_cfg.path
-    paths = [str(p) for p in raw] if not isinstance(raw, str) and raw is not None else [str(raw)]
-    resolved = [user_path(p) for p in paths]
-    ranks, world_size = _ranks(trace_cfg), _world_size(trace_cfg)
-    strict, drop_unmatched = _flag(trace_cfg, "strict"), _flag(trace_cfg, "drop_unmatched")
-    align = str(trace_cfg.get("align", "auto"))
-    if align not in ("auto", "end", "none"):
-        raise ConfigError(
-            f"trace.align must be one of auto, end, none, got {align!r}: for example trace.align=auto"
-        )
-    try:
-        return load_kineto(
-            resolved,
-            ranks=ranks,
-            world_size=world_size,
-            strict=strict,
-            align=align,
-            drop_unmatched=drop_unmatched,
-            max_bytes=_max_bytes(trace_cfg.get("max_mb", 1024)),
-            name=trace_cfg.get("name"),
-        )
-    except TraceError as err:
-        from pacectl.traces.detect import other_traces_in
-
-        others = other_traces_in(resolved[0]) if len(resolved) == 1 else []
-        if not others:
-            raise
-        # a folder of ByteDance / step-level files (or live records) read as Kineto: name them
-        raise TraceError(
-            f"{err}; the folder also holds {', '.join(others[:4])}: to replay one, name the file"
-        ) from err
-
-
-def _max_bytes(max_mb: Any) -> int:
-    """``trace.max_mb`` (MiB, a finite number > 0) in bytes; anything else is a ConfigError."""
-    if isinstance(max_mb, bool) or not isinstance(max_mb, int | float) or not 0 < max_mb < math.inf:
-        raise ConfigError(
-            f"trace.max_mb must be a finite number of MiB > 0 (the cap on each trace file's size and "
-            f"decompressed text), got {max_mb!r}: for example trace.max_mb=2048"
-        )
-    return int(max_mb * 2**20)
-
-
-def _load_steplevel(trace_cfg: DictConfig) -> OpTrace:
-    from pacectl.traces.steplevel import load_steplevel
-
-    return load_steplevel(
-        user_path(str(trace_cfg.path), "trace.path"),
-        unit_s=_positive(trace_cfg, "unit_s", 1e-3, "seconds per unit of the step times", "0.001"),
-        collective_s=_positive(
-            trace_cfg, "collective_s", None, "each collective's transfer time, s", "0.005"
-        ),
-        collective_frac=_fraction(trace_cfg),
-        name=trace_cfg.get("name"),
-        sample_every=trace_cfg.get("sample_every"),
-        **_caps(trace_cfg),
-    )
-
-
-def _fraction(trace_cfg: DictConfig) -> float:
-    """``trace.collective_frac``: a fraction of the median step time in (0, 1)."""
-    value = _positive(
-        trace_cfg, "collective_frac", 0.01, "the collective's share of the median step time", "0.01"
-    )
-    if value is None or value >= 1:
-        raise ConfigError(
-            f"trace.collective_frac must be a fraction in (0, 1) of the median step time, got {value!r}: "
-            "for example trace.collective_frac=0.01"
-        )
-    return value
-
-
-def _max_ops(max_ops: Any) -> int:
-    """``trace.max_ops`` (an integer > 0); anything else is a ConfigError."""
-    if isinstance(max_ops, bool) or not isinstance(max_ops, int) or max_ops < 1:
-        raise ConfigError(
-            f"trace.max_ops must be an integer > 0 (the cap on the operations a trace may hold, two per "
-            f"step-level row), got {max_ops!r}: for example trace.max_ops=8000000"
-        )
-    return max_ops
-
-
-def _layout_overrides(trace_cfg: DictConfig) -> Any:
-    from pacectl.traces.collectives import LayoutOverrides
-
-    return LayoutOverrides(
-        **{k: trace_cfg.get(k) for k in ("dp_size", "tp_size", "pp_size", "dp_group", "collectives_per_step")}
-    )
-
-
-def _paths(trace_cfg: DictConfig) -> list[str]:
-    raw = trace_cfg.path
-    paths = [str(p) for p in raw] if not isinstance(raw, str) and raw is not None else [str(raw)]
-    return [user_path(p) for p in paths]
-
-
-def _load_flight_recorder(trace_cfg: DictConfig) -> OpTrace:
-    from pacectl.traces.flight_recorder import load_flight_recorder
-
-    return load_flight_recorder(
-        _paths(trace_cfg),
-        ranks=_ranks(trace_cfg),
-        **_caps(trace_cfg),
-        layout=_layout_overrides(trace_cfg),
-        timing=str(trace_cfg.get("timing", "auto")),
-        collective_s=_positive(
-            trace_cfg, "collective_s", None, "each collective's transfer time, s", "0.005"
-        ),
-        collective_frac=_fraction(trace_cfg),
-        name=trace_cfg.get("name"),
-    )
-
-
-def _load_nccl_inspector(trace_cfg: DictConfig) -> OpTrace:
-    from pacectl.traces.nccl_inspector import load_nccl_inspector
-
-    return load_nccl_inspector(
-        _paths(trace_cfg),
-        max_bytes=_max_bytes(trace_cfg.get("max_mb", 4096)),
-        layout=_layout_overrides(trace_cfg),
-        name=trace_cfg.get("name"),
-    )
-
-
-#: trace.format -> loader of a ``trace`` config node. Importers register here.
-TRACE_LOADERS: dict[str, Callable[[DictConfig], OpTrace]] = {
-    "bytedance": _load_bytedance,
-    "canonical": _load_canonical,
-    "kineto": _load_kineto,
-    "steplevel": _load_steplevel,
-    "flight_recorder": _load_flight_recorder,
-    "nccl_inspector": _load_nccl_inspector,
-}
+for _name, _format in FORMATS.items():  # trace=<format>: its typed config
+    ConfigStore.instance().store(group="trace", name=_name, node=_format)
+ConfigStore.instance().store(group="backend", name="replay", node=ReplayConfig)
+ConfigStore.instance().store(group="backend", name="sim", node=SimConfig)
 
 
 def load_trace(trace_cfg: DictConfig) -> OpTrace:
-    """Load the trace named by the ``trace`` config group (``trace.format`` picks the importer).
+    """Load the trace named by the ``trace`` config group (its typed config, :mod:`pacectl.traces.formats`).
 
     Raises:
-        ConfigError: unknown ``trace.format``.
+        ConfigError: unknown ``trace.format``, or a value out of range.
         TraceError: the file is missing or malformed.
     """
-    fmt = trace_cfg.get("format")
-    if fmt not in TRACE_LOADERS:
-        raise ConfigError(f"trace.format must be one of {sorted(TRACE_LOADERS)}, got {fmt!r}")
-    trace = TRACE_LOADERS[fmt](trace_cfg)
+    trace = trace_config(trace_cfg).load()
     if trace_cfg.get("name"):
         object.__setattr__(trace.meta, "name", str(trace_cfg.name))
     return trace
@@ -617,10 +395,8 @@ def validate_run_config(cfg: DictConfig, *, other_keys: frozenset[str] = frozens
     allowed = RUN_KEYS | other_keys
     unknown = sorted({str(k) for k in cfg.keys()} - allowed)
     if unknown:
-        import difflib
-
-        hints = [difflib.get_close_matches(k, sorted(allowed), n=1) for k in unknown]
-        hint = "".join(f"; did you mean {h[0]!r}?" for h in hints if h)
+        hints = [did_you_mean(k, sorted(allowed)) for k in unknown]
+        hint = "".join(f"; did you mean {h!r}?" for h in hints if h)
         raise ConfigError(f"top-level keys must be among {sorted(allowed)}, got unknown {unknown}{hint}")
     seed = cfg.get("seed")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -650,6 +426,10 @@ def validate_run_config(cfg: DictConfig, *, other_keys: frozenset[str] = frozens
                 f"backend={backend.get('name')}. Record the run first (backend.record=true for sim; always "
                 "for torch), then: python -m pacectl.run analysis=whatif trace=canonical trace.path=<record>"
             )
+    trace = cfg.get("trace")
+    replay = backend is None or backend.get("name") == "replay"
+    if isinstance(trace, DictConfig) and replay:
+        trace_config(trace, check_only=True)  # its ranges, before any work
     controller = cfg.get("controller")
     if controller is not None and controller.get("name") == "all":
         extra = sorted({str(k) for k in controller.keys()} - {"name", "families", "units"})
@@ -660,25 +440,12 @@ def validate_run_config(cfg: DictConfig, *, other_keys: frozenset[str] = frozens
             )
 
 
-def _shipped_keys(group: str, field: str, value: object) -> set[str] | None:
-    """Keys of the shipped ``conf/<group>/*.yaml`` files whose ``field`` is ``value`` (None: no such file)."""
-    keys: set[str] = set()
-    found = False
-    for path in sorted((CONF_DIR / group).glob("*.yaml")):
-        node = OmegaConf.load(path)
-        if isinstance(node, DictConfig) and node.get(field) == value:
-            found = True
-            keys |= {str(k) for k in node.keys()}
-    return keys if found else None
-
-
 def _check_known_keys(cfg: DictConfig) -> None:
     """Reject keys the shipped configs do not define (typos, or ``+key=`` additions nothing reads).
 
-    A typed section (``guard``, ``controller``: a dataclass in Hydra's ConfigStore) has its fields;
-    for the others the shipped YAML files are the schema: ``output`` against ``config.yaml``; the
-    ``backend`` against ``conf/backend/<name>.yaml`` (the torch backend checks its own, nested keys);
-    the ``trace`` against every ``conf/trace/*.yaml`` of its ``format``.
+    A typed section (``guard``, ``controller``, ``trace``, ``backend=replay`` or ``sim``: a
+    dataclass in Hydra's ConfigStore) has its fields; ``output`` and ``exchange`` have the keys of
+    ``config.yaml`` (the torch backend checks its own, nested keys).
 
     Raises:
         ConfigError: naming the unknown keys, the known ones and the override that removes them.
@@ -694,12 +461,6 @@ def _check_known_keys(cfg: DictConfig) -> None:
         ("output", {str(k) for k in base.output.keys()}),
         ("exchange", {str(k) for k in base.exchange.keys()}),
     ]
-    backend = cfg.get("backend")
-    if isinstance(backend, DictConfig) and backend.get("name") in ("replay", "sim"):
-        checks.append(("backend", _shipped_keys("backend", "name", backend.get("name"))))
-    trace = cfg.get("trace")
-    if isinstance(trace, DictConfig) and (backend is None or backend.get("name") == "replay"):
-        checks.append(("trace", _shipped_keys("trace", "format", trace.get("format"))))
     for group, known in checks:
         node = cfg.get(group)
         if known is not None and isinstance(node, DictConfig) and set(map(str, node.keys())) - known:

@@ -110,7 +110,7 @@ def override_value(value: object) -> str:
     return str(value) if isinstance(value, (int, float, str)) else "..."
 
 
-_KINDS = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
+_KINDS = {float: "a finite number", int: "an integer", bool: "true or false", str: "a string"}
 
 
 def config_error(err: BaseException) -> str:
@@ -157,8 +157,10 @@ def config_error(err: BaseException) -> str:
     if isinstance(err, ValidationError) and leaf in declared:
         hint = typing.get_type_hints(cls).get(leaf)
         args = typing.get_args(hint) or (hint,)
-        kinds = [_KINDS.get(a, getattr(a, "__name__", str(a))) for a in args if a is not type(None)]
-        must = " or ".join(kinds) + (" or null" if type(None) in args else "")
+        kinds = [_KINDS.get(a, str(a).replace("typing.", "")) for a in args if a is not type(None)]
+        meta = declared[leaf].metadata  # a pacectl.checks field states its range, or what it must be
+        must = meta.get("what") or " or ".join(kinds) + (f" {meta['range']}" if meta.get("range") else "")
+        must += " or null" if type(None) in args else ""
         if isinstance(hint, type) and issubclass(hint, enum.Enum):
             must = "one of " + ", ".join(m.name for m in hint)
         default = declared[leaf].default

@@ -678,9 +678,9 @@ def test_plots_drawn_in_the_background_are_written_and_linked(tmp_path: Path) ->
     ("override", "expected"),
     [
         ("trace=steplevel trace.unit_s=fast", "trace.unit_s must be a finite number > 0"),
-        ("trace=steplevel trace.collective_frac=abc", "trace.collective_frac must be a finite number > 0"),
-        ("trace=steplevel trace.collective_frac=1.5", "trace.collective_frac must be a fraction in (0, 1)"),
-        ("trace=steplevel trace.collective_s=-1", "trace.collective_s must be a finite number > 0"),
+        ("trace=steplevel trace.collective_frac=abc", "trace.collective_frac must be a finite number in (0, 1)"),
+        ("trace=steplevel trace.collective_frac=1.5", "trace.collective_frac must be in (0, 1), got 1.5"),
+        ("trace=steplevel trace.collective_s=-1", "trace.collective_s must be > 0, got -1.0"),
         ("trace=kineto trace.world_size=abc", "trace.world_size must be an integer >= 1 or null"),
         ("trace=kineto trace.ranks=abc", "trace.ranks must be a list of ranks"),
         ("trace=kineto trace.strict=maybe", "trace.strict must be true or false, got 'maybe'"),

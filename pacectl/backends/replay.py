@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from pacectl.backends.dag import Level, StepDag, compile_dag, estimate_intrinsic, evaluate
+from pacectl.checks import Checked
 from pacectl.errors import BackendError, ConfigError
 from pacectl.fabric.base import CommModel, NullComm
 from pacectl.fabric.power import PowerProfile, check_actuator, power_profile
@@ -48,6 +50,18 @@ class Fidelity:
     launch_clipped: int
     transfer_clipped: int
     num_op_instances: int
+
+
+@dataclass(kw_only=True)
+class ReplayConfig(Checked):
+    """``backend=replay``: closed-loop replay of a recorded trace (the ``trace=`` group picks which),
+    typed (Hydra's ConfigStore). ``paced_optype``: the collective before which each rank applies
+    its pacing delay (the first bucket of the step); ``actuator`` as :class:`~pacectl.backends.sim.SimConfig`'s."""
+
+    section: ClassVar[str] = "backend"
+    name: str = "replay"
+    paced_optype: str = "grads-reduce-scatter"
+    actuator: str = "delay"
 
 
 class ReplayBackend:

@@ -26,10 +26,13 @@ recorded one.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
+from pacectl.checks import Checked, flag, within
 from pacectl.errors import BackendError, ConfigError
 from pacectl.fabric.contention import EarlyArrivalInterference, SimComm
 from pacectl.fabric.noise import ComputeModel
@@ -38,6 +41,24 @@ from pacectl.fabric.power import PowerProfile, check_actuator, clock_for_delay, 
 from pacectl.fabric.powercap import NodePowerCap
 from pacectl.traces.model import JobMeta, OpTrace, validate_ops
 from pacectl.types import Action, Domain, IntArray, Observation, RankCompute
+
+
+@dataclass(kw_only=True)
+class SimConfig(Checked):
+    """``backend=sim``: the synthetic data-parallel cluster's typed config (Hydra's ConfigStore). The
+    ``cluster=`` profile gives its topology, communication and compute noise; ``comm=`` picks the
+    communication model. ``record``: also write each run as a canonical trace,
+    ``<run dir>/records/<controller>.parquet``, as a live run does. ``actuator``: how a pacing delay
+    is applied: ``delay`` (sleep, then full speed), ``clock`` (run the early rank's compute slower,
+    at the clocks ``cluster.power`` allows; sleep the rest) or ``both`` (every controller twice:
+    ``<family>`` with delay, ``<family>@clock``)."""
+
+    section: ClassVar[str] = "backend"
+    name: str = "sim"
+    num_ranks: int = within(64, ">= 1")
+    num_iterations: int = within(500, ">= 1")
+    record: Any = flag(False)
+    actuator: str = "delay"
 
 
 class SimBackend:
@@ -108,7 +129,10 @@ class SimBackend:
         if overlap is not None and overlap.count > 1:
             for on, what in (
                 (self.record, "backend.record=true (a bucketed run has no canonical trace form yet)"),
-                (self.actuator != "delay", f"backend.actuator={self.actuator} (only the delay actuator is modelled)"),
+                (
+                    self.actuator != "delay",
+                    f"backend.actuator={self.actuator} (only the delay actuator is modelled)",
+                ),
                 (power_cap is not None, "cluster.power_cap.node_w (the power cap runs one compute span)"),
             ):
                 if on:

@@ -95,8 +95,9 @@ class Family:
         config's field types, so that OmegaConf refuses a wrong type when Hydra composes it (the
         :data:`SCHEDULE_KEYS` take ``auto`` or an integer, checked by ``fill_schedule``)."""
         hints = {**typing.get_type_hints(self.cls), "name": str, "units": str}
+        meta = {f.name: f.metadata for f in dataclasses.fields(self.cls)}
         fields = [
-            (k, Any if k in SCHEDULE_KEYS else hints[k], dataclasses.field(default=v))
+            (k, Any if k in SCHEDULE_KEYS else hints[k], dataclasses.field(default=v, metadata=meta.get(k)))
             for k, v in self.config().items()
         ]
         return dataclasses.make_dataclass(f"{self.cls.__name__}Config", fields)

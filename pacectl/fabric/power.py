@@ -31,7 +31,6 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -40,7 +39,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from pacectl.errors import ConfigError
+from pacectl.errors import ConfigError, did_you_mean
 
 FloatArray = NDArray[np.float64]
 
@@ -405,8 +404,8 @@ def power_profile(name: object, *, key: str = "cluster.power") -> PowerProfile:
     if isinstance(name, PowerProfile):
         return name
     if not isinstance(name, str) or name not in POWER_PROFILES:
-        close = difflib.get_close_matches(str(name), sorted(POWER_PROFILES), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        close = did_you_mean(str(name), sorted(POWER_PROFILES))
+        hint = f" (did you mean {close!r}?)" if close else ""
         raise ConfigError(
             f"{key} must be one of {sorted(POWER_PROFILES)}, got {name!r}{hint}; e.g. {key}={DEFAULT_POWER}"
         )

@@ -54,7 +54,6 @@ links switch together).
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -62,7 +61,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from pacectl.errors import ConfigError, unknown_keys_error
+from pacectl.errors import ConfigError, did_you_mean, unknown_keys_error
 from pacectl.fabric.collectives import ALGORITHMS
 from pacectl.fabric.contention import (
     AlphaBetaComm,
@@ -126,8 +125,8 @@ def comm_name(value: object) -> str:
     """
     name = "null" if value is None else str(value)
     if name not in COMM_NAMES:
-        close = difflib.get_close_matches(name, COMM_NAMES, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        close = did_you_mean(name, COMM_NAMES)
+        hint = f"; did you mean {close!r}?" if close else ""
         raise ConfigError(f"comm must be one of {list(COMM_NAMES)}, got {name!r}{hint}")
     return name
 
@@ -188,8 +187,8 @@ def _boolean(example: str) -> tuple[_Check, str]:
 def _choice(choices: tuple[str, ...], example: str) -> tuple[_Check, str]:
     def check(value: object, key: str) -> str:
         if not isinstance(value, str) or value not in choices:
-            close = difflib.get_close_matches(str(value), choices, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            close = did_you_mean(str(value), choices)
+            hint = f" (did you mean {close!r}?)" if close else ""
             raise _fail(key, f"one of {list(choices)}", value, example, hint)
         return value
 
@@ -395,8 +394,8 @@ def _noise_items(value: object, where: str = "cluster.compute.noise") -> list[di
         item = dict(_mapping(raw, key, f"'{where}=[{{kind:lognormal,sigma:0.02}}]'"))
         kind = item.pop("kind", None)
         if kind not in NOISE_SCHEMA:
-            close = difflib.get_close_matches(str(kind), sorted(NOISE_SCHEMA), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            close = did_you_mean(str(kind), sorted(NOISE_SCHEMA))
+            hint = f" (did you mean {close!r}?)" if close else ""
             raise _fail(f"{key}.kind", f"one of {sorted(NOISE_SCHEMA)}", kind, "lognormal", hint)
         items.append({"kind": kind, **_check_fields(item, NOISE_SCHEMA[kind], f"{key}")})
     return items

@@ -30,7 +30,6 @@ Every mistake (unknown key or field, bad bounds, unknown type) is a :class:`Conf
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Mapping
@@ -42,6 +41,7 @@ import yaml
 
 from pacectl.controllers import FAMILIES, make_controller
 from pacectl.controllers import family as _family
+from pacectl.controllers.registry import hint
 from pacectl.errors import ConfigError, yaml_problem
 
 TYPES = ("float", "int", "categorical")
@@ -50,11 +50,6 @@ FIELDS = {
     "int": {"type", "low", "high", "log", "step"},
     "categorical": {"type", "choices"},
 }
-
-
-def _hint(word: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def accepted_params(name: str) -> list[str]:
@@ -261,13 +256,13 @@ def _dimension(key: str, spec: Any, where: str, params: list[str]) -> Dimension:
         raise ConfigError(f"{where}.type must be set, one of {list(TYPES)} (for example type: float)")
     if kind not in TYPES:
         raise ConfigError(
-            f"{where}.type must be one of {list(TYPES)}, got {kind!r}{_hint(str(kind), list(TYPES))}"
+            f"{where}.type must be one of {list(TYPES)}, got {kind!r}{hint(str(kind), list(TYPES))}"
         )
     for field in spec:
         if field not in FIELDS[kind]:
             allowed = sorted(FIELDS[kind])
             raise ConfigError(
-                f"{where}: unknown field {field!r} for type {kind}{_hint(str(field), allowed)} (allowed: {', '.join(allowed)})"
+                f"{where}: unknown field {field!r} for type {kind}{hint(str(field), allowed)} (allowed: {', '.join(allowed)})"
             )
     if kind == "categorical":
         choices = spec.get("choices")
@@ -309,7 +304,7 @@ def _dimension(key: str, spec: Any, where: str, params: list[str]) -> Dimension:
             others = [p for p in params if p != key]
             raise ConfigError(
                 f"{where}.fraction_of must name another parameter of the controller, got {spec['fraction_of']!r}"
-                f"{_hint(fraction_of, others)}"
+                f"{hint(fraction_of, others)}"
             )
     return Dimension(key=key, type=kind, low=low, high=high, log=log, step=step, fraction_of=fraction_of)
 
@@ -341,7 +336,7 @@ def parse_space(family: str, raw: Any, *, fixed: Mapping[str, Any], source: str)
         key = str(raw_key).removeprefix("controller.")
         if key not in params:
             raise ConfigError(
-                f"search space {source}: unknown key {raw_key!r} for controller {family!r}{_hint(key, params)} "
+                f"search space {source}: unknown key {raw_key!r} for controller {family!r}{hint(key, params)} "
                 f"(accepted: {', '.join(params)})"
             )
         if key in {d.key for d in dims}:

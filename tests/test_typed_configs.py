@@ -1,0 +1,77 @@
+"""Every key of a typed config (a trace format, a backend, the guard, a controller) with a wrong
+type or value is one line and exit 2, before any run folder exists (issue 22, acceptance)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from pacectl.backends.replay import ReplayConfig
+from pacectl.backends.sim import SimConfig
+from pacectl.checks import Range
+from pacectl.controllers import FAMILIES
+from pacectl.controllers.guard import GuardConfig
+from pacectl.errors import config_error
+from pacectl.testing.commands import run_command
+from pacectl.traces.formats import FORMATS
+
+
+def _bad_values(cls: type) -> list[tuple[str, str]]:
+    """``(key, a value it refuses)`` for every field of ``cls`` that can be wrong: a word for a
+    number or a list, ``maybe`` for a boolean, a value past its range, a string not among its choices."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        rng: Range | None = f.metadata.get("range")
+        hint = str(hints[f.name])
+        if f.metadata.get("kind") is bool:
+            out.append((f.name, "maybe"))
+        elif f.metadata.get("choices"):
+            out.append((f.name, "bogus"))
+        elif "float" in hint or "int" in hint:
+            out.append((f.name, "abc"))
+            if rng is not None and rng.low is not None and "list" not in hint:
+                out.append((f.name, str(rng.low if rng.low_open else rng.low - 1)))
+    return out
+
+
+def _cases() -> list[tuple[list[str], str]]:
+    cases = []
+    for fmt, cls in FORMATS.items():
+        cases += [([f"trace={fmt}", f"trace.{k}={v}"], f"trace.{k}") for k, v in _bad_values(cls)]
+    for name, cls in (("replay", ReplayConfig), ("sim", SimConfig)):
+        cases += [([f"backend={name}", f"backend.{k}={v}"], f"backend.{k}") for k, v in _bad_values(cls)]
+    cases += [([f"guard.{k}={v}"], f"guard.{k}") for k, v in _bad_values(GuardConfig)]
+    for fam in FAMILIES.values():
+        node = fam.node()
+        cases += [([f"controller={fam.name}", f"controller.{k}={v}"], k) for k, v in _bad_values(node)]
+    return cases
+
+
+@pytest.mark.parametrize(("args", "key"), _cases(), ids=lambda a: " ".join(a) if isinstance(a, list) else "")
+def test_a_wrong_value_of_a_typed_key_is_one_line(tmp_path: Path, args: list[str], key: str) -> None:
+    from pacectl.run import main
+
+    out = tmp_path / "run"
+    trace = [] if any(a.startswith("trace") for a in args) else ["trace=st"]
+    proc = run_command(main, [*trace, *args, f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("warning")]
+    assert len(lines) == 1 and key in lines[0] and " must be " in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_the_formatter_names_key_value_constraint_example_and_a_near_key() -> None:
+    node = OmegaConf.structured(FORMATS["steplevel"])
+    with pytest.raises(Exception) as info:
+        OmegaConf.merge(node, {"unit_s": "fast"})
+    assert config_error(info.value) == (
+        "unit_s must be a finite number > 0, got 'fast': for example unit_s=0.001"
+    )
+    with pytest.raises(Exception) as info:
+        OmegaConf.merge(node, {"unit": 1})
+    assert "did you mean unit_s?" in config_error(info.value)
