@@ -113,13 +113,14 @@ def override_value(value: object) -> str:
 _KINDS = {float: "a finite number", int: "an integer", bool: "true or false", str: "a string"}
 
 
-def config_error(err: BaseException) -> str:
+def config_error(err: BaseException, section: str = "") -> str:
     """One line for an OmegaConf validation error (or a Hydra composition error caused by one).
 
     OmegaConf refuses a value of the wrong type for a typed config (a :mod:`pacectl.checks`
     dataclass in Hydra's ConfigStore) and a key the dataclass does not have; this names the key, the
     value, what it must be, an example (the field's default) and, for an unknown key, the closest
-    known one. It reads the exception's fields (``full_key``, ``value``, ``object_type``), not its text.
+    known one. It reads the exception's fields (``full_key``, ``value``, ``object_type``), not its text;
+    ``section`` names the node the key is in when it was checked on its own (``trace``).
 
     Example:
         >>> from dataclasses import dataclass
@@ -144,6 +145,7 @@ def config_error(err: BaseException) -> str:
     if not isinstance(err, OmegaConfBaseException):
         return " ".join(str(err).split())
     key, leaf = str(getattr(err, "full_key", "") or ""), str(getattr(err, "key", "") or "")
+    key = f"{section}.{key}" if section and not key.startswith(f"{section}.") else key
     cls = getattr(err, "object_type", None)
     declared = (
         {f.name: f for f in dataclasses.fields(cls)}

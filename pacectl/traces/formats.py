@@ -279,6 +279,6 @@ def trace_config(node: DictConfig | dict[str, Any], *, check_only: bool = False)
     except MissingMandatoryValue:
         raise
     except OmegaConfBaseException as err:
-        raise ConfigError(config_error(err)) from None
+        raise ConfigError(config_error(err, "trace")) from None
     assert isinstance(spec, TraceFormat)
     return spec
