@@ -279,7 +279,7 @@ def test_the_config_caps_reach_the_importer(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="must hold <= 1 rows"):
         load_trace(cfg)
     cfg.max_ops = "many"
-    with pytest.raises(ConfigError, match="trace.max_ops must be an integer > 0"):
+    with pytest.raises(ConfigError, match="trace.max_ops must be an integer >= 1, got .many."):
         load_trace(cfg)
 
 
