@@ -10,7 +10,6 @@ study records so that it resumes only with the same ones.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -29,7 +28,7 @@ from pacectl.config import (
 )
 from pacectl.controllers import family as controller_family
 from pacectl.controllers.units import UNITS
-from pacectl.errors import ConfigError, unknown_keys_error
+from pacectl.errors import ConfigError, did_you_mean, unknown_keys_error
 from pacectl.files import jsonable
 from pacectl.tuning.scenarios import ScenarioSet
 from pacectl.tuning.space import SearchSpace, default_space, load_space, tunable_families
@@ -199,8 +198,8 @@ def _objectives(value: Any) -> tuple[str, ...]:
         wrong = [str(n) for n in names if str(n) not in OBJECTIVES]
         if not wrong:
             return tuple(str(n) for n in names)
-        close = difflib.get_close_matches(wrong[0], list(OBJECTIVES), n=1)
-        hint = f"; did you mean {close[0]!r} for {wrong[0]!r}?" if close else ""
+        close = did_you_mean(wrong[0], OBJECTIVES)
+        hint = f"; did you mean {close!r} for {wrong[0]!r}?" if close else ""
     else:
         hint = ""
     raise ConfigError(
