@@ -10,12 +10,20 @@ Cases:
 
 - ``steplevel_<N>mb``: an Alibaba-PAI-layout CSV (``,worker,gpu,time,batch_time_norm``, 16
   workers), N MB on disk;
-- ``canonical_<N>mb``: the same trace written as pacectl's canonical Parquet.
+- ``canonical_<N>mb``: the same trace written as pacectl's canonical Parquet;
+- ``kineto_gb`` (``--cases kineto_gb``): about 1 GB of Kineto JSON, the shipped 4-rank H200 set
+  with each rank's events tiled (shifted in time, steps and flow ids renumbered), 4 plain files;
+- ``nccl_gb`` (``--cases nccl_gb``): about 1 GB of verbose NCCL Inspector logs, 4 ranks, written
+  by ``pacectl.testing.synth_traces.nccl_inspector_logs``.
+
+The two 1 GB cases import through the public loader (``trace_config({...}).load()``, as
+``python -m pacectl.traces info`` does) with the default caps; their record is
+``results/importer_memory_gb.json``. Generated data goes to a temporary folder (``TMPDIR``).
 
 The Kineto importer's figures are ``traces.json`` (tracemalloc), the Flight Recorder's are
-``flight_recorder.json`` (VmHWM); NCCL Inspector logs are read line by line (one record at a time).
+``flight_recorder.json`` (VmHWM) and ``flight_recorder_gb.json``.
 
-Usage: ``python experiments/bench/bench_importer_memory.py [--sizes 25,100,1024] [--out FILE]``
+Usage: ``python experiments/bench/bench_importer_memory.py [--sizes 25,100,1024] [--cases kineto_gb,nccl_gb] [--out FILE]``
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ def _vmhwm_mb() -> float:
 def _child(fmt: str, path: str) -> None:
     from pacectl.errors import PacectlError
     from pacectl.traces.canonical import load_canonical
+    from pacectl.traces.formats import trace_config
     from pacectl.traces.steplevel import load_steplevel
 
     base = _vmhwm_mb()
@@ -55,7 +64,10 @@ def _child(fmt: str, path: str) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trace = load_steplevel(path) if fmt == "steplevel" else load_canonical(path)
+            if fmt in ("kineto", "nccl_inspector"):  # the public loader with the default caps
+                trace = trace_config({"format": fmt, "path": path}).load()
+            else:
+                trace = load_steplevel(path) if fmt == "steplevel" else load_canonical(path)
         out["ops"] = len(trace.ops)
         out["outcome"] = "imported"
     except PacectlError as err:
@@ -87,6 +99,81 @@ def write_steplevel(path: Path, mb: float, workers: int = 16) -> int:
     return rows
 
 
+def write_kineto_gb(folder: Path, mb: float = 1024) -> int:
+    """The shipped 4-rank H200 Kineto set, each rank's events tiled to ``mb / 4`` MB of plain JSON
+    (copy k shifted by k spans in time, its ProfilerStep numbers and flow ids renumbered); returns
+    the events written per rank."""
+    import gzip
+    import re
+
+    from pacectl.data import DATA_DIR
+
+    folder.mkdir(parents=True, exist_ok=True)
+    n_events = 0
+    for rank in range(4):
+        doc = json.loads(gzip.open(DATA_DIR / "h200-capture" / f"gloo4_rank{rank}.json.gz").read())
+        events = doc.pop("traceEvents")
+        meta = [e for e in events if e.get("ph") == "M"]
+        body = [e for e in events if e.get("ph") != "M"]
+        ts = [e["ts"] for e in body if "ts" in e]
+        span = max(ts) - min(ts) + 1000.0
+        steps = [int(m.group(1)) for e in body if (m := re.match(r"ProfilerStep#(\d+)$", e.get("name", "")))]
+        n_steps = max(steps) + 1 if steps else 0
+        chunk = json.dumps(body)[1:-1]
+        copies = max(1, int(mb / 4 * MIB / len(chunk)))
+        out = folder / f"rank{rank}.pt.trace.json"
+        with out.open("w") as fh:
+            fh.write('{"traceEvents": [' + json.dumps(meta)[1:-1])
+            for k in range(copies):
+                tiled = []
+                for e in body:
+                    e = dict(e)
+                    if "ts" in e:
+                        e["ts"] = e["ts"] + k * span
+                    if "id" in e and e.get("ph") in ("s", "f", "t"):
+                        e["id"] = e["id"] + k * 10_000_000 if isinstance(e["id"], int) else f"{e['id']}_{k}"
+                    if (m := re.match(r"ProfilerStep#(\d+)$", e.get("name", ""))) is not None:
+                        e["name"] = f"ProfilerStep#{int(m.group(1)) + k * n_steps}"
+                    tiled.append(e)
+                fh.write(", " + json.dumps(tiled)[1:-1])
+            fh.write("], " + json.dumps(doc)[1:])
+        n_events = len(meta) + copies * len(body)
+    return n_events
+
+
+def write_nccl_gb(folder: Path, mb: float = 1024) -> int:
+    """About ``mb`` MB of verbose NCCL Inspector logs (4 ranks, 2 buckets a step); returns the
+    records per rank."""
+    from pacectl.testing.synth_traces import SynthJob, nccl_inspector_logs
+
+    line_bytes = 900  # one verbose record, about (912 MB with 1010)
+    steps = int(mb * MIB / 4 / line_bytes / 2)
+    nccl_inspector_logs(SynthJob(dp=4, steps=steps, buckets=2, noise_s=0.0), folder)
+    return 2 * steps + 1
+
+
+def _gb_case(case: str, tmp: Path) -> dict[str, Any]:
+    folder = tmp / case
+    t0 = time.perf_counter()
+    n = write_kineto_gb(folder) if case == "kineto_gb" else write_nccl_gb(folder)
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    print(f"{case}: {size / MIB:.0f} MB written in {time.perf_counter() - t0:.0f} s", flush=True)
+    row = {
+        "case": case,
+        "files": len(list(folder.iterdir())),
+        "input_mb": round(size / MIB, 1),
+        "records_per_file": n,
+        "loadavg_before": list(os.getloadavg()),
+    }
+    row |= _measure("kineto" if case == "kineto_gb" else "nccl_inspector", folder)
+    row["loadavg_after"] = list(os.getloadavg())
+    if "peak_rss_mb" in row:
+        row["peak_above_baseline_mb"] = round(row["peak_rss_mb"] - row["baseline_rss_mb"], 1)
+        row["peak_rss_mb_per_mb"] = round(row["peak_above_baseline_mb"] / (size / MIB), 3)
+    print(row, flush=True)
+    return row
+
+
 def _measure(fmt: str, path: Path) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, __file__, "--child", fmt, str(path)],
@@ -103,11 +190,26 @@ def _measure(fmt: str, path: Path) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="25,100,1024", help="step-level CSV sizes, MB")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "importer_memory.json"))
+    ap.add_argument("--cases", default="", help="1 GB cases instead: kineto_gb,nccl_gb")
+    ap.add_argument("--out", default=None, help="record (default results/importer_memory.json, _gb.json)")
     ap.add_argument("--child", nargs=2, metavar=("FORMAT", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         _child(*args.child)
+        return
+    results = Path(__file__).parent / "results"
+    if args.cases:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = [_gb_case(c, Path(tmp)) for c in args.cases.split(",")]
+        write_record(
+            Path(args.out or results / "importer_memory_gb.json"),
+            rows,
+            command="nice -n 10 python experiments/bench/bench_importer_memory.py --cases " + args.cases,
+            cpu_count=os.cpu_count(),
+            note="the public loader (trace_config({format, path}).load()) with the default caps, in a fresh "
+            "child per case; peak RSS = its VmHWM, baseline = the child after its imports; the 2-core "
+            "machine was shared with other agents (loadavg per row), which changes wall times, not memory",
+        )
         return
     rows_out = []
     for mb in [float(x) for x in args.sizes.split(",")]:
@@ -145,7 +247,7 @@ def main() -> None:
                 print(crow, flush=True)
                 rows_out.append(crow)
     write_record(
-        Path(args.out),
+        Path(args.out or results / "importer_memory.json"),
         rows_out,
         command="python experiments/bench/bench_importer_memory.py --sizes " + args.sizes,
         cpu_count=os.cpu_count(),
