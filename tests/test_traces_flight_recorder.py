@@ -364,3 +364,15 @@ def test_inspector_bad_lines(tmp_path: Path) -> None:
     first.write_text("\n".join(lines) + "\n")
     with pytest.raises(TraceError, match=rf"{first.name}:3\)"):
         import_nccl_inspector(tmp_path)
+
+
+def test_max_ops_caps_the_collective_records_of_an_inspector_log_set(tmp_path: Path) -> None:
+    """The record cap is counted while the logs are read, over the whole set: one line naming the
+    key, the log it was reached in and the fix; the same set imports with the cap raised."""
+    nccl_inspector_logs(SynthJob(dp=2, steps=4), tmp_path)
+    trace, _ = import_nccl_inspector(tmp_path)
+    n = len(trace.ops)
+    with pytest.raises(TraceError, match=r"must hold <= 3 collective records \(trace\.max_ops\).*Raise the cap"):
+        import_nccl_inspector(tmp_path, max_ops=3)
+    again, _ = import_nccl_inspector(tmp_path, max_ops=10 * n)
+    assert len(again.ops) == n

@@ -108,7 +108,7 @@ def _load_collective_log(args: argparse.Namespace, fmt: str) -> OpTrace:
         from pacectl.traces.nccl_inspector import import_nccl_inspector
 
         trace, report = import_nccl_inspector(
-            args.paths, max_bytes=int(args.max_mb * 2**20), layout=_layout(args)
+            args.paths, max_bytes=int(args.max_mb * 2**20), max_ops=args.max_ops, layout=_layout(args)
         )
     args.collective_report = report
     return trace
@@ -596,7 +596,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-ops",
         type=_positive(int),
         default=4_000_000,
-        help="Flight Recorder: cap on the entries of the set and on the trace's ops (default 4000000)",
+        help="Flight Recorder: cap on the entries of the set and on the trace's ops; NCCL Inspector: on the "
+        "set's collective records (default 4000000)",
     )
     common.add_argument(
         "--collective-s",

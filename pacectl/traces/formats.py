@@ -237,12 +237,13 @@ class NcclInspector(_Layout):
     format: str = "nccl_inspector"
     path: Any = str(DATA_DIR / "nccl-inspector" / "verbose")
     max_mb: float = within(4096.0, "> 0")
+    max_ops: int = within(4_000_000, ">= 1")  # cap on the set's collective records (~0.4 kB each)
 
     def load(self) -> OpTrace:
         from pacectl.traces.nccl_inspector import load_nccl_inspector
 
         return load_nccl_inspector(
-            self.paths(), max_bytes=self.max_bytes, layout=self.layout(), name=self.name
+            self.paths(), max_bytes=self.max_bytes, max_ops=self.max_ops, layout=self.layout(), name=self.name
         )
 
 

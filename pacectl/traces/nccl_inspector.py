@@ -55,6 +55,8 @@ from pacectl.traces.paths import expand_paths
 
 #: Default cap on one log file's size, bytes (4 GiB: the plugin appends for the job's lifetime).
 DEFAULT_MAX_BYTES = 4 << 30
+#: default cap on the collective records of a log set (trace.max_ops), as the other importers
+DEFAULT_MAX_OPS = 4_000_000
 _HEAD_RE = re.compile(rb'"header"\s*:')
 _PERF_RE = re.compile(rb'"(coll_perf|p2p_perf)"\s*:')
 
@@ -113,7 +115,8 @@ def _num(rec: dict[str, Any], key: str, where: str, *, integer: bool = True) -> 
     return value
 
 
-def _read_log(path: Path, max_bytes: int, notes: list[str]) -> _Proc:
+def _read_log(path: Path, max_bytes: int, notes: list[str], max_records: int | None = None) -> _Proc:
+    """One process's log; ``max_records``: collective records it may add to the set (TraceError past it)."""
     size = path.stat().st_size
     if size > max_bytes:
         raise TraceError(
@@ -195,6 +198,8 @@ def _read_log(path: Path, max_bytes: int, notes: list[str]) -> _Proc:
                 if isinstance(ts.get("coll_start_ts"), int)
                 else -1
             )
+            if max_records is not None and len(cols["comm"]) >= max_records:
+                raise _RecordCap(path)
             cols["comm"].append(comm)
             cols["kind"].append(kind_of(str(perf.get("coll", ""))))
             cols["seq"].append(int(_num(perf, "coll_sn", f"{where}: coll_perf.coll_sn")))
@@ -246,10 +251,18 @@ class NcclInspectorReport:
         }
 
 
+class _RecordCap(Exception):
+    """Raised inside :func:`_read_log` when the set's record cap is reached (worded by the caller)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+
 def import_nccl_inspector(
     paths: str | Path | Sequence[str | Path],
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    max_ops: int = DEFAULT_MAX_OPS,
     layout: LayoutOverrides | None = None,
     name: str | None = None,
 ) -> tuple[OpTrace, NcclInspectorReport]:
@@ -258,6 +271,8 @@ def import_nccl_inspector(
     Args:
         paths: log files, a folder of them (``NCCL_INSPECTOR_DUMP_DIR``) or a glob.
         max_bytes: cap on each file's size, bytes.
+        max_ops: cap on the collective records of the whole set (``trace.max_ops``), counted while
+            the logs are read (about 0.4 kB of memory per record: ``experiments/bench/``).
         layout: layout overrides (:class:`~pacectl.traces.collectives.LayoutOverrides`).
         name: job name (default: the folder's name).
 
@@ -276,7 +291,19 @@ def import_nccl_inspector(
     """
     files = resolve_log_paths(paths)
     notes: list[str] = []
-    procs = [_read_log(f, max_bytes, notes) for f in files]
+    procs: list[_Proc] = []
+    held = 0
+    for i, f in enumerate(files):
+        try:
+            procs.append(_read_log(f, max_bytes, notes, max_records=max_ops - held))
+        except _RecordCap:
+            raise TraceError(
+                f"an NCCL Inspector log set must hold <= {max_ops} collective records (trace.max_ops), got "
+                f"more while reading log {i + 1} of {len(files)} (in {f}); the import holds about 0.4 kB per "
+                "record. Raise the cap (trace.max_ops / --max-ops) if the machine has the memory, or "
+                "import fewer logs"
+            ) from None
+        held += len(procs[-1].rows)
     src = str(files[0].parent) if len({f.parent for f in files}) == 1 else "; ".join(map(str, files))
     world = max(n for p in procs for (_, _, n) in p.comms.values()) if any(p.comms for p in procs) else 0
     world_comms = {c for p in procs for c, (_, _, n) in p.comms.items() if n == world}
