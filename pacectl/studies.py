@@ -346,23 +346,31 @@ def kappa_sweep(
     return rows
 
 
-def plot_kappa_sweep(frame: pd.DataFrame, panel: str, path: Path, title: str) -> None:
-    """Throughput change against no pacing (%) vs ``kappa``, one panel per value of ``panel``, one
-    line per controller (``sleep_wait`` bold), error bars the 95 % half-widths, zero marked."""
+def panel_grid(n: int, *, max_columns: int, width: float, height: float = 3.6) -> tuple[Any, Any]:
+    """A study figure of ``n`` panels sharing their y-axis, at most ``max_columns`` a row (inches per
+    panel: ``width`` x ``height``); the unused panels of the last row hidden. Returns (figure, the
+    2-D array of axes, rows x columns)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    columns = min(max_columns, n)
+    rows = -(-n // columns)
+    fig = Figure(figsize=(width * columns, height * rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.subplots(rows, columns, sharey=True, squeeze=False)
+    for ax in list(grid.flat)[n:]:
+        ax.set_visible(False)
+    return fig, grid
+
+
+def plot_kappa_sweep(frame: pd.DataFrame, panel: str, path: Path, title: str) -> None:
+    """Throughput change against no pacing (%) vs ``kappa``, one panel per value of ``panel``, one
+    line per controller (``sleep_wait`` bold), error bars the 95 % half-widths, zero marked."""
     from pacectl.files import atomic_path
 
     panels = list(dict.fromkeys(frame[panel]))
-    columns = min(4, len(panels))
-    rows = -(-len(panels) // columns)
-    fig = Figure(figsize=(4.2 * columns, 3.6 * rows), layout="constrained")
-    FigureCanvasAgg(fig)
-    grid = fig.subplots(rows, columns, sharey=True, squeeze=False)
+    fig, grid = panel_grid(len(panels), max_columns=4, width=4.2)
     axes = list(grid.flat)
-    for ax in axes[len(panels) :]:
-        ax.set_visible(False)
     for ax, value in zip(axes, panels, strict=False):
         sub = frame[(frame[panel] == value) & (frame["controller"] != "none")]
         for family, rows in sub.groupby("controller", sort=False):

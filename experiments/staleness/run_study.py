@@ -43,6 +43,7 @@ from pacectl.studies import (
     change_text,
     combined_half_width,
     comm_text,
+    panel_grid,
     launch_sweep,
     markdown_table,
     sim_episodes,
@@ -185,18 +186,9 @@ def scenario_rows(
 
 def plot(frame: pd.DataFrame, path: Path) -> None:
     """One panel per scenario: throughput change vs no pacing (%, 95 % CI) per schedule, per controller."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     cells = list(frame.groupby(["scenario", "num_ranks"], sort=False))
-    columns = min(3, len(cells))
-    rows = -(-len(cells) // columns)
-    fig = Figure(figsize=(4.4 * columns, 3.6 * rows), layout="constrained")
-    FigureCanvasAgg(fig)
-    grid = fig.subplots(rows, columns, sharey=True, squeeze=False)
+    fig, grid = panel_grid(len(cells), max_columns=3, width=4.4)
     axes = list(grid.flat)
-    for ax in axes[len(cells) :]:
-        ax.set_visible(False)
     labels = [f"lag {lag}\nevery {every}" for lag, every in SCHEDULES]
     x = np.arange(len(SCHEDULES))
     for ax, ((scenario, ranks), sub) in zip(axes, cells, strict=False):
