@@ -95,6 +95,58 @@ def _progress_bar(path: Path, total: int, poll_s: float = 0.5) -> Iterator[None]
         path.unlink(missing_ok=True)
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask; ``os.cpu_count()`` where unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+@contextmanager
+def watch_host_load(nproc: int, poll_s: float = 1.0) -> Iterator[None]:
+    """Warn after the block if the host's 1-minute load average exceeded its usable cores meanwhile.
+
+    The load average (``os.getloadavg``) counts runnable processes, this job's own ranks among
+    them; above the number of usable cores some of them queue for a CPU, so a rank's iteration
+    time includes time spent waiting for a core, which varies from iteration to iteration and run
+    to run (a fresh user on a loaded host saw overhead figures of +22 +-20 %). Sampled every
+    ``poll_s`` seconds on a daemon thread, and at the start and the end; not on platforms without it.
+
+    Args:
+        nproc: this job's ranks (named in the warning: they count in the load too).
+        poll_s: sampling period, seconds.
+    """
+    if not hasattr(os, "getloadavg"):  # pragma: no cover - not Unix
+        yield
+        return
+    peak = [os.getloadavg()[0]]
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(poll_s):
+            peak.append(os.getloadavg()[0])
+
+    thread = threading.Thread(target=poll, name="pacectl-load", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+    peak.append(os.getloadavg()[0])
+    cores = usable_cores()
+    if max(peak) > cores:
+        warnings.warn(
+            f"the host's load average reached {max(peak):.1f} on {cores} usable cores during the live "
+            f"run (its {nproc} ranks included): ranks waited for a CPU, so the timing figures (iteration "
+            "times, throughput and overhead changes, their intervals) are unreliable; rerun on an idle "
+            "host or with fewer ranks",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 class TorchExperiment(Experiment):
     """Live torch.distributed experiment (``backend=torch``, see ``conf/backend/torch.yaml``).
 
@@ -233,7 +285,8 @@ class TorchExperiment(Experiment):
         spec = self.spec(runs)
         total = len(runs) * (int(b.num_iterations) + int(b.warmup_iterations))
         progress = self.record_dir.with_name(self.record_dir.name + ".progress")
-        with _progress_bar(progress, total):  # removes the file however the job ends
+        # the progress file is removed however the job ends
+        with _progress_bar(progress, total), watch_host_load(self.nproc):
             results = launch_workers(
                 {**spec, "progress_path": str(progress)},
                 nproc_per_node=self.nproc,
