@@ -144,3 +144,23 @@ def test_traces_fit_cli_json(tmp_path, capsys):
     assert main(["fit", str(path), "--ranks-per-node", "2"]) == 0
     text = capsys.readouterr().out
     assert "verdict    consistent with max-plus" in text and "placebo" in text
+
+
+def test_run_with_comm_fitted_records_the_model_and_its_fit(tmp_path):
+    """``python -m pacectl.run comm=fitted``: summary.json names the model that ran and holds its fit."""
+    from pacectl.run import main
+    from pacectl.testing.commands import run_command
+    from pacectl.traces.canonical import write_canonical
+
+    path, out = tmp_path / "synthetic.parquet", tmp_path / "run"
+    write_canonical(bucket_trace(beta=0.3, seed=1), path)
+    args = [
+        "trace=canonical", f"trace.path={path}", "comm=fitted", "fit.ranks_per_node=2",
+        "controller=threshold", "output.plots=false", "output.report=false", f"hydra.run.dir={out}",
+    ]  # fmt: skip
+    proc = run_command(main, args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["comm_model"] == "fitted"
+    assert summary["comm_fit"]["verdict"].startswith("timing-dependent")
+    assert {"fit", "placebo", "heldout_r2"} <= set(summary["comm_fit"])

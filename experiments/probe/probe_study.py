@@ -3,6 +3,7 @@
     python experiments/probe/probe_study.py [--seeds 0 1 2 3] [--nproc 4] [--iterations 120]
         [--probe-ranks 0 1 2 3] [--prob 0.5] [--max-delay-s 0.005] [--out experiments/probe/results]
     python experiments/probe/probe_study.py --analyse-only --out DIR     # again, from the kept records
+        [--load-split 4]     # also summarise the jobs started below / at or above a load average of 4
 
 Each job is one live gloo run, ``python -m pacectl.run backend=torch controller=threshold``, with
 randomised probe delays on (``backend.probe``: on each probed rank and measured iteration, with
@@ -50,9 +51,10 @@ HERE = Path(__file__).resolve().parent
 
 
 def run_job(out: Path, *, seed: int, nproc: int, iterations: int, probe: list[str]) -> dict[str, Any]:
-    """One live job into ``out`` (skipped when its summary is already there)."""
+    """One live job into ``out`` (skipped when its summary is already there); its wall time and the
+    load average around it are kept in ``out/run.json``."""
     if (out / "summary.json").is_file():
-        return {"dir": str(out), "reused": True}
+        return {**job_run_info(out), "reused": True}
     cmd = [
         sys.executable, "-m", "pacectl.run", "backend=torch", f"backend.nproc_per_node={nproc}",
         "controller=threshold", f"seed={seed}", f"backend.num_iterations={iterations}",
@@ -62,12 +64,21 @@ def run_job(out: Path, *, seed: int, nproc: int, iterations: int, probe: list[st
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"job failed ({' '.join(cmd)}):\n{proc.stderr[-2000:]}")
-    return {
+    info = {
         "dir": str(out),
         "wall_s": time.time() - t0,
         "loadavg_before": load,
         "loadavg_after": os.getloadavg(),
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
     }
+    atomic_write_text(out / "run.json", json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def job_run_info(out: Path) -> dict[str, Any]:
+    """What ``run_job`` kept about a job's run (wall time, load average), or only its folder."""
+    path = out / "run.json"
+    return {**(json.loads(path.read_text()) if path.is_file() else {}), "dir": str(out)}
 
 
 def _mean_end(end: np.ndarray) -> float:
@@ -136,10 +147,20 @@ def _interval(x: np.ndarray) -> list[float]:
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean absolute errors and paired differences over jobs."""
+    """Mean absolute errors and paired differences over jobs; live minus max-plus, also as a fraction
+    of the no-pacing mean iteration (jobs on a loaded and an idle machine differ in iteration time)."""
     live = np.array([r["live_effect_s"] for r in rows])
     out: dict[str, Any] = {"jobs": len(rows), "live_effect_s": float(live.mean()), "live_ci": _interval(live)}
-    mp_err = np.abs(np.array([r["max_plus_predicted_s"] for r in rows]) - live)
+    max_plus = np.array([r["max_plus_predicted_s"] for r in rows])
+    base = np.array([r["none_mean_iteration_s"] for r in rows])
+    gap = live - max_plus
+    out["live_minus_max_plus_s"] = float(gap.mean())
+    out["live_minus_max_plus_ci"] = _interval(gap)
+    out["live_minus_max_plus_p"] = float(stats.ttest_1samp(gap, 0.0).pvalue) if len(gap) > 1 else float("nan")
+    out["live_below_max_plus_in_jobs"] = int((gap < 0).sum())
+    out["live_minus_max_plus_frac"] = float((gap / base).mean())
+    out["live_minus_max_plus_frac_ci"] = _interval(gap / base)
+    mp_err = np.abs(max_plus - live)
     out["max_plus_mae_s"] = float(mp_err.mean())
     for key in ("fitted_paced", "fitted_none"):
         err = np.abs(np.array([r[f"{key}_predicted_s"] for r in rows]) - live)
@@ -148,6 +169,17 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[f"{key}_better_by_s"] = float(gain.mean())
         out[f"{key}_better_by_ci"] = _interval(gain)
         out[f"{key}_better_in_jobs"] = int((gain > 0).sum())
+    return out
+
+
+def _load_split(jobs: dict[str, list[dict[str, Any]]], split: float) -> dict[str, Any]:
+    """Summaries of the jobs that started below / at or above ``split`` (1-minute load average)."""
+    out: dict[str, Any] = {}
+    for side, keep in ((f"load<{split:g}", lambda x: x < split), (f"load>={split:g}", lambda x: x >= split)):
+        for cond, rows in {**jobs, "pooled": [r for rows in jobs.values() for r in rows]}.items():
+            picked = [r for r in rows if "loadavg_before" in r and keep(r["loadavg_before"][0])]
+            if picked:
+                out[f"{cond} {side}"] = summarise(picked)
     return out
 
 
@@ -163,6 +195,12 @@ def main() -> int:
     parser.add_argument("--max-delay-s", type=float, default=0.005)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--analyse-only", action="store_true")
+    parser.add_argument(
+        "--load-split",
+        type=float,
+        default=None,
+        help="also summarise the jobs that started below / at or above this 1-minute load average",
+    )
     args = parser.parse_args()
     ranks = args.probe_ranks if args.probe_ranks is not None else list(range(args.nproc))
     probe_on = [
@@ -176,7 +214,7 @@ def main() -> int:
         for cond, probe in conditions.items():  # alternate, so that machine drift hits both alike
             job_dir = args.out / "jobs" / f"{cond}-seed{seed}"
             run = (
-                {}
+                job_run_info(job_dir)
                 if args.analyse_only
                 else run_job(job_dir, seed=seed, nproc=args.nproc, iterations=args.iterations, probe=probe)
             )
@@ -188,7 +226,11 @@ def main() -> int:
         "probe": {"ranks": ranks, "prob": args.prob, "max_delay_s": args.max_delay_s},
         "nproc": args.nproc,
         "iterations": args.iterations,
-        "summary": {c: summarise(rows) for c, rows in jobs.items()},
+        "summary": {
+            **{c: summarise(rows) for c, rows in jobs.items()},
+            "pooled": summarise([r for rows in jobs.values() for r in rows]),
+            **(_load_split(jobs, args.load_split) if args.load_split is not None else {}),
+        },
         "jobs": jobs,
         "machine": {"cpus": os.cpu_count(), "loadavg_end": os.getloadavg()},
         "note": "live timing on a 2-core machine shared by several engineers (loaded)",
