@@ -18,20 +18,28 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
 import os
-from collections.abc import Callable, Mapping, Sequence
+import pickle
+import queue
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from pacectl.files import atomic_path, atomic_write_text, jsonable
 from pacectl.types import Episode
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 NULL_MODEL_NOTE = "fixed durations: pacing cannot shorten an iteration"
 
@@ -81,6 +89,8 @@ def write_summary_json(path: str | os.PathLike[str], summary: Mapping[str, Any])
 
 
 def _episode_frame(run: str, ep: Episode) -> pd.DataFrame:
+    import pandas as pd
+
     num_iterations, num_ranks = ep.num_iterations, ep.num_ranks
     iteration = np.repeat(np.arange(num_iterations, dtype=np.int64), num_ranks)
     return pd.DataFrame(
@@ -119,6 +129,8 @@ def episodes_to_frame(episodes: Mapping[str, Episode]) -> pd.DataFrame:
         seconds) and ``pacing_active`` (bool, the rank's domain); ``sum(num_iterations * num_ranks)``
         rows, ordered by run, then iteration, then rank index.
     """
+    import pandas as pd
+
     frames = [_episode_frame(run, ep) for run, ep in episodes.items()]
     if not frames:
         return _episode_frame("", _EMPTY)
@@ -201,8 +213,11 @@ def draw_in_background(jobs: Sequence[Callable[[], Any]], *, fork: bool | None =
 
     The plots are drawn while the caller writes its other outputs, and beside each other on a
     machine with spare cores: a run's wall time has the slowest plot in it, not their sum. Each
-    child runs exactly the code the caller would (same inputs, copied on write), so every file is
-    the one it would have drawn itself. Without ``os.fork`` (Windows), with torch imported (its
+    child runs exactly the code the caller would (same inputs), so every file is the one it would
+    have drawn itself. Where this process started a :func:`plot_server` and the jobs pickle
+    (``functools.partial`` of a module-level plot function), the children are forked from that
+    server, which has matplotlib imported already; otherwise from this process (copied on write),
+    after importing matplotlib here. Without ``os.fork`` (Windows), with torch imported (its
     threads do not survive a fork) or with ``PACECTL_PLOTS_INLINE=1``, the jobs run inline, now.
 
     Args:
@@ -213,21 +228,76 @@ def draw_in_background(jobs: Sequence[Callable[[], Any]], *, fork: bool | None =
         ``wait()``: raises ``RuntimeError`` naming the first failed job's error (its traceback is in
         the message).
     """
-    import sys
-
-    inline = (
-        not hasattr(os, "fork") or "torch" in sys.modules or os.environ.get("PACECTL_PLOTS_INLINE") == "1"
-    )
+    server = _server if _server is not None and _server.owner == os.getpid() else None
+    inline = server is None and not _can_fork()  # the server forks from its own state (no torch)
     if fork is not None and hasattr(os, "fork"):
         inline = not fork
     if inline or len(jobs) == 0:
         for job in jobs:
             job()
         return lambda: None
+    if server is not None:
+        message = _job_message(jobs)
+        if message is not None:
+            return server.submit(message)
     # imported once here, not once per child (each child would pay the import on its own core)
     import matplotlib.backends.backend_agg  # noqa: F401
     import matplotlib.figure  # noqa: F401
 
+    children = _fork_jobs(jobs)
+
+    def wait() -> None:
+        errors = _collect(children)
+        if errors:
+            raise RuntimeError(f"drawing a plot failed: {errors[0]}")
+
+    return wait
+
+
+@contextmanager
+def plots_in_background() -> Iterator[Callable[..., None]]:
+    """Yield ``draw(*jobs)``, which starts ``jobs`` at once (:func:`draw_in_background`); at the end
+    of the block wait for every plot started in it, raising if one failed. A block that raises
+    waits for them too (so none writes into a staging folder that is being removed), ignoring
+    their errors, and raises its own."""
+    waits: list[Callable[[], None]] = []
+
+    def draw(*jobs: Callable[[], Any]) -> None:
+        waits.append(draw_in_background(jobs))
+
+    try:
+        yield draw
+    except BaseException:
+        for wait in waits:
+            with contextlib.suppress(Exception):
+                wait()
+        raise
+    for wait in waits:
+        wait()
+
+
+def _job_message(jobs: Sequence[Callable[[], Any]]) -> bytes | None:
+    """``jobs`` pickled for the plot server, or None where they do not pickle (a lambda, a closure)
+    or exceed :data:`SERVER_MAX_BYTES` (then a child forked from this process shares its memory)."""
+    buffers: list[pickle.PickleBuffer] = []
+    try:
+        head = pickle.dumps(list(jobs), protocol=5, buffer_callback=buffers.append)  # arrays not copied
+    except Exception:  # noqa: BLE001 - pickling fails in many ways (PicklingError, AttributeError, TypeError)
+        return None
+    if len(head) + sum(b.raw().nbytes for b in buffers) > SERVER_MAX_BYTES:
+        return None
+    return pickle.dumps(list(jobs), protocol=5)
+
+
+def _can_fork() -> bool:
+    return (
+        hasattr(os, "fork") and "torch" not in sys.modules and os.environ.get("PACECTL_PLOTS_INLINE") != "1"
+    )
+
+
+def _fork_jobs(jobs: Sequence[Callable[[], Any]]) -> list[tuple[int, int]]:
+    """Fork one child per job; each runs its job and writes its traceback (if it fails) into a
+    pipe. Returns (pid, read end of its pipe) per child."""
     children: list[tuple[int, int]] = []
     for job in jobs:
         read_fd, write_fd = os.pipe()
@@ -240,25 +310,210 @@ def draw_in_background(jobs: Sequence[Callable[[], Any]], *, fork: bool | None =
             except BaseException:
                 import traceback
 
-                os.write(write_fd, traceback.format_exc().encode(errors="replace")[-8000:])
+                os.write(write_fd, traceback.format_exc().encode(errors="replace")[-_ERROR_BYTES:])
                 code = 1
             finally:
                 os._exit(code)
         os.close(write_fd)
         children.append((pid, read_fd))
+    return children
 
-    def wait() -> None:
-        errors = []
-        for pid, read_fd in children:
-            with os.fdopen(read_fd, "rb") as pipe:
-                message = pipe.read().decode(errors="replace")
-            _, status = os.waitpid(pid, 0)
-            if status != 0:
-                errors.append(message or f"plot process {pid} ended with status {status}")
-        if errors:
-            raise RuntimeError(f"drawing a plot failed: {errors[0]}")
 
-    return wait
+def _collect(children: list[tuple[int, int]]) -> list[str]:
+    """Wait for the children of :func:`_fork_jobs`; the error of each that failed."""
+    errors = []
+    for pid, read_fd in children:
+        with os.fdopen(read_fd, "rb") as pipe:
+            message = pipe.read().decode(errors="replace")
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            errors.append(message or f"plot process {pid} ended with status {status}")
+    return errors
+
+
+#: A failed plot's traceback is cut to its last this many bytes (a batch's result message then
+#: fits one atomic pipe write, ``PIPE_BUF`` >= 4,096 bytes on Linux).
+_ERROR_BYTES = 3000
+#: Plot jobs pickled larger than this are forked from the calling process instead of the plot
+#: server (sending them would cost more than matplotlib's import).
+SERVER_MAX_BYTES = 64 << 20
+#: What the plot server imports before it waits for jobs: the plot functions' modules.
+PLOT_MODULES = (
+    "matplotlib.figure",
+    "matplotlib.backends.backend_agg",
+    "pacectl.metrics",
+    "pacectl.energy",
+    "pacectl.whatif",
+)
+
+
+@contextmanager
+def plot_server(enabled: bool = True) -> Iterator[None]:
+    """Within the block, :func:`draw_in_background` forks its plots from a process started now.
+
+    The server is forked at once and imports matplotlib and the plot functions' modules
+    (:data:`PLOT_MODULES`) while this process composes its config and computes: a command's plots
+    then start drawing as soon as their inputs exist, without the half second of matplotlib's
+    import on the command's critical path. It receives each batch of plots as a pickle, forks one
+    child per plot from its warm state and reports each batch's errors back. Nothing is started
+    where :func:`draw_in_background` would draw inline (torch imported, no ``os.fork``,
+    ``PACECTL_PLOTS_INLINE=1``) or where ``enabled`` is False; a nested call keeps the outer server.
+    The server ends with the block (or, if this process dies, when its pipe closes).
+    """
+    global _server
+    if not enabled or not _can_fork() or _server is not None:
+        yield
+        return
+    _server = _PlotServer()
+    try:
+        yield
+    finally:
+        server, _server = _server, None
+        server.close()
+
+
+#: The plot server of :func:`plot_server`, while its block runs.
+_server: _PlotServer | None = None
+
+
+class _PlotServer:
+    """The process of :func:`plot_server` and its two pipes (batches in, results out)."""
+
+    def __init__(self) -> None:
+        cmd_r, self.cmd = os.pipe()
+        self.res, res_w = os.pipe()
+        self.owner = os.getpid()
+        self.batches = 0
+        self.results: dict[int, list[str]] = {}
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 0
+            try:
+                os.close(self.cmd)
+                os.close(self.res)
+                _serve(cmd_r, res_w)
+            except BaseException:  # noqa: BLE001 - the parent reads a closed pipe: "plot server ended"
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(cmd_r)
+        os.close(res_w)
+        self.outbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self.writer = threading.Thread(target=self._send, name="pacectl-plot-server", daemon=True)
+        self.writer.start()
+
+    def submit(self, message: bytes) -> Callable[[], None]:
+        """Send one batch (a pickled list of jobs); return its ``wait()``."""
+        batch = self.batches
+        self.batches += 1
+        self.outbox.put(batch.to_bytes(8, "little") + message)
+
+        def wait() -> None:
+            while batch not in self.results:
+                data = _read_message(self.res)
+                if data is None:
+                    raise RuntimeError("drawing a plot failed: the plot server process ended early")
+                done, errors = pickle.loads(data)
+                self.results[done] = errors
+            errors = self.results.pop(batch)
+            if errors:
+                raise RuntimeError(f"drawing a plot failed: {errors[0]}")
+
+        return wait
+
+    def _send(self) -> None:
+        """The writer thread: a batch larger than the pipe's buffer waits there until the server,
+        still importing, reads it, and this process computes on meanwhile."""
+        while True:
+            message = self.outbox.get()
+            try:
+                _write_message(self.cmd, message)
+            except OSError:  # the server is gone: wait() says so
+                return
+            if not message:
+                return
+
+    def close(self) -> None:
+        """Stop the server (an explicit message: a forked copy of this process may hold the pipe
+        open) and wait for it."""
+        self.outbox.put(b"")
+        self.writer.join()
+        for fd in (self.cmd, self.res):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+def _serve(cmd_r: int, res_w: int) -> None:
+    """The plot server's loop: import the plot modules (:data:`PLOT_MODULES`, in order, while no
+    batch waits), and fork one handler per batch received (it forks a child per plot,
+    :func:`_fork_jobs`, and writes the batch's errors back)."""
+    import importlib
+    import select
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C ends the parent; its block ends this
+    pending = list(PLOT_MODULES)
+    handlers = []
+    while True:
+        if pending and not select.select([cmd_r], [], [], 0)[0]:  # imported while no batch waits
+            with contextlib.suppress(ImportError):  # a job that needs it reports the error
+                importlib.import_module(pending.pop(0))
+            continue
+        message = _read_message(cmd_r)
+        if not message:  # the stop message, or the parent is gone
+            break
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                batch = int.from_bytes(message[:8], "little")
+                try:
+                    errors = _collect(_fork_jobs(pickle.loads(message[8:])))
+                except BaseException:
+                    import traceback
+
+                    errors = [traceback.format_exc()[-_ERROR_BYTES:]]
+                first = [
+                    e.encode(errors="replace")[-_ERROR_BYTES:].decode(errors="replace") for e in errors[:1]
+                ]
+                _write_message(res_w, pickle.dumps((batch, first)))
+            except BaseException:  # noqa: BLE001
+                code = 1
+            finally:
+                os._exit(code)
+        handlers.append(pid)
+    for pid in handlers:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def _write_message(fd: int, data: bytes) -> None:
+    """Write ``data`` length-prefixed, in one ``os.write`` where it fits a pipe's atomic write."""
+    view = memoryview(len(data).to_bytes(8, "little") + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_message(fd: int) -> bytes | None:
+    """Read one message of :func:`_write_message`, or None at the end of the pipe."""
+    head = _read_exactly(fd, 8)
+    if head is None:
+        return None
+    return _read_exactly(fd, int.from_bytes(head, "little"))
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    chunks, left = [], size
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def plot_iteration_time(
@@ -755,7 +1010,7 @@ class RunSummary:
                 f"comm model is {self.comm_model} (fixed durations, max-plus): delaying a rank can never "
                 "shorten an iteration, so no controller can beat no pacing here; gains need a timing-dependent model."
             )
-        if out.get("trace", {}).get("time_unit") == "normalized":
+        if normalized_time(out):
             out["time_unit_note"] = (
                 "this trace's times are normalised per job (not real time), scaled by trace.unit_s to "
                 "'seconds': every time, throughput and second-based threshold here is on that arbitrary "
@@ -766,6 +1021,12 @@ class RunSummary:
             out["records_dir"] = self.records_dir
         out["context"] = [list(pair) for pair in context_lines(out)]
         return out
+
+
+def normalized_time(described: Mapping[str, Any]) -> bool:
+    """Whether a run's trace (``described["trace"]``, :meth:`RunSummary.described`) records
+    normalised times rather than seconds (the plots then say ``arbitrary s``)."""
+    return bool(described.get("trace", {}).get("time_unit") == "normalized")
 
 
 def context_lines(summary: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -27,20 +27,19 @@ import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from omegaconf import DictConfig
-from omegaconf.errors import MissingMandatoryValue
-from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
-
-from pacectl import cli, energy, files, metrics, report, whatif
-from pacectl.config import CONF_DIR, config_int, controller_families, load_trace, validate_run_config
+from pacectl import files, report
 from pacectl.errors import ConfigError, PacectlError, one_line_warning
-from pacectl.experiment import Experiment, controller_notes, make_experiment
-from pacectl.types import Episode
+
+if TYPE_CHECKING:  # the rest is imported where it is used: the command starts its plot server first
+    from omegaconf import DictConfig
+
+    from pacectl import whatif
+    from pacectl.experiment import Experiment
+    from pacectl.types import Episode
 
 BASELINE = "none"
 #: (run, iteration, rank) rows above which writing iterations.parquet is announced with its cost.
@@ -68,6 +67,13 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
     Raises:
         PacectlError: bad trace, bad config value.
     """
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from pacectl import energy, metrics
+    from pacectl.config import controller_families, validate_run_config
+    from pacectl.experiment import controller_notes, make_experiment
+
     t0 = time.perf_counter()
     validate_run_config(cfg)
     with warnings.catch_warnings(record=True) as caught:
@@ -114,128 +120,131 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                     rows = episodes[name].arrival_s.size * len(runs)
                     _check_memory(rows, bool(cfg.output.get("iterations", True)))
                     _warn_if_degenerate(episodes[name])
-    # what the run warned about stays with its results (dropped ranks or steps, guard interventions)
-    warned_lines = list(dict.fromkeys([*notes, *(f"{w.category.__name__}: {w.message}" for w in caught)]))
-    for w in caught[shown:]:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    summaries = {name: metrics.summarize(ep) for name, ep in episodes.items()}
-    # batch means: sqrt(n) blocks, or a live run's interleave blocks (they share the machine's state)
-    block, offset = experiment.paired_blocks
-    for name, ep in episodes.items():
-        if name != BASELINE:
-            summaries[name]["throughput_change_ci95_frac"] = metrics.paired_change_ci95_frac(
-                episodes[BASELINE], ep, block=block, offset=offset
+    # the outputs are staged from here on; the plots of the episodes start drawing at once, in the
+    # background (report.plots_in_background), while the summary is computed and the rest written
+    unit = "arbitrary s" if report.normalized_time(described) else "s"  # a normalised trace: no real time
+    with files.staged_outputs(out_dir) as stage, report.plots_in_background() as draw:
+        if cfg.output.plots:  # the slowest first
+            draw(
+                partial(report.plot_spread, stage / report.PLOT_FILES["spread"], episodes, time_unit=unit),
+                partial(
+                    report.plot_iteration_time,
+                    stage / report.PLOT_FILES["iteration_time"],
+                    episodes,
+                    time_unit=unit,
+                ),
             )
-            base_jobs = episodes[BASELINE].domain_iteration_time_s
-            if base_jobs is not None and ep.domain_iteration_time_s is not None:  # several jobs: each one's
-                for d, job in enumerate(ep.domain_names):
-                    summaries[name]["jobs"][str(job)]["throughput_change_ci95_frac"] = (
-                        metrics.paired_jobs_ci95_frac(
-                            base_jobs[:, d], ep.domain_iteration_time_s[:, d], block=block, offset=offset
+        # what the run warned about stays with its results (dropped ranks or steps, guard interventions)
+        warned_lines = list(dict.fromkeys([*notes, *(f"{w.category.__name__}: {w.message}" for w in caught)]))
+        for w in caught[shown:]:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        summaries = {name: metrics.summarize(ep) for name, ep in episodes.items()}
+        # batch means: sqrt(n) blocks, or a live run's interleave blocks (they share the machine's state)
+        block, offset = experiment.paired_blocks
+        for name, ep in episodes.items():
+            if name != BASELINE:
+                summaries[name]["throughput_change_ci95_frac"] = metrics.paired_change_ci95_frac(
+                    episodes[BASELINE], ep, block=block, offset=offset
+                )
+                base_jobs = episodes[BASELINE].domain_iteration_time_s
+                if (
+                    base_jobs is not None and ep.domain_iteration_time_s is not None
+                ):  # several jobs: each one's
+                    for d, job in enumerate(ep.domain_names):
+                        summaries[name]["jobs"][str(job)]["throughput_change_ci95_frac"] = (
+                            metrics.paired_jobs_ci95_frac(
+                                base_jobs[:, d], ep.domain_iteration_time_s[:, d], block=block, offset=offset
+                            )
                         )
-                    )
-    energy_top: dict[str, Any] = {}
-    energy_vs: dict[str, dict[str, float]] = {}
-    # modelled energy (replay, sim): every run, the bound, the spin-power range; live: as measured
-    measure = None if experiment.power is not None else experiment.measured_energy()
-    if experiment.power is not None:
-        per_run_energy, energy_vs, energy_top = energy.energy_summary(
-            episodes, experiment.power, baseline=BASELINE, block=block, offset=offset
+        energy_top: dict[str, Any] = {}
+        energy_vs: dict[str, dict[str, float]] = {}
+        # modelled energy (replay, sim): every run, the bound, the spin-power range; live: as measured
+        measure = None if experiment.power is not None else experiment.measured_energy()
+        if experiment.power is not None:
+            per_run_energy, energy_vs, energy_top = energy.energy_summary(
+                episodes, experiment.power, baseline=BASELINE, block=block, offset=offset
+            )
+        elif measure is not None:
+            source, measured = measure
+            per_run_energy, energy_vs, energy_top = energy.measured_summary(
+                source,
+                {n: v for n, v in measured.items() if n in episodes},
+                baseline=BASELINE,
+                block=block,
+                offset=offset,
+            )
+        else:
+            per_run_energy = {}
+        for name, fields in per_run_energy.items():
+            summaries[name].update(fields)
+            for key in ("energy_change_ci95_frac", "oracle_bound_reached_frac"):  # for the tables
+                if key in energy_vs.get(name, {}):
+                    summaries[name][key] = energy_vs[name][key]
+        n_iter = episodes[BASELINE].num_iterations
+        line = interval_warning(
+            n_iter, metrics.num_batches(n_iter, block=block, offset=offset), block, len(episodes)
         )
-    elif measure is not None:
-        source, measured = measure
-        per_run_energy, energy_vs, energy_top = energy.measured_summary(
-            source,
-            {n: v for n, v in measured.items() if n in episodes},
+        if line:
+            log.warning(f"warning: {line}")
+            warned_lines.append(line)
+        for line in noted:
+            log.info(f"note: {line}")
+        idle = never_paced_line(summaries, families, live=experiment.live)
+        if idle:
+            log.info(f"note: {idle}")
+        records = experiment.record_folder(out_dir)
+        summary = report.RunSummary(
+            described=described,
+            backend=experiment.backend_name,
+            comm_model=experiment.comm_model,
+            comm_description=experiment.comm_description,
+            comm_timing_dependent=experiment.comm_timing_dependent,
+            exchange={
+                "lag_iters": experiment.exchange.lag,
+                "every_iters": experiment.exchange.every,
+                "source": "the live exchange, backend.pacing" if experiment.live else "modelled, exchange.*",
+            },
+            runs=summaries,
+            vs_baseline={
+                name: {
+                    **metrics.compare(summaries[BASELINE], s),
+                    "throughput_change_ci95_frac": s["throughput_change_ci95_frac"],
+                    **energy_vs.get(name, {}),
+                    **_job_changes(summaries[BASELINE], s),
+                }
+                for name, s in summaries.items()
+                if name != BASELINE
+            },
+            energy=energy_top,
+            actuators=experiment.actuators,
+            controller_params=families,
+            controller_file=cfg.get("controller_file"),
+            cluster=cfg.cluster.get("name"),
+            seed=int(cfg.seed),
+            warnings=warned_lines,
+            notes=noted,
+            never_paced=idle,
+            wall_time_s=time.perf_counter() - t0,
+            records_dir=None if records is None else str(records),
             baseline=BASELINE,
-            block=block,
-            offset=offset,
-        )
-    else:
-        per_run_energy = {}
-    for name, fields in per_run_energy.items():
-        summaries[name].update(fields)
-        for key in ("energy_change_ci95_frac", "oracle_bound_reached_frac"):  # for the tables
-            if key in energy_vs.get(name, {}):
-                summaries[name][key] = energy_vs[name][key]
-    n_iter = episodes[BASELINE].num_iterations
-    line = interval_warning(
-        n_iter, metrics.num_batches(n_iter, block=block, offset=offset), block, len(episodes)
-    )
-    if line:
-        log.warning(f"warning: {line}")
-        warned_lines.append(line)
-    for line in noted:
-        log.info(f"note: {line}")
-    idle = never_paced_line(summaries, families, live=experiment.live)
-    if idle:
-        log.info(f"note: {idle}")
-    records = experiment.record_folder(out_dir)
-    summary = report.RunSummary(
-        described=described,
-        backend=experiment.backend_name,
-        comm_model=experiment.comm_model,
-        comm_description=experiment.comm_description,
-        comm_timing_dependent=experiment.comm_timing_dependent,
-        exchange={
-            "lag_iters": experiment.exchange.lag,
-            "every_iters": experiment.exchange.every,
-            "source": "the live exchange, backend.pacing" if experiment.live else "modelled, exchange.*",
-        },
-        runs=summaries,
-        vs_baseline={
-            name: {
-                **metrics.compare(summaries[BASELINE], s),
-                "throughput_change_ci95_frac": s["throughput_change_ci95_frac"],
-                **energy_vs.get(name, {}),
-                **_job_changes(summaries[BASELINE], s),
-            }
-            for name, s in summaries.items()
-            if name != BASELINE
-        },
-        energy=energy_top,
-        actuators=experiment.actuators,
-        controller_params=families,
-        controller_file=cfg.get("controller_file"),
-        cluster=cfg.cluster.get("name"),
-        seed=int(cfg.seed),
-        warnings=warned_lines,
-        notes=noted,
-        never_paced=idle,
-        wall_time_s=time.perf_counter() - t0,
-        records_dir=None if records is None else str(records),
-        baseline=BASELINE,
-    ).to_json()
-    rows = sum(ep.arrival_s.size for ep in episodes.values())
-    if cfg.output.get("iterations", True) and rows > LARGE_PARQUET_ROWS:
-        log.info(f"writing iterations.parquet ({rows:,} rows) and the other outputs ...")
-    with files.staged_outputs(out_dir) as stage:
-        plots: list[Any] = []
+        ).to_json()
+        rows = sum(ep.arrival_s.size for ep in episodes.values())
+        if cfg.output.get("iterations", True) and rows > LARGE_PARQUET_ROWS:
+            log.info(f"writing iterations.parquet ({rows:,} rows) and the other outputs ...")
         drawn = []  # the PNGs the plots write, for report.md's links
         if cfg.output.plots:
             drawn = [report.PLOT_FILES["iteration_time"], report.PLOT_FILES["spread"]]
             if "energy_bound" in summary:
                 drawn.append(report.PLOT_FILES["energy"])
-            unit = "arbitrary s" if "time_unit_note" in summary else "s"  # a normalised trace: no real time
-            plots.append(
-                lambda: report.plot_iteration_time(
-                    stage / report.PLOT_FILES["iteration_time"], episodes, time_unit=unit
-                )
-            )
-            plots.append(
-                lambda: report.plot_spread(stage / report.PLOT_FILES["spread"], episodes, time_unit=unit)
-            )
-            if "energy_bound" in summary:
-                plots.append(
-                    lambda: report.plot_energy(
+                draw(
+                    partial(
+                        report.plot_energy,
                         stage / report.PLOT_FILES["energy"],
                         summaries,
                         BASELINE,
                         bound_j=summary["energy_bound"]["oracle_saving_j"],
                     )
                 )
-        # the plots draw in child processes while the rest is written (report.draw_in_background)
-        plots_done = report.draw_in_background(plots)
         if cfg.output.get("iterations", True):
             report.write_iterations_parquet(stage / "iterations.parquet", episodes)
         if cfg.output.report:
@@ -248,7 +257,6 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             )
         experiment.write_outputs(stage)
         report.write_summary_json(stage / "summary.json", summary)
-        plots_done()
     return summary
 
 
@@ -334,6 +342,8 @@ def never_paced_line(
 def _warn_if_degenerate(episode: Episode) -> None:
     """Warn when nothing can be paced or measured: a pacing domain of one rank has no arrival spread
     (no controller ever delays it), and one iteration has no CV."""
+    import numpy as np
+
     sizes = np.bincount(episode.domain_of_rank, minlength=len(episode.domain_names))
     if (sizes < 2).all():
         warnings.warn(
@@ -399,6 +409,9 @@ def _check_memory(rows: int, with_parquet: bool, *, announce: bool = True) -> No
 def _describe(experiment: Experiment) -> dict[str, Any]:
     """``experiment.describe()``, with a line and a progress bar when it has work to show (replay:
     the what-if replays of the stragglers' cost, which come before the runs)."""
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     steps = experiment.describe_steps
     if not steps:
         return dict(experiment.describe())
@@ -419,7 +432,9 @@ def run_whatif(cfg: DictConfig, out_dir: Path) -> whatif.WhatIfResult:
     Raises:
         PacectlError: bad trace or config value.
     """
+    from pacectl import whatif
     from pacectl.backends.replay import ReplayBackend
+    from pacectl.config import load_trace, validate_run_config
 
     validate_run_config(cfg)
     backend = ReplayBackend(load_trace(cfg.trace), paced_optype=str(cfg.backend.paced_optype))
@@ -429,14 +444,11 @@ def run_whatif(cfg: DictConfig, out_dir: Path) -> whatif.WhatIfResult:
             f"analysis.timeline_step_index must be in [0, {backend.num_iterations}), got {step_index}"
         )
     result = whatif.analyze(backend)
-    with files.staged_outputs(out_dir) as stage:
-        heatmap = (
-            [lambda: whatif.plot_heatmap(stage / "whatif_heatmap.png", result)] if cfg.output.plots else []
-        )
-        heatmap_done = report.draw_in_background(heatmap)  # drawn while the timeline is written
+    with files.staged_outputs(out_dir) as stage, report.plots_in_background() as draw:
+        if cfg.output.plots:  # drawn while the timeline is written
+            draw(partial(whatif.plot_heatmap, stage / "whatif_heatmap.png", result))
         whatif.write_timeline(stage / "timeline.json", backend, step_index=step_index)
         files.atomic_write_text(stage / "whatif.json", json.dumps(result.to_json(), indent=2) + "\n")
-        heatmap_done()
     return result
 
 
@@ -488,6 +500,7 @@ def run_job(cfg: DictConfig, out_dir: Path) -> None:
         PacectlError: a user mistake (one line and exit status 2 from the entry point).
     """
     from hydra.core.hydra_config import HydraConfig
+    from omegaconf.errors import MissingMandatoryValue
 
     ignored = [
         f"override ignored: {line}" for line in ignored_overrides(list(HydraConfig.get().overrides.task), cfg)
@@ -539,10 +552,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point (``pacectl-run``): runs the command line ``argv`` (default: this
     process's) and returns the exit status: 0, 2 for a user mistake, 130 for Ctrl-C."""
     _written.clear()
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        return cli.main("pacectl.run", CONF_DIR, "config", run_job, validate=_check_config, argv=argv)
+        # the plot server imports matplotlib beside this process's imports and work
+        with report.plot_server(enabled=draws_plots(args)):
+            from pacectl import cli
+            from pacectl.config import CONF_DIR
+
+            return cli.main("pacectl.run", CONF_DIR, "config", run_job, validate=_check_config, argv=argv)
     except KeyboardInterrupt:  # the job's folder is cleaned up; say what was written before
-        multirun = any(a in ("-m", "--multirun") for a in (sys.argv[1:] if argv is None else argv))
+        multirun = any(a in ("-m", "--multirun") for a in args)
         if _written and multirun:
             print(
                 f"pacectl.run: interrupted; {len(_written)} sweep job(s) wrote complete outputs (the last: "
@@ -557,6 +576,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print("pacectl.run: interrupted; no outputs were written", file=sys.stderr)
         return 130
+
+
+def draws_plots(args: Sequence[str]) -> bool:
+    """Whether the command line ``args`` is a plain run that draws plots: no flag (a sweep, ``--help``
+    and the like go through Hydra) and no ``output.plots=false``. A guess from the text only: a wrong
+    guess costs a plot server started for nothing, or plots forked from this process."""
+    off = ("false", "0", "no", "off")
+    return not any(
+        a.startswith("-")
+        or (a.lstrip("+").startswith("output.plots=") and a.partition("=")[2].lower() in off)
+        for a in args
+    )
 
 
 def _job_changes(baseline: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
@@ -579,6 +610,8 @@ def _job_changes(baseline: dict[str, Any], other: dict[str, Any]) -> dict[str, A
 
 def _check_config(cfg: DictConfig) -> None:
     """What the job would refuse at once, checked before Hydra creates the run folder."""
+    from pacectl.config import config_int, controller_families, validate_run_config
+
     validate_run_config(cfg)
     runs = len(controller_families(cfg))
     backend = cfg.get("backend")

@@ -217,6 +217,86 @@ def test_a_tiny_change_keeps_its_sign_and_other_cells_no_negative_zero() -> None
     assert report.format_value(0.0, "+.2f") == "0.00" and report.format_value(1e-9, "+.2f") == "+0.00"
 
 
+def test_the_plot_server_draws_the_bytes_drawn_inline(tmp_path, episodes, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """report.plot_server: plots sent to the warm server (pickled partials) are the PNG files drawn
+    inline, byte for byte; its batches report failures; a lambda, which does not pickle, and jobs
+    over SERVER_MAX_BYTES are forked from the calling process instead; the server ends with its block."""
+    import functools
+    import os
+
+    def jobs(folder):  # type: ignore[no-untyped-def]
+        folder.mkdir()
+        return [
+            functools.partial(report.plot_spread, folder / "spread.png", episodes),
+            functools.partial(report.plot_iteration_time, folder / "iteration_time.png", episodes),
+        ]
+
+    for job in jobs(tmp_path / "inline"):
+        job()
+    with report.plot_server():
+        server = report._server
+        assert server is not None and server.pid != os.getpid()
+        sent = []
+        submit = server.submit
+        monkeypatch.setattr(server, "submit", lambda m: sent.append(len(m)) or submit(m))
+        with report.plots_in_background() as draw:
+            draw(*jobs(tmp_path / "server"))
+            draw(functools.partial(report.plot_spread, tmp_path / "server" / "again.png", episodes))
+        assert len(sent) == 2  # both batches went to the server
+        wait = report.draw_in_background([functools.partial(_fails, "no such axis")])
+        with pytest.raises(RuntimeError, match="no such axis"):
+            wait()
+        (tmp_path / "lambda").mkdir()
+        report.draw_in_background([lambda: (tmp_path / "lambda" / "a").write_text("a")])()
+        monkeypatch.setattr(report, "SERVER_MAX_BYTES", 10)
+        report.draw_in_background(jobs(tmp_path / "large")[:1])()
+        assert len(sent) == 3 and (tmp_path / "lambda" / "a").read_text() == "a"
+    assert report._server is None
+    with pytest.raises(ChildProcessError):  # waited for: gone
+        os.waitpid(server.pid, os.WNOHANG)
+    for name in ("spread.png", "iteration_time.png"):
+        assert (tmp_path / "server" / name).read_bytes() == (tmp_path / "inline" / name).read_bytes()
+    assert (tmp_path / "server" / "again.png").read_bytes() == (tmp_path / "inline" / "spread.png").read_bytes()
+    assert (tmp_path / "large" / "spread.png").read_bytes() == (tmp_path / "inline" / "spread.png").read_bytes()
+
+
+def _fails(message: str) -> None:
+    raise ValueError(message)
+
+
+def test_a_failing_block_waits_for_its_plots_and_raises_its_own_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """plots_in_background: a block that raises still waits for the plots it started (none may
+    write into a staging folder being removed) and raises its own error, not theirs."""
+    import functools
+
+    with report.plot_server(), pytest.raises(KeyError, match="the block's"):
+        with report.plots_in_background() as draw:
+            draw(functools.partial(_fails, "the plot's"))
+            draw(functools.partial(_write_done_later, tmp_path / "done.txt"))
+            raise KeyError("the block's")
+    assert (tmp_path / "done.txt").read_text() == "done"
+
+
+def _write_done_later(path) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    time.sleep(0.2)  # still drawing when the block raises (a wait, not a timing assertion)
+    path.write_text("done")
+
+
+def test_import_of_pacectl_run_leaves_the_heavy_libraries_unimported() -> None:
+    """``import pacectl.run`` imports no matplotlib, torch, pandas, pyarrow, scipy, optuna or Hydra
+    (each is imported where it is used), so the command's plot server starts before them."""
+    import subprocess
+    import sys
+
+    heavy = ["matplotlib", "torch", "pandas", "pyarrow", "scipy", "optuna", "hydra", "omegaconf"]
+    code = f"import sys, pacectl.run; print(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
 def test_plots_drawn_in_background_write_the_same_files_and_report_failures(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """draw_in_background: each job in a forked child gives the file the job writes inline; a failed
     job raises on wait() with its error."""

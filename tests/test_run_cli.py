@@ -525,7 +525,9 @@ def test_a_job_too_large_for_memory_stops_after_its_first_run(
     rows = 6 * 50 * 8  # none and five families, 50 iterations, 8 ranks
     monkeypatch.setattr(run, "available_memory_bytes", lambda: rows * run.BYTES_PER_ROW[with_parquet] - 1)
     calls = []
-    original = run.make_experiment
+    from pacectl import experiment
+
+    original = experiment.make_experiment
 
     def counting(cfg):  # type: ignore[no-untyped-def]
         exp = original(cfg)
@@ -533,7 +535,7 @@ def test_a_job_too_large_for_memory_stops_after_its_first_run(
         exp.run = lambda *a, **k: calls.append(a[0]) or inner(*a, **k)
         return exp
 
-    monkeypatch.setattr(run, "make_experiment", counting)
+    monkeypatch.setattr(experiment, "make_experiment", counting)  # run_experiment imports it when run
     with pytest.raises(ConfigError, match="would need about .* GB of memory") as err:
         run.run_experiment(cfg, tmp_path)
     assert ("output.iterations=false" in str(err.value)) == with_parquet
@@ -726,3 +728,38 @@ def test_an_experiment_needs_only_describe_and_run(tmp_path: Path) -> None:
     bare.set_actuator("delay")
     bare.write_outputs(tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args", [("trace=st", "controller=pid"), ("analysis=whatif", "trace=st")])
+def test_plots_drawn_by_the_plot_server_leave_every_output_as_drawn_inline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]
+) -> None:
+    """The command's plot server (its plots pickled to a process that imported matplotlib while the
+    command computed, and drawn beside the rest) leaves every output as drawn inline
+    (``PACECTL_PLOTS_INLINE=1``), byte for byte: the PNGs, ``iterations.parquet``, ``report.md``,
+    ``whatif.json``, ``timeline.json``, ``config.yaml`` and ``summary.json`` but its wall time."""
+    import sys
+
+    from pacectl import report
+
+    sent: list[int] = []
+    submit = report._PlotServer.submit
+    monkeypatch.setattr(report._PlotServer, "submit", lambda self, m: sent.append(len(m)) or submit(self, m))
+    for mode in ("server", "inline"):
+        if mode == "inline":
+            monkeypatch.setenv("PACECTL_PLOTS_INLINE", "1")
+        proc = _run(*args, f"hydra.run.dir={tmp_path / mode}", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        if mode == "server" and "torch" not in sys.modules:  # (with torch imported: no server)
+            assert sent
+    names = sorted(p.name for p in (tmp_path / "server").iterdir() if p.name != "run.log")
+    assert names == sorted(p.name for p in (tmp_path / "inline").iterdir() if p.name != "run.log")
+    assert any(n.endswith(".png") for n in names)
+    for name in names:
+        a, b = (tmp_path / "server" / name).read_bytes(), (tmp_path / "inline" / name).read_bytes()
+        if name == "summary.json":
+            x, y = json.loads(a), json.loads(b)
+            assert x.pop("wall_time_s") >= 0 and y.pop("wall_time_s") >= 0
+            assert x == y
+        else:
+            assert a == b, name
