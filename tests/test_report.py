@@ -233,6 +233,7 @@ def test_the_plot_server_draws_the_bytes_drawn_inline(tmp_path, episodes, monkey
 
     for job in jobs(tmp_path / "inline"):
         job()
+    monkeypatch.setattr(report, "_can_fork", lambda: True)  # also after another test imported torch
     with report.plot_server():
         server = report._server
         assert server is not None and server.pid != os.getpid()
@@ -256,18 +257,24 @@ def test_the_plot_server_draws_the_bytes_drawn_inline(tmp_path, episodes, monkey
         os.waitpid(server.pid, os.WNOHANG)
     for name in ("spread.png", "iteration_time.png"):
         assert (tmp_path / "server" / name).read_bytes() == (tmp_path / "inline" / name).read_bytes()
-    assert (tmp_path / "server" / "again.png").read_bytes() == (tmp_path / "inline" / "spread.png").read_bytes()
-    assert (tmp_path / "large" / "spread.png").read_bytes() == (tmp_path / "inline" / "spread.png").read_bytes()
+    assert (tmp_path / "server" / "again.png").read_bytes() == (
+        tmp_path / "inline" / "spread.png"
+    ).read_bytes()
+    assert (tmp_path / "large" / "spread.png").read_bytes() == (
+        tmp_path / "inline" / "spread.png"
+    ).read_bytes()
 
 
 def _fails(message: str) -> None:
     raise ValueError(message)
 
 
-def test_a_failing_block_waits_for_its_plots_and_raises_its_own_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_failing_block_waits_for_its_plots_and_raises_its_own_error(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """plots_in_background: a block that raises still waits for the plots it started (none may
     write into a staging folder being removed) and raises its own error, not theirs."""
     import functools
+
+    monkeypatch.setattr(report, "_can_fork", lambda: True)  # also after another test imported torch
 
     with report.plot_server(), pytest.raises(KeyError, match="the block's"):
         with report.plots_in_background() as draw:
@@ -291,7 +298,9 @@ def test_import_of_pacectl_run_leaves_the_heavy_libraries_unimported() -> None:
     import sys
 
     heavy = ["matplotlib", "torch", "pandas", "pyarrow", "scipy", "optuna", "hydra", "omegaconf"]
-    code = f"import sys, pacectl.run; print(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))"
+    code = (
+        f"import sys, pacectl.run; print(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
