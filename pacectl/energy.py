@@ -41,12 +41,14 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from pacectl.errors import PacectlError
 from pacectl.fabric.power import STATES, PowerProfile
 from pacectl.types import Episode
 
@@ -148,6 +150,95 @@ def account(ep: Episode, profile: PowerProfile) -> EnergyAccount:
     return EnergyAccount(profile=profile.name, time_s=times, energy_j=energy)
 
 
+@dataclass(frozen=True)
+class EnergyTotals:
+    """An episode's energy account reduced over its cells: what the summary's energy fields need,
+    ``O(num_iterations + num_ranks)`` values, so that a streamed episode carries it in place of its
+    per-rank arrays (:class:`pacectl.metrics.EpisodeTotals`). :func:`energy_totals` computes it from
+    an episode (or block of iterations); :meth:`concat` joins consecutive blocks.
+
+    Attributes:
+        profile: the power profile's name.
+        per_iteration_j: ``float64[num_iterations]`` energy of each iteration summed over ranks, J.
+        per_rank_j: ``float64[num_ranks]`` energy of each rank summed over iterations, J.
+        energy_j: state -> J, summed over ranks and iterations.
+        time_s: state -> rank-seconds, summed.
+        oracle_saving_j: the oracle bound's saving summed (:func:`oracle_saving`), J; None where
+            not computed (it is needed of the no-pacing run only).
+    """
+
+    profile: str
+    per_iteration_j: FloatArray
+    per_rank_j: FloatArray
+    energy_j: dict[str, float]
+    time_s: dict[str, float]
+    oracle_saving_j: float | None = None
+
+    @staticmethod
+    def concat(parts: Sequence[EnergyTotals]) -> EnergyTotals:
+        """The totals of consecutive blocks of iterations, in order, as one."""
+        savings = [p.oracle_saving_j for p in parts]
+        return EnergyTotals(
+            profile=parts[0].profile,
+            per_iteration_j=np.concatenate([p.per_iteration_j for p in parts]),
+            per_rank_j=np.sum([p.per_rank_j for p in parts], axis=0),
+            energy_j={s: math.fsum(p.energy_j[s] for p in parts) for s in STATES},
+            time_s={s: math.fsum(p.time_s[s] for p in parts) for s in STATES},
+            oracle_saving_j=None if any(x is None for x in savings) else math.fsum(savings),  # type: ignore[arg-type]
+        )
+
+    def total_j_at(self, profile: PowerProfile) -> float:
+        """The total energy under ``profile``, a profile that differs from this account's in its
+        non-compute state powers only (the ``spin_w`` sweep): each state's time at its power, and
+        the compute energy as accounted, J."""
+        power = profile.state_power_w()
+        return self.energy_j["compute"] + math.fsum(
+            self.time_s[s] * power[s] for s in STATES if s != "compute"
+        )
+
+
+def energy_totals(ep: Episode, profile: PowerProfile, *, oracle: bool = False) -> EnergyTotals:
+    """Reduce the energy account of ``ep`` (whole, or one block of its iterations) under ``profile``.
+
+    Args:
+        ep: an episode with its per-rank arrays.
+        profile: the power profile.
+        oracle: also sum :func:`oracle_saving` (``ep`` then being the run without pacing).
+
+    Returns:
+        The :class:`EnergyTotals`.
+    """
+    acc = account(ep, profile)
+    total = acc.total_j
+    return EnergyTotals(
+        profile=profile.name,
+        per_iteration_j=total.sum(axis=1),
+        per_rank_j=total.sum(axis=0),
+        energy_j={s: float(acc.energy_j[s].sum()) for s in STATES},
+        time_s={s: float(acc.time_s[s].sum()) for s in STATES},
+        oracle_saving_j=float(oracle_saving(ep, profile).sum()) if oracle else None,
+    )
+
+
+def totals_of(ep: Episode, profile: PowerProfile, *, oracle: bool = False) -> EnergyTotals:
+    """The energy totals of ``ep``: those it streamed with (``ep.totals.energy``), else computed.
+
+    Raises:
+        PacectlError: a streamed episode without energy totals for ``profile`` (or without the
+            oracle bound's saving where ``oracle`` asks for it).
+    """
+    if ep.totals is None:
+        return energy_totals(ep, profile, oracle=oracle)
+    e = ep.totals.energy
+    if e is None or e.profile != profile.name or (oracle and e.oracle_saving_j is None):
+        raise PacectlError(
+            f"the {ep.controller!r} episode was streamed without the energy totals asked for (power profile "
+            f"{profile.name!r}{', oracle bound' if oracle else ''}); stream it with "
+            "metrics.episode_totals(power=..., oracle=...) as its reduce, or keep its per-rank arrays"
+        )
+    return e
+
+
 def summarize_energy(ep: Episode, profile: PowerProfile) -> dict[str, Any]:
     """The energy fields of a run's summary (JSON-ready).
 
@@ -158,18 +249,21 @@ def summarize_energy(ep: Episode, profile: PowerProfile) -> dict[str, Any]:
         ``mean_power_w`` (per rank: total energy over rank-time), ``power_profile``,
         ``energy_source`` (``"model"``) and ``actuator``.
     """
-    acc = account(ep, profile)
-    total = acc.total_j
-    rank_time = float(np.sum([acc.time_s[s] for s in STATES]))
+    return _summary_fields(ep, totals_of(ep, profile), profile)
+
+
+def _summary_fields(ep: Episode, e: EnergyTotals, profile: PowerProfile) -> dict[str, Any]:
+    total = float(e.per_iteration_j.sum())
+    rank_time = math.fsum(e.time_s.values())
     return {
-        "energy_total_j": float(total.sum()),
-        "energy_per_iteration_j": float(acc.per_iteration_j.mean()),
+        "energy_total_j": total,
+        "energy_per_iteration_j": float(e.per_iteration_j.mean()),
         "energy_per_rank_j": {
-            str(int(r)): float(e) for r, e in zip(ep.rank_labels, total.sum(axis=0), strict=True)
+            str(int(r)): float(x) for r, x in zip(ep.rank_labels, e.per_rank_j, strict=True)
         },
-        "energy_by_state_j": {s: float(acc.energy_j[s].sum()) for s in STATES},
-        "state_time_s": {s: float(acc.time_s[s].sum()) for s in STATES},
-        "mean_power_w": float(total.sum()) / rank_time if rank_time > 0 else math.nan,
+        "energy_by_state_j": dict(e.energy_j),
+        "state_time_s": dict(e.time_s),
+        "mean_power_w": total / rank_time if rank_time > 0 else math.nan,
         "power_profile": profile.name,
         "energy_source": "model",
         "actuator": str(ep.actuator),
@@ -184,7 +278,12 @@ def oracle_saving(baseline: Episode, profile: PowerProfile) -> FloatArray:
     Per rank and iteration, with ``W`` its pre-arrival compute at the highest clock and ``e`` its
     wait in the paced collective (its slack): the window ``W + e`` costs ``P(1) W + P_wait e``
     without pacing and ``P(c) W / c + P_sleep (W + e - W / c)`` at clock fraction ``c``, for every
-    allowed ``c >= W / (W + e)``; the saving is the first minus the least of the second.
+    allowed ``c >= W / (W + e)``; the saving is the first minus the least of the second. That is
+    ``W (P(c) - P_sleep) / c + P_sleep (W + e)``, so among the table's clocks the least is at the one
+    of least ``(P(c) - P_sleep) / c`` at or above ``W / (W + e)`` (a suffix minimum over the table,
+    looked up per cell); it is compared with the clock that exactly fills the slack. Both
+    candidates are evaluated by the first form, so each cell's figure is the least over every
+    allowed clock to float rounding.
     """
     w = np.maximum(
         _or(baseline.pre_arrival_compute_s, _or(baseline.compute_s, baseline.natural_arrival_s)), 0.0
@@ -198,12 +297,22 @@ def oracle_saving(baseline: Episode, profile: PowerProfile) -> FloatArray:
     base = p_full * w + p_wait * e
     with np.errstate(divide="ignore", invalid="ignore"):
         feasible = np.where(window > 0, w / window, 1.0)  # the slowest clock that fits the slack
-    c_fill = np.clip(feasible, profile.min_clock_frac, 1.0)
-    candidates = [*profile.clock_fracs.tolist(), None]
+    fracs = profile.clock_fracs
+    # the table clock of least (P(c) - P_sleep) / c among those at or above each index (suffix argmin)
+    g = (profile.compute_power_w(fracs) - p_sleep) / fracs
+    best_from = np.empty(len(fracs), dtype=np.int64)
+    best_from[-1] = len(fracs) - 1
+    for i in range(len(fracs) - 2, -1, -1):
+        j = best_from[i + 1]
+        best_from[i] = i if g[i] <= g[j] else j
+    first = np.searchsorted(fracs, feasible - 1e-12, side="left")
+    table = fracs[best_from[np.minimum(first, len(fracs) - 1)]]
+    table_ok = first < len(fracs)
     best = np.full(w.shape, np.inf)
-    for c in candidates:
-        clock = c_fill if c is None else np.full(w.shape, c)
-        ok = clock >= feasible - 1e-12
+    for clock, ok in (
+        (table, table_ok),
+        (c_fill := np.clip(feasible, profile.min_clock_frac, 1.0), c_fill >= feasible - 1e-12),
+    ):
         stretched = np.where(w > 0, w / clock, 0.0)
         energy = profile.compute_power_w(clock) * stretched + p_sleep * np.maximum(window - stretched, 0.0)
         best = np.where(ok, np.minimum(best, energy), best)
@@ -228,7 +337,6 @@ def energy_comparison(
     *,
     block: int | None = None,
     offset: int = 0,
-    accounts: dict[str, EnergyAccount] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Per run other than the baseline: its energy change against no pacing and the oracle bound.
 
@@ -237,13 +345,17 @@ def energy_comparison(
         (paired batch means, as throughput's), ``energy_saved_j``, ``oracle_bound_reached_frac``
         (``energy_saved_j`` over the oracle bound; NaN when the bound is 0).
     """
-    accounts = accounts or {}
-    base = accounts.get("__baseline__") or account(baseline, profile)
+    base = totals_of(baseline, profile, oracle=True)
+    return _comparison(base, {name: totals_of(ep, profile) for name, ep in episodes.items()}, block, offset)
+
+
+def _comparison(
+    base: EnergyTotals, runs: dict[str, EnergyTotals], block: int | None, offset: int
+) -> dict[str, dict[str, float]]:
     base_it = base.per_iteration_j
-    bound = float(oracle_saving(baseline, profile).sum())
+    bound = float(base.oracle_saving_j or 0.0)
     out = {}
-    for name, ep in episodes.items():
-        acc = accounts.get(name) or account(ep, profile)
+    for name, acc in runs.items():
         run_it = acc.per_iteration_j
         saved = float(base_it.sum() - run_it.sum())
         out[name] = {
@@ -262,11 +374,15 @@ def energy_comparison(
 def bound_summary(baseline: Episode, profile: PowerProfile) -> dict[str, Any]:
     """The summary's ``energy_bound`` block: the oracle bound in joules and as a fraction of the
     no-pacing run's energy, with what it means."""
-    saving = oracle_saving(baseline, profile)
-    total = float(account(baseline, profile).total_j.sum())
+    return _bound(totals_of(baseline, profile, oracle=True), profile)
+
+
+def _bound(base: EnergyTotals, profile: PowerProfile) -> dict[str, Any]:
+    saving = float(base.oracle_saving_j or 0.0)
+    total = float(base.per_iteration_j.sum())
     return {
-        "oracle_saving_j": float(saving.sum()),
-        "oracle_saving_frac": float(saving.sum()) / total if total > 0 else math.nan,
+        "oracle_saving_j": saving,
+        "oracle_saving_frac": saving / total if total > 0 else math.nan,
         "power_profile": profile.name,
         "method": "Perseus's extrinsic-bloat bound at the paced collective: each rank's pre-arrival compute "
         "as slow as its earliness without pacing allows (any allowed clock), the rest slept, iteration "
@@ -304,21 +420,20 @@ def energy_summary(
         ``energy_vs_spin_w`` (each run's energy change at every spinning power of
         :func:`spin_power_range`: the assumed parameter, reported across a range).
     """
-    base = episodes[baseline]
-    per_run = {name: summarize_energy(ep, profile) for name, ep in episodes.items()}
-    others = {name: ep for name, ep in episodes.items() if name != baseline}
-    vs = energy_comparison(base, others, profile, block=block, offset=offset)
+    totals = {name: totals_of(ep, profile, oracle=name == baseline) for name, ep in episodes.items()}
+    per_run = {name: _summary_fields(ep, totals[name], profile) for name, ep in episodes.items()}
+    others = {name: t for name, t in totals.items() if name != baseline}
+    vs = _comparison(totals[baseline], others, block, offset)
     sweep: dict[str, dict[str, float]] = {}
     for spin in spin_power_range(profile):
         varied = profile if spin == profile.spin_w else profile.with_powers(spin_w=spin)
-        total = float(account(base, varied).total_j.sum())
+        total = totals[baseline].total_j_at(varied)
         sweep[f"{spin:g}"] = {
-            name: float(account(ep, varied).total_j.sum()) / total - 1.0 if total > 0 else math.nan
-            for name, ep in others.items()
+            name: t.total_j_at(varied) / total - 1.0 if total > 0 else math.nan for name, t in others.items()
         }
     top = {
         "power": profile.describe(),
-        "energy_bound": bound_summary(base, profile),
+        "energy_bound": _bound(totals[baseline], profile),
         "energy_vs_spin_w": {
             "note": "energy_change_frac of each run at each spinning power (W; spin_w is assumed): at "
             f"{profile.sleep_w:g} W spinning costs what sleeping does, the null of the wait-to-sleep mechanism",

@@ -176,6 +176,10 @@ class Experiment(abc.ABC):
     sleep_wait_note: str | None = None
     #: the GPU power profile of the runs' modelled energy (:mod:`pacectl.energy`); None: not modelled
     power: Any = None
+    #: stream each run where the backend can (``output.iterations=false``): its per-rank arrays are
+    #: reduced as it runs (:func:`pacectl.loop.run_episode`'s ``reduce``) and not kept, so memory
+    #: grows with ranks, not ranks x iterations; its episode holds ``totals`` instead
+    stream: bool = False
 
     @abc.abstractmethod
     def describe(self, on_step: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -266,7 +270,10 @@ class _ClosedLoop(Experiment):
     def _episode(
         self, family: str, params: dict[str, Any], on_iteration: Callable[[], None] | None
     ) -> Episode:
+        from functools import partial
+
         from pacectl.loop import run_episode
+        from pacectl.metrics import episode_totals
 
         return run_episode(
             self.backend,
@@ -274,6 +281,10 @@ class _ClosedLoop(Experiment):
             seed=int(self.cfg.seed),
             on_iteration=on_iteration,
             exchange=self.exchange,
+            # the no-pacing run's reduction also sums the energy's oracle bound (the others need none)
+            reduce=partial(episode_totals, power=self.power, oracle=family == "none")
+            if self.stream
+            else None,
         )
 
 

@@ -19,11 +19,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pacectl.types import Action, Backend, Controller, Episode, Observation, RankCompute
+
+if TYPE_CHECKING:
+    from pacectl.metrics import EpisodeTotals
+
+#: (iteration, rank) cells a streamed episode holds at once before reducing them (8 MiB per array)
+STREAM_CELLS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,7 @@ def run_episode(
     num_iterations: int | None = None,
     on_iteration: Callable[[], None] | None = None,
     exchange: ExchangeSchedule | None = None,
+    reduce: Callable[[Episode], EpisodeTotals] | None = None,
 ) -> Episode:
     """Run one closed-loop episode.
 
@@ -96,6 +104,13 @@ def run_episode(
         on_iteration: called each time every domain has recorded one more iteration (e.g. a
             progress bar's ``update``): once per iteration of a lockstep backend.
         exchange: when decisions apply (default ``ExchangeSchedule()``: from the next iteration).
+        reduce: stream the episode: its per-rank arrays are kept for blocks of about
+            :data:`STREAM_CELLS` cells only, each block (an :class:`Episode` of those iterations)
+            reduced by ``reduce`` (:func:`pacectl.metrics.episode_totals`, with a power profile for
+            the energy) as soon as it is full, so that memory grows with ranks, not ranks x
+            iterations. The episode then holds ``totals`` (the blocks' reductions joined) and
+            per-rank arrays without rows. None (the default): keep every per-rank array.
+            Lockstep backends only.
 
     Returns:
         The columnar :class:`~pacectl.types.Episode`. ``pacing_active``, ``wait_asleep`` and the
@@ -104,7 +119,8 @@ def run_episode(
         ``iteration_time_s`` is the row's mean over domains.
 
     Raises:
-        ValueError: a sequence of factories whose length is not the number of domains.
+        ValueError: a sequence of factories whose length is not the number of domains, or
+            ``reduce`` with a backend whose domains keep their own clocks.
     """
     schedule = ExchangeSchedule() if exchange is None else exchange
     domains = backend.domains
@@ -124,8 +140,13 @@ def run_episode(
     independent = bool(getattr(backend, "independent_clocks", False))
     num_ranks = len(backend.rank_labels)
     num_domains = len(domains)
+    if reduce is not None and independent:
+        raise ValueError("run_episode(reduce=...) streams lockstep backends only, not independent clocks")
+    # rows kept at once: every iteration, or a block of them when streaming (row k % block)
+    block = n_iter if reduce is None else max(1, min(n_iter, STREAM_CELLS // max(num_ranks, 1)))
+    reduced: list[EpisodeTotals] = []
     rec = {
-        key: np.zeros((n_iter, num_ranks))
+        key: np.zeros((block, num_ranks))
         for key in ("arrival_s", "applied_delay_s", "natural_arrival_s", "wait_s")
     }
     iteration_time = np.zeros(n_iter)
@@ -143,6 +164,27 @@ def run_episode(
     # per domain, decisions taken but not applied yet: (first iteration they pace, action, diagnostics)
     in_flight: list[deque[tuple[int, Action, dict[str, float]]]] = [deque() for _ in domains]
     columns = [_columns(dom.ranks) for dom in domains]
+    domain_of_rank = np.zeros(num_ranks, dtype=np.int64)
+    for d, idx in enumerate(columns):
+        domain_of_rank[idx] = d
+    # what every block of a streamed episode shares (the metrics need the labels and domains)
+    shell = Episode(
+        backend=backend.name,
+        comm_model=backend.comm_model,
+        comm_timing_dependent=getattr(backend, "comm_timing_dependent", None),
+        controller=controllers[0].name,
+        rank_labels=np.asarray(backend.rank_labels, dtype=np.int64),
+        domain_of_rank=domain_of_rank,
+        domain_names=tuple(dom.name for dom in domains),
+        step_ids=np.asarray(backend.step_ids[:n_iter], dtype=np.int64),
+        iteration_time_s=iteration_time,
+        arrival_s=rec["arrival_s"],
+        applied_delay_s=rec["applied_delay_s"],
+        natural_arrival_s=rec["natural_arrival_s"],
+        wait_s=rec["wait_s"],
+        collective_time_s=collective_time,
+        pacing_active=np.zeros((n_iter, num_domains), dtype=np.bool_),
+    )
     counts = [0] * num_domains  # iterations each domain has run
     ready: list[int] = list(range(num_domains))  # domains whose next iteration starts now
     progressed = 0
@@ -160,15 +202,16 @@ def run_episode(
             k = counts[d]
             if k < n_iter:
                 idx = columns[d]
-                rec["arrival_s"][k, idx] = obs.arrival_s
-                rec["applied_delay_s"][k, idx] = obs.applied_delay_s
-                rec["natural_arrival_s"][k, idx] = obs.natural_arrival_s
-                rec["wait_s"][k, idx] = obs.wait_s
+                row = k % block
+                rec["arrival_s"][row, idx] = obs.arrival_s
+                rec["applied_delay_s"][row, idx] = obs.applied_delay_s
+                rec["natural_arrival_s"][row, idx] = obs.natural_arrival_s
+                rec["wait_s"][row, idx] = obs.wait_s
                 collective_time[k, d] = obs.collective_time_s
                 domain_time[k, d] = obs.iteration_time_s
                 asleep[k, d] = actions[d].wait == "sleep"
                 if obs.compute is not None:
-                    _record_compute(compute_rec, obs.compute, k, idx, (n_iter, num_ranks))
+                    _record_compute(compute_rec, obs.compute, row, idx, (block, num_ranks))
                 diag_rows[k][d] = deciding[d]
             ctrl = controllers[d]
             decided = ctrl.act(obs)
@@ -179,6 +222,25 @@ def run_episode(
                 in_flight[d].append((first, held, ctrl.diagnostics()))
             counts[d] += 1
             ready.append(d)
+        done = counts[0]
+        if reduce is not None and done <= n_iter and (done % block == 0 or done == n_iter):
+            rows = slice(0, done - (done - 1) // block * block)  # the block's rows filled so far
+            iters = slice(done - rows.stop, done)
+            reduced.append(
+                reduce(
+                    replace(
+                        shell,
+                        step_ids=shell.step_ids[iters],
+                        iteration_time_s=iteration_time[iters],
+                        collective_time_s=collective_time[iters],
+                        pacing_active=np.zeros((rows.stop, num_domains), dtype=np.bool_),
+                        wait_asleep=asleep[iters],
+                        **_rows(rec, compute_rec, rows=rows),
+                    )
+                )
+            )
+            for key, value in compute_rec.items():  # a field an observation leaves out keeps its default
+                value.fill(1.0 if key == "clock_frac" else 0.0)
         while on_iteration is not None and progressed < min(min(counts), n_iter):
             on_iteration()
             progressed += 1
@@ -196,20 +258,14 @@ def run_episode(
     final = {
         key: np.array([d.get(key, 0.0) for d in last]) for key in ("guard_interventions", "guard_clipped")
     }
-    domain_of_rank = np.zeros(num_ranks, dtype=np.int64)
-    for d, idx in enumerate(columns):
-        domain_of_rank[idx] = d
     # the run's controller: a job pinned to no pacing does not name a run of another controller
     name = next((c.name for c in controllers if c.name != "none"), controllers[0].name)
-    return Episode(
-        backend=backend.name,
-        comm_model=backend.comm_model,
-        comm_timing_dependent=getattr(backend, "comm_timing_dependent", None),
+    if reduce is not None:  # streamed: the reductions instead of the per-rank arrays
+        from pacectl.metrics import EpisodeTotals
+    return replace(
+        shell,
         controller=name,
-        rank_labels=np.asarray(backend.rank_labels, dtype=np.int64),
-        domain_of_rank=domain_of_rank,
-        domain_names=tuple(dom.name for dom in domains),
-        step_ids=np.asarray(backend.step_ids[:n_iter], dtype=np.int64),
+        totals=EpisodeTotals.concat(reduced) if reduce is not None else None,
         iteration_time_s=iteration_time,
         collective_time_s=collective_time,
         pacing_active=active,
@@ -218,9 +274,13 @@ def run_episode(
         wait_asleep=asleep,
         domain_iteration_time_s=domain_time if independent else None,
         actuator=str(getattr(backend, "actuator", "delay")),
-        **compute_rec,
-        **rec,
+        **_rows(rec, compute_rec, rows=slice(0, 0) if reduce is not None else slice(None)),
     )
+
+
+def _rows(*columns: dict[str, np.ndarray], rows: slice) -> dict[str, Any]:
+    """The per-rank columns' ``rows`` (a block's filled rows; none for a streamed episode's end)."""
+    return {key: value[rows] for column in columns for key, value in column.items()}
 
 
 def _record_compute(

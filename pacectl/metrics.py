@@ -2,7 +2,9 @@
 
 Every function takes an episode (columnar, ``num_iterations`` x ``num_ranks``) and returns plain
 floats or ``float64`` arrays; :func:`summarize` gathers them into one JSON-ready dict and
-:func:`compare` turns two summaries into relative changes. Definitions follow the
+:func:`compare` turns two summaries into relative changes. The per-rank arrays enter only through
+:class:`EpisodeTotals` (their reductions over ranks), which a streamed episode carries instead of
+them (``Episode.totals``). Definitions follow the
 reference paper (Gopalan and Ali, "When Scaling Fails"): iteration time is the slowest rank's, ``cv``
 is std/mean of iteration time, ``spread_s`` is the latest minus the earliest arrival at the paced
 collective of one pacing domain.
@@ -26,7 +28,9 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,6 +38,10 @@ from numpy.typing import NDArray
 from pacectl.errors import PacectlError
 from pacectl.fabric.base import is_timing_dependent
 from pacectl.types import Episode
+
+if TYPE_CHECKING:
+    from pacectl.energy import EnergyTotals
+    from pacectl.fabric.power import PowerProfile
 
 
 def _require_data(ep: Episode) -> None:
@@ -102,6 +110,7 @@ def job_summaries(ep: Episode) -> dict[str, dict[str, float]]:
     if ep.domain_iteration_time_s is None:
         return {}
     times = np.asarray(ep.domain_iteration_time_s, dtype=np.float64)
+    delay = totals_of(ep).delay_s
     out: dict[str, dict[str, float]] = {}
     for d, name in enumerate(ep.domain_names):
         t = times[:, d]
@@ -114,7 +123,7 @@ def job_summaries(ep: Episode) -> dict[str, dict[str, float]]:
             "iteration_time_p99_s": float(np.percentile(t, 99.0)),
             "cv": float(t.std(ddof=0) / t.mean()),
             "collective_time_mean_s": float(np.mean(ep.collective_time_s[:, d])),
-            "pacing_delay_total_s": float(np.sum(ep.applied_delay_s[:, ep.domain_of_rank == d])),
+            "pacing_delay_total_s": float(np.sum(delay[:, d])),
         }
     return out
 
@@ -156,7 +165,100 @@ def cv(ep: Episode) -> float:
     return float(np.std(ep.iteration_time_s, ddof=0) / np.mean(ep.iteration_time_s))
 
 
-# --- arrival spread -------------------------------------------------------------------------------
+# --- the per-rank arrays' reductions ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EpisodeTotals:
+    """What the metrics need of an episode's ``[num_iterations, num_ranks]`` arrays, reduced over
+    ranks: ``O(num_iterations x num_domains + num_ranks)`` values, so that a long run with many ranks
+    can be summarised as it streams (:func:`pacectl.loop.run_episode`'s ``reduce``) without keeping
+    its per-rank arrays. :func:`episode_totals` computes it from any episode (or block of
+    iterations); :meth:`concat` joins consecutive blocks. Every metric here reads it
+    (:func:`totals_of`), so a streamed run and a full one give the same figures (sums to float
+    rounding, maxima, minima, quantiles and counts exactly).
+
+    Attributes:
+        spread_s: ``float64[num_iterations, num_domains]`` :func:`spread_s`, seconds.
+        natural_spread_s: ``float64[num_iterations, num_domains]`` :func:`natural_spread_s`, seconds.
+        delay_s: ``float64[num_iterations, num_domains]`` the pacing delay summed over each domain's
+            ranks, rank-seconds.
+        wait_s: ``float64[num_iterations]`` the wait in the paced collective summed over ranks,
+            rank-seconds.
+        last_iters: ``int64[num_ranks]`` iterations in which each rank arrived last in its domain
+            (ties: every tied rank), by ``arrival_s``.
+        natural_last_iters: ``int64[num_ranks]`` the same by ``natural_arrival_s``.
+        energy: the energy account's totals (:func:`pacectl.energy.energy_totals`), or None where
+            no power profile was given.
+    """
+
+    spread_s: NDArray[np.float64]
+    natural_spread_s: NDArray[np.float64]
+    delay_s: NDArray[np.float64]
+    wait_s: NDArray[np.float64]
+    last_iters: NDArray[np.int64]
+    natural_last_iters: NDArray[np.int64]
+    energy: EnergyTotals | None = None
+
+    @staticmethod
+    def concat(parts: Sequence[EpisodeTotals]) -> EpisodeTotals:
+        """The totals of consecutive blocks of iterations, in order, as one."""
+        from pacectl.energy import EnergyTotals
+
+        energies = [p.energy for p in parts]
+        return EpisodeTotals(
+            spread_s=np.concatenate([p.spread_s for p in parts]),
+            natural_spread_s=np.concatenate([p.natural_spread_s for p in parts]),
+            delay_s=np.concatenate([p.delay_s for p in parts]),
+            wait_s=np.concatenate([p.wait_s for p in parts]),
+            last_iters=np.sum([p.last_iters for p in parts], axis=0),
+            natural_last_iters=np.sum([p.natural_last_iters for p in parts], axis=0),
+            energy=None if any(e is None for e in energies) else EnergyTotals.concat(energies),  # type: ignore[arg-type]
+        )
+
+
+def episode_totals(ep: Episode, *, power: PowerProfile | None = None, oracle: bool = False) -> EpisodeTotals:
+    """Reduce ``ep``'s per-rank arrays to :class:`EpisodeTotals` (vectorised; loops over domains).
+
+    Args:
+        ep: an episode with its per-rank arrays (or one block of its iterations).
+        power: also reduce the energy account under this profile
+            (:func:`pacectl.energy.energy_totals`); None: no energy.
+        oracle: with ``power``, also the oracle bound's saving (needed of the no-pacing run only).
+
+    Returns:
+        The totals.
+    """
+    _require_data(ep)
+    if ep.totals is not None:
+        raise PacectlError(
+            f"episode_totals needs the per-rank arrays, but the {ep.controller!r} episode was streamed "
+            "(its totals are ep.totals); keep them with run_episode(reduce=None)"
+        )
+    latest = _domain_reduce(ep, ep.arrival_s, np.max)
+    natural_latest = _domain_reduce(ep, ep.natural_arrival_s, np.max)
+    energy = None
+    if power is not None:
+        from pacectl.energy import energy_totals
+
+        energy = energy_totals(ep, power, oracle=oracle)
+    return EpisodeTotals(
+        spread_s=latest - _domain_reduce(ep, ep.arrival_s, np.min),
+        natural_spread_s=natural_latest - _domain_reduce(ep, ep.natural_arrival_s, np.min),
+        delay_s=_domain_reduce(ep, ep.applied_delay_s, np.sum),
+        wait_s=np.sum(ep.wait_s, axis=1),
+        last_iters=np.sum(ep.arrival_s == latest[:, ep.domain_of_rank], axis=0, dtype=np.int64),
+        natural_last_iters=np.sum(
+            ep.natural_arrival_s == natural_latest[:, ep.domain_of_rank], axis=0, dtype=np.int64
+        ),
+        energy=energy,
+    )
+
+
+def totals_of(ep: Episode) -> EpisodeTotals:
+    """``ep.totals`` where the episode was streamed, else :func:`episode_totals` of its arrays."""
+    _require_data(ep)
+    return ep.totals if ep.totals is not None else episode_totals(ep)
 
 
 def _domain_reduce(ep: Episode, values: NDArray[np.float64], reduce: Any) -> NDArray[np.float64]:
@@ -164,15 +266,16 @@ def _domain_reduce(ep: Episode, values: NDArray[np.float64], reduce: Any) -> NDA
 
     Returns ``float64[num_iterations, num_domains]``. Loops over domains only.
     """
-    _require_data(ep)
     out = np.empty((values.shape[0], ep.num_domains), dtype=np.float64)
+    if ep.num_domains == 1:
+        out[:, 0] = reduce(values, axis=1)
+        return out
     for d in range(ep.num_domains):
         out[:, d] = reduce(values[:, ep.domain_of_rank == d], axis=1)
     return out
 
 
-def _spread(ep: Episode, arrival_s: NDArray[np.float64]) -> NDArray[np.float64]:
-    return _domain_reduce(ep, arrival_s, np.max) - _domain_reduce(ep, arrival_s, np.min)
+# --- arrival spread -------------------------------------------------------------------------------
 
 
 def spread_s(ep: Episode) -> NDArray[np.float64]:
@@ -187,7 +290,7 @@ def spread_s(ep: Episode) -> NDArray[np.float64]:
     Raises:
         PacectlError: if the episode is empty or a domain owns no rank.
     """
-    return _spread(ep, ep.arrival_s)
+    return totals_of(ep).spread_s
 
 
 def natural_spread_s(ep: Episode) -> NDArray[np.float64]:
@@ -196,7 +299,7 @@ def natural_spread_s(ep: Episode) -> NDArray[np.float64]:
     Returns:
         ``float64[num_iterations, num_domains]``, seconds.
     """
-    return _spread(ep, ep.natural_arrival_s)
+    return totals_of(ep).natural_spread_s
 
 
 def spread_median_s(ep: Episode) -> float:
@@ -224,8 +327,7 @@ def natural_spread_p99_s(ep: Episode) -> float:
 
 def pacing_delay_total_s(ep: Episode) -> float:
     """Total pacing delay applied, summed over iterations and ranks, rank-seconds."""
-    _require_data(ep)
-    return float(np.sum(ep.applied_delay_s))
+    return float(np.sum(totals_of(ep).delay_s))
 
 
 def wait_fraction(ep: Episode) -> float:
@@ -240,7 +342,7 @@ def wait_fraction(ep: Episode) -> float:
     Raises:
         PacectlError: if the episode is empty or its total time is not positive.
     """
-    return float(np.sum(ep.wait_s)) / (ep.num_ranks * _total_time_s(ep))
+    return float(np.sum(totals_of(ep).wait_s)) / (ep.num_ranks * _total_time_s(ep))
 
 
 def pacing_active_frac(ep: Episode) -> float:
@@ -261,11 +363,6 @@ def wait_asleep_frac(ep: Episode) -> float:
 # --- blame ----------------------------------------------------------------------------------------
 
 
-def _blame(ep: Episode, arrival_s: NDArray[np.float64]) -> NDArray[np.float64]:
-    latest = _domain_reduce(ep, arrival_s, np.max)[:, ep.domain_of_rank]  # [iterations, ranks]
-    return np.mean(arrival_s == latest, axis=0, dtype=np.float64)
-
-
 def blame(ep: Episode) -> NDArray[np.float64]:
     """Fraction of iterations in which each rank arrived last in its domain (by ``arrival_s``).
 
@@ -281,7 +378,7 @@ def blame(ep: Episode) -> NDArray[np.float64]:
     Raises:
         PacectlError: if the episode is empty or a domain owns no rank.
     """
-    return _blame(ep, ep.arrival_s)
+    return totals_of(ep).last_iters / ep.num_iterations
 
 
 def natural_blame(ep: Episode) -> NDArray[np.float64]:
@@ -290,7 +387,7 @@ def natural_blame(ep: Episode) -> NDArray[np.float64]:
     Returns:
         ``float64[num_ranks]`` in [0, 1].
     """
-    return _blame(ep, ep.natural_arrival_s)
+    return totals_of(ep).natural_last_iters / ep.num_iterations
 
 
 def _blame_dict(ep: Episode, fractions: NDArray[np.float64]) -> dict[str, float]:
@@ -328,26 +425,27 @@ def summarize(ep: Episode) -> dict[str, Any]:
         {'1': 1.0}
     """
     _total_time_s(ep)
+    t = totals_of(ep)
     return {
         "throughput_it_per_s": throughput_it_per_s(ep),
         "iteration_time_mean_s": iteration_time_mean_s(ep),
         "iteration_time_p50_s": iteration_time_p50_s(ep),
         "iteration_time_p99_s": iteration_time_p99_s(ep),
         "cv": cv(ep),
-        "spread_median_s": spread_median_s(ep),
-        "spread_p99_s": spread_p99_s(ep),
-        "natural_spread_median_s": natural_spread_median_s(ep),
-        "natural_spread_p99_s": natural_spread_p99_s(ep),
-        "pacing_delay_total_s": pacing_delay_total_s(ep),
-        "wait_fraction": wait_fraction(ep),
+        "spread_median_s": float(np.median(t.spread_s)),
+        "spread_p99_s": float(np.percentile(t.spread_s, 99.0)),
+        "natural_spread_median_s": float(np.median(t.natural_spread_s)),
+        "natural_spread_p99_s": float(np.percentile(t.natural_spread_s, 99.0)),
+        "pacing_delay_total_s": float(np.sum(t.delay_s)),
+        "wait_fraction": float(np.sum(t.wait_s)) / (ep.num_ranks * _total_time_s(ep)),
         "pacing_active_frac": pacing_active_frac(ep),
         "wait_asleep_frac": wait_asleep_frac(ep),
         "guard_interventions": int(ep.guard_interventions),
         "num_iterations": ep.num_iterations,
         "num_ranks": ep.num_ranks,
         "num_domains": ep.num_domains,
-        "blame": _blame_dict(ep, blame(ep)),
-        "natural_blame": _blame_dict(ep, natural_blame(ep)),
+        "blame": _blame_dict(ep, t.last_iters / ep.num_iterations),
+        "natural_blame": _blame_dict(ep, t.natural_last_iters / ep.num_iterations),
         "comm_model": str(ep.comm_model),
         "comm_timing_dependent": is_timing_dependent(str(ep.comm_model), ep.comm_timing_dependent),
         "controller": str(ep.controller),

@@ -46,7 +46,9 @@ BASELINE = "none"
 LARGE_PARQUET_ROWS = 5_000_000
 #: Peak memory per (run, iteration, rank) row, bytes, measured on ``backend=sim`` at 1,024 ranks
 #: (2,000 and 10,000 iterations, five runs): about 200 with iterations.parquet (the table is built
-#: in memory), about 50 without.
+#: in memory). Without it the runs stream (their per-rank arrays reduced as they run, not kept), and
+#: what grows with iterations is one run's compute-time draws (``SimBackend.reset``) and their
+#: temporaries: bytes per (iteration, rank) row of one run (measured: experiments/bench/README.md).
 BYTES_PER_ROW = {True: 200, False: 50}
 #: console lines; Hydra's job logging (conf/hydra/job_logging/pacectl.yaml) also files them
 log = logging.getLogger("pacectl.run")
@@ -80,6 +82,8 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         warnings.simplefilter("default")  # once per place: a warning in a loop is listed once
         families = controller_families(cfg)
         experiment = make_experiment(cfg)
+        # without iterations.parquet nothing needs the per-rank arrays: each run is reduced as it streams
+        experiment.stream = not cfg.output.get("iterations", True)
         warned, noted = controller_notes(experiment, families)
         for line in warned:  # phase on a job nothing else shares links with: say so, not a silent zero
             warnings.warn(line, UserWarning, stacklevel=1)
@@ -117,8 +121,10 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                 if not per_run:
                     bar.update()
                 if len(episodes) == 1:  # every run has the first one's size: check before the rest
-                    rows = episodes[name].arrival_s.size * len(runs)
-                    _check_memory(rows, bool(cfg.output.get("iterations", True)))
+                    first = episodes[name]
+                    with_parquet = bool(cfg.output.get("iterations", True))
+                    rows = first.num_iterations * first.num_ranks * (len(runs) if with_parquet else 1)
+                    _check_memory(rows, with_parquet)
                     _warn_if_degenerate(episodes[name])
     # the outputs are staged from here on; the plots of the episodes start drawing at once, in the
     # background (report.plots_in_background), while the summary is computed and the rest written
@@ -379,7 +385,8 @@ def _check_memory(rows: int, with_parquet: bool, *, announce: bool = True) -> No
     config), else after the first run, before the others.
 
     Args:
-        rows: (run, iteration, rank) rows of the whole job.
+        rows: (run, iteration, rank) rows of the whole job; without iterations.parquet, of one run
+            (the runs stream, one at a time).
         with_parquet: whether ``iterations.parquet`` is written (about 4x the memory).
 
     Raises:
@@ -616,9 +623,10 @@ def _check_config(cfg: DictConfig) -> None:
     runs = len(controller_families(cfg))
     backend = cfg.get("backend")
     if backend is not None and backend.get("name") == "sim":  # the job's size is known up front
-        rows = runs * config_int(backend.get("num_ranks"), "backend.num_ranks")
+        with_parquet = bool(cfg.output.get("iterations", True))
+        rows = (runs if with_parquet else 1) * config_int(backend.get("num_ranks"), "backend.num_ranks")
         rows *= config_int(backend.get("num_iterations"), "backend.num_iterations")
-        _check_memory(rows, bool(cfg.output.get("iterations", True)), announce=False)
+        _check_memory(rows, with_parquet, announce=False)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -20,6 +20,9 @@ from numpy.typing import NDArray
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
+
+if TYPE_CHECKING:
+    from pacectl.metrics import EpisodeTotals
 
 
 @dataclass(frozen=True)
@@ -263,6 +266,10 @@ class Episode:
         actuator: how the pacing delays were applied: ``"delay"`` (sleep, then run at full speed)
             or ``"clock"`` (run the pre-arrival compute slower, sleep what the clock range cannot
             absorb).
+        totals: the per-rank arrays' reductions (:class:`pacectl.metrics.EpisodeTotals`) where the
+            episode was streamed (:func:`pacectl.loop.run_episode`'s ``reduce``): then the
+            ``[num_iterations, num_ranks]`` arrays above hold no rows (shape ``(0, num_ranks)``) and
+            the metrics read these instead; None: the arrays are whole.
     """
 
     backend: str
@@ -291,6 +298,7 @@ class Episode:
     slow_compute_s: FloatArray | None = None
     compute_energy_j: FloatArray | None = None
     actuator: str = "delay"
+    totals: EpisodeTotals | None = None
 
     @property
     def num_iterations(self) -> int:
