@@ -41,8 +41,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -50,7 +49,7 @@ from numpy.typing import NDArray
 
 from pacectl.errors import PacectlError
 from pacectl.fabric.power import STATES, PowerProfile
-from pacectl.types import Episode
+from pacectl.types import EnergyTotals, Episode, EpisodeTotals
 
 FloatArray = NDArray[np.float64]
 
@@ -150,53 +149,6 @@ def account(ep: Episode, profile: PowerProfile) -> EnergyAccount:
     return EnergyAccount(profile=profile.name, time_s=times, energy_j=energy)
 
 
-@dataclass(frozen=True)
-class EnergyTotals:
-    """An episode's energy account reduced over its cells: what the summary's energy fields need,
-    ``O(num_iterations + num_ranks)`` values, so that a streamed episode carries it in place of its
-    per-rank arrays (:class:`pacectl.metrics.EpisodeTotals`). :func:`energy_totals` computes it from
-    an episode (or block of iterations); :meth:`concat` joins consecutive blocks.
-
-    Attributes:
-        profile: the power profile's name.
-        per_iteration_j: ``float64[num_iterations]`` energy of each iteration summed over ranks, J.
-        per_rank_j: ``float64[num_ranks]`` energy of each rank summed over iterations, J.
-        energy_j: state -> J, summed over ranks and iterations.
-        time_s: state -> rank-seconds, summed.
-        oracle_saving_j: the oracle bound's saving summed (:func:`oracle_saving`), J; None where
-            not computed (it is needed of the no-pacing run only).
-    """
-
-    profile: str
-    per_iteration_j: FloatArray
-    per_rank_j: FloatArray
-    energy_j: dict[str, float]
-    time_s: dict[str, float]
-    oracle_saving_j: float | None = None
-
-    @staticmethod
-    def concat(parts: Sequence[EnergyTotals]) -> EnergyTotals:
-        """The totals of consecutive blocks of iterations, in order, as one."""
-        savings = [p.oracle_saving_j for p in parts]
-        return EnergyTotals(
-            profile=parts[0].profile,
-            per_iteration_j=np.concatenate([p.per_iteration_j for p in parts]),
-            per_rank_j=np.sum([p.per_rank_j for p in parts], axis=0),
-            energy_j={s: math.fsum(p.energy_j[s] for p in parts) for s in STATES},
-            time_s={s: math.fsum(p.time_s[s] for p in parts) for s in STATES},
-            oracle_saving_j=None if any(x is None for x in savings) else math.fsum(savings),  # type: ignore[arg-type]
-        )
-
-    def total_j_at(self, profile: PowerProfile) -> float:
-        """The total energy under ``profile``, a profile that differs from this account's in its
-        non-compute state powers only (the ``spin_w`` sweep): each state's time at its power, and
-        the compute energy as accounted, J."""
-        power = profile.state_power_w()
-        return self.energy_j["compute"] + math.fsum(
-            self.time_s[s] * power[s] for s in STATES if s != "compute"
-        )
-
-
 def energy_totals(ep: Episode, profile: PowerProfile, *, oracle: bool = False) -> EnergyTotals:
     """Reduce the energy account of ``ep`` (whole, or one block of its iterations) under ``profile``.
 
@@ -220,6 +172,22 @@ def energy_totals(ep: Episode, profile: PowerProfile, *, oracle: bool = False) -
     )
 
 
+def total_j_at(e: EnergyTotals, profile: PowerProfile) -> float:
+    """The total energy of ``e`` under ``profile``, a profile that differs from its account's in its
+    non-compute state powers only (the ``spin_w`` sweep): each state's time at its power, and
+    the compute energy as accounted, J."""
+    power = profile.state_power_w()
+    return e.energy_j["compute"] + math.fsum(e.time_s[s] * power[s] for s in STATES if s != "compute")
+
+
+def episode_totals(ep: Episode, profile: PowerProfile, *, oracle: bool = False) -> EpisodeTotals:
+    """:func:`pacectl.metrics.episode_totals` with the energy under ``profile`` (:func:`energy_totals`):
+    the ``reduce`` of a streamed run whose energy is modelled (``oracle``: of the no-pacing run)."""
+    from pacectl.metrics import episode_totals as rank_totals
+
+    return replace(rank_totals(ep), energy=energy_totals(ep, profile, oracle=oracle))
+
+
 def totals_of(ep: Episode, profile: PowerProfile, *, oracle: bool = False) -> EnergyTotals:
     """The energy totals of ``ep``: those it streamed with (``ep.totals.energy``), else computed.
 
@@ -234,7 +202,7 @@ def totals_of(ep: Episode, profile: PowerProfile, *, oracle: bool = False) -> En
         raise PacectlError(
             f"the {ep.controller!r} episode was streamed without the energy totals asked for (power profile "
             f"{profile.name!r}{', oracle bound' if oracle else ''}); stream it with "
-            "metrics.episode_totals(power=..., oracle=...) as its reduce, or keep its per-rank arrays"
+            "energy.episode_totals(profile=..., oracle=...) as its reduce, or keep its per-rank arrays"
         )
     return e
 
@@ -427,9 +395,9 @@ def energy_summary(
     sweep: dict[str, dict[str, float]] = {}
     for spin in spin_power_range(profile):
         varied = profile if spin == profile.spin_w else profile.with_powers(spin_w=spin)
-        total = totals[baseline].total_j_at(varied)
+        total = total_j_at(totals[baseline], varied)
         sweep[f"{spin:g}"] = {
-            name: t.total_j_at(varied) / total - 1.0 if total > 0 else math.nan for name, t in others.items()
+            name: total_j_at(t, varied) / total - 1.0 if total > 0 else math.nan for name, t in others.items()
         }
     top = {
         "power": profile.describe(),

@@ -272,8 +272,8 @@ class _ClosedLoop(Experiment):
     ) -> Episode:
         from functools import partial
 
+        from pacectl.energy import episode_totals
         from pacectl.loop import run_episode
-        from pacectl.metrics import episode_totals
 
         return run_episode(
             self.backend,
@@ -282,7 +282,7 @@ class _ClosedLoop(Experiment):
             on_iteration=on_iteration,
             exchange=self.exchange,
             # the no-pacing run's reduction also sums the energy's oracle bound (the others need none)
-            reduce=partial(episode_totals, power=self.power, oracle=family == "none")
+            reduce=partial(episode_totals, profile=self.power, oracle=family == "none")
             if self.stream
             else None,
         )

@@ -20,14 +20,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from pacectl.types import Action, Backend, Controller, Episode, Observation, RankCompute
-
-if TYPE_CHECKING:
-    from pacectl.metrics import EpisodeTotals
+from pacectl.types import Action, Backend, Controller, Episode, EpisodeTotals, Observation, RankCompute
 
 #: (iteration, rank) cells a streamed episode holds at once before reducing them (8 MiB per array)
 STREAM_CELLS = 1 << 20
@@ -106,8 +103,8 @@ def run_episode(
         exchange: when decisions apply (default ``ExchangeSchedule()``: from the next iteration).
         reduce: stream the episode: its per-rank arrays are kept for blocks of about
             :data:`STREAM_CELLS` cells only, each block (an :class:`Episode` of those iterations)
-            reduced by ``reduce`` (:func:`pacectl.metrics.episode_totals`, with a power profile for
-            the energy) as soon as it is full, so that memory grows with ranks, not ranks x
+            reduced by ``reduce`` (:func:`pacectl.metrics.episode_totals`, or
+            :func:`pacectl.energy.episode_totals` with the energy) as soon as it is full, so that memory grows with ranks, not ranks x
             iterations. The episode then holds ``totals`` (the blocks' reductions joined) and
             per-rank arrays without rows. None (the default): keep every per-rank array.
             Lockstep backends only.
@@ -241,6 +238,8 @@ def run_episode(
             )
             for key, value in compute_rec.items():  # a field an observation leaves out keeps its default
                 value.fill(1.0 if key == "clock_frac" else 0.0)
+            if len(reduced) >= 64:  # the blocks' per-rank sums, joined now and then: O(ranks) held
+                reduced = [EpisodeTotals.concat(reduced)]
         while on_iteration is not None and progressed < min(min(counts), n_iter):
             on_iteration()
             progressed += 1
@@ -260,8 +259,6 @@ def run_episode(
     }
     # the run's controller: a job pinned to no pacing does not name a run of another controller
     name = next((c.name for c in controllers if c.name != "none"), controllers[0].name)
-    if reduce is not None:  # streamed: the reductions instead of the per-rank arrays
-        from pacectl.metrics import EpisodeTotals
     return replace(
         shell,
         controller=name,

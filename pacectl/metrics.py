@@ -3,7 +3,7 @@
 Every function takes an episode (columnar, ``num_iterations`` x ``num_ranks``) and returns plain
 floats or ``float64`` arrays; :func:`summarize` gathers them into one JSON-ready dict and
 :func:`compare` turns two summaries into relative changes. The per-rank arrays enter only through
-:class:`EpisodeTotals` (their reductions over ranks), which a streamed episode carries instead of
+:class:`~pacectl.types.EpisodeTotals` (their reductions over ranks), which a streamed episode carries instead of
 them (``Episode.totals``). Definitions follow the
 reference paper (Gopalan and Ali, "When Scaling Fails"): iteration time is the slowest rank's, ``cv``
 is std/mean of iteration time, ``spread_s`` is the latest minus the earliest arrival at the paced
@@ -28,20 +28,14 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from pacectl.errors import PacectlError
 from pacectl.fabric.base import is_timing_dependent
-from pacectl.types import Episode
-
-if TYPE_CHECKING:
-    from pacectl.energy import EnergyTotals
-    from pacectl.fabric.power import PowerProfile
+from pacectl.types import Episode, EpisodeTotals
 
 
 def _require_data(ep: Episode) -> None:
@@ -168,66 +162,18 @@ def cv(ep: Episode) -> float:
 # --- the per-rank arrays' reductions ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class EpisodeTotals:
-    """What the metrics need of an episode's ``[num_iterations, num_ranks]`` arrays, reduced over
-    ranks: ``O(num_iterations x num_domains + num_ranks)`` values, so that a long run with many ranks
-    can be summarised as it streams (:func:`pacectl.loop.run_episode`'s ``reduce``) without keeping
-    its per-rank arrays. :func:`episode_totals` computes it from any episode (or block of
-    iterations); :meth:`concat` joins consecutive blocks. Every metric here reads it
-    (:func:`totals_of`), so a streamed run and a full one give the same figures (sums to float
-    rounding, maxima, minima, quantiles and counts exactly).
-
-    Attributes:
-        spread_s: ``float64[num_iterations, num_domains]`` :func:`spread_s`, seconds.
-        natural_spread_s: ``float64[num_iterations, num_domains]`` :func:`natural_spread_s`, seconds.
-        delay_s: ``float64[num_iterations, num_domains]`` the pacing delay summed over each domain's
-            ranks, rank-seconds.
-        wait_s: ``float64[num_iterations]`` the wait in the paced collective summed over ranks,
-            rank-seconds.
-        last_iters: ``int64[num_ranks]`` iterations in which each rank arrived last in its domain
-            (ties: every tied rank), by ``arrival_s``.
-        natural_last_iters: ``int64[num_ranks]`` the same by ``natural_arrival_s``.
-        energy: the energy account's totals (:func:`pacectl.energy.energy_totals`), or None where
-            no power profile was given.
-    """
-
-    spread_s: NDArray[np.float64]
-    natural_spread_s: NDArray[np.float64]
-    delay_s: NDArray[np.float64]
-    wait_s: NDArray[np.float64]
-    last_iters: NDArray[np.int64]
-    natural_last_iters: NDArray[np.int64]
-    energy: EnergyTotals | None = None
-
-    @staticmethod
-    def concat(parts: Sequence[EpisodeTotals]) -> EpisodeTotals:
-        """The totals of consecutive blocks of iterations, in order, as one."""
-        from pacectl.energy import EnergyTotals
-
-        energies = [p.energy for p in parts]
-        return EpisodeTotals(
-            spread_s=np.concatenate([p.spread_s for p in parts]),
-            natural_spread_s=np.concatenate([p.natural_spread_s for p in parts]),
-            delay_s=np.concatenate([p.delay_s for p in parts]),
-            wait_s=np.concatenate([p.wait_s for p in parts]),
-            last_iters=np.sum([p.last_iters for p in parts], axis=0),
-            natural_last_iters=np.sum([p.natural_last_iters for p in parts], axis=0),
-            energy=None if any(e is None for e in energies) else EnergyTotals.concat(energies),  # type: ignore[arg-type]
-        )
-
-
-def episode_totals(ep: Episode, *, power: PowerProfile | None = None, oracle: bool = False) -> EpisodeTotals:
-    """Reduce ``ep``'s per-rank arrays to :class:`EpisodeTotals` (vectorised; loops over domains).
+def episode_totals(ep: Episode) -> EpisodeTotals:
+    """Reduce ``ep``'s per-rank arrays to :class:`~pacectl.types.EpisodeTotals` (vectorised; loops
+    over domains), without the energy (:func:`pacectl.energy.episode_totals` adds it).
 
     Args:
         ep: an episode with its per-rank arrays (or one block of its iterations).
-        power: also reduce the energy account under this profile
-            (:func:`pacectl.energy.energy_totals`); None: no energy.
-        oracle: with ``power``, also the oracle bound's saving (needed of the no-pacing run only).
 
     Returns:
         The totals.
+
+    Raises:
+        PacectlError: a streamed episode (it has no per-rank arrays left), or an empty one.
     """
     _require_data(ep)
     if ep.totals is not None:
@@ -237,11 +183,6 @@ def episode_totals(ep: Episode, *, power: PowerProfile | None = None, oracle: bo
         )
     latest = _domain_reduce(ep, ep.arrival_s, np.max)
     natural_latest = _domain_reduce(ep, ep.natural_arrival_s, np.max)
-    energy = None
-    if power is not None:
-        from pacectl.energy import energy_totals
-
-        energy = energy_totals(ep, power, oracle=oracle)
     return EpisodeTotals(
         spread_s=latest - _domain_reduce(ep, ep.arrival_s, np.min),
         natural_spread_s=natural_latest - _domain_reduce(ep, ep.natural_arrival_s, np.min),
@@ -251,7 +192,6 @@ def episode_totals(ep: Episode, *, power: PowerProfile | None = None, oracle: bo
         natural_last_iters=np.sum(
             ep.natural_arrival_s == natural_latest[:, ep.domain_of_rank], axis=0, dtype=np.int64
         ),
-        energy=energy,
     )
 
 

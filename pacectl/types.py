@@ -10,9 +10,10 @@ Data flows one way::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -20,9 +21,6 @@ from numpy.typing import NDArray
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
-
-if TYPE_CHECKING:
-    from pacectl.metrics import EpisodeTotals
 
 
 @dataclass(frozen=True)
@@ -224,6 +222,91 @@ class Backend(Protocol):
 
 
 @dataclass(frozen=True)
+class EnergyTotals:
+    """An episode's energy account reduced over its cells: what the summary's energy fields need,
+    ``O(num_iterations + num_ranks)`` values, so that a streamed episode carries it in place of its
+    per-rank arrays (:class:`EpisodeTotals`). :func:`pacectl.energy.energy_totals` computes it from
+    an episode (or block of iterations); :meth:`concat` joins consecutive blocks.
+
+    Attributes:
+        profile: the power profile's name.
+        per_iteration_j: ``float64[num_iterations]`` energy of each iteration summed over ranks, J.
+        per_rank_j: ``float64[num_ranks]`` energy of each rank summed over iterations, J.
+        energy_j: state -> J, summed over ranks and iterations.
+        time_s: state -> rank-seconds, summed.
+        oracle_saving_j: the oracle bound's saving summed (:func:`pacectl.energy.oracle_saving`), J; None where
+            not computed (it is needed of the no-pacing run only).
+    """
+
+    profile: str
+    per_iteration_j: FloatArray
+    per_rank_j: FloatArray
+    energy_j: dict[str, float]
+    time_s: dict[str, float]
+    oracle_saving_j: float | None = None
+
+    @staticmethod
+    def concat(parts: Sequence[EnergyTotals]) -> EnergyTotals:
+        """The totals of consecutive blocks of iterations, in order, as one."""
+        savings = [p.oracle_saving_j for p in parts]
+        return EnergyTotals(
+            profile=parts[0].profile,
+            per_iteration_j=np.concatenate([p.per_iteration_j for p in parts]),
+            per_rank_j=np.sum([p.per_rank_j for p in parts], axis=0),
+            energy_j={s: math.fsum(p.energy_j[s] for p in parts) for s in parts[0].energy_j},
+            time_s={s: math.fsum(p.time_s[s] for p in parts) for s in parts[0].time_s},
+            oracle_saving_j=None if any(x is None for x in savings) else math.fsum(savings),  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
+class EpisodeTotals:
+    """What the metrics need of an episode's ``[num_iterations, num_ranks]`` arrays, reduced over
+    ranks: ``O(num_iterations x num_domains + num_ranks)`` values, so that a long run with many ranks
+    can be summarised as it streams (:func:`pacectl.loop.run_episode`'s ``reduce``) without keeping
+    its per-rank arrays. :func:`pacectl.metrics.episode_totals` computes it from any episode (or block of
+    iterations); :meth:`concat` joins consecutive blocks. Every metric here reads it
+    (:func:`pacectl.metrics.totals_of`), so a streamed run and a full one give the same figures (sums to float
+    rounding, maxima, minima, quantiles and counts exactly).
+
+    Attributes:
+        spread_s: ``float64[num_iterations, num_domains]`` :func:`pacectl.metrics.spread_s`, seconds.
+        natural_spread_s: ``float64[num_iterations, num_domains]`` :func:`pacectl.metrics.natural_spread_s`, seconds.
+        delay_s: ``float64[num_iterations, num_domains]`` the pacing delay summed over each domain's
+            ranks, rank-seconds.
+        wait_s: ``float64[num_iterations]`` the wait in the paced collective summed over ranks,
+            rank-seconds.
+        last_iters: ``int64[num_ranks]`` iterations in which each rank arrived last in its domain
+            (ties: every tied rank), by ``arrival_s``.
+        natural_last_iters: ``int64[num_ranks]`` the same by ``natural_arrival_s``.
+        energy: the energy account's totals (:func:`pacectl.energy.energy_totals`), or None where
+            no power profile was given.
+    """
+
+    spread_s: FloatArray
+    natural_spread_s: FloatArray
+    delay_s: FloatArray
+    wait_s: FloatArray
+    last_iters: IntArray
+    natural_last_iters: IntArray
+    energy: EnergyTotals | None = None
+
+    @staticmethod
+    def concat(parts: Sequence[EpisodeTotals]) -> EpisodeTotals:
+        """The totals of consecutive blocks of iterations, in order, as one."""
+        energies = [p.energy for p in parts]
+        return EpisodeTotals(
+            spread_s=np.concatenate([p.spread_s for p in parts]),
+            natural_spread_s=np.concatenate([p.natural_spread_s for p in parts]),
+            delay_s=np.concatenate([p.delay_s for p in parts]),
+            wait_s=np.concatenate([p.wait_s for p in parts]),
+            last_iters=np.sum([p.last_iters for p in parts], axis=0),
+            natural_last_iters=np.sum([p.natural_last_iters for p in parts], axis=0),
+            energy=None if any(e is None for e in energies) else EnergyTotals.concat(energies),  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
 class Episode:
     """Columnar record of one episode: ``num_iterations`` x ``num_ranks`` (all domains together).
 
@@ -266,7 +349,7 @@ class Episode:
         actuator: how the pacing delays were applied: ``"delay"`` (sleep, then run at full speed)
             or ``"clock"`` (run the pre-arrival compute slower, sleep what the clock range cannot
             absorb).
-        totals: the per-rank arrays' reductions (:class:`pacectl.metrics.EpisodeTotals`) where the
+        totals: the per-rank arrays' reductions (:class:`EpisodeTotals`) where the
             episode was streamed (:func:`pacectl.loop.run_episode`'s ``reduce``): then the
             ``[num_iterations, num_ranks]`` arrays above hold no rows (shape ``(0, num_ranks)``) and
             the metrics read these instead; None: the arrays are whole.

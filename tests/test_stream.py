@@ -82,8 +82,10 @@ def test_streamed_summary_equals_the_full_one_for_every_controller(case: str, mo
     cfg = _cfg(*CASES[case], "backend.num_iterations=90" if case != "replay-ar" else "seed=0")
     experiment = make_experiment(cfg)
     num_ranks = len(experiment.backend.rank_labels)
-    # blocks of 7 iterations: several, and a partial last one
-    monkeypatch.setattr(loop, "STREAM_CELLS", num_ranks * 7)
+    # blocks of 7 iterations (several, and a partial last one), or of 1 (more than the 64 blocks
+    # the loop joins at a time)
+    block = 1 if case == "sim-contention" else 7
+    monkeypatch.setattr(loop, "STREAM_CELLS", num_ranks * block)
     full, streamed = {}, {}
     for family, params in controller_families(cfg).items():
         full[family] = experiment.run(family, params)
@@ -92,10 +94,10 @@ def test_streamed_summary_equals_the_full_one_for_every_controller(case: str, mo
             controller_factory(family, params, cfg.guard),
             seed=int(cfg.seed),
             exchange=experiment.exchange,
-            reduce=partial(metrics.episode_totals, power=experiment.power, oracle=family == "none"),
+            reduce=partial(energy.episode_totals, profile=experiment.power, oracle=family == "none"),
         )
         assert streamed[family].totals is not None and streamed[family].arrival_s.shape == (0, num_ranks)
-        assert full[family].num_iterations > 7 and full[family].num_iterations % 7  # a partial block
+        assert full[family].num_iterations > 64 * block or full[family].num_iterations % block
         _assert_same(metrics.summarize(full[family]), metrics.summarize(streamed[family]))
         np.testing.assert_array_equal(metrics.spread_s(full[family]), metrics.spread_s(streamed[family]))
         np.testing.assert_array_equal(full[family].iteration_time_s, streamed[family].iteration_time_s)
