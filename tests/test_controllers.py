@@ -93,6 +93,17 @@ class TestThresholdIterationUnitsContract(ControllerContract):
         return make_controller("threshold", units="iteration", on_threshold_s=0.01, off_threshold_s=0.005)
 
 
+class TestPhaseControllerContract(ControllerContract):
+    """phase at its defaults, except a switch-off window (rule 5) short enough that the contract's
+    NUM_ITERATIONS observations reach a judged window (at the default 100 they are all baseline)."""
+
+    expects_pacing = False
+    job_level = True
+
+    def make_controller(self) -> Controller:
+        return make_controller("phase", switch_off_iters=8)
+
+
 for _name, _contract in registered_contracts().items():
     globals().setdefault(_name, _contract)
 

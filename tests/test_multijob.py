@@ -508,6 +508,7 @@ def test_multi_job_study_runs_and_its_null_rows_are_zero(tmp_path: Path) -> None
         assert all(r["throughput_change_frac"] <= 1e-12 for r in null.values()), scenario
         assert null["phase"]["throughput_change_frac"] == 0.0
         assert null["phase_probe"]["throughput_change_frac"] == 0.0
+        assert null["phase_no_switch_off"]["throughput_change_frac"] == 0.0
     assert set(record["scenarios"]["three jobs"]["runs"]["phase"]["jobs"]) == {"a", "b", "c"}
     shared = record["scenarios"]["shared_uplink"]
     assert shared["ceiling_it_per_s"] > shared["runs"]["none"]["throughput_it_per_s"]

@@ -31,7 +31,7 @@ class TestPhaseAlwaysShiftsContract(ControllerContract):
     job_level = True
 
     def make_controller(self) -> Controller:
-        return PhaseController(shift_prob=1.0, horizon_iters=2, hold_iters=3)
+        return PhaseController(shift_prob=1.0, horizon_iters=2, hold_iters=3, switch_off_iters=None)
 
 
 # --- the wait mode travels with the action -----------------------------------------------------------
@@ -142,7 +142,7 @@ def _obs(k: int, collective_s: float, n: int = 4) -> Observation:
 
 
 def test_phase_shifts_by_the_excess_then_holds_zero() -> None:
-    c = PhaseController(shift_prob=1.0)
+    c = PhaseController(shift_prob=1.0, switch_off_iters=None)
     c.reset(4, np.random.default_rng(1))
     assert c.act(_obs(0, 0.10)).delay_s.max() == 0.0  # the first figure is the quiet estimate
     shifted = c.act(_obs(1, 0.16)).delay_s
@@ -156,11 +156,11 @@ def test_phase_shifts_by_the_excess_then_holds_zero() -> None:
 def test_phase_with_a_profiled_quiet_time_judges_against_it() -> None:
     """Given ``quiet_s`` (measured alone), a collective slowed from the first observation on counts as
     slowed; the window minimum would take that first slowed figure as the quiet time."""
-    window = PhaseController(shift_prob=1.0)
+    window = PhaseController(shift_prob=1.0, switch_off_iters=None)
     window.reset(4, np.random.default_rng(1))
     assert [window.act(_obs(k, 0.16)).delay_s.max() for k in range(5)] == [0.0] * 5
     assert window.diagnostics()["quiet_s"] == pytest.approx(0.16)
-    profiled = PhaseController(shift_prob=1.0, quiet_s=0.10)
+    profiled = PhaseController(shift_prob=1.0, quiet_s=0.10, switch_off_iters=None)
     profiled.reset(4, np.random.default_rng(1))
     np.testing.assert_allclose(profiled.act(_obs(0, 0.16)).delay_s, 0.06)
     assert profiled.diagnostics()["quiet_s"] == 0.10
@@ -169,7 +169,7 @@ def test_phase_with_a_profiled_quiet_time_judges_against_it() -> None:
 
 
 def test_phase_waits_out_its_own_lag_before_judging_again() -> None:
-    c = PhaseController(shift_prob=1.0, horizon_iters=3, hold_iters=2)
+    c = PhaseController(shift_prob=1.0, horizon_iters=3, hold_iters=2, switch_off_iters=None)
     c.reset(4, np.random.default_rng(1))
     c.act(_obs(0, 0.1))
     np.testing.assert_allclose(c.act(_obs(1, 0.2)).delay_s, 0.05)  # 0.1 of excess over 2 iterations
@@ -182,15 +182,102 @@ def test_phase_backoff_is_seeded_and_breaks_symmetry() -> None:
     """Two identical jobs with different seeds do not shift at the same decisions forever."""
     decisions = []
     for seed in (0, 1):
-        c = PhaseController()
+        c = PhaseController(switch_off_iters=None)
         c.reset(4, np.random.default_rng([7, seed]))
         c.act(_obs(0, 0.1))
         decisions.append([bool(c.act(_obs(k, 0.2)).delay_s.max() > 0) for k in range(1, 40)])
     assert decisions[0] != decisions[1]
-    again = PhaseController()
+    again = PhaseController(switch_off_iters=None)
     again.reset(4, np.random.default_rng([7, 0]))
     again.act(_obs(0, 0.1))
     assert [bool(again.act(_obs(k, 0.2)).delay_s.max() > 0) for k in range(1, 40)] == decisions[0]
+
+
+def _paid(c: PhaseController, k: int, collective_s: float, delay_s: float) -> float:
+    """One observation whose collective took ``collective_s`` after a delay ``delay_s`` on every rank;
+    the controller's next delay."""
+    obs = make_observation(np.full(4, 0.5), np.full(4, delay_s), iteration=k, collective_time_s=collective_s)
+    return float(c.act(obs).delay_s.max())
+
+
+def test_phase_switch_off_measures_an_unpaced_baseline_first() -> None:
+    """Rule 5: the first switch_off_iters observations are the unpaced baseline: slowed collectives
+    get no shift there; the first judged window shifts as rule 4 says."""
+    c = PhaseController(shift_prob=1.0, quiet_s=0.10, switch_off_iters=5)
+    c.reset(4, np.random.default_rng(1))
+    assert [_paid(c, k, 0.16, 0.0) for k in range(4)] == [0.0] * 4
+    assert c.diagnostics()["shifts_allowed"] == 0.0 and c.diagnostics()["baseline_cost_s"] == 0.0
+    assert _paid(c, 4, 0.16, 0.0) == pytest.approx(0.06)  # the baseline's last figure, then judged
+    assert c.diagnostics()["baseline_cost_s"] == pytest.approx(0.16)
+    assert c.diagnostics()["shifts_allowed"] == 1.0
+
+
+def test_phase_switches_off_when_its_shifts_do_not_pay() -> None:
+    """Collisions that come back whatever the shift (non-commensurate periods): the judged window's
+    cost, collective plus the delay paid, is not below the unpaced baseline's, so the controller
+    switches off and applies zero delay from then on, however slowed its collectives."""
+    c = PhaseController(shift_prob=1.0, quiet_s=0.10, switch_off_iters=4)
+    c.reset(4, np.random.default_rng(1))
+    for k in range(4):  # baseline: cost 0.16
+        _paid(c, k, 0.16, 0.0)
+    delays = [0.0]
+    for k in range(4, 8):  # shifted by the excess each time, and slowed again: cost 0.16 + 0.06
+        delays.append(_paid(c, k, 0.16, delays[-1]))
+    assert max(delays) == pytest.approx(0.06)
+    d = c.diagnostics()
+    assert d["switch_offs"] == 1.0 and d["shifts_allowed"] == 0.0
+    assert d["trial_cost_s"] > d["baseline_cost_s"]
+    assert [_paid(c, k, 0.30, 0.0) for k in range(8, 200)] == [0.0] * 192
+
+
+def test_phase_stays_on_when_its_shift_pays() -> None:
+    """Commensurate periods: one shift, then quiet collectives: the judged window costs less than the
+    collided baseline, so the controller stays on and corrects a later collision."""
+    c = PhaseController(shift_prob=1.0, quiet_s=0.10, switch_off_iters=4)
+    c.reset(4, np.random.default_rng(1))
+    for k in range(4):
+        _paid(c, k, 0.16, 0.0)
+    delay = _paid(c, 4, 0.16, 0.0)
+    assert delay == pytest.approx(0.06)
+    for k in range(5, 12):  # the shift holds: quiet from here, windows [4, 8) and [8, 12) pay
+        delay = _paid(c, k, 0.10, delay)
+    d = c.diagnostics()
+    assert d["switch_offs"] == 0.0 and d["shifts_allowed"] == 1.0
+    assert d["trial_cost_s"] < d["baseline_cost_s"]
+    assert _paid(c, 12, 0.15, 0.0) == pytest.approx(0.05)  # a drift back into overlap is corrected
+
+
+def test_phase_reprobes_after_reprobe_iters_off() -> None:
+    """With reprobe_iters set, a switched-off controller measures a fresh unpaced baseline after that
+    many observations and judges again; reset clears the switch-off."""
+    c = PhaseController(shift_prob=1.0, quiet_s=0.10, switch_off_iters=2, reprobe_iters=3)
+    c.reset(4, np.random.default_rng(1))
+    for k in range(4):  # baseline 0.10 (quiet), then a window that pays a shift: off
+        _paid(c, k, 0.10 if k < 2 else 0.16, 0.0)
+    assert c.diagnostics()["switch_offs"] == 1.0
+    assert [_paid(c, k, 0.16, 0.0) for k in range(4, 8)] == [0.0] * 4  # 3 off, 1 of a fresh baseline
+    assert _paid(c, 8, 0.16, 0.0) == pytest.approx(0.06)  # its last figure: judged again, shifts
+    assert c.diagnostics()["baseline_cost_s"] == pytest.approx(0.16)
+    c.reset(4, np.random.default_rng(1))
+    assert c.diagnostics()["switch_offs"] == 0.0 and c.diagnostics()["shifts_allowed"] == 0.0
+    with pytest.raises(ConfigError, match=r"switch_off_iters must be"):
+        PhaseController(switch_off_iters=0)
+
+
+def test_phase_switches_off_on_the_null_model_and_stays_at_zero() -> None:
+    """comm=null through the loop (two jobs sharing nothing): no collective is slowed, the judged
+    window equals the baseline, so each job switches off; its delays are zero throughout."""
+    from pacectl.backends.multijob import MultiJobSimBackend
+    from pacectl.fabric.jobs import JobSpec
+    from pacectl.fabric.topology import FatTree
+
+    topo = FatTree(ranks_per_node=2, nodes_per_leaf=2, oversubscription=2.0)
+    noise = ComputeModel(0.3, (LognormalJitter(0.03),))
+    jobs = [JobSpec("a", (0, 1, 4, 5), noise, 4e9), JobSpec("b", (2, 3, 6, 7), noise, 4e9, start_s=0.05)]
+    sim = MultiJobSimBackend(jobs, topo, 8, num_iterations=300, comm="null")
+    ep = run_episode(sim, lambda: SafetyGuard(PhaseController(switch_off_iters=50)), seed=0)
+    assert ep.applied_delay_s.max() == 0.0
+    np.testing.assert_array_equal(ep.diagnostics["switch_offs"][-1], [1.0, 1.0])
 
 
 def test_phase_through_the_loop_on_a_lone_job_never_shifts() -> None:

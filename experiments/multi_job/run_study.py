@@ -7,6 +7,10 @@ simulator (``pacectl/backends/multijob.py``):
 - every controller: none, the per-rank ones (threshold, pid, ewma, quantile, forecast), sleep_wait
   and the job-level ``phase``; each job's throughput and the sum over jobs, per seed, with the paired
   95 % batch-means interval of each change against no pacing, combined over seeds;
+- ``phase`` runs with its switch-off (rule 5 of :mod:`pacectl.controllers.phase`, the default:
+  an unpaced baseline window, then off for good once a judged window does not beat it);
+  ``phase_no_switch_off``: the same controller with ``switch_off_iters=null``, shifting whenever
+  slowed for the whole run (what ``phase`` was before the switch-off);
 - ``phase_probe``: ``phase`` given each job's quiet-fabric time (``controller.quiet_s``) as measured
   alone, by the solo run of the ceiling (the median of its collective times), instead of the
   window minimum, which is biased high where collisions persist;
@@ -237,6 +241,8 @@ def run_cell(name: str, overrides: list[str], square: bool, *, iterations: int, 
         seed=int(cfg.seed),
         exchange=experiment.exchange,
     )
+    # phase without its switch-off (rule 5): shifts whenever slowed, for the whole run
+    episodes["phase_no_switch_off"] = experiment.run("phase", {**phase_params, "switch_off_iters": None})
     base = episodes["none"]
     runs: dict[str, Any] = {}
     for family, ep in episodes.items():

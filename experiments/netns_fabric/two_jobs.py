@@ -108,8 +108,11 @@ def _schedule(args: argparse.Namespace) -> list[tuple[str, dict[str, Any], int]]
 
     live = OmegaConf.create({"backend": {"name": "torch", "pacing": {"gather": "auto", "gather_every": 1}}})
     arms = [a for a in args.arms.split(",") if a]
+    # phase without its switch-off (rule 5 of pacectl.controllers.phase): a run of a few dozen
+    # iterations is shorter than its unpaced baseline window, so the default would never shift
+    no_switch_off = {"phase": {"switch_off_iters": None}}
     runs = [
-        (arm, {} if arm == "none" else shipped_controller(arm, live), r)
+        (arm, {} if arm == "none" else {**shipped_controller(arm, live), **no_switch_off.get(arm, {})}, r)
         for arm in arms
         for r in range(args.replicates)
     ]

@@ -41,6 +41,16 @@ Update rule, per decision on the observation of iteration ``k`` (all times in se
    gets ``delay = gain * e_k / hold_iters`` (the shift, spread over the ``hold_iters`` iterations a
    decision stays in force), and the next ``horizon_iters + hold_iters - 2`` observations, which
    predate the shift's full effect, are not acted on. Otherwise every rank gets zero delay.
+5. Switch-off, unless ``switch_off_iters`` is None: a shift is a delay paid now for
+   collisions avoided later, and only pays where the avoided collisions stay avoided. The job
+   judges that on its own figures, the cost ``x_k = c_k + max_r applied_delay_r`` (the part of its
+   iteration that its shifts and the fabric decide: the iteration less its compute, which a shift
+   does not change). The first ``switch_off_iters`` observations are an unpaced baseline (no shift;
+   their mean cost ``B``). Then, per window of ``switch_off_iters`` observations with the rule above in
+   force, the mean cost ``P`` is compared with ``B``: ``P < B`` keeps the controller on for the next
+   window; ``P >= B`` (no gain) switches it off, zero delay from then on. With ``reprobe_iters``
+   set, after that many observations off it measures a fresh baseline and tries again; None
+   (default) stays off for the run.
 
 Once the jobs interleave, no collective is slowed and the delay stays zero: the controller holds
 the phase it found. Compute noise makes jobs' phases drift; a drift back into overlap is corrected
@@ -56,10 +66,25 @@ and interleave with a profiled ``quiet_s``; ``experiments/multi_job``, ``phase_p
 good as its measurement: a value too high hides slowdowns, one too low makes every collective look
 slowed (a shift at every decision, bounded by the guard's cap).
 
-Where it loses: jobs whose periods are not commensurate (1:1.37 in ``experiments/multi_job``).
-Their relative phase sweeps through every offset, so collisions return at the beat period whatever
-a shift did; each shift is a delay paid for nothing kept (-2 % there, -4 % with three jobs).
-Three commensurate jobs loading the shared links to about two thirds gain nothing measurable (+0.4 ±1.5 %).
+Where it loses without the switch-off: jobs whose periods are not commensurate (1:1.37 in
+``experiments/multi_job``). Their relative phase sweeps through every offset, so collisions return
+at the beat period whatever a shift did; each shift is a delay paid for nothing kept (-2 % there,
+-4 % with three jobs, ``switch_off_iters=null``). The switch-off bounds that loss to its one trial window
+(about ``switch_off_iters`` observations of shifting), after which the job runs unpaced; the figures
+with and without it, across seeds, are in ``experiments/multi_job/README.md``.
+
+Why this switch-off, and its sources: the reference paper's coordination layer (Gopalan and Ali,
+"When Scaling Fails", ``/work/shared/DESIGN.md``) switches itself off once the arrival spread is
+back under its threshold; a job-level shift has no spread to watch, so the switch-off here is on
+the benefit itself, measured against the job's own unpaced baseline. Measuring the unpaced arm
+for a fixed window, then the paced one, and keeping the better is the explore-then-commit strategy
+of bandit problems (Garivier, Lattimore, Kaufmann, "On Explore-Then-Commit Strategies", NeurIPS
+2016), here with one comparison per window and no confidence bound: a window is long against the
+beat of the jobs' periods, but noise can still switch a paying job off; that forgoes the rest of
+its gain, and the shifts made before it stay made (at 2:1 some seeds then end below no pacing,
+``experiments/multi_job/README.md``). Cassini's
+own answer to incompatible periods is not to pair such jobs on a link (its compatibility score),
+which a job alone cannot do; stopping its shifts is what it can do.
 
 Where it can do nothing: a job alone on its links, with no other traffic, has collectives that
 nothing slows (``comm=null``, or ``comm=contention`` without other jobs or cross traffic): then
@@ -74,6 +99,7 @@ all shift together. Two live jobs that should not shift in lockstep need differe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,13 +134,19 @@ class PhaseController(BaseController):
             controller's (:func:`pacectl.controllers.fill_schedule`).
         hold_iters: iterations a decision stays in force, >= 1 (``auto``: the run's
             ``exchange.every_iters`` / live ``gather_every``); the shift is spread over them.
+        switch_off_iters: observations of the unpaced baseline window and of each judged window of
+            the switch-off (rule 5), >= 1 (default 100); None: never switch off, shift whenever slowed.
+        reprobe_iters: observations the switch-off lasts before it measures a fresh baseline and
+            tries again, >= 1; None (default): off for the rest of the run.
 
     Raises:
         ConfigError: a parameter is out of range.
 
     Diagnostics: ``active`` (1.0 when the last decision shifted), ``quiet_s`` (the quiet time in use),
     ``excess_frac`` (``e_k / q_k``), ``shifts`` (shifts so far), ``cooldown`` (observations still
-    skipped).
+    skipped), ``shifts_allowed`` (1.0 while shifts are allowed: no switch-off, or a judged window),
+    ``switch_offs`` (times rule 5 switched it off), ``baseline_cost_s`` and ``trial_cost_s``
+    (the last baseline and judged windows' mean cost ``B`` and ``P``, seconds; 0 before the first).
 
     Example:
         >>> c = PhaseController()
@@ -130,6 +162,8 @@ class PhaseController(BaseController):
     horizon_iters: int = within(1, ">= 1")
     hold_iters: int = within(1, ">= 1")
     quiet_s: float | None = within(None, "> 0")
+    switch_off_iters: int | None = within(100, ">= 1")
+    reprobe_iters: int | None = within(None, ">= 1")
 
     def reset(self, num_ranks: int, rng: np.random.Generator | None = None) -> None:
         """Clear all state; keep ``rng`` (default ``default_rng(0)``) for the random backoff.
@@ -148,6 +182,39 @@ class PhaseController(BaseController):
         self._shifts = 0
         self._cooldown = 0
         self._active = False
+        # switch-off (rule 5): "baseline" (unpaced, measuring), "on" (judged per window), "off" (zero delay)
+        self._state = "on" if self.switch_off_iters is None else "baseline"
+        self._window_cost = 0.0
+        self._window_count = 0
+        self._baseline_cost_s = math.nan
+        self._trial_cost_s = math.nan
+        self._off_count = 0
+        self._switch_offs = 0
+
+    def _judge(self, obs: Observation) -> None:
+        """Advance the switch-off (module docstring, rule 5) on this observation's cost."""
+        if self.switch_off_iters is None:
+            return
+        if self._state == "off":
+            self._off_count += 1
+            if self.reprobe_iters is not None and self._off_count >= self.reprobe_iters:
+                self._state, self._window_cost, self._window_count = "baseline", 0.0, 0
+            return
+        # the part of the iteration the job's shifts and the fabric decide: delay paid + collective
+        self._window_cost += float(obs.collective_time_s) + float(np.max(obs.applied_delay_s))
+        self._window_count += 1
+        if self._window_count < self.switch_off_iters:
+            return
+        mean = self._window_cost / self._window_count
+        self._window_cost, self._window_count = 0.0, 0
+        if self._state == "baseline":
+            self._baseline_cost_s, self._state = mean, "on"
+            return
+        self._trial_cost_s = mean
+        if mean >= self._baseline_cost_s:  # no gain against the unpaced baseline: switch off
+            self._state, self._off_count = "off", 0
+            self._switch_offs += 1
+            self._cooldown = 0
 
     def _act(self, obs: Observation, natural_arrival_s: FloatArray) -> FloatArray:
         c = float(obs.collective_time_s)
@@ -158,6 +225,9 @@ class PhaseController(BaseController):
         self._excess_frac = excess / self._quiet_s if self._quiet_s > 0 else 0.0
         self._active = False
         delay = np.zeros_like(natural_arrival_s)
+        self._judge(obs)
+        if self._state != "on":
+            return delay
         if self._cooldown > 0:
             self._cooldown -= 1
             return delay
@@ -175,4 +245,8 @@ class PhaseController(BaseController):
             "excess_frac": self._excess_frac,
             "shifts": float(self._shifts),
             "cooldown": float(self._cooldown),
+            "shifts_allowed": float(self._state == "on"),
+            "switch_offs": float(self._switch_offs),
+            "baseline_cost_s": 0.0 if math.isnan(self._baseline_cost_s) else self._baseline_cost_s,
+            "trial_cost_s": 0.0 if math.isnan(self._trial_cost_s) else self._trial_cost_s,
         }
