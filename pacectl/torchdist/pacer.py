@@ -508,14 +508,7 @@ class Pacer:
     def _attach_fsdp2(self, model: torch.nn.Module, fsdp: list[Any]) -> Pacer:
         """FSDP2: every sharded module reduce-scatters through :class:`PacedReduceScatter` and
         all-gathers through :class:`PacedAllGather`."""
-        if self.gather == "piggyback":
-            if self._gather_requested == "piggyback":
-                raise ConfigError(
-                    "Pacer gather='piggyback' rides on a gradient all-reduce, and FSDP2 reduce-scatters its "
-                    "gradients (every rank keeps a different shard): use gather='async' or 'collective'"
-                )
-            self.gather = "async"
-            self.engine.set_schedule(exchange_lag(self.gather), self.gather_every)
+        self._without_piggyback("FSDP2 reduce-scatters its gradients (every rank keeps a different shard)")
         mine = sorted(dist.get_process_group_ranks(self.group or dist.group.WORLD))
         for m in fsdp:
             for param_group in m._get_fsdp_state()._fsdp_param_groups:
@@ -540,6 +533,23 @@ class Pacer:
         model.register_forward_hook(self._on_forward_end)
         self.align()
         return self
+
+    def _without_piggyback(self, why: str) -> None:
+        """For a model whose collectives the pacer does not issue itself (FSDP2, framework adapters):
+        ``gather="auto"`` becomes ``"async"``; ``"piggyback"`` asked for is refused.
+
+        Raises:
+            ConfigError: ``gather="piggyback"`` was asked for (``why`` says why it cannot be).
+        """
+        if self.gather != "piggyback":
+            return
+        if self._gather_requested == "piggyback":
+            raise ConfigError(
+                f"Pacer gather='piggyback' rides on a gradient all-reduce the pacer issues, and {why}: use "
+                "gather='async' or 'collective'"
+            )
+        self.gather = "async"
+        self.engine.set_schedule(exchange_lag(self.gather), self.gather_every)
 
     def align(self) -> None:
         """One tiny all-reduce: every rank leaves it together; its exit starts iteration 0's clock.
@@ -946,20 +956,43 @@ class Pacer:
         if in_backward and not self._fsdp2_end_queued:
             self._fsdp2_end_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_fsdp2_backward)
+        self._paced_collective(run, inp, t_call=t_call, first=first)
+
+    def _paced_collective(
+        self,
+        run: Callable[[], Any],
+        inp: torch.Tensor,
+        *,
+        t_call: float,
+        first: bool,
+        stamp_exit: bool = True,
+    ) -> int:
+        """One collective of the iteration that ``run()`` issues (FSDP2's, a framework adapter's,
+        :mod:`pacectl.torchdist.adapters`): delay it if it is the first, stamp its call and enter.
+
+        ``run()`` must block until the collective is done (on CUDA: until the current stream waits
+        for it), unless ``stamp_exit`` is False: then the caller stamps ``_exit[slot]`` (a
+        completion callback) and the collective is CPU-only.
+
+        Returns:
+            The collective's slot (position in the iteration).
+        """
         self._hook_call.append(t_call)
         self._exit.append(float("nan"))
         self._sizes.append(inp.numel() * inp.element_size())
+        slot = len(self._enter)
         if inp.is_cuda and self.device_delay_mode == "auto":
             self._fsdp2_collective_cuda(run, inp, first=first)
-            return
-        slot = len(self._enter)
+            return slot
         if first:
             self._applied = self._next_delay
             self.delay_actual_s.append(host_delay(self._applied, spin_s=self.spin_s))
         self._enter.append(now())
         run()
-        self._exit[slot] = now()
+        if stamp_exit:
+            self._exit[slot] = now()
         self._hook_return.append(now())
+        return slot
 
     def _fsdp2_collective_cuda(self, run: Callable[[], Any], inp: torch.Tensor, *, first: bool) -> None:
         """CUDA: the delay on the stream FSDP2 issues the collective on (the current one), events around it."""
