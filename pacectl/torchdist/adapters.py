@@ -27,11 +27,12 @@ any CUDA/NCCL path, Megatron's distributed optimizer (reduce-scatter), DeepSpeed
 paths, ZeRO-3, pipeline parallelism, virtual pipeline chunks, MoE expert groups.
 
 Example:
+    >>> # decide = DecisionEngine("threshold", {}, {}, num_ranks=dp_size, seed=0)
     >>> # Megatron-core: ddp = DistributedDataParallel(config, ddp_config, model)
-    >>> # pace_megatron(ddp, Pacer(engine, group=parallel_state.get_data_parallel_group()))
+    >>> # pacer = pace_megatron(ddp, Pacer(decide, group=parallel_state.get_data_parallel_group()))
     >>> # DeepSpeed: engine, *_ = deepspeed.initialize(...)
-    >>> # paced = pace_deepspeed(engine, Pacer(engine_, group=groups._get_data_parallel_group()))
-    >>> # ...; pacer.flush(); paced.detach()
+    >>> # paced = pace_deepspeed(engine, Pacer(decide)); pacer = paced.pacer
+    >>> # training loop unchanged; at the end: pacer.flush() (every rank); paced.detach()
 """
 
 from __future__ import annotations
