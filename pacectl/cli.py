@@ -490,7 +490,7 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
             ``OverrideParseException``).
     """
     from hydra.errors import MissingConfigException
-    from omegaconf.errors import ValidationError
+    from omegaconf.errors import ConfigKeyError, ValidationError
 
     if isinstance(err.__cause__, ValidationError):  # a wrong type for a typed config
         return config_error(err.__cause__)
@@ -582,6 +582,8 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
                 fix = fix or (f" Did you mean {close}{key[len(first) :]}={given}?" if close else "")
                 shown = f" (top-level keys: {top})"
         return f"{key}={given}: no such config key{shown}.{fix}"
+    if isinstance(err.__cause__, ConfigKeyError):  # a mapping given a key its typed node lacks
+        return config_error(err.__cause__)
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     line = " ".join(lines[:4])
     grammar = "https://hydra.cc/docs/advanced/override_grammar/basic/"

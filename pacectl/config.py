@@ -33,6 +33,7 @@ from pacectl.data import DATA_DIR
 from pacectl.errors import ConfigError, did_you_mean, unknown_keys_error, yaml_problem
 from pacectl.fabric.base import CommModel, NullComm
 from pacectl.loop import ExchangeSchedule
+from pacectl.torchdist.core import TorchConfig  # torch-free
 from pacectl.traces.formats import FORMATS, trace_config, user_path
 from pacectl.traces.model import OpTrace
 from pacectl.types import Controller
@@ -65,6 +66,7 @@ for _name, _format in FORMATS.items():  # trace=<format>: its typed config
     ConfigStore.instance().store(group="trace", name=_name, node=_format)
 ConfigStore.instance().store(group="backend", name="replay", node=ReplayConfig)
 ConfigStore.instance().store(group="backend", name="sim", node=SimConfig)
+ConfigStore.instance().store(group="backend", name="torch", node=TorchConfig)
 
 
 def load_trace(trace_cfg: DictConfig) -> OpTrace:

@@ -159,7 +159,11 @@ def config_error(err: BaseException, section: str = "") -> str:
     if isinstance(err, ValidationError) and leaf in declared:
         hint = typing.get_type_hints(cls).get(leaf)
         args = typing.get_args(hint) or (hint,)
-        kinds = [_KINDS.get(a, str(a).replace("typing.", "")) for a in args if a is not type(None)]
+        kinds = [
+            "a mapping" if dataclasses.is_dataclass(a) else _KINDS.get(a, str(a).replace("typing.", ""))
+            for a in args
+            if a is not type(None)
+        ]
         meta = declared[leaf].metadata  # a pacectl.checks field states its range, or what it must be
         must = meta.get("what") or " or ".join(kinds) + (f" {meta['range']}" if meta.get("range") else "")
         must += " or null" if type(None) in args else ""

@@ -83,7 +83,7 @@ def run_episode(
     """Run one closed-loop episode.
 
     Lockstep backends (replay, sim) run iteration k of every domain in one ``step``. A backend
-    whose domains keep their own clocks (``independent_clocks``: several jobs on one fabric, see
+    whose domains keep their own clocks (``Backend.independent_clocks``: several jobs on one fabric, see
     :meth:`pacectl.types.Backend.step`) returns from each ``step`` the domains whose iteration ended
     then; each domain's controller acts at that domain's own iteration boundaries, its decisions
     travel by its own :class:`ExchangeSchedule`, and the episode records each domain's first
@@ -134,7 +134,7 @@ def run_episode(
         ctrl.reset(len(dom.ranks), np.random.default_rng([seed, d]))
     backend.reset(seed=seed)
     n_iter = backend.num_iterations if num_iterations is None else min(num_iterations, backend.num_iterations)
-    independent = bool(getattr(backend, "independent_clocks", False))
+    independent = backend.independent_clocks
     num_ranks = len(backend.rank_labels)
     num_domains = len(domains)
     if reduce is not None and independent:
@@ -168,7 +168,7 @@ def run_episode(
     shell = Episode(
         backend=backend.name,
         comm_model=backend.comm_model,
-        comm_timing_dependent=getattr(backend, "comm_timing_dependent", None),
+        comm_timing_dependent=backend.comm_timing_dependent,
         controller=controllers[0].name,
         rank_labels=np.asarray(backend.rank_labels, dtype=np.int64),
         domain_of_rank=domain_of_rank,
@@ -270,7 +270,7 @@ def run_episode(
         guard_interventions=int(sum(np.nansum(c) for c in final.values())),
         wait_asleep=asleep,
         domain_iteration_time_s=domain_time if independent else None,
-        actuator=str(getattr(backend, "actuator", "delay")),
+        actuator=backend.actuator,
         **_rows(rec, compute_rec, rows=slice(0, 0) if reduce is not None else slice(None)),
     )
 

@@ -185,11 +185,13 @@ class Backend(Protocol):
         domains: the pacing domains, one controller instance each.
         rank_labels: ``int64[num_ranks]`` global rank id of each rank index.
         step_ids: ``int64[num_iterations]`` the source step id of each iteration (trace step ids).
-
-    Optional attribute ``independent_clocks`` (absent means False: lockstep): True for a backend
-    whose domains keep their own clocks, such as several jobs sharing one fabric, each finishing its
-    iterations at its own instants (:class:`pacectl.backends.multijob.MultiJobSimBackend`). See
-    :meth:`step` for what changes then.
+        comm_timing_dependent: whether durations depend on when transfers start (only then can
+            pacing change an iteration).
+        actuator: how the pacing delays are applied (``"delay"``: sleep; ``"clock"``: slower compute).
+        independent_clocks: True for a backend whose domains keep their own clocks, such as several
+            jobs sharing one fabric, each finishing its iterations at its own instants
+            (:class:`pacectl.backends.multijob.MultiJobSimBackend`); see :meth:`step` for what
+            changes then. False (the default of a backend that subclasses this one): lockstep.
     """
 
     name: str
@@ -197,6 +199,9 @@ class Backend(Protocol):
     domains: tuple[Domain, ...]
     rank_labels: IntArray
     step_ids: IntArray
+    comm_timing_dependent: bool
+    actuator: str
+    independent_clocks: bool = False
 
     @property
     def num_iterations(self) -> int: ...

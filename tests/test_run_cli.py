@@ -238,7 +238,7 @@ def test_a_trace_file_replays_by_its_path(tmp_path: Path) -> None:
             ["backend=torch", "backend.nproc_per_node=abc"], "backend.nproc_per_node must be an integer"
         ),
         _torch_case(
-            ["backend=torch", "backend.pacing.spin_s=-1"], "backend.pacing.spin_s must be a finite number"
+            ["backend=torch", "backend.pacing.spin_s=-1"], "backend.pacing.spin_s must be >= 0, got -1.0"
         ),
         _torch_case(["backend=torch", "backend.workload.model=cnn"], "backend.workload.model must be one of"),
         _torch_case(

@@ -29,8 +29,8 @@ from pacectl.torchdist.core import (
     rows_to_trace,
     shared_clock_marks,
     straggler_schedule,
+    torch_config,
     validate_control,
-    validate_torch_backend,
 )
 from pacectl.types import Observation
 
@@ -263,12 +263,11 @@ def test_control_messages_of_the_wrong_shape_are_rejected_not_fatal(tmp_path, co
 
 def _torch_backend(**changes: object) -> dict:
     import copy
+    import dataclasses
 
-    import yaml
+    from pacectl.torchdist.core import TorchConfig
 
-    from pacectl.config import CONF_DIR
-
-    b = yaml.safe_load((CONF_DIR / "backend" / "torch.yaml").read_text())
+    b = dataclasses.asdict(TorchConfig())
     for dotted, value in changes.items():
         node = b
         *parents, leaf = dotted.split("__")
@@ -286,39 +285,46 @@ def _torch_backend(**changes: object) -> dict:
         ({"pacing__piggyback_max_bytes": -1}, "backend.pacing.piggyback_max_bytes must be an integer >= 0"),
         (
             {"pacing__piggyback_max_bytes": "1MB"},
-            "or null, got '1MB': e.g. backend.pacing.piggyback_max_bytes=1048576 (1 MiB), or null to always",
+            "(bytes, e.g. 1048576 = 1 MiB; null: always append to the carrier) or null, got '1MB'",
         ),
         ({"pacing__control_poll_iters": 0}, "backend.pacing.control_poll_iters must be an integer >= 1"),
-        ({"pacing__spin_s": -1}, "backend.pacing.spin_s must be a finite number >= 0"),
+        (
+            {"pacing__spin_s": -1},
+            "backend.pacing.spin_s must be >= 0, got -1.0 (override: backend.pacing.spin_s=",
+        ),
         ({"workload__width": 0}, "backend.workload.width must be an integer >= 1"),
         ({"workload__model": "cnn"}, "backend.workload.model must be one of"),
         ({"workload__model": "transformer", "workload__heads": 3}, "multiple of backend.workload.heads"),
-        ({"straggler__prob": "x"}, "backend.straggler.prob must be in [0, 1]"),
+        ({"straggler__prob": "x"}, "backend.straggler.prob must be a finite number in [0, 1], got 'x'"),
         ({"straggler__rank": 9}, "backend.straggler.rank must be in [-1, 4)"),
-        ({"straggler__rnk": 1}, "backend.straggler has unknown key(s) ['rnk']"),
-        ({"straggler__rnk": 1}, "Did you mean backend.straggler.rank=1?"),
+        ({"straggler__rnk": 1}, "backend.straggler.rnk: no such key (known: rank, prob,"),
+        ({"straggler__rnk": 1}, "did you mean backend.straggler.rank?"),
         ({"start_method": "bogus"}, "backend.start_method must be one of"),
         ({"nproc_per_node": "abc"}, "backend.nproc_per_node must be an integer >= 1"),
-        ({"bogus": 1}, "backend has unknown key(s) ['bogus']"),
-        ({"nproc": 2}, "Did you mean backend.nproc_per_node=2?"),
-        ({"workload__dropout": 0.1}, "backend.workload has unknown key(s) ['dropout']"),
-        ({"pacing__bogus": 1}, "backend.pacing has unknown key(s) ['bogus']"),
+        ({"bogus": 1}, "backend.bogus: no such key (known: name, comm_model, nproc_per_node,"),
+        ({"nproc": 2}, "did you mean backend.nproc_per_node?"),
+        ({"workload__dropout": 0.1}, "backend.workload.dropout: no such key (known: model,"),
+        ({"pacing__bogus": 1}, "backend.pacing.bogus: no such key (known: spin_s,"),
         ({"comm_model": "nvlink"}, "backend.comm_model labels the real fabric"),
         ({"probe__ranks": [0, 4]}, "backend.probe.ranks must be ranks in [0, 4) (backend.nproc_per_node=4)"),
         ({"probe__ranks": "all"}, "backend.probe.ranks must be a list of ranks"),
         ({"probe__prob": 2}, "backend.probe.prob must be in [0, 1], got 2"),
-        ({"probe__max_delay_s": -0.1}, "backend.probe.max_delay_s must be >= 0 seconds and finite"),
-        ({"probe__rank": [1]}, "backend.probe has unknown key(s) ['rank']"),
-        ({"fault": 7}, "backend.fault must be null or"),
+        ({"probe__max_delay_s": -0.1}, "backend.probe.max_delay_s must be >= 0, got -0.1"),
+        ({"probe__rank": [1]}, "backend.probe.rank: no such key (known: ranks,"),
+        ({"fault": 7}, "backend.fault must be a mapping, got 7"),
+        ({"fault": {"rank": 1}}, "backend.fault needs both rank and iteration"),
         ({"fault": {"rank": 5, "iteration": 3}}, "backend.fault.rank must be < backend.nproc_per_node=4"),
-        ({"fault": {"rank": 1, "iteration": 3, "x": 1}}, "backend.fault has unknown key(s) ['x']"),
+        (
+            {"fault": {"rank": 1, "iteration": 3, "x": 1}},
+            "backend.fault.x: no such key (known: rank, iteration, kind)",
+        ),
         ({"socket_ifname": "nonexistent0"}, "backend.socket_ifname names no network interface"),
     ],
 )
 def test_torch_backend_config_is_checked_before_launch(change: dict, message: str) -> None:
-    validate_torch_backend(_torch_backend())  # the shipped default is valid
+    torch_config(_torch_backend())  # the shipped default is valid
     with pytest.raises(ConfigError, match=re.escape(message)):
-        validate_torch_backend(_torch_backend(**change))
+        torch_config(_torch_backend(**change))
 
 
 @pytest.mark.parametrize("blocks", [False, True])
@@ -526,16 +532,14 @@ def test_counterfactual_lines_for_the_console_and_report() -> None:
 def test_piggyback_max_bytes_outside_piggyback_warns() -> None:
     """The limit applies to the piggyback exchange only: set with another mode, say it is ignored."""
     with pytest.warns(UserWarning, match="applies to gather=piggyback only; gather=async ignores it"):
-        validate_torch_backend(_torch_backend(pacing__gather="async", pacing__piggyback_max_bytes=1 << 20))
+        torch_config(_torch_backend(pacing__gather="async", pacing__piggyback_max_bytes=1 << 20))
     # the default, auto, is async on gloo: the limit is ignored there too, and said so
     with pytest.warns(UserWarning, match=r"gather=auto \(async on gloo\) ignores it"):
-        validate_torch_backend(_torch_backend(pacing__piggyback_max_bytes=1 << 20))
+        torch_config(_torch_backend(pacing__piggyback_max_bytes=1 << 20))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        validate_torch_backend(
-            _torch_backend(pacing__gather="piggyback", pacing__piggyback_max_bytes=1 << 20)
-        )
-        validate_torch_backend(_torch_backend(pacing__piggyback_max_bytes=None))
+        torch_config(_torch_backend(pacing__gather="piggyback", pacing__piggyback_max_bytes=1 << 20))
+        torch_config(_torch_backend(pacing__piggyback_max_bytes=None))
 
 
 def test_auto_gather_is_async_on_gloo_and_piggyback_on_nccl() -> None:

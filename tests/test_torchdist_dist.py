@@ -248,7 +248,7 @@ def test_pacer_rejects_bad_arguments(tmp_path) -> None:
             ({"gather": "bogus"}, "gather must be one of"),
             ({"gather_every": 0}, "gather_every must be an integer >= 1"),
             ({"control_poll_iters": 0}, "control_poll_iters must be an integer >= 1"),
-            ({"spin_s": -1.0}, "spin_s must be a finite number"),
+            ({"spin_s": -1.0}, r"Pacer.spin_s must be >= 0, got -1.0"),
             ({"piggyback_max_bytes": 0.5}, "piggyback_max_bytes must be an integer >= 0"),
             ({"cuda_resolve": "later"}, "cuda_resolve='later': expected one of"),
         ):

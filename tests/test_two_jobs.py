@@ -57,22 +57,19 @@ def test_the_start_gate_waits_for_its_file_and_its_time(tmp_path: Path) -> None:
 def test_the_sleep_workload_is_a_bias_free_linear_stack_and_validates() -> None:
     pytest.importorskip("torch")
     from pacectl.errors import ConfigError
-    from pacectl.torchdist.core import validate_torch_backend
+    from pacectl.torchdist.core import TorchConfig, torch_config
     from pacectl.torchdist.worker import build_model
 
     model, x = build_model({"model": "sleep", "width": 16, "depth": 2, "batch_size": 1})
     assert sum(p.numel() for p in model.parameters()) == 2 * 16 * 16 and tuple(x.shape) == (1, 16)
-    from omegaconf import OmegaConf
+    import dataclasses
 
-    from pacectl.config import CONF_DIR
-
-    b = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "backend" / "torch.yaml"))
-    assert isinstance(b, dict)
+    b = dataclasses.asdict(TorchConfig())
     b["workload"].update(model="sleep", compute_s=0.1)
-    validate_torch_backend(b)
+    torch_config(b)
     b["workload"]["compute_s"] = -1
-    with pytest.raises(ConfigError, match="workload.compute_s must be a finite number >= 0"):
-        validate_torch_backend(b)
+    with pytest.raises(ConfigError, match="workload.compute_s must be >= 0, got -1.0"):
+        torch_config(b)
 
 
 def test_without_root_it_skips_with_exit_77(tmp_path: Path) -> None:

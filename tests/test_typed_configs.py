@@ -17,25 +17,29 @@ from pacectl.controllers import FAMILIES
 from pacectl.controllers.guard import GuardConfig
 from pacectl.errors import config_error
 from pacectl.testing.commands import run_command
+from pacectl.torchdist.core import TorchConfig
 from pacectl.traces.formats import FORMATS
 
 
-def _bad_values(cls: type) -> list[tuple[str, str]]:
+def _bad_values(cls: type, prefix: str = "") -> list[tuple[str, str]]:
     """``(key, a value it refuses)`` for every field of ``cls`` that can be wrong: a word for a
-    number or a list, ``maybe`` for a boolean, a value past its range, a string not among its choices."""
+    number or a list, ``maybe`` for a boolean, a value past its range, a string not among its
+    choices; a nested section's fields as ``<section>.<key>``."""
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
         rng: Range | None = f.metadata.get("range")
-        hint = str(hints[f.name])
-        if f.metadata.get("kind") is bool:
-            out.append((f.name, "maybe"))
+        hint, key = str(hints[f.name]), prefix + f.name
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += _bad_values(hints[f.name], f"{key}.")
+        elif f.metadata.get("kind") is bool:
+            out.append((key, "maybe"))
         elif f.metadata.get("choices"):
-            out.append((f.name, "bogus"))
+            out.append((key, "bogus"))
         elif "float" in hint or "int" in hint:
-            out.append((f.name, "abc"))
+            out.append((key, "abc"))
             if rng is not None and rng.low is not None and "list" not in hint:
-                out.append((f.name, str(rng.low if rng.low_open else rng.low - 1)))
+                out.append((key, str(rng.low if rng.low_open else rng.low - 1)))
     return out
 
 
@@ -43,7 +47,7 @@ def _cases() -> list[tuple[list[str], str]]:
     cases = []
     for fmt, cls in FORMATS.items():
         cases += [([f"trace={fmt}", f"trace.{k}={v}"], f"trace.{k}") for k, v in _bad_values(cls)]
-    for name, cls in (("replay", ReplayConfig), ("sim", SimConfig)):
+    for name, cls in (("replay", ReplayConfig), ("sim", SimConfig), ("torch", TorchConfig)):
         cases += [([f"backend={name}", f"backend.{k}={v}"], f"backend.{k}") for k, v in _bad_values(cls)]
     cases += [([f"guard.{k}={v}"], f"guard.{k}") for k, v in _bad_values(GuardConfig)]
     for fam in FAMILIES.values():

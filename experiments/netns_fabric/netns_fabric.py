@@ -198,13 +198,13 @@ def run_job(
     args: argparse.Namespace, controllers: list[tuple[str, dict[str, Any]]], work: Path
 ) -> dict[str, Any]:
     """Start one agent per rank namespace (and the cross traffic), wait, collect the episodes."""
+    import dataclasses
+
     from pacectl import metrics
-    from pacectl.config import CONF_DIR
+    from pacectl.torchdist.core import TorchConfig
 
     record_dir = work / "records"
-    import yaml
-
-    torch_cfg = yaml.safe_load((CONF_DIR / "backend" / "torch.yaml").read_text())
+    torch_cfg = dataclasses.asdict(TorchConfig())  # backend=torch's defaults
     workload = {**torch_cfg["workload"], "num_iterations": args.iters, "warmup_iterations": 5}
     workload["width"] = args.width
     spec = {

@@ -170,11 +170,11 @@ def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def coordinate(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     """Start the four ranks, open each run's gate for both jobs, collect each run's throughput."""
-    import yaml
+    import dataclasses
 
-    from pacectl.config import CONF_DIR
+    from pacectl.torchdist.core import TorchConfig
 
-    torch_cfg = yaml.safe_load((CONF_DIR / "backend" / "torch.yaml").read_text())
+    torch_cfg = dataclasses.asdict(TorchConfig())  # backend=torch's defaults
     schedule = _schedule(args)
     period_s = args.compute_s + args.comm_s_estimate
     rng = random.Random(args.seed + 1)

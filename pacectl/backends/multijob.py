@@ -47,13 +47,13 @@ from pacectl.fabric.contention import CrossTraffic, EarlyArrivalInterference, _e
 from pacectl.fabric.jobs import JobFabric, JobSpec, job_fabric, shared_links
 from pacectl.fabric.power import PowerProfile, check_actuator, power_profile
 from pacectl.fabric.topology import FatTree, max_min_fair
-from pacectl.types import Action, Domain, IntArray, Observation, RankCompute
+from pacectl.types import Action, Backend, Domain, IntArray, Observation, RankCompute
 
 #: The comm models the multi-job simulator takes.
 MULTIJOB_COMMS = ("null", "alpha_beta", "contention")
 
 
-class MultiJobSimBackend:
+class MultiJobSimBackend(Backend):
     """Several jobs sharing one fat-tree (``Backend`` protocol, ``independent_clocks``).
 
     Args:

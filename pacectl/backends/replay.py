@@ -24,7 +24,7 @@ from pacectl.errors import BackendError, ConfigError
 from pacectl.fabric.base import CommModel, NullComm
 from pacectl.fabric.power import PowerProfile, check_actuator, power_profile
 from pacectl.traces.model import COMPUTE_OPTYPES, OpTrace
-from pacectl.types import Action, Domain, FloatArray, IntArray, Observation, RankCompute
+from pacectl.types import Action, Backend, Domain, FloatArray, IntArray, Observation, RankCompute
 
 DEFAULT_PACED_OPTYPE = "grads-reduce-scatter"
 #: Op types that run on the GPU's compute stream (their time is compute in the energy account).
@@ -64,7 +64,7 @@ class ReplayConfig(Checked):
     actuator: str = "delay"
 
 
-class ReplayBackend:
+class ReplayBackend(Backend):
     """Closed-loop replay of a recorded trace (``Backend`` protocol).
 
     Args:

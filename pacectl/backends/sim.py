@@ -40,7 +40,7 @@ from pacectl.fabric.overlap import BucketEngine
 from pacectl.fabric.power import PowerProfile, check_actuator, clock_for_delay, power_profile
 from pacectl.fabric.powercap import NodePowerCap
 from pacectl.traces.model import JobMeta, OpTrace, validate_ops
-from pacectl.types import Action, Domain, IntArray, Observation, RankCompute
+from pacectl.types import Action, Backend, Domain, IntArray, Observation, RankCompute
 
 
 @dataclass(kw_only=True)
@@ -61,7 +61,7 @@ class SimConfig(Checked):
     actuator: str = "delay"
 
 
-class SimBackend:
+class SimBackend(Backend):
     """The synthetic cluster (``Backend`` protocol).
 
     Args:

@@ -110,7 +110,7 @@ class BackendContract:
 
     def test_max_plus_invariant_unless_timing_dependent(self) -> None:
         backend = self.make_backend()
-        if getattr(backend, "comm_timing_dependent", True):
+        if backend.comm_timing_dependent:
             pytest.skip("timing-dependent communication model: delays may shorten iterations")
         rng = np.random.default_rng(2)
         steps = self._steps(backend)

@@ -24,15 +24,16 @@ import math
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
+from pacectl.checks import Checked, Range, flag, within
 from pacectl.controllers import PacingGuardWarning, SafetyGuard, fill_schedule, make_controller
-from pacectl.errors import ConfigError, PacectlError, unknown_keys_error
+from pacectl.errors import ConfigError, PacectlError, config_error
 from pacectl.traces.model import JobMeta, OpTrace, validate_ops
 from pacectl.types import Action, Episode, FloatArray, Observation
 
@@ -130,295 +131,309 @@ def exchange_lag(mode: str) -> int:
 
 #: Built-in workload models (see :func:`pacectl.torchdist.worker.build_model`).
 WORKLOAD_MODELS = ("mlp", "transformer", "sleep")
-_START_METHODS = ("spawn", "fork")
-_HINT = "see conf/backend/torch.yaml"
-
-
-def _tail(hint: str) -> str:
-    return f" ({hint})" if hint else ""
-
-
-def _int(
-    b: Mapping[str, Any],
-    key: str,
-    *,
-    low: int,
-    default: int | None = None,
-    where: str = "backend",
-    hint: str = _HINT,
-) -> int:
-    value = b.get(key.rsplit(".", 1)[-1], default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{where}.{key} must be an integer >= {low}, got {value!r}{_tail(hint)}")
-    return value
-
-
-def _real(
-    b: Mapping[str, Any],
-    key: str,
-    *,
-    low: float,
-    low_open: bool,
-    default: float | None = None,
-    where: str = "backend",
-    hint: str = _HINT,
-) -> float:
-    value = b.get(key.rsplit(".", 1)[-1], default)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = value > low if low_open else value >= low
-    if not ok:
-        bound = f"> {low:g}" if low_open else f">= {low:g}"
-        raise ConfigError(f"{where}.{key} must be a finite number {bound}, got {value!r}{_tail(hint)}")
-    return float(value)
-
-
-def _choice(
-    b: Mapping[str, Any],
-    key: str,
-    choices: Sequence[str],
-    default: str,
-    *,
-    where: str = "backend",
-    hint: str = _HINT,
-) -> str:
-    value = b.get(key.rsplit(".", 1)[-1], default)
-    if value not in choices:
-        example = f"for example {where}.{key}={choices[0]}; {hint}" if hint else ""
-        raise ConfigError(f"{where}.{key} must be one of {list(choices)}, got {value!r}{_tail(example)}")
-    return str(value)
-
-
-#: Defaults of ``backend.pacing`` and of :class:`~pacectl.torchdist.pacer.Pacer`'s keyword
-#: arguments of the same names (what a missing key means); :func:`check_pacing` checks them.
-PACING_DEFAULTS: dict[str, Any] = {
-    "spin_s": 2e-4,
-    "gather": "auto",
-    "gather_every": 1,
-    "piggyback_max_bytes": None,
-    "control_path": None,
-    "control_poll_iters": 10,
-}
-
-
 #: ``backend.parallel``: how the built-in workload shards its gradients (DDP all-reduce or FSDP2
 #: reduce-scatter on a CPU device mesh).
 PARALLEL_MODES = ("ddp", "fsdp2")
 
-#: Keys of ``backend=torch`` and of its sections (``conf/backend/torch.yaml``).
-_BACKEND_KEYS = {
-    "": {
-        "name", "comm_model", "nproc_per_node", "num_iterations", "interleave_block", "warmup_iterations",
-        "pg_timeout_s", "start_method", "socket_ifname", "threads", "record_dir", "workload", "straggler",
-        "pacing", "fault", "parallel", "flight_recorder", "probe",
-    },
-    "workload": {"model", "width", "depth", "batch_size", "seq_len", "heads", "bucket_cap_mb", "lr", "compute_s"},
-    "pacing": set(PACING_DEFAULTS),
-    "fault": {"rank", "iteration", "kind"},
-}  # fmt: skip
+
+@dataclass(kw_only=True)
+class WorkloadConfig(Checked):
+    """``backend.workload``: the built-in model on synthetic data (loss = mean(output^2)).
+
+    ``width`` is the hidden size (mlp) or d_model (transformer, a multiple of ``heads``);
+    ``seq_len`` and ``heads`` are the transformer's, ``compute_s`` the sleep model's seconds per
+    iteration; ``bucket_cap_mb`` is DDP's gradient bucket size (several buckets overlap backward).
+    """
+
+    section: ClassVar[str] = "backend.workload"
+    model: str = within("mlp", choices=WORKLOAD_MODELS)
+    width: int = within(512, ">= 1")
+    depth: int = within(4, ">= 1")
+    batch_size: int = within(32, ">= 1")
+    seq_len: int = within(32, ">= 1")
+    heads: int = within(4, ">= 1")
+    bucket_cap_mb: float = within(1.0, "> 0")
+    lr: float = within(1e-3, "> 0")
+    compute_s: float = within(0.0, ">= 0")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.model == "transformer" and self.width % self.heads:
+            raise ConfigError(
+                f"backend.workload.width must be a multiple of backend.workload.heads for the transformer, "
+                f"got width {self.width} and heads {self.heads}: e.g. backend.workload.heads=4"
+            )
+
+
+@dataclass(kw_only=True)
+class StragglerSpec(Checked):
+    """Injected straggling (``backend.straggler``): with probability ``prob`` per iteration, a rank
+    is slowed by ``duration_s``.
+
+    Attributes:
+        rank: the slowed rank, or -1 for a random rank per event, or None for no injection.
+        prob: probability per iteration, [0, 1].
+        duration_s: extra time of one event, seconds, >= 0.
+        kind: ``"sleep"`` (idle, like a stalled data loader) or ``"burn"`` (busy CPU, like interference).
+        jitter_frac: each event lasts ``duration_s * U(1 - jitter_frac, 1 + jitter_frac)``, [0, 1].
+    """
+
+    section: ClassVar[str] = "backend.straggler"
+    rank: int | None = within(1, ">= -1")
+    prob: float = within(0.3, "[0, 1]")
+    duration_s: float = within(0.02, ">= 0")
+    kind: str = within("sleep", choices=("sleep", "burn"))
+    jitter_frac: float = within(0.5, "[0, 1]")
+
+
+@dataclass(kw_only=True)
+class ProbeSpec(Checked):
+    """Randomised probe delays (``backend.probe``): small sleeps, independent of any controller.
+
+    On each chosen rank and iteration, with probability ``prob``, the rank sleeps ``U(0,
+    max_delay_s)`` seconds between its forward and its backward, so its arrival at every gradient
+    bucket's collective moves by that much, as a host pacing delay (a sleep that also holds back
+    backward) moves it. The schedule depends only on the experiment seed, so every controller run of
+    a job gets the same probes, as it gets the same straggler schedule; the delays are variation the
+    controller did not cause, from which the response of a collective's completion to a delay can be
+    estimated (``experiments/probe``). They are recorded: as compute in the canonical record (the
+    first backward segment), and per iteration and rank in ``<record_dir>/<controller>.episode.pkl``
+    (``probe_s`` as scheduled, ``probe_actual_s`` as slept).
+
+    Attributes:
+        ranks: the probed ranks, e.g. ``[0, 1, 2, 3]``; empty (the default) switches probes off.
+        prob: probability per probed rank and measured iteration, [0, 1].
+        max_delay_s: the largest delay, seconds, finite and >= 0.
+    """
+
+    section: ClassVar[str] = "backend.probe"
+    ranks: list[int] = field(
+        default_factory=list,
+        metadata={"range": Range(0.0), "what": "a list of ranks (integers >= 0), e.g. [0,1]"},
+    )
+    prob: float = within(0.5, "[0, 1]")
+    max_delay_s: float = within(0.005, ">= 0")
+
+    @property
+    def active(self) -> bool:
+        """Whether any probe can fire."""
+        return bool(self.ranks) and self.prob > 0.0 and self.max_delay_s > 0.0
+
+
+@dataclass(kw_only=True)
+class PacingConfig(Checked):
+    """``backend.pacing``: the pacing layer's settings, also :class:`~pacectl.torchdist.pacer.Pacer`'s
+    keyword arguments of the same names (see it for each).
+
+    ``spin_s``: the busy-wait tail of the host delay (precision against CPU). ``gather``: how the
+    per-rank figures are exchanged (:func:`resolve_gather`), every ``gather_every`` iterations
+    (staler decisions: on real step times k=10 turned gains into losses, ``experiments/staleness``).
+    ``piggyback_max_bytes``: on CPU a larger carrier bucket is not copied, the figures go in a tiny
+    all-reduce beside it. ``control_path``: the JSON file rank 0 watches (``{"enabled": false}`` or
+    ``{"controller": {...}}``), polled every ``control_poll_iters`` iterations.
+    """
+
+    section: ClassVar[str] = "backend.pacing"
+    spin_s: float = within(2e-4, ">= 0")
+    gather: str = within("auto", choices=GATHER_MODES)
+    gather_every: int = within(1, ">= 1")
+    piggyback_max_bytes: int | None = within(
+        None, ">= 0", what="an integer >= 0 (bytes, e.g. 1048576 = 1 MiB; null: always append to the carrier)"
+    )
+    control_path: str | None = None
+    control_poll_iters: int = within(10, ">= 1")
+
+
+@dataclass(kw_only=True)
+class FaultConfig(Checked):
+    """``backend.fault`` (tests): rank ``rank`` exits (``kind=exit``) or holds itself stopped
+    (``stop``, SIGSTOP) at measured iteration ``iteration``; both null (the default): no fault.
+    ``backend.fault="{rank: 1, iteration: 3}"`` sets both."""
+
+    section: ClassVar[str] = "backend.fault"
+    rank: int | None = within(None, ">= 0")
+    iteration: int | None = within(None, ">= 0")
+    kind: str = within("exit", choices=("exit", "stop"))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.rank is None) != (self.iteration is None):
+            raise ConfigError(
+                f"backend.fault needs both rank and iteration (or neither: no fault), got rank {self.rank} and "
+                f'iteration {self.iteration}: e.g. backend.fault="{{rank: 1, iteration: 3}}"'
+            )
+
+
+@dataclass(kw_only=True)
+class TorchConfig(Checked):
+    """``backend=torch``: a live torch.distributed job (gloo on CPU), every controller against no
+    pacing on the same seed and straggler schedule; typed (Hydra's ConfigStore).
+
+    Each run writes ``<record_dir>/<controller>.parquet`` (canonical trace; ``record_dir`` null:
+    ``<run dir>/records``), replayable with ``trace=canonical trace.path=<that file>``::
+
+        python -m pacectl.run backend=torch backend.nproc_per_node=4
+        python -m pacectl.run backend=torch controller=threshold backend.straggler.kind=burn
+
+    ``nproc_per_node`` ranks are started by torch's elastic launcher (c10d rendezvous on
+    127.0.0.1, ``start_method`` spawn or fork). The runs train in turn, ``interleave_block``
+    iterations each (machine drift spreads over all of them; 0: one run after the other), after
+    ``warmup_iterations`` unpaced, unlogged ones (DDP rebuilds its buckets after iteration 0).
+    ``pg_timeout_s``: a dead rank ends the job within this. ``socket_ifname``: GLOO_SOCKET_IFNAME;
+    ``threads``: torch intra-op threads per rank. ``parallel``: ``ddp`` (all-reduce buckets) or
+    ``fsdp2`` (fully_shard per layer on a CPU device mesh, paced at the forward's first all-gather).
+    ``flight_recorder``: PyTorch's Flight Recorder on, each run's dump in
+    ``<record_dir>/flight_recorder/<controller>/`` (replay: ``trace=<that folder>``). ``comm_model``
+    labels the real fabric (timing-dependent: pacing may help or hurt).
+    """
+
+    section: ClassVar[str] = "backend"
+    name: str = "torch"
+    comm_model: str = "live-gloo"
+    nproc_per_node: int = within(4, ">= 1")
+    num_iterations: int = within(60, ">= 2")
+    interleave_block: int = within(10, ">= 0")
+    warmup_iterations: int = within(5, ">= 0")
+    pg_timeout_s: float = within(30.0, "> 0")
+    start_method: str = within("spawn", choices=("spawn", "fork"))
+    socket_ifname: str = "lo"
+    threads: int = within(1, ">= 1")
+    record_dir: str | None = None
+    parallel: str = within("ddp", choices=PARALLEL_MODES)
+    flight_recorder: Any = flag(False)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    straggler: StragglerSpec = field(default_factory=StragglerSpec)
+    probe: ProbeSpec = field(default_factory=ProbeSpec)
+    pacing: PacingConfig = field(default_factory=PacingConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        nproc, ranks = self.nproc_per_node, f"backend.nproc_per_node={self.nproc_per_node}"
+        for ok, message in (
+            (
+                self.comm_model.startswith("live-"),
+                "backend.comm_model labels the real fabric of a live run and must start with 'live-', "
+                f"got {self.comm_model!r}: e.g. backend.comm_model=live-gloo",
+            ),
+            (
+                not self.flight_recorder or self.warmup_iterations >= 1,
+                "backend.flight_recorder=true needs backend.warmup_iterations >= 1, got 0: DDP rebuilds its "
+                "buckets after the first iteration, so the recorded steps match the record only after it",
+            ),
+            (
+                not (self.parallel == "fsdp2" and self.pacing.gather == "piggyback"),
+                "backend.pacing.gather=piggyback rides on a gradient all-reduce, and backend.parallel=fsdp2 "
+                "reduce-scatters its gradients: use backend.pacing.gather=async (the default on gloo) or collective",
+            ),
+            (
+                self.straggler.rank is None or self.straggler.rank < nproc,
+                f"backend.straggler.rank must be in [-1, {nproc}) ({ranks}) or null, got {self.straggler.rank!r}: "
+                "pick a rank that exists, or backend.straggler.rank=null for no straggler",
+            ),
+            (
+                all(r < nproc for r in self.probe.ranks),
+                f"backend.probe.ranks must be ranks in [0, {nproc}) ({ranks}), got {self.probe.ranks!r}: pick "
+                "ranks that exist, or backend.probe.ranks=[] for no probes",
+            ),
+        ):
+            if not ok:
+                raise ConfigError(message)
+        fault = self.fault
+        if fault.rank is not None and fault.rank >= nproc:
+            raise ConfigError(f"backend.fault.rank must be < {ranks}, got {fault.rank}")
+        if fault.iteration is not None and fault.iteration >= self.num_iterations:
+            raise ConfigError(
+                f"backend.fault.iteration must be < backend.num_iterations={self.num_iterations} (a measured "
+                f"iteration, counted from 0 after the warm-up), got {fault.iteration}: the fault would never happen"
+            )
 
 
 def check_pacing(
-    pacing: Mapping[str, Any],
-    *,
-    where: str = "backend.pacing",
-    hint: str = _HINT,
-    dist_backend: str = BUILTIN_DIST_BACKEND,
-    warn: bool = True,
-) -> dict[str, Any]:
-    """The pacing layer's settings (``backend.pacing``, or a :class:`~pacectl.torchdist.pacer.Pacer`'s
-    keyword arguments) with the defaults filled in, each checked; the one place that knows them.
+    settings: PacingConfig, *, dist_backend: str = BUILTIN_DIST_BACKEND, warn: bool = True
+) -> PacingConfig:
+    """What :class:`PacingConfig`'s own checks cannot see: the ``control_path`` on this machine, and
+    settings that do not combine (warned about).
 
     Args:
-        pacing: some of :data:`PACING_DEFAULTS`' keys (unknown keys are the caller's to reject).
-        where: how errors name a key (``backend.pacing`` -> ``backend.pacing.gather``).
-        hint: where to read about the keys, appended to errors ("" for none).
+        settings: the checked settings (``backend.pacing``, or a Pacer's keyword arguments).
         dist_backend: the process group's backend, to resolve ``gather=auto``.
         warn: give the warnings below (a pacer passes True on rank 0 only: one copy per job, from
             the rank that reads the control file).
 
     Returns:
-        ``{key: value}`` for every key of :data:`PACING_DEFAULTS`.
+        ``settings``.
 
     Raises:
-        ConfigError: a wrong type, range or choice, naming ``{where}.{key}``.
+        ConfigError: ``control_path`` is not a path, or names a folder.
 
     Warns:
         UserWarning: ``piggyback_max_bytes`` with an exchange other than piggyback (ignored), or a
             ``control_path`` whose folder does not exist.
     """
-    values = {**PACING_DEFAULTS, **pacing}
-    _real(values, "spin_s", low=0.0, low_open=False, where=where, hint=hint)
-    gather = _choice(values, "gather", GATHER_MODES, "auto", where=where, hint=hint)
-    _int(values, "gather_every", low=1, where=where, hint=hint)
-    _int(values, "control_poll_iters", low=1, where=where, hint=hint)
-    limit = values["piggyback_max_bytes"]
-    if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ConfigError(
-                f"{where}.piggyback_max_bytes must be an integer >= 0 (bytes) or null, got {limit!r}: "
-                f"e.g. {where}.piggyback_max_bytes=1048576 (1 MiB), or null to always append the "
-                f"figures to the carrier bucket{_tail(hint)}"
-            )
-        if warn and resolve_gather(gather, dist_backend) != "piggyback":
-            resolved = (
-                f" ({resolve_gather(gather, dist_backend)} on {dist_backend})" if gather == "auto" else ""
-            )
-            warnings.warn(
-                f"{where}.piggyback_max_bytes={limit} applies to gather=piggyback only; "
-                f"gather={gather}{resolved} ignores it",
-                UserWarning,
-                stacklevel=3,
-            )
-    control = values["control_path"]
-    if control is not None and not isinstance(control, (str, Path)):
-        raise ConfigError(f"{where}.control_path must be a file path or null, got {control!r}{_tail(hint)}")
-    if control is not None and Path(control).expanduser().is_dir():
-        raise ConfigError(
-            f"{where}.control_path={control} is a folder: it names the JSON file rank 0 watches "
-            f"(e.g. {Path(control) / 'pacing.json'}){_tail(hint)}"
-        )
-    if warn and control is not None and not Path(control).expanduser().parent.is_dir():
+    key = settings.where("control_path")[0]
+    limit, gather, control = settings.piggyback_max_bytes, settings.gather, settings.control_path
+    resolved = resolve_gather(gather, dist_backend)
+    if warn and limit is not None and resolved != "piggyback":
+        on = f" ({resolved} on {dist_backend})" if gather == "auto" else ""
         warnings.warn(
-            f"{where}.control_path={control}: its folder does not exist (yet), so no control "
-            "message can appear there until it is created; check the path",
+            f"{key.removesuffix('control_path')}piggyback_max_bytes={limit} applies to gather=piggyback only; "
+            f"gather={gather}{on} ignores it",
             UserWarning,
             stacklevel=3,
         )
-    return values
+    if control is not None and not isinstance(control, (str, Path)):
+        raise ConfigError(f"{key} must be a file path or null, got {control!r}")
+    if control is not None and Path(control).expanduser().is_dir():
+        raise ConfigError(
+            f"{key}={control} is a folder: it names the JSON file rank 0 watches "
+            f"(e.g. {key}={Path(control) / 'pacing.json'})"
+        )
+    if warn and control is not None and not Path(control).expanduser().parent.is_dir():
+        warnings.warn(
+            f"{key}={control}: its folder does not exist (yet), so no control message can appear there "
+            "until it is created; check the path",
+            UserWarning,
+            stacklevel=3,
+        )
+    return settings
 
 
-def _known_keys(section: str, node: Mapping[str, Any]) -> None:
-    if set(node) - _BACKEND_KEYS[section]:
-        where = f"backend.{section}" if section else "backend"
-        raise unknown_keys_error(where, node, _BACKEND_KEYS[section])
-
-
-def validate_torch_backend(b: Mapping[str, Any]) -> None:
-    """Check every ``backend.*`` value of ``backend=torch`` before any rank starts.
-
-    Args:
-        b: the ``backend`` config as a plain mapping (``conf/backend/torch.yaml``).
+def torch_config(node: Mapping[str, Any]) -> TorchConfig:
+    """The checked :class:`TorchConfig` of a ``backend`` config (composed by Hydra, or a plain
+    mapping), before any rank starts; the pacing settings' warnings given (:func:`check_pacing`).
 
     Raises:
-        ConfigError: naming the override key, what was expected and an example, for a wrong type,
-            range or choice (the ranks would otherwise fail one by one after the launch).
+        ConfigError: naming the key, what it must be and the fix, for an unknown key or a wrong type,
+            range or choice (the ranks would otherwise fail one by one after the launch), or a
+            ``socket_ifname`` this machine does not have.
     """
-    _known_keys("", b)
-    comm = b.get("comm_model", "live-gloo")
-    if not (isinstance(comm, str) and comm.startswith("live-")):
-        raise ConfigError(
-            f"backend.comm_model labels the real fabric of a live run and must start with 'live-' "
-            f"(for example live-gloo), got {comm!r} ({_HINT})"
-        )
-    nproc = _int(b, "nproc_per_node", low=1)
-    _int(b, "num_iterations", low=2)
-    _int(b, "warmup_iterations", low=0)
-    _int(b, "interleave_block", low=0, default=10)
-    _real(b, "pg_timeout_s", low=0.0, low_open=True)
-    _choice(b, "start_method", _START_METHODS, "spawn")
-    _int(b, "threads", low=1, default=1)
-    parallel = _choice(b, "parallel", PARALLEL_MODES, "ddp")
-    recorder = b.get("flight_recorder", False)
-    if not isinstance(recorder, bool):
-        raise ConfigError(
-            f"backend.flight_recorder must be true or false, got {recorder!r}: for example "
-            f"backend.flight_recorder=true ({_HINT})"
-        )
-    if recorder and _int(b, "warmup_iterations", low=0) < 1:
-        raise ConfigError(
-            "backend.flight_recorder=true needs backend.warmup_iterations >= 1, got 0: DDP rebuilds its "
-            "buckets after the first iteration, so the recorded steps match the record only after it"
-        )
-    if parallel == "fsdp2" and str((b.get("pacing") or {}).get("gather", "auto")) == "piggyback":
-        raise ConfigError(
-            "backend.pacing.gather=piggyback rides on a gradient all-reduce, and backend.parallel=fsdp2 "
-            "reduce-scatters its gradients: use backend.pacing.gather=async (the default on gloo) or collective"
-        )
-    workload = b.get("workload")
-    if not isinstance(workload, Mapping):
-        raise ConfigError(f"backend.workload must be a mapping, got {workload!r} ({_HINT})")
-    _known_keys("workload", workload)
-    model = _choice(workload, "workload.model", WORKLOAD_MODELS, "mlp")
-    for key in ("width", "depth", "batch_size"):
-        _int(workload, f"workload.{key}", low=1)
-    _real(workload, "workload.bucket_cap_mb", low=0.0, low_open=True)
-    _real(workload, "workload.lr", low=0.0, low_open=True, default=1e-3)
-    if model == "sleep":
-        _real(workload, "workload.compute_s", low=0.0, low_open=False, default=0.0)
-    if model == "transformer":
-        _int(workload, "workload.seq_len", low=1, default=32)
-        heads = _int(workload, "workload.heads", low=1, default=4)
-        if int(workload["width"]) % heads:
-            raise ConfigError(
-                f"backend.workload.width must be a multiple of backend.workload.heads for the "
-                f"transformer, got width {workload['width']} and heads {heads} ({_HINT})"
-            )
-    straggler = b.get("straggler")
-    if not isinstance(straggler, Mapping):
-        raise ConfigError(f"backend.straggler must be a mapping, got {straggler!r} ({_HINT})")
-    known = {f.name for f in fields(StragglerSpec)}
-    if set(straggler) - known:
-        raise unknown_keys_error("backend.straggler", straggler, known)
-    spec = StragglerSpec(**dict(straggler))
-    if spec.rank is not None and not -1 <= spec.rank < nproc:
-        raise ConfigError(
-            f"backend.straggler.rank must be in [-1, {nproc}) (backend.nproc_per_node={nproc}) or null, "
-            f"got {spec.rank!r}: pick a rank that exists, or backend.straggler.rank=null for no straggler"
-        )
-    probe = b.get("probe") or {}
-    if not isinstance(probe, Mapping):
-        raise ConfigError(
-            f"backend.probe must be a mapping {{ranks, prob, max_delay_s}}, got {probe!r} ({_HINT})"
-        )
-    known = {f.name for f in fields(ProbeSpec)}
-    if set(probe) - known:
-        raise unknown_keys_error("backend.probe", probe, known)
-    probes = ProbeSpec(**dict(probe))
-    if any(r >= nproc for r in probes.ranks):
-        raise ConfigError(
-            f"backend.probe.ranks must be ranks in [0, {nproc}) (backend.nproc_per_node={nproc}), got "
-            f"{list(probes.ranks)!r}: pick ranks that exist, or backend.probe.ranks=[] for no probes"
-        )
-    pacing = b.get("pacing", {})
-    if not isinstance(pacing, Mapping):
-        raise ConfigError(f"backend.pacing must be a mapping, got {pacing!r} ({_HINT})")
-    _known_keys("pacing", pacing)
-    check_pacing(pacing)
-    fault = b.get("fault")
-    if fault is not None:
-        if not isinstance(fault, Mapping):
-            raise ConfigError(
-                f"backend.fault must be null or {{rank: R, iteration: K}} (tests), got {fault!r}"
-            )
-        _known_keys("fault", fault)
-        rank = _int(fault, "fault.rank", low=0)
-        at = _int(fault, "fault.iteration", low=0)
-        if rank >= nproc:
-            raise ConfigError(f"backend.fault.rank must be < backend.nproc_per_node={nproc}, got {rank}")
-        measured = int(b["num_iterations"])
-        if at >= measured:
-            raise ConfigError(
-                f"backend.fault.iteration must be < backend.num_iterations={measured} (a measured iteration, "
-                f"counted from 0 after the warm-up), got {at}: the fault would never happen"
-            )
-        kind = fault.get("kind", "exit")
-        if kind not in ("exit", "stop"):
-            raise ConfigError(
-                f"backend.fault.kind must be exit (the rank exits) or stop (the rank holds itself stopped, "
-                f"SIGSTOP), got {kind!r}"
-            )
-    ifname = b.get("socket_ifname")
-    if ifname:
-        import socket
+    import socket
 
-        try:
-            socket.if_nametoindex(str(ifname))
-        except OSError:
-            raise ConfigError(
-                f"backend.socket_ifname names no network interface of this machine, got {ifname!r} "
-                "(lo is the loopback; `ip link` lists the others)"
-            ) from None
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    typed = OmegaConf.structured(TorchConfig)
+    try:
+        for key, value in node.items():  # one key at a time: an error names it
+            if isinstance(value, Mapping):
+                typed.merge_with({key: value})
+            else:
+                typed[key] = value
+        settings = OmegaConf.to_object(typed)
+    except OmegaConfBaseException as err:
+        raise ConfigError(config_error(err, "backend")) from None
+    assert isinstance(settings, TorchConfig)
+    check_pacing(settings.pacing)
+    try:
+        if settings.socket_ifname:
+            socket.if_nametoindex(settings.socket_ifname)
+    except OSError:
+        raise ConfigError(
+            f"backend.socket_ifname names no network interface of this machine, got {settings.socket_ifname!r} "
+            "(lo is the loopback; `ip link` lists the others)"
+        ) from None
+    return settings
 
 
 def observation_from_table(iteration: int, table: FloatArray) -> Observation:
@@ -661,39 +676,6 @@ class ControlWatcher:
             return None
 
 
-@dataclass(frozen=True)
-class StragglerSpec:
-    """Injected straggling: with probability ``prob`` per iteration, a rank is slowed by ``duration_s``.
-
-    Attributes:
-        rank: the slowed rank, or -1 for a random rank per event, or None for no injection.
-        prob: probability per iteration, [0, 1].
-        duration_s: extra time of one event, seconds, >= 0.
-        kind: ``"sleep"`` (idle, like a stalled data loader) or ``"burn"`` (busy CPU, like interference).
-        jitter_frac: each event lasts ``duration_s * U(1 - jitter_frac, 1 + jitter_frac)``, [0, 1].
-    """
-
-    rank: int | None = 1
-    prob: float = 0.3
-    duration_s: float = 0.02
-    kind: str = "sleep"
-    jitter_frac: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("sleep", "burn"):
-            raise ConfigError(f"backend.straggler.kind must be 'sleep' or 'burn', got {self.kind!r}")
-        if self.rank is not None and (isinstance(self.rank, bool) or not isinstance(self.rank, int)):
-            raise ConfigError(
-                f"backend.straggler.rank must be an integer rank, -1 or null, got {self.rank!r}"
-            )
-        for name, high in (("prob", 1.0), ("duration_s", math.inf), ("jitter_frac", 1.0)):
-            value = getattr(self, name)
-            real = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not (real and 0.0 <= value <= high and not math.isnan(value)) or value == math.inf:
-                bound = "in [0, 1]" if high == 1.0 else ">= 0 seconds and finite"
-                raise ConfigError(f"backend.straggler.{name} must be {bound}, got {value!r}")
-
-
 def straggler_schedule(spec: StragglerSpec, *, num_iterations: int, world_size: int, seed: int) -> FloatArray:
     """The injected extra time per iteration and rank: identical for every controller run of a seed.
 
@@ -722,55 +704,6 @@ def straggler_schedule(spec: StragglerSpec, *, num_iterations: int, world_size: 
     scale = rng.uniform(1.0 - spec.jitter_frac, 1.0 + spec.jitter_frac, num_iterations)
     out[np.flatnonzero(hit), who[hit]] = spec.duration_s * scale[hit]
     return out
-
-
-@dataclass(frozen=True)
-class ProbeSpec:
-    """Randomised probe delays (``backend.probe``): small sleeps, independent of any controller.
-
-    On each chosen rank and iteration, with probability ``prob``, the rank sleeps ``U(0,
-    max_delay_s)`` seconds between its forward and its backward, so its arrival at every gradient
-    bucket's collective moves by that much, as a host pacing delay (a sleep that also holds back
-    backward) moves it. The schedule depends only on the experiment seed, so every controller run of
-    a job gets the same probes, as it gets the same straggler schedule; the delays are variation the
-    controller did not cause, from which the response of a collective's completion to a delay can be
-    estimated (``experiments/probe``). They are recorded: as compute in the canonical record (the
-    first backward segment), and per iteration and rank in ``<record_dir>/<controller>.episode.pkl``
-    (``probe_s`` as scheduled, ``probe_actual_s`` as slept).
-
-    Attributes:
-        ranks: the probed ranks; empty (the default) switches probes off.
-        prob: probability per probed rank and measured iteration, [0, 1].
-        max_delay_s: the largest delay, seconds, finite and >= 0.
-    """
-
-    ranks: tuple[int, ...] = ()
-    prob: float = 0.5
-    max_delay_s: float = 0.005
-
-    def __post_init__(self) -> None:
-        ranks = self.ranks
-        if (
-            isinstance(ranks, (str, bytes))
-            or not isinstance(ranks, (list, tuple))
-            or any(isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 0 for r in ranks)
-        ):
-            raise ConfigError(
-                f"backend.probe.ranks must be a list of ranks (integers >= 0), got {ranks!r}: for example "
-                "backend.probe.ranks=[0,1,2,3], or [] for no probes"
-            )
-        object.__setattr__(self, "ranks", tuple(int(r) for r in ranks))
-        for name, high in (("prob", 1.0), ("max_delay_s", math.inf)):
-            value = getattr(self, name)
-            real = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not (real and 0.0 <= value <= high) or value == math.inf:
-                bound = "in [0, 1]" if high == 1.0 else ">= 0 seconds and finite"
-                raise ConfigError(f"backend.probe.{name} must be {bound}, got {value!r}")
-
-    @property
-    def active(self) -> bool:
-        """Whether any probe can fire."""
-        return bool(self.ranks) and self.prob > 0.0 and self.max_delay_s > 0.0
 
 
 def probe_schedule(

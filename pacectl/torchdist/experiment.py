@@ -11,6 +11,7 @@ iterations, each from the same model seed, data and seeded straggler schedule. E
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import pickle
 import shutil
@@ -31,15 +32,8 @@ from pacectl.config import as_dict, controller_families, decision_schedule
 from pacectl.errors import BackendError, ConfigError
 from pacectl.experiment import Experiment
 from pacectl.metrics import interval_blocks
-from pacectl.torchdist.core import (
-    BUILTIN_DIST_BACKEND,
-    PACING_DEFAULTS,
-    resolve_gather,
-    validate_torch_backend,
-)
+from pacectl.torchdist.core import BUILTIN_DIST_BACKEND, resolve_gather, torch_config
 from pacectl.types import Episode
-
-_REQUIRED = ("nproc_per_node", "num_iterations", "warmup_iterations", "pg_timeout_s", "workload", "straggler")
 
 
 def _check_writable(folder: Path) -> None:
@@ -148,13 +142,13 @@ def watch_host_load(nproc: int, poll_s: float = 1.0) -> Iterator[None]:
 
 
 class TorchExperiment(Experiment):
-    """Live torch.distributed experiment (``backend=torch``, see ``conf/backend/torch.yaml``).
+    """Live torch.distributed experiment (``backend=torch``, its keys: :class:`~pacectl.torchdist.core.TorchConfig`).
 
     Args:
         cfg: the composed config.
 
     Raises:
-        ConfigError: a missing or out-of-range ``backend.*`` value.
+        ConfigError: a wrong or out-of-range ``backend.*`` value.
 
     Attributes:
         comm_model: ``backend.comm_model`` (default ``"live-gloo"``: the real fabric, timing-dependent).
@@ -168,12 +162,8 @@ class TorchExperiment(Experiment):
 
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
-        b = cfg.backend
-        missing = [k for k in _REQUIRED if k not in b]
-        if missing:
-            raise ConfigError(f"backend=torch needs keys {missing} (in conf/backend/torch.yaml)")
-        validate_torch_backend(as_dict(b))  # before any rank starts
-        self.nproc = int(b.nproc_per_node)
+        self.settings = b = torch_config(as_dict(cfg.backend))  # before any rank starts
+        self.nproc = b.nproc_per_node
         cpus = os.cpu_count() or 1
         if self.nproc > 2 * cpus:
             warnings.warn(
@@ -182,7 +172,7 @@ class TorchExperiment(Experiment):
                 UserWarning,
                 stacklevel=2,
             )
-        self.comm_model = str(b.get("comm_model", "live-gloo"))
+        self.comm_model = b.comm_model
         self.comm_description = (
             f"{self.comm_model} (real collectives on this machine's fabric: durations depend on timing)"
         )
@@ -194,15 +184,13 @@ class TorchExperiment(Experiment):
             "waiting on a gloo work blocks on a condition variable), so sleep_wait behaves as no "
             "pacing here: its difference from no pacing is this machine's run-to-run noise"
         )
-        pacing = {**PACING_DEFAULTS, **dict(as_dict(b).get("pacing") or {})}
         # the real exchange's lag (pacectl.torchdist.pacer): piggybacked figures are decided on
         # during the next iteration and pace the one after; a tiny all-reduce paces the next one
-        self.gather = resolve_gather(str(pacing["gather"]), BUILTIN_DIST_BACKEND)
+        self.gather = resolve_gather(b.pacing.gather, BUILTIN_DIST_BACKEND)
         self.exchange = decision_schedule(cfg)  # the same schedule a forecast's auto horizon reads
-        block = int(b.get("interleave_block", 10))
         #: the live runs' interleave blocks as ``(block, offset)`` of
         #: :func:`~pacectl.metrics.paired_change_ci95_frac` (the warm-up opens the first block)
-        self.paired_blocks = interval_blocks(block, int(b.warmup_iterations))
+        self.paired_blocks = interval_blocks(b.interleave_block, b.warmup_iterations)
         self.families = controller_families(cfg)
         # Ranks write into a hidden partial folder beside the final one; :meth:`write_outputs` moves
         # the records into place only when the whole run succeeded (a failed or interrupted run
@@ -238,11 +226,10 @@ class TorchExperiment(Experiment):
         self.meter_source = "cpu_time_proxy"
 
     def _record_dir(self) -> str:
-        configured = self.cfg.backend.get("record_dir")
-        if configured:
+        if self.settings.record_dir:
             from pacectl.config import user_path
 
-            return user_path(str(configured))
+            return user_path(self.settings.record_dir)
         try:
             from hydra.core.hydra_config import HydraConfig
 
@@ -252,46 +239,38 @@ class TorchExperiment(Experiment):
 
     def spec(self, runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         """The plain-dict worker spec for ``runs`` (see :func:`pacectl.torchdist.worker.worker_main`)."""
-        b = self.cfg.backend
-        container = OmegaConf.to_container(b, resolve=True)
-        assert isinstance(container, dict)
-        guard = OmegaConf.to_container(self.cfg.guard, resolve=True)
-        workload = dict(container["workload"])
-        workload.update(num_iterations=int(b.num_iterations), warmup_iterations=int(b.warmup_iterations))
+        b = dataclasses.asdict(self.settings)
+        workload = {
+            **b["workload"],
+            "num_iterations": b["num_iterations"],
+            "warmup_iterations": b["warmup_iterations"],
+        }
+        keys = ("straggler", "probe", "pacing", "pg_timeout_s", "comm_model", "fault", "threads")
         return {
             "runs": [[family, params] for family, params in runs],
             "seed": int(self.cfg.seed),
             "name": f"live-{workload['model']}-w{self.nproc}",
             "workload": workload,
-            "straggler": dict(container["straggler"]),
-            "probe": dict(container.get("probe") or {}),
-            "guard": guard,
-            "pacing": {**PACING_DEFAULTS, **dict(container.get("pacing") or {})},
-            "pg_timeout_s": float(b.pg_timeout_s),
+            "guard": OmegaConf.to_container(self.cfg.guard, resolve=True),
             "record_dir": str(self.record_dir),
             "final_record_dir": str(self.final_record_dir),  # where the records end up (their source)
-            "comm_model": self.comm_model,
-            "fault": container.get("fault"),
-            "threads": int(container.get("threads", 1)),
-            "interleave_block": int(container.get("interleave_block", 10)),
-            "parallel": str(container.get("parallel", "ddp")),
-            "flight_recorder": bool(container.get("flight_recorder", False)),
+            **{key: b[key] for key in (*keys, "interleave_block", "parallel", "flight_recorder")},
         }
 
     def _launch(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
         from pacectl.torchdist.launch import launch_workers
 
-        b = self.cfg.backend
+        b = self.settings
         spec = self.spec(runs)
-        total = len(runs) * (int(b.num_iterations) + int(b.warmup_iterations))
+        total = len(runs) * (b.num_iterations + b.warmup_iterations)
         progress = self.record_dir.with_name(self.record_dir.name + ".progress")
         # the progress file is removed however the job ends
         with _progress_bar(progress, total), watch_host_load(self.nproc):
             results = launch_workers(
                 {**spec, "progress_path": str(progress)},
                 nproc_per_node=self.nproc,
-                start_method=str(b.get("start_method", "spawn")),
-                socket_ifname=b.get("socket_ifname", "lo"),
+                start_method=b.start_method,
+                socket_ifname=b.socket_ifname,
             )
         for rank, per_family in results.items():
             self._decisions.setdefault(int(rank), {}).update(per_family)
@@ -323,7 +302,6 @@ class TorchExperiment(Experiment):
         ranks' own, so ``on_step`` is unused).
         """
         self._ensure()
-        b = self.cfg.backend
         spec = self.spec(list(self.families.items()))
         out: dict[str, Any] = {
             "trace": {
@@ -334,7 +312,7 @@ class TorchExperiment(Experiment):
                 "dp_size": self.nproc,
                 "pp_size": 1,
                 "tp_size": 1,
-                "num_steps": int(b.num_iterations),
+                "num_steps": self.settings.num_iterations,
                 "time_unit": "s",
             },
             # DDP's gradient all-reduce of bucket 0, recorded under the canonical op type of the
@@ -373,7 +351,7 @@ class TorchExperiment(Experiment):
             for f, x in self._extras.items()
         }
         out["measured"] = costs
-        block = int(b.get("interleave_block", 10))
+        block = self.settings.interleave_block
         interval = (
             "the throughput-change interval is computed on the paired differences' means over the "
             + ("interleave blocks" if block > 1 else "blocks of sqrt(n) iterations")

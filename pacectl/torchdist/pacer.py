@@ -103,7 +103,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -116,6 +116,7 @@ from pacectl.torchdist.core import (
     NUM_GATHER_FIELDS,
     ControlWatcher,
     DecisionEngine,
+    PacingConfig,
     check_pacing,
     exchange_lag,
     gather_row,
@@ -253,6 +254,13 @@ FSDP2_PACED = ("forward", "backward")
 CUDA_RESOLVE = ("next_iteration", "iteration_end")
 
 
+@dataclass(kw_only=True)
+class _PacerSettings(PacingConfig):
+    """A :class:`Pacer`'s keyword arguments, checked as ``backend.pacing`` is; errors name ``Pacer.<key>``."""
+
+    section: ClassVar[str] = "Pacer"
+
+
 def _rows_to(rows: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A CPU tensor of exchange rows on ``device``. On CUDA through pinned memory, non-blocking: a
     copy from pageable memory synchronizes the host with the current stream (here: with the
@@ -372,7 +380,7 @@ class Pacer:
             one moves the wait, it does not remove it.
 
     Raises:
-        ConfigError: a bad setting (:func:`~pacectl.torchdist.core.check_pacing`: an unknown
+        ConfigError: a bad setting (:class:`~pacectl.torchdist.core.PacingConfig`: an unknown
             ``gather`` mode, ``gather_every`` or ``control_poll_iters`` below 1, a negative
             ``spin_s``, ...), or an engine built for another number of ranks than the group's.
 
@@ -403,16 +411,14 @@ class Pacer:
             raise ConfigError(f"Pacer fsdp2_paced={fsdp2_paced!r}: expected one of {FSDP2_PACED}")
         self.fsdp2_paced = fsdp2_paced
         settings = check_pacing(
-            {
-                "spin_s": spin_s,
-                "gather": gather,
-                "gather_every": gather_every,
-                "piggyback_max_bytes": piggyback_max_bytes,
-                "control_path": control_path,
-                "control_poll_iters": control_poll_iters,
-            },
-            where="Pacer",
-            hint="",
+            _PacerSettings(
+                spin_s=spin_s,
+                gather=gather,
+                gather_every=gather_every,
+                piggyback_max_bytes=piggyback_max_bytes,
+                control_path=control_path,  # type: ignore[arg-type]
+                control_poll_iters=control_poll_iters,
+            ),
             dist_backend=dist.get_backend(group),
             warn=dist.get_rank(group) == 0,
         )
@@ -430,17 +436,17 @@ class Pacer:
                 f"DecisionEngine num_ranks={engine.num_ranks} must equal the process group's world size "
                 f"{self.world_size}: build it with num_ranks=dist.get_world_size()"
             )
-        self.spin_s = float(settings["spin_s"])
-        self.gather_every = int(settings["gather_every"])
-        self._gather_requested = str(settings["gather"])
+        self.spin_s = settings.spin_s
+        self.gather_every = settings.gather_every
+        self._gather_requested = settings.gather
         self.gather = resolve_gather(self._gather_requested, dist.get_backend(group))
         engine.set_schedule(exchange_lag(self.gather), self.gather_every)  # what a parameter "auto" means
-        self.piggyback_max_bytes: int | None = settings["piggyback_max_bytes"]
-        control = settings["control_path"]
+        self.piggyback_max_bytes: int | None = settings.piggyback_max_bytes
+        control = settings.control_path
         self.watcher = (
             ControlWatcher(control, family=self._published_family) if control and self.rank == 0 else None
         )
-        self.control_poll_iters = int(settings["control_poll_iters"])
+        self.control_poll_iters = settings.control_poll_iters
         self.device_delay_mode = device_delay
         self.cuda_resolve = cuda_resolve
         # cuda_resolve="next_iteration": the iteration closed on the host, completed at the next one

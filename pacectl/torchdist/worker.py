@@ -1,7 +1,7 @@
 """The per-rank entry point: a built-in DDP workload with a straggler injector, paced by :class:`Pacer`.
 
 Started by :func:`pacectl.torchdist.launch.launch_workers` through torch's elastic launcher, one
-process per rank, with a plain-dict spec (see ``conf/backend/torch.yaml`` for the keys). For each
+process per rank, with a plain-dict spec (the keys: :class:`~pacectl.torchdist.core.TorchConfig`). For each
 requested controller run the worker builds the model from the same seed, replays the same seeded
 straggler schedule and data, trains ``warmup_iterations + num_iterations`` iterations (pacing off and
 not logged during warm-up), the runs interleaved in blocks (``backend.interleave_block``), and rank 0
