@@ -19,6 +19,7 @@ from pacectl.controllers import (
     ThresholdController,
     make_controller,
 )
+from pacectl.controllers import quantile as quantile_module
 from pacectl.errors import ConfigError, ControllerError
 from pacectl.testing import ControllerContract, make_observation
 from pacectl.testing.controller_contract import NUM_ITERATIONS, registered_contracts
@@ -428,6 +429,52 @@ def test_quantile_on_threshold() -> None:
     assert controller.diagnostics()["active"] == 0.0
     np.testing.assert_allclose(controller.act(spread_obs(0.06, iteration=1)).delay_s, [0.06, 0.0])
     assert controller.diagnostics()["active"] == 1.0
+
+
+def _quantile_by_partition(
+    naturals: np.ndarray, window: int, quantile: float, gain: float
+) -> list[np.ndarray]:
+    """The quantile rule as it was before its sorted window: each rank's window partitioned anew."""
+    out = []
+    for k in range(len(naturals)):
+        values = naturals[max(0, k + 1 - window) : k + 1].T  # [ranks, filled]
+        n = values.shape[1]
+        if n % 2:
+            predicted = np.partition(values, n // 2, axis=1)[:, n // 2]
+        else:
+            part = np.partition(values, (n // 2 - 1, n // 2), axis=1)
+            predicted = 0.5 * (part[:, n // 2 - 1] + part[:, n // 2])
+        target = float(np.quantile(predicted, quantile))
+        active = float(predicted.max()) - float(predicted.min()) > 0.0
+        out.append(gain * np.maximum(target - predicted, 0.0) if active else np.zeros(len(predicted)))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    window=st.integers(1, 12),
+    num_ranks=st.integers(1, 9),
+    quantile=st.floats(0.05, 1.0),
+    seed=st.integers(0, 2**31),
+    ties=st.booleans(),
+)
+def test_quantile_sorted_window_decides_as_the_partition_did(
+    window: int, num_ranks: int, quantile: float, seed: int, ties: bool
+) -> None:
+    naturals = np.random.default_rng(seed).uniform(0.4, 0.6, size=(3 * window + 5, num_ranks))
+    if ties:  # repeated values within and across ranks
+        naturals = np.round(naturals, 2)
+    expected = _quantile_by_partition(naturals, window, quantile, 0.75)
+    for few_ranks in (quantile_module.FEW_RANKS, 1):  # the passes as accumulations, then row by row
+        default, quantile_module.FEW_RANKS = quantile_module.FEW_RANKS, few_ranks
+        try:
+            controller = QuantileController(window_iters=window, quantile=quantile, gain=0.75)
+            controller.reset(num_ranks, RNG)
+            for k, natural in enumerate(naturals):
+                delay = controller.act(make_observation(natural, iteration=k)).delay_s
+                np.testing.assert_array_equal(delay, expected[k])
+        finally:
+            quantile_module.FEW_RANKS = default
 
 
 # --- forecast -------------------------------------------------------------------------------------
