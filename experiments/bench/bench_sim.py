@@ -5,6 +5,8 @@ Usage::
     python experiments/bench/bench_sim.py                 # writes results/sim.json
     python experiments/bench/bench_sim.py --ranks 64 --iterations 1000
     python experiments/bench/bench_sim.py --buckets 1 4 --out experiments/bench/results/sim_buckets.json
+    python experiments/bench/bench_sim.py --command --ranks 4096 16384 65536 --iterations 1000 \
+        --against /tmp/old --against-ranks 4096 --out experiments/bench/results/sim_streamed.json
 
 Scenario: the ``paper_like`` cluster profile with ``comm=contention`` (max-min fair fat-tree with
 staggered cross traffic on every leaf uplink, plus early-arrival interference), the heaviest model.
@@ -12,16 +14,28 @@ Each controller family runs behind the safety guard through the one driver loop,
 per-rank observation; the figure is the wall time of ``SimExperiment.run`` (draws included).
 ``--buckets`` runs the same with ``cluster.buckets.count`` set to each value (bucketed backward,
 :mod:`pacectl.fabric.overlap`, with its default overlap slowdown), one after the other in one process.
+``--command`` instead runs the whole command a user types, ``python -m pacectl.run backend=sim
+... comm=contention cluster=paper_like output.iterations=false`` (no pacing and every controller of
+``controller=all``; the runs stream, :func:`pacectl.loop.run_episode`'s ``reduce``), once per
+``--ranks`` value, and records its wall time and the child's peak RSS (``ru_maxrss`` from
+``os.wait4``); with ``--against DIR`` the same command with ``PYTHONPATH=DIR`` (another checkout)
+at the ``--against-ranks`` sizes, after each of this checkout's at that size, and the ``runs`` of
+both summaries compared (every number within ``1e-9`` relative).
 The record holds the load average before and after (the machine may be shared).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from _record import write_record
 from hydra import compose, initialize_config_dir
@@ -34,7 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1024])
     parser.add_argument("--iterations", type=int, default=10_000)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sim.json")
     parser.add_argument(
@@ -44,8 +58,26 @@ def main() -> None:
         default=None,
         help="cluster.buckets.count values (default: the profile's)",
     )
+    parser.add_argument("--command", action="store_true", help="whole pacectl.run commands, streamed")
+    parser.add_argument("--against", type=Path, default=None, help="another checkout (with --command)")
+    parser.add_argument("--against-ranks", type=int, nargs="*", default=[])
     args = parser.parse_args()
     load_before = os.getloadavg()
+    if args.command:
+        rows = whole_commands(args.ranks, args.iterations, args.against, set(args.against_ranks))
+        write_record(
+            args.out,
+            rows,
+            iterations=args.iterations,
+            scenario="python -m pacectl.run backend=sim comm=contention cluster=paper_like output.iterations=false",
+            command=" ".join(["python", *sys.argv]),
+            against=str(args.against) if args.against else None,
+            loadavg_before=list(load_before),
+            loadavg_after=list(os.getloadavg()),
+            cpu_count=os.cpu_count(),
+        )
+        return
+    args.ranks = args.ranks[0]
     rows = []
     for buckets in args.buckets or [None]:
         extra = [] if buckets is None else [f"cluster.buckets.count={buckets}"]
@@ -86,6 +118,71 @@ def main() -> None:
         loadavg_after=list(os.getloadavg()),
         cpu_count=os.cpu_count(),
     )
+
+
+def _command(ranks: int, iterations: int, out: Path, pythonpath: Path) -> dict[str, Any]:
+    """One whole streamed command in a child; its wall time and peak RSS."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pacectl.run",
+        "backend=sim",
+        f"backend.num_ranks={ranks}",
+        f"backend.num_iterations={iterations}",
+        "comm=contention",
+        "cluster=paper_like",
+        "output.iterations=false",
+        f"hydra.run.dir={out}",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    t0 = time.perf_counter()
+    child = subprocess.Popen(cmd, env=env, cwd=pythonpath, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(
+            f"{' '.join(cmd)} failed: {child.stderr.read().decode()[-2000:] if child.stderr else ''}"
+        )
+    return {"wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024, "summary": out / "summary.json"}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two summary.json values equal, floats within 1e-9 relative (the wall time is not compared)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a if k != "wall_time_s")
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b))
+    return bool(a == b)
+
+
+def whole_commands(
+    ranks: list[int], iterations: int, against: Path | None, against_ranks: set[int]
+) -> list[dict[str, Any]]:
+    """``--command``: each size with this checkout, and with ``against`` at ``against_ranks``."""
+    here = Path(__file__).resolve().parents[2]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in ranks:
+            checkouts = [("this", here)] + ([("against", against)] if against and n in against_ranks else [])
+            done = {}
+            for label, path in checkouts:
+                done[label] = _command(n, iterations, Path(tmp) / f"{label}-{n}", path)
+                row = {"checkout": label, "ranks": n, "iterations": iterations}
+                row.update({k: v for k, v in done[label].items() if k != "summary"})
+                row["rank_iterations_per_s"] = 6 * n * iterations / row["wall_s"]  # none + five families
+                rows.append(row)
+                print(
+                    f"{label:>7} {n:>6} ranks x {iterations} iterations: {row['wall_s']:.1f} s, "
+                    f"peak {row['peak_rss_mb']:.0f} MB",
+                    flush=True,
+                )
+            if len(done) == 2:
+                same = _same(*(json.loads(d["summary"].read_text())["runs"] for d in done.values()))
+                rows[-1]["summary_identical_to_this"] = same
+                print(f"        summaries identical (1e-9): {same}", flush=True)
+    return rows
 
 
 if __name__ == "__main__":
