@@ -229,7 +229,7 @@ def draw_in_background(jobs: Sequence[Callable[[], Any]], *, fork: bool | None =
         the message).
     """
     server = _server if _server is not None and _server.owner == os.getpid() else None
-    inline = server is None and not _can_fork()  # the server forks from its own state (no torch)
+    inline = server is None and not can_fork()  # the server forks from its own state (no torch)
     if fork is not None and hasattr(os, "fork"):
         inline = not fork
     if inline or len(jobs) == 0:
@@ -289,7 +289,10 @@ def _job_message(jobs: Sequence[Callable[[], Any]]) -> bytes | None:
     return pickle.dumps(list(jobs), protocol=5)
 
 
-def _can_fork() -> bool:
+def can_fork() -> bool:
+    """Whether this process may fork workers: ``os.fork`` exists, torch is not imported (its threads
+    do not survive a fork) and ``PACECTL_PLOTS_INLINE=1`` is not set (no child processes at all:
+    the plots and the what-if beside the runs are then computed in this process)."""
     return (
         hasattr(os, "fork") and "torch" not in sys.modules and os.environ.get("PACECTL_PLOTS_INLINE") != "1"
     )
@@ -331,6 +334,69 @@ def _collect(children: list[tuple[int, int]]) -> list[str]:
     return errors
 
 
+class Beside:
+    """``compute()`` in a forked child, started now; :meth:`result` returns its value.
+
+    For work that another core can do while this process goes on (``pacectl.run``'s what-if
+    replays beside the runs). The value comes back pickled; it is None where the child raised,
+    warned or logged (its log records are counted and dropped, not printed), or where the value
+    does not pickle: the caller then computes it itself, so that what it raises, warns and logs
+    comes out in this process as ever. Start it only where :func:`can_fork`.
+    """
+
+    def __init__(self, compute: Callable[[], Any]) -> None:
+        self.read, write = os.pipe()
+        self.pid: int | None = os.fork()
+        if self.pid == 0:  # the child: compute, send, never return
+            code = 1
+            try:
+                os.close(self.read)
+                _write_message(write, pickle.dumps(_quietly(compute)))
+                code = 0
+            except BaseException:  # noqa: BLE001 - the parent reads nothing and computes it itself
+                pass
+            finally:
+                os._exit(code)
+        os.close(write)
+
+    def result(self) -> Any:
+        """Wait for the child; its value, or None (see the class)."""
+        if self.pid is None:
+            return None
+        with os.fdopen(self.read, "rb") as pipe:
+            data = _read_message(pipe.fileno())
+        _, status = os.waitpid(self.pid, 0)
+        self.pid = None
+        return pickle.loads(data) if status == 0 and data is not None else None
+
+    def close(self) -> None:
+        """Stop the child if :meth:`result` was not called (the caller failed first) and reap it."""
+        if self.pid is None:
+            return
+        import signal
+
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.close(self.read)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        self.pid = None
+
+
+def _quietly(compute: Callable[[], Any]) -> Any:
+    """``compute()``, or None where it warned or logged (in a child of :class:`Beside`)."""
+    import logging
+    import warnings
+
+    records: list[logging.LogRecord] = []
+    logging.Logger.handle = lambda self, record: records.append(record)  # type: ignore[method-assign]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = compute()
+    return None if caught or records else value
+
+
 #: A failed plot's traceback is cut to its last this many bytes (a batch's result message then
 #: fits one atomic pipe write, ``PIPE_BUF`` >= 4,096 bytes on Linux).
 _ERROR_BYTES = 3000
@@ -338,21 +404,16 @@ _ERROR_BYTES = 3000
 #: server (sending them would cost more than matplotlib's import).
 SERVER_MAX_BYTES = 64 << 20
 #: What the plot server imports before it waits for jobs: the plot functions' modules.
-PLOT_MODULES = (
-    "matplotlib.figure",
-    "matplotlib.backends.backend_agg",
-    "pacectl.metrics",
-    "pacectl.energy",
-    "pacectl.whatif",
-)
+PLOT_MODULES = ("matplotlib.figure", "matplotlib.backends.backend_agg", "pacectl.metrics", "pacectl.energy")
 
 
 @contextmanager
-def plot_server(enabled: bool = True) -> Iterator[None]:
+def plot_server(enabled: bool = True, *, also: Sequence[str] = ()) -> Iterator[None]:
     """Within the block, :func:`draw_in_background` forks its plots from a process started now.
 
     The server is forked at once and imports matplotlib and the plot functions' modules
-    (:data:`PLOT_MODULES`) while this process composes its config and computes: a command's plots
+    (:data:`PLOT_MODULES`, then the modules ``also`` names, e.g. ``pacectl.whatif`` for its heatmap)
+    while this process composes its config and computes: a command's plots
     then start drawing as soon as their inputs exist, without the half second of matplotlib's
     import on the command's critical path. It receives each batch of plots as a pickle, forks one
     child per plot from its warm state and reports each batch's errors back. Nothing is started
@@ -361,10 +422,10 @@ def plot_server(enabled: bool = True) -> Iterator[None]:
     The server ends with the block (or, if this process dies, when its pipe closes).
     """
     global _server
-    if not enabled or not _can_fork() or _server is not None:
+    if not enabled or not can_fork() or _server is not None:
         yield
         return
-    _server = _PlotServer()
+    _server = _PlotServer([*PLOT_MODULES, *also])
     try:
         yield
     finally:
@@ -379,7 +440,7 @@ _server: _PlotServer | None = None
 class _PlotServer:
     """The process of :func:`plot_server` and its two pipes (batches in, results out)."""
 
-    def __init__(self) -> None:
+    def __init__(self, modules: Sequence[str]) -> None:
         cmd_r, self.cmd = os.pipe()
         self.res, res_w = os.pipe()
         self.owner = os.getpid()
@@ -391,7 +452,7 @@ class _PlotServer:
             try:
                 os.close(self.cmd)
                 os.close(self.res)
-                _serve(cmd_r, res_w)
+                _serve(cmd_r, res_w, modules)
             except BaseException:  # noqa: BLE001 - the parent reads a closed pipe: "plot server ended"
                 code = 1
             finally:
@@ -445,16 +506,15 @@ class _PlotServer:
             os.waitpid(self.pid, 0)
 
 
-def _serve(cmd_r: int, res_w: int) -> None:
-    """The plot server's loop: import the plot modules (:data:`PLOT_MODULES`, in order, while no
-    batch waits), and fork one handler per batch received (it forks a child per plot,
+def _serve(cmd_r: int, res_w: int, modules: Sequence[str]) -> None:
+    """The plot server's loop: import ``modules`` (in order, while no batch waits), and fork one handler per batch received (it forks a child per plot,
     :func:`_fork_jobs`, and writes the batch's errors back)."""
     import importlib
     import select
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C ends the parent; its block ends this
-    pending = list(PLOT_MODULES)
+    pending = list(modules)
     handlers = []
     while True:
         if pending and not select.select([cmd_r], [], [], 0)[0]:  # imported while no batch waits

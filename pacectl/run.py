@@ -21,12 +21,13 @@ are fixed, so pacing can only keep or lengthen iterations; any gain needs a timi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,13 +95,13 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         per_run = experiment.iterations_per_run
         if not per_run:  # live: one job runs them all
             log.info(f"running {len(families)} run(s) ({', '.join(families)}) interleaved in one job")
-        described = _describe(experiment)
         runs = run_names(families, experiment.actuators)
         episodes = {}
         # a bar on a terminal only (tqdm's disable=None), over the iterations of every run (no pacing,
         # each controller) where the backend reports them, else one step per run
         # log lines while the bar is up go through tqdm.write, so they do not break the bar
         with (
+            _describe(experiment) as describe,  # beside the runs
             logging_redirect_tqdm(),
             tqdm(
                 total=len(runs) * (per_run or 1),
@@ -126,6 +127,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                     rows = first.num_iterations * first.num_ranks * (len(runs) if with_parquet else 1)
                     _check_memory(rows, with_parquet)
                     _warn_if_degenerate(episodes[name])
+            described = describe()
     # the outputs are staged from here on; the plots of the episodes start drawing at once, in the
     # background (report.plots_in_background), while the summary is computed and the rest written
     unit = "arbitrary s" if report.normalized_time(described) else "s"  # a normalised trace: no real time
@@ -413,24 +415,49 @@ def _check_memory(rows: int, with_parquet: bool, *, announce: bool = True) -> No
         )
 
 
-def _describe(experiment: Experiment) -> dict[str, Any]:
-    """``experiment.describe()``, with a line and a progress bar when it has work to show (replay:
-    the what-if replays of the stragglers' cost, which come before the runs)."""
+@contextlib.contextmanager
+def _describe(experiment: Experiment) -> Iterator[Callable[[], dict[str, Any]]]:
+    """Yield a function that returns ``experiment.describe()``, with a line first when it has work
+    to show (replay: the what-if replays of the stragglers' cost).
+
+    That work runs in a forked child beside the runs (on a second core, where there is one) and
+    the function waits for its result; the child's result is used only where it neither raised,
+    warned nor logged, else this process computes it itself, as it did before the runs (the
+    warnings then come after the runs'). Without a fork (:func:`pacectl.report.can_fork`) it runs
+    here at once, with a progress bar on a terminal. The block reaps the child.
+    """
     from tqdm import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     steps = experiment.describe_steps
     if not steps:
-        return dict(experiment.describe())
+        described = dict(experiment.describe())
+        yield lambda: described
+        return
     log.info(
         f"stragglers' cost first (what-if, null model): {steps} replays of the trace "
         "(analysis.whatif=false skips it)"
     )
-    with (
-        logging_redirect_tqdm(),
-        tqdm(total=steps, unit="replay", desc="what-if", file=sys.stderr, disable=None, leave=False) as bar,
-    ):
-        return dict(experiment.describe(on_step=bar.update))
+    if not report.can_fork():
+        with (
+            logging_redirect_tqdm(),
+            tqdm(
+                total=steps, unit="replay", desc="what-if", file=sys.stderr, disable=None, leave=False
+            ) as bar,
+        ):
+            described = dict(experiment.describe(on_step=bar.update))
+        yield lambda: described
+        return
+    child = report.Beside(lambda: dict(experiment.describe()))
+
+    def described() -> dict[str, Any]:
+        value = child.result()
+        return dict(experiment.describe()) if value is None else value
+
+    try:
+        yield described
+    finally:
+        child.close()
 
 
 def run_whatif(cfg: DictConfig, out_dir: Path) -> whatif.WhatIfResult:
@@ -562,7 +589,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         # the plot server imports matplotlib beside this process's imports and work
-        with report.plot_server(enabled=draws_plots(args)):
+        whatif = any(a.lstrip("+").partition("=")[::2] == ("analysis", "whatif") for a in args)
+        with report.plot_server(enabled=draws_plots(args), also=["pacectl.whatif"] if whatif else []):
             from pacectl import cli
             from pacectl.config import CONF_DIR
 

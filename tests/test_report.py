@@ -233,7 +233,7 @@ def test_the_plot_server_draws_the_bytes_drawn_inline(tmp_path, episodes, monkey
 
     for job in jobs(tmp_path / "inline"):
         job()
-    monkeypatch.setattr(report, "_can_fork", lambda: True)  # also after another test imported torch
+    monkeypatch.setattr(report, "can_fork", lambda: True)  # also after another test imported torch
     with report.plot_server():
         server = report._server
         assert server is not None and server.pid != os.getpid()
@@ -274,7 +274,7 @@ def test_a_failing_block_waits_for_its_plots_and_raises_its_own_error(tmp_path, 
     write into a staging folder being removed) and raises its own error, not theirs."""
     import functools
 
-    monkeypatch.setattr(report, "_can_fork", lambda: True)  # also after another test imported torch
+    monkeypatch.setattr(report, "can_fork", lambda: True)  # also after another test imported torch
 
     with report.plot_server(), pytest.raises(KeyError, match="the block's"):
         with report.plots_in_background() as draw:
@@ -289,6 +289,39 @@ def _write_done_later(path) -> None:  # type: ignore[no-untyped-def]
 
     time.sleep(0.2)  # still drawing when the block raises (a wait, not a timing assertion)
     path.write_text("done")
+
+
+def _warns() -> int:
+    import warnings
+
+    warnings.warn("careful", UserWarning, stacklevel=1)
+    return 1
+
+
+def _logs() -> int:
+    import logging
+
+    logging.getLogger("pacectl.run").warning("a line")
+    return 2
+
+
+def test_beside_returns_the_childs_value_or_none_where_it_raised_warned_or_logged() -> None:
+    """report.Beside: the value computed in the child, pickled back; None (the caller computes it
+    itself) where the child raised, warned or logged, or the value does not pickle; close() reaps
+    a child whose result was never asked for."""
+    import os
+
+    value = {"m_w": np.arange(3.0), "note": "ideal"}
+    got = report.Beside(lambda: value).result()
+    assert got.keys() == value.keys() and np.array_equal(got["m_w"], value["m_w"])
+    assert report.Beside(_warns).result() is None and report.Beside(_logs).result() is None
+    assert report.Beside(lambda: 1 / 0).result() is None
+    assert report.Beside(lambda: lambda: None).result() is None  # a lambda does not pickle
+    child = report.Beside(lambda: __import__("time").sleep(60))
+    pid = child.pid
+    child.close()
+    with pytest.raises(ChildProcessError):  # reaped
+        os.waitpid(pid, os.WNOHANG)
 
 
 def test_import_of_pacectl_run_leaves_the_heavy_libraries_unimported() -> None:

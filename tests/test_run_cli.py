@@ -749,7 +749,7 @@ def test_plots_drawn_by_the_plot_server_leave_every_output_as_drawn_inline(
     from pacectl import report
 
     # forked also after another test imported torch (a command forks its server before that)
-    monkeypatch.setattr(report, "_can_fork", lambda: os.environ.get("PACECTL_PLOTS_INLINE") != "1")
+    monkeypatch.setattr(report, "can_fork", lambda: os.environ.get("PACECTL_PLOTS_INLINE") != "1")
     sent: list[int] = []
     submit = report._PlotServer.submit
     monkeypatch.setattr(report._PlotServer, "submit", lambda self, m: sent.append(len(m)) or submit(self, m))
