@@ -41,8 +41,12 @@ def _summary(ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
         plain = case.replace("paced=True", "paced=False")
         late = r0["natural"][1:, 1] - r0["natural"][1:, 0]
         out[case] = {
-            "params_bit_identical_to_plain": all(
-                bool(np.array_equal(ranks[r][case]["params"], ranks[r][plain]["params"])) for r in (0, 1)
+            # parameters, and Megatron's gradient buffers (shards, with use_distributed_optimizer)
+            "bit_identical_to_plain": all(
+                bool(np.array_equal(ranks[r][case][k], ranks[r][plain][k]))
+                for r in (0, 1)
+                for k in ("params", "grads")
+                if k in ranks[r][plain]
             ),
             "decisions_identical_across_ranks": bool(
                 np.array_equal(r0["decisions"], ranks[1][case]["decisions"])

@@ -20,11 +20,12 @@ Pacer then exchanges the figures on its group and decides, as for DDP. Gradients
   inside a gradient-accumulation window, is not an iteration).
 
 What ran (``experiments/frameworks/README.md``): 2 gloo ranks on CPU, megatron-core 0.16.1 with
-``overlap_grad_reduce`` off and on (with a one-line CPU shim in the test: Megatron allocates its
-gradient buffers on ``torch.cuda.current_device()``, which fails without CUDA), DeepSpeed 0.19.8 on
-its CPU accelerator, ZeRO stages 0, 1 and 2 (all of them reduce with ``all_reduce`` there). Not run:
-any CUDA/NCCL path, Megatron's distributed optimizer (reduce-scatter), DeepSpeed's reduce-scatter
-paths, ZeRO-3, pipeline parallelism, virtual pipeline chunks, MoE expert groups.
+``overlap_grad_reduce`` off and on, each with and without ``use_distributed_optimizer`` (its
+gradient reduce-scatter; the distributed optimizer itself was not built), with a one-line CPU shim
+in the test (Megatron allocates its gradient buffers on ``torch.cuda.current_device()``, which fails
+without CUDA); DeepSpeed 0.19.8 on its CPU accelerator, ZeRO stages 0, 1 and 2 (all of them reduce
+with ``all_reduce`` there) and gradient accumulation. Not run: any CUDA/NCCL path, DeepSpeed's
+reduce-scatter paths, ZeRO-3, pipeline parallelism, virtual pipeline chunks, MoE expert groups.
 
 Example:
     >>> # decide = DecisionEngine("threshold", {}, {}, num_ranks=dp_size, seed=0)
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -96,6 +98,32 @@ class _Iteration:
 def _stamp(it: _Iteration, slot: int, fut: torch.futures.Future[Any]) -> None:
     """A completion callback (communication thread): stamp the collective's exit."""
     it.stamp_exit(slot)
+
+
+def _stamp_on_completion(it: _Iteration, slot: int, works: Sequence[Any]) -> None:
+    """Stamp ``slot``'s exit when every one of ``works`` has completed: in their futures' callback
+    (the communication thread), or, for works without a future (gloo's coalesced reduce-scatter,
+    Megatron's distributed-optimizer buckets: ``Work::getFuture not implemented``), on a thread that
+    waits for them. The iteration's end waits for the stamp either way (:attr:`Pacer._futures`)."""
+    try:
+        futures = [w.get_future() for w in works]
+    except RuntimeError:
+        stamped: torch.futures.Future[None] = torch.futures.Future()
+
+        def wait() -> None:
+            try:
+                for w in works:
+                    w.wait()
+            except Exception as err:  # a failed collective fails the iteration's end, not a hang
+                stamped.set_exception(err)  # type: ignore[arg-type]  # torch types it as T
+                return
+            it.stamp_exit(slot)
+            stamped.set_result(None)
+
+        threading.Thread(target=wait, name="pacectl-stamp", daemon=True).start()
+        it.pacer._futures.append(stamped)
+        return
+    it.pacer._futures.append(torch.futures.collect_all(futures).then(functools.partial(_stamp, it, slot)))
 
 
 def pace_megatron(model: Any, pacer: Pacer) -> Pacer:
@@ -184,9 +212,8 @@ def _wrap_bucket_group(group: Any, it: _Iteration) -> None:
         works = getattr(handle, "works", None)
         if handle is None:  # synchronous (overlap off): done
             it.stamp_exit(s)
-        elif works:  # asynchronous (CPU): stamped when the last work completes, on the comm thread
-            done = torch.futures.collect_all([w.get_future() for w in works])
-            it.pacer._futures.append(done.then(functools.partial(_stamp, it, s)))
+        elif works:  # asynchronous (CPU): stamped when the last work completes
+            _stamp_on_completion(it, s, works)
         return out
 
     @functools.wraps(finish)
