@@ -26,13 +26,13 @@ import math
 import re
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from pacectl.errors import ConfigError
+from pacectl.errors import ConfigError, config_error, did_you_mean
 
 _REAL_TYPES = (int, float, np.integer, np.floating)
 _SPEC = re.compile(r"([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])])|(>=|>|<=|<)\s*(\S+)")
@@ -80,7 +80,10 @@ def within(
     list, each item's) or the strings it may be (``choices``); ``what`` says in words what it must
     be, in place of the range, in its messages."""
     meta = {"range": Range.parse(spec) if spec else None, "choices": choices, "what": what}
-    return field(default=default, metadata={k: v for k, v in meta.items() if v is not None})
+    meta = {k: v for k, v in meta.items() if v is not None}
+    if isinstance(default, list):  # a list default is made afresh for each instance
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 def flag(default: bool) -> Any:
@@ -208,7 +211,9 @@ class Checked:
             except ConfigError as err:
                 name, where = self.where(f.name)
                 must = f.metadata.get("what") or str(err)
-                raise ConfigError(f"{name} must be {must}, got {shown(value)}{where}") from None
+                close = did_you_mean(str(value), choices) if choices and isinstance(value, str) else None
+                hint = f" (did you mean {close!r}?)" if close else ""
+                raise ConfigError(f"{name} must be {must}, got {shown(value)}{hint}{where}") from None
             object.__setattr__(self, f.name, checked)
 
     def check_band(self, on: str, off: str) -> None:
@@ -219,3 +224,40 @@ class Checked:
                 f"{name} must be <= {on} ({getattr(self, on):g}), got {shown(getattr(self, off))}"
                 f"{where}; the band [off, on] is the hysteresis band"
             )
+
+
+C = TypeVar("C", bound=Checked)
+
+
+@functools.cache
+def _at(cls: type[C], section: str) -> type[C]:
+    """``cls`` with its messages naming keys under ``section`` (a list item: ``cluster.jobs.0.compute``)."""
+    return type(cls.__name__, (cls,), {"section": section, "__module__": cls.__module__})
+
+
+def typed(cls: type[C], node: object, section: str | None = None) -> C:
+    """``node`` (a mapping or config node; None: empty) as the typed config ``cls``, checked: its
+    types and keys by OmegaConf, its ranges by ``__post_init__``; ``section`` (default
+    ``cls.section``) is the override path its keys are named under in messages.
+
+    Raises:
+        ConfigError: one line (:func:`pacectl.errors.config_error`): a wrong type, an unknown key
+            (with a did-you-mean), a value out of range, or a key that must be set and is not.
+    """
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+    where = cls.section if section is None else section
+    kind = cls if where == cls.section else _at(cls, where)  # type: ignore[arg-type]
+    if node is not None and not isinstance(node, Mapping | DictConfig):
+        keys = ", ".join(f.name for f in fields(cls))  # type: ignore[arg-type]
+        raise ConfigError(
+            f"{where} must be a mapping of {keys}, got {shown(node)}; set {where}.<key>=<value>"
+        )
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(kind), node or {}))  # type: ignore[return-value]
+    except MissingMandatoryValue as err:
+        key = f"{where}.{err.full_key}" if where else str(err.full_key)
+        raise ConfigError(f"{key} must be set (override: {key}=<value>)") from None
+    except OmegaConfBaseException as err:
+        raise ConfigError(config_error(err, where)) from None

@@ -32,6 +32,7 @@ from pacectl.controllers.registry import Family, subscribe
 from pacectl.data import DATA_DIR
 from pacectl.errors import ConfigError, did_you_mean, unknown_keys_error, yaml_problem
 from pacectl.fabric.base import CommModel, NullComm
+from pacectl.fabric.profile import ClusterConfig, cluster_config
 from pacectl.loop import ExchangeSchedule
 from pacectl.torchdist.core import TorchConfig  # torch-free
 from pacectl.traces.formats import FORMATS, trace_config, user_path
@@ -67,6 +68,7 @@ for _name, _format in FORMATS.items():  # trace=<format>: its typed config
 ConfigStore.instance().store(group="backend", name="replay", node=ReplayConfig)
 ConfigStore.instance().store(group="backend", name="sim", node=SimConfig)
 ConfigStore.instance().store(group="backend", name="torch", node=TorchConfig)
+ConfigStore.instance().store(group="cluster", name="base", node=ClusterConfig)  # conf/cluster/ builds on it
 
 
 def load_trace(trace_cfg: DictConfig) -> OpTrace:
@@ -408,6 +410,8 @@ def validate_run_config(cfg: DictConfig, *, other_keys: frozenset[str] = frozens
         if not isinstance(value, bool):
             raise ConfigError(f"output.{key} must be true or false, got {value!r}")
     _check_known_keys(cfg)
+    if cfg.get("cluster") is not None:  # the whole profile, whichever model reads it
+        cluster_config(cfg.cluster)
     if cfg.get("guard") is not None:  # the guard checks its own values: here, before any work
         controller_factory("none", {}, cfg.guard)()
     analysis = cfg.get("analysis")

@@ -111,6 +111,20 @@ def override_value(value: object) -> str:
 
 
 _KINDS = {float: "a finite number", int: "an integer", bool: "true or false", str: "a string"}
+_PLURAL = {float: "finite numbers", int: "integers", bool: "booleans", str: "strings"}
+
+
+def _kind(hint: Any) -> str:
+    """What a value of the type ``hint`` is, in words (``a list of integers``)."""
+    import dataclasses
+    import typing
+
+    if dataclasses.is_dataclass(hint):
+        return "a mapping"
+    if typing.get_origin(hint) is list:
+        inner = (typing.get_args(hint) or (Any,))[0]
+        return f"a list of {_PLURAL[inner]}" if inner in _PLURAL else "a list"
+    return _KINDS.get(hint, "a value" if hint is Any else str(hint).replace("typing.", ""))
 
 
 def config_error(err: BaseException, section: str = "") -> str:
@@ -154,16 +168,12 @@ def config_error(err: BaseException, section: str = "") -> str:
     )
     if isinstance(err, ConfigKeyError) and declared:
         close = did_you_mean(leaf, declared)
-        fix = f"; did you mean {key.removesuffix(leaf)}{close}?" if close else ""
+        fix = f"; did you mean {key.removesuffix(leaf)}{close}?" if close else "; remove it"
         return f"{key}: no such key (known: {', '.join(declared)}){fix}"
     if isinstance(err, ValidationError) and leaf in declared:
         hint = typing.get_type_hints(cls).get(leaf)
-        args = typing.get_args(hint) or (hint,)
-        kinds = [
-            "a mapping" if dataclasses.is_dataclass(a) else _KINDS.get(a, str(a).replace("typing.", ""))
-            for a in args
-            if a is not type(None)
-        ]
+        args = (hint,) if typing.get_origin(hint) is list else typing.get_args(hint) or (hint,)
+        kinds = [_kind(a) for a in args if a is not type(None)]
         meta = declared[leaf].metadata  # a pacectl.checks field states its range, or what it must be
         must = meta.get("what") or " or ".join(kinds) + (f" {meta['range']}" if meta.get("range") else "")
         must += " or null" if type(None) in args else ""

@@ -603,16 +603,14 @@ class MultiJobSimExperiment(_ClosedLoop):
         from pacectl.backends.multijob import MultiJobSimBackend
         from pacectl.config import as_dict
         from pacectl.controllers import CONTROLLERS
-        from pacectl.fabric.contention import CrossTraffic, EarlyArrivalInterference
         from pacectl.fabric.jobs import parse_jobs
-        from pacectl.fabric.profile import _collective, comm_name, power_from, validate_cluster
-        from pacectl.fabric.topology import FatTree
+        from pacectl.fabric.profile import cluster_config, comm_name, power_from
 
         self.cfg = cfg
         cluster = as_dict(cfg.cluster)
         self.cluster_name = str(cluster.get("name", "?"))
-        profile = validate_cluster(cluster)
-        self.power = power_from(cluster)
+        profile = cluster_config(cluster)
+        self.power = power_from(profile)
         self.actuators = actuators_of(cfg.backend.get("actuator", "delay"))
         comm = comm_name(cfg.get("comm"))
         if comm == "fitted":
@@ -625,25 +623,25 @@ class MultiJobSimExperiment(_ClosedLoop):
                 f"backend.record=true is not supported with several jobs on one fabric (cluster={self.cluster_name} "
                 "has cluster.jobs): no canonical trace of a multi-job run yet; use backend.record=false"
             )
-        if (profile.get("power_cap") or {}).get("node_w") is not None:
+        if profile.power_cap.node_w is not None:
             raise ConfigError(
                 f"cluster.power_cap.node_w must be null with several jobs on one fabric (cluster={self.cluster_name} "
                 "has cluster.jobs): the node power cap is modelled by the single-job simulator only"
             )
-        if int((profile.get("buckets") or {}).get("count", 1)) > 1:
+        if profile.buckets.count > 1:
             raise ConfigError(
                 f"cluster.buckets.count must be 1 with several jobs on one fabric (cluster={self.cluster_name} "
                 "has cluster.jobs): bucketed backward is modelled by the single-job simulator only; "
                 "e.g. cluster.buckets.count=1"
             )
         fabric_ranks = config_int(cfg.backend.num_ranks, "backend.num_ranks")
-        topology = FatTree(**profile["topology"])
-        coll = _collective(profile)
+        topology = profile.topology.model()
+        coll = profile.collective
         self.jobs = parse_jobs(
             cluster.get("jobs"),
             fabric_ranks=fabric_ranks,
             topology=topology,
-            message_bytes=float(coll["message_bytes"]),
+            message_bytes=coll.message_bytes,
             controllers=tuple(CONTROLLERS),
         )
         self.backend = MultiJobSimBackend(
@@ -652,14 +650,10 @@ class MultiJobSimExperiment(_ClosedLoop):
             fabric_ranks,
             num_iterations=config_int(cfg.backend.num_iterations, "backend.num_iterations"),
             comm=comm,
-            interference=EarlyArrivalInterference(
-                float(profile["interference"].get("kappa", 0.0)),
-                topology.ranks_per_node,
-                str(profile["interference"].get("kappa_source", "assumed")),
-            ),
-            cross_traffic=CrossTraffic(**profile["cross_traffic"]),
-            alpha_inter_s=float(coll["alpha_inter_s"]),
-            alpha_intra_s=float(coll["alpha_intra_s"]),
+            interference=profile.interference_model(),
+            cross_traffic=profile.cross_traffic.model(),
+            alpha_inter_s=coll.alpha_inter_s,
+            alpha_intra_s=coll.alpha_intra_s,
             power=self.power,
             actuator=self.actuators[0],
         )

@@ -36,7 +36,7 @@ def test_composition_errors_are_one_line_with_a_did_you_mean(capsys) -> None:
     err = _check(capsys, ["controller=pid", "controller.kq=0.5"])
     assert "controller.kq=0.5: no such config key" in err and "Did you mean controller.kp=0.5?" in err
     err = _check(capsys, ["cluster=paper_lik"], "tune")
-    assert "Did you mean cluster=paper_like?" in err and "available: alibaba_pai, ar, contended," in err
+    assert "Did you mean cluster=paper_like?" in err and "available: alibaba_pai, ar, base, contended," in err
     err = _check(capsys, ["trace=st", "seed"])
     assert "missing EQUAL" in err
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -223,9 +224,24 @@ def test_topology_validation() -> None:
     assert math.isinf(ContentionComm(FatTree(), 8, message_bytes=1e9).ring_rate_Bps(()))
 
 
-# --- cluster profile validation (pacectl.fabric.profile.validate_cluster) -------------------------
+# --- cluster profiles: typed configs (pacectl.fabric.profile.ClusterConfig) ------------------------
 
-PROFILES = ("dgx_superpod", "cost_optimized", "ar", "st", "contended", "paper_like")
+PROFILES = tuple(
+    sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "cluster").glob("*.yaml"))
+)
+GOLDEN_PROFILES = Path(__file__).resolve().parent / "golden" / "cluster_profiles.json"
+#: keys the typed profile adds where a shipped profile left them out: each the model's own default
+ADDED_DEFAULTS = {
+    ("cross_traffic", "stagger"): 0.37,
+    ("jobs",): None,
+    ("tune_sim",): {
+        "num_ranks": 32,
+        "num_iterations": 150,
+        "comm": "contention",
+        "seeds": [0, 1, 2],
+        "heldout_seeds": [100, 101, 102],
+    },
+}
 
 
 def _profile(name: str = "dgx_superpod", overrides: tuple[str, ...] = ()) -> dict[str, object]:
@@ -240,48 +256,50 @@ def _profile(name: str = "dgx_superpod", overrides: tuple[str, ...] = ()) -> dic
 
 
 @pytest.mark.parametrize("name", PROFILES)
-def test_shipped_profiles_validate_and_build(name: str) -> None:
-    from pacectl.fabric.profile import compute_from, sim_fabric, validate_cluster
+def test_shipped_profiles_resolve_to_the_values_recorded_before_they_were_typed(name: str) -> None:
+    """tests/golden/cluster_profiles.json was written from the private schema's code: every shipped
+    profile composes to the same values (plus the model defaults it left out) and builds the same models."""
+    import json
+    import sys
 
-    cluster = _profile(name)
-    profile = validate_cluster(cluster)
-    assert isinstance(profile["topology"]["ranks_per_node"], int)
-    assert isinstance(profile["cross_traffic"]["links"], tuple)
-    for comm in ("null", "alpha_beta", "contention"):
-        model, _ = sim_fabric(cluster, comm, 64)
-        assert math.isfinite(model.free_time_s) and model.free_time_s > 0
-    assert compute_from(cluster).compute_s == cluster["compute"]["compute_s"]  # type: ignore[index]
+    sys.path.insert(0, str(GOLDEN_PROFILES.parent))
+    from cluster_profiles_regen import profile_values
+
+    golden = json.loads(GOLDEN_PROFILES.read_text())[name]
+    now = profile_values(name)
+    assert now["models"] == golden["models"]
+    assert now["tune_sim"] == golden["tune_sim"]
+    composed = now["composed"]
+    for path, default in ADDED_DEFAULTS.items():
+        *parents, leaf = path
+        node = composed
+        for key in parents:
+            node = node[key]
+        expected = golden["composed"]
+        for key in parents:
+            expected = expected[key]
+        if leaf not in expected:
+            assert node.pop(leaf) == default, path
+    assert composed == golden["composed"]
 
 
-def test_schema_covers_the_shipped_profiles_and_matches_the_model_classes() -> None:
+def test_profile_configs_match_the_model_classes() -> None:
     import dataclasses
 
-    from omegaconf import OmegaConf
-
-    from pacectl.config import CONF_DIR
+    from pacectl.fabric import profile as P
     from pacectl.fabric.noise import NOISE_COMPONENTS
-    from pacectl.fabric.profile import FABRIC_SCHEMA, NOISE_SCHEMA, PROFILE_KEYS
 
     def init_fields(cls: type) -> set[str]:
         return {f.name for f in dataclasses.fields(cls) if f.init}
 
-    assert set(FABRIC_SCHEMA["topology"]) == init_fields(FatTree)
-    assert set(FABRIC_SCHEMA["cross_traffic"]) == init_fields(CrossTraffic)
-    assert set(FABRIC_SCHEMA["interference"]) == init_fields(EarlyArrivalInterference) - {"ranks_per_node"}
-    assert set(NOISE_SCHEMA) == set(NOISE_COMPONENTS)
+    assert init_fields(P.Topology) == init_fields(FatTree)
+    assert init_fields(P.Traffic) == init_fields(CrossTraffic)
+    assert init_fields(P.Interference) == init_fields(EarlyArrivalInterference) - {"ranks_per_node"}
+    assert set(P.NOISE_CONFIGS) == set(NOISE_COMPONENTS)
     for kind, cls in NOISE_COMPONENTS.items():
-        assert set(NOISE_SCHEMA[kind]) == init_fields(cls), kind
-    for path in sorted((CONF_DIR / "cluster").glob("*.yaml")):
-        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-        assert isinstance(node, dict)
-        for section, schema in FABRIC_SCHEMA.items():
-            assert set(node.get(section) or {}) <= set(schema), (path.name, section)
-        assert set(node) - {"defaults"} <= set(FABRIC_SCHEMA) | set(PROFILE_KEYS), path.name
-        for section, keys in PROFILE_KEYS.items():
-            if keys is not None:
-                assert set(node.get(section) or {}) <= keys, (path.name, section)
-        for item in (node.get("compute") or {}).get("noise") or []:
-            assert set(item) - {"kind"} <= set(NOISE_SCHEMA[item["kind"]]), path.name
+        assert init_fields(P.NOISE_CONFIGS[kind]) - {"kind"} == init_fields(cls), kind
+    for config, model in ((P.Topology, FatTree), (P.Traffic, CrossTraffic)):  # the same defaults
+        assert dataclasses.asdict(config().model()) == dataclasses.asdict(model()), config
 
 
 BAD_VALUES = [
@@ -290,31 +308,13 @@ BAD_VALUES = [
         "cluster.interference.kappa_source must be a string starting with 'assumed' or 'measured: <record>', "
         "got 'guessed'",
     ),
-    (
-        "cluster.topology.ranks_per_node=abc",
-        "cluster.topology.ranks_per_node must be an integer >= 1, got 'abc'",
-    ),
     ("cluster.topology.ranks_per_node=0", "cluster.topology.ranks_per_node must be an integer >= 1, got 0"),
-    (
-        "cluster.topology.ranks_per_node=2.5",
-        "cluster.topology.ranks_per_node must be an integer >= 1, got 2.5",
-    ),
-    (
-        "cluster.topology.nodes_per_leaf=true",
-        "cluster.topology.nodes_per_leaf must be an integer >= 1, got True",
-    ),
     (
         "cluster.topology.nic_bandwidth_Bps=inf",
         "cluster.topology.nic_bandwidth_Bps must be a finite number > 0, got inf",
     ),
-    (
-        "cluster.topology.nvlink_bandwidth_Bps=0",
-        "cluster.topology.nvlink_bandwidth_Bps must be a finite number > 0",
-    ),
-    (
-        "cluster.topology.oversubscription=0.5",
-        "cluster.topology.oversubscription must be a finite number >= 1",
-    ),
+    ("cluster.topology.nvlink_bandwidth_Bps=0", "cluster.topology.nvlink_bandwidth_Bps must be > 0"),
+    ("cluster.topology.oversubscription=0.5", "cluster.topology.oversubscription must be >= 1"),
     (
         "cluster.topology.oversubscription=nan",
         "cluster.topology.oversubscription must be a finite number >= 1, got nan",
@@ -325,88 +325,112 @@ BAD_VALUES = [
     ),
     (
         "cluster.collective.algorithm=foo",
-        "cluster.collective.algorithm must be one of ['ring', 'tree', 'hierarchical'], got 'foo'",
+        "cluster.collective.algorithm must be one of ring, tree, hierarchical, got 'foo'",
     ),
     ("cluster.collective.algorithm=rign", "got 'rign' (did you mean 'ring'?)"),
     (
         "cluster.collective.message_bytes=nan",
         "cluster.collective.message_bytes must be a finite number >= 0, got nan",
     ),
-    (
-        "cluster.collective.message_bytes=-1",
-        "cluster.collective.message_bytes must be a finite number >= 0, got -1",
-    ),
-    (
-        "cluster.collective.alpha_inter_s=abc",
-        "cluster.collective.alpha_inter_s must be a finite number >= 0, got 'abc'",
-    ),
-    (
-        "cluster.cross_traffic.links=leaf_up:0",
-        "cluster.cross_traffic.links must be a list of strings, got 'leaf_up:0'",
-    ),
-    (
-        "cluster.cross_traffic.rate_frac=0",
-        "cluster.cross_traffic.rate_frac must be a finite number > 0 and <= 1, got 0",
-    ),
+    ("cluster.collective.message_bytes=-1", "cluster.collective.message_bytes must be >= 0, got -1"),
+    ("cluster.cross_traffic.rate_frac=0", "cluster.cross_traffic.rate_frac must be in (0, 1], got 0"),
     ("cluster.cross_traffic.on_s=-inf", "cluster.cross_traffic.on_s must be a finite number >= 0, got -inf"),
-    (
-        "+cluster.cross_traffic.stagger=1.5",
-        "cluster.cross_traffic.stagger must be a finite number >= 0 and <= 1",
-    ),
+    ("cluster.cross_traffic.stagger=1.5", "cluster.cross_traffic.stagger must be in [0, 1]"),
     ("cluster.interference.kappa=inf", "cluster.interference.kappa must be a finite number >= 0, got inf"),
-    ("cluster.compute.compute_s=0", "cluster.compute.compute_s must be a finite number > 0, got 0"),
-    ("cluster.compute.noise=3", "cluster.compute.noise must be a list of noise components, got 3"),
+    ("cluster.compute.compute_s=0", "cluster.compute.compute_s must be > 0, got 0"),
     (
         "cluster.compute.noise.0.sigma=abc",
         "cluster.compute.noise.0.sigma must be a finite number >= 0, got 'abc'",
     ),
     ("cluster.compute.noise.0.kind=lognormall", "cluster.compute.noise.0.kind must be one of"),
-    ("cluster.topology=3", "cluster.topology must be a mapping, got 3"),
+    ("cluster.tune_sim.seeds=[]", "cluster.tune_sim.seeds must be a non-empty list of integer seeds"),
 ]
 
 
 @pytest.mark.parametrize(("override", "message"), BAD_VALUES)
-def test_validate_cluster_rejects_bad_values_naming_the_key(override: str, message: str) -> None:
-    from pacectl.fabric.profile import validate_cluster
+def test_cluster_config_rejects_bad_values_naming_the_key(override: str, message: str) -> None:
+    from pacectl.fabric.profile import cluster_config
 
     key = override.lstrip("+").split("=")[0]
     with pytest.raises(ConfigError) as err:
-        validate_cluster(_profile("dgx_superpod", (override,)))
+        cluster_config(_profile("dgx_superpod", (override,)))
     text = str(err.value)
     assert message in text
     assert "\n" not in text
-    if key != "cluster.topology":  # the example fix is an override of the same key
-        assert f"; e.g. {key}=" in text or f"; e.g. '{key}=" in text  # quoted for the shell
+    assert any(f"{how} {key}=" in text for how in ("(override:", "e.g.", "for example"))  # how to set it
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("+cluster.foo=1", "cluster has unknown key(s) ['foo']: nothing reads them (known: ['buckets', 'collective',"),
-        ("+cluster.topology.foo=1", "cluster.topology has unknown key(s) ['foo']"),
-        ("+cluster.topology.rank_per_node=4", "Did you mean cluster.topology.ranks_per_node=4?"),
-        ("+cluster.collective.mesage_bytes=1", "Did you mean cluster.collective.message_bytes=1?"),
-        ("+cluster.compute.noise.0.sigm=0.1", "cluster.compute.noise.0 has unknown key(s) ['sigm']"),
-        ("+cluster.tune_sim.num_rank=8", "Did you mean cluster.tune_sim.num_ranks=8?"),
+        (
+            "cluster.topology.ranks_per_node=abc",
+            "cluster.topology.ranks_per_node must be an integer >= 1, got 'abc'",
+        ),
+        (
+            "cluster.topology.ranks_per_node=2.5",
+            "cluster.topology.ranks_per_node must be an integer >= 1, got 2.5",
+        ),
+        (
+            "cluster.topology.nodes_per_leaf=true",
+            "cluster.topology.nodes_per_leaf must be an integer >= 1, got True",
+        ),
+        (
+            "cluster.collective.alpha_inter_s=abc",
+            "cluster.collective.alpha_inter_s must be a finite number >= 0",
+        ),
+        ("cluster.cross_traffic.links=leaf_up:0", "cluster.cross_traffic.links must be a list of link names"),
+        ("cluster.compute.noise=3", "cluster.compute.noise must be a list, got 3"),
+        ("cluster.topology=3", "cluster.topology must be a mapping, got 3"),
     ],
 )
-def test_validate_cluster_rejects_unknown_keys_at_every_level(override: str, message: str) -> None:
-    from pacectl.fabric.profile import validate_cluster
+def test_wrong_types_are_refused_when_hydra_composes_the_profile(override: str, message: str) -> None:
+    from hydra.errors import HydraException
+
+    from pacectl.cli import composition_error
+    from pacectl.config import CONF_DIR
+
+    with pytest.raises(HydraException) as err:
+        _profile("dgx_superpod", (override,))
+    line = composition_error(CONF_DIR, "config", [override], err.value)
+    assert line.startswith(message), line
+    assert "\n" not in line
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("+cluster.foo=1", "cluster.foo: no such key (known: name, description, power, topology,"),
+        ("+cluster.topology.foo=1", "cluster.topology.foo: no such key (known: ranks_per_node,"),
+        ("+cluster.topology.rank_per_node=4", "did you mean cluster.topology.ranks_per_node?"),
+        ("+cluster.collective.mesage_bytes=1", "did you mean cluster.collective.message_bytes?"),
+        (
+            "+cluster.compute.noise.0.sigm=0.1",
+            "cluster.compute.noise.0.sigm: no such key (known: kind, sigma)",
+        ),
+        ("+cluster.tune_sim.num_rank=8", "did you mean cluster.tune_sim.num_ranks?"),
+    ],
+)
+def test_cluster_config_rejects_unknown_keys_at_every_level(override: str, message: str) -> None:
+    from pacectl.fabric.profile import cluster_config
 
     with pytest.raises(ConfigError) as err:
-        validate_cluster(_profile("contended", (override,)))
+        cluster_config(_profile("contended", (override,)))
     assert message in str(err.value)
-    assert "remove cluster." in str(err.value).lower()
 
 
-def test_validate_cluster_keeps_defaults_for_keys_left_out() -> None:
-    from pacectl.fabric.profile import sim_fabric, validate_cluster
+def test_cluster_config_keeps_the_model_defaults_for_keys_left_out() -> None:
+    from pacectl.fabric.profile import cluster_config, sim_fabric
 
     cluster = {"name": "bare", "compute": {"compute_s": 0.1}}
-    profile = validate_cluster(cluster)
-    assert profile["topology"] == {} and profile["compute"]["noise"] == []
+    profile = cluster_config(cluster)
+    assert profile.topology.model() == FatTree() and profile.compute.noise == []
     model, interference = sim_fabric(cluster, "contention", 16)
     assert model.free_time_s > 0 and interference.kappa == 0.0
+    with pytest.raises(ConfigError, match=r"^cluster\.jobs\.0\.compute\.compute_s must be set"):
+        from pacectl.fabric.profile import compute_section
+
+        compute_section({"noise": []}, "cluster.jobs.0.compute")
 
 
 def test_nan_message_bytes_names_the_key_not_the_null_model() -> None:
@@ -424,7 +448,8 @@ def test_overflowing_collective_is_rejected_with_the_keys() -> None:
     from pacectl.fabric.profile import sim_fabric
 
     cluster = _profile(
-        "dgx_superpod", ("cluster.collective.message_bytes=1e300", "cluster.topology.nic_bandwidth_Bps=1e-300")
+        "dgx_superpod",
+        ("cluster.collective.message_bytes=1e300", "cluster.topology.nic_bandwidth_Bps=1e-300"),
     )
     with pytest.raises(ConfigError, match="cluster.collective.message_bytes is too large"):
         sim_fabric(cluster, "null", 64)

@@ -5,10 +5,11 @@
 traffic, plus early-arrival interference: timing-dependent) or, for replay only, ``fitted``
 (fitted from the trace itself, :mod:`pacectl.fabric.fitted`). The profile gives the parameters.
 
-:func:`validate_cluster` checks a whole profile (known keys at every level, types, finiteness,
-ranges, enums) and returns its values converted; every builder here goes through it, so the
-simulator (:func:`sim_fabric`, :func:`compute_from`) and the contended replay
-(:class:`ReplayContention`) share one set of checks and messages.
+:class:`ClusterConfig` is a profile's typed config (one dataclass per section, each field's range
+beside its default, :mod:`pacectl.checks`), stored in Hydra's ConfigStore as ``cluster=base``; every
+builder here takes it (or a mapping, checked through it), so the simulator (:func:`sim_fabric`,
+:func:`compute_from`) and the contended replay (:class:`ReplayContention`) share one set of checks
+and messages.
 
 Reference for users
 -------------------
@@ -40,28 +41,30 @@ uses 3 seeds x 1,500 iterations; heavy-tailed hiccups make one short run's CV no
 `alibaba_pai` and `h200_gloo4` (the paper_like fabric with each rank replaying real step times: one
 Alibaba PAI worker, or one rank of the shipped H200 capture) and `ar` / `st` (the shipped traces).
 
-A profile is checked as a whole wherever a model reads it: always with `backend=sim` (even `comm=null`
-takes its fixed duration from `cluster.collective` and its compute times from `cluster.compute`), and
-with `backend=replay comm=contention`. Unknown keys, at any level, are refused with the known ones and
-a "did you mean"; so are values a model cannot use (`cluster.topology.ranks_per_node=abc`, a bandwidth
-of `inf`, `cluster.collective.message_bytes=nan`, `cluster.collective.algorithm=foo`): one line that
-names the override key, what it must be and an example (`pacectl.fabric.profile.validate_cluster`).
-Replay with `comm=null` (the default) never reads the profile, so it is not checked there. Besides the
-keys of `dgx_superpod.yaml`, `cluster.cross_traffic.stagger` (default 0.37, in [0, 1]) shifts the on/off
-phase of successive links by that fraction of the period (`+cluster.cross_traffic.stagger=0`: all
+A profile is a typed config (`ClusterConfig`), checked as a whole before any run, whichever model
+reads it: a wrong type or an unknown key, at any level, is refused when Hydra composes it, a value out
+of range (`cluster.topology.ranks_per_node=0`, a bandwidth of `inf`, `cluster.collective.message_bytes=nan`,
+`cluster.collective.algorithm=foo`) by its dataclass: one line that names the override key, what it
+must be and how to set it, with a "did you mean" for a misspelt key or choice. Besides the keys of
+`dgx_superpod.yaml`, `cluster.cross_traffic.stagger` (default 0.37, in [0, 1]) shifts the on/off
+phase of successive links by that fraction of the period (`cluster.cross_traffic.stagger=0`: all
 links switch together).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
+from omegaconf import MISSING, DictConfig
 
-from pacectl.errors import ConfigError, did_you_mean, unknown_keys_error
+from pacectl.checks import Checked, flag, typed, within
+from pacectl.errors import ConfigError, did_you_mean
 from pacectl.fabric.collectives import ALGORITHMS
 from pacectl.fabric.contention import (
     AlphaBetaComm,
@@ -71,14 +74,20 @@ from pacectl.fabric.contention import (
     FixedComm,
 )
 from pacectl.fabric.noise import NOISE_COMPONENTS, ComputeModel
-from pacectl.fabric.overlap import NOISE_PLACEMENTS, PACERS, BucketedBackward, BucketEngine
+from pacectl.fabric.overlap import (
+    FORWARD_FRAC,
+    NOISE_PLACEMENTS,
+    PACERS,
+    SOURCED_OVERLAP_SLOWDOWN,
+    BucketedBackward,
+    BucketEngine,
+)
 from pacectl.fabric.power import PowerProfile, power_profile
 from pacectl.fabric.powercap import NodePowerCap
 from pacectl.fabric.topology import FatTree
 
 COMM_NAMES = ("null", "alpha_beta", "contention", "fitted")
 FloatArray = NDArray[np.float64]
-IntArray = NDArray[np.int64]
 
 
 def inert_contention_note(
@@ -132,322 +141,259 @@ def comm_name(value: object) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Validation of a profile. Each field is (checker, example value for the hint); a checker takes the
-# value and its override key and returns the converted value or raises a ConfigError naming the key.
-
-_Check = Callable[[object, str], Any]
-
-
-def _fail(key: str, expected: str, value: object, example: str, hint: str = "") -> ConfigError:
-    return ConfigError(f"{key} must be {expected}, got {value!r}{hint}; e.g. {key}={example}")
+# The typed config of a profile: one dataclass per section, each field's default the model's own
+# (a key a profile leaves out keeps it) and its range beside it (pacectl.checks). Stored in Hydra's
+# ConfigStore as ``cluster=base`` (pacectl.config); conf/cluster/dgx_superpod.yaml builds on it.
 
 
-def _integer(low: int, example: str) -> tuple[_Check, str]:
-    def check(value: object, key: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise _fail(key, f"an integer >= {low}", value, example)
-        return int(value)
+@dataclass(kw_only=True)
+class Topology(Checked):
+    """``cluster.topology``: the fat-tree (:class:`~pacectl.fabric.topology.FatTree`)."""
 
-    return check, example
+    section: ClassVar[str] = "cluster.topology"
+    ranks_per_node: int = within(8, ">= 1")
+    nodes_per_leaf: int = within(4, ">= 1")
+    oversubscription: float = within(1.0, ">= 1")
+    nic_bandwidth_Bps: float = within(50e9, "> 0")
+    nvlink_bandwidth_Bps: float = within(450e9, "> 0")
+    rail_optimized: Any = flag(False)
 
-
-def _number(
-    example: str, *, low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False
-) -> tuple[_Check, str]:
-    """A finite real number in the interval given by ``low``/``high`` (open or closed ends)."""
-    lo = f"> {low:g}" if low_open else f">= {low:g}"
-    hi = "" if high == math.inf else (f" and < {high:g}" if high_open else f" and <= {high:g}")
-    expected = f"a finite number {lo}{hi}"
-
-    def check(value: object, key: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-            raise _fail(key, expected, value, example)
-        x = float(value)
-        ok = (
-            math.isfinite(x)
-            and (x > low if low_open else x >= low)
-            and (x < high if high_open else x <= high)
-        )
-        if not ok:
-            raise _fail(key, expected, value, example)
-        return x
-
-    return check, example
+    def model(self) -> FatTree:
+        return FatTree(**vars(self))
 
 
-def _boolean(example: str) -> tuple[_Check, str]:
-    def check(value: object, key: str) -> bool:
-        if not isinstance(value, bool):
-            raise _fail(key, "true or false", value, example)
-        return value
+@dataclass(kw_only=True)
+class Collective(Checked):
+    """``cluster.collective``: the all-reduce (:class:`~pacectl.fabric.contention.AlphaBetaComm`)."""
 
-    return check, example
-
-
-def _choice(choices: tuple[str, ...], example: str) -> tuple[_Check, str]:
-    def check(value: object, key: str) -> str:
-        if not isinstance(value, str) or value not in choices:
-            close = did_you_mean(str(value), choices)
-            hint = f" (did you mean {close!r}?)" if close else ""
-            raise _fail(key, f"one of {list(choices)}", value, example, hint)
-        return value
-
-    return check, example
+    section: ClassVar[str] = "cluster.collective"
+    algorithm: str = within("hierarchical", choices=ALGORITHMS)
+    message_bytes: float = within(2e9, ">= 0")
+    alpha_inter_s: float = within(5e-6, ">= 0")
+    alpha_intra_s: float = within(2e-6, ">= 0")
 
 
-def _text(example: str) -> tuple[_Check, str]:
-    def check(value: object, key: str) -> str:
-        if not isinstance(value, str) or not value:
-            raise _fail(key, "a non-empty string", value, example)
-        return value
+@dataclass(kw_only=True)
+class Traffic(Checked):
+    """``cluster.cross_traffic``: on/off cross traffic (:class:`~pacectl.fabric.contention.CrossTraffic`)."""
 
-    return check, example
+    section: ClassVar[str] = "cluster.cross_traffic"
+    links: list[str] = within([], what="a list of link names, e.g. '[leaf_up:*]'")
+    rate_frac: float = within(1.0, "(0, 1]")
+    on_s: float = within(0.0, ">= 0")
+    off_s: float = within(0.0, ">= 0")
+    stagger: float = within(0.37, "[0, 1]")
 
-
-def _source(example: str) -> tuple[_Check, str]:
-    """Where a parameter's value comes from: ``assumed...`` or ``measured...`` (with a note after it)."""
-
-    def check(value: object, key: str) -> str:
-        if not isinstance(value, str) or not value.startswith(("assumed", "measured")):
-            raise _fail(key, "a string starting with 'assumed' or 'measured: <record>'", value, example)
-        return value
-
-    return check, example
+    def model(self) -> CrossTraffic:
+        return CrossTraffic(**{**vars(self), "links": tuple(self.links)})
 
 
-def _strings(example: str) -> tuple[_Check, str]:
-    def check(value: object, key: str) -> tuple[str, ...]:
-        if value is None:
-            return ()
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise _fail(key, "a list of strings", value, example)
-        for item in value:
-            if not isinstance(item, str) or not item:
-                raise _fail(key, "a list of non-empty strings", value, example)
-        return tuple(value)
+@dataclass(kw_only=True)
+class Interference(Checked):
+    """``cluster.interference`` (:class:`~pacectl.fabric.contention.EarlyArrivalInterference`; its
+    ranks per node are the topology's)."""
 
-    return check, example
+    section: ClassVar[str] = "cluster.interference"
+    kappa: float = within(0.0, ">= 0")
+    kappa_source: str = "assumed"
 
-
-def _optional_power(example: str) -> tuple[_Check, str]:
-    """A finite power > 0 W, or None (the mechanism off)."""
-    inner, _ = _number(example, low=0.0, low_open=True)
-
-    def check(value: object, key: str) -> float | None:
-        if value is None:
-            return None
-        try:
-            return float(inner(value, key))
-        except ConfigError:
-            raise _fail(key, "a finite power > 0 W, or null (off)", value, example) from None
-
-    return check, example
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.kappa_source.startswith(("assumed", "measured")):
+            name, where = self.where("kappa_source")
+            raise ConfigError(
+                f"{name} must be a string starting with 'assumed' or 'measured: <record>', got "
+                f"{self.kappa_source!r}{where}"
+            )
 
 
-def _fractions(example: str) -> tuple[_Check, str]:
-    """A list of finite numbers > 0 (a split into parts; that it sums to 1 is checked by its model), or None."""
+@dataclass(kw_only=True)
+class PowerCap(Checked):
+    """``cluster.power_cap``: the node power cap (:class:`~pacectl.fabric.powercap.NodePowerCap`)."""
 
-    def check(value: object, key: str) -> tuple[float, ...] | None:
-        if value is None:
-            return None
-        expected = "a list of finite numbers > 0 (fractions summing to 1), or null"
-        if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
-            raise _fail(key, expected, value, example)
-        for item in value:
-            if isinstance(item, bool) or not isinstance(item, (int, float, np.integer, np.floating)):
-                raise _fail(key, expected, value, example)
-            if not (math.isfinite(float(item)) and float(item) > 0):
-                raise _fail(key, expected, value, example)
-        return tuple(float(item) for item in value)
-
-    return check, example
+    section: ClassVar[str] = "cluster.power_cap"
+    node_w: float | None = within(None, "> 0", what="a finite power > 0 W, or null (off)")
 
 
-def _indices(example: str) -> tuple[_Check, str]:
-    def check(value: object, key: str) -> tuple[int, ...]:
-        if value is None:
-            return ()
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise _fail(key, "a list of integers >= 0", value, example)
-        for item in value:
-            if isinstance(item, bool) or not isinstance(item, (int, np.integer)) or item < 0:
-                raise _fail(key, "a list of integers >= 0", value, example)
-        return tuple(int(item) for item in value)
-
-    return check, example
+_FRACTIONS = "a list of numbers > 0 (fractions summing to 1), or null"
 
 
-#: The fabric sections of a profile and their fields (each example is a valid value, shown in the hint
-#: of a bad one). tests/test_fabric.py checks that every key of every shipped profile is here
-#: and that each field is a parameter of the class it configures.
-FABRIC_SCHEMA: dict[str, dict[str, tuple[_Check, str]]] = {
-    "topology": {  # FatTree
-        "ranks_per_node": _integer(1, "8"),
-        "nodes_per_leaf": _integer(1, "4"),
-        "oversubscription": _number("2.0", low=1.0),
-        "nic_bandwidth_Bps": _number("5.0e10", low=0.0, low_open=True),
-        "nvlink_bandwidth_Bps": _number("4.5e11", low=0.0, low_open=True),
-        "rail_optimized": _boolean("false"),
-    },
-    "collective": {  # AlphaBetaComm / ContentionComm
-        "algorithm": _choice(ALGORITHMS, "hierarchical"),
-        "message_bytes": _number("2.0e9", low=0.0),
-        "alpha_inter_s": _number("5.0e-6", low=0.0),
-        "alpha_intra_s": _number("2.0e-6", low=0.0),
-    },
-    "cross_traffic": {  # CrossTraffic
-        "links": _strings("[leaf_up:*]"),
-        "rate_frac": _number("1.0", low=0.0, high=1.0, low_open=True),
-        "on_s": _number("0.4", low=0.0),
-        "off_s": _number("1.2", low=0.0),
-        "stagger": _number("0.37", low=0.0, high=1.0),
-    },
-    "interference": {  # EarlyArrivalInterference (ranks_per_node comes from the topology)
-        "kappa": _number("0.05", low=0.0),
-        "kappa_source": _source("assumed"),
-    },
-    "power_cap": {  # NodePowerCap (ranks_per_node from the topology, the profile from cluster.power)
-        "node_w": _optional_power("4000"),
-    },
-    "buckets": {  # BucketedBackward (pacectl/fabric/overlap.py); the cross-field checks are its own
-        "count": _integer(1, "4"),
-        "sizes": _fractions("'[0.25,0.25,0.25,0.25]'"),
-        "compute": _fractions("'[0.25,0.25,0.25,0.25]'"),
-        "forward_frac": _number("0.3333", low=0.0, high=1.0, high_open=True),
-        "overlap_slowdown": _number("0.189", low=0.0),
-        "pacer": _choice(PACERS, "device"),
-        "noise": _choice(NOISE_PLACEMENTS, "spread"),
-    },
-    "compute": {  # ComputeModel; noise items below
-        "compute_s": _number("0.5", low=0.0, low_open=True),
-        "noise": (lambda value, key: value, "[{kind:lognormal,sigma:0.02}]"),  # checked item by item
-    },
-}
+@dataclass(kw_only=True)
+class Buckets(Checked):
+    """``cluster.buckets``: bucketed backward (:class:`~pacectl.fabric.overlap.BucketedBackward`,
+    which checks how the fields fit together)."""
 
-#: Fields of each ``cluster.compute.noise`` item kind (besides ``kind``), as in :data:`NOISE_COMPONENTS`.
-NOISE_SCHEMA: dict[str, dict[str, tuple[_Check, str]]] = {
-    "lognormal": {"sigma": _number("0.02", low=0.0)},
-    "pareto": {
-        "prob": _number("0.0045", low=0.0, high=1.0),
-        "scale_s": _number("0.2", low=0.0, low_open=True),
-        "alpha": _number("3.0", low=1.0, low_open=True),
-    },
-    "periodic": {"period_iters": _integer(1, "50"), "duration_s": _number("0.01", low=0.0)},
-    "slow_ranks": {
-        "ranks": _indices("[0,5]"),
-        "fraction": _number("0.05", low=0.0, high=1.0),
-        "factor": _number("1.15", low=1.0),
-    },
-    "empirical": {
-        "path": _text("job_norm.csv"),
-        "fill": _choice(("ar1", "hold", "consecutive"), "ar1"),
-        "sample_every": (
-            lambda value, key: None if value is None else _integer(1, "10")[0](value, key),
-            "10",
-        ),
-    },
-}
+    section: ClassVar[str] = "cluster.buckets"
+    count: int = within(1, ">= 1")
+    sizes: list[float] | None = within(None, "> 0", what=_FRACTIONS)
+    compute: list[float] | None = within(None, "> 0", what=_FRACTIONS)
+    forward_frac: float = within(FORWARD_FRAC, "[0, 1)")
+    overlap_slowdown: float = within(SOURCED_OVERLAP_SLOWDOWN, ">= 0")
+    pacer: str = within("device", choices=PACERS)
+    noise: str = within("spread", choices=NOISE_PLACEMENTS)
+
+    def model(self) -> BucketedBackward:
+        lists = {k: None if v is None else tuple(v) for k, v in vars(self).items() if isinstance(v, list)}
+        return BucketedBackward(**{**vars(self), **lists})
 
 
-#: The top-level keys of a profile besides the fabric sections (:data:`FABRIC_SCHEMA`): a key with
-#: None is not descended into (``name``, ``description``, ``power``; ``traces``, whose items are trace
-#: configs checked when tuning loads them), else the keys its mapping may have (``tune_sim``: read by
-#: pacectl.tune, see :mod:`pacectl.tuning.scenarios`). A physics model never reads the conf folder:
-#: tests/test_fabric.py checks every shipped profile against this.
-PROFILE_KEYS: dict[str, frozenset[str] | None] = {
-    "name": None,
-    "description": None,
-    "traces": None,
-    "power": None,
-    "jobs": None,  # several jobs on one fabric: checked by pacectl.fabric.jobs.parse_jobs
-    "tune_sim": frozenset({"comm", "heldout_seeds", "num_iterations", "num_ranks", "seeds"}),
-}
+@dataclass(kw_only=True)
+class Noise(Checked):
+    """One item of ``cluster.compute.noise``: ``kind`` names the component (:data:`NOISE_COMPONENTS`)."""
+
+    kind: str
+
+    def model(self) -> Any:
+        params = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(self).items() if k != "kind"}
+        return NOISE_COMPONENTS[self.kind](**params)
 
 
-def _mapping(value: object, key: str, example: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{key} must be a mapping, got {value!r}; e.g. {example}")
-    return value
+@dataclass(kw_only=True)
+class Lognormal(Noise):
+    kind: str = "lognormal"
+    sigma: float = within(0.02, ">= 0")
 
 
-def _check_fields(
-    section: Mapping[str, Any], schema: dict[str, tuple[_Check, str]], where: str
-) -> dict[str, Any]:
-    if any(k not in schema for k in section):
-        raise unknown_keys_error(where, section, sorted(schema))
-    return {str(k): schema[k][0](v, f"{where}.{k}") for k, v in section.items()}
+@dataclass(kw_only=True)
+class Pareto(Noise):
+    kind: str = "pareto"
+    prob: float = within(0.002, "[0, 1]")
+    scale_s: float = within(0.05, "> 0")
+    alpha: float = within(2.5, "> 1")
 
 
-def _noise_items(value: object, where: str = "cluster.compute.noise") -> list[dict[str, Any]]:
-    if value is None:
-        return []
-    if isinstance(value, (str, Mapping)) or not isinstance(value, (list, tuple)):
-        raise ConfigError(
-            f"{where} must be a list of noise components, got {value!r}; "
-            f"e.g. '{where}=[{{kind:lognormal,sigma:0.02}}]'"
-        )
-    items = []
-    for i, raw in enumerate(value):
-        key = f"{where}.{i}"
-        item = dict(_mapping(raw, key, f"'{where}=[{{kind:lognormal,sigma:0.02}}]'"))
-        kind = item.pop("kind", None)
-        if kind not in NOISE_SCHEMA:
-            close = did_you_mean(str(kind), sorted(NOISE_SCHEMA))
-            hint = f" (did you mean {close!r}?)" if close else ""
-            raise _fail(f"{key}.kind", f"one of {sorted(NOISE_SCHEMA)}", kind, "lognormal", hint)
-        items.append({"kind": kind, **_check_fields(item, NOISE_SCHEMA[kind], f"{key}")})
-    return items
+@dataclass(kw_only=True)
+class Periodic(Noise):
+    kind: str = "periodic"
+    period_iters: int = within(50, ">= 1")
+    duration_s: float = within(0.01, ">= 0")
 
 
-def validate_cluster(cluster: Mapping[str, Any]) -> dict[str, Any]:
-    """Check a cluster profile and return it with its fabric values converted.
+@dataclass(kw_only=True)
+class Slow(Noise):
+    kind: str = "slow_ranks"
+    ranks: list[int] = within([], ">= 0", what="a list of ranks (integers >= 0)")
+    fraction: float = within(0.0, "[0, 1]")
+    factor: float = within(1.1, ">= 1")
 
-    Checks every key at every level against the schema (:data:`PROFILE_KEYS`,
-    :data:`FABRIC_SCHEMA`, :data:`NOISE_SCHEMA`, with a "did you mean" for typos), and every value a
-    model converts: integers, finite numbers in range, booleans, ``collective.algorithm`` and the
-    noise kinds. Keys left out keep the model's defaults (every shipped profile sets them all).
 
-    The whole profile is checked, not only the sections the chosen model reads: a profile describes
-    one cluster, and a bad value in it is a mistake whichever model runs. It is called wherever a
-    profile is read: always in the simulator (even ``comm=null`` takes its fixed duration from the
-    profile's collective and its compute model from ``compute``), and in replay with
-    ``comm=contention``. Replay with ``comm=null`` (the default run) never reads the profile, so it
-    is not checked there: the ``cluster`` group is composed into every run, its values cannot change
-    such a run's result (the summary does not record them), and the replay's comm model is built in
-    pacectl/config.py (``make_comm_model``), which could call this function if that is ever wanted.
+@dataclass(kw_only=True)
+class Empirical(Noise):
+    kind: str = "empirical"
+    path: str = MISSING
+    fill: str = within("ar1", choices=("ar1", "hold", "consecutive"))
+    sample_every: int | None = within(None, ">= 1")
 
-    Args:
-        cluster: the ``cluster`` config node as a plain mapping, interpolations resolved.
 
-    Returns:
-        A new dict: the fabric sections (``topology``, ``collective``, ``cross_traffic``,
-        ``interference``, ``compute``) with converted values (``compute.noise`` a list of dicts with
-        ``kind``), the other keys as given.
+#: ``cluster.compute.noise`` item kind -> its typed config (the fields of its NOISE_COMPONENTS class).
+NOISE_CONFIGS: dict[str, type[Noise]] = {c.kind: c for c in (Lognormal, Pareto, Periodic, Slow, Empirical)}
+
+
+def noise_config(item: object, where: str) -> Noise:
+    """One noise item at override path ``where`` (``cluster.compute.noise.0``) as its typed config.
 
     Raises:
-        ConfigError: one line naming the override key, what was expected and an example.
+        ConfigError: not a mapping, an unknown ``kind`` (with a did-you-mean), or a bad field.
     """
-    shipped = PROFILE_KEYS
-    known = sorted(set(shipped) | set(FABRIC_SCHEMA))
-    if any(k not in known for k in cluster):
-        raise unknown_keys_error("cluster", cluster, known)
-    out: dict[str, Any] = dict(cluster)
-    for name, schema in FABRIC_SCHEMA.items():
-        where = f"cluster.{name}"
-        example = f"{where}.{next(iter(schema))}={next(iter(schema.values()))[1]}"
-        section = dict(_mapping(cluster.get(name), where, example))
-        out[name] = _check_fields(section, schema, where)
-    out["compute"]["noise"] = _noise_items(out["compute"].get("noise"))
-    power_from(cluster)  # the name is checked here too
-    for name, sub_known in shipped.items():
-        if sub_known is None or name in FABRIC_SCHEMA or cluster.get(name) is None:
-            continue
-        other = _mapping(cluster.get(name), f"cluster.{name}", f"+cluster.{name}.{min(sub_known)}=...")
-        if any(k not in sub_known for k in other):
-            raise unknown_keys_error(f"cluster.{name}", other, sorted(sub_known))
-    return out
+    if not isinstance(item, Mapping | DictConfig):
+        raise ConfigError(
+            f"{where} must be a noise component such as {{kind: lognormal, sigma: 0.02}}, got {item!r}; "
+            f"e.g. '{where}={{kind:lognormal,sigma:0.02}}'"
+        )
+    kind = item.get("kind")
+    if kind not in NOISE_CONFIGS:
+        close = did_you_mean(str(kind), NOISE_CONFIGS)
+        hint = f" (did you mean {close!r}?)" if close else ""
+        raise ConfigError(
+            f"{where}.kind must be one of {list(NOISE_CONFIGS)}, got {kind!r}{hint}; e.g. {where}.kind=lognormal"
+        )
+    return typed(NOISE_CONFIGS[str(kind)], item, where)
+
+
+@dataclass(kw_only=True)
+class Compute(Checked):
+    """``cluster.compute`` (or a job's, ``cluster.jobs.<i>.compute``): the simulator's compute
+    model (:class:`~pacectl.fabric.noise.ComputeModel`), ``noise`` a list of components by ``kind``."""
+
+    section: ClassVar[str] = "cluster.compute"
+    compute_s: float = within(MISSING, "> 0")
+    noise: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.noise = [noise_config(item, f"{self.section}.noise.{i}") for i, item in enumerate(self.noise)]
+
+    def model(self) -> ComputeModel:
+        return ComputeModel(compute_s=self.compute_s, components=tuple(n.model() for n in self.noise))
+
+
+@dataclass(kw_only=True)
+class Scenario(Checked):
+    """``cluster.tune_sim``: the sim scenario ``pacectl.tune`` runs on this profile (the defaults of
+    ``tune.sim``; :mod:`pacectl.tuning.scenarios`). One rank has no arrival spread and one
+    iteration no CV: both need at least 2."""
+
+    section: ClassVar[str] = "cluster.tune_sim"
+    num_ranks: int = within(32, ">= 2")
+    num_iterations: int = within(150, ">= 2")
+    comm: str = within("contention", choices=COMM_NAMES[:3])
+    seeds: list[int] = within([0, 1, 2], ">= 0", what="a non-empty list of integer seeds such as [0,1,2]")
+    heldout_seeds: list[int] = within(
+        [100, 101, 102], ">= 0", what="a non-empty list of integer seeds such as [100,101,102]"
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("seeds", "heldout_seeds"):
+            if not getattr(self, key):
+                name, where = self.where(key)
+                raise ConfigError(f"{name} must be a non-empty list of integer seeds, got []{where}")
+
+
+@dataclass(kw_only=True)
+class ClusterConfig(Checked):
+    """A cluster profile (``cluster=<name>``, ``conf/cluster/*.yaml``): the fabric sections, the
+    compute model, the GPUs' power profile (``power``, :mod:`pacectl.fabric.power`), the traces it
+    stands for (``traces``: trace configs, checked when tuning loads them), several jobs on one
+    fabric (``jobs``: :func:`pacectl.fabric.jobs.parse_jobs` checks them) and the tuner's sim
+    scenario (``tune_sim``). ``cluster=base`` is this with the models' defaults (a quiet fabric)."""
+
+    section: ClassVar[str] = "cluster"
+    name: str = "base"
+    description: str = "the fabric models' defaults: a quiet fat-tree"
+    power: str | None = None
+    topology: Topology = field(default_factory=Topology)
+    collective: Collective = field(default_factory=Collective)
+    cross_traffic: Traffic = field(default_factory=Traffic)
+    interference: Interference = field(default_factory=Interference)
+    power_cap: PowerCap = field(default_factory=PowerCap)
+    buckets: Buckets = field(default_factory=Buckets)
+    compute: Compute = field(default_factory=lambda: Compute(compute_s=0.5))
+    traces: list[Any] = field(default_factory=list)
+    jobs: list[Any] | None = None
+    tune_sim: Scenario = field(default_factory=Scenario)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        power_profile(self.power, key="cluster.power")  # the name, with a did-you-mean
+
+    def interference_model(self) -> EarlyArrivalInterference:
+        return EarlyArrivalInterference(
+            self.interference.kappa, self.topology.ranks_per_node, self.interference.kappa_source
+        )
+
+
+def cluster_config(cluster: Mapping[str, Any] | DictConfig | ClusterConfig) -> ClusterConfig:
+    """A profile (the composed ``cluster`` node, or a plain mapping) as its checked typed config.
+
+    The whole profile is checked, not only the sections the chosen model reads: a profile describes
+    one cluster, and a bad value in it is a mistake whichever model runs (``pacectl.run`` checks it
+    before any run, :func:`pacectl.config.validate_run_config`).
+
+    Raises:
+        ConfigError: one line naming the override key, what it must be and how to set it.
+    """
+    return cluster if isinstance(cluster, ClusterConfig) else typed(ClusterConfig, cluster)
 
 
 def _overflow(what: str) -> ConfigError:
@@ -460,12 +406,14 @@ def _overflow(what: str) -> ConfigError:
 
 
 # ---------------------------------------------------------------------------------------------
-# Builders. Each validates the profile it is given (cheap) so that it can also be called alone.
+# Builders. Each takes a profile as a mapping or as its typed config, so that it can be called alone.
+
+Profile = Mapping[str, Any] | DictConfig | ClusterConfig
 
 
-def compute_from(cluster: Mapping[str, Any]) -> ComputeModel:
+def compute_from(cluster: Profile) -> ComputeModel:
     """The simulator's :class:`ComputeModel` of a profile (``compute.compute_s`` and ``compute.noise``)."""
-    return _compute_model(validate_cluster(cluster)["compute"], "cluster.compute")
+    return cluster_config(cluster).compute.model()
 
 
 def compute_section(section: Mapping[str, Any], where: str) -> ComputeModel:
@@ -475,79 +423,52 @@ def compute_section(section: Mapping[str, Any], where: str) -> ComputeModel:
     Raises:
         ConfigError: one line naming the key under ``where``.
     """
-    compute = _check_fields(
-        dict(_mapping(section, where, f"{where}.compute_s=0.5")), FABRIC_SCHEMA["compute"], where
-    )
-    compute["noise"] = _noise_items(compute.get("noise"), f"{where}.noise")
-    return _compute_model(compute, where)
+    return typed(Compute, section, where).model()
 
 
-def _compute_model(compute: Mapping[str, Any], where: str) -> ComputeModel:
-    components = []
-    for item in compute["noise"]:
-        params = {k: v for k, v in item.items() if k != "kind"}
-        components.append(NOISE_COMPONENTS[item["kind"]](**params))
-    if "compute_s" not in compute:
-        raise ConfigError(
-            f"{where}.compute_s must be set (seconds of compute per iteration); e.g. {where}.compute_s=0.5"
-        )
-    return ComputeModel(compute_s=compute["compute_s"], components=tuple(components))
-
-
-def power_from(cluster: Mapping[str, Any]) -> PowerProfile:
+def power_from(cluster: Profile) -> PowerProfile:
     """The GPU power profile ``cluster.power`` names (:mod:`pacectl.fabric.power`; absent: the default).
 
     Raises:
         ConfigError: an unknown profile name.
     """
-    return power_profile(cluster.get("power"), key="cluster.power")
+    return power_profile(cluster_config(cluster).power, key="cluster.power")
 
 
-def power_cap_from(cluster: Mapping[str, Any]) -> NodePowerCap | None:
+def power_cap_from(cluster: Profile) -> NodePowerCap | None:
     """The node power cap of a profile (``cluster.power_cap.node_w``), or None when it is off."""
-    profile = validate_cluster(cluster)
-    node_w = profile.get("power_cap", {}).get("node_w")
-    if node_w is None:
+    profile = cluster_config(cluster)
+    if profile.power_cap.node_w is None:
         return None
     return NodePowerCap(
-        node_w=float(node_w),
-        ranks_per_node=int(profile["topology"].get("ranks_per_node", 8)),
-        profile=power_from(cluster),
+        node_w=profile.power_cap.node_w,
+        ranks_per_node=profile.topology.ranks_per_node,
+        profile=power_from(profile),
     )
 
 
-def _collective(profile: Mapping[str, Any]) -> dict[str, Any]:
-    c = profile["collective"]
-    return {
-        "algorithm": c.get("algorithm", "hierarchical"),
-        "message_bytes": c.get("message_bytes", 2e9),
-        "alpha_inter_s": c.get("alpha_inter_s", 5e-6),
-        "alpha_intra_s": c.get("alpha_intra_s", 2e-6),
-    }
-
-
-def _contention(profile: Mapping[str, Any], num_ranks: int) -> ContentionComm:
-    coll = _collective(profile)
+def _contention(profile: ClusterConfig, num_ranks: int) -> ContentionComm:
+    coll = profile.collective
     model = ContentionComm(
-        FatTree(**profile["topology"]),
+        profile.topology.model(),
         num_ranks,
-        message_bytes=coll["message_bytes"],
-        alpha_inter_s=coll["alpha_inter_s"],
-        alpha_intra_s=coll["alpha_intra_s"],
-        cross_traffic=CrossTraffic(**profile["cross_traffic"]),
+        message_bytes=coll.message_bytes,
+        alpha_inter_s=coll.alpha_inter_s,
+        alpha_intra_s=coll.alpha_intra_s,
+        cross_traffic=profile.cross_traffic.model(),
     )
     if not math.isfinite(model.free_time_s):
         raise _overflow("contention")
     return model
 
 
-def contention_from(cluster: Mapping[str, Any], num_ranks: int) -> ContentionComm:
+def contention_from(cluster: Profile, num_ranks: int) -> ContentionComm:
     """The :class:`ContentionComm` of a profile for ``num_ranks`` ranks."""
-    return _contention(validate_cluster(cluster), num_ranks)
+    return _contention(cluster_config(cluster), num_ranks)
 
 
 def sim_fabric(
-    cluster: Mapping[str, Any], comm: object, num_ranks: int
+    cluster: Profile, comm: object, num_ranks: int
 ) -> tuple[FixedComm | AlphaBetaComm | ContentionComm, EarlyArrivalInterference]:
     """Communication model and interference for the simulator.
 
@@ -564,23 +485,18 @@ def sim_fabric(
             "comm=fitted is fitted from a recorded trace, so it needs backend=replay, got backend=sim; "
             "the simulator takes comm=null, alpha_beta or contention"
         )
-    profile = validate_cluster(cluster)
-    topology = FatTree(**profile["topology"])
-    coll = _collective(profile)
+    profile = cluster_config(cluster)
+    topology = profile.topology.model()
     try:
-        alpha_beta = AlphaBetaComm(topology, num_ranks, **coll)
+        alpha_beta = AlphaBetaComm(topology, num_ranks, **vars(profile.collective))
     except ConfigError as err:  # every input is validated: only an overflow to inf is left
-        raise _overflow(coll["algorithm"]) from err
+        raise _overflow(profile.collective.algorithm) from err
     no_interference = EarlyArrivalInterference(kappa=0.0, ranks_per_node=topology.ranks_per_node)
     if name == "null":
         return FixedComm(alpha_beta.free_time_s), no_interference
     if name == "alpha_beta":
         return alpha_beta, no_interference
-    section = profile["interference"]
-    interference = EarlyArrivalInterference(
-        section.get("kappa", 0.0), topology.ranks_per_node, section.get("kappa_source", "assumed")
-    )
-    return _contention(profile, num_ranks), interference
+    return _contention(profile, num_ranks), profile.interference_model()
 
 
 class ReplayContention:
@@ -611,7 +527,7 @@ class ReplayContention:
     name = "contention"
     timing_dependent = True
 
-    def __init__(self, cluster: Mapping[str, Any], num_ranks: int) -> None:
+    def __init__(self, cluster: Profile, num_ranks: int) -> None:
         self.model = contention_from(cluster, num_ranks)
         self.inert_reason = self.model.inert_reason
         self.timing_dependent = self.model.timing_dependent
@@ -626,21 +542,17 @@ class ReplayContention:
         return self.model.scaled_time_s(start_s, recorded_s)
 
 
-def buckets_spec(cluster: Mapping[str, Any]) -> BucketedBackward:
+def buckets_spec(cluster: Profile) -> BucketedBackward:
     """The checked ``cluster.buckets`` section of a profile (absent: one bucket).
 
     Raises:
         ConfigError: one line naming the key.
     """
-    section = dict(validate_cluster(cluster).get("buckets") or {})
-    for name in ("sizes", "compute"):
-        if section.get(name) is not None:
-            section[name] = tuple(section[name])
-    return BucketedBackward(**section)
+    return cluster_config(cluster).buckets.model()
 
 
 def bucket_engine(
-    cluster: Mapping[str, Any], comm: object, num_ranks: int, *, base_comm: Any | None = None
+    cluster: Profile, comm: object, num_ranks: int, *, base_comm: Any | None = None
 ) -> BucketEngine | None:
     """The simulator's bucketed backward for a profile, or None with one bucket (the single
     all-reduce model runs unchanged).
@@ -653,16 +565,14 @@ def bucket_engine(
     Raises:
         ConfigError: a bad ``cluster.buckets`` value.
     """
-    spec = buckets_spec(cluster)
+    profile = cluster_config(cluster)
+    spec = profile.buckets.model()
     if spec.count == 1:
         return None
-    profile = validate_cluster(cluster)
-    message = float(profile["collective"].get("message_bytes", 2e9))
+    message = profile.collective.message_bytes
     comms = []
     for fraction in spec.size_fractions:
-        scaled = dict(cluster)
-        scaled["collective"] = {**dict(cluster.get("collective") or {}), "message_bytes": message * fraction}
-        comms.append(sim_fabric(scaled, comm, num_ranks)[0])
+        collective = dataclasses.replace(profile.collective, message_bytes=message * fraction)
+        comms.append(sim_fabric(dataclasses.replace(profile, collective=collective), comm, num_ranks)[0])
     slowdown = spec.overlap_slowdown if comm_name(comm) == "contention" else 0.0
-    compute_s = float(profile["compute"].get("compute_s", 0.5))
-    return BucketEngine(spec, comms, nominal_compute_s=compute_s, overlap_slowdown=slowdown)
+    return BucketEngine(spec, comms, nominal_compute_s=profile.compute.compute_s, overlap_slowdown=slowdown)
