@@ -157,17 +157,17 @@ def integer(value: object, name: str, low: int = 0, where: str = "") -> int:
 
 
 @functools.cache
-def _kinds(cls: type) -> dict[str, tuple[type | None, bool, bool]]:
-    """Field name -> (its scalar type or None, whether None is allowed, whether it is a list of
-    them), from the type hints."""
-    out: dict[str, tuple[type | None, bool, bool]] = {}
+def _kinds(cls: type) -> dict[str, tuple[type | None, bool, Any]]:
+    """Field name -> (its scalar type or None, whether None is allowed, the container (list or
+    tuple) of them or None), from the type hints."""
+    out: dict[str, tuple[type | None, bool, Any]] = {}
     for name, hint in typing.get_type_hints(cls).items():
         args = (
             typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
         )
         scalars = [a for a in args if a is not type(None)]
         one = scalars[0] if len(scalars) == 1 else None
-        many = typing.get_origin(one) is list
+        many = typing.get_origin(one) if typing.get_origin(one) in (list, tuple) else None
         if many:
             one = (typing.get_args(one) or (None,))[0]
         out[name] = (one if one in (float, int, bool, str) else None, len(scalars) < len(args), many)
@@ -207,12 +207,15 @@ class Checked:
                 elif isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
                     raise ConfigError(f"a list of {kind.__name__}")
                 else:
-                    checked = [_check(v, kind, rng, choices) for v in value]
+                    checked = many(_check(v, kind, rng, choices) for v in value)
             except ConfigError as err:
                 name, where = self.where(f.name)
                 must = f.metadata.get("what") or str(err)
-                close = did_you_mean(str(value), choices) if choices and isinstance(value, str) else None
-                hint = f" (did you mean {close!r}?)" if close else ""
+                wrong = [
+                    v for v in (value if many else [value]) if isinstance(v, str) and v not in (choices or ())
+                ]
+                close = did_you_mean(wrong[0], choices) if wrong and choices else None
+                hint = f" (did you mean {close!r}{f' for {wrong[0]!r}' if many else ''}?)" if close else ""
                 raise ConfigError(f"{name} must be {must}, got {shown(value)}{hint}{where}") from None
             object.__setattr__(self, f.name, checked)
 
@@ -235,6 +238,20 @@ def _at(cls: type[C], section: str) -> type[C]:
     return type(cls.__name__, (cls,), {"section": section, "__module__": cls.__module__})
 
 
+def structured(cls: type) -> Any:
+    """``OmegaConf.structured(cls)`` with every node writable: OmegaConf makes a frozen dataclass's
+    node read-only, so that neither a YAML preset nor an override could set its keys."""
+    from omegaconf import DictConfig, OmegaConf
+
+    node = OmegaConf.structured(cls)
+    stack = [node]
+    while stack:
+        top = stack.pop()
+        OmegaConf.set_readonly(top, None)
+        stack += [child for k in top if isinstance(child := top._get_node(k), DictConfig)]
+    return node
+
+
 def typed(cls: type[C], node: object, section: str | None = None) -> C:
     """``node`` (a mapping or config node; None: empty) as the typed config ``cls``, checked: its
     types and keys by OmegaConf, its ranges by ``__post_init__``; ``section`` (default
@@ -255,7 +272,14 @@ def typed(cls: type[C], node: object, section: str | None = None) -> C:
             f"{where} must be a mapping of {keys}, got {shown(node)}; set {where}.<key>=<value>"
         )
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(kind), node or {}))  # type: ignore[return-value]
+        if isinstance(node, DictConfig):  # its interpolations resolved where it sits
+            node = OmegaConf.to_container(node, resolve=True)
+        spec = OmegaConf.to_object(OmegaConf.merge(structured(kind), node or {}))
+        if kind is not cls:  # an instance of cls itself, as checked (a class made here does not pickle)
+            plain = object.__new__(cls)
+            plain.__dict__.update(vars(spec))
+            spec = plain
+        return spec  # type: ignore[return-value]
     except MissingMandatoryValue as err:
         key = f"{where}.{err.full_key}" if where else str(err.full_key)
         raise ConfigError(f"{key} must be set (override: {key}=<value>)") from None

@@ -10,14 +10,16 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from pacectl.backends.replay import ReplayConfig
 from pacectl.backends.sim import SimConfig
+from pacectl.checks import Checked, flag, integer, structured, typed, within
 from pacectl.controllers import (
     SCHEDULE_KEYS,
     SafetyGuard,
@@ -29,14 +31,16 @@ from pacectl.controllers import (
 )
 from pacectl.controllers.guard import GuardConfig
 from pacectl.controllers.registry import Family, subscribe
+from pacectl.controllers.units import UNITS
 from pacectl.data import DATA_DIR
 from pacectl.errors import ConfigError, did_you_mean, unknown_keys_error, yaml_problem
 from pacectl.fabric.base import CommModel, NullComm
-from pacectl.fabric.profile import ClusterConfig, cluster_config
+from pacectl.fabric.profile import COMM_NAMES, ClusterConfig
 from pacectl.loop import ExchangeSchedule
 from pacectl.torchdist.core import TorchConfig  # torch-free
 from pacectl.traces.formats import FORMATS, trace_config, user_path
 from pacectl.traces.model import OpTrace
+from pacectl.tuning.config import Settings
 from pacectl.types import Controller
 
 _PKG_DIR = Path(__file__).resolve().parent
@@ -49,6 +53,105 @@ if not OmegaConf.has_resolver("pacectl_controllers"):  # the --help footers' lis
     from pacectl.controllers.registry import describe
 
     OmegaConf.register_new_resolver("pacectl_controllers", describe)
+
+
+@dataclass(kw_only=True)
+class Exchange(Checked):
+    """``exchange``: when a decision reaches the ranks, in replay and sim. A decision taken on the
+    figures of iteration k paces from iteration k + ``lag_iters`` (1: the next one, figures known at
+    once); the figures are exchanged ``every_iters`` iterations at a time (the decision on a group's
+    last iteration counts). A live job exchanges them before deciding (``backend=torch`` takes
+    ``backend.pacing.gather``: async or collective is lag 1, piggyback lag 2; ``gather_every`` is
+    ``every_iters``). experiments/staleness measures what lag costs."""
+
+    section: ClassVar[str] = "exchange"
+    lag_iters: int = within(1, ">= 1")
+    every_iters: int = within(1, ">= 1")
+
+
+@dataclass(kw_only=True)
+class Output(Checked):
+    """``output``: the files a run writes besides ``summary.json``: ``iterations.parquet`` (per run,
+    iteration and rank: ~200 B per rank-iteration and run; false for very large simulations), the
+    PNG plots and ``report.md``."""
+
+    section: ClassVar[str] = "output"
+    iterations: Any = flag(True)
+    plots: Any = flag(True)
+    report: Any = flag(True)
+
+
+@dataclass(kw_only=True)
+class RunSettings(Checked):
+    """The top-level keys of ``pacectl.run`` besides its config groups. ``comm``: the communication
+    model (null: fixed durations, max-plus; alpha_beta; contention; fitted: replay only, options in
+    ``fit``, :func:`pacectl.fabric.fitted.fit_options`); ``controller_file``: a controller YAML
+    (``pacectl.tune`` writes one) in place of the ``controller`` group; ``seed``: the run's seed."""
+
+    exchange: Exchange = field(default_factory=Exchange)
+    output: Output = field(default_factory=Output)
+    comm: str | None = within("null", choices=COMM_NAMES)
+    fit: Any = MISSING
+    seed: int = within(0, ">= 0")
+    controller_file: str | None = None
+
+
+@dataclass(kw_only=True)
+class RunConfig(RunSettings):
+    """``pacectl.run``'s whole config (``run_schema``, the first default of conf/config.yaml): the
+    config groups, each typed by its option, and :class:`RunSettings`. Hydra refuses another key."""
+
+    backend: Any = MISSING
+    trace: Any = MISSING
+    controller: Any = MISSING
+    cluster: Any = MISSING
+    analysis: Any = MISSING
+    guard: Any = MISSING
+
+
+@dataclass(kw_only=True)
+class TuneRunConfig(RunConfig):
+    """``pacectl.tune``'s whole config (``tune_schema``, conf/tune.yaml): pacectl.run's and ``tune``
+    (:class:`pacectl.tuning.config.Settings`)."""
+
+    tune: Settings = field(default_factory=Settings)
+
+
+@dataclass(kw_only=True)
+class Pacing(Checked):
+    """``analysis=pacing``: replay the trace under no pacing and the selected controller(s), side by
+    side. ``whatif`` (replay only): first put the stragglers' cost in the summary (the what-if
+    analysis, Lin et al. OSDI 2025, as analysis=whatif runs it: 2 + dp + pp + op groups + dp x pp +
+    2-4 replays of the whole trace; AR: 41, 0.3 s; 1,024 step-level workers: ~2,000, minutes)."""
+
+    section: ClassVar[str] = "analysis"
+    name: str = "pacing"
+    whatif: Any = flag(True)
+
+
+@dataclass(kw_only=True)
+class Whatif(Checked):
+    """``analysis=whatif``: how much do stragglers cost, and who causes it (Lin et al., OSDI 2025)?
+    Writes whatif.json, whatif_heatmap.png and timeline.json (open it in https://ui.perfetto.dev) of
+    the recorded step at position ``timeline_step_index`` (0-based)."""
+
+    section: ClassVar[str] = "analysis"
+    name: str = "whatif"
+    timeline_step_index: int = within(0, ">= 0")
+
+
+@dataclass(kw_only=True)
+class AllControllers(Checked):
+    """``controller=all`` (the default): every registered family marked for it
+    (:func:`pacectl.controllers.all_families`: not sleep_wait, the bar a per-rank controller must beat
+    where early-arrival interference is the mechanism, nor phase, job-level), each with its
+    constructor defaults; ``families`` picks others (``'controller.families=[threshold,sleep_wait]'``),
+    ``units`` (s or iteration) applies to every family. It takes no other parameters."""
+
+    section: ClassVar[str] = "controller"
+    name: str = "all"
+    families: list[str] | None = None
+    units: str = within("s", choices=UNITS)
 
 
 def _store_family(fam: Family, registered: bool) -> None:
@@ -68,7 +171,14 @@ for _name, _format in FORMATS.items():  # trace=<format>: its typed config
 ConfigStore.instance().store(group="backend", name="replay", node=ReplayConfig)
 ConfigStore.instance().store(group="backend", name="sim", node=SimConfig)
 ConfigStore.instance().store(group="backend", name="torch", node=TorchConfig)
-ConfigStore.instance().store(group="cluster", name="base", node=ClusterConfig)  # conf/cluster/ builds on it
+ConfigStore.instance().store(
+    group="cluster", name="base", node=structured(ClusterConfig)
+)  # conf/cluster/ builds on it
+ConfigStore.instance().store(group="analysis", name="pacing", node=Pacing)
+ConfigStore.instance().store(group="analysis", name="whatif", node=Whatif)
+ConfigStore.instance().store(group="controller", name="all", node=AllControllers)
+ConfigStore.instance().store(name="run_schema", node=RunConfig)
+ConfigStore.instance().store(name="tune_schema", node=TuneRunConfig)
 
 
 def load_trace(trace_cfg: DictConfig) -> OpTrace:
@@ -366,57 +476,25 @@ def controller_factory(
     return build
 
 
-#: Top-level keys of ``conf/config.yaml``; anything else (``+foo=1``) is a mistake.
-RUN_KEYS = frozenset(
-    {
-        "backend",
-        "trace",
-        "controller",
-        "cluster",
-        "analysis",
-        "guard",
-        "exchange",
-        "comm",
-        "fit",
-        "seed",
-        "output",
-        "controller_file",
-    }
-)
-
-
-def validate_run_config(cfg: DictConfig, *, other_keys: frozenset[str] = frozenset()) -> None:
-    """Reject values Hydra cannot check by type: unknown top-level keys, a bad seed, non-boolean flags,
-    and parameters given to ``controller=all`` (which runs each family with its own file).
-
-    Args:
-        cfg: the composed config.
-        other_keys: top-level keys another entry point adds (``tune``), allowed but not checked here.
+def validate_run_config(cfg: DictConfig) -> None:
+    """Check what Hydra's composition cannot: keys added with ``+`` (Hydra lets them past a typed
+    config), each typed section's ranges (its dataclass, :mod:`pacectl.checks`), and values that
+    depend on one another (the backend and ``exchange``, ``analysis=whatif``), before any work.
 
     Raises:
         ConfigError: with the key, the bad value and how to fix it.
     """
-    allowed = RUN_KEYS | other_keys
-    unknown = sorted({str(k) for k in cfg.keys()} - allowed)
-    if unknown:
-        hints = [did_you_mean(k, sorted(allowed)) for k in unknown]
-        hint = "".join(f"; did you mean {h!r}?" for h in hints if h)
-        raise ConfigError(f"top-level keys must be among {sorted(allowed)}, got unknown {unknown}{hint}")
-    seed = cfg.get("seed")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"seed must be an integer >= 0, got {seed!r} (override: seed=<int>)")
-    for key in ("iterations", "plots", "report"):
-        value = cfg.output.get(key)
-        if not isinstance(value, bool):
-            raise ConfigError(f"output.{key} must be true or false, got {value!r}")
     _check_known_keys(cfg)
-    if cfg.get("cluster") is not None:  # the whole profile, whichever model reads it
-        cluster_config(cfg.cluster)
+    root = OmegaConf.get_type(cfg)
+    if isinstance(root, type) and issubclass(root, RunSettings):
+        own = [f.name for f in dataclasses.fields(RunSettings)]
+        typed(RunSettings, OmegaConf.masked_copy(cfg, own))
+    for key in ("cluster", "analysis", "controller"):  # typed groups: their ranges (a family: when built)
+        kind = OmegaConf.get_type(cfg, key) if key in cfg else None
+        if kind in (ClusterConfig, Pacing, Whatif, AllControllers):
+            typed(kind, cfg[key])
     if cfg.get("guard") is not None:  # the guard checks its own values: here, before any work
         controller_factory("none", {}, cfg.guard)()
-    analysis = cfg.get("analysis")
-    if analysis is not None and not isinstance(analysis.get("whatif", True), bool):
-        raise ConfigError(f"analysis.whatif must be true or false, got {analysis.get('whatif')!r}")
     backend = cfg.get("backend")
     schedule = exchange_schedule(cfg)
     if backend is not None and backend.get("name") == "torch" and schedule != ExchangeSchedule():
@@ -425,6 +503,7 @@ def validate_run_config(cfg: DictConfig, *, other_keys: frozenset[str] = frozens
             f"every_iters={schedule.every}); backend=torch has the real one: set "
             "backend.pacing.gather=async (lag 1) or piggyback (lag 2) and backend.pacing.gather_every instead"
         )
+    analysis = cfg.get("analysis")
     if analysis is not None and analysis.get("name") == "whatif" and backend is not None:
         if backend.get("name") != "replay":
             raise ConfigError(
@@ -436,70 +515,39 @@ def validate_run_config(cfg: DictConfig, *, other_keys: frozenset[str] = frozens
     replay = backend is None or backend.get("name") == "replay"
     if isinstance(trace, DictConfig) and replay:
         trace_config(trace, check_only=True)  # its ranges, before any work
-    controller = cfg.get("controller")
-    if controller is not None and controller.get("name") == "all":
-        extra = sorted({str(k) for k in controller.keys()} - {"name", "families", "units"})
-        if extra:
-            raise ConfigError(
-                f"controller=all runs every family with its own defaults, so it takes no "
-                f"parameters, got {extra}. Pick one family to set them, e.g. controller=pid controller.kp=0.8"
-            )
 
 
 def _check_known_keys(cfg: DictConfig) -> None:
-    """Reject keys the shipped configs do not define (typos, or ``+key=`` additions nothing reads).
-
-    A typed section (``guard``, ``controller``, ``trace``, ``backend=replay`` or ``sim``: a
-    dataclass in Hydra's ConfigStore) has its fields; ``output`` and ``exchange`` have the keys of
-    ``config.yaml`` (the torch backend checks its own, nested keys).
+    """Reject keys a typed config does not have (``+key=`` additions nothing reads): at the top level
+    and in every typed section (the torch backend checks its own, nested keys).
 
     Raises:
         ConfigError: naming the unknown keys, the known ones and the override that removes them.
     """
-
-    base = OmegaConf.load(CONF_DIR / "config.yaml")
-    checks: list[tuple[str, set[str] | None]] = [
-        (str(k), {f.name for f in dataclasses.fields(t)})  # the typed sections: their fields
-        for k, t in ((k, OmegaConf.get_type(cfg, str(k))) for k in cfg)
-        if isinstance(t, type) and dataclasses.is_dataclass(t)
-    ]
-    checks += [
-        ("output", {str(k) for k in base.output.keys()}),
-        ("exchange", {str(k) for k in base.exchange.keys()}),
-    ]
-    for group, known in checks:
-        node = cfg.get(group)
-        if known is not None and isinstance(node, DictConfig) and set(map(str, node.keys())) - known:
+    types = [("", OmegaConf.get_type(cfg))] + [(str(k), OmegaConf.get_type(cfg, str(k))) for k in cfg]
+    for group, kind in types:
+        node = cfg.get(group) if group else cfg
+        if not (isinstance(kind, type) and dataclasses.is_dataclass(kind) and isinstance(node, DictConfig)):
+            continue
+        known = {f.name for f in dataclasses.fields(kind)}
+        unknown = sorted(set(map(str, node.keys())) - known)
+        if unknown and group:
             raise unknown_keys_error(group, node, known)
+        if unknown:
+            hints = "".join(f"; did you mean {h!r}?" for h in (did_you_mean(k, known) for k in unknown) if h)
+            raise ConfigError(f"top-level keys must be among {sorted(known)}, got unknown {unknown}{hints}")
 
 
 def exchange_schedule(cfg: DictConfig) -> ExchangeSchedule:
-    """The run's :class:`~pacectl.loop.ExchangeSchedule` from ``exchange.lag_iters`` and
-    ``exchange.every_iters`` (both default 1 where the config has no ``exchange`` block).
+    """The run's :class:`~pacectl.loop.ExchangeSchedule` from ``exchange`` (:class:`Exchange`).
 
     Raises:
         ConfigError: a value that is not an integer >= 1.
     """
-    node = cfg.get("exchange", {})
-    if not isinstance(node, (DictConfig, dict)):
-        raise ConfigError(
-            f"exchange must be a mapping of lag_iters and every_iters, got {node!r}: set its keys, e.g. "
-            "exchange.lag_iters=2 (conf/config.yaml documents them)"
-        )
-    return ExchangeSchedule(
-        lag=config_int(node.get("lag_iters", 1), "exchange.lag_iters"),
-        every=config_int(node.get("every_iters", 1), "exchange.every_iters"),
-    )
+    exchange = typed(Exchange, cfg.get("exchange"))
+    return ExchangeSchedule(lag=exchange.lag_iters, every=exchange.every_iters)
 
 
 def config_int(value: object, key: str, *, low: int = 1) -> int:
-    """An integer setting ``>= low``, or a ConfigError naming ``key`` (Hydra passes strings through).
-
-    Raises:
-        ConfigError: not an integer (``True``/``1.5``/``"abc"``), or below ``low``.
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{key} must be an integer >= {low}, got {value!r}")
-    if value < low:
-        raise ConfigError(f"{key} must be an integer >= {low}, got {value!r}")
-    return value
+    """An integer setting ``>= low`` (:func:`pacectl.checks.integer`), or a ConfigError naming ``key``."""
+    return integer(value, key, low)

@@ -121,7 +121,7 @@ def _kind(hint: Any) -> str:
 
     if dataclasses.is_dataclass(hint):
         return "a mapping"
-    if typing.get_origin(hint) is list:
+    if typing.get_origin(hint) in (list, tuple):
         inner = (typing.get_args(hint) or (Any,))[0]
         return f"a list of {_PLURAL[inner]}" if inner in _PLURAL else "a list"
     return _KINDS.get(hint, "a value" if hint is Any else str(hint).replace("typing.", ""))
@@ -166,13 +166,15 @@ def config_error(err: BaseException, section: str = "") -> str:
         if isinstance(cls, type) and dataclasses.is_dataclass(cls)
         else {}
     )
+    if isinstance(err, ValidationError) and isinstance(getattr(err, "key", None), int):  # a list's item
+        return f"{key.rpartition('[')[0]} must be {_kind(err.ref_type)}, got {err.value!r} at [{err.key}]"
     if isinstance(err, ConfigKeyError) and declared:
         close = did_you_mean(leaf, declared)
         fix = f"; did you mean {key.removesuffix(leaf)}{close}?" if close else "; remove it"
         return f"{key}: no such key (known: {', '.join(declared)}){fix}"
     if isinstance(err, ValidationError) and leaf in declared:
         hint = typing.get_type_hints(cls).get(leaf)
-        args = (hint,) if typing.get_origin(hint) is list else typing.get_args(hint) or (hint,)
+        args = (hint,) if typing.get_origin(hint) in (list, tuple) else typing.get_args(hint) or (hint,)
         kinds = [_kind(a) for a in args if a is not type(None)]
         meta = declared[leaf].metadata  # a pacectl.checks field states its range, or what it must be
         must = meta.get("what") or " or ".join(kinds) + (f" {meta['range']}" if meta.get("range") else "")

@@ -180,6 +180,8 @@ class Experiment(abc.ABC):
     #: reduced as it runs (:func:`pacectl.loop.run_episode`'s ``reduce``) and not kept, so memory
     #: grows with ranks, not ranks x iterations; its episode holds ``totals`` instead
     stream: bool = False
+    #: the recorded trace a replay replays (:class:`~pacectl.traces.model.OpTrace`); None: none
+    trace: Any = None
 
     @abc.abstractmethod
     def describe(self, on_step: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -635,7 +637,7 @@ class MultiJobSimExperiment(_ClosedLoop):
                 "e.g. cluster.buckets.count=1"
             )
         fabric_ranks = config_int(cfg.backend.num_ranks, "backend.num_ranks")
-        topology = profile.topology.model()
+        topology = profile.topology
         coll = profile.collective
         self.jobs = parse_jobs(
             cluster.get("jobs"),
@@ -651,7 +653,7 @@ class MultiJobSimExperiment(_ClosedLoop):
             num_iterations=config_int(cfg.backend.num_iterations, "backend.num_iterations"),
             comm=comm,
             interference=profile.interference_model(),
-            cross_traffic=profile.cross_traffic.model(),
+            cross_traffic=profile.cross_traffic,
             alpha_inter_s=coll.alpha_inter_s,
             alpha_intra_s=coll.alpha_intra_s,
             power=self.power,

@@ -156,7 +156,12 @@ def test_the_scripts_harness_runs_on_cpu(tmp_path) -> None:
     assert all(np.isfinite(v["mean"]) for v in kappa["slowdown"].values())
     assert len(kappa["times_s"]["alone"]) == kappa["rounds"] == 2
     power = record["power_states"]
-    assert power["unit"] == "cpu_s_per_s" and set(power["states"]) == {"idle", "compute", "spin_wait", "sleep_wait"}
+    assert power["unit"] == "cpu_s_per_s" and set(power["states"]) == {
+        "idle",
+        "compute",
+        "spin_wait",
+        "sleep_wait",
+    }
     assert set(record["overhead_zero_delay"]["variants"]) == set(gpu_check.OVERHEAD_VARIANTS) - {"plain"}
     assert record["commit"] is None or isinstance(record["commit"], str)
     assert "forced on" in record["device"]  # the deferred resolution's bookkeeping ran here too

@@ -372,7 +372,9 @@ def test_max_ops_caps_the_collective_records_of_an_inspector_log_set(tmp_path: P
     nccl_inspector_logs(SynthJob(dp=2, steps=4), tmp_path)
     trace, _ = import_nccl_inspector(tmp_path)
     n = len(trace.ops)
-    with pytest.raises(TraceError, match=r"must hold <= 3 collective records \(trace\.max_ops\).*Raise the cap"):
+    with pytest.raises(
+        TraceError, match=r"must hold <= 3 collective records \(trace\.max_ops\).*Raise the cap"
+    ):
         import_nccl_inspector(tmp_path, max_ops=3)
     again, _ = import_nccl_inspector(tmp_path, max_ops=10 * n)
     assert len(again.ops) == n

@@ -89,8 +89,8 @@ def test_a_wrong_objective_name_is_one_line_and_exit_2(tmp_path: Path) -> None:
         assert proc.returncode == 2, proc.stdout
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-        assert lines[0].startswith("pacectl.tune: error: tune.objectives must be two or three distinct names")
-        assert expected in lines[0] and "tune.objectives=[throughput,cv,energy]" in lines[0]
+        assert lines[0].startswith("pacectl.tune: error: tune.objectives must be ")
+        assert expected in lines[0] and "tune.objectives=" in lines[0]
         assert not out.exists()
 
 

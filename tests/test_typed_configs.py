@@ -1,5 +1,6 @@
-"""Every key of a typed config (a trace format, a backend, the guard, a controller) with a wrong
-type or value is one line and exit 2, before any run folder exists (issue 22, acceptance)."""
+"""Every key of a typed config (a trace format, a backend, the guard, a controller, a cluster
+profile's sections, exchange, output, the top level, analysis, tune) with a wrong type or value is
+one line and exit 2, before any run folder exists (issue 22, acceptance)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from omegaconf import OmegaConf
 from pacectl.backends.replay import ReplayConfig
 from pacectl.backends.sim import SimConfig
 from pacectl.checks import Range
+from pacectl.config import Exchange, Output, Pacing, RunSettings, Whatif
 from pacectl.controllers import FAMILIES
 from pacectl.controllers.guard import GuardConfig
 from pacectl.errors import config_error
+from pacectl.fabric import profile as P
 from pacectl.testing.commands import run_command
 from pacectl.torchdist.core import TorchConfig
 from pacectl.traces.formats import FORMATS
+from pacectl.tuning.config import Settings, SimSettings
 
 
 def _bad_values(cls: type, prefix: str = "") -> list[tuple[str, str]]:
@@ -53,7 +57,28 @@ def _cases() -> list[tuple[list[str], str]]:
     for fam in FAMILIES.values():
         node = fam.node()
         cases += [([f"controller={fam.name}", f"controller.{k}={v}"], k) for k, v in _bad_values(node)]
+    for section, cls in _SECTIONS.items():
+        cases += [([f"{section}.{k}={v}"], f"{section}.{k}") for k, v in _bad_values(cls)]
+    cases += [([f"{k}={v}"], k) for k, v in _bad_values(RunSettings)]
+    cases += [(["analysis=whatif", f"analysis.{k}={v}"], f"analysis.{k}") for k, v in _bad_values(Whatif)]
     return cases
+
+
+#: the typed sections of a run's config (the cluster profile's among them) and their classes
+_SECTIONS = {
+    "cluster.topology": P.FatTree,
+    "cluster.collective": P.Collective,
+    "cluster.cross_traffic": P.CrossTraffic,
+    "cluster.interference": P.Interference,
+    "cluster.power_cap": P.PowerCap,
+    "cluster.buckets": P.BucketedBackward,
+    "cluster.compute": P.Compute,
+    "cluster.compute.noise.0": P.LognormalJitter,
+    "cluster.tune_sim": P.Scenario,
+    "exchange": Exchange,
+    "output": Output,
+    "analysis": Pacing,
+}
 
 
 @pytest.mark.parametrize(("args", "key"), _cases(), ids=lambda a: " ".join(a) if isinstance(a, list) else "")
@@ -63,6 +88,25 @@ def test_a_wrong_value_of_a_typed_key_is_one_line(tmp_path: Path, args: list[str
     out = tmp_path / "run"
     trace = [] if any(a.startswith("trace") for a in args) else ["trace=st"]
     proc = run_command(main, [*trace, *args, f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("warning")]
+    assert len(lines) == 1 and key in lines[0] and " must be " in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def _tune_cases() -> list[tuple[list[str], str]]:
+    cases = [([f"tune.{k}={v}"], f"tune.{k}") for k, v in _bad_values(Settings)]
+    return cases + [([f"tune.sim.{k}={v}"], f"tune.sim.{k}") for k, v in _bad_values(SimSettings)]
+
+
+@pytest.mark.parametrize(
+    ("args", "key"), _tune_cases(), ids=lambda a: " ".join(a) if isinstance(a, list) else ""
+)
+def test_a_wrong_tune_value_is_one_line(tmp_path: Path, args: list[str], key: str) -> None:
+    from pacectl.tune import main
+
+    out = tmp_path / "run"
+    proc = run_command(main, ["cluster=contended", *args, f"hydra.run.dir={out}"], cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if not line.startswith("warning")]
     assert len(lines) == 1 and key in lines[0] and " must be " in lines[0], proc.stderr

@@ -29,11 +29,12 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
+from pacectl.checks import Checked, within
 from pacectl.errors import ConfigError
 from pacectl.fabric.collectives import allreduce_s
 from pacectl.fabric.topology import FatTree, max_min_fair
@@ -65,8 +66,8 @@ class SimComm(Protocol):
 
 
 @dataclass(frozen=True)
-class CrossTraffic:
-    """Another job's traffic on chosen links, switching on and off periodically.
+class CrossTraffic(Checked):
+    """Another job's traffic on chosen links, switching on and off (``cluster.cross_traffic``).
 
     Args:
         links: link names (see :meth:`FatTree.links`), e.g. ``["leaf_up:0"]``; ``"leaf_up:*"`` means
@@ -81,17 +82,12 @@ class CrossTraffic:
             do not switch in lockstep.
     """
 
-    links: tuple[str, ...] = ()
-    rate_frac: float = 1.0
-    on_s: float = 0.0
-    off_s: float = 0.0
-    stagger: float = 0.37
-
-    def __post_init__(self) -> None:
-        if not 0 < self.rate_frac <= 1:
-            raise ConfigError(f"cross_traffic.rate_frac must be in (0, 1], got {self.rate_frac!r}")
-        if self.on_s < 0 or self.off_s < 0:
-            raise ConfigError(f"cross_traffic.on_s and off_s must be >= 0, got {self.on_s!r}, {self.off_s!r}")
+    section: ClassVar[str] = "cluster.cross_traffic"
+    links: tuple[str, ...] = within((), what="a list of link names, e.g. '[leaf_up:*]'")
+    rate_frac: float = within(1.0, "(0, 1]")
+    on_s: float = within(0.0, ">= 0")
+    off_s: float = within(0.0, ">= 0")
+    stagger: float = within(0.37, "[0, 1]")
 
     @property
     def period_s(self) -> float:

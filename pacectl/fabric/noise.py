@@ -8,14 +8,14 @@ class docstrings; the parameter values of a scenario are chosen and justified in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
+from pacectl.checks import Checked, within
 from pacectl.errors import ConfigError, TraceError
 
 FloatArray = NDArray[np.float64]
@@ -36,15 +36,8 @@ def _positive(name: str, value: float, *, allow_zero: bool = False) -> float:
     return value
 
 
-def _probability(name: str, value: float) -> float:
-    value = float(value)
-    if not 0.0 <= value <= 1.0:
-        raise ConfigError(f"{name} must be in [0, 1], got {value!r}")
-    return value
-
-
 @dataclass(frozen=True)
-class LognormalJitter:
+class LognormalJitter(Checked):
     """i.i.d. multiplicative jitter: ``t * exp(N(-sigma^2/2, sigma^2))`` (mean-preserving).
 
     Args:
@@ -53,10 +46,8 @@ class LognormalJitter:
             loading: shared/traces alibaba-pai-minibatch, reference figures).
     """
 
-    sigma: float = 0.02
-
-    def __post_init__(self) -> None:
-        _positive("lognormal.sigma", self.sigma, allow_zero=True)
+    section: ClassVar[str] = "lognormal"
+    sigma: float = within(0.02, ">= 0")
 
     def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
         """Multiply by independent lognormal factors with mean 1."""
@@ -65,7 +56,7 @@ class LognormalJitter:
 
 
 @dataclass(frozen=True)
-class ParetoHiccups:
+class ParetoHiccups(Checked):
     """Rare heavy-tailed pauses (GC, page faults, ECC retries, thermal throttling) added to a rank.
 
     With probability ``prob`` per rank and iteration, the rank loses ``scale_s * (Pareto(alpha) + 1)``
@@ -79,15 +70,10 @@ class ParetoHiccups:
         alpha: Pareto tail index, > 1 (finite mean); smaller is heavier.
     """
 
-    prob: float = 0.002
-    scale_s: float = 0.05
-    alpha: float = 2.5
-
-    def __post_init__(self) -> None:
-        _probability("pareto.prob", self.prob)
-        _positive("pareto.scale_s", self.scale_s)
-        if not self.alpha > 1.0:
-            raise ConfigError(f"pareto.alpha must be > 1 (finite mean), got {self.alpha!r}")
+    section: ClassVar[str] = "pareto"
+    prob: float = within(0.002, "[0, 1]")
+    scale_s: float = within(0.05, "> 0")
+    alpha: float = within(2.5, "> 1")
 
     def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
         """Add pauses to a random subset of (iteration, rank) cells."""
@@ -97,7 +83,7 @@ class ParetoHiccups:
 
 
 @dataclass(frozen=True)
-class PeriodicNoise:
+class PeriodicNoise(Checked):
     """OS-style periodic interruptions (daemons, timers): every ``period_iters`` iterations a rank
     loses ``duration_s``, with a per-rank random phase (Petrini et al., "The Case of the Missing
     Supercomputer Performance", SC 2003).
@@ -107,13 +93,9 @@ class PeriodicNoise:
         duration_s: lost time per interruption, seconds, >= 0.
     """
 
-    period_iters: int = 50
-    duration_s: float = 0.01
-
-    def __post_init__(self) -> None:
-        if int(self.period_iters) < 1:
-            raise ConfigError(f"periodic.period_iters must be >= 1, got {self.period_iters!r}")
-        _positive("periodic.duration_s", self.duration_s, allow_zero=True)
+    section: ClassVar[str] = "periodic"
+    period_iters: int = within(50, ">= 1")
+    duration_s: float = within(0.01, ">= 0")
 
     def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
         """Add ``duration_s`` on the iterations where ``(k + phase_r) % period == 0``."""
@@ -124,7 +106,7 @@ class PeriodicNoise:
 
 
 @dataclass(frozen=True)
-class SlowRanks:
+class SlowRanks(Checked):
     """Persistent locality penalty: some ranks are always slower (PCIe switch sharing, remote NUMA
     node, a NIC on the far socket), the "locality-driven variance" of Gopalan and Ali.
 
@@ -136,14 +118,10 @@ class SlowRanks:
             Modern GPU Interconnect", IEEE TPDS 2020); ByteDance job AR's injected worker is 2.36x.
     """
 
-    ranks: Sequence[int] = ()
-    fraction: float = 0.0
-    factor: float = 1.1
-
-    def __post_init__(self) -> None:
-        _probability("slow_ranks.fraction", self.fraction)
-        if not self.factor >= 1.0:
-            raise ConfigError(f"slow_ranks.factor must be >= 1, got {self.factor!r}")
+    section: ClassVar[str] = "slow_ranks"
+    ranks: tuple[int, ...] = within((), ">= 0", what="a list of ranks (integers >= 0)")
+    fraction: float = within(0.0, "[0, 1]")
+    factor: float = within(1.1, ">= 1")
 
     def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
         """Multiply the slow ranks' columns by ``factor``."""

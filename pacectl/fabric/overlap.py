@@ -69,11 +69,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
+from pacectl.checks import Checked, within
 from pacectl.errors import ConfigError
 
 FloatArray = NDArray[np.float64]
@@ -88,8 +89,11 @@ SOURCED_OVERLAP_SLOWDOWN = 0.189
 FORWARD_FRAC = 1.0 / 3.0
 
 
+_FRACTIONS = "a list of numbers > 0 (fractions summing to 1), or null"
+
+
 @dataclass(frozen=True)
-class BucketedBackward:
+class BucketedBackward(Checked):
     """The ``cluster.buckets`` section, checked (see the module docstring for the model).
 
     Args:
@@ -109,18 +113,18 @@ class BucketedBackward:
         ConfigError: one line naming the ``cluster.buckets`` key.
     """
 
-    count: int = 1
-    sizes: tuple[float, ...] | None = None
-    compute: tuple[float, ...] | None = None
-    forward_frac: float = FORWARD_FRAC
-    overlap_slowdown: float = SOURCED_OVERLAP_SLOWDOWN
-    pacer: str = "device"
-    noise: str = "spread"
+    section: ClassVar[str] = "cluster.buckets"
+    count: int = within(1, ">= 1")
+    sizes: tuple[float, ...] | None = within(None, "> 0", what=_FRACTIONS)
+    compute: tuple[float, ...] | None = within(None, "> 0", what=_FRACTIONS)
+    forward_frac: float = within(FORWARD_FRAC, "[0, 1)")
+    overlap_slowdown: float = within(SOURCED_OVERLAP_SLOWDOWN, ">= 0")
+    pacer: str = within("device", choices=PACERS)
+    noise: str = within("spread", choices=NOISE_PLACEMENTS)
 
     def __post_init__(self) -> None:
-        key = "cluster.buckets"
-        if isinstance(self.count, bool) or not isinstance(self.count, (int, np.integer)) or self.count < 1:
-            raise ConfigError(f"{key}.count must be an integer >= 1, got {self.count!r}; e.g. {key}.count=4")
+        super().__post_init__()
+        key = self.section
         for name in ("sizes", "compute"):
             value = getattr(self, name)
             if value is None:
@@ -137,24 +141,6 @@ class BucketedBackward:
                     f"{key}.{name} must sum to 1 (fractions of the gradient bytes / backward compute), "
                     f"got {list(value)!r} (sum {math.fsum(value):.6g}); e.g. {example} with {key}.count=4"
                 )
-        if not (math.isfinite(self.forward_frac) and 0.0 <= self.forward_frac < 1.0):
-            raise ConfigError(
-                f"{key}.forward_frac must be a finite number >= 0 and < 1, got {self.forward_frac!r}; "
-                f"e.g. {key}.forward_frac=0.3333"
-            )
-        if not (math.isfinite(self.overlap_slowdown) and self.overlap_slowdown >= 0):
-            raise ConfigError(
-                f"{key}.overlap_slowdown must be a finite number >= 0, got {self.overlap_slowdown!r}; "
-                f"e.g. {key}.overlap_slowdown={SOURCED_OVERLAP_SLOWDOWN}"
-            )
-        if self.pacer not in PACERS:
-            raise ConfigError(
-                f"{key}.pacer must be one of {list(PACERS)}, got {self.pacer!r}; e.g. {key}.pacer=device"
-            )
-        if self.noise not in NOISE_PLACEMENTS:
-            raise ConfigError(
-                f"{key}.noise must be one of {list(NOISE_PLACEMENTS)}, got {self.noise!r}; e.g. {key}.noise=spread"
-            )
 
     @property
     def size_fractions(self) -> tuple[float, ...]:

@@ -63,7 +63,7 @@ import numpy as np
 from numpy.typing import NDArray
 from omegaconf import MISSING, DictConfig
 
-from pacectl.checks import Checked, flag, typed, within
+from pacectl.checks import Checked, typed, within
 from pacectl.errors import ConfigError, did_you_mean
 from pacectl.fabric.collectives import ALGORITHMS
 from pacectl.fabric.contention import (
@@ -73,15 +73,17 @@ from pacectl.fabric.contention import (
     EarlyArrivalInterference,
     FixedComm,
 )
-from pacectl.fabric.noise import NOISE_COMPONENTS, ComputeModel
-from pacectl.fabric.overlap import (
-    FORWARD_FRAC,
-    NOISE_PLACEMENTS,
-    PACERS,
-    SOURCED_OVERLAP_SLOWDOWN,
-    BucketedBackward,
-    BucketEngine,
+from pacectl.fabric.noise import (
+    FILLS,
+    ComputeModel,
+    EmpiricalSamples,
+    LognormalJitter,
+    NoiseComponent,
+    ParetoHiccups,
+    PeriodicNoise,
+    SlowRanks,
 )
+from pacectl.fabric.overlap import BucketedBackward, BucketEngine
 from pacectl.fabric.power import PowerProfile, power_profile
 from pacectl.fabric.powercap import NodePowerCap
 from pacectl.fabric.topology import FatTree
@@ -147,22 +149,6 @@ def comm_name(value: object) -> str:
 
 
 @dataclass(kw_only=True)
-class Topology(Checked):
-    """``cluster.topology``: the fat-tree (:class:`~pacectl.fabric.topology.FatTree`)."""
-
-    section: ClassVar[str] = "cluster.topology"
-    ranks_per_node: int = within(8, ">= 1")
-    nodes_per_leaf: int = within(4, ">= 1")
-    oversubscription: float = within(1.0, ">= 1")
-    nic_bandwidth_Bps: float = within(50e9, "> 0")
-    nvlink_bandwidth_Bps: float = within(450e9, "> 0")
-    rail_optimized: Any = flag(False)
-
-    def model(self) -> FatTree:
-        return FatTree(**vars(self))
-
-
-@dataclass(kw_only=True)
 class Collective(Checked):
     """``cluster.collective``: the all-reduce (:class:`~pacectl.fabric.contention.AlphaBetaComm`)."""
 
@@ -171,21 +157,6 @@ class Collective(Checked):
     message_bytes: float = within(2e9, ">= 0")
     alpha_inter_s: float = within(5e-6, ">= 0")
     alpha_intra_s: float = within(2e-6, ">= 0")
-
-
-@dataclass(kw_only=True)
-class Traffic(Checked):
-    """``cluster.cross_traffic``: on/off cross traffic (:class:`~pacectl.fabric.contention.CrossTraffic`)."""
-
-    section: ClassVar[str] = "cluster.cross_traffic"
-    links: list[str] = within([], what="a list of link names, e.g. '[leaf_up:*]'")
-    rate_frac: float = within(1.0, "(0, 1]")
-    on_s: float = within(0.0, ">= 0")
-    off_s: float = within(0.0, ">= 0")
-    stagger: float = within(0.37, "[0, 1]")
-
-    def model(self) -> CrossTraffic:
-        return CrossTraffic(**{**vars(self), "links": tuple(self.links)})
 
 
 @dataclass(kw_only=True)
@@ -215,82 +186,32 @@ class PowerCap(Checked):
     node_w: float | None = within(None, "> 0", what="a finite power > 0 W, or null (off)")
 
 
-_FRACTIONS = "a list of numbers > 0 (fractions summing to 1), or null"
-
-
 @dataclass(kw_only=True)
-class Buckets(Checked):
-    """``cluster.buckets``: bucketed backward (:class:`~pacectl.fabric.overlap.BucketedBackward`,
-    which checks how the fields fit together)."""
+class Empirical(Checked):
+    """A ``kind: empirical`` noise item (:class:`~pacectl.fabric.noise.EmpiricalSamples`, which
+    loads its file when built)."""
 
-    section: ClassVar[str] = "cluster.buckets"
-    count: int = within(1, ">= 1")
-    sizes: list[float] | None = within(None, "> 0", what=_FRACTIONS)
-    compute: list[float] | None = within(None, "> 0", what=_FRACTIONS)
-    forward_frac: float = within(FORWARD_FRAC, "[0, 1)")
-    overlap_slowdown: float = within(SOURCED_OVERLAP_SLOWDOWN, ">= 0")
-    pacer: str = within("device", choices=PACERS)
-    noise: str = within("spread", choices=NOISE_PLACEMENTS)
-
-    def model(self) -> BucketedBackward:
-        lists = {k: None if v is None else tuple(v) for k, v in vars(self).items() if isinstance(v, list)}
-        return BucketedBackward(**{**vars(self), **lists})
-
-
-@dataclass(kw_only=True)
-class Noise(Checked):
-    """One item of ``cluster.compute.noise``: ``kind`` names the component (:data:`NOISE_COMPONENTS`)."""
-
-    kind: str
-
-    def model(self) -> Any:
-        params = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(self).items() if k != "kind"}
-        return NOISE_COMPONENTS[self.kind](**params)
-
-
-@dataclass(kw_only=True)
-class Lognormal(Noise):
-    kind: str = "lognormal"
-    sigma: float = within(0.02, ">= 0")
-
-
-@dataclass(kw_only=True)
-class Pareto(Noise):
-    kind: str = "pareto"
-    prob: float = within(0.002, "[0, 1]")
-    scale_s: float = within(0.05, "> 0")
-    alpha: float = within(2.5, "> 1")
-
-
-@dataclass(kw_only=True)
-class Periodic(Noise):
-    kind: str = "periodic"
-    period_iters: int = within(50, ">= 1")
-    duration_s: float = within(0.01, ">= 0")
-
-
-@dataclass(kw_only=True)
-class Slow(Noise):
-    kind: str = "slow_ranks"
-    ranks: list[int] = within([], ">= 0", what="a list of ranks (integers >= 0)")
-    fraction: float = within(0.0, "[0, 1]")
-    factor: float = within(1.1, ">= 1")
-
-
-@dataclass(kw_only=True)
-class Empirical(Noise):
-    kind: str = "empirical"
     path: str = MISSING
-    fill: str = within("ar1", choices=("ar1", "hold", "consecutive"))
+    fill: str = within("ar1", choices=FILLS)
     sample_every: int | None = within(None, ">= 1")
 
+    def model(self) -> EmpiricalSamples:
+        return EmpiricalSamples(**vars(self))
 
-#: ``cluster.compute.noise`` item kind -> its typed config (the fields of its NOISE_COMPONENTS class).
-NOISE_CONFIGS: dict[str, type[Noise]] = {c.kind: c for c in (Lognormal, Pareto, Periodic, Slow, Empirical)}
+
+#: ``cluster.compute.noise`` item kind -> its typed config (the component class itself, but for
+#: ``empirical``, whose component reads a file).
+NOISE_CONFIGS: dict[str, type[Checked]] = {
+    "lognormal": LognormalJitter,
+    "pareto": ParetoHiccups,
+    "periodic": PeriodicNoise,
+    "slow_ranks": SlowRanks,
+    "empirical": Empirical,
+}
 
 
-def noise_config(item: object, where: str) -> Noise:
-    """One noise item at override path ``where`` (``cluster.compute.noise.0``) as its typed config.
+def noise_component(item: object, where: str) -> NoiseComponent:
+    """One noise item at override path ``where`` (``cluster.compute.noise.0``) as its component.
 
     Raises:
         ConfigError: not a mapping, an unknown ``kind`` (with a did-you-mean), or a bad field.
@@ -307,7 +228,8 @@ def noise_config(item: object, where: str) -> Noise:
         raise ConfigError(
             f"{where}.kind must be one of {list(NOISE_CONFIGS)}, got {kind!r}{hint}; e.g. {where}.kind=lognormal"
         )
-    return typed(NOISE_CONFIGS[str(kind)], item, where)
+    spec = typed(NOISE_CONFIGS[str(kind)], {k: v for k, v in item.items() if k != "kind"}, where)
+    return spec.model() if isinstance(spec, Empirical) else spec  # type: ignore[return-value]
 
 
 @dataclass(kw_only=True)
@@ -321,10 +243,10 @@ class Compute(Checked):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.noise = [noise_config(item, f"{self.section}.noise.{i}") for i, item in enumerate(self.noise)]
+        self.noise = [noise_component(item, f"{self.section}.noise.{i}") for i, item in enumerate(self.noise)]
 
     def model(self) -> ComputeModel:
-        return ComputeModel(compute_s=self.compute_s, components=tuple(n.model() for n in self.noise))
+        return ComputeModel(compute_s=self.compute_s, components=tuple(self.noise))
 
 
 @dataclass(kw_only=True)
@@ -362,12 +284,12 @@ class ClusterConfig(Checked):
     name: str = "base"
     description: str = "the fabric models' defaults: a quiet fat-tree"
     power: str | None = None
-    topology: Topology = field(default_factory=Topology)
+    topology: FatTree = field(default_factory=FatTree)
     collective: Collective = field(default_factory=Collective)
-    cross_traffic: Traffic = field(default_factory=Traffic)
+    cross_traffic: CrossTraffic = field(default_factory=CrossTraffic)
     interference: Interference = field(default_factory=Interference)
     power_cap: PowerCap = field(default_factory=PowerCap)
-    buckets: Buckets = field(default_factory=Buckets)
+    buckets: BucketedBackward = field(default_factory=BucketedBackward)
     compute: Compute = field(default_factory=lambda: Compute(compute_s=0.5))
     traces: list[Any] = field(default_factory=list)
     jobs: list[Any] | None = None
@@ -450,12 +372,12 @@ def power_cap_from(cluster: Profile) -> NodePowerCap | None:
 def _contention(profile: ClusterConfig, num_ranks: int) -> ContentionComm:
     coll = profile.collective
     model = ContentionComm(
-        profile.topology.model(),
+        profile.topology,
         num_ranks,
         message_bytes=coll.message_bytes,
         alpha_inter_s=coll.alpha_inter_s,
         alpha_intra_s=coll.alpha_intra_s,
-        cross_traffic=profile.cross_traffic.model(),
+        cross_traffic=profile.cross_traffic,
     )
     if not math.isfinite(model.free_time_s):
         raise _overflow("contention")
@@ -486,7 +408,7 @@ def sim_fabric(
             "the simulator takes comm=null, alpha_beta or contention"
         )
     profile = cluster_config(cluster)
-    topology = profile.topology.model()
+    topology = profile.topology
     try:
         alpha_beta = AlphaBetaComm(topology, num_ranks, **vars(profile.collective))
     except ConfigError as err:  # every input is validated: only an overflow to inf is left
@@ -548,7 +470,7 @@ def buckets_spec(cluster: Profile) -> BucketedBackward:
     Raises:
         ConfigError: one line naming the key.
     """
-    return cluster_config(cluster).buckets.model()
+    return cluster_config(cluster).buckets
 
 
 def bucket_engine(
@@ -566,7 +488,7 @@ def bucket_engine(
         ConfigError: a bad ``cluster.buckets`` value.
     """
     profile = cluster_config(cluster)
-    spec = profile.buckets.model()
+    spec = profile.buckets
     if spec.count == 1:
         return None
     message = profile.collective.message_bytes

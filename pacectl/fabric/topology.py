@@ -17,12 +17,12 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
-from pacectl.errors import ConfigError
+from pacectl.checks import Checked, flag, within
 
 if TYPE_CHECKING:  # scipy.sparse costs ~0.3 s to import: only where a sparse matrix is built
     import scipy.sparse
@@ -101,8 +101,8 @@ def max_min_fair(
 
 
 @dataclass(frozen=True)
-class FatTree:
-    """A two-level fat-tree cluster.
+class FatTree(Checked):
+    """A two-level fat-tree cluster (``cluster.topology``, a typed config).
 
     Args:
         ranks_per_node: GPUs per node (8 on DGX H100/H200 nodes).
@@ -115,22 +115,13 @@ class FatTree:
         rail_optimized: one NIC per GPU, each rail on its own leaf switch (NVIDIA DGX SuperPOD).
     """
 
-    ranks_per_node: int = 8
-    nodes_per_leaf: int = 4
-    oversubscription: float = 1.0
-    nic_bandwidth_Bps: float = 50e9
-    nvlink_bandwidth_Bps: float = 450e9
-    rail_optimized: bool = False
-
-    def __post_init__(self) -> None:
-        if int(self.ranks_per_node) < 1 or int(self.nodes_per_leaf) < 1:
-            raise ConfigError(
-                f"topology.ranks_per_node and nodes_per_leaf must be >= 1, got {self.ranks_per_node!r}, {self.nodes_per_leaf!r}"
-            )
-        if not self.oversubscription >= 1.0:
-            raise ConfigError(f"topology.oversubscription must be >= 1, got {self.oversubscription!r}")
-        if self.nic_bandwidth_Bps <= 0 or self.nvlink_bandwidth_Bps <= 0:
-            raise ConfigError("topology bandwidths must be > 0 bytes/s")
+    section: ClassVar[str] = "cluster.topology"
+    ranks_per_node: int = within(8, ">= 1")
+    nodes_per_leaf: int = within(4, ">= 1")
+    oversubscription: float = within(1.0, ">= 1")
+    nic_bandwidth_Bps: float = within(50e9, "> 0")
+    nvlink_bandwidth_Bps: float = within(450e9, "> 0")
+    rail_optimized: Any = flag(False)
 
     def num_nodes(self, num_ranks: int) -> int:
         """Nodes needed for ``num_ranks`` ranks."""

@@ -2,7 +2,8 @@
 
 - :mod:`pacectl.tuning.space`: search spaces (YAML, validated before any trial);
 - :mod:`pacectl.tuning.scenarios`: the episodes of a profile (traces or sim seeds) and their objectives;
-- :mod:`pacectl.tuning.settings`: ``tune.*`` checked, and the trial settings a resume must match;
+- :mod:`pacectl.tuning.config`: the typed ``tune.*`` keys (``Settings``);
+- :mod:`pacectl.tuning.settings`: the checks of a command, and the trial settings a resume must match;
 - :mod:`pacectl.tuning.storage`: where a study lives (journal file or RDB URL), torn-journal repair;
 - :mod:`pacectl.tuning.workers`: the objective, samplers, worker processes, Ctrl-C, progress lines;
 - :mod:`pacectl.tuning.verdict`: dominance, the Pareto front, the choice and its judgement (pure);

@@ -27,12 +27,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pacectl import metrics
-from pacectl.config import config_int, exchange_schedule, user_path
+from pacectl.checks import typed
+from pacectl.config import exchange_schedule, user_path
 from pacectl.energy import account
 from pacectl.errors import ConfigError
 from pacectl.experiment import Experiment, make_experiment
 from pacectl.fabric.power import PowerProfile
 from pacectl.loop import ExchangeSchedule
+from pacectl.tuning.config import SimSettings
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ class ScenarioSet:
     @property
     def power(self) -> PowerProfile:
         """The GPU power profile the episodes' energy is modelled with (``cluster.power``)."""
-        return self.experiments[0].power  # type: ignore[attr-defined,no-any-return]  # replay and sim have one
+        return self.experiments[0].power  # type: ignore[no-any-return]  # replay and sim have one
 
     def evaluate(self, family: str, params: dict[str, Any]) -> Evaluation:
         """Run the guarded controller on every episode; average throughput, CV and energy.
@@ -253,7 +255,7 @@ def build_scenarios(
                     "profile's traces pick it with cluster=<name> (conf/cluster/)"
                 )
             experiment = make_experiment(_episode_cfg(cfg, trace=item))
-            loaded = getattr(experiment, "trace", None)
+            loaded = experiment.trace
             labels.append(str(item.get("name") or (loaded.meta.name if loaded is not None else f"trace{i}")))
             experiments.append(experiment)
             described = OmegaConf.to_container(item, resolve=True)
@@ -290,15 +292,14 @@ def build_scenarios(
             assert isinstance(fabric, dict)
             descriptor["cluster"] = {k: v for k, v in fabric.items() if k not in ("tune_sim", "traces")}
     else:
-        sim = cfg.tune.sim
+        sim = typed(SimSettings, cfg.tune.sim)
         run_seeds = [int(s) for s in (sim.seeds if seeds is None else seeds)]
         if not run_seeds:
             raise ConfigError("tune.sim.seeds must list at least one seed, got []")
         backend = {
             "name": "sim",
-            # one rank has no arrival spread and one iteration no CV: nothing to tune either way
-            "num_ranks": config_int(sim.num_ranks, "tune.sim.num_ranks", low=2),
-            "num_iterations": config_int(sim.num_iterations, "tune.sim.num_iterations", low=2),
+            "num_ranks": sim.num_ranks,
+            "num_iterations": sim.num_iterations,
             "record": False,
         }
         for seed in run_seeds:

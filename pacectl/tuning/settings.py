@@ -1,7 +1,7 @@
 """The tuner's settings: ``tune.*`` checked, the search space of the command, and the settings a
 study records so that it resumes only with the same ones.
 
-- :class:`Settings`: the validated ``tune.*`` keys (an unknown key is refused with the valid ones);
+- :class:`Settings` (:mod:`pacectl.tuning.config`): the typed ``tune.*`` keys;
 - :func:`validate_tune_config`: every check of ``pacectl.run``'s config that applies to the tuner;
 - :func:`tune_space`: the search space of the selected family;
 - :func:`trial_settings`: everything that determines a trial's result, recorded in the study;
@@ -10,16 +10,14 @@ study records so that it resumes only with the same ones.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig
 
 from pacectl.config import (
     CONF_DIR,
-    controller_factory,
     controller_params,
     resolve_auto_horizon,
     selected_controller,
@@ -28,207 +26,26 @@ from pacectl.config import (
 )
 from pacectl.controllers import family as controller_family
 from pacectl.controllers.units import UNITS
-from pacectl.errors import ConfigError, did_you_mean, unknown_keys_error
+from pacectl.errors import ConfigError
 from pacectl.files import jsonable
+from pacectl.tuning.config import Settings
 from pacectl.tuning.scenarios import ScenarioSet
 from pacectl.tuning.space import SearchSpace, default_space, load_space, tunable_families
-from pacectl.tuning.verdict import DEFAULT_OBJECTIVES, OBJECTIVES, ImprovementRule
+from pacectl.tuning.verdict import DEFAULT_OBJECTIVES
 
 #: The family whose defaults are the paper's reference point.
 REFERENCE = "threshold"
 
 
-#: The keys of ``tune`` (conf/tune.yaml) and of ``tune.sim``; anything else (``+tune.bogus=1``) is refused.
-TUNE_KEYS = frozenset(
-    {
-        "n_trials",
-        "timeout_s",
-        "sampler",
-        "population_size",
-        "seed",
-        "n_workers",
-        "study_name",
-        "storage",
-        "space",
-        "max_throughput_loss_frac",
-        "min_cv_gain_frac",
-        "min_throughput_gain_frac",
-        "min_energy_gain_frac",
-        "objectives",
-        "progress",
-        "on",
-        "sim",
-    }
-)
-
-
-SIM_KEYS = frozenset({"num_ranks", "num_iterations", "comm", "seeds", "heldout_seeds"})
-
-
-def _check_keys(node: Any, allowed: frozenset[str], where: str) -> None:
-    if not isinstance(node, DictConfig):
-        raise ConfigError(f"{where} must be a mapping of settings (conf/tune.yaml), got {node!r}")
-    if {str(k) for k in node.keys()} - allowed:
-        raise unknown_keys_error(where, node, allowed)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Validated ``tune.*`` settings."""
-
-    n_trials: int
-    timeout_s: float | None
-    sampler: str
-    population_size: int
-    seed: int
-    n_workers: int
-    study_name: str | None
-    storage: str | None
-    space: str | None
-    max_loss_frac: float | None
-    min_cv_gain_frac: float
-    min_throughput_gain_frac: float
-    progress: bool
-    objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
-    min_energy_gain_frac: float = 0.01
-
-    @staticmethod
-    def from_cfg(tune: DictConfig) -> Settings:
-        """Read and check ``cfg.tune``.
-
-        Raises:
-            ConfigError: an unknown key (listing the valid ones), or a value out of range, with the
-                key and value.
-        """
-        _check_keys(tune, TUNE_KEYS, "tune")
-        if "sim" in tune:
-            _check_keys(tune.sim, SIM_KEYS, "tune.sim")
-
-        def integer(key: str, low: int) -> int:
-            value = tune.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"tune.{key} must be an integer >= {low}, got {value!r}")
-            return value
-
-        timeout = tune.get("timeout_s")
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
-        ):
-            raise ConfigError(f"tune.timeout_s must be null or a number > 0 (seconds), got {timeout!r}")
-        sampler = str(tune.get("sampler"))
-        if sampler not in SAMPLERS:
-            raise ConfigError(f"tune.sampler must be one of {list(SAMPLERS)}, got {sampler!r}")
-        cap = tune.get("max_throughput_loss_frac")
-        if cap is not None and (
-            isinstance(cap, bool) or not isinstance(cap, int | float) or not 0 <= cap < 1
-        ):
-            raise ConfigError(
-                f"tune.max_throughput_loss_frac must be null or in [0, 1) (0.005 = 0.5 %), got {cap!r}"
-            )
-
-        def fraction(key: str, example: str) -> float:
-            value = tune.get(key)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
-                raise ConfigError(f"tune.{key} must be a number in [0, 1) ({example}), got {value!r}")
-            return float(value)
-
-        progress = tune.get("progress", True)
-        if not isinstance(progress, bool):
-            raise ConfigError(
-                f"tune.progress must be true or false (one line per finished trial), got {progress!r}"
-            )
-        if "sim" in tune:
-            for key in ("seeds", "heldout_seeds"):
-                seeds = tune.sim.get(key)
-                if (
-                    not isinstance(seeds, list | ListConfig)
-                    or not seeds
-                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds)
-                ):
-                    raise ConfigError(
-                        f"tune.sim.{key} must be a non-empty list of integer seeds such as [0,1,2], got {_plain(seeds)!r}"
-                    )
-        return Settings(
-            n_trials=integer("n_trials", 1),
-            timeout_s=None if timeout is None else float(timeout),
-            sampler=sampler,
-            population_size=integer("population_size", 2),
-            seed=integer("seed", 0),
-            n_workers=integer("n_workers", 1),
-            study_name=None if tune.get("study_name") in (None, "") else str(tune.study_name),
-            storage=None if tune.get("storage") in (None, "") else str(tune.storage),
-            space=None if tune.get("space") in (None, "") else str(tune.space),
-            max_loss_frac=None if cap is None else float(cap),
-            min_cv_gain_frac=fraction("min_cv_gain_frac", "0.01: the CV at least 1 % lower than no pacing's"),
-            min_throughput_gain_frac=fraction(
-                "min_throughput_gain_frac", "0.005: the throughput at least 0.5 % higher than no pacing's"
-            ),
-            progress=progress,
-            objectives=_objectives(tune.get("objectives", list(DEFAULT_OBJECTIVES))),
-            min_energy_gain_frac=fraction(
-                "min_energy_gain_frac", "0.01: the energy per iteration at least 1 % lower than no pacing's"
-            ),
-        )
-
-    @property
-    def rule(self) -> ImprovementRule:
-        """When a trial improves on no pacing, with these settings."""
-        return ImprovementRule(
-            self.min_cv_gain_frac,
-            self.min_throughput_gain_frac,
-            self.max_loss_frac,
-            self.min_energy_gain_frac,
-            self.objectives,
-        )
-
-    @property
-    def directions(self) -> list[Literal["maximize", "minimize"]]:
-        """The study's Optuna directions, one per objective."""
-        return ["maximize" if OBJECTIVES[o][1] > 0 else "minimize" for o in self.objectives]
-
-
-def _objectives(value: Any) -> tuple[str, ...]:
-    """``tune.objectives``: two or three distinct names of :data:`~pacectl.tuning.verdict.OBJECTIVES`.
-
-    Raises:
-        ConfigError: anything else, with the closest name for a misspelt one.
-    """
-    names = _plain(value)
-    if isinstance(names, list) and 2 <= len(names) <= 3 and len(set(map(str, names))) == len(names):
-        wrong = [str(n) for n in names if str(n) not in OBJECTIVES]
-        if not wrong:
-            return tuple(str(n) for n in names)
-        close = did_you_mean(wrong[0], OBJECTIVES)
-        hint = f"; did you mean {close!r} for {wrong[0]!r}?" if close else ""
-    else:
-        hint = ""
-    raise ConfigError(
-        f"tune.objectives must be two or three distinct names of {list(OBJECTIVES)} (throughput up, cv "
-        f"and energy down), got {names!r}{hint} For example tune.objectives=[throughput,cv,energy]"
-    )
-
-
-def _plain(value: Any) -> Any:
-    """A config node as plain Python (for messages)."""
-    if isinstance(value, DictConfig | ListConfig):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
-
-
 def validate_tune_config(cfg: DictConfig) -> None:
-    """Every check of ``pacectl.run``'s config that applies to the tuner, before any storage is made:
-    :func:`pacectl.config.validate_run_config` on every key but ``tune`` (top-level keys, seed, output
-    flags, the keys of every section, and whatever else it checks), then one guard built around no
-    pacing (a value :class:`~pacectl.controllers.SafetyGuard` rejects).
+    """Every check of ``pacectl.run``'s config (:func:`pacectl.config.validate_run_config`: keys,
+    ranges, the guard), and ``tune``'s own (:class:`Settings`), before any storage is made.
 
     Raises:
         ConfigError: naming the key, the value and the fix.
     """
-    others = frozenset({"tune"})
-    validate_run_config(
-        OmegaConf.masked_copy(cfg, [str(k) for k in cfg.keys() if str(k) not in others]), other_keys=others
-    )
-    controller_factory("none", {}, cfg.guard)()  # a guard value SafetyGuard rejects (its keys: checked above)
+    validate_run_config(cfg)
+    Settings.from_cfg(cfg.tune)
 
 
 def tune_space(cfg: DictConfig, settings: Settings) -> SearchSpace:
@@ -303,9 +120,6 @@ def ignored_overrides(scenarios: ScenarioSet, overrides: list[str]) -> list[str]
                 "model is the top-level comm="
             )
     return lines
-
-
-SAMPLERS = ("nsga2", "tpe", "random")
 
 
 #: Study user attribute holding :func:`trial_settings` of the command that created it.
@@ -421,7 +235,10 @@ def settings_diff(old: Any, new: Any) -> list[str]:
         if isinstance(a, dict) or isinstance(b, dict):  # a mapping section: compared key by key
             a, b = ({} if a is _ABSENT else a), ({} if b is _ABSENT else b)
             if section == "episodes" and energy[0] != energy[1]:
-                a, b = {k: v for k, v in a.items() if k != "power"}, {k: v for k, v in b.items() if k != "power"}
+                a, b = (
+                    {k: v for k, v in a.items() if k != "power"},
+                    {k: v for k, v in b.items() if k != "power"},
+                )
         walk(a, b, "", depth, template, absent, found)
         # values first; a whole mapping added or removed (usually a consequence of one of them) last
         lines += [line for _, line in sorted(found, key=lambda item: item[0])]

@@ -16,14 +16,14 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from pacectl.errors import PacectlError
 
-if TYPE_CHECKING:
-    from pacectl.tuning.scenarios import Evaluation
+#: :class:`pacectl.tuning.scenarios.Evaluation` (not imported: the typed tune config imports this module)
+Evaluation = Any
 
 
 #: objective name (``tune.objectives``) -> (its :class:`TrialPoint` attribute, +1 maximized or -1 minimized)
@@ -251,6 +251,7 @@ def beats_no_pacing(
         energy_only: count only an energy gain (fixed durations: see :func:`judge`).
 
     Example:
+        >>> from pacectl.tuning.scenarios import Evaluation
         >>> base = Evaluation(1.0, 0.2)
         >>> rule = ImprovementRule(min_cv_gain_frac=0.01, min_throughput_gain_frac=0.005, cap=0.005)
         >>> beats_no_pacing(TrialPoint(0, {}, 0.996, 0.15, 0.004, True), base, rule)

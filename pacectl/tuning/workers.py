@@ -40,8 +40,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from pacectl.controllers import make_controller
 from pacectl.errors import ConfigError, PacectlError
+from pacectl.tuning.config import SAMPLERS
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet
-from pacectl.tuning.settings import SAMPLERS
 from pacectl.tuning.space import SearchSpace
 from pacectl.tuning.storage import StorageSpec, disk_full_cause, full_disk_error
 from pacectl.tuning.verdict import DEFAULT_OBJECTIVES, OBJECTIVES
