@@ -72,7 +72,9 @@ def main(
     def body() -> None:
         args = sys.argv[1:]
         try:
-            options = list(group_nodes(config_dir, "trace"))  # formats (ConfigStore) and presets
+            # the formats (ConfigStore) and presets, read only for a trace= argument
+            given = any(a.partition("=")[0] == "trace" for a in args)
+            options = list(group_nodes(config_dir, "trace")) if given else []
             args, notes = expand_trace_file(args, options)
         except ConfigError as err:
             _fail(prog, str(err))

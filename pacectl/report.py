@@ -404,16 +404,22 @@ _ERROR_BYTES = 3000
 #: server (sending them would cost more than matplotlib's import).
 SERVER_MAX_BYTES = 64 << 20
 #: What the plot server imports before it waits for jobs: the plot functions' modules.
-PLOT_MODULES = ("matplotlib.figure", "matplotlib.backends.backend_agg", "pacectl.metrics", "pacectl.energy")
+PLOT_MODULES = (
+    "matplotlib.figure",
+    "matplotlib.backends.backend_agg",
+    "pacectl.metrics",
+    "pacectl.energy",
+    "pacectl.whatif",
+)
 
 
 @contextmanager
-def plot_server(enabled: bool = True, *, also: Sequence[str] = ()) -> Iterator[None]:
+def plot_server(enabled: bool = True) -> Iterator[None]:
     """Within the block, :func:`draw_in_background` forks its plots from a process started now.
 
     The server is forked at once and imports matplotlib and the plot functions' modules
-    (:data:`PLOT_MODULES`, then the modules ``also`` names, e.g. ``pacectl.whatif`` for its heatmap)
-    while this process composes its config and computes: a command's plots
+    (:data:`PLOT_MODULES`; none of them imports pandas or the replay) while this process composes
+    its config and computes: a command's plots
     then start drawing as soon as their inputs exist, without the half second of matplotlib's
     import on the command's critical path. It receives each batch of plots as a pickle, forks one
     child per plot from its warm state and reports each batch's errors back. Nothing is started
@@ -425,7 +431,7 @@ def plot_server(enabled: bool = True, *, also: Sequence[str] = ()) -> Iterator[N
     if not enabled or not can_fork() or _server is not None:
         yield
         return
-    _server = _PlotServer([*PLOT_MODULES, *also])
+    _server = _PlotServer(PLOT_MODULES)
     try:
         yield
     finally:

@@ -589,8 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         # the plot server imports matplotlib beside this process's imports and work
-        whatif = any(a.lstrip("+").partition("=")[::2] == ("analysis", "whatif") for a in args)
-        with report.plot_server(enabled=draws_plots(args), also=["pacectl.whatif"] if whatif else []):
+        with report.plot_server(enabled=draws_plots(args)):
             from pacectl import cli
             from pacectl.config import CONF_DIR
 

@@ -33,15 +33,18 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from pacectl.backends.dag import StepDag, evaluate
-from pacectl.backends.replay import ReplayBackend
 from pacectl.files import atomic_write_text, jsonable
 from pacectl.report import format_value, save_figure
+
+if TYPE_CHECKING:  # the replay (and pandas under it) is imported where a replay runs: a process
+    # that only draws the heatmap (pacectl.report.plot_server) or unpickles a result needs neither
+    from pacectl.backends.dag import StepDag
+    from pacectl.backends.replay import ReplayBackend
 
 COMPUTE_LIKE = ("forward-compute", "backward-compute", "gc", "optimizer")
 P2P_GROUP = {
@@ -224,6 +227,8 @@ class _Replayer:
             _, ended = self.backend.replayed_times(launch_s=zero, transfer_s=transfer_s)
             self._tick()
             return ended.max(axis=(0, 2))
+        from pacectl.backends.dag import evaluate
+
         end = np.zeros((dag.num_nodes + 1, *transfer_s.shape[1:]))
         start = np.empty(transfer_s.shape)
         evaluate(dag.levels, end, start, None, transfer_s)
@@ -250,6 +255,8 @@ class _Replayer:
             ``float64[num_scenarios, num_steps]`` seconds, as :meth:`step_times` of each scenario
             (bit-identical: the same sums and maxima of the same values).
         """
+        from pacectl.backends.dag import evaluate
+
         dag = self.backend.dag
         n, num_steps = dag.num_nodes, dag.start_s.shape[1]
         dp = dag.rank_labels.shape[1]
@@ -327,6 +334,7 @@ def analyze(
         ValueError: ``method`` is neither ``"columns"`` nor ``"full"``.
 
     Example:
+        >>> from pacectl.backends.replay import ReplayBackend
         >>> from pacectl.data import shipped_trace
         >>> from pacectl.traces.bytedance import load_bytedance
         >>> result = analyze(ReplayBackend(load_bytedance(*shipped_trace("ST"))))

@@ -324,15 +324,28 @@ def test_beside_returns_the_childs_value_or_none_where_it_raised_warned_or_logge
         os.waitpid(pid, os.WNOHANG)
 
 
-def test_import_of_pacectl_run_leaves_the_heavy_libraries_unimported() -> None:
-    """``import pacectl.run`` imports no matplotlib, torch, pandas, pyarrow, scipy, optuna or Hydra
-    (each is imported where it is used), so the command's plot server starts before them."""
+@pytest.mark.parametrize(
+    ("modules", "absent"),
+    [
+        # the command's own import: its plot server starts before any of these
+        (
+            ["pacectl.run"],
+            ["matplotlib", "torch", "pandas", "pyarrow", "scipy", "optuna", "hydra", "omegaconf"],
+        ),
+        # what the plot server imports besides matplotlib (report.PLOT_MODULES): no pandas, no replay
+        (["pacectl.metrics", "pacectl.energy", "pacectl.whatif"], ["torch", "pandas", "pyarrow", "scipy"]),
+        # replay, simulation and tuning never import torch
+        (["pacectl.backends.replay", "pacectl.backends.sim", "pacectl.tuning.study"], ["torch"]),
+    ],
+)
+def test_imports_leave_the_heavy_libraries_unimported(modules: list[str], absent: list[str]) -> None:
+    """Each library is imported where it is used; checked in a fresh interpreter's sys.modules."""
     import subprocess
     import sys
 
-    heavy = ["matplotlib", "torch", "pandas", "pyarrow", "scipy", "optuna", "hydra", "omegaconf"]
     code = (
-        f"import sys, pacectl.run; print(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))"
+        f"import sys; [__import__(m) for m in {modules!r}]; "
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({absent!r})))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -6,17 +6,22 @@ Usage (the artifact is not part of pacectl: bring it and its own environment fir
     python -m venv /tmp/wia-venv && /tmp/wia-venv/bin/pip install "pandas<3" scipy tqdm numpy ujson seaborn pyarrow pyyaml
     python experiments/bench/bench_vs_artifact.py --artifact ARTIFACT --artifact-python /tmp/wia-venv/bin/python
 
-Each trace is analysed by both commands, alternating, ``--repeat`` times each:
+Each trace is analysed by the three commands in turn, alternating, ``--repeat`` times each:
 
 - pacectl: ``python -m pacectl.run analysis=whatif trace=bytedance trace.path=... trace.meta=...``
   (load, the full analysis, ``whatif.json``, the heatmap and the timeline);
+- pacectl without its heatmap (``output.plots=false``): what the artifact's command writes (an
+  analysis and its JSON, no plot), like for like;
 - the artifact: ``python analyzer/wia.py --metadata ... --trace ... --dump-dir D --root D`` (its
   ``run_all.sh`` step one: the analysis and its result JSON; its heatmap, M_S and M_W are further
   commands not timed here).
 
+Each run's wall time, CPU time, peak resident set and the load when it started are recorded
+(:func:`_record.timed_command`).
+
 Traces: the shipped AR (DP 4 x PP 4 x TP 4, 64 GPUs) and ST (8 GPUs), and AR tiled to DP 8
 (128 GPUs) and DP 16 (256 GPUs) (:func:`pacectl.testing.synthetic.tiled_bytedance`). The record
-holds every run's wall time, the medians and their ratio (artifact / pacectl).
+holds every run's figures, the medians and their ratios (artifact / pacectl).
 """
 
 from __future__ import annotations
@@ -24,24 +29,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from _record import write_record
+from _record import timed_command, write_record
 
 HERE = Path(__file__).resolve().parents[2]
-
-
-def _timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    elapsed = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    return elapsed
 
 
 def main() -> None:
@@ -70,56 +64,51 @@ def main() -> None:
         ours_env = dict(os.environ, PYTHONPATH=str(HERE))
         theirs_env = dict(os.environ, PYTHONPATH=str(args.artifact))
         for label, (trace, meta) in traces.items():
-            ours, theirs = [], []
+            runs: dict[str, list[dict[str, float]]] = {"pacectl": [], "pacectl_noplots": [], "artifact": []}
             for i in range(args.repeat):
-                run_dir = Path(tmp) / f"pacectl-{len(rows)}-{i}"
-                ours.append(
-                    _timed(
-                        [
-                            sys.executable,
-                            "-m",
-                            "pacectl.run",
-                            "analysis=whatif",
-                            "trace=bytedance",
-                            f"trace.path={trace}",
-                            f"trace.meta={meta}",
-                            f"hydra.run.dir={run_dir}",
-                        ],
-                        Path(tmp),
-                        ours_env,
-                    )
-                )
+                for variant, extra in (("pacectl", []), ("pacectl_noplots", ["output.plots=false"])):
+                    run_dir = Path(tmp) / f"{variant}-{len(rows)}-{i}"
+                    command = [
+                        sys.executable,
+                        "-m",
+                        "pacectl.run",
+                        "analysis=whatif",
+                        "trace=bytedance",
+                        f"trace.path={trace}",
+                        f"trace.meta={meta}",
+                        *extra,
+                        f"hydra.run.dir={run_dir}",
+                    ]
+                    runs[variant].append(timed_command(command, cwd=Path(tmp), env=ours_env))
                 dump = Path(tmp) / f"wia-{len(rows)}-{i}"
-                theirs.append(
-                    _timed(
-                        [
-                            str(args.artifact_python),
-                            "analyzer/wia.py",
-                            "--metadata",
-                            meta,
-                            "--trace",
-                            trace,
-                            "--dump-dir",
-                            str(dump),
-                            "--root",
-                            str(dump),
-                        ],
-                        args.artifact,
-                        theirs_env,
-                    )
-                )
-            row = {
-                "trace": label,
-                "pacectl_s": ours,
-                "artifact_s": theirs,
-                "pacectl_median_s": statistics.median(ours),
-                "artifact_median_s": statistics.median(theirs),
-            }
-            row["artifact_over_pacectl"] = row["artifact_median_s"] / row["pacectl_median_s"]
+                wia = [
+                    str(args.artifact_python),
+                    "analyzer/wia.py",
+                    "--metadata",
+                    meta,
+                    "--trace",
+                    trace,
+                    "--dump-dir",
+                    str(dump),
+                    "--root",
+                    str(dump),
+                ]
+                runs["artifact"].append(timed_command(wia, cwd=args.artifact, env=theirs_env))
+            row: dict[str, object] = {"trace": label, **runs}
+            median = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
+            for k, v in runs.items():
+                row[f"{k}_median_s"] = median[k]
+                row[f"{k}_median_cpu_s"] = statistics.median(r["cpu_s"] for r in v)
+            row["artifact_over_pacectl"] = median["artifact"] / median["pacectl"]
+            row["artifact_over_pacectl_noplots"] = median["artifact"] / median["pacectl_noplots"]
+            loads = [r["load_1min"] for v in runs.values() for r in v]
+            row["load_1min_range"] = [min(loads), max(loads)]
             rows.append(row)
             print(
-                f"{label}: pacectl {row['pacectl_median_s']:.2f} s, artifact {row['artifact_median_s']:.2f} s "
-                f"(median of {args.repeat}, alternating): artifact / pacectl = {row['artifact_over_pacectl']:.2f}",
+                f"{label}: pacectl {median['pacectl']:.2f} s ({median['pacectl_noplots']:.2f} s without its "
+                f"heatmap), artifact {median['artifact']:.2f} s (median of {args.repeat}, alternating, load "
+                f"{min(loads):.1f}-{max(loads):.1f}): artifact / pacectl = {row['artifact_over_pacectl']:.2f} "
+                f"({row['artifact_over_pacectl_noplots']:.2f} without the heatmap)",
                 flush=True,
             )
     write_record(
@@ -128,7 +117,8 @@ def main() -> None:
         command="python experiments/bench/bench_vs_artifact.py " + " ".join(sys.argv[1:]),
         artifact="github.com/ByteDance-Seed/StragglerAnalysis (analyzer/wia.py, its own venv with pandas<3)",
         load_average_1_5_15=list(os.getloadavg()),
-        note="2-core machine shared with other agents: whole commands, alternating, so both see the same load",
+        note="2-core machine shared with other agents: whole commands, alternating, so both see the same load; "
+        "load_1min per run",
     )
 
 
