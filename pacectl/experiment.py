@@ -645,6 +645,8 @@ class MultiJobSimExperiment(_ClosedLoop):
             topology=topology,
             message_bytes=coll.message_bytes,
             controllers=tuple(CONTROLLERS),
+            per_job=cluster.get("per_job"),
+            cluster=self.cluster_name,
         )
         self.backend = MultiJobSimBackend(
             self.jobs,
@@ -690,12 +692,14 @@ class MultiJobSimExperiment(_ClosedLoop):
         from pacectl.config import shipped_controller
         from pacectl.loop import run_episode
 
-        run = controller_factory(family, params, self.cfg.guard)
+        # each job: the run's family or the one it pins, with its own parameters on top
         factories = [
-            run
+            controller_factory(family, job.params_for(family, params), self.cfg.guard)
             if job.controller is None
             else controller_factory(
-                job.controller, shipped_controller(job.controller, self.cfg), self.cfg.guard
+                job.controller,
+                job.params_for(job.controller, shipped_controller(job.controller, self.cfg)),
+                self.cfg.guard,
             )
             for job in self.jobs
         ]

@@ -356,6 +356,14 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
             "cluster.jobs.1 (b) claims ranks up to 71, which do not fit the fabric of 64 ranks",
         ),
         (["cluster.jobs.1.ranks=[7-15]"], "cluster.jobs.1 (b) claims rank 7, which job 'a' already runs on"),
+        (
+            ["+cluster.per_job.c.controller_params.phase.quiet_s=0.1"],
+            "cluster.per_job.c names no job of cluster=shared_uplink: its jobs are ['a', 'b']",
+        ),
+        (
+            ["+cluster.per_job.b.controller_params.phase.quiet_s=-1"],
+            "cluster.per_job.b.controller_params.phase.quiet_s must be > 0, got -1",
+        ),
     ],
 )
 def test_bad_jobs_get_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
@@ -472,6 +480,79 @@ def test_a_job_can_pin_its_own_controller() -> None:
     b = ep.domain_of_rank == 1
     assert ep.applied_delay_s[:, b].max() == 0.0
     assert ep.applied_delay_s[:, ~b].max() > 0.0
+
+
+def _composed(*overrides: str):  # type: ignore[no-untyped-def]
+    from hydra import compose, initialize_config_dir
+
+    from pacectl.config import CONF_DIR
+    from pacectl.experiment import make_experiment
+
+    base = ["backend=sim", "cluster=shared_uplink", "comm=contention", *overrides]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return make_experiment(compose(config_name="config", overrides=base))
+
+
+def test_per_job_sets_a_jobs_keys_and_its_controller_params_by_name() -> None:
+    """``+cluster.per_job.<job>.<key>``: b's own start, compute time (its noise kept: mappings merge)
+    and phase's quiet time for b only; a keeps the profile's values and the window minimum."""
+    experiment = _composed(
+        "backend.num_iterations=20",
+        "+cluster.per_job.b.start_s=0.2",
+        "+cluster.per_job.b.compute.compute_s=0.5",
+        "+cluster.per_job.b.controller_params.phase.quiet_s=0.191",
+    )
+    a, b = experiment.jobs
+    assert (b.start_s, b.compute.compute_s, len(b.compute.components)) == (0.2, 0.5, 2)
+    assert (a.start_s, a.compute.compute_s, a.controller_params) == (0.0, 0.3, {})
+    assert b.controller_params == {"phase": {"quiet_s": 0.191}}
+    assert experiment.describe()["sim"]["jobs"][1]["controller_params"] == {"phase": {"quiet_s": 0.191}}
+    ep = experiment.run("phase", {})
+    quiet = ep.diagnostics["quiet_s"][-1]
+    assert quiet[1] == 0.191 and quiet[0] != 0.191  # b's given, a's its window minimum
+    assert b.params_for("none", {}) == {}  # only the family they are for takes them
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "+cluster.per_job.bb.start_s=0.1",
+            r"cluster\.per_job\.bb names no job .* Did you mean cluster\.per_job\.b\?",
+        ),
+        ("+cluster.per_job.b.name=c", r"cluster\.per_job\.b has unknown key\(s\) \['name'\]"),
+        ("+cluster.per_job.b.start_s=-1", r"cluster\.per_job\.b\.start_s must be a finite number >= 0"),
+        (
+            "+cluster.per_job.b.controller_params.phaze.quiet_s=0.1",
+            r"cluster\.per_job\.b\.controller_params\.phaze: 'phaze' is not a controller family \(did you mean 'phase'",
+        ),
+        (
+            "+cluster.per_job.b.controller_params.phase.quiet=0.1",
+            r"cluster\.per_job\.b\.controller_params\.phase has unknown key\(s\) \['quiet'\].*quiet_s",
+        ),
+        (
+            "+cluster.jobs.1.controller_params.phase.gain=3",
+            r"cluster\.jobs\.1\.controller_params\.phase\.gain must be in \(0, 2\]",
+        ),
+    ],
+)
+def test_per_job_bad_input_names_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _composed(override)
+
+
+def test_per_job_on_a_profile_without_jobs_is_refused() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from pacectl.config import CONF_DIR
+    from pacectl.experiment import make_experiment
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["backend=sim", "+cluster.per_job.a.start_s=0.1"])
+        with pytest.raises(
+            ConfigError, match=r"cluster\.per_job sets keys of named jobs, but cluster=\S+ places no jobs"
+        ):
+            make_experiment(cfg)
 
 
 # --- the study script ---------------------------------------------------------------------------------

@@ -232,7 +232,8 @@ def test_phase_switches_off_when_its_shifts_do_not_pay() -> None:
 
 def test_phase_stays_on_when_its_shift_pays() -> None:
     """Commensurate periods: one shift, then quiet collectives: the judged window costs less than the
-    collided baseline, so the controller stays on and corrects a later collision."""
+    collided baseline, so the controller commits (explore-then-commit): it is judged no more, and
+    corrects later collisions however much they cost."""
     c = PhaseController(shift_prob=1.0, quiet_s=0.10, switch_off_iters=4)
     c.reset(4, np.random.default_rng(1))
     for k in range(4):
@@ -245,6 +246,9 @@ def test_phase_stays_on_when_its_shift_pays() -> None:
     assert d["switch_offs"] == 0.0 and d["shifts_allowed"] == 1.0
     assert d["trial_cost_s"] < d["baseline_cost_s"]
     assert _paid(c, 12, 0.15, 0.0) == pytest.approx(0.05)  # a drift back into overlap is corrected
+    for k in range(13, 40):  # windows costlier than the baseline no longer switch it off
+        _paid(c, k, 0.30, 0.2)
+    assert c.diagnostics()["switch_offs"] == 0.0 and c.diagnostics()["shifts_allowed"] == 1.0
 
 
 def test_phase_reprobes_after_reprobe_iters_off() -> None:

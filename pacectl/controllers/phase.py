@@ -46,11 +46,11 @@ Update rule, per decision on the observation of iteration ``k`` (all times in se
    judges that on its own figures, the cost ``x_k = c_k + max_r applied_delay_r`` (the part of its
    iteration that its shifts and the fabric decide: the iteration less its compute, which a shift
    does not change). The first ``switch_off_iters`` observations are an unpaced baseline (no shift;
-   their mean cost ``B``). Then, per window of ``switch_off_iters`` observations with the rule above in
-   force, the mean cost ``P`` is compared with ``B``: ``P < B`` keeps the controller on for the next
-   window; ``P >= B`` (no gain) switches it off, zero delay from then on. With ``reprobe_iters``
-   set, after that many observations off it measures a fresh baseline and tries again; None
-   (default) stays off for the run.
+   their mean cost ``B``); the next ``switch_off_iters``, with the rule above in force, are the
+   judged window (mean cost ``P``). ``P < B``: the shifts paid, and the controller stays on for
+   the rest of the run, judged no more; ``P >= B`` (no gain): it switches off, zero delay from then
+   on. With ``reprobe_iters`` set, after that many observations off it measures a fresh baseline
+   and judges again; None (default) stays off for the run.
 
 Once the jobs interleave, no collective is slowed and the delay stays zero: the controller holds
 the phase it found. Compute noise makes jobs' phases drift; a drift back into overlap is corrected
@@ -77,12 +77,13 @@ Why this switch-off, and its sources: the reference paper's coordination layer (
 "When Scaling Fails", ``/work/shared/DESIGN.md``) switches itself off once the arrival spread is
 back under its threshold; a job-level shift has no spread to watch, so the switch-off here is on
 the benefit itself, measured against the job's own unpaced baseline. Measuring the unpaced arm
-for a fixed window, then the paced one, and keeping the better is the explore-then-commit strategy
-of bandit problems (Garivier, Lattimore, Kaufmann, "On Explore-Then-Commit Strategies", NeurIPS
-2016), here with one comparison per window and no confidence bound: a window is long against the
-beat of the jobs' periods, but noise can still switch a paying job off; that forgoes the rest of
-its gain, and the shifts made before it stay made (at 2:1 some seeds then end below no pacing,
-``experiments/multi_job/README.md``). Cassini's
+for a fixed window, then the paced one, and committing to the better is the explore-then-commit
+strategy of bandit problems (Garivier, Lattimore, Kaufmann, "On Explore-Then-Commit Strategies",
+NeurIPS 2016), here with one window per arm and no confidence bound: a window is long against the
+beat of the jobs' periods, but noise can still switch a paying job off, which forgoes its gain
+(the shifts made before it stay made). Judging once and committing, rather than judging every
+window against the one baseline, matters over long runs: every further comparison is another
+chance of a false switch-off (``experiments/multi_job/README.md``, "The switch-off"). Cassini's
 own answer to incompatible periods is not to pair such jobs on a link (its compatibility score),
 which a job alone cannot do; stopping its shifts is what it can do.
 
@@ -134,7 +135,7 @@ class PhaseController(BaseController):
             controller's (:func:`pacectl.controllers.fill_schedule`).
         hold_iters: iterations a decision stays in force, >= 1 (``auto``: the run's
             ``exchange.every_iters`` / live ``gather_every``); the shift is spread over them.
-        switch_off_iters: observations of the unpaced baseline window and of each judged window of
+        switch_off_iters: observations of the unpaced baseline window and of the judged window of
             the switch-off (rule 5), >= 1 (default 100); None: never switch off, shift whenever slowed.
         reprobe_iters: observations the switch-off lasts before it measures a fresh baseline and
             tries again, >= 1; None (default): off for the rest of the run.
@@ -144,7 +145,8 @@ class PhaseController(BaseController):
 
     Diagnostics: ``active`` (1.0 when the last decision shifted), ``quiet_s`` (the quiet time in use),
     ``excess_frac`` (``e_k / q_k``), ``shifts`` (shifts so far), ``cooldown`` (observations still
-    skipped), ``shifts_allowed`` (1.0 while shifts are allowed: no switch-off, or a judged window),
+    skipped), ``shifts_allowed`` (1.0 while shifts are allowed: no switch-off, the judged window, or
+    committed after it),
     ``switch_offs`` (times rule 5 switched it off), ``baseline_cost_s`` and ``trial_cost_s``
     (the last baseline and judged windows' mean cost ``B`` and ``P``, seconds; 0 before the first).
 
@@ -182,7 +184,8 @@ class PhaseController(BaseController):
         self._shifts = 0
         self._cooldown = 0
         self._active = False
-        # switch-off (rule 5): "baseline" (unpaced, measuring), "on" (judged per window), "off" (zero delay)
+        # switch-off (rule 5): "baseline" (unpaced, measuring) -> "judged" (shifting, measuring) ->
+        # "on" (committed: shifting, judged no more) or "off" (zero delay; -> "baseline" on a reprobe)
         self._state = "on" if self.switch_off_iters is None else "baseline"
         self._window_cost = 0.0
         self._window_count = 0
@@ -193,7 +196,7 @@ class PhaseController(BaseController):
 
     def _judge(self, obs: Observation) -> None:
         """Advance the switch-off (module docstring, rule 5) on this observation's cost."""
-        if self.switch_off_iters is None:
+        if self._state == "on":
             return
         if self._state == "off":
             self._off_count += 1
@@ -208,10 +211,12 @@ class PhaseController(BaseController):
         mean = self._window_cost / self._window_count
         self._window_cost, self._window_count = 0.0, 0
         if self._state == "baseline":
-            self._baseline_cost_s, self._state = mean, "on"
+            self._baseline_cost_s, self._state = mean, "judged"
             return
         self._trial_cost_s = mean
-        if mean >= self._baseline_cost_s:  # no gain against the unpaced baseline: switch off
+        if mean < self._baseline_cost_s * (1.0 - 1e-9):  # the shifts paid (beyond rounding): commit
+            self._state = "on"
+        else:  # no gain against the unpaced baseline: switch off
             self._state, self._off_count = "off", 0
             self._switch_offs += 1
             self._cooldown = 0
@@ -226,7 +231,7 @@ class PhaseController(BaseController):
         self._active = False
         delay = np.zeros_like(natural_arrival_s)
         self._judge(obs)
-        if self._state != "on":
+        if self._state not in ("on", "judged"):
             return delay
         if self._cooldown > 0:
             self._cooldown -= 1
@@ -245,7 +250,7 @@ class PhaseController(BaseController):
             "excess_frac": self._excess_frac,
             "shifts": float(self._shifts),
             "cooldown": float(self._cooldown),
-            "shifts_allowed": float(self._state == "on"),
+            "shifts_allowed": float(self._state in ("on", "judged")),
             "switch_offs": float(self._switch_offs),
             "baseline_cost_s": 0.0 if math.isnan(self._baseline_cost_s) else self._baseline_cost_s,
             "trial_cost_s": 0.0 if math.isnan(self._trial_cost_s) else self._trial_cost_s,

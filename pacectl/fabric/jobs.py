@@ -10,6 +10,19 @@ A cluster profile places jobs with a ``jobs`` list (``conf/cluster/shared_uplink
         message_bytes: 5.0e9         # optional: the profile's collective.message_bytes
         start_s: 0.0                 # optional: when the job's first iteration starts, seconds
         controller: null             # optional: a family pinned for this job (default: the run's)
+        controller_params:           # optional: parameters of a family for this job only, replacing
+          phase: {quiet_s: 0.0956}   #   the run's (used in the runs where the job runs that family)
+
+Any of a job's keys but its name can also be set by the job's name, on the command line or in a
+profile, with ``cluster.per_job.<job>.<key>`` (a Hydra ``+`` override: the shipped profiles set no
+``per_job``)::
+
+    python -m pacectl.run backend=sim cluster=shared_uplink comm=contention controller=phase \
+        +cluster.per_job.a.controller_params.phase.quiet_s=0.0956 \
+        +cluster.per_job.b.controller_params.phase.quiet_s=0.191 +cluster.per_job.b.start_s=0.2
+
+Mappings merge into the job's own (``per_job.b.compute.compute_s`` keeps b's noise); a name that is
+no job's is one line that lists the jobs.
 
 The fabric holds ``backend.num_ranks`` ranks (``ranks_per_node`` per node, ``nodes_per_leaf`` per
 leaf); every job's ranks must lie in it, and no rank may belong to two jobs. A job's inter-node
@@ -28,20 +41,20 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from pacectl.errors import ConfigError, unknown_keys_error
+from pacectl.errors import ConfigError, did_you_mean, unknown_keys_error
 from pacectl.fabric.noise import ComputeModel
 from pacectl.fabric.topology import FatTree
 
 FloatArray = NDArray[np.float64]
 
 #: Keys of one ``cluster.jobs`` entry.
-JOB_KEYS = ("name", "ranks", "compute", "message_bytes", "start_s", "controller")
+JOB_KEYS = ("name", "ranks", "compute", "message_bytes", "start_s", "controller", "controller_params")
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 
 
@@ -56,6 +69,8 @@ class JobSpec:
         message_bytes: gradient bytes per rank per iteration.
         start_s: when its first iteration starts, seconds from the episode's start.
         controller: a controller family pinned for this job, or None (the run's controller).
+        controller_params: family -> parameters that replace the run's for this job, in the runs
+            where the job runs that family (``phase``: its own ``quiet_s``).
     """
 
     name: str
@@ -64,6 +79,11 @@ class JobSpec:
     message_bytes: float
     start_s: float = 0.0
     controller: str | None = None
+    controller_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def params_for(self, family: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` of ``family`` with this job's own (``controller_params``) on top."""
+        return {**params, **self.controller_params.get(family, {})}
 
     def nodes(self, ranks_per_node: int) -> tuple[int, ...]:
         """The job's nodes, in the order its ranks first name them."""
@@ -121,6 +141,76 @@ def _span(ranks: Sequence[int]) -> str:
     return f"{min(ranks)}-{max(ranks)}" if len(ranks) > 1 else str(ranks[0])
 
 
+def _merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra`` on top, mappings merged key by key (at every level)."""
+    out = dict(base)
+    for key, value in extra.items():
+        old = out.get(key)
+        out[key] = _merged(old, value) if isinstance(old, Mapping) and isinstance(value, Mapping) else value
+    return out
+
+
+def _per_job(per_job: object, names: Sequence[str], cluster: str) -> Mapping[str, Mapping[str, Any]]:
+    """The ``cluster.per_job`` mapping, checked: every key a job's name, every value a job's keys."""
+    if per_job is None:
+        return {}
+    example = f"+cluster.per_job.{names[0]}.start_s=0.1" if names else "+cluster.per_job.a.start_s=0.1"
+    if not isinstance(per_job, Mapping):
+        raise ConfigError(
+            f"cluster.per_job must be a mapping from a job's name to its keys, got {per_job!r}; e.g. {example}"
+        )
+    for name, keys in per_job.items():
+        if name not in names:
+            close = did_you_mean(str(name), names)
+            hint = f" Did you mean cluster.per_job.{close}?" if close else ""
+            raise ConfigError(
+                f"cluster.per_job.{name} names no job of cluster={cluster}: its jobs are {list(names)}.{hint} "
+                f"Name one of them, e.g. {example}"
+            )
+        if not isinstance(keys, Mapping):
+            raise ConfigError(
+                f"cluster.per_job.{name} must be a mapping of job {name}'s keys, got {keys!r}; e.g. {example}"
+            )
+        if any(k not in JOB_KEYS or k == "name" for k in keys):
+            raise unknown_keys_error(f"cluster.per_job.{name}", keys, [k for k in JOB_KEYS if k != "name"])
+    return per_job
+
+
+def _controller_params(value: object, where: str, controllers: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """A job's ``controller_params`` (family -> parameters), each family's checked as its config is."""
+    example = f"{where}.phase.quiet_s=0.0956"
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"{where} must be a mapping from a controller family to its parameters for this job, "
+            f"got {value!r}; e.g. {example}"
+        )
+    out: dict[str, dict[str, Any]] = {}
+    for family, params in value.items():
+        if controllers and family not in controllers:
+            close = did_you_mean(str(family), controllers)
+            hint = f" (did you mean {close!r}?)" if close else ""
+            raise ConfigError(
+                f"{where}.{family}: {family!r} is not a controller family{hint}; the families are "
+                f"{sorted(controllers)}, e.g. {example}"
+            )
+        if not isinstance(params, Mapping):
+            raise ConfigError(
+                f"{where}.{family} must be a mapping of {family}'s parameters, got {params!r}; e.g. {example}"
+            )
+        if controllers:
+            from pacectl.controllers import FAMILIES
+
+            cls = FAMILIES[str(family)].cls
+            known = FAMILIES[str(family)].params
+            if any(k not in known for k in params):
+                raise unknown_keys_error(f"{where}.{family}", params, known)
+            type(cls.__name__, (cls,), {"section": f"{where}.{family}", "owner": None})(**params)  # types, ranges
+        out[str(family)] = dict(params)
+    return out
+
+
 def parse_jobs(
     value: object,
     *,
@@ -128,19 +218,25 @@ def parse_jobs(
     topology: FatTree,
     message_bytes: float,
     controllers: Sequence[str] = (),
+    per_job: object = None,
+    cluster: str = "?",
 ) -> tuple[JobSpec, ...]:
-    """The jobs of ``cluster.jobs``, checked against the fabric.
+    """The jobs of ``cluster.jobs``, checked against the fabric, with ``cluster.per_job`` on top.
 
     Args:
         value: the ``cluster.jobs`` list (plain containers).
         fabric_ranks: ranks the fabric holds (``backend.num_ranks``).
         topology: the fabric.
         message_bytes: a job's message size when it sets none (``cluster.collective.message_bytes``).
-        controllers: the known controller families (to check a pinned one); empty: not checked.
+        controllers: the known controller families (to check a pinned one and ``controller_params``);
+            empty: not checked.
+        per_job: the ``cluster.per_job`` mapping (a job's name -> its keys to set), or None.
+        cluster: the profile's name, for messages.
 
     Raises:
-        ConfigError: one line naming ``cluster.jobs.<i>.<key>``, what was expected and a fix; among
-            them a job whose ranks do not fit the fabric and a rank claimed by two jobs.
+        ConfigError: one line naming ``cluster.jobs.<i>.<key>`` (or ``cluster.per_job.<job>.<key>``
+            for a value set there), what was expected and a fix; among them a job whose ranks do not
+            fit the fabric, a rank claimed by two jobs and a ``per_job`` name that is no job's.
     """
     from pacectl.fabric.profile import compute_section
 
@@ -152,45 +248,53 @@ def parse_jobs(
     jobs: list[JobSpec] = []
     owner: dict[int, str] = {}
     nodes = math.ceil(fabric_ranks / topology.ranks_per_node)
+    names = [str(r.get("name", f"job{i}")) if isinstance(r, Mapping) else "" for i, r in enumerate(value)]
+    overrides = _per_job(per_job, names, cluster)
     for i, raw in enumerate(value):
-        where = f"cluster.jobs.{i}"
         if not isinstance(raw, Mapping):
-            raise ConfigError(f"{where} must be a mapping with name, ranks and compute, got {raw!r}")
+            raise ConfigError(f"cluster.jobs.{i} must be a mapping with name, ranks and compute, got {raw!r}")
         if any(k not in JOB_KEYS for k in raw):
-            raise unknown_keys_error(where, raw, JOB_KEYS)
+            raise unknown_keys_error(f"cluster.jobs.{i}", raw, JOB_KEYS)
+        extra = overrides.get(str(raw.get("name", f"job{i}")), {})
+        raw = _merged(raw, extra)
         name = raw.get("name", f"job{i}")
+
+        def at(key: str, name: object = name, i: int = i, extra: Mapping[str, Any] = extra) -> str:
+            """``key`` where its value was set: in the job's entry, or in ``cluster.per_job.<job>``."""
+            return f"cluster.per_job.{name}.{key}" if key in extra else f"cluster.jobs.{i}.{key}"
+
         if not isinstance(name, str) or not name.isidentifier():
             raise ConfigError(
-                f"{where}.name must be a name of letters, digits and _, got {name!r}; e.g. {where}.name=a"
+                f"{at('name')} must be a name of letters, digits and _, got {name!r}; e.g. {at('name')}=a"
             )
         if any(j.name == name for j in jobs):
             raise ConfigError(
-                f"{where}.name {name!r} is already the name of another job; give each job its own"
+                f"{at('name')} {name!r} is already the name of another job; give each job its own"
             )
         if "ranks" not in raw:
             raise ConfigError(
-                f"{where}.ranks must be set (the job's global ranks); e.g. {where}.ranks=[0-7,16-23]"
+                f"{at('ranks')} must be set (the job's global ranks); e.g. {at('ranks')}=[0-7,16-23]"
             )
-        ranks = _ranks(raw["ranks"], f"{where}.ranks")
+        ranks = _ranks(raw["ranks"], at("ranks"))
         outside = [r for r in ranks if r >= fabric_ranks]
         if outside:
             raise ConfigError(
-                f"{where} ({name}) claims ranks up to {max(outside)}, which do not fit the fabric of "
+                f"{at('ranks').rsplit('.', 1)[0]} ({name}) claims ranks up to {max(outside)}, which do not fit the fabric of "
                 f"{fabric_ranks} ranks (backend.num_ranks={fabric_ranks}: {nodes} node(s) of "
                 f"{topology.ranks_per_node}); place the job on ranks below {fabric_ranks} or raise backend.num_ranks"
             )
         for r in ranks:
             if r in owner:
                 raise ConfigError(
-                    f"{where} ({name}) claims rank {r}, which job {owner[r]!r} already runs on: two jobs "
-                    f"cannot share a rank; give {where}.ranks ranks no other job lists (now {_span(ranks)})"
+                    f"{at('ranks').rsplit('.', 1)[0]} ({name}) claims rank {r}, which job {owner[r]!r} already runs on: two jobs "
+                    f"cannot share a rank; give {at('ranks')} ranks no other job lists (now {_span(ranks)})"
                 )
             owner[r] = name
         if "compute" not in raw:
             raise ConfigError(
-                f"{where}.compute must be set (compute_s and noise of the job); e.g. {where}.compute.compute_s=0.3"
+                f"{at('compute')} must be set (compute_s and noise of the job); e.g. {at('compute')}.compute_s=0.3"
             )
-        compute = compute_section(raw["compute"], f"{where}.compute")
+        compute = compute_section(raw["compute"], at("compute"))
         msg = raw.get("message_bytes", message_bytes)
         if (
             isinstance(msg, bool)
@@ -198,7 +302,7 @@ def parse_jobs(
             or not (math.isfinite(msg) and msg >= 0)
         ):
             raise ConfigError(
-                f"{where}.message_bytes must be a finite number >= 0 bytes, got {msg!r}; e.g. {where}.message_bytes=5.0e9"
+                f"{at('message_bytes')} must be a finite number >= 0 bytes, got {msg!r}; e.g. {at('message_bytes')}=5.0e9"
             )
         start = raw.get("start_s", 0.0)
         if (
@@ -207,17 +311,18 @@ def parse_jobs(
             or not (math.isfinite(start) and start >= 0)
         ):
             raise ConfigError(
-                f"{where}.start_s must be a finite number >= 0 seconds, got {start!r}; e.g. {where}.start_s=0.1"
+                f"{at('start_s')} must be a finite number >= 0 seconds, got {start!r}; e.g. {at('start_s')}=0.1"
             )
         pinned = raw.get("controller")
         if pinned is not None and (
             not isinstance(pinned, str) or (controllers and pinned not in controllers)
         ):
             raise ConfigError(
-                f"{where}.controller must be null (the run's controller) or one of {sorted(controllers)}, "
-                f"got {pinned!r}; e.g. {where}.controller=none"
+                f"{at('controller')} must be null (the run's controller) or one of {sorted(controllers)}, "
+                f"got {pinned!r}; e.g. {at('controller')}=none"
             )
-        jobs.append(JobSpec(str(name), ranks, compute, float(msg), float(start), pinned))
+        params = _controller_params(raw.get("controller_params"), at("controller_params"), controllers)
+        jobs.append(JobSpec(str(name), ranks, compute, float(msg), float(start), pinned, params))
     return tuple(jobs)
 
 
@@ -286,6 +391,7 @@ def describe_jobs(
                 "quiet_comm_duty": fab.quiet_s / (job.compute.compute_s + fab.quiet_s),
                 "start_s": job.start_s,
                 "controller": job.controller,
+                "controller_params": {f: dict(p) for f, p in job.controller_params.items()},
             }
         )
     return out

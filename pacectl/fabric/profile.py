@@ -293,10 +293,17 @@ class ClusterConfig(Checked):
     compute: Compute = field(default_factory=lambda: Compute(compute_s=0.5))
     traces: list[Any] = field(default_factory=list)
     jobs: list[Any] | None = None
+    #: a job's keys set by its name (``+cluster.per_job.<job>.<key>``): parse_jobs checks them
+    per_job: dict[str, Any] | None = None
     tune_sim: Scenario = field(default_factory=Scenario)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.per_job and not self.jobs:
+            raise ConfigError(
+                f"cluster.per_job sets keys of named jobs, but cluster={self.name} places no jobs "
+                "(no cluster.jobs): use a profile with several jobs (cluster=shared_uplink) or remove cluster.per_job"
+            )
         power_profile(self.power, key="cluster.power")  # the name, with a did-you-mean
 
     def interference_model(self) -> EarlyArrivalInterference:
