@@ -294,7 +294,7 @@ class ClusterConfig(Checked):
     traces: list[Any] = field(default_factory=list)
     jobs: list[Any] | None = None
     #: a job's keys set by its name (``+cluster.per_job.<job>.<key>``): parse_jobs checks them
-    per_job: dict[str, Any] | None = None
+    per_job: dict[str, Any] = field(default_factory=dict)
     tune_sim: Scenario = field(default_factory=Scenario)
 
     def __post_init__(self) -> None:
