@@ -234,6 +234,7 @@ GOLDEN_PROFILES = Path(__file__).resolve().parent / "golden" / "cluster_profiles
 ADDED_DEFAULTS = {
     ("cross_traffic", "stagger"): 0.37,
     ("jobs",): None,
+    ("per_job",): {},
     ("tune_sim",): {
         "num_ranks": 32,
         "num_iterations": 150,
