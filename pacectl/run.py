@@ -656,5 +656,27 @@ def _check_config(cfg: DictConfig) -> None:
         _check_memory(rows, with_parquet, announce=False)
 
 
+def exit_now(status: int) -> None:
+    """End the process with ``status`` once a command is done, skipping the interpreter's teardown.
+
+    The atexit handlers run (logging's flush among them) and stdout and stderr are flushed, then
+    ``os._exit``: what is skipped is freeing every module and object one by one, about 0.1-0.2 s
+    after a run with pandas, pyarrow, Hydra and a trace loaded, with nothing left to write (every
+    output is written and closed, atomically, before :func:`main` returns). Where another
+    non-daemon thread still runs, it exits the usual way (``sys.exit``), which waits for it.
+    """
+    import atexit
+    import os
+    import threading
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(status)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing more can be said
+            stream.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -270,5 +270,14 @@ def test_t_quantile_without_scipy_stats_is_bit_identical() -> None:
 
     from pacectl.metrics import _t975
 
-    for dof in (1, 2, 3, 7, 30, 99, 1000, 123457):
+    for dof in (1, 2, 3, 7, 30, 99, 1000, 2048, 2049, 123457):
         assert _t975(dof) == float(stats.t.ppf(0.975, dof))
+
+
+def test_t_quantile_table_is_scipys_bit_for_bit() -> None:
+    """Every value of the table _t975 reads is the installed scipy's (regenerate: python -m pacectl._t975)."""
+    from scipy.special import stdtrit
+
+    from pacectl._t975 import T975
+
+    assert T975 == tuple(float(stdtrit(dof, 0.975)) for dof in range(1, len(T975) + 1))
