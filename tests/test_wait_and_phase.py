@@ -251,6 +251,28 @@ def test_phase_stays_on_when_its_shift_pays() -> None:
     assert c.diagnostics()["switch_offs"] == 0.0 and c.diagnostics()["shifts_allowed"] == 1.0
 
 
+def test_phase_futility_stop_ends_a_costly_judged_window_early() -> None:
+    """futility_z (opt-in): once a quarter of the judged window is in, a running cost above the
+    baseline's by more than futility_z baseline standard errors switches the controller off before
+    the window ends; without it (the default) the same figures keep it shifting to the window's end."""
+
+    def run(futility_z: float | None) -> list[float]:
+        c = PhaseController(shift_prob=1.0, quiet_s=0.10, switch_off_iters=8, futility_z=futility_z)
+        c.reset(4, np.random.default_rng(1))
+        for k in range(8):  # baseline: mean 0.16, sd about 0.011
+            _paid(c, k, 0.15 if k % 2 else 0.17, 0.0)
+        delays = [0.0]
+        for k in range(8, 12):  # shifted by the excess each time, and slowed again
+            delays.append(_paid(c, k, 0.16, delays[-1]))
+        return delays
+
+    stopped = run(2.0)
+    assert stopped[1] == pytest.approx(0.06) and stopped[2:] == [0.0, 0.0, 0.0]  # off at judged obs 2
+    assert run(None)[1:] == pytest.approx([0.06] * 4)
+    with pytest.raises(ConfigError, match=r"futility_z must be"):
+        PhaseController(futility_z=0.0)
+
+
 def test_phase_reprobes_after_reprobe_iters_off() -> None:
     """With reprobe_iters set, a switched-off controller measures a fresh unpaced baseline after that
     many observations and judges again; reset clears the switch-off."""

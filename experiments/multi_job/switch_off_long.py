@@ -48,8 +48,11 @@ LENGTHS = (500, 2000)
 ARMS = {"phase": {}, "phase_no_switch_off": {"switch_off_iters": None}}
 
 
-def cell(name: str, *, iterations: int, seed: int) -> dict[str, float]:
-    """Summed throughput change against none of each arm, one scenario, one length, one seed."""
+def cell(
+    name: str, *, iterations: int, seed: int, arms: dict[str, dict[str, object]] = ARMS
+) -> dict[str, float]:
+    """Summed throughput change against none of each arm (``phase`` with these parameters), one
+    scenario, one length, one seed."""
     overrides, _ = run_study.SCENARIOS[name]
     rng = np.random.default_rng([seed, 99])  # the study's offsets for this seed
     probe = make_experiment(run_study._cfg(overrides, iterations=2, seed=seed, offsets=[], families=[]))
@@ -65,7 +68,7 @@ def cell(name: str, *, iterations: int, seed: int) -> dict[str, float]:
         base = metrics.summarize(experiment.run("none", {}))["throughput_it_per_s"]
         return {
             arm: metrics.summarize(experiment.run("phase", params))["throughput_it_per_s"] / base - 1
-            for arm, params in ARMS.items()
+            for arm, params in arms.items()
         }
 
 

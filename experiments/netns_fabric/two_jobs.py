@@ -60,7 +60,7 @@ import numpy as np  # noqa: E402
 
 JOBS = ("a", "b")
 PORTS = {"a": 29611, "b": 29612}
-PER_RANK = ("threshold", "pid", "quantile", "forecast")
+PER_RANK = ("threshold", "pid", "ewma", "quantile", "forecast")
 
 
 # --- inside a rank ------------------------------------------------------------------------------
