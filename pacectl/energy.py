@@ -106,6 +106,19 @@ def wait_sleeps(ep: Episode) -> NDArray[np.bool_]:
 def state_times(ep: Episode) -> dict[str, FloatArray]:
     """Rank-seconds of every state of :data:`~pacectl.fabric.power.STATES` (see the module docstring),
     each ``float64[num_iterations, num_ranks]``."""
+    times = _states(ep)
+    return {s: np.zeros(ep.arrival_s.shape) if t is None else t for s, t in times.items()}
+
+
+def _per_rank(ep: Episode, values: FloatArray) -> FloatArray:
+    """``float64[num_iterations, num_domains]`` as each rank's column: ``[num_iterations, 1]``, which
+    broadcasts, where there is one domain (the same values without gathering a copy)."""
+    return values[:, :1] if ep.num_domains == 1 else values[:, ep.domain_of_rank]
+
+
+def _states(ep: Episode) -> dict[str, FloatArray | None]:
+    """:func:`state_times`, with None for a state that is 0 everywhere (the sleeping wait when no
+    rank slept): the same values, without building and summing arrays of zeros."""
     if ep.domain_iteration_time_s is not None:  # domains with their own clocks: each rank's own
         iteration = np.asarray(ep.domain_iteration_time_s, dtype=np.float64)[:, ep.domain_of_rank]
     else:
@@ -113,17 +126,43 @@ def state_times(ep: Episode) -> dict[str, FloatArray]:
     compute = np.maximum(_or(ep.compute_s, ep.natural_arrival_s), 0.0)
     sleep = np.maximum(_or(ep.sleep_s, ep.applied_delay_s), 0.0)
     wait = np.maximum(np.asarray(ep.wait_s, dtype=np.float64), 0.0)
-    sleeping = wait_sleeps(ep)
-    transfer = np.maximum(np.asarray(ep.collective_time_s, dtype=np.float64)[:, ep.domain_of_rank], 0.0)
-    other = np.maximum(iteration - compute - sleep - wait - transfer, 0.0)
+    # each rank's domain's transfer; in Fortran order, the layout of the gather
+    # ``collective_time_s[:, domain_of_rank]`` this replaces, so that its sums add in the same order
+    transfer = np.empty(wait.shape, order="F")
+    transfer[...] = _per_rank(ep, np.maximum(np.asarray(ep.collective_time_s, dtype=np.float64), 0.0))
+    other = iteration - compute  # iteration - compute - sleep - wait - transfer, in that order
+    other -= sleep
+    other -= wait
+    other -= transfer
+    np.maximum(other, 0.0, out=other)
+    if ep.wait_asleep is None or not np.asarray(ep.wait_asleep).any():
+        spin_wait: FloatArray | None = wait
+        sleep_wait: FloatArray | None = None
+    else:
+        sleeping = wait_sleeps(ep)
+        spin_wait, sleep_wait = np.where(sleeping, 0.0, wait), np.where(sleeping, wait, 0.0)
     return {
         "compute": compute,
         "transfer": transfer,
-        "spin_wait": np.where(sleeping, 0.0, wait),
-        "sleep_wait": np.where(sleeping, wait, 0.0),
+        "spin_wait": spin_wait,
+        "sleep_wait": sleep_wait,
         "pacing_sleep": sleep,
         "other": other,
     }
+
+
+def _compute_energy_j(ep: Episode, compute: FloatArray, profile: PowerProfile) -> FloatArray:
+    """``float64[num_iterations, num_ranks]`` joules of compute (module docstring): the backend's
+    own where it integrated it; else ``P(clock)`` on the slowed compute and the highest clock's
+    power on the rest (all of it where nothing was slowed: ``slow_compute_s`` None)."""
+    if ep.compute_energy_j is not None:
+        return np.asarray(ep.compute_energy_j, dtype=np.float64)
+    full = profile.state_power_w()["compute"]
+    if ep.slow_compute_s is None:  # P(clock) * 0 + full * (compute - 0): the same values
+        return compute * full
+    slow = np.minimum(np.asarray(ep.slow_compute_s, dtype=np.float64), compute)
+    clock = _or(ep.clock_frac, np.ones_like(compute))
+    return profile.compute_power_w(clock) * slow + full * (compute - slow)
 
 
 def account(ep: Episode, profile: PowerProfile) -> EnergyAccount:
@@ -139,18 +178,16 @@ def account(ep: Episode, profile: PowerProfile) -> EnergyAccount:
     times = state_times(ep)
     power = profile.state_power_w()
     energy = {s: times[s] * power[s] for s in STATES if s != "compute"}
-    if ep.compute_energy_j is not None:
-        energy["compute"] = np.asarray(ep.compute_energy_j, dtype=np.float64)
-    else:
-        compute = times["compute"]
-        slow = np.minimum(_or(ep.slow_compute_s, np.zeros_like(compute)), compute)
-        clock = _or(ep.clock_frac, np.ones_like(compute))
-        energy["compute"] = profile.compute_power_w(clock) * slow + power["compute"] * (compute - slow)
+    energy["compute"] = _compute_energy_j(ep, times["compute"], profile)
     return EnergyAccount(profile=profile.name, time_s=times, energy_j=energy)
 
 
 def energy_totals(ep: Episode, profile: PowerProfile, *, oracle: bool = False) -> EnergyTotals:
     """Reduce the energy account of ``ep`` (whole, or one block of its iterations) under ``profile``.
+
+    The reductions of :func:`account`'s arrays, bit for bit (``tests/test_energy.py``), made
+    without keeping every state's energy array: each is summed and added to the total as it is
+    made, and a state that is 0 everywhere is not built.
 
     Args:
         ep: an episode with its per-rank arrays.
@@ -160,14 +197,28 @@ def energy_totals(ep: Episode, profile: PowerProfile, *, oracle: bool = False) -
     Returns:
         The :class:`EnergyTotals`.
     """
-    acc = account(ep, profile)
-    total = acc.total_j
+    times = _states(ep)
+    power = profile.state_power_w()
+    compute = times["compute"]
+    assert compute is not None
+    total = _compute_energy_j(ep, compute, profile)
+    energy_j = {"compute": float(total.sum())}
+    if total is ep.compute_energy_j:
+        total = total.copy()
+    for state in STATES[1:]:  # in order: the total is their sum in STATES' order
+        t = times[state]
+        if t is None:  # 0 everywhere: adds nothing (and sums to 0.0)
+            energy_j[state] = 0.0
+            continue
+        e = t * power[state]  # in t's layout, which sets the order of its sum
+        energy_j[state] = float(e.sum())
+        total += e
     return EnergyTotals(
         profile=profile.name,
         per_iteration_j=total.sum(axis=1),
         per_rank_j=total.sum(axis=0),
-        energy_j={s: float(acc.energy_j[s].sum()) for s in STATES},
-        time_s={s: float(acc.time_s[s].sum()) for s in STATES},
+        energy_j=energy_j,
+        time_s={s: 0.0 if t is None else float(t.sum()) for s, t in times.items()},
         oracle_saving_j=float(oracle_saving(ep, profile).sum()) if oracle else None,
     )
 

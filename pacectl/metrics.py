@@ -183,14 +183,16 @@ def episode_totals(ep: Episode) -> EpisodeTotals:
         )
     latest = _domain_reduce(ep, ep.arrival_s, np.max)
     natural_latest = _domain_reduce(ep, ep.natural_arrival_s, np.max)
+    # each rank's domain's latest arrival: one domain's column broadcasts (no gathered copy)
+    of_rank = (lambda x: x[:, :1]) if ep.num_domains == 1 else (lambda x: x[:, ep.domain_of_rank])
     return EpisodeTotals(
         spread_s=latest - _domain_reduce(ep, ep.arrival_s, np.min),
         natural_spread_s=natural_latest - _domain_reduce(ep, ep.natural_arrival_s, np.min),
         delay_s=_domain_reduce(ep, ep.applied_delay_s, np.sum),
         wait_s=np.sum(ep.wait_s, axis=1),
-        last_iters=np.sum(ep.arrival_s == latest[:, ep.domain_of_rank], axis=0, dtype=np.int64),
-        natural_last_iters=np.sum(
-            ep.natural_arrival_s == natural_latest[:, ep.domain_of_rank], axis=0, dtype=np.int64
+        last_iters=np.count_nonzero(ep.arrival_s == of_rank(latest), axis=0).astype(np.int64, copy=False),
+        natural_last_iters=np.count_nonzero(ep.natural_arrival_s == of_rank(natural_latest), axis=0).astype(
+            np.int64, copy=False
         ),
     )
 

@@ -2,7 +2,8 @@
 
 One iteration of pure data parallelism (one pacing domain: the whole world)::
 
-    W_r      compute time of rank r, drawn up front for every iteration (pacectl.fabric.noise)
+    W_r      compute time of rank r, drawn from the seed's stream a chunk of iterations at a time
+             (pacectl.fabric.noise.ComputeModel.stream: the values of drawing them all at once)
     c_r      compute finish = W_r plus early-arrival interference from co-located peers that wait
              spinning (none when the action's ranks wait asleep: Action.wait, controller=sleep_wait)
     a_r      arrival at the all-reduce = c_r + d_r (d_r: the pacing delay, a sleep; with
@@ -35,12 +36,16 @@ import pandas as pd
 from pacectl.checks import Checked, flag, within
 from pacectl.errors import BackendError, ConfigError
 from pacectl.fabric.contention import EarlyArrivalInterference, SimComm
-from pacectl.fabric.noise import ComputeModel
+from pacectl.fabric.noise import ComputeModel, ComputeStream
 from pacectl.fabric.overlap import BucketEngine
 from pacectl.fabric.power import PowerProfile, check_actuator, clock_for_delay, power_profile
 from pacectl.fabric.powercap import NodePowerCap
 from pacectl.traces.model import JobMeta, OpTrace, validate_ops
 from pacectl.types import Action, Backend, Domain, IntArray, Observation, RankCompute
+
+#: (iteration, rank) compute times drawn at once (8 MiB of float64): a chunk of iterations, so that
+#: an episode holds O(ranks) of them whatever its length (all of them when they fit)
+DRAW_CELLS = 1 << 20
 
 
 @dataclass(kw_only=True)
@@ -170,6 +175,7 @@ class SimBackend(Backend):
             if on
         )
         self._k = -1
+        self._draws: tuple[int, ComputeStream] | None = None  # (seed, its compute-time stream)
 
     @property
     def num_iterations(self) -> int:
@@ -177,9 +183,21 @@ class SimBackend(Backend):
         return self._num_iterations
 
     def reset(self, *, seed: int = 0) -> None:
-        """Draw every iteration's compute times from ``default_rng(seed)`` and rewind the clock."""
-        rng = np.random.default_rng(seed)
-        self._work = self.compute.sample(rng, self._num_iterations, self.num_ranks)
+        """Rewind the clock and the compute times to iteration 0 of ``default_rng(seed)``'s draws.
+
+        The times are :meth:`ComputeModel.sample`'s with that generator, handed out
+        :data:`DRAW_CELLS` cells at a time (:meth:`ComputeModel.stream`); a reset with the seed of
+        the last one rewinds its stream (every controller's run sees the same draws, and the
+        stream's positions are found once).
+        """
+        if self._draws is None or self._draws[0] != seed or self._draws[1].model is not self.compute:
+            rng = np.random.default_rng(seed)
+            self._draws = (seed, self.compute.stream(rng, self._num_iterations, self.num_ranks))
+        else:
+            self._draws[1].rewind()
+        self._chunk = max(1, min(self._num_iterations, DRAW_CELLS // self.num_ranks))
+        self._work = np.empty((0, self.num_ranks))
+        self._work_from = 0
         self._clock_s = 0.0
         self._k = 0
         self.over_cap_s = 0.0
@@ -211,14 +229,15 @@ class SimBackend(Backend):
                 f"action must hold {self.num_ranks} finite delays >= 0, got shape {delay.shape}"
             )
         asleep = actions[0].wait == "sleep"
+        work = self._work_of(k)
         if self.overlap is not None:
             # the early-arrival term counts a rank's waiting from the end of its compute plus what its
             # delay holds back: with buckets and the device pacer nothing (the delay sits on the comm
             # stream at bucket 0, mid-backward; the rank still spins after its compute)
             held = delay if self.overlap.count == 1 or self.overlap.host_pacer else np.zeros_like(delay)
-            finish = self.interference.finish_s(self._work[k], held, spinning=not asleep)
+            finish = self.interference.finish_s(work, held, spinning=not asleep)
             return self._step_overlap(k, finish, delay, asleep)
-        finish = self.interference.finish_s(self._work[k], delay, spinning=not asleep)
+        finish = self.interference.finish_s(work, delay, spinning=not asleep)
         compute = self._compute(finish, delay, wait_sleeps=asleep)
         if self.power_cap is None:
             natural = finish  # the clock actuator arrives when the delay actuator would
@@ -249,6 +268,17 @@ class SimBackend(Backend):
                 compute=compute,
             )
         ]
+
+    def _work_of(self, k: int) -> np.ndarray:
+        """Iteration ``k``'s unperturbed compute times, ``float64[num_ranks]`` (the next chunk
+        drawn when ``k`` is past the one held)."""
+        row = k - self._work_from
+        if row >= len(self._work):
+            assert self._draws is not None
+            self._work_from = k
+            self._work = self._draws[1].rows(k, min(self._num_iterations, k + self._chunk))
+            row = 0
+        return self._work[row]
 
     def _step_overlap(self, k: int, finish: np.ndarray, delay: np.ndarray, asleep: bool) -> list[Observation]:
         """One bucketed iteration (:mod:`pacectl.fabric.overlap`): the paced collective is bucket 0's."""

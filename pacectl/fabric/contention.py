@@ -456,7 +456,11 @@ class EarlyArrivalInterference:
         w = np.concatenate([work_s, np.full(pad, -np.inf)]).reshape(-1, g)
         # a sleeping waiter enters "at infinity": it never waits while a peer computes
         e = np.concatenate([np.where(spin, work_s + delay_s, np.inf), np.full(pad, np.inf)]).reshape(-1, g)
-        overlap = np.maximum(0.0, w[:, :, None] - e[:, None, :])  # [node, s, r]
-        idx = np.arange(g)
-        overlap[:, idx, idx] = 0.0
+        overlap = w[:, :, None] - e[:, None, :]  # [node, s, r]
+        np.maximum(0.0, overlap, out=overlap)
+        # a rank is not its own peer: with delays >= 0 that term is already 0 (w - (w + d) <= 0 in
+        # floating point too, and a sleeper's is -inf), so only negative delays need it cleared
+        if (np.asarray(delay_s) < 0).any():
+            idx = np.arange(g)
+            overlap[:, idx, idx] = 0.0
         return work_s + self.kappa * overlap.sum(axis=2).reshape(-1)[:n]

@@ -1,16 +1,30 @@
 """Compute-time models: per-rank, per-iteration compute (forward + backward) time before the collective.
 
 Each model is a component that turns a base compute time into ``float64[num_iterations, num_ranks]``
-seconds, drawn at once from a seeded ``numpy.random.Generator`` (vectorized over iterations and
-ranks). :class:`ComputeModel` applies its components in order. Sources for each shape are in the
-class docstrings; the parameter values of a scenario are chosen and justified in ``conf/cluster/``.
+seconds, drawn from a seeded ``numpy.random.Generator`` (vectorized over iterations and ranks).
+:class:`ComputeModel` applies its components in order. Sources for each shape are in the class
+docstrings; the parameter values of a scenario are chosen and justified in ``conf/cluster/``.
+
+**Streaming.** :meth:`ComputeModel.sample` draws every iteration at once (``num_iterations x
+num_ranks`` values, 0.5 GB at 65,536 ranks x 1,000 iterations). :meth:`ComputeModel.stream` gives
+the same values chunk by chunk of iterations (:class:`ComputeStream`), holding O(ranks x chunk):
+each block of per-cell draws of ``sample`` (a component's ``rng.lognormal(size=(iterations,
+ranks))``, say) gets its own generator, a copy of the model's taken where that block starts in the
+one stream (:class:`Draws`), and is then filled row chunk by row chunk. numpy fills an array from
+its generator element by element in C order, so consecutive chunks of rows from one generator are
+the rows of one whole draw, bit for bit. The model's stream is then moved past the block (exactly,
+with ``advance``, for uniform doubles; by drawing the block's bits and dropping them otherwise) for
+what ``sample`` draws after it (the next block, a per-rank draw such as the slow ranks' choice).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,11 +35,111 @@ from pacectl.errors import ConfigError, TraceError
 FloatArray = NDArray[np.float64]
 
 
+#: a component's streamed form: ``(compute_s rows, first iteration) -> perturbed rows``
+Rows = Callable[[FloatArray, int], FloatArray]
+
+#: how a per-cell draw is skipped without being kept: a method that takes the same bits per value
+#: (numpy's ``random_lognormal`` is ``exp`` of a standard normal, ``random_pareto`` is ``expm1`` of
+#: a standard exponential over ``a``); uniform doubles take one 64-bit word each (``advance``)
+_SKIP_AS = {"lognormal": "standard_normal", "normal": "standard_normal", "pareto": "standard_exponential"}
+
+
+class CellDraws:
+    """One per-cell draw of a compute model, ``float64[num_iterations, num_ranks]``, made chunk by
+    chunk of rows from its own generator (a copy of the model's where the draw starts).
+
+    Args:
+        method: the ``numpy.random.Generator`` method (``"lognormal"``, ``"random"``, ...).
+        args: its positional arguments before ``size``.
+        num_ranks: the columns.
+        state: the bit generator's state where the draw starts.
+        bit_generator: the bit generator's class.
+    """
+
+    def __init__(
+        self, method: str, args: tuple[Any, ...], num_ranks: int, state: dict[str, Any], bit_generator: type
+    ) -> None:
+        self.method, self.args, self.num_ranks = method, args, num_ranks
+        self._start = state
+        self._bit_generator = bit_generator
+        self.rewind()
+
+    def rewind(self) -> None:
+        """Start again at the draw's first row."""
+        bits = self._bit_generator()
+        bits.state = self._start
+        self._rng = np.random.Generator(bits)
+
+    def take(self, rows: int) -> FloatArray:
+        """The next ``rows`` rows of the draw, ``float64[rows, num_ranks]``."""
+        out: FloatArray = getattr(self._rng, self.method)(*self.args, size=(rows, self.num_ranks))
+        return out
+
+
+class Draws:
+    """A compute model's random stream, handed out in :meth:`ComputeModel.sample`'s order.
+
+    A component asks for its per-cell draws with :meth:`cells` and for anything else (per-rank
+    draws, a series) from :meth:`generator`; both move the one stream exactly as the whole draws
+    of ``sample`` would.
+
+    Args:
+        rng: the model's generator (moved as ``sample`` would move it).
+        num_iterations: rows of every per-cell draw.
+        num_ranks: its columns.
+    """
+
+    def __init__(self, rng: np.random.Generator, num_iterations: int, num_ranks: int) -> None:
+        self._rng = rng
+        self.num_iterations, self.num_ranks = int(num_iterations), int(num_ranks)
+        self._pending: list[str] = []  # per-cell draws handed out that the stream has not passed yet
+        self.blocks: list[CellDraws] = []
+
+    def cells(self, method: str, *args: Any) -> CellDraws:
+        """The per-cell draw ``rng.<method>(*args, size=(num_iterations, num_ranks))``, streamed."""
+        self._catch_up()
+        bits = self._rng.bit_generator
+        block = CellDraws(method, args, self.num_ranks, bits.state, type(bits))
+        self._pending.append(method)
+        self.blocks.append(block)
+        return block
+
+    def generator(self) -> np.random.Generator:
+        """The model's generator, past every per-cell draw handed out so far."""
+        self._catch_up()
+        return self._rng
+
+    def _catch_up(self) -> None:
+        """Move the stream past the pending per-cell draws, as drawing them whole would."""
+        cells = self.num_iterations * self.num_ranks
+        for method in self._pending:
+            bits = self._rng.bit_generator
+            if method == "random" and isinstance(bits, (np.random.PCG64, np.random.PCG64DXSM)):
+                # default_rng's PCG64: one step per uniform double (53 bits of one 64-bit output);
+                # advance also clears the buffered 32-bit half-word, which uniform doubles leave
+                before = bits.state
+                bits.advance(cells)
+                after = bits.state
+                after.update({k: before[k] for k in ("has_uint32", "uinteger") if k in before})
+                bits.state = after
+                continue
+            skip = getattr(self._rng, _SKIP_AS.get(method, method))
+            chunk = max(1, (1 << 20) // max(self.num_ranks, 1))
+            for start in range(0, self.num_iterations, chunk):
+                skip(size=(min(chunk, self.num_iterations - start), self.num_ranks))
+        self._pending = []
+
+
 class NoiseComponent(Protocol):
     """One source of compute-time variation."""
 
     def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
         """Return perturbed compute times, same shape ``[num_iterations, num_ranks]``, seconds."""
+        ...
+
+    def stream(self, draws: Draws) -> Rows:
+        """Make ``apply``'s draws from ``draws`` in its order; return its streamed form (optional: a
+        component without it makes :meth:`ComputeModel.stream` draw every iteration at once)."""
         ...
 
 
@@ -54,6 +168,14 @@ class LognormalJitter(Checked):
         factor = rng.lognormal(-0.5 * self.sigma**2, self.sigma, size=compute_s.shape)
         return compute_s * factor
 
+    def stream(self, draws: Draws) -> Rows:
+        """``apply`` chunk by chunk of iterations (module docstring)."""
+        return partial(self._rows, draws.cells("lognormal", -0.5 * self.sigma**2, self.sigma))
+
+    @staticmethod
+    def _rows(factor: CellDraws, compute_s: FloatArray, start: int) -> FloatArray:
+        return compute_s * factor.take(len(compute_s))
+
 
 @dataclass(frozen=True)
 class ParetoHiccups(Checked):
@@ -81,6 +203,22 @@ class ParetoHiccups(Checked):
         pause = self.scale_s * (rng.pareto(self.alpha, size=compute_s.shape) + 1.0)
         return compute_s + np.where(hit, pause, 0.0)
 
+    def stream(self, draws: Draws) -> Rows:
+        """``apply`` chunk by chunk of iterations (module docstring). The pauses' draw takes the
+        bits of ``rng.pareto``'s (numpy's ``random_pareto`` is ``expm1(E / alpha)`` of a standard
+        exponential ``E``), and the pause is computed from ``E`` only where a hit needs it: with
+        the C library's ``expm1`` (``math.expm1``), as numpy's generator does, not numpy's
+        vectorised ``np.expm1``, whose last bit can differ."""
+        return partial(self._rows, draws.cells("random"), draws.cells("standard_exponential"))
+
+    def _rows(self, hits: CellDraws, exps: CellDraws, compute_s: FloatArray, start: int) -> FloatArray:
+        hit = np.flatnonzero(hits.take(len(compute_s)) < self.prob)
+        e = exps.take(len(compute_s)).reshape(-1)[hit].tolist()
+        a, scale = float(self.alpha), float(self.scale_s)
+        out = np.array(compute_s, dtype=np.float64)  # + 0.0 where no hit: the same values
+        out.reshape(-1)[hit] += np.array([scale * (math.expm1(x / a) + 1.0) for x in e], dtype=np.float64)
+        return out
+
 
 @dataclass(frozen=True)
 class PeriodicNoise(Checked):
@@ -104,6 +242,17 @@ class PeriodicNoise(Checked):
         k = np.arange(num_iterations)[:, None]
         return compute_s + np.where((k + phase[None, :]) % self.period_iters == 0, self.duration_s, 0.0)
 
+    def stream(self, draws: Draws) -> Rows:
+        """``apply`` chunk by chunk of iterations (module docstring)."""
+        rng = draws.generator()
+        return partial(
+            self._rows, np.asarray(rng.integers(0, self.period_iters, size=draws.num_ranks), dtype=np.int64)
+        )
+
+    def _rows(self, phase: NDArray[np.int64], compute_s: FloatArray, start: int) -> FloatArray:
+        k = np.arange(start, start + len(compute_s))[:, None]
+        return compute_s + np.where((k + phase[None, :]) % self.period_iters == 0, self.duration_s, 0.0)
+
 
 @dataclass(frozen=True)
 class SlowRanks(Checked):
@@ -125,7 +274,11 @@ class SlowRanks(Checked):
 
     def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
         """Multiply the slow ranks' columns by ``factor``."""
-        num_ranks = compute_s.shape[1]
+        return compute_s * self._factors(compute_s.shape[1], rng)[None, :]
+
+    def _factors(self, num_ranks: int, rng: np.random.Generator | None) -> FloatArray:
+        """``float64[num_ranks]``: ``factor`` on the slow ranks, 1 elsewhere (``rng``: None only
+        without ``fraction``, which draws nothing)."""
         slow = np.zeros(num_ranks, dtype=bool)
         for r in self.ranks:
             if not 0 <= int(r) < num_ranks:
@@ -133,8 +286,18 @@ class SlowRanks(Checked):
             slow[int(r)] = True
         if self.fraction > 0:
             count = max(1, int(round(self.fraction * num_ranks)))
+            assert rng is not None
             slow[rng.choice(num_ranks, size=count, replace=False)] = True
-        return compute_s * np.where(slow, self.factor, 1.0)[None, :]
+        return np.where(slow, self.factor, 1.0)
+
+    def stream(self, draws: Draws) -> Rows:
+        """``apply`` chunk by chunk of iterations (module docstring)."""
+        rng = draws.generator() if self.fraction > 0 else None  # explicit ranks draw nothing
+        return partial(self._rows, self._factors(draws.num_ranks, rng)[None, :])
+
+    @staticmethod
+    def _rows(factors: FloatArray, compute_s: FloatArray, start: int) -> FloatArray:
+        return compute_s * factors
 
 
 #: How :class:`EmpiricalSamples` fills the iterations between samples of a sampled series.
@@ -314,6 +477,20 @@ class EmpiricalSamples:
         rows = (np.arange(num_iterations)[:, None] + offset[None, :]) % length
         return compute_s * series[rows, np.arange(num_ranks)[None, :] % workers]
 
+    def stream(self, draws: Draws) -> Rows:
+        """``apply`` chunk by chunk of iterations (module docstring)."""
+        rng = draws.generator()
+        series = self._series(rng)
+        series = series / series.mean()
+        offset = np.asarray(rng.integers(0, series.shape[0], size=draws.num_ranks), dtype=np.int64)
+        return partial(self._rows, series, offset)
+
+    @staticmethod
+    def _rows(series: FloatArray, offset: NDArray[np.int64], compute_s: FloatArray, start: int) -> FloatArray:
+        length, workers = series.shape
+        rows = (np.arange(start, start + len(compute_s))[:, None] + offset[None, :]) % length
+        return compute_s * series[rows, np.arange(compute_s.shape[1])[None, :] % workers]
+
 
 @dataclass(frozen=True)
 class ComputeModel:
@@ -335,6 +512,64 @@ class ComputeModel:
         times = np.full((num_iterations, num_ranks), self.compute_s)
         for component in self.components:
             times = component.apply(times, rng)
+        return times
+
+    def stream(self, rng: np.random.Generator, num_iterations: int, num_ranks: int) -> ComputeStream:
+        """The compute times of :meth:`sample` with the same ``rng``, bit for bit, chunk by chunk of
+        iterations (module docstring): memory O(ranks x chunk), not O(ranks x iterations)."""
+        if not all(hasattr(c, "stream") for c in self.components):  # a component without a streamed form
+            return ComputeStream(self, [], num_ranks, whole=self.sample(rng, num_iterations, num_ranks))
+        draws = Draws(rng, num_iterations, num_ranks)
+        parts = [c.stream(draws) for c in self.components]
+        return ComputeStream(self, parts, num_ranks, blocks=draws.blocks)
+
+
+class ComputeStream:
+    """A compute model's times, ``float64[num_iterations, num_ranks]`` seconds, handed out by
+    consecutive chunks of iterations (:meth:`ComputeModel.stream`).
+
+    Args:
+        model: the model.
+        parts: each component's streamed form, in order.
+        num_ranks: the columns.
+        blocks: the per-cell draws the parts take from (rewound by :meth:`rewind`).
+        whole: every iteration's times, where some component has no streamed form.
+    """
+
+    def __init__(
+        self,
+        model: ComputeModel,
+        parts: list[Rows],
+        num_ranks: int,
+        *,
+        blocks: list[CellDraws] | None = None,
+        whole: FloatArray | None = None,
+    ) -> None:
+        self.model, self.parts, self.num_ranks = model, parts, int(num_ranks)
+        self._blocks = blocks or []
+        self._whole = whole
+        self._next = 0
+
+    def rewind(self) -> None:
+        """Hand the same times out again from iteration 0 (no draw repeated before it)."""
+        for block in self._blocks:
+            block.rewind()
+        self._next = 0
+
+    def rows(self, start: int, stop: int) -> FloatArray:
+        """Iterations ``[start, stop)``, ``float64[stop - start, num_ranks]`` seconds.
+
+        Raises:
+            ValueError: ``start`` is not where the last chunk stopped (chunks come in order).
+        """
+        if start != self._next or stop < start:
+            raise ValueError(f"ComputeStream.rows must continue at iteration {self._next}, got [{start}, {stop})")
+        self._next = stop
+        if self._whole is not None:
+            return self._whole[start:stop]
+        times = np.full((stop - start, self.num_ranks), self.model.compute_s)
+        for part in self.parts:
+            times = part(times, start)
         return times
 
 
