@@ -44,7 +44,9 @@ MODELS = {
             ParetoHiccups(prob=0.05, scale_s=0.1, alpha=2.5),
         ),
     ),
-    "explicit_slow_ranks": ComputeModel(0.2, (SlowRanks(ranks=(0,), factor=1.5), LognormalJitter(sigma=0.02))),
+    "explicit_slow_ranks": ComputeModel(
+        0.2, (SlowRanks(ranks=(0,), factor=1.5), LognormalJitter(sigma=0.02))
+    ),
     "no_noise": ComputeModel(0.1),
 }
 
@@ -52,9 +54,7 @@ MODELS = {
 def _empirical(tmp_path: Path) -> ComputeModel:
     """An empirical series sampled every 10 iterations (the AR(1) fill draws normals first)."""
     rng = np.random.default_rng(3)
-    rows = [
-        f"{w},{t},{1 + 0.1 * rng.standard_normal():.6f}" for w in range(3) for t in range(1, 400, 10)
-    ]
+    rows = [f"{w},{t},{1 + 0.1 * rng.standard_normal():.6f}" for w in range(3) for t in range(1, 400, 10)]
     path = tmp_path / "steps.csv"
     path.write_text("worker,time,batch_time_norm\n" + "\n".join(rows) + "\n")
     return ComputeModel(0.4, (EmpiricalSamples(path=str(path)), LognormalJitter(sigma=0.01)))
@@ -89,7 +89,8 @@ def test_a_rewound_stream_hands_out_the_same_times_again() -> None:
 
 
 @pytest.mark.parametrize(
-    ("method", "args"), [("random", ()), ("lognormal", (0.1, 0.2)), ("pareto", (3.0,)), ("normal", (1.0, 2.0))]
+    ("method", "args"),
+    [("random", ()), ("lognormal", (0.1, 0.2)), ("pareto", (3.0,)), ("normal", (1.0, 2.0))],
 )
 def test_skipping_a_block_leaves_the_stream_where_drawing_it_would(method: str, args: tuple) -> None:
     for bits in (np.random.PCG64, np.random.PCG64DXSM, np.random.Philox, np.random.MT19937):

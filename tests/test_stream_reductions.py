@@ -119,13 +119,20 @@ def test_last_arrival_counts_are_the_old_ones(case: str) -> None:
     episodes.pop("power")
     for ep in episodes.values():
         got = metrics.episode_totals(ep)
-        for arrivals, counts in ((ep.arrival_s, got.last_iters), (ep.natural_arrival_s, got.natural_last_iters)):
-            latest = np.stack([arrivals[:, ep.domain_of_rank == d].max(axis=1) for d in range(ep.num_domains)], 1)
+        for arrivals, counts in (
+            (ep.arrival_s, got.last_iters),
+            (ep.natural_arrival_s, got.natural_last_iters),
+        ):
+            latest = np.stack(
+                [arrivals[:, ep.domain_of_rank == d].max(axis=1) for d in range(ep.num_domains)], 1
+            )
             want = np.sum(arrivals == latest[:, ep.domain_of_rank], axis=0, dtype=np.int64)
             assert counts.dtype == np.int64 and np.array_equal(counts, want)
 
 
-def _reference_finish_s(kappa: float, g: int, work: np.ndarray, delay: np.ndarray, spin: np.ndarray) -> np.ndarray:
+def _reference_finish_s(
+    kappa: float, g: int, work: np.ndarray, delay: np.ndarray, spin: np.ndarray
+) -> np.ndarray:
     n = work.shape[0]
     pad = (-n) % g
     w = np.concatenate([work, np.full(pad, -np.inf)]).reshape(-1, g)
@@ -146,7 +153,7 @@ def test_interference_finish_times_are_the_old_ones(g: int, num_ranks: int) -> N
         work = 0.5 + 0.1 * rng.random(num_ranks)
         work[rng.random(num_ranks) < 0.2] = 0.5  # ties
         delay = np.where(rng.random(num_ranks) < 0.5, 0.0, 0.02 * rng.random(num_ranks))
-        if trial == 3:  # negative delays (not from a backend, which refuses them): a rank still is not its own peer
+        if trial == 3:  # negative delays (a backend refuses them): still no rank is its own peer
             delay = delay - 0.01
         for spin in (True, rng.random(num_ranks) < 0.7):
             spinning = np.broadcast_to(np.asarray(spin), (num_ranks,))

@@ -17,10 +17,12 @@ per-rank observation; the figure is the wall time of ``SimExperiment.run`` (draw
 ``--command`` instead runs the whole command a user types, ``python -m pacectl.run backend=sim
 ... comm=contention cluster=paper_like output.iterations=false`` (no pacing and every controller of
 ``controller=all``; the runs stream, :func:`pacectl.loop.run_episode`'s ``reduce``), once per
-``--ranks`` value, and records its wall time and the child's peak RSS (``ru_maxrss`` from
-``os.wait4``); with ``--against DIR`` the same command with ``PYTHONPATH=DIR`` (another checkout)
-at the ``--against-ranks`` sizes, after each of this checkout's at that size, and the ``runs`` of
-both summaries compared (every number within ``1e-9`` relative).
+``--ranks`` value, and records its wall time, CPU time, the child's peak RSS (``ru_maxrss`` from
+``os.wait4``, :func:`_record.timed_command`), its bytes per rank-iteration, and the 1-minute
+load when it started; with ``--against DIR`` the same command with ``PYTHONPATH=DIR`` (another
+checkout) at the ``--against-ranks`` sizes, after each of this checkout's at that size, and both
+summaries compared: ``summary_identical_to_this`` (every number within ``1e-9`` relative) and
+``summary_bit_identical`` (every value equal).
 The record holds the load average before and after (the machine may be shared).
 """
 
@@ -30,14 +32,13 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from _record import write_record
+from _record import timed_command, write_record
 from hydra import compose, initialize_config_dir
 
 from pacectl.config import CONF_DIR, controller_families
@@ -121,7 +122,8 @@ def main() -> None:
 
 
 def _command(ranks: int, iterations: int, out: Path, pythonpath: Path) -> dict[str, Any]:
-    """One whole streamed command in a child; its wall time and peak RSS."""
+    """One whole streamed command in a child (:func:`_record.timed_command`): its wall time, CPU
+    time, peak RSS and the load when it started."""
     cmd = [
         sys.executable,
         "-m",
@@ -135,15 +137,7 @@ def _command(ranks: int, iterations: int, out: Path, pythonpath: Path) -> dict[s
         f"hydra.run.dir={out}",
     ]
     env = {**os.environ, "PYTHONPATH": str(pythonpath)}
-    t0 = time.perf_counter()
-    child = subprocess.Popen(cmd, env=env, cwd=pythonpath, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(
-            f"{' '.join(cmd)} failed: {child.stderr.read().decode()[-2000:] if child.stderr else ''}"
-        )
-    return {"wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024, "summary": out / "summary.json"}
+    return {**timed_command(cmd, cwd=pythonpath, env=env), "summary": out / "summary.json"}
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -173,15 +167,20 @@ def whole_commands(
                 row.update({k: v for k, v in done[label].items() if k != "summary"})
                 row["rank_iterations_per_s"] = 6 * n * iterations / row["wall_s"]  # none + five families
                 rows.append(row)
+                row["bytes_per_rank_iteration"] = row["peak_rss_mb"] * 2**20 / (n * iterations)
                 print(
-                    f"{label:>7} {n:>6} ranks x {iterations} iterations: {row['wall_s']:.1f} s, "
-                    f"peak {row['peak_rss_mb']:.0f} MB",
+                    f"{label:>7} {n:>6} ranks x {iterations} iterations: {row['wall_s']:.1f} s "
+                    f"(CPU {row['cpu_s']:.1f} s, load {row['load_1min']:.1f}), peak {row['peak_rss_mb']:.0f} MB",
                     flush=True,
                 )
             if len(done) == 2:
-                same = _same(*(json.loads(d["summary"].read_text())["runs"] for d in done.values()))
+                a, b = (json.loads(d["summary"].read_text()) for d in done.values())
+                same = _same(a["runs"], b["runs"])
+                a.pop("wall_time_s", None)
+                b.pop("wall_time_s", None)
                 rows[-1]["summary_identical_to_this"] = same
-                print(f"        summaries identical (1e-9): {same}", flush=True)
+                rows[-1]["summary_bit_identical"] = a == b
+                print(f"        summaries identical (1e-9): {same}, bit for bit: {a == b}", flush=True)
     return rows
 
 

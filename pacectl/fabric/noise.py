@@ -20,7 +20,7 @@ what ``sample`` draws after it (the next block, a per-rank draw such as the slow
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -57,7 +57,12 @@ class CellDraws:
     """
 
     def __init__(
-        self, method: str, args: tuple[Any, ...], num_ranks: int, state: dict[str, Any], bit_generator: type
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        num_ranks: int,
+        state: Mapping[str, Any],
+        bit_generator: type,
     ) -> None:
         self.method, self.args, self.num_ranks = method, args, num_ranks
         self._start = state
@@ -117,11 +122,11 @@ class Draws:
             if method == "random" and isinstance(bits, (np.random.PCG64, np.random.PCG64DXSM)):
                 # default_rng's PCG64: one step per uniform double (53 bits of one 64-bit output);
                 # advance also clears the buffered 32-bit half-word, which uniform doubles leave
-                before = bits.state
+                before: dict[str, Any] = dict(bits.state)
                 bits.advance(cells)
-                after = bits.state
+                after: dict[str, Any] = dict(bits.state)
                 after.update({k: before[k] for k in ("has_uint32", "uinteger") if k in before})
-                bits.state = after
+                setattr(bits, "state", after)  # noqa: B010 (numpy's stubs type the state narrower)
                 continue
             skip = getattr(self._rng, _SKIP_AS.get(method, method))
             chunk = max(1, (1 << 20) // max(self.num_ranks, 1))
@@ -563,7 +568,9 @@ class ComputeStream:
             ValueError: ``start`` is not where the last chunk stopped (chunks come in order).
         """
         if start != self._next or stop < start:
-            raise ValueError(f"ComputeStream.rows must continue at iteration {self._next}, got [{start}, {stop})")
+            raise ValueError(
+                f"ComputeStream.rows must continue at iteration {self._next}, got [{start}, {stop})"
+            )
         self._next = stop
         if self._whole is not None:
             return self._whole[start:stop]
