@@ -74,11 +74,11 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from pacectl import energy, metrics
-    from pacectl.config import controller_families, validate_run_config
+    from pacectl.config import controller_families
     from pacectl.experiment import controller_notes, make_experiment
 
     t0 = time.perf_counter()
-    validate_run_config(cfg)
+    _validate_once(cfg)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")  # once per place: a warning in a loop is listed once
         families = controller_families(cfg)
@@ -468,9 +468,9 @@ def run_whatif(cfg: DictConfig, out_dir: Path) -> whatif.WhatIfResult:
     """
     from pacectl import whatif
     from pacectl.backends.replay import ReplayBackend
-    from pacectl.config import load_trace, validate_run_config
+    from pacectl.config import load_trace
 
-    validate_run_config(cfg)
+    _validate_once(cfg)
     backend = ReplayBackend(load_trace(cfg.trace), paced_optype=str(cfg.backend.paced_optype))
     step_index = int(cfg.analysis.get("timeline_step_index", 0))
     if not 0 <= step_index < backend.num_iterations:
@@ -642,10 +642,25 @@ def _job_changes(baseline: dict[str, Any], other: dict[str, Any]) -> dict[str, A
     }
 
 
+#: The last config :func:`_check_config` passed (the command line's, checked before the run folder
+#: exists): the job does not check the same config again (:func:`_validate_once`).
+_checked: list[DictConfig] = []
+
+
+def _validate_once(cfg: DictConfig) -> None:
+    """:func:`pacectl.config.validate_run_config`, unless ``cfg`` equals the config that
+    :func:`_check_config` passed for this command line (the checks are pure: 20-30 ms once more)."""
+    from pacectl.config import validate_run_config
+
+    if not (_checked and cfg == _checked[-1]):
+        validate_run_config(cfg)
+
+
 def _check_config(cfg: DictConfig) -> None:
     """What the job would refuse at once, checked before Hydra creates the run folder."""
     from pacectl.config import config_int, controller_families, validate_run_config
 
+    _checked.clear()
     validate_run_config(cfg)
     runs = len(controller_families(cfg))
     backend = cfg.get("backend")
@@ -654,6 +669,7 @@ def _check_config(cfg: DictConfig) -> None:
         rows = (runs if with_parquet else 1) * config_int(backend.get("num_ranks"), "backend.num_ranks")
         rows *= config_int(backend.get("num_iterations"), "backend.num_iterations")
         _check_memory(rows, with_parquet, announce=False)
+    _checked.append(cfg)
 
 
 def exit_now(status: int) -> None:

@@ -6,8 +6,9 @@ Usage::
     python experiments/bench/bench_controllers.py --against /tmp/old   # also the checkout at /tmp/old
     python experiments/bench/bench_controllers.py --ranks 64 16384 --decisions 100
 
-Every family of ``controller=all`` plus ``none``, each with its defaults, bare and behind the safety
-guard with its defaults (as every run uses it). Each controller first decides ``window`` times on
+Every registered family (``none``, the families of ``controller=all``, and those outside it: ``phase``,
+``sleep_wait``), each with its defaults, bare and behind the safety guard with its defaults (as every
+run uses it). Each controller first decides ``window`` times on
 synthetic arrivals (:func:`pacectl.testing.observations.synthetic_natural_arrivals`: every window
 full), then ``--decisions`` more, each timed alone; the figure is the median of those (the machine may
 be shared: a median of single calls is robust to another process's bursts, a mean is not). With
@@ -36,7 +37,7 @@ def measure(num_ranks: int, decisions: int) -> list[dict[str, object]]:
 
     from pacectl.controllers import make_controller
     from pacectl.controllers.guard import SafetyGuard
-    from pacectl.controllers.registry import all_families
+    from pacectl.controllers.registry import FAMILIES
     from pacectl.testing import make_observation
     from pacectl.testing.observations import synthetic_natural_arrivals
 
@@ -44,7 +45,7 @@ def measure(num_ranks: int, decisions: int) -> list[dict[str, object]]:
     naturals = synthetic_natural_arrivals(num_ranks, warm + decisions, seed=0)
     observations = [make_observation(n, iteration=k) for k, n in enumerate(naturals)]
     rows = []
-    for family in ["none", *all_families()]:
+    for family in ["none", *(f for f in FAMILIES if f != "none")]:
         for guarded in (False, True):
             controller = SafetyGuard(make_controller(family)) if guarded else make_controller(family)
             controller.reset(num_ranks, np.random.default_rng(0))

@@ -17,7 +17,8 @@ Each trace is analysed by the three commands in turn, alternating, ``--repeat`` 
   commands not timed here).
 
 Each run's wall time, CPU time, peak resident set and the load when it started are recorded
-(:func:`_record.timed_command`).
+(:func:`_record.timed_command`). Both programs' bytecode is compiled first (pacectl's package and the
+artifact's ``analyzer/``, each with its own python), as an install would (:func:`_record.compile_bytecode`).
 
 Traces: the shipped AR (DP 4 x PP 4 x TP 4, 64 GPUs) and ST (8 GPUs), and AR tiled to DP 8
 (128 GPUs) and DP 16 (256 GPUs) (:func:`pacectl.testing.synthetic.tiled_bytedance`). The record
@@ -33,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _record import timed_command, write_record
+from _record import compile_bytecode, timed_command, write_record
 
 HERE = Path(__file__).resolve().parents[2]
 
@@ -55,6 +56,8 @@ def main() -> None:
     from pacectl.testing.synthetic import tiled_bytedance
 
     rows = []
+    compile_bytecode(sys.executable, HERE / "pacectl")
+    compile_bytecode(str(args.artifact_python), args.artifact / "analyzer")
     with tempfile.TemporaryDirectory() as tmp:
         traces = {name: tuple(map(str, shipped_trace(name))) for name in ("AR", "ST")}
         for dp in args.dp:
