@@ -70,6 +70,16 @@ def _train(step: Any, rank: int) -> None:
         step(x, lambda: time.sleep(_STRAGGLE_S) if rank == 1 else None)
 
 
+def _where(err: BaseException) -> str:
+    """The error and the innermost frames that raised it (the test's message)."""
+    import traceback
+
+    frames = traceback.extract_tb(err.__traceback__)[-3:]
+    return f"{err!r} at " + " <- ".join(
+        f"{f.filename.split('site-packages/')[-1]}:{f.lineno}" for f in frames[::-1]
+    )
+
+
 def _paced_result(pacer: Any) -> dict[str, Any]:
     pacer.flush()
     return {
@@ -81,6 +91,33 @@ def _paced_result(pacer: Any) -> dict[str, Any]:
         "exits_finite": all(np.isfinite(m["exit_s"]).all() for m in pacer.marks),
         "gather": pacer.gather,
     }
+
+
+def _sgd_on_main_grad(module: Any, opt: Any) -> None:
+    """A torch optimizer's step on Megatron's reduced gradients (``main_grad``, views of the gradient
+    buffer). ``grad`` is dropped again after the step: left aliasing ``main_grad``, the next backward
+    would accumulate into it in place and Megatron's hook would then add it to itself (doubled)."""
+    for p in module.parameters():
+        p.grad = p.main_grad
+    opt.step()
+    for p in module.parameters():
+        p.grad = None
+
+
+def _sharded_sgd_step(model: Any, group: Any, *, lr: float) -> None:
+    """What Megatron's ``DistributedOptimizer`` does for fp32 parameters, by hand: SGD on this
+    rank's shard of each bucket's parameter buffer with its shard of the reduce-scattered gradient
+    buffer, then the parameter all-gather of Megatron's DDP (``start_param_sync``)."""
+    import torch.distributed as dist
+    from megatron.core.distributed.param_and_grad_buffer import shard_buffer
+
+    size, me = dist.get_world_size(group), dist.get_rank(group)
+    with torch.no_grad():
+        for bucket_group in model.bucket_groups:
+            for bucket in bucket_group.buckets:
+                param = shard_buffer(bucket.param_data, size)[me]
+                param.sub_(shard_buffer(bucket.grad_data, size)[me], alpha=lr)
+    model.start_param_sync(force_sync=True)
 
 
 def _megatron_rank(rank: int, world: int, port: int, queue: Any) -> None:
@@ -109,8 +146,10 @@ def _megatron_rank(rank: int, world: int, port: int, queue: Any) -> None:
             module = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
             config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=1)
             # with overlap, buckets of about one layer each: 4 bucket groups, issued in backward;
-            # use_distributed_optimizer: each bucket is reduce-scattered (Megatron's distributed
-            # optimizer itself is not built: the parameters stay, the gradient shards are compared)
+            # use_distributed_optimizer: each bucket is reduce-scattered, and the step is the
+            # distributed optimizer's for fp32 parameters: SGD on this rank's shard of the parameter
+            # buffer, then Megatron DDP's own parameter all-gather (start_param_sync). Megatron's
+            # DistributedOptimizer class cannot be built on a CPU-only torch (module doc).
             ddp_config = DistributedDataParallelConfig(
                 overlap_grad_reduce=overlap,
                 bucket_size=4000 if overlap else None,
@@ -128,13 +167,15 @@ def _megatron_rank(rank: int, world: int, port: int, queue: Any) -> None:
                 straggle()
                 loss.backward()
                 finalize_model_grads([model])  # what config.finalize_model_grads_func is in Megatron
-                if not distopt:
-                    for p in model.module.parameters():
-                        p.grad = p.main_grad
-                    opt.step()
+                if distopt:
+                    _sharded_sgd_step(model, dp, lr=0.1)
+                else:
+                    _sgd_on_main_grad(model.module, opt)
 
+            initial = torch.cat([p.detach().reshape(-1).clone() for p in module.parameters()])
             _train(step, rank)
             result: dict[str, Any] = {
+                "initial": initial.numpy(),
                 "params": torch.cat([p.detach().reshape(-1) for p in module.parameters()]).numpy(),
                 "grads": torch.cat([b.grad_data.reshape(-1) for b in model.buffers]).numpy(),
                 "bucket_groups": len(model.bucket_groups),
@@ -148,7 +189,106 @@ def _megatron_rank(rank: int, world: int, port: int, queue: Any) -> None:
             out["not_megatron"] = str(err)
         queue.put((rank, out))
     except BaseException as err:  # noqa: BLE001 - report to the parent instead of hanging it
-        queue.put((rank, {"error": repr(err)}))
+        queue.put((rank, {"error": _where(err)}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _megatron_pp_rank(rank: int, world: int, port: int, queue: Any) -> None:
+    """PP 2 x DP 2 (4 ranks): Megatron's parallel state, DDP and ``finalize_model_grads`` per stage,
+    one pacer per stage's DP group, 4 microbatches a step.
+
+    Megatron's schedules cannot run on a CPU-only torch: all three (``forward_backward_no_pipelining``,
+    ``..._pipelining_with_interleaving``, ``..._pipelining_without_interleaving``) allocate
+    ``torch.zeros([], dtype=torch.int, device="cuda")`` (``schedules.py`` 596, 983, 2138 in 0.16.1:
+    ``AssertionError: Torch not compiled with CUDA enabled``). So the test drives the pipeline by
+    hand (GPipe order: every microbatch's forward, then every backward; activations and their
+    gradients sent with gloo send/recv on Megatron's pipeline group) and ends each step as
+    Megatron's schedules do, with ``finalize_model_grads``.
+    """
+    torch.cuda.current_device = lambda: "cpu"  # the CPU shim (module doc)
+    import torch.distributed as dist
+
+    _init(rank, world, port)
+    try:
+        from megatron.core import parallel_state
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.transformer import TransformerConfig
+
+        from pacectl.torchdist.adapters import pace_megatron
+        from pacectl.torchdist.pacer import Pacer
+
+        parallel_state.initialize_model_parallel(pipeline_model_parallel_size=2)
+        dp = parallel_state.get_data_parallel_group()
+        pp = parallel_state.get_pipeline_model_parallel_group()
+        stage = parallel_state.get_pipeline_model_parallel_rank()
+        dp_rank = parallel_state.get_data_parallel_rank()
+        peer = (  # the other stage's rank with this DP rank
+            parallel_state.get_pipeline_model_parallel_next_rank()
+            if stage == 0
+            else parallel_state.get_pipeline_model_parallel_prev_rank()
+        )
+        out: dict[str, Any] = {"stage": stage, "dp_ranks": sorted(dist.get_process_group_ranks(dp))}
+        for paced in (False, True):
+            torch.manual_seed(stage)
+            module = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64))
+            # what finalize_model_grads reads of a Megatron model stage: no shared embedding here
+            module.pre_process, module.post_process = stage == 0, stage == 1
+            module.share_embeddings_and_output_weights = False
+            config = TransformerConfig(
+                num_layers=2,
+                hidden_size=64,
+                num_attention_heads=1,
+                pipeline_model_parallel_size=2,
+                pipeline_dtype=torch.float32,
+            )
+            model = DistributedDataParallel(config, DistributedDataParallelConfig(), module)
+            opt = torch.optim.SGD(module.parameters(), lr=0.1)
+            pacer = pace_megatron(model, Pacer(_engine(2), group=dp)) if paced else None
+            gen = torch.Generator().manual_seed(100 + dp_rank)
+            initial = torch.cat([p.detach().reshape(-1).clone() for p in module.parameters()])
+            for _ in range(_STEPS):
+                model.zero_grad_buffer()
+                if rank == 1:  # the straggler: stage 0's DP rank 1; stage 1's DP rank 1 waits on it
+                    time.sleep(_STRAGGLE_S)
+                inputs, outputs = [], []
+                for _ in range(4):  # forwards
+                    if stage == 0:
+                        x = torch.randn(8, 64, generator=gen)
+                    else:
+                        x = torch.empty(8, 64)
+                        dist.recv(x, peer, group=pp)
+                        x.requires_grad_()
+                    y = model(x)
+                    if stage == 0:
+                        dist.send(y.detach(), peer, group=pp)
+                    inputs.append(x)
+                    outputs.append(y)
+                for x, y in zip(inputs, outputs, strict=True):  # backwards
+                    if stage == 1:
+                        (y.pow(2).mean() / 4).backward()
+                        dist.send(x.grad, peer, group=pp)
+                    else:
+                        grad = torch.empty(8, 64)
+                        dist.recv(grad, peer, group=pp)
+                        y.backward(grad)
+                finalize_model_grads([model])  # where Megatron's schedules end a step
+                _sgd_on_main_grad(module, opt)
+            result: dict[str, Any] = {
+                "initial": initial.numpy(),
+                "params": torch.cat([p.detach().reshape(-1) for p in module.parameters()]).numpy(),
+                "grads": torch.cat([b.grad_data.reshape(-1) for b in model.buffers]).numpy(),
+            }
+            if pacer is not None:
+                result.update(_paced_result(pacer))
+            out[f"paced={paced}"] = result
+        queue.put((rank, out))
+    except BaseException as err:  # noqa: BLE001 - report to the parent instead of hanging it
+        queue.put((rank, {"error": _where(err)}))
     finally:
         dist.destroy_process_group()
 
@@ -205,21 +345,27 @@ def _deepspeed_rank(rank: int, world: int, port: int, queue: Any) -> None:
             out[f"stage={stage} gas={gas} paced={paced}"] = result
         queue.put((rank, out))
     except BaseException as err:  # noqa: BLE001 - report to the parent instead of hanging it
-        queue.put((rank, {"error": repr(err)}))
+        queue.put((rank, {"error": _where(err)}))
     finally:
         dist.destroy_process_group()
 
 
 def _check_paced(
-    ranks: dict[int, dict[str, Any]], paced: str, plain: str, collectives: int, iterations: int = _STEPS
+    ranks: dict[int, dict[str, Any]],
+    paced: str,
+    plain: str,
+    collectives: int,
+    iterations: int = _STEPS,
+    *,
+    compare: tuple[str, ...] = ("params",),
+    pair: tuple[int, int] = (0, 1),
 ) -> None:
-    for r in (0, 1):
-        for what in ("params", "grads"):
-            if what in ranks[r][plain]:
-                assert np.array_equal(ranks[r][paced][what], ranks[r][plain][what]), (
-                    f"rank {r}: {what} changed"
-                )
-    r0, r1 = ranks[0][paced], ranks[1][paced]
+    """``pair``: the global ranks of one DP group, in group order; the second is the late one."""
+    for r in pair:
+        for what in compare:  # a missing key is a KeyError: the comparison cannot pass unnoticed
+            a, b = ranks[r][paced][what], ranks[r][plain][what]
+            assert a.size and np.array_equal(a, b), f"rank {r}: {what} changed (or empty)"
+    r0, r1 = ranks[pair[0]][paced], ranks[pair[1]][paced]
     assert r0["gather"] == "async"  # auto on gloo; an adapter cannot piggyback
     np.testing.assert_array_equal(r0["decisions"], r1["decisions"])
     assert len(r0["decisions"]) == iterations
@@ -241,7 +387,20 @@ def test_megatron_core_ddp_paced_through_its_bucket_groups() -> None:
         case = f"distopt={distopt} overlap={overlap}"
         groups = ranks[0][f"{case} paced=False"]["bucket_groups"]
         assert groups == (4 if overlap else 1)
-        _check_paced(ranks, f"{case} paced=True", f"{case} paced=False", groups)
+        for r in (0, 1):  # the optimizer stepped (so the comparison below compares trained parameters)
+            plain = ranks[r][f"{case} paced=False"]
+            assert not np.array_equal(plain["params"], plain["initial"]), f"rank {r}: not trained"
+            # the sharded step and all-gather train as all-reduce + SGD does (to rounding)
+            np.testing.assert_allclose(
+                plain["params"],
+                ranks[r][f"distopt=False overlap={overlap} paced=False"]["params"],
+                rtol=0,
+                atol=1e-6,
+            )
+        np.testing.assert_array_equal(  # every rank holds the whole updated model
+            ranks[0][f"{case} paced=True"]["params"], ranks[1][f"{case} paced=True"]["params"]
+        )
+        _check_paced(ranks, f"{case} paced=True", f"{case} paced=False", groups, compare=("params", "grads"))
     assert "needs a megatron.core.distributed.DistributedDataParallel" in ranks[0]["not_megatron"]
 
 
@@ -253,3 +412,20 @@ def test_deepspeed_engine_paced_through_deepspeed_comm() -> None:
         # gradient accumulation: a backward without a gradient collective is no iteration
         _check_paced(ranks, f"{case} paced=True", f"{case} paced=False", collectives, _STEPS // gas)
         assert ranks[0][f"{case} paced=True"]["restored"]
+
+
+@needs_megatron
+def test_megatron_core_pipeline_parallel_paced_per_stage() -> None:
+    """PP 2 x DP 2: each stage's DP group has its own pacer; rank 1 (stage 0) straggles, so rank 3
+    (stage 1, fed by rank 1) arrives late too: each group paces its early rank, on its own. The
+    pipeline schedule is the test's own (Megatron's need CUDA: :func:`_megatron_pp_rank`)."""
+    ranks = _spawn(_megatron_pp_rank, 4, 900)
+    groups = sorted({tuple(ranks[r]["dp_ranks"]) for r in ranks})
+    assert groups == [(0, 1), (2, 3)], groups  # Megatron's default order: DP inside a stage
+    for pair in groups:
+        for r in pair:
+            plain = ranks[r]["paced=False"]
+            assert not np.array_equal(plain["params"], plain["initial"]), f"rank {r}: not trained"
+        _check_paced(ranks, "paced=True", "paced=False", 1, compare=("params", "grads"), pair=pair)
+    # the two groups decide on their own figures (their delays differ)
+    assert not np.array_equal(ranks[0]["paced=True"]["applied"], ranks[2]["paced=True"]["applied"])

@@ -19,13 +19,15 @@ Pacer then exchanges the figures on its group and decides, as for DDP. Gradients
   the iteration ends when ``engine.backward`` returns (a backward without a gradient collective,
   inside a gradient-accumulation window, is not an iteration).
 
-What ran (``experiments/frameworks/README.md``): 2 gloo ranks on CPU, megatron-core 0.16.1 with
+What ran (``experiments/frameworks/README.md``): gloo ranks on CPU, megatron-core 0.16.1 with
 ``overlap_grad_reduce`` off and on, each with and without ``use_distributed_optimizer`` (its
-gradient reduce-scatter; the distributed optimizer itself was not built), with a one-line CPU shim
+gradient reduce-scatter and parameter all-gather, with the shard step by hand: Megatron's
+``DistributedOptimizer`` cannot be built without CUDA), and PP 2 x DP 2 (one pacer per stage's DP
+group, the pipeline driven by the test: Megatron's schedules need CUDA), with a one-line CPU shim
 in the test (Megatron allocates its gradient buffers on ``torch.cuda.current_device()``, which fails
 without CUDA); DeepSpeed 0.19.8 on its CPU accelerator, ZeRO stages 0, 1 and 2 (all of them reduce
 with ``all_reduce`` there) and gradient accumulation. Not run: any CUDA/NCCL path, DeepSpeed's
-reduce-scatter paths, ZeRO-3, pipeline parallelism, virtual pipeline chunks, MoE expert groups.
+reduce-scatter paths, ZeRO-3, Megatron's pipeline schedules, virtual pipeline chunks, MoE expert groups.
 
 Example:
     >>> # decide = DecisionEngine("threshold", {}, {}, num_ranks=dp_size, seed=0)
