@@ -1,4 +1,4 @@
-"""Pacing inside Megatron-core and DeepSpeed (``pacectl.torchdist.adapters``), 2 gloo ranks on CPU.
+"""Pacing inside Megatron-core and DeepSpeed (``pacectl.torchdist.adapters``), 2 or 4 gloo ranks on CPU.
 
 Skipped, saying so, where the framework is not importable: neither is a pacectl dependency, and CI
 does not install them (``experiments/frameworks/README.md`` says how they were installed and run
@@ -11,8 +11,11 @@ here: megatron-core 0.16.1, DeepSpeed 0.19.8, beside torch 2.13.0 CPU, in a venv
 - DeepSpeed runs on its CPU accelerator (``DS_ACCELERATOR=cpu``) with ``dist_backend="gloo"``.
 
 Each case trains the same seeded model plain and paced (rank 1 straggling 30 ms before backward)
-and checks: the trained parameters are bit-identical, every rank decides alike, the early rank
-(rank 0) is the one paced, and every gradient collective of an iteration is recorded.
+and checks: the trained parameters are bit-identical, every rank of a DP group decides alike, the
+early rank is the one paced, and every gradient collective of an iteration is recorded. Cases:
+Megatron DDP (overlap off/on x ``use_distributed_optimizer`` off/on, the latter stepped by hand:
+:func:`_sharded_sgd_step`), Megatron PP 2 x DP 2 (4 ranks, the test's own pipeline schedule:
+:func:`_megatron_pp_rank`), DeepSpeed ZeRO 0-3 and gradient accumulation.
 """
 
 from __future__ import annotations
@@ -310,9 +313,23 @@ def _deepspeed_rank(rank: int, world: int, port: int, queue: Any) -> None:
         from pacectl.torchdist.pacer import Pacer
 
         deepspeed.init_distributed(dist_backend="gloo")  # torch.distributed is up: DeepSpeed adopts it
+        from pacectl.torchdist.adapters import DEEPSPEED_COLLECTIVES
+
+        calls = dict.fromkeys(DEEPSPEED_COLLECTIVES, 0)  # which of them each case issues (under the pacer's)
+
+        def counted(name: str, f: Any) -> Any:
+            def count(*args: Any, **kwargs: Any) -> Any:
+                calls[name] += 1
+                return f(*args, **kwargs)
+
+            return count
+
+        for name in DEEPSPEED_COLLECTIVES:
+            setattr(ds_comm, name, counted(name, getattr(ds_comm, name)))
         original = ds_comm.all_reduce
         out: dict[str, Any] = {}
-        for (stage, gas), paced in itertools.product(((0, 1), (1, 1), (2, 1), (0, 2)), (False, True)):
+        cases = ((0, 1), (1, 1), (2, 1), (0, 2), (3, 1))
+        for (stage, gas), paced in itertools.product(cases, (False, True)):
             torch.manual_seed(0)
             module = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
             config = {
@@ -334,10 +351,14 @@ def _deepspeed_rank(rank: int, world: int, port: int, queue: Any) -> None:
                 engine.backward(loss)
                 engine.step()
 
+            before = dict(calls)
             _train(step, rank)
-            result: dict[str, Any] = {
-                "params": torch.cat([p.detach().reshape(-1).clone() for p in module.parameters()]).numpy()
-            }
+            issued = {n: calls[n] - before[n] for n in calls if calls[n] > before[n]}
+            params = list(module.parameters())
+            # ZeRO-3 partitions the parameters: gather them whole to compare (a no-op below stage 3)
+            with deepspeed.zero.GatheredParameters(params, enabled=stage == 3):
+                trained = torch.cat([p.detach().reshape(-1).clone() for p in params]).numpy()
+            result: dict[str, Any] = {"params": trained, "calls": issued}
             if adapter is not None:
                 result.update(_paced_result(adapter.pacer))
                 adapter.detach()
@@ -407,8 +428,13 @@ def test_megatron_core_ddp_paced_through_its_bucket_groups() -> None:
 @needs_deepspeed
 def test_deepspeed_engine_paced_through_deepspeed_comm() -> None:
     ranks = _spawn(_deepspeed_rank, 2, 600)
-    for stage, gas, collectives in ((0, 1, 1), (1, 1, 4), (2, 1, 4), (0, 2, 1)):
+    for stage, gas, collectives in ((0, 1, 1), (1, 1, 4), (2, 1, 4), (0, 2, 1), (3, 1, 4)):
         case = f"stage={stage} gas={gas}"
+        calls = ranks[0][f"{case} paced=True"]["calls"]
+        if stage == 3:  # ZeRO-3 reduces gradients with reduce-scatter, 4 buckets a backward
+            assert calls.get("reduce_scatter_fn") == 4 * _STEPS, calls
+        else:  # on the CPU accelerator ZeRO 0-2 reduce with all_reduce (module doc)
+            assert "all_reduce" in calls and "reduce_scatter_fn" not in calls, calls
         # gradient accumulation: a backward without a gradient collective is no iteration
         _check_paced(ranks, f"{case} paced=True", f"{case} paced=False", collectives, _STEPS // gas)
         assert ranks[0][f"{case} paced=True"]["restored"]

@@ -26,8 +26,9 @@ gradient reduce-scatter and parameter all-gather, with the shard step by hand: M
 group, the pipeline driven by the test: Megatron's schedules need CUDA), with a one-line CPU shim
 in the test (Megatron allocates its gradient buffers on ``torch.cuda.current_device()``, which fails
 without CUDA); DeepSpeed 0.19.8 on its CPU accelerator, ZeRO stages 0, 1 and 2 (all of them reduce
-with ``all_reduce`` there) and gradient accumulation. Not run: any CUDA/NCCL path, DeepSpeed's
-reduce-scatter paths, ZeRO-3, Megatron's pipeline schedules, virtual pipeline chunks, MoE expert groups.
+with ``all_reduce`` there), ZeRO-3 (``reduce_scatter_fn``) and gradient accumulation. Not run: any
+CUDA/NCCL path, DeepSpeed's GPU reduce-scatter paths, Megatron's pipeline schedules, virtual
+pipeline chunks, MoE expert groups.
 
 Example:
     >>> # decide = DecisionEngine("threshold", {}, {}, num_ranks=dp_size, seed=0)
