@@ -507,7 +507,7 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         option = missing[len(group) + 1 :]
         available = list(options)
         if not option:
-            return f"{group}= needs an option of conf/{group}/: one of {', '.join(available)}"
+            return f"{group}= needs an option of the {group} group: one of {', '.join(available)}"
         hint = did_you_mean(option, available)
         fix = f" Did you mean {group}={hint}?" if hint else ""
         if group == "trace" and (not re.fullmatch(r"[\w-]+", option) or Path(option).is_dir()):

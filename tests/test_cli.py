@@ -27,8 +27,8 @@ def test_an_empty_group_choice_lists_every_option(capsys) -> None:
     from pacectl.controllers import FAMILIES
 
     err = _check(capsys, ["controller="])
-    options = ", ".join(sorted(["all", *FAMILIES]))  # all.yaml and every registered family
-    assert f"controller= needs an option of conf/controller/: one of {options}" in err
+    options = ", ".join(sorted(["all", *FAMILIES]))  # controller=all and every registered family
+    assert f"controller= needs an option of the controller group: one of {options}" in err
     assert "sleep_wait, threshold" in err
 
 

@@ -26,9 +26,10 @@ then on, with no other file touched, it is:
   ``controller.units=iteration``) or one is shipped as ``conf/tune/space/<family>[.iteration].yaml``;
 - listed in ``--help`` and by :func:`describe`.
 
-A YAML preset under ``conf/controller/`` is optional, under a name of its own (a file named like a
-family would be merged into the stored defaults, which Hydra deprecates): ``defaults: [pid, _self_]``
-and then the keys it changes.
+A YAML preset is optional: none is shipped (the ``controller`` group lives in the ConfigStore
+only), but a file ``conf/controller/<preset>.yaml`` is an option of the group, under a name of its
+own (a file named like a family would be merged into the stored defaults, which Hydra deprecates):
+``defaults: [pid, _self_]`` and then the keys it changes.
 """
 
 from __future__ import annotations

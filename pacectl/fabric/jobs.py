@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,6 +150,34 @@ def _merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
+def _named_mappings(
+    value: Mapping[Any, Any],
+    where: str,
+    names: Sequence[str] | None,
+    example: str,
+    unknown: tuple[str, str],
+    holds: str,
+) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """The items of the mapping ``value`` at ``where``: each key one of ``names`` (None: any) and each
+    value a mapping (of ``holds``, ``{}`` standing for the key). A key not among ``names`` is the
+    error ``unknown[0]``, its ``{key}`` the key and its ``{hint}`` ``unknown[1]`` with the closest
+    name in its ``{}`` (nothing when none is close): ``cluster.per_job`` and a job's ``controller_params``.
+
+    Raises:
+        ConfigError: the first key that is not among ``names``, or the first value that is not a mapping.
+    """
+    for key, entry in value.items():
+        if names is not None and key not in names:
+            close = did_you_mean(str(key), names)
+            hint = unknown[1].replace("{}", close) if close else ""
+            raise ConfigError(unknown[0].replace("{key}", str(key)).replace("{hint}", hint))
+        if not isinstance(entry, Mapping):
+            raise ConfigError(
+                f"{where}.{key} must be a mapping of {holds.replace('{}', str(key))}, got {entry!r}; e.g. {example}"
+            )
+        yield str(key), entry
+
+
 def _per_job(per_job: object, names: Sequence[str], cluster: str) -> Mapping[str, Mapping[str, Any]]:
     """The ``cluster.per_job`` mapping, checked: every key a job's name, every value a job's keys."""
     if per_job is None:
@@ -159,18 +187,18 @@ def _per_job(per_job: object, names: Sequence[str], cluster: str) -> Mapping[str
         raise ConfigError(
             f"cluster.per_job must be a mapping from a job's name to its keys, got {per_job!r}; e.g. {example}"
         )
-    for name, keys in per_job.items():
-        if name not in names:
-            close = did_you_mean(str(name), names)
-            hint = f" Did you mean cluster.per_job.{close}?" if close else ""
-            raise ConfigError(
-                f"cluster.per_job.{name} names no job of cluster={cluster}: its jobs are {list(names)}.{hint} "
-                f"Name one of them, e.g. {example}"
-            )
-        if not isinstance(keys, Mapping):
-            raise ConfigError(
-                f"cluster.per_job.{name} must be a mapping of job {name}'s keys, got {keys!r}; e.g. {example}"
-            )
+    unknown = (  # {key}: the name given, {hint}: its did-you-mean
+        f"cluster.per_job.{{key}} names no job of cluster={cluster}: its jobs are {list(names)}.{{hint}} "
+        f"Name one of them, e.g. {example}"
+    )
+    for name, keys in _named_mappings(
+        per_job,
+        "cluster.per_job",
+        names,
+        example,
+        (unknown, " Did you mean cluster.per_job.{}?"),
+        "job {}'s keys",
+    ):
         if any(k not in JOB_KEYS or k == "name" for k in keys):
             raise unknown_keys_error(f"cluster.per_job.{name}", keys, [k for k in JOB_KEYS if k != "name"])
     return per_job
@@ -186,19 +214,14 @@ def _controller_params(value: object, where: str, controllers: Sequence[str]) ->
             f"{where} must be a mapping from a controller family to its parameters for this job, "
             f"got {value!r}; e.g. {example}"
         )
+    unknown = (  # {key}: the family given, {hint}: its did-you-mean
+        f"{where}.{{key}}: '{{key}}' is not a controller family{{hint}}; the families are {sorted(controllers)}, "
+        f"e.g. {example}"
+    )
     out: dict[str, dict[str, Any]] = {}
-    for family, params in value.items():
-        if controllers and family not in controllers:
-            close = did_you_mean(str(family), controllers)
-            hint = f" (did you mean {close!r}?)" if close else ""
-            raise ConfigError(
-                f"{where}.{family}: {family!r} is not a controller family{hint}; the families are "
-                f"{sorted(controllers)}, e.g. {example}"
-            )
-        if not isinstance(params, Mapping):
-            raise ConfigError(
-                f"{where}.{family} must be a mapping of {family}'s parameters, got {params!r}; e.g. {example}"
-            )
+    for family, params in _named_mappings(
+        value, where, controllers or None, example, (unknown, " (did you mean '{}'?)"), "{}'s parameters"
+    ):
         if controllers:
             from pacectl.controllers import FAMILIES
 
@@ -206,7 +229,9 @@ def _controller_params(value: object, where: str, controllers: Sequence[str]) ->
             known = FAMILIES[str(family)].params
             if any(k not in known for k in params):
                 raise unknown_keys_error(f"{where}.{family}", params, known)
-            type(cls.__name__, (cls,), {"section": f"{where}.{family}", "owner": None})(**params)  # types, ranges
+            type(cls.__name__, (cls,), {"section": f"{where}.{family}", "owner": None})(
+                **params
+            )  # types, ranges
         out[str(family)] = dict(params)
     return out
 
