@@ -489,9 +489,11 @@ def validate_run_config(cfg: DictConfig) -> None:
     if isinstance(root, type) and issubclass(root, RunSettings):
         own = [f.name for f in dataclasses.fields(RunSettings)]
         typed(RunSettings, OmegaConf.masked_copy(cfg, own))
-    for key in ("cluster", "analysis", "controller"):  # typed groups: their ranges (a family: when built)
+    # the typed groups' ranges; a controller family's when it is built, backend=torch's by
+    # torch_config (it also looks at this machine: pacectl.run checks it before any job)
+    for key in ("cluster", "analysis", "controller", "backend"):
         kind = OmegaConf.get_type(cfg, key) if key in cfg else None
-        if kind in (ClusterConfig, Pacing, Whatif, AllControllers):
+        if kind in (ClusterConfig, Pacing, Whatif, AllControllers, ReplayConfig, SimConfig):
             typed(kind, cfg[key])
     if cfg.get("guard") is not None:  # the guard checks its own values: here, before any work
         controller_factory("none", {}, cfg.guard)()

@@ -132,7 +132,10 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from pacectl.config import config_int, controller_factory, exchange_schedule, load_trace, make_comm_model
+from pacectl.backends.replay import ReplayConfig
+from pacectl.backends.sim import SimConfig
+from pacectl.checks import typed
+from pacectl.config import controller_factory, exchange_schedule, load_trace, make_comm_model
 from pacectl.errors import ConfigError
 from pacectl.loop import ExchangeSchedule
 from pacectl.traces.model import OpTrace
@@ -213,22 +216,12 @@ class Experiment(abc.ABC):
         return None
 
 
-def actuators_of(value: object) -> tuple[str, ...]:
-    """``backend.actuator``: ``delay``, ``clock`` or ``both`` (every controller with each, delay first).
-
-    Raises:
-        ConfigError: any other value.
-    """
+def actuators_of(value: str) -> tuple[str, ...]:
+    """``backend.actuator`` (checked by its typed config): ``delay``, ``clock`` or ``both`` (every
+    controller with each, delay first)."""
     from pacectl.fabric.power import ACTUATORS
 
-    if value == "both":
-        return ACTUATORS
-    if value not in ACTUATORS:
-        raise ConfigError(
-            f"backend.actuator must be one of {[*ACTUATORS, 'both']}, got {value!r}; e.g. backend.actuator=clock "
-            "(run the early rank's compute slower instead of sleeping) or backend.actuator=both (side by side)"
-        )
-    return (str(value),)
+    return ACTUATORS if value == "both" else (value,)
 
 
 class _ClosedLoop(Experiment):
@@ -309,7 +302,8 @@ class ReplayExperiment(_ClosedLoop):
 
         cluster = as_dict(cfg.cluster)
         self.power = power_from(cluster)
-        self.actuators = actuators_of(cfg.backend.get("actuator", "delay"))
+        spec = typed(ReplayConfig, cfg.backend)
+        self.actuators = actuators_of(spec.actuator)
         self.trace = load_trace(cfg.trace)
         fitted = comm_name(cfg.get("comm")) == "fitted"
         if fitted:
@@ -328,7 +322,7 @@ class ReplayExperiment(_ClosedLoop):
             )
         self.backend = ReplayBackend(
             self.trace,
-            paced_optype=str(cfg.backend.paced_optype),
+            paced_optype=spec.paced_optype,
             comm_model=comm,
             actuator=self.actuators[0],
             power=self.power,
@@ -505,8 +499,9 @@ class SimExperiment(_ClosedLoop):
         cluster = as_dict(cfg.cluster)
         self.cluster_name = str(cluster.get("name", "?"))
         self.power = power_from(cluster)
-        self.actuators = actuators_of(cfg.backend.get("actuator", "delay"))
-        num_ranks = config_int(cfg.backend.num_ranks, "backend.num_ranks")
+        spec = typed(SimConfig, cfg.backend)
+        self.actuators = actuators_of(spec.actuator)
+        num_ranks = spec.num_ranks
         comm, interference = sim_fabric(cluster, cfg.get("comm"), num_ranks)
         _warn_if_inert(
             cfg, comm, interference_kappa=interference.kappa if interference.active(num_ranks) else 0.0
@@ -522,11 +517,11 @@ class SimExperiment(_ClosedLoop):
             )
         self.backend = SimBackend(
             num_ranks=num_ranks,
-            num_iterations=config_int(cfg.backend.num_iterations, "backend.num_iterations"),
+            num_iterations=spec.num_iterations,
             compute=compute_from(cluster),
             comm=comm,
             interference=interference,
-            record=cfg.backend.get("record", False),
+            record=spec.record,
             actuator=self.actuators[0],
             power=self.power,
             power_cap=power_cap_from(cluster),
@@ -613,14 +608,15 @@ class MultiJobSimExperiment(_ClosedLoop):
         self.cluster_name = str(cluster.get("name", "?"))
         profile = cluster_config(cluster)
         self.power = power_from(profile)
-        self.actuators = actuators_of(cfg.backend.get("actuator", "delay"))
+        spec = typed(SimConfig, cfg.backend)
+        self.actuators = actuators_of(spec.actuator)
         comm = comm_name(cfg.get("comm"))
         if comm == "fitted":
             raise ConfigError(
                 "comm=fitted is fitted from a recorded trace, so it needs backend=replay, got backend=sim; "
                 "the simulator takes comm=null, alpha_beta or contention"
             )
-        if cfg.backend.get("record", False):
+        if spec.record:
             raise ConfigError(
                 f"backend.record=true is not supported with several jobs on one fabric (cluster={self.cluster_name} "
                 "has cluster.jobs): no canonical trace of a multi-job run yet; use backend.record=false"
@@ -636,7 +632,7 @@ class MultiJobSimExperiment(_ClosedLoop):
                 "has cluster.jobs): bucketed backward is modelled by the single-job simulator only; "
                 "e.g. cluster.buckets.count=1"
             )
-        fabric_ranks = config_int(cfg.backend.num_ranks, "backend.num_ranks")
+        fabric_ranks = spec.num_ranks
         topology = profile.topology
         coll = profile.collective
         self.jobs = parse_jobs(
@@ -652,7 +648,7 @@ class MultiJobSimExperiment(_ClosedLoop):
             self.jobs,
             topology,
             fabric_ranks,
-            num_iterations=config_int(cfg.backend.num_iterations, "backend.num_iterations"),
+            num_iterations=spec.num_iterations,
             comm=comm,
             interference=profile.interference_model(),
             cross_traffic=profile.cross_traffic,

@@ -658,16 +658,23 @@ def _validate_once(cfg: DictConfig) -> None:
 
 def _check_config(cfg: DictConfig) -> None:
     """What the job would refuse at once, checked before Hydra creates the run folder."""
-    from pacectl.config import config_int, controller_families, validate_run_config
+    from pacectl.backends.sim import SimConfig
+    from pacectl.checks import typed
+    from pacectl.config import as_dict, controller_families, validate_run_config
 
     _checked.clear()
     validate_run_config(cfg)
     runs = len(controller_families(cfg))
     backend = cfg.get("backend")
-    if backend is not None and backend.get("name") == "sim":  # the job's size is known up front
+    name = backend.get("name") if backend is not None else None
+    if name == "torch":  # a -m sweep's every job, before the first one runs (torch is not imported)
+        from pacectl.torchdist.core import torch_config
+
+        torch_config(as_dict(backend))
+    if name == "sim":  # the job's size is known up front
+        spec = typed(SimConfig, backend)
         with_parquet = bool(cfg.output.get("iterations", True))
-        rows = (runs if with_parquet else 1) * config_int(backend.get("num_ranks"), "backend.num_ranks")
-        rows *= config_int(backend.get("num_iterations"), "backend.num_iterations")
+        rows = (runs if with_parquet else 1) * spec.num_ranks * spec.num_iterations
         _check_memory(rows, with_parquet, announce=False)
     _checked.append(cfg)
 

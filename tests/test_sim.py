@@ -292,7 +292,8 @@ def test_cli_rejects_a_non_boolean_record(tmp_path: Path) -> None:
     proc = _cli(*SIM, "backend.record=maybe", "controller=none", out=tmp_path / "run")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == (
-        "pacectl.run: error: backend.record must be true or false, got 'maybe'; e.g. backend.record=true"
+        "pacectl.run: error: backend.record must be true or false, got 'maybe' "
+        "(override: backend.record=<value>)"
     )
 
 

@@ -123,3 +123,42 @@ def test_the_formatter_names_key_value_constraint_example_and_a_near_key() -> No
     with pytest.raises(Exception) as info:
         OmegaConf.merge(node, {"unit": 1})
     assert "did you mean unit_s?" in config_error(info.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "key"),
+    [
+        (["backend=torch", "backend.nproc_per_node=2,0"], "backend.nproc_per_node"),
+        (["backend=torch", "backend.pacing.gather=async,sometimes"], "backend.pacing.gather"),
+        (["backend=torch", "backend.straggler.prob=0.5,2"], "backend.straggler.prob"),
+        (["backend=torch", "backend.socket_ifname=lo,no_such_nic0"], "backend.socket_ifname"),
+        (["backend=sim", "backend.actuator=delay,clok"], "backend.actuator"),
+        (["backend=sim", "backend.num_iterations=5,0"], "backend.num_iterations"),
+        (["backend=replay", "trace=st", "backend.actuator=clock,bogus"], "backend.actuator"),
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, list) else "",
+)
+def test_a_sweep_refuses_a_bad_backend_value_before_its_first_job(
+    tmp_path: Path, args: list[str], key: str
+) -> None:
+    """``-m``: every job's backend.* is checked by its typed config (backend=torch: torch_config,
+    torch not imported) before the first job runs, so the good first job does not run either."""
+    from pacectl.run import main
+
+    out = tmp_path / "sweep"
+    proc = run_command(main, ["-m", *args, f"hydra.sweep.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("warning")]
+    assert len(lines) == 1 and lines[0].startswith("pacectl.run: error: sweep job (") and key in lines[0], lines
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_the_backend_ranges_are_the_typed_configs_own() -> None:
+    """The experiments read replay/sim's settings through their typed config: a value out of a
+    declared range is refused there too, for a caller in Python."""
+    from pacectl.errors import ConfigError
+    from pacectl.experiment import SimExperiment
+
+    cfg = OmegaConf.create({"backend": {"name": "sim", "num_ranks": 4, "num_iterations": -1}, "cluster": {}})
+    with pytest.raises(ConfigError, match=r"^backend\.num_iterations must be an integer >= 1, got -1"):
+        SimExperiment(cfg)

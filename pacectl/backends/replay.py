@@ -19,10 +19,10 @@ from typing import ClassVar
 import numpy as np
 
 from pacectl.backends.dag import Level, StepDag, compile_dag, estimate_intrinsic, evaluate
-from pacectl.checks import Checked
+from pacectl.checks import Checked, within
 from pacectl.errors import BackendError, ConfigError
 from pacectl.fabric.base import CommModel, NullComm
-from pacectl.fabric.power import PowerProfile, check_actuator, power_profile
+from pacectl.fabric.power import ACTUATOR_CHOICES, PowerProfile, check_actuator, power_profile
 from pacectl.traces.model import COMPUTE_OPTYPES, OpTrace
 from pacectl.types import Action, Backend, Domain, FloatArray, IntArray, Observation, RankCompute
 
@@ -61,7 +61,7 @@ class ReplayConfig(Checked):
     section: ClassVar[str] = "backend"
     name: str = "replay"
     paced_optype: str = "grads-reduce-scatter"
-    actuator: str = "delay"
+    actuator: str = within("delay", choices=ACTUATOR_CHOICES)
 
 
 class ReplayBackend(Backend):

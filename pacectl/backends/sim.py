@@ -38,7 +38,13 @@ from pacectl.errors import BackendError, ConfigError
 from pacectl.fabric.contention import EarlyArrivalInterference, SimComm
 from pacectl.fabric.noise import ComputeModel, ComputeStream
 from pacectl.fabric.overlap import BucketEngine
-from pacectl.fabric.power import PowerProfile, check_actuator, clock_for_delay, power_profile
+from pacectl.fabric.power import (
+    ACTUATOR_CHOICES,
+    PowerProfile,
+    check_actuator,
+    clock_for_delay,
+    power_profile,
+)
 from pacectl.fabric.powercap import NodePowerCap
 from pacectl.traces.model import JobMeta, OpTrace, validate_ops
 from pacectl.types import Action, Backend, Domain, IntArray, Observation, RankCompute
@@ -63,7 +69,7 @@ class SimConfig(Checked):
     num_ranks: int = within(64, ">= 1")
     num_iterations: int = within(500, ">= 1")
     record: Any = flag(False)
-    actuator: str = "delay"
+    actuator: str = within("delay", choices=ACTUATOR_CHOICES)
 
 
 class SimBackend(Backend):

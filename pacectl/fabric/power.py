@@ -349,6 +349,8 @@ POWER_PROFILES: dict[str, PowerProfile] = {
 
 #: How a pacing delay is applied (``backend.actuator``).
 ACTUATORS = ("delay", "clock")
+#: ``backend.actuator``: an actuator, or ``both`` (every controller with each, delay first)
+ACTUATOR_CHOICES = (*ACTUATORS, "both")
 
 
 def check_actuator(value: object) -> str:
