@@ -1023,6 +1023,34 @@ def test_study_without_recorded_settings_is_refused(tmp_path: Path) -> None:
     assert len(_trials(str(journal), "st-threshold")) == 1
 
 
+def test_study_from_an_older_pacectl_recording_fewer_settings_is_refused_with_a_way_out(
+    tmp_path: Path,
+) -> None:
+    """A study whose recorded settings are this command's minus some (an older pacectl.tune recorded
+    fewer: the profile's defaults such as cluster.cross_traffic.stagger) is refused in one line that
+    says why and names the new study to start, and it keeps its trials."""
+    from pacectl.tuning.settings import SETTINGS_ATTR
+
+    out = tmp_path / "run"
+    args = [*FAST, "controller=threshold", f"hydra.run.dir={out}"]
+    assert _tune(*args, "tune.n_trials=1", cwd=tmp_path).returncode == 0
+    journal = str(out / "optuna.journal")
+    study = optuna.load_study(study_name="st-threshold", storage=StorageSpec("journal", journal).open())
+    older = study.user_attrs[SETTINGS_ATTR]
+    older["episodes"] = {k: v for k, v in older["episodes"].items() if k != "guard"}
+    study.set_user_attr(SETTINGS_ATTR, older)
+    proc = _tune(*args, "tune.n_trials=2", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, (
+        proc.stderr
+    )
+    assert "cannot resume: it was made by an older pacectl.tune" in proc.stderr
+    assert (
+        "(episodes: guard)" in proc.stderr
+        and "Start a new study: tune.study_name=st-threshold-2" in proc.stderr
+    )
+    assert len(_trials(journal, "st-threshold")) == 1
+
+
 def test_run_dir_at_a_file_is_one_error_line(tmp_path: Path) -> None:
     afile = tmp_path / "afile"
     afile.write_text("")

@@ -149,7 +149,9 @@ def test_a_sweep_refuses_a_bad_backend_value_before_its_first_job(
     proc = run_command(main, ["-m", *args, f"hydra.sweep.dir={out}"], cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if not line.startswith("warning")]
-    assert len(lines) == 1 and lines[0].startswith("pacectl.run: error: sweep job (") and key in lines[0], lines
+    assert len(lines) == 1 and lines[0].startswith("pacectl.run: error: sweep job (") and key in lines[0], (
+        lines
+    )
     assert "Traceback" not in proc.stderr and not out.exists()
 
 

@@ -87,6 +87,13 @@ _RESUME_FIX = (
 )
 
 
+def _within(old: Any, new: Any) -> bool:
+    """Whether every setting of ``old`` is in ``new`` with the same value (``new`` may hold more)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return all(k in new and _within(v, new[k]) for k, v in old.items())
+    return bool(old == new)
+
+
 def _previous_study_name(out_dir: Path) -> str | None:
     """The study whose outputs ``out_dir/tune.json`` holds, or None (no readable tune.json)."""
     import json
@@ -127,6 +134,14 @@ def _open_study(
         )
     if recorded is None:
         study.set_user_attr(SETTINGS_ATTR, settings)  # first, so a concurrent opener sees it
+    elif recorded != settings and "objectives" not in settings and _within(recorded, settings):
+        added = settings_diff(exchange_shown(recorded), exchange_shown(settings))
+        raise ConfigError(  # the study's pacectl recorded less: this one's trials are not comparable
+            f"study {name!r} in {spec.display} cannot resume: it was made by an older pacectl.tune, which did "
+            f"not record settings this one does ({'; '.join(d.partition(': not set in')[0] for d in added[:4])}"
+            f"{'; ...' if len(added) > 4 else ''}), so its trials cannot be checked against this command's. "
+            f"Start a new study: tune.study_name={name}-2 (or another hydra.run.dir when tune.storage is null)"
+        )
     elif recorded != settings:
         diffs = settings_diff(exchange_shown(recorded), exchange_shown(settings))
         shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
