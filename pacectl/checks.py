@@ -27,7 +27,7 @@ import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -86,10 +86,11 @@ def within(
     return field(default=default, metadata=meta)
 
 
-def flag(default: bool) -> Any:
+def flag(default: bool | None) -> Any:
     """A true-or-false field, annotated ``Any``: OmegaConf would read ``no``, ``off`` or ``2`` as a
-    boolean, this refuses anything but true and false (in ``__post_init__``)."""
-    return field(default=default, metadata={"kind": bool})
+    boolean, this refuses anything but true and false (in ``__post_init__``); a None default: unset,
+    and None is allowed."""
+    return field(default=default, metadata={"kind": bool, "optional": default is None})
 
 
 def shown(value: object) -> str:
@@ -197,7 +198,7 @@ class Checked:
         for f in fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
             kind, optional, many = kinds[f.name]
-            kind = f.metadata.get("kind", kind)
+            kind, optional = f.metadata.get("kind", kind), optional or f.metadata.get("optional", False)
             if kind is None or (value is None and optional) or value == "???":  # "???": not set yet
                 continue
             rng, choices = f.metadata.get("range"), f.metadata.get("choices")
@@ -261,7 +262,7 @@ def typed(cls: type[C], node: object, section: str | None = None) -> C:
         ConfigError: one line (:func:`pacectl.errors.config_error`): a wrong type, an unknown key
             (with a did-you-mean), a value out of range, or a key that must be set and is not.
     """
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig, ListConfig, OmegaConf
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
     where = cls.section if section is None else section
@@ -284,4 +285,13 @@ def typed(cls: type[C], node: object, section: str | None = None) -> C:
         key = f"{where}.{err.full_key}" if where else str(err.full_key)
         raise ConfigError(f"{key} must be set (override: {key}=<value>)") from None
     except OmegaConfBaseException as err:
+        hints = typing.get_type_hints(cls)
+        for key, value in (node or {}).items():  # a list for a mapping: OmegaConf names no key
+            args = typing.get_args(hints.get(str(key))) or (hints.get(str(key)),)
+            mapping = any(
+                typing.get_origin(a) is dict or is_dataclass(a) for a in (hints.get(str(key)), *args)
+            )
+            if mapping and isinstance(value, list | tuple | ListConfig) and not getattr(err, "full_key", ""):
+                name = f"{where}.{key}" if where else str(key)
+                raise ConfigError(f"{name} must be a mapping, got {shown(list(value))}") from None
         raise ConfigError(config_error(err, where)) from None

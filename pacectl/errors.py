@@ -119,7 +119,7 @@ def _kind(hint: Any) -> str:
     import dataclasses
     import typing
 
-    if dataclasses.is_dataclass(hint):
+    if dataclasses.is_dataclass(hint) or typing.get_origin(hint) is dict:
         return "a mapping"
     if typing.get_origin(hint) in (list, tuple):
         inner = (typing.get_args(hint) or (Any,))[0]

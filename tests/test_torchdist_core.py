@@ -245,7 +245,15 @@ def test_engine_warns_on_a_failing_controller(monkeypatch) -> None:
 
 @pytest.mark.parametrize(
     "control",
-    [{"controller": 5}, {"guard": 5}, {"guard": {"bogus": 1}}, {"controller": {"name": "pid", "bogus": 2}}],
+    [
+        {"controller": 5},
+        {"guard": 5},
+        {"guard": [1]},
+        {"guard": {"bogus": 1}},
+        {"controller": {"name": "pid", "bogus": 2}},
+        {"enabled": "yes"},
+        {"enabld": False},
+    ],
 )
 def test_control_messages_of_the_wrong_shape_are_rejected_not_fatal(tmp_path, control) -> None:
     """A mistyped control file is ignored with a warning; it must never reach (and crash) the ranks."""
@@ -567,6 +575,27 @@ def test_live_exchange_line_names_the_resolved_mode_and_the_lag() -> None:
         "figures exchanged by 'piggyback' (beside carrier buckets over 1024 bytes); "
         "a decision on iteration k paces k + 2"
     )
+
+
+@pytest.mark.parametrize(
+    ("control", "line"),
+    [
+        ({"enabled": "yes"}, "pacing control: enabled must be true or false, got 'yes' (in ctl.json)"),
+        ({"guard": [1]}, "pacing control: guard must be a mapping, got [1] (in ctl.json)"),
+        ({"controller": 5}, "pacing control: controller must be a mapping or null, got 5 (in ctl.json)"),
+        (
+            {"enabld": False},
+            "pacing control: enabld: no such key (known: enabled, controller, guard); did you mean enabled?",
+        ),
+    ],
+)
+def test_a_control_message_is_checked_by_its_typed_config(control: dict, line: str) -> None:
+    """ControlMessage: the file's key, what it must be, the file, and an example; null leaves a key as it is."""
+    with pytest.raises(ConfigError) as info:
+        validate_control(control, source="ctl.json")
+    assert str(info.value).startswith(line) and "\n" not in str(info.value)
+    assert 'for example {"enabled": false}' in str(info.value)
+    assert validate_control({"enabled": None, "controller": None}, source="ctl.json") == {}
 
 
 def test_engine_resolves_auto_horizons_from_its_exchange_and_in_runtime_controls() -> None:

@@ -581,37 +581,40 @@ class DecisionEngine:
         return True
 
 
-_CONTROL_KEYS = {"enabled", "controller", "guard"}
+@dataclass(kw_only=True)
+class ControlMessage(Checked):
+    """A runtime control message (the JSON file ``backend.pacing.control_path``), every key optional:
+    ``enabled`` (true or false: the guard's kill switch), ``controller`` (a controller config:
+    ``name`` plus parameters, as in ``controller=<family>``; without ``name``, the running
+    family's), ``guard`` (SafetyGuard keyword arguments). A key set to null is left as it is."""
+
+    enabled: Any = flag(None)
+    controller: dict[str, Any] | None = None
+    guard: dict[str, Any] | None = None
+
+    def where(self, key: str) -> tuple[str, str]:
+        return key, ""  # a key of the file, not an override: validate_control says which file
 
 
 def validate_control(control: Any, *, source: str, family: str | None = None) -> dict[str, Any]:
-    """Check a runtime control message: ``{"enabled": bool, "controller": {...}, "guard": {...}}``.
-
-    Every key is optional. ``controller`` is a controller config (``name`` plus parameters, as in
-    ``controller=<family>``; without ``name``, the running family's, ``family``); ``guard`` holds
-    SafetyGuard keyword arguments.
+    """Check a runtime control message (:class:`ControlMessage`), and that its controller builds.
 
     Raises:
-        ConfigError: not a mapping, an unknown key, or a controller that does not build, naming the
-            file's key and ``source``.
+        ConfigError: not a mapping, an unknown key, a wrong type, or a controller that does not
+            build, naming the file's key and ``source``.
     """
+    from pacectl.checks import typed
+
     if not isinstance(control, dict):
         raise ConfigError(f"pacing control must be a JSON object, got {control!r} (in {source})")
-    unknown = sorted(set(control) - _CONTROL_KEYS)
-    if unknown:
+    try:
+        typed(ControlMessage, control)
+        control = {k: v for k, v in control.items() if v is not None}  # null: left as it is
+    except ConfigError as err:
         raise ConfigError(
-            f"pacing control keys must be among {sorted(_CONTROL_KEYS)}, got {unknown!r} (in {source})"
-        )
-    if "enabled" in control and not isinstance(control["enabled"], bool):
-        raise ConfigError(
-            f"pacing control 'enabled' must be true or false, got {control['enabled']!r} (in {source})"
-        )
-    for key in ("controller", "guard"):
-        if key in control and not isinstance(control[key], dict):
-            raise ConfigError(
-                f"pacing control {key!r} must be a JSON object, got {control[key]!r} (in {source}); "
-                'for example {"controller": {"name": "pid", "kp": 0.2}} or {"guard": {"max_delay_frac": 0.3}}'
-            )
+            f"pacing control: {str(err).partition(': for example')[0]} (in {source}); for example "
+            '{"enabled": false}, {"controller": {"name": "pid", "kp": 0.2}} or {"guard": {"max_delay_frac": 0.3}}'
+        ) from None
     spec = dict(control.get("controller", {}))
     name = spec.pop("name", family)
     if name is None and spec:
