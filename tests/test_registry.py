@@ -141,3 +141,21 @@ def test_a_name_must_be_its_own_and_free() -> None:
     ):
         register("threshold")(Unnamed)
     assert "other" not in FAMILIES and FAMILIES["threshold"].cls.__name__ == "ThresholdController"
+
+
+def test_its_command_line_values_are_checked_like_a_shipped_familys(tmp_path: Path) -> None:
+    """``python -m pacectl.run controller=deadband``: a wrong type (OmegaConf, from its typed fields)
+    and a value out of its declared range (its ``within``) are one line and exit 2, no folder."""
+    from pacectl.run import main
+    from pacectl.testing.commands import run_command
+
+    for value in ("abc", "2"):
+        out = tmp_path / value
+        proc = run_command(
+            main,
+            ["trace=st", "controller=deadband", f"controller.gain={value}", f"hydra.run.dir={out}"],
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert "gain must be " in proc.stderr and "in (0, 1], got " in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and not out.exists()

@@ -11,18 +11,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from pacectl.backends.replay import ReplayConfig
-from pacectl.backends.sim import SimConfig
 from pacectl.checks import Range
-from pacectl.config import Exchange, Output, Pacing, RunSettings, Whatif
-from pacectl.controllers import FAMILIES
-from pacectl.controllers.guard import GuardConfig
+from pacectl.config import RunSettings, TuneRunConfig
 from pacectl.errors import config_error
 from pacectl.fabric import profile as P
 from pacectl.testing.commands import run_command
-from pacectl.torchdist.core import TorchConfig
 from pacectl.traces.formats import FORMATS
-from pacectl.tuning.config import Settings, SimSettings
 
 
 def _bad_values(cls: type, prefix: str = "") -> list[tuple[str, str]]:
@@ -47,38 +41,43 @@ def _bad_values(cls: type, prefix: str = "") -> list[tuple[str, str]]:
     return out
 
 
+def _registered(group: str) -> dict[str, type]:
+    """The options of a config group stored in Hydra's ConfigStore, and their typed configs: what
+    ``pacectl.config`` registers (every trace format, backend, controller family, ...)."""
+    from hydra.core.config_store import ConfigStore
+
+    import pacectl.config  # noqa: F401 - it registers them
+
+    repo = ConfigStore.instance().repo[group]
+    return {name.removesuffix(".yaml"): OmegaConf.get_type(entry.node) for name, entry in repo.items()}
+
+
+def _noise_item(kind: str, key: str, value: str) -> str:
+    """``cluster.compute.noise`` as one item of ``kind`` with ``key`` set to ``value``."""
+    path = ",path:x" if kind == "empirical" else ""
+    return f"cluster.compute.noise=[{{kind:{kind}{path},{key}:{value}}}]"
+
+
 def _cases() -> list[tuple[list[str], str]]:
+    """Every key of every registered typed config of the trace, backend, guard, controller,
+    analysis and cluster groups (a cluster profile's sections and each noise kind's keys among
+    them), and of the top level, with a value it refuses."""
     cases = []
-    for fmt, cls in FORMATS.items():
-        cases += [([f"trace={fmt}", f"trace.{k}={v}"], f"trace.{k}") for k, v in _bad_values(cls)]
-    for name, cls in (("replay", ReplayConfig), ("sim", SimConfig), ("torch", TorchConfig)):
-        cases += [([f"backend={name}", f"backend.{k}={v}"], f"backend.{k}") for k, v in _bad_values(cls)]
-    cases += [([f"guard.{k}={v}"], f"guard.{k}") for k, v in _bad_values(GuardConfig)]
-    for fam in FAMILIES.values():
-        node = fam.node()
-        cases += [([f"controller={fam.name}", f"controller.{k}={v}"], k) for k, v in _bad_values(node)]
-    for section, cls in _SECTIONS.items():
-        cases += [([f"{section}.{k}={v}"], f"{section}.{k}") for k, v in _bad_values(cls)]
+    for group in ("trace", "backend", "controller", "analysis"):
+        for option, cls in _registered(group).items():
+            named = group == "controller" and option != "all"  # a family's messages name the bare key
+            cases += [
+                ([f"{group}={option}", f"{group}.{k}={v}"], k if named else f"{group}.{k}")
+                for k, v in _bad_values(cls)
+            ]
+    (guard,) = _registered("guard").values()
+    cases += [([f"guard.{k}={v}"], f"guard.{k}") for k, v in _bad_values(guard)]
+    (cluster,) = _registered("cluster").values()
+    cases += [([f"cluster.{k}={v}"], f"cluster.{k}") for k, v in _bad_values(cluster)]
+    for kind, cls in P.NOISE_CONFIGS.items():
+        cases += [([_noise_item(kind, k, v)], f"cluster.compute.noise.0.{k}") for k, v in _bad_values(cls)]
     cases += [([f"{k}={v}"], k) for k, v in _bad_values(RunSettings)]
-    cases += [(["analysis=whatif", f"analysis.{k}={v}"], f"analysis.{k}") for k, v in _bad_values(Whatif)]
     return cases
-
-
-#: the typed sections of a run's config (the cluster profile's among them) and their classes
-_SECTIONS = {
-    "cluster.topology": P.FatTree,
-    "cluster.collective": P.Collective,
-    "cluster.cross_traffic": P.CrossTraffic,
-    "cluster.interference": P.Interference,
-    "cluster.power_cap": P.PowerCap,
-    "cluster.buckets": P.BucketedBackward,
-    "cluster.compute": P.Compute,
-    "cluster.compute.noise.0": P.LognormalJitter,
-    "cluster.tune_sim": P.Scenario,
-    "exchange": Exchange,
-    "output": Output,
-    "analysis": Pacing,
-}
 
 
 @pytest.mark.parametrize(("args", "key"), _cases(), ids=lambda a: " ".join(a) if isinstance(a, list) else "")
@@ -95,8 +94,9 @@ def test_a_wrong_value_of_a_typed_key_is_one_line(tmp_path: Path, args: list[str
 
 
 def _tune_cases() -> list[tuple[list[str], str]]:
-    cases = [([f"tune.{k}={v}"], f"tune.{k}") for k, v in _bad_values(Settings)]
-    return cases + [([f"tune.sim.{k}={v}"], f"tune.sim.{k}") for k, v in _bad_values(SimSettings)]
+    """Every key of ``tune`` (``tune.sim``'s among them) as pacectl.tune's config types it."""
+    tune = typing.get_type_hints(TuneRunConfig)["tune"]
+    return [([f"tune.{k}={v}"], f"tune.{k}") for k, v in _bad_values(tune)]
 
 
 @pytest.mark.parametrize(
