@@ -3,10 +3,15 @@
 0.2-0.4 s of a command's start-up on the 2-core machine; experiments/bench/README.md).
 
 Written by ``python -m pacectl._t975`` with scipy 1.17.1; ``tests/test_metrics.py`` checks every
-value against the installed scipy, bit for bit.
+value against the installed scipy, bit for bit. The table is used only where the installed scipy is the
+version that wrote it (:data:`SCIPY_VERSION`, read from the package metadata without importing scipy);
+under any other version :func:`pacectl.metrics._t975` asks scipy itself, so a table never outlives its
+source.
 """
 
 from __future__ import annotations
+
+SCIPY_VERSION = "1.17.1"  # the scipy whose stdtrit wrote T975; _write() keeps the two together
 
 # fmt: off
 T975: tuple[float, ...] = (
@@ -437,6 +442,7 @@ def _write() -> None:  # pragma: no cover - regenerates this file
     values = [repr(float(stdtrit(d, 0.975))) for d in range(1, len(T975) + 1)]
     rows = ["    " + ", ".join(values[i : i + 5]) + "," for i in range(0, len(values), 5)]
     head = head.replace(head.split("with scipy ")[1].split(";")[0], scipy.__version__)
+    head = head.replace(f'SCIPY_VERSION = "{SCIPY_VERSION}"', f'SCIPY_VERSION = "{scipy.__version__}"')
     body = "T975: tuple[float, ...] = (\n" + "\n".join(rows) + "\n)\n"
     path.write_text(head + body + tail, encoding="utf-8")
 

@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -537,6 +538,17 @@ def paired_jobs_ci95_frac(
     return float(_t975(m - 1) * d.std(ddof=1) / math.sqrt(m) / scale)
 
 
+@functools.cache
+def _t975_table_current() -> bool:
+    """Whether the installed scipy is the one that wrote :data:`pacectl._t975.T975` (package metadata:
+    no scipy import)."""
+    from importlib.metadata import version
+
+    from pacectl._t975 import SCIPY_VERSION
+
+    return version("scipy") == SCIPY_VERSION
+
+
 def _t975(dof: int) -> float:
     """Student's t 97.5 % quantile with ``dof`` degrees of freedom (``scipy.stats.t.ppf(0.975, dof)``,
     bit for bit: both are ``scipy.special.stdtrit``). Up to 2,048 degrees of freedom (4 M iterations
@@ -545,7 +557,7 @@ def _t975(dof: int) -> float:
     start-up here; scipy.stats about a second); beyond, from scipy."""
     from pacectl._t975 import T975
 
-    if 1 <= dof <= len(T975):
+    if 1 <= dof <= len(T975) and _t975_table_current():
         return T975[dof - 1]
     from scipy.special import stdtrit
 

@@ -280,4 +280,29 @@ def test_t_quantile_table_is_scipys_bit_for_bit() -> None:
 
     from pacectl._t975 import T975
 
+    import scipy
+
+    from pacectl._t975 import SCIPY_VERSION
+    from pacectl.metrics import _t975_table_current
+
+    assert _t975_table_current() == (scipy.__version__ == SCIPY_VERSION)
+    if scipy.__version__ != SCIPY_VERSION:
+        pytest.skip(f"the table was written with scipy {SCIPY_VERSION}, {scipy.__version__} is installed: "
+                    "_t975 asks scipy (test_t_quantile_under_another_scipy_asks_scipy)")
     assert T975 == tuple(float(stdtrit(dof, 0.975)) for dof in range(1, len(T975) + 1))
+
+
+def test_t_quantile_under_another_scipy_asks_scipy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the installed scipy is not the table's, _t975 computes each value with scipy."""
+    from scipy.special import stdtrit
+
+    import pacectl.metrics as metrics
+
+    monkeypatch.setattr(metrics, "_t975_table_current", lambda: False)
+    calls: list[int] = []
+    import scipy.special
+
+    real = scipy.special.stdtrit
+    monkeypatch.setattr(scipy.special, "stdtrit", lambda d, q: calls.append(d) or real(d, q))
+    assert metrics._t975(7) == float(stdtrit(7, 0.975))
+    assert calls == [7]
