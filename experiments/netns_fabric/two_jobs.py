@@ -13,7 +13,10 @@ iteration, then the forward and backward of one bias-free linear layer on a batc
 ``width^2`` float32 gradients are the all-reduce), so the two cores carry only the network stack.
 Each job alone spends about a quarter of its iteration in its all-reduce (``--compute-s``,
 ``--width``, ``--rate-mbit``): together they load the link to about half its capacity, so it is not
-saturated, and interleaved neither need slow the other.
+saturated, and interleaved neither need slow the other. ``--period-ratio-b 2`` gives job b twice
+a's compute sleep, straggler sleep and all-reduce bytes (width times sqrt(2)): the same duty,
+commensurate unequal periods (as ``cluster=shared_uplink`` in the simulator), and b's random
+offset is drawn over b's period.
 
 Arms: ``none``; the per-rank controllers (both jobs run the same one, each rank 1 a persistent
 straggler: ``--straggler-s`` more sleep every iteration, so that they engage); ``phase`` (both jobs,
@@ -83,6 +86,8 @@ def rank_main(spec_path: str, job: str, rank: int) -> int:
         for i, (arm, params, _replicate) in enumerate(spec["schedule"]):
             run_spec = {
                 **spec["run"],
+                "workload": {**spec["run"]["workload"], **spec.get("workload_by_job", {}).get(job, {})},
+                "straggler": {**spec["run"]["straggler"], **spec.get("straggler_by_job", {}).get(job, {})},
                 "seed": int(spec["seed"]) * 1000 + i * 2 + JOBS.index(job),  # jobs never in lockstep
                 "record_dir": str(work / job / f"run{i:03d}"),
             }
@@ -118,6 +123,21 @@ def _schedule(args: argparse.Namespace) -> list[tuple[str, dict[str, Any], int]]
     ]
     random.Random(args.seed).shuffle(runs)
     return runs
+
+
+def _compute_b_s(args: argparse.Namespace) -> float:
+    """Job b's compute sleep per iteration, s: ``--period-ratio-b`` times a's."""
+    return float(args.compute_s * args.period_ratio_b)
+
+
+def _width_b(args: argparse.Namespace) -> int:
+    """Job b's layer width: its all-reduce ``--period-ratio-b`` times a's bytes (same duty)."""
+    return int(round(args.width * args.period_ratio_b**0.5))
+
+
+def _period_b_s(args: argparse.Namespace) -> float:
+    """Job b's period alone, s (the range of its random offset)."""
+    return float((args.compute_s + args.comm_s_estimate) * args.period_ratio_b)
 
 
 def _episode(path: Path) -> Any:
@@ -176,7 +196,7 @@ def coordinate(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 
     torch_cfg = dataclasses.asdict(TorchConfig())  # backend=torch's defaults
     schedule = _schedule(args)
-    period_s = args.compute_s + args.comm_s_estimate
+    period_s = _period_b_s(args)
     rng = random.Random(args.seed + 1)
     offsets = [rng.uniform(0.0, period_s) if args.offset_s is None else args.offset_s for _ in schedule]
     run_spec = {
@@ -203,7 +223,14 @@ def coordinate(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
         "comm_model": f"live-gloo-netns-two-jobs-tbf{args.rate_mbit:g}mbit",
         "threads": 1,
     }
-    spec = {"schedule": schedule, "run": run_spec, "seed": args.seed, "work": str(work)}
+    spec = {
+        "schedule": schedule,
+        "run": run_spec,
+        "workload_by_job": {"b": {"compute_s": _compute_b_s(args), "width": _width_b(args)}},
+        "straggler_by_job": {"b": {"duration_s": args.straggler_s * args.period_ratio_b}},
+        "seed": args.seed,
+        "work": str(work),
+    }
     spec_path = work / "spec.json"
     spec_path.write_text(json.dumps(spec))
     for job in JOBS:
@@ -229,7 +256,11 @@ def coordinate(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
             tmp.replace(work / f"gate{i:03d}.json")
             deadline = time.time() + args.run_timeout_s
             while not all((work / job / f"done{i:03d}").exists() for job in JOBS):
-                if any(p.poll() is not None for p in procs) or time.time() > deadline:
+                # a rank that exited non-zero is a failure; one that exited cleanly has finished its
+                # schedule (on the last run the job that finishes first exits while the other still
+                # runs), and a clean exit without its done file is caught by the deadline
+                failed = [p.poll() not in (None, 0) for p in procs]
+                if any(failed) or time.time() > deadline:
                     tails = "\n".join(
                         (work / f"{j}{r}.log").read_text(errors="replace")[-1200:]
                         for j in JOBS
@@ -275,10 +306,10 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     from pacectl.experiment import make_experiment
 
     schedule = _schedule(args)
-    period_s = args.compute_s + args.comm_s_estimate
+    period_s = _period_b_s(args)
     rng = random.Random(args.seed + 1)
     offsets = [rng.uniform(0.0, period_s) if args.offset_s is None else args.offset_s for _ in schedule]
-    factor = (args.compute_s + args.straggler_s) / args.compute_s
+    compute = {0: args.compute_s, 1: _compute_b_s(args)}  # b's straggler scales with it: factor alike
     rows = []
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         for i, (arm, _, replicate) in enumerate(schedule):
@@ -292,9 +323,13 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
                 f"controller={arm}",
                 f"cluster.topology.nic_bandwidth_Bps={args.rate_mbit * 1e6 / 8}",
                 f"cluster.collective.message_bytes={4 * args.width**2}",
+                f"+cluster.jobs.1.message_bytes={4 * _width_b(args) ** 2}",
                 f"cluster.jobs.1.start_s={offsets[i]}",
-                *[f"cluster.jobs.{j}.compute.compute_s={args.compute_s}" for j in (0, 1)],
-                *[f"cluster.jobs.{j}.compute.noise.1.factor={factor}" for j in (0, 1)],
+                *[f"cluster.jobs.{j}.compute.compute_s={compute[j]}" for j in (0, 1)],
+                *[
+                    f"cluster.jobs.{j}.compute.noise.1.factor={(args.compute_s + args.straggler_s) / args.compute_s}"
+                    for j in (0, 1)
+                ],
             ]
             cfg = compose("config", overrides=overrides)
             experiment = make_experiment(cfg)
@@ -345,6 +380,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--straggler-s", type=float, default=0.03, help="rank 1's extra sleep every iteration, s"
+    )
+    parser.add_argument(
+        "--period-ratio-b",
+        type=float,
+        default=1.0,
+        help="job b's compute, straggler sleep and all-reduce bytes as a multiple of a's (2: commensurate "
+        "unequal periods)",
     )
     parser.add_argument(
         "--offset-s",
