@@ -655,7 +655,14 @@ def plot_spread(
     from pacectl import metrics
 
     num_runs = max(len(episodes), 1)
-    fig = Figure(figsize=(9.0, 2.4 * num_runs + 0.8), layout="constrained")
+    height = 2.4 * num_runs + 0.8
+    # fixed margins, in inches, instead of layout="constrained": the layout engine measured every
+    # panel's ticks and legend again and cost about 40 % of this plot's time (6 panels: 0.55 against
+    # 0.31 s of CPU), which is on the main job's critical path
+    fig = Figure(figsize=(9.0, height))
+    fig.subplots_adjust(
+        left=0.85 / 9.0, right=1.0 - 1.65 / 9.0, top=1.0 - 0.95 / height, bottom=0.5 / height, hspace=0.3
+    )
     axes = np.atleast_1d(fig.subplots(num_runs, 1, sharex=True, sharey=True, squeeze=False)[:, 0])
     top = 0.0  # the shared axis must reach every run's largest spread, not the first panel's
     for ax, (run, ep) in zip(axes, episodes.items(), strict=False):
