@@ -126,6 +126,12 @@ def _fsdp_rank(rank: int, world: int, port: int, queue: Any) -> None:
             out["piggyback"] = "accepted"
         except ConfigError as err:
             out["piggyback"] = str(err)
+        solo = [dist.new_group([r]) for r in range(world)][rank]  # every rank makes every group
+        try:  # a pacer on a group that is not the one FSDP2 reduce-scatters on
+            Pacer(_engine(1), gather="async", group=solo).attach(_fsdp_model(mesh))
+            out["wrong_group"] = "accepted"
+        except ConfigError as err:
+            out["wrong_group"] = str(err)
         queue.put((rank, out))
     except BaseException as err:  # noqa: BLE001 - report to the parent instead of hanging it
         queue.put((rank, {"error": repr(err)}))
@@ -251,6 +257,13 @@ def test_fsdp2_decides_alike_on_every_rank_and_paces_where_the_early_rank_waits(
 
 def test_fsdp2_refuses_a_piggybacked_exchange(fsdp_ranks) -> None:
     assert "FSDP2 reduce-scatters its gradients" in fsdp_ranks[0]["piggyback"]
+
+
+def test_fsdp2_refuses_a_pacer_on_another_group_than_its_reduce_scatter(fsdp_ranks) -> None:
+    for r in (0, 1):
+        message = fsdp_ranks[r]["wrong_group"]
+        assert f"Pacer's group (ranks [{r}]) must be the group FSDP2 reduce-scatters on" in message, message
+        assert "ranks [0, 1]" in message and "group=mesh['dp'].get_group()" in message
 
 
 def test_two_dp_groups_pace_on_their_own_group_without_a_hang() -> None:

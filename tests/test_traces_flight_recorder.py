@@ -271,6 +271,30 @@ def test_megatron_layout_folds_tp_and_takes_stages_from_pipeline_groups() -> Non
     assert ((arr[6] - arr[4]).abs() < 0.005).all()
 
 
+def test_a_group_name_reused_by_two_rank_sets_is_two_groups(tmp_path: Path) -> None:
+    """Names are reused after split_group: stage 1's DP group renamed to stage 0's ("1") stays a
+    group of its own, matched by its own sequence numbers, and the import is the unrenamed one's."""
+    job = SynthJob(dp=2, pp=2, steps=5, straggler_s={1: 0.02, 2: 0.01})
+    dumps = flight_recorder_dumps(job)
+    write_flight_recorder(dumps, tmp_path / "distinct")
+    for r in (2, 3):  # their DP group is "2" (ranks [2, 3]); stage 0's is "1" (ranks [0, 1])
+        d = dumps[r]
+        d["pg_config"]["1"] = {**d["pg_config"].pop("2"), "name": "1"}
+        d["pg_status"]["1"] = d["pg_status"].pop("2")
+        for e in d["entries"]:
+            if e["process_group"][0] == "2":
+                e["process_group"] = ("1", e["process_group"][1])
+    write_flight_recorder(dumps, tmp_path / "reused")
+    trace, report = _quiet_import(tmp_path / "reused")
+    lay = report.assembly.layout  # type: ignore[attr-defined]
+    assert [(g.name, g.ranks) for g in lay.dp_groups] == [("1", (0, 1)), ("1", (2, 3))]
+    assert lay.pp_size == 2
+    reference, _ = _quiet_import(tmp_path / "distinct")
+    pd.testing.assert_frame_equal(_first_arrivals(trace), _first_arrivals(reference))
+    arr = _first_arrivals(trace)
+    assert ((arr[1] - arr[0]) > 0.015).all() and ((arr[2] - arr[3]) > 0.005).all()
+
+
 def test_layout_overrides_and_their_errors() -> None:
     _, by_name = _quiet_import(FR / "fsdp2_2x2", layout=LayoutOverrides(dp_group="mesh_dp"))
     _, by_size = _quiet_import(FR / "fsdp2_2x2", layout=LayoutOverrides(dp_size=2, pp_size=2))
