@@ -378,6 +378,7 @@ class ReplayExperiment(_ClosedLoop):
                 "num_steps": backend.num_iterations,
                 "time_unit": trace.time_unit,
                 "sample_every_iters": trace.sample_every_iters,
+                **({"timing": trace.timing} if trace.timing else {}),
                 **(
                     {
                         "sample_note": f"each replayed step is one recorded sample, {trace.sample_every_iters} "

@@ -1113,6 +1113,8 @@ def context_lines(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
         lines = [("workload", f"{trace['name']} (record of the no-pacing run: {trace.get('path')})")]
     else:
         lines = [("input", f"{trace['name']} ({trace.get('path') or 'synthetic'})")]
+        if trace.get("timing"):
+            lines.append(("arrival timing", trace["timing"]))
     lines.append(("comm model", summary["comm_model_description"]))
     if "paced_optype" in summary:
         lines.append(("paced collective", summary.get("paced_collective", summary["paced_optype"])))

@@ -710,6 +710,30 @@ def test_a_trace_key_of_the_wrong_type_is_one_line(tmp_path: Path, override: str
     assert not out.exists()
 
 
+def test_a_flight_recorder_hang_snapshot_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Issue 24's contract: ``pacectl.run trace=DIR`` on a hang snapshot exits non-zero with one
+    line (after the line saying how the folder was read), no traceback and no outputs."""
+    out = tmp_path / "run"
+    proc = _run(f"trace={DATA_DIR / 'flight-recorder' / 'hang2'}", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+    read_as, error = proc.stderr.strip().splitlines()
+    assert "read as trace=flight_recorder" in read_as
+    assert error.startswith("pacectl.run: error: ") and "hang snapshot" in error
+    assert "ranks [1] never entered all_reduce #5" in error and "TORCH_NCCL_ENABLE_TIMING" in error
+
+
+def test_a_flight_recorder_replay_states_its_arrival_timing(tmp_path: Path) -> None:
+    """Every output of a replayed dump set names the timing estimate (the clock-free durations here)."""
+    out = tmp_path / "run"
+    trace = DATA_DIR / "flight-recorder" / "synth_megatron_nccl"
+    proc = _run(f"trace={trace}", "controller=threshold", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    timing = json.loads((out / "summary.json").read_text())["trace"]["timing"]
+    assert timing.startswith("duration: clock-free: earliness = duration - shortest duration"), timing
+    assert f"**arrival timing**: {timing}" in (out / "report.md").read_text()
+
+
 def test_an_experiment_needs_only_describe_and_run(tmp_path: Path) -> None:
     """Experiment is an abstract base: what a backend does not have is a default, not a probe."""
     from pacectl.experiment import Experiment

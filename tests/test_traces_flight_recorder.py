@@ -144,6 +144,38 @@ def test_info_prints_world_size_groups_and_layout(capsys: pytest.CaptureFixture[
         assert key in out, out
 
 
+def test_validate_and_convert_name_the_timing_estimate_and_the_file_keeps_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pacectl.traces.canonical import load_canonical
+
+    assert traces_main(["validate", str(FR / "ddp2")]) == 0
+    assert "2 ranks, 11 steps, 132 ops, arrival timing created)" in capsys.readouterr().out
+    out = tmp_path / "ddp2.parquet"
+    assert traces_main(["convert", str(FR / "ddp2"), "-o", str(out)]) == 0
+    assert "arrival timing created)" in capsys.readouterr().out
+    assert load_canonical(out).timing.startswith("created: arrival = host enqueue time (time_created_ns)")
+
+
+def test_enqueue_times_are_aligned_across_hosts_on_the_common_completion(tmp_path: Path) -> None:
+    """The created path with durations present: rank 1's host clock 80 ms ahead (every entry) is
+    found from the collectives' common completion (enqueue + duration) and removed, and says so."""
+    job = SynthJob(dp=2, steps=6, straggler_s={1: 0.02}, seed=1)
+    truth = simulate(job)
+    dumps = flight_recorder_dumps(job, truth=truth)
+    for e in dumps[1]["entries"]:
+        e["time_created_ns"] += 80_000_000
+    write_flight_recorder(dumps, tmp_path)
+    trace, report = _quiet_import(tmp_path, timing="created")
+    a = report.assembly  # type: ignore[attr-defined]
+    assert abs(a.clock_offsets_s[1] - a.clock_offsets_s[0] - 0.08) < 1e-3, a.clock_offsets_s
+    assert "clock offsets removed on the collectives' common completion" in a.timing_note
+    assert "clock offsets removed" in trace.timing  # type: ignore[attr-defined]
+    late = (_first_arrivals(trace)[1] - _first_arrivals(trace)[0]).to_numpy()
+    true_late = truth.arrival_s[:, 1, 0] - truth.arrival_s[:, 0, 0]
+    assert np.abs(late - true_late).max() < 1e-3, (late, true_late)
+
+
 # ---------------------------------------------------------------------------- untrusted pickles
 class _Evil:
     def __init__(self, marker: Path) -> None:

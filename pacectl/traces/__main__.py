@@ -398,6 +398,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for w in notes:
         print(f"warning: {w}")
     unit = ", times in normalised units" if trace.time_normalized else ""
+    unit += f", arrival timing {trace.timing.partition(':')[0]}" if trace.timing else ""
     print(
         f"ok: {trace.source} ({trace.fmt}, {trace.num_ranks} ranks, {len(trace.steps)} steps, {len(trace.ops)} ops{unit})"
     )
@@ -509,7 +510,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
             f"could not write {out}: {reason}. Pick another -o path (an existing, writable folder); "
             "nothing was written."
         ) from err
-    print(f"wrote {out} ({len(trace.ops)} ops, {trace.num_ranks} ranks, {len(trace.steps)} steps)")
+    timing = f", arrival timing {trace.timing.partition(':')[0]}" if trace.timing else ""
+    print(f"wrote {out} ({len(trace.ops)} ops, {trace.num_ranks} ranks, {len(trace.steps)} steps{timing})")
     return 0
 
 

@@ -63,6 +63,7 @@ def write_canonical(trace: OpTrace, path: str | Path) -> None:
         if trace.measured_step_time_s is None
         else [float(v) for v in trace.measured_step_time_s],
         "collective": trace.collective,
+        "timing": trace.timing,
     }
     table = table.replace_schema_metadata(
         {**(table.schema.metadata or {}), META_KEY: json.dumps(meta).encode()}
@@ -148,6 +149,7 @@ def load_canonical(
         norm_unit_s=float(norm_unit_s),
         measured_step_time_s=_measured(meta.get("measured_step_time_s"), p),
         collective=str(meta.get("collective") or ""),
+        timing=str(meta.get("timing") or ""),
     )
 
 

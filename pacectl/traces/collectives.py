@@ -807,7 +807,9 @@ def assemble(
     kinds = sorted(t.loc[t["group"].isin(dp_keys) & t["kind"].isin(grad_kinds), "kind"].astype(str).unique())
     backends = sorted(b for b in t["backend"].astype(str).unique() if b)
     label = backend_label or " ".join(x for x in (",".join(backends), ",".join(kinds)) if x)
-    trace = OpTrace(ops=ops_valid, meta=meta, source=source, fmt=fmt, collective=label)
+    trace = OpTrace(
+        ops=ops_valid, meta=meta, source=source, fmt=fmt, collective=label, timing=f"{mode}: {timing_note}"
+    )
     folded = _folded(coll, lay, steps, grad_kinds)
     for note in dropped:
         warnings.warn(f"{source}: dropped {note}", warning, stacklevel=3)

@@ -271,6 +271,9 @@ class OpTrace:
             type ``grads-reduce-scatter`` (the schema has one type for the gradient collective,
             whatever its algorithm), e.g. ``"gloo all_reduce"`` for a Kineto capture of DDP; empty:
             the source's own name is that op type (ByteDance Megatron traces).
+        timing: how the arrival times were estimated, one line, for sources without step markers
+            or end times (the Flight Recorder and NCCL Inspector importers: ``"duration: clock-free
+            ..."`` or ``"created: arrival = host enqueue time ..."``); empty: the source recorded them.
     """
 
     ops: pd.DataFrame = field(repr=False)
@@ -283,6 +286,7 @@ class OpTrace:
     measured_step_time_s: tuple[float, ...] | None = None
     collective: str = ""
     sample_every_iters: int = 1
+    timing: str = ""
 
     def __post_init__(self) -> None:
         if self.time_unit not in TIME_UNITS:
