@@ -84,7 +84,6 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from numpy.typing import NDArray
 
 from pacectl.errors import ConfigError, TraceError
@@ -1276,16 +1275,3 @@ def fit_options(section: Any) -> dict[str, Any]:
         "placement": placement,
         **{k: (float(v) if k.endswith(("frac", "tolerance")) else int(v)) for k, v in opts.items()},
     }
-
-
-def fit_table(fit: CommFit) -> pd.DataFrame:
-    """The fit's slopes, placebo slopes and arrival responses as one table (for printing)."""
-    rows = []
-    for which, reg in (
-        ("fit", fit.fit.coefficients),
-        ("placebo", fit.placebo.coefficients),
-        ("arrival", fit.arrival),
-    ):
-        for c in reg:
-            rows.append({"which": which, **asdict(c)})
-    return pd.DataFrame(rows)
