@@ -37,7 +37,7 @@ import numpy as np
 
 from pacectl.errors import EXIT_USER_ERROR, PacectlError, TraceError
 from pacectl.traces.detect import detect_format, meta_beside, other_traces_in
-from pacectl.traces.model import OpTrace, TraceWarning
+from pacectl.traces.model import OpTrace, TraceWarning, quantile_stats
 
 FORMATS = ("auto", "flight_recorder", "nccl_inspector", "kineto", "steplevel", "canonical", "bytedance")
 #: formats that take a set of files (a folder, glob or several paths)
@@ -339,14 +339,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         def stats(x: np.ndarray) -> dict[str, float] | None:
             """Seconds (or normalised units scaled to seconds, see ``norm_unit_s``)."""
-            if not len(x):
-                return None
-            return {
-                "mean": float(x.mean()),
-                "median": float(np.median(x)),
-                "p99": float(np.quantile(x, 0.99)),
-                "max": float(x.max()),
-            }
+            return {"mean": float(x.mean()), **quantile_stats(x)} if len(x) else None
 
         out = {
             "source": trace.source,

@@ -61,7 +61,14 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from pacectl.errors import TraceError
-from pacectl.traces.model import MAX_DURATION_S, JobMeta, OpTrace, TraceWarning, validate_ops
+from pacectl.traces.model import (
+    MAX_DURATION_S,
+    JobMeta,
+    OpTrace,
+    TraceWarning,
+    quantile_stats,
+    validate_ops,
+)
 
 #: Collective kinds that reduce gradients: the sync points of data parallelism.
 GRAD_KINDS = ("all_reduce", "reduce_scatter")
@@ -245,12 +252,6 @@ class AssemblyReport:
 
     def summary(self) -> dict[str, Any]:
         """Plain values for JSON outputs."""
-
-        def stats(x: NDArray[np.float64]) -> dict[str, float] | None:
-            if not len(x):
-                return None
-            return {"median": float(np.median(x)), "p99": float(np.quantile(x, 0.99)), "max": float(x.max())}
-
         lay = self.layout
         return {
             "layout": {
@@ -269,8 +270,8 @@ class AssemblyReport:
             "dropped": self.dropped,
             "folded_per_step": self.folded_per_step,
             "clock_offsets_s": {str(k): v for k, v in self.clock_offsets_s.items()},
-            "arrival_spread_first_s": stats(self.spread_first_s),
-            "step_time_s": stats(self.step_time_s),
+            "arrival_spread_first_s": quantile_stats(self.spread_first_s),
+            "step_time_s": quantile_stats(self.step_time_s),
             "warnings": self.warnings,
         }
 

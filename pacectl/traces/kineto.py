@@ -72,6 +72,7 @@ from pacectl.traces.model import (
     TraceWarning,
     dropped_steps_note,
     plain,
+    quantile_stats,
     validate_ops,
 )
 from pacectl.traces.paths import expand_paths
@@ -213,17 +214,6 @@ class KinetoReport:
 
     def summary(self) -> dict[str, Any]:
         """A JSON-able summary (seconds)."""
-
-        def stats(x: NDArray[np.float64]) -> dict[str, float]:
-            x = np.asarray(x, dtype=float).ravel()
-            if x.size == 0:
-                return {}
-            return {
-                "median": float(np.median(x)),
-                "p99": float(np.quantile(x, 0.99)),
-                "max": float(x.max()),
-            }
-
         return {
             "files": self.files,
             "ranks": self.ranks,
@@ -244,10 +234,10 @@ class KinetoReport:
                 "residual_median_s": self.residual_median_s,
                 "residual_max_s": self.residual_max_s,
             },
-            "arrival_spread_first_bucket_s": stats(self.spread_first_s),
-            "arrival_spread_all_buckets_s": stats(self.spread_all_s),
+            "arrival_spread_first_bucket_s": quantile_stats(self.spread_first_s) or {},
+            "arrival_spread_all_buckets_s": quantile_stats(self.spread_all_s) or {},
             "step_time_s": {
-                **stats(self.step_time_s),
+                **(quantile_stats(self.step_time_s) or {}),
                 "mean": float(self.step_time_s.mean()) if self.step_time_s.size else math.nan,
             },
             "num_events": self.num_events,
@@ -729,43 +719,29 @@ def _paired_arrivals(
     return arrival
 
 
-def _backend_collectives(back: pd.DataFrame, enq: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Collectives from CPU backend spans (``gloo:<coll>``...) and how their arrival was timed.
+def _span_collectives(spans: pd.DataFrame, enq: pd.DataFrame | None = None) -> tuple[pd.DataFrame, bool]:
+    """Collectives from CPU spans named ``<prefix>:<coll>`` (backend spans ``gloo:<coll>``..., or
+    ``nccl:<coll>`` annotations) and whether their arrival came from enqueue ops.
 
     Returns:
-        ``(colls, arrival_source)``: columns ``_COLL_COLUMNS`` (µs); arrival from the paired
-        enqueue ops (:func:`_paired_arrivals`), else the span start.
+        ``(colls, paired)``: columns ``_COLL_COLUMNS`` (CPU times, µs); arrival from the enqueue ops
+        ``enq`` when they pair with the spans (:func:`_paired_arrivals`; ``paired`` true), else the
+        span start.
     """
-    kinds = back["name"].map(lambda n: _kind(n.split(":", 1)[1])).to_numpy()
-    arrival = _paired_arrivals(back, kinds, enq)
+    kinds = spans["name"].map(lambda n: _kind(n.split(":", 1)[1])).to_numpy()
+    arrival = None if enq is None else _paired_arrivals(spans, kinds, enq)
     colls = pd.DataFrame(
         {
-            "step": back["step"].to_numpy(),
+            "step": spans["step"].to_numpy(),
             "kind": kinds,
-            "pg": [pg if isinstance(pg, str) else "default" for pg in back["pg"]],
-            "seq": [_num(s) for s in back["seq"]],
-            "arrival": back["ts"].to_numpy() if arrival is None else arrival,
-            "end": (back["ts"] + back["dur"]).to_numpy(),
-            "nelems": np.full(len(back), math.nan),
+            "pg": [pg if isinstance(pg, str) else "default" for pg in spans["pg"]],
+            "seq": [_num(s) for s in spans["seq"]],
+            "arrival": spans["ts"].to_numpy() if arrival is None else arrival,
+            "end": (spans["ts"] + spans["dur"]).to_numpy(),
+            "nelems": np.full(len(spans), math.nan),
         }
     )
-    how = "backend span start" if arrival is None else "c10d enqueue (paired with the backend span)"
-    return colls, how
-
-
-def _annotation_collectives(ann: pd.DataFrame) -> pd.DataFrame:
-    """Collectives from ``nccl:<coll>`` CPU annotations (columns ``_COLL_COLUMNS``; CPU times, µs)."""
-    return pd.DataFrame(
-        {
-            "step": ann["step"].to_numpy(),
-            "kind": [_kind(n.split(":", 1)[1]) for n in ann["name"]],
-            "pg": [pg if isinstance(pg, str) else "default" for pg in ann["pg"]],
-            "seq": [_num(s) for s in ann["seq"]],
-            "arrival": ann["ts"].to_numpy(),
-            "end": (ann["ts"] + ann["dur"]).to_numpy(),
-            "nelems": np.full(len(ann), math.nan),
-        }
-    )
+    return colls, arrival is not None
 
 
 def _collectives(ev: pd.DataFrame) -> tuple[pd.DataFrame, str, str]:
@@ -780,12 +756,13 @@ def _collectives(ev: pd.DataFrame) -> tuple[pd.DataFrame, str, str]:
         return _kernel_collectives(kern), "gpu kernels (NCCL/RCCL)", "kernel start"
     back = ev[ev["kind"] == "B"]
     if len(back):
-        colls, arrival_source = _backend_collectives(back, ev[ev["kind"] == "E"])
+        colls, paired = _span_collectives(back, ev[ev["kind"] == "E"])
         backends = ", ".join(sorted({n.split(":")[0] for n in back["name"]}))
-        return colls, f"CPU backend spans ({backends})", arrival_source
+        how = "c10d enqueue (paired with the backend span)" if paired else "backend span start"
+        return colls, f"CPU backend spans ({backends})", how
     ann = ev[ev["kind"] == "N"]
     if len(ann):
-        return _annotation_collectives(ann), "nccl:* CPU annotations (no device timing)", "CPU enqueue"
+        return _span_collectives(ann)[0], "nccl:* CPU annotations (no device timing)", "CPU enqueue"
     return pd.DataFrame([], columns=_COLL_COLUMNS), "none", "collective start"
 
 

@@ -64,6 +64,14 @@ def plain(value: Any) -> Any:
     return value
 
 
+def quantile_stats(x: Any) -> dict[str, float] | None:
+    """``{"median", "p99", "max"}`` of the values in ``x`` (any shape, units kept), or None when empty."""
+    x = np.asarray(x, dtype=float).ravel()
+    if x.size == 0:
+        return None
+    return {"median": float(np.median(x)), "p99": float(np.quantile(x, 0.99)), "max": float(x.max())}
+
+
 def _ids(ids: Sequence[int], limit: int = 10) -> str:
     shown = ", ".join(str(int(i)) for i in ids[:limit])
     more = len(ids) - limit
