@@ -9,8 +9,7 @@ reference paper (Gopalan and Ali, "When Scaling Fails"): iteration time is the s
 is std/mean of iteration time, ``spread_s`` is the latest minus the earliest arrival at the paced
 collective of one pacing domain.
 
-Errors, for every function here that takes one episode (the one-line docstrings below do not
-repeat it): an episode with no iterations or ranks, a total time that is not positive, or a pacing
+Errors, for every function here that takes one episode (the docstrings below do not repeat it): an episode with no iterations or ranks, a total time that is not positive, or a pacing
 domain that owns no rank raises :class:`~pacectl.errors.PacectlError` naming what is wrong.
 :func:`paired_change_ci95_frac` returns NaN instead when there are too few samples, and
 :func:`compare` takes two :func:`summarize` dicts. Percentiles interpolate linearly between order
@@ -76,18 +75,11 @@ def _total_time_s(ep: Episode) -> float:
 
 
 def throughput_it_per_s(ep: Episode) -> float:
-    """Iterations per second over the whole episode.
+    """Iterations per second over the whole episode, ``num_iterations / sum(iteration_time_s)``.
 
-    Args:
-        ep: the episode.
-
-    Returns:
-        ``num_iterations / sum(iteration_time_s)``, iterations per second. For an episode whose
-        domains keep their own clocks (several jobs on one fabric, ``domain_iteration_time_s``
-        set): the sum over jobs of each job's own throughput (:func:`job_summaries`).
-
-    Raises:
-        PacectlError: if the episode is empty or its total time is not positive.
+    For an episode whose domains keep their own clocks (several jobs on one fabric,
+    ``domain_iteration_time_s`` set): the sum over jobs of each job's own throughput
+    (:func:`job_summaries`).
     """
     total = _total_time_s(ep)
     if ep.domain_iteration_time_s is not None:
@@ -142,19 +134,11 @@ def iteration_time_p99_s(ep: Episode) -> float:
 
 
 def cv(ep: Episode) -> float:
-    """Coefficient of variation of iteration time: ``std / mean``, dimensionless.
+    """Coefficient of variation of iteration time, ``std(iteration_time_s, ddof=0) / mean``,
+    dimensionless; 0.0 for a single iteration.
 
-    Uses the population standard deviation (``ddof=0``), as the reference paper's CV figures
+    The population standard deviation (``ddof=0``), as the reference paper's CV figures
     (0.22 -> 0.09 at 64 nodes) describe the observed run, not an estimate for a larger population.
-
-    Args:
-        ep: the episode.
-
-    Returns:
-        ``std(iteration_time_s, ddof=0) / mean(iteration_time_s)``; 0.0 for a single iteration.
-
-    Raises:
-        PacectlError: if the episode is empty or its total time is not positive.
     """
     _total_time_s(ep)
     return float(np.std(ep.iteration_time_s, ddof=0) / np.mean(ep.iteration_time_s))
@@ -164,17 +148,10 @@ def cv(ep: Episode) -> float:
 
 
 def episode_totals(ep: Episode) -> EpisodeTotals:
-    """Reduce ``ep``'s per-rank arrays to :class:`~pacectl.types.EpisodeTotals` (vectorised; loops
-    over domains), without the energy (:func:`pacectl.energy.episode_totals` adds it).
-
-    Args:
-        ep: an episode with its per-rank arrays (or one block of its iterations).
-
-    Returns:
-        The totals.
-
-    Raises:
-        PacectlError: a streamed episode (it has no per-rank arrays left), or an empty one.
+    """Reduce the per-rank arrays of ``ep`` (or of one block of its iterations) to
+    :class:`~pacectl.types.EpisodeTotals` (vectorised; loops over domains), without the energy
+    (:func:`pacectl.energy.episode_totals` adds it). A streamed episode, which has no per-rank arrays
+    left, raises :class:`~pacectl.errors.PacectlError` too.
     """
     _require_data(ep)
     if ep.totals is not None:
@@ -222,26 +199,13 @@ def _domain_reduce(ep: Episode, values: NDArray[np.float64], reduce: Any) -> NDA
 
 
 def spread_s(ep: Episode) -> NDArray[np.float64]:
-    """Arrival spread per iteration and domain: latest minus earliest ``arrival_s`` in the domain.
-
-    Args:
-        ep: the episode.
-
-    Returns:
-        ``float64[num_iterations, num_domains]``, seconds, every entry >= 0.
-
-    Raises:
-        PacectlError: if the episode is empty or a domain owns no rank.
-    """
+    """Arrival spread per iteration and domain, latest minus earliest ``arrival_s`` in the domain:
+    ``float64[num_iterations, num_domains]``, seconds, every entry >= 0."""
     return totals_of(ep).spread_s
 
 
 def natural_spread_s(ep: Episode) -> NDArray[np.float64]:
-    """Spread of the unpaced arrivals (``natural_arrival_s``): what pacing tries to absorb.
-
-    Returns:
-        ``float64[num_iterations, num_domains]``, seconds.
-    """
+    """:func:`spread_s` of the unpaced arrivals (``natural_arrival_s``): what pacing tries to absorb."""
     return totals_of(ep).natural_spread_s
 
 
@@ -281,9 +245,6 @@ def wait_fraction(ep: Episode) -> float:
     It lies in [0, 1] whenever every ``wait_s`` is at most its iteration's time. Pacing moves
     waiting out of the collective into ``applied_delay_s``, so read it next to
     :func:`pacing_delay_total_s`.
-
-    Raises:
-        PacectlError: if the episode is empty or its total time is not positive.
     """
     return float(np.sum(totals_of(ep).wait_s)) / (ep.num_ranks * _total_time_s(ep))
 
@@ -312,24 +273,14 @@ def blame(ep: Episode) -> NDArray[np.float64]:
     Ties are exact float equality, and every tied-latest rank counts as last, so within one domain
     the fractions sum to at least 1 (exactly 1 when there are no ties).
 
-    Args:
-        ep: the episode.
-
     Returns:
         ``float64[num_ranks]`` in [0, 1], in rank index order (labels in ``ep.rank_labels``).
-
-    Raises:
-        PacectlError: if the episode is empty or a domain owns no rank.
     """
     return totals_of(ep).last_iters / ep.num_iterations
 
 
 def natural_blame(ep: Episode) -> NDArray[np.float64]:
-    """Like :func:`blame`, but by ``natural_arrival_s``: who would be last without pacing.
-
-    Returns:
-        ``float64[num_ranks]`` in [0, 1].
-    """
+    """:func:`blame` by ``natural_arrival_s``: who would be last without pacing."""
     return totals_of(ep).natural_last_iters / ep.num_iterations
 
 
@@ -345,9 +296,6 @@ def _blame_dict(ep: Episode, fractions: NDArray[np.float64]) -> dict[str, float]
 def summarize(ep: Episode) -> dict[str, Any]:
     """All headline metrics of one episode as a JSON-ready dict (Python floats, ints and strings).
 
-    Args:
-        ep: the episode.
-
     Returns:
         A dict with keys ``throughput_it_per_s``, ``iteration_time_mean_s``, ``iteration_time_p50_s``,
         ``iteration_time_p99_s``, ``cv``, ``spread_median_s``, ``spread_p99_s``,
@@ -356,11 +304,9 @@ def summarize(ep: Episode) -> dict[str, Any]:
         ``num_ranks``, ``num_domains``, ``comm_model``, ``comm_timing_dependent`` (only then can pacing
         gain), ``controller``, ``backend``, and ``blame`` /
         ``natural_blame``: global rank label (as ``str``) -> fraction of iterations that rank arrived
-        last in its domain, listing only ranks with a fraction > 0, largest first (ties by label).
+        last in its domain, listing only ranks with a fraction > 0, largest first (ties by label);
+        and ``jobs`` (:func:`job_summaries`) where the domains keep their own clocks.
         Note that :func:`pacectl.report.write_summary_json` sorts keys, so the file lists them by label.
-
-    Raises:
-        PacectlError: if the episode is empty, has non-positive total time, or a domain owns no rank.
 
     Example:
         >>> from pacectl.testing.episodes import make_episode
