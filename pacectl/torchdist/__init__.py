@@ -40,18 +40,10 @@ at once):
 | `piggyback` | appended to the next iteration's smallest gradient bucket: no extra collective, one copy of that bucket (`backend.pacing.piggyback_max_bytes=N`: on CPU a larger carrier is not copied, the figures go in a tiny all-reduce beside it) | 2 iterations later |
 | `collective` | the same tiny all-reduce, blocking (one round trip per iteration) | 1 iteration later |
 
-Why `auto` is `async` on gloo: with a core per rank both cost the same wall time (2 ranks, MLP
-width 1024, batch 512, 155 ms iterations, 150 rounds; record `torchdist_2rank_async.json`: `async`
-+2.1 % [+1.4, +3.0], `piggyback` +2.3 % [+1.4, +3.2] of plain DDP), `async` takes a third less
-hook CPU (1.13 % against 1.65 % of the iteration), and its decisions are one iteration fresher.
-That can matter on real step times: replaying the Alibaba PAI workers' series in simulation on their
-real sampling axis, the threshold controller gains +2.00 % at lag 1, +1.80 % at piggyback's lag 2
-and +1.21 % exchanging every 10 (`experiments/staleness/`, real-axis rerun; simulated gains that
-rest on the assumed early-arrival interference, kappa 0.05, and on the AR(1) fill between samples). On NCCL `piggyback` stays: the async exchange makes the host
-wait for the device twice per iteration (at the iteration's end, where it resolves the device
-times, and at the next iteration's first bucket, where its decode waits for everything queued
-before it, the forward pass included): on an H200 at a 63 ms iteration it cost +1.28 ms per
-iteration with zero delays, piggyback +0.20 ms (`experiments/gpu_check/`).
+`auto` is `async` on gloo (with a core per rank it costs what piggyback costs, takes less hook CPU,
+and its decisions are one iteration fresher, which gains on real step times) and `piggyback` on
+NCCL (there the async exchange makes the host wait for the device twice per iteration); the
+measurements: `experiments/staleness/README.md` ("Why `gather=auto`..."), `experiments/gpu_check/`.
 Replay and simulation model any of these with `exchange.lag_iters` and `exchange.every_iters`.
 
 ### Runtime control and safety
@@ -87,9 +79,9 @@ Every run writes `records/<controller>.parquet`, its canonical record, replayabl
 costs. Both are moved into place only when the whole run succeeded.
 
 **One time axis.** Every rank stamps its own marks, and each stamp of a collective's completion is
-late by however long that rank's thread waited for a core (median 2.2 ms, p90 4.4 ms with 4 ranks on
-2 cores, in one debug measurement of raw stamps that was not kept). Ranks on one host (network namespaces included) share the clock behind
-`time.perf_counter`, so the record puts them on one axis (`torchdist.core.shared_clock_marks`):
+late by however long that rank's thread waited for a core. Ranks on one host (network namespaces
+included) share the clock behind `time.perf_counter`, so the record puts them on one axis
+(`torchdist.core.shared_clock_marks`):
 
 - a bucket's all-reduce completes when the earliest rank stamped it, on every rank;
 - an iteration runs from the previous iteration's last bucket completion to its own;
@@ -101,11 +93,9 @@ different hosts fall back to the mean of the ranks' own periods (`common_periods
 reports fidelity, replay against live, per run (`fidelity.by_run`, with `compares` saying what):
 
 - **Self-replay** (the null model's consistency check): each record replayed with its recorded
-  delays, against the live iteration times. Before the common axis, replays ran 10-13 % long
-  (median), from mixing the ranks' lags into every cross-rank comparison. The replay also had to
-  learn two things from these records: gloo's two worker threads let a later bucket finish first,
-  so buckets are recorded as issued, not serialised; and a bucket is posted after the compute that
-  ended before it in every recorded step, not only in the first.
+  delays, against the live iteration times. Buckets are recorded as issued, not serialised
+  (gloo's two worker threads let a later bucket finish first), and a bucket is posted after the
+  compute that ended before it in every recorded step.
 - **Counterfactual** (`counterfactual_vs_live_none`, paced runs only): the paced record replayed with
   zero delays, against the live no-pacing run on the same straggler schedule (`mean_err_frac`: mean
   iteration time). On CPU/gloo the pacing sleep blocks the training thread, so records mark it
@@ -115,35 +105,13 @@ reports fidelity, replay against live, per run (`fidelity.by_run`, with `compare
   run's.
 
 `python experiments/live_fidelity/live_fidelity.py` repeats the default job, `python -m pacectl.run
-backend=torch backend.nproc_per_node=4 controller=threshold`, with 12 seeds. Records, plot and a
-fuller discussion are in `experiments/live_fidelity/`. Two batches, 24 jobs:
-
-| figure | seeds 0-11 | seeds 12-23 | all 24 jobs [95 % interval] |
-| --- | ---: | ---: | ---: |
-| self-replay, worst median step error (exact by construction) | 0 % | 0 % | 0 % (0 clipped) |
-| counterfactual, mean iteration vs live no pacing | −0.04 % | +1.02 % | +0.49 % [−0.69, +1.67] |
-| effect of pacing per iteration, predicted | +1.06 ms | +1.14 ms | +1.10 ms [+0.95, +1.25] |
-| effect of pacing per iteration, live | +1.02 ms | +1.49 ms | +1.26 ms [+0.77, +1.74] |
-| live minus predicted | −0.04 ms | +0.36 ms | +0.16 ms [−0.29, +0.60] |
-
-- On average, the replay predicts what pacing costs here, about +1.1 ms per iteration (+3 %), to
-  within about 1 ms.
-- A third, independent batch on another day measured live minus predicted −0.88 ms [−1.33, −0.43]
-  over 13 jobs (seeds 0-2 repeated; records not kept). The machine's state moves this comparison
-  between days by about as much as the effect itself, more than the within-batch intervals show.
-- Single jobs scatter far more: live effect −2.4 to +3.6 ms, counterfactual −5.5 % to +5.5 % (48 jobs).
-- In the max-plus replay a delay can never shorten an iteration. A live effect reliably below the
-  prediction would show a timing-dependent gain that the replay misses. These runs establish none,
-  and on this machine pacing cost time in both recorded batches.
-- Two later batches with the async default (12 jobs each; `experiments/live_fidelity/`): threshold
-  predicted +0.61 ms, live +0.43 ms [−0.16, +1.02]; the forecast controller predicted +0.44 ms
-  [+0.13, +0.74], live −0.08 ms [−0.70, +0.55], live minus predicted −0.51 ms [−1.04, +0.01]:
-  the closest any batch has come to a live effect below the prediction, and still not one. After
-  the forecast's start-up fix (2026-11-30) it predicted +0.02 ms, live +0.19 ms [−0.52, +0.90],
-  live minus predicted +0.17 ms [−0.55, +0.88]: that near-miss did not repeat.
+backend=torch backend.nproc_per_node=4 controller=threshold`, over many seeds; its README has the
+batches' figures. In short: on average the replay predicts what pacing costs there to within about
+1 ms, single jobs scatter by a few ms, and no live effect below the prediction (a timing-dependent
+gain the max-plus replay misses) has been established.
 
 The console and `report.md` print the self-replay and counterfactual checks, one line each per run
-(this one is a run that happened to agree closely; see the scatter above):
+(this one is a run that happened to agree closely):
 
 ```
 replay counterfactual of threshold: its record replayed with zero delays vs the live no-pacing run: mean iteration +0.0206 %; pacing effect per iteration predicted +0.501 ms, live +0.508 ms (one job, no interval: single jobs scatter by a few ms, experiments/live_fidelity)
@@ -157,8 +125,7 @@ fidelity, because the record carries its measured iteration times. The counterfa
 no-pacing run beside it, so only the live run reports it. The self-replay is exact for iteration
 times, not for the arrival spread: the live run derives each rank's arrival from its wait inside
 the first bucket's all-reduce (no clocks), the replay from the recorded enter stamps, each late by
-its own rank's wait for a core. In one 4-rank run the median spread of no pacing was 8.7 ms live
-and 8.1 ms replayed, with per-iteration differences up to ±9 ms on 60 ms iterations.
+its own rank's wait for a core.
 """
 
 from __future__ import annotations
