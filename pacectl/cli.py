@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from pacectl.errors import ConfigError, PacectlError, config_error, did_you_mean, one_line_warnings
@@ -492,7 +492,7 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
             ``OverrideParseException``).
     """
     from hydra.errors import MissingConfigException
-    from omegaconf.errors import ConfigKeyError, ValidationError
+    from omegaconf.errors import ConfigIndexError, ConfigKeyError, ValidationError
 
     if isinstance(err.__cause__, ValidationError):  # a wrong type for a typed config
         return config_error(err.__cause__)
@@ -542,9 +542,16 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         section = OmegaConf.select(node, parent) if node is not None and parent else node
         known = sorted(str(k) for k in section.keys()) if isinstance(section, DictConfig) else []
         where = f"{parent}." if parent else ""
+        job = re.fullmatch(r"cluster\.jobs\.\d+(\.compute)?", parent)
+        if job:  # a job's keys are the ones cluster.jobs reads, whichever of them its entry sets
+            from pacectl.fabric.jobs import JOB_KEYS
+
+            known = ["compute_s", "noise"] if job.group(1) else list(JOB_KEYS)
+            if leaf in known:
+                return f"{key}={given}: this job's entry in the profile sets no {leaf}; add it with +{key}={given}"
         hint = did_you_mean(leaf, known)
         fix = f" Did you mean {where}{hint}={given}?" if hint else ""
-        owners = _options_with_key(config_dir, parent, leaf)
+        owners = {} if job else _options_with_key(config_dir, parent, leaf)
         if hint and leaf not in owners.values():
             owners = {}  # a typo of a key here (kpp -> kp); the exact key elsewhere would beat it
         if owners:  # a key of another option of the group (backend.num_ranks needs backend=sim;
@@ -586,6 +593,15 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         return f"{key}={given}: no such config key{shown}.{fix}"
     if isinstance(err.__cause__, ConfigKeyError):  # a mapping given a key its typed node lacks
         return config_error(err.__cause__)
+    if isinstance(err.__cause__, ConfigIndexError) and err.__cause__.full_key:  # cluster.jobs.5.ranks=...
+        path = _dotted(err.__cause__.full_key)
+        listed, _, index = path.rpartition(".")
+        text = next((o for o in overrides if o.lstrip("+").partition("=")[0].startswith(path)), path)
+        node = _compose_without(config_dir, config_name, overrides, text.partition("=")[0])
+        items = OmegaConf.select(node, listed) if node is not None else None
+        if isinstance(items, ListConfig):
+            have = f"{listed}.0 to {listed}.{len(items) - 1}" if len(items) else "none"
+            return f"{text}: {listed} has {len(items)} entries ({have}), so there is no {path}"
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     line = " ".join(lines[:4])
     grammar = "https://hydra.cc/docs/advanced/override_grammar/basic/"
@@ -601,7 +617,13 @@ def missing_key(err: Exception, overrides: Sequence[str]) -> str | None:
     if not isinstance(cause, ConfigAttributeError | ConfigKeyError) or not cause.full_key:
         return None
     keys = [o.partition("=")[0] for o in overrides if "=" in o and not o.startswith(("+", "~"))]
-    return next((k for k in keys if k == cause.full_key or k.startswith(f"{cause.full_key}.")), None)
+    full = _dotted(cause.full_key)
+    return next((k for k in keys if k == full or k.startswith(f"{full}.")), None)
+
+
+def _dotted(full_key: str) -> str:
+    """OmegaConf's key path (``cluster.jobs[0].ranks``) as an override names it (``cluster.jobs.0.ranks``)."""
+    return re.sub(r"\[(\d+)\]", r".\1", full_key)
 
 
 def group_value_error(config_dir: Path, overrides: list[str]) -> str | None:

@@ -184,7 +184,7 @@ def config_error(err: BaseException, section: str = "") -> str:
         default = declared[leaf].default
         example = (
             ""
-            if default is None or default is dataclasses.MISSING
+            if default is None or default is dataclasses.MISSING or default == "???"  # "???": must be set
             else f": for example {key}={override_value(default)}"
         )
         return f"{key} must be {must}, got {getattr(err, 'value', None)!r}{example}"

@@ -93,6 +93,54 @@ def test_a_wrong_value_of_a_typed_key_is_one_line(tmp_path: Path, args: list[str
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("arg", "expect"),
+    [
+        ("cluster.jobs=abc", "cluster.jobs must be"),
+        ("cluster.jobs.0=abc", "cluster.jobs.0 must be"),
+        ("cluster.jobs.0.name=[1,2]", "cluster.jobs.0.name must be"),
+        ("cluster.jobs.0.ranks=abc", "cluster.jobs.0.ranks entries must be"),
+        ("cluster.jobs.0.ranks=[]", "cluster.jobs.0.ranks must be a non-empty list"),
+        ("cluster.jobs.0.message_bytes=abc", "cluster.jobs.0.message_bytes must be"),
+        ("cluster.jobs.0.start_s=-1", "cluster.jobs.0.start_s must be"),
+        ("cluster.jobs.0.compute=abc", "cluster.jobs.0.compute must be"),
+        (
+            "cluster.jobs.0.compute.compute_s=abc",
+            "cluster.jobs.0.compute.compute_s must be a finite number > 0, got 'abc'",
+        ),
+        ("cluster.jobs.0.compute.noise=abc", "cluster.jobs.0.compute.noise must be"),
+        ("+cluster.jobs.0.controller=5", "cluster.jobs.0.controller must be"),
+        ("+cluster.jobs.0.controller_params=abc", "cluster.jobs.0.controller_params must be"),
+        # a key the job's entry leaves out, a misspelt one, and a job the profile does not have
+        ("cluster.jobs.0.controller=none", "sets no controller; add it with +cluster.jobs.0.controller=none"),
+        ("cluster.jobs.0.rank=[1]", "no such config key (known under cluster.jobs.0: ['name', 'ranks',"),
+        (
+            "cluster.jobs.0.compute.bogus=1",
+            "no such config key (known under cluster.jobs.0.compute: ['compute_s', 'noise'])",
+        ),
+        (
+            "cluster.jobs.5.ranks=[1]",
+            "cluster.jobs has 2 entries (cluster.jobs.0 to cluster.jobs.1), so there is no cluster.jobs.5",
+        ),
+    ],
+)
+def test_a_wrong_job_key_is_one_line(tmp_path: Path, arg: str, expect: str) -> None:
+    """``cluster.jobs.<i>.*`` (several jobs on one fabric, :mod:`pacectl.fabric.jobs`): a wrong type
+    or value, a key the job's entry does not set, a misspelt key or a job past the list's end."""
+    from pacectl.run import main
+
+    out = tmp_path / "run"
+    proc = run_command(
+        main, ["backend=sim", "cluster=shared_uplink", arg, f"hydra.run.dir={out}"], cwd=tmp_path
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("warning")]
+    assert len(lines) == 1 and expect in lines[0] and "???" not in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+    if arg == "cluster.jobs.0.rank=[1]":
+        assert "Did you mean cluster.jobs.0.ranks=[1]?" in lines[0]
+
+
 def _tune_cases() -> list[tuple[list[str], str]]:
     """Every key of ``tune`` (``tune.sim``'s among them) as pacectl.tune's config types it."""
     tune = typing.get_type_hints(TuneRunConfig)["tune"]
