@@ -137,6 +137,17 @@ def _ranks(value: object, key: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _at_least_0(value: object, key: str, unit: str, example: str) -> float:
+    """``value`` as a float, checked finite and >= 0 (``unit`` and ``example`` for the message)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (math.isfinite(value) and value >= 0)
+    ):
+        raise ConfigError(f"{key} must be a finite number >= 0 {unit}, got {value!r}; e.g. {key}={example}")
+    return float(value)
+
+
 def _span(ranks: Sequence[int]) -> str:
     return f"{min(ranks)}-{max(ranks)}" if len(ranks) > 1 else str(ranks[0])
 
@@ -320,24 +331,8 @@ def parse_jobs(
                 f"{at('compute')} must be set (compute_s and noise of the job); e.g. {at('compute')}.compute_s=0.3"
             )
         compute = compute_section(raw["compute"], at("compute"))
-        msg = raw.get("message_bytes", message_bytes)
-        if (
-            isinstance(msg, bool)
-            or not isinstance(msg, (int, float))
-            or not (math.isfinite(msg) and msg >= 0)
-        ):
-            raise ConfigError(
-                f"{at('message_bytes')} must be a finite number >= 0 bytes, got {msg!r}; e.g. {at('message_bytes')}=5.0e9"
-            )
-        start = raw.get("start_s", 0.0)
-        if (
-            isinstance(start, bool)
-            or not isinstance(start, (int, float))
-            or not (math.isfinite(start) and start >= 0)
-        ):
-            raise ConfigError(
-                f"{at('start_s')} must be a finite number >= 0 seconds, got {start!r}; e.g. {at('start_s')}=0.1"
-            )
+        msg = _at_least_0(raw.get("message_bytes", message_bytes), at("message_bytes"), "bytes", "5.0e9")
+        start = _at_least_0(raw.get("start_s", 0.0), at("start_s"), "seconds", "0.1")
         pinned = raw.get("controller")
         if pinned is not None and (
             not isinstance(pinned, str) or (controllers and pinned not in controllers)
@@ -347,7 +342,7 @@ def parse_jobs(
                 f"got {pinned!r}; e.g. {at('controller')}=none"
             )
         params = _controller_params(raw.get("controller_params"), at("controller_params"), controllers)
-        jobs.append(JobSpec(str(name), ranks, compute, float(msg), float(start), pinned, params))
+        jobs.append(JobSpec(str(name), ranks, compute, msg, start, pinned, params))
     return tuple(jobs)
 
 
