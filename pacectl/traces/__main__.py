@@ -339,7 +339,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         def stats(x: np.ndarray) -> dict[str, float] | None:
             """Seconds (or normalised units scaled to seconds, see ``norm_unit_s``)."""
-            return {"mean": float(x.mean()), **quantile_stats(x)} if len(x) else None
+            return {"mean": float(x.mean()), **(quantile_stats(x) or {})} if len(x) else None
 
         out = {
             "source": trace.source,
