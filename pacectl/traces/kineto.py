@@ -1083,12 +1083,15 @@ def _truncated_suspects(recs: list[_RankFile], failure: str) -> list[Problem]:
     return out
 
 
-def _fail_across_ranks(recs: list[_RankFile], message: str, failure: str) -> NoReturn:
-    """Raise ``message``, or the truncated-file problems when a file looks truncated."""
+_DROP_FIX = "Pass drop_unmatched (--drop-unmatched) to drop those steps."
+
+
+def _fail_across_ranks(recs: list[_RankFile], failure: str, src: str, then: str = "") -> NoReturn:
+    """Raise ``"<failure> (in <src>)<then>"``, or the truncated-file problems when a file looks truncated."""
     suspects = _truncated_suspects(recs, failure)
     if suspects:
         raise TraceProblems(suspects)
-    raise TraceError(message)
+    raise TraceError(f"{failure} (in {src}){then}")
 
 
 def _require_collectives(recs: list[_RankFile]) -> None:
@@ -1156,9 +1159,9 @@ def _common_steps(recs: list[_RankFile], dropped: dict[int, str], src: str) -> t
     if not common:
         _fail_across_ranks(
             recs,
-            f"the rank files must share at least one ProfilerStep#N, got disjoint step sets (in {src}). "
-            "Were they recorded in the same run with the same profiler schedule?",
             "the rank files must share at least one ProfilerStep#N, got disjoint step sets",
+            src,
+            ". Were they recorded in the same run with the same profiler schedule?",
         )
     return common, all_steps
 
@@ -1197,19 +1200,13 @@ def _drop_uneven_steps(
         return
     s = int(bad_steps[0])
     per_rank = {int(k): int(v) for k, v in counts.loc[s].items()}
-    msg = (
-        f"every rank must record the same collectives in a step, got {per_rank} "
-        f"(collectives per rank) in step {s} (in {src}); {len(bad_steps)} step(s) unmatched"
-    )
+    what = f"every rank must record the same collectives in a step, got {per_rank} (collectives per rank) in step {s}"
+    unmatched = f"; {len(bad_steps)} step(s) unmatched"
     if not drop_unmatched:
-        _fail_across_ranks(
-            recs,
-            msg + ". Pass drop_unmatched (--drop-unmatched) to drop those steps.",
-            f"every rank must record the same collectives in a step, got {per_rank} (collectives per rank) in step {s}",
-        )
+        _fail_across_ranks(recs, what, src, f"{unmatched}. {_DROP_FIX}")
     for s2 in bad_steps:
         dropped[int(s2)] = "unmatched collectives across ranks"
-    notes.append(msg + "; dropped")
+    notes.append(f"{what} (in {src}){unmatched}; dropped")
 
 
 def _drop_partial_collectives(
@@ -1236,11 +1233,7 @@ def _drop_partial_collectives(
                 f"every collective must be matched on all {n} ranks, got {int(part.iloc[0])} rank(s) for "
                 f"(step, group, {'seq' if use_seq else 'ordinal'}) = {where}"
             )
-            _fail_across_ranks(
-                recs,
-                f"{what} (in {src}). Pass drop_unmatched (--drop-unmatched) to drop those steps.",
-                what,
-            )
+            _fail_across_ranks(recs, what, src, f". {_DROP_FIX}")
         dropped[int(s2)] = "unmatched collectives across ranks"
 
 
@@ -1265,9 +1258,9 @@ def _uniform_steps(
     if len(per_step) == 0:
         _fail_across_ranks(
             recs,
-            f"at least one step must survive matching, got none (in {src}); "
-            + dropped_steps_note(dropped, len(all_steps)),
             "at least one step must survive matching, got none",
+            src,
+            "; " + dropped_steps_note(dropped, len(all_steps)),
         )
     mode = int(per_step.mode().iloc[0])
     for s2, k in per_step.items():
@@ -1276,9 +1269,7 @@ def _uniform_steps(
     good = [s2 for s2 in good if int(s2) not in dropped]
     if mode == 0:
         _fail_across_ranks(
-            recs,
-            f"steps must contain at least one collective, got none in the common steps (in {src})",
-            "steps must contain at least one collective, got none in the common steps",
+            recs, "steps must contain at least one collective, got none in the common steps", src
         )
     if dropped:
         notes.append(dropped_steps_note(dropped, len(all_steps)))
