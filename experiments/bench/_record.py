@@ -4,15 +4,60 @@ from __future__ import annotations
 
 import json
 import platform
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from pacectl.report import atomic_write_text
 
+#: The checkout these scripts belong to: the pacectl they measure (the commands they time run with
+#: ``PYTHONPATH`` set to it).
+CHECKOUT = Path(__file__).resolve().parents[2]
 
-def write_record(path: Path, rows: list[dict[str, Any]], **extra: Any) -> None:
-    """Write ``{"machine", "python", **extra, "results": rows}`` as JSON, atomically, and say where."""
-    record = {"machine": platform.platform(), "python": platform.python_version(), **extra, "results": rows}
+
+def git_state(folder: Path) -> dict[str, Any]:
+    """Which code ``folder`` holds: ``{"checkout", "commit", "dirty", "changed"}``, the commit checked
+    out (``HEAD``), whether any file differs from it (``git status``: tracked files changed, or files
+    git does not ignore added) and those files' paths (the first 20); ``commit`` None where
+    ``folder`` is no git checkout (or git is missing)."""
+    state: dict[str, Any] = {"checkout": str(folder)}
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(folder), "status", "--porcelain"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return {**state, "commit": None}
+    return {**state, "commit": commit, "dirty": bool(status), "changed": [s[3:] for s in status[:20]]}
+
+
+def write_record(
+    path: Path, rows: list[dict[str, Any]], *, against: Path | None = None, **extra: Any
+) -> None:
+    """Write ``{"machine", "python", "pacectl", ["against", "against_git"], **extra, "results": rows}``
+    as JSON, atomically, and say where.
+
+    ``pacectl`` is :func:`git_state` of this checkout (:data:`CHECKOUT`), and also
+    ``pacectl_imported``, of the checkout this process imported pacectl from, where that is another
+    one (an in-process benchmark run without ``PYTHONPATH`` measures the installed copy);
+    ``against``, another checkout measured alongside, its path and its :func:`git_state`.
+    """
+    record: dict[str, Any] = {
+        "machine": platform.platform(),
+        "python": platform.python_version(),
+        "pacectl": git_state(CHECKOUT),
+    }
+    imported = sys.modules.get("pacectl")
+    if imported is not None and imported.__file__ is not None:
+        source = Path(imported.__file__).resolve().parents[1]
+        if source != CHECKOUT:
+            record["pacectl_imported"] = git_state(source)
+    if against is not None:
+        record.update(against=str(against), against_git=git_state(against.resolve()))
+    record = {**record, **extra, "results": rows}
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(record, indent=2) + "\n")
     print(f"written: {path}")

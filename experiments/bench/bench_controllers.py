@@ -114,7 +114,7 @@ def main() -> None:
         args.out,
         rows,
         command=" ".join(["python", *sys.argv]),
-        against=str(args.against) if args.against else None,
+        against=args.against,
         decisions=args.decisions,
         loadavg_before=list(load_before),
         loadavg_after=list(os.getloadavg()),

@@ -129,6 +129,7 @@ def main() -> None:
         args.out,
         rows,
         command="python experiments/bench/bench_load.py " + " ".join(sys.argv[1:]),
+        against=args.against,
         load_average_1_5_15=list(os.getloadavg()),
         note="2-core machine shared with other agents: absolute times are loaded ones; the two checkouts "
         "ran alternating, case by case",

@@ -72,7 +72,7 @@ def main() -> None:
             iterations=args.iterations,
             scenario="python -m pacectl.run backend=sim comm=contention cluster=paper_like output.iterations=false",
             command=" ".join(["python", *sys.argv]),
-            against=str(args.against) if args.against else None,
+            against=args.against,
             loadavg_before=list(load_before),
             loadavg_after=list(os.getloadavg()),
             cpu_count=os.cpu_count(),

@@ -34,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _record import compile_bytecode, timed_command, write_record
+from _record import compile_bytecode, git_state, timed_command, write_record
 
 HERE = Path(__file__).resolve().parents[2]
 
@@ -119,6 +119,7 @@ def main() -> None:
         rows,
         command="python experiments/bench/bench_vs_artifact.py " + " ".join(sys.argv[1:]),
         artifact="github.com/ByteDance-Seed/StragglerAnalysis (analyzer/wia.py, its own venv with pandas<3)",
+        artifact_git=git_state(args.artifact.resolve()),
         load_average_1_5_15=list(os.getloadavg()),
         note="2-core machine shared with other agents: whole commands, alternating, so both see the same load; "
         "load_1min per run",
