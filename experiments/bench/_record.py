@@ -34,13 +34,19 @@ def git_state(folder: Path) -> dict[str, Any]:
     return {**state, "commit": commit, "dirty": bool(status), "changed": [s[3:] for s in status[:20]]}
 
 
+#: :func:`git_state` of :data:`CHECKOUT` when the benchmark started (this module's import): what it
+#: measured, where a file is edited while it runs.
+AT_START = git_state(CHECKOUT)
+
+
 def write_record(
     path: Path, rows: list[dict[str, Any]], *, against: Path | None = None, **extra: Any
 ) -> None:
     """Write ``{"machine", "python", "pacectl", ["against", "against_git"], **extra, "results": rows}``
     as JSON, atomically, and say where.
 
-    ``pacectl`` is :func:`git_state` of this checkout (:data:`CHECKOUT`), and also
+    ``pacectl`` is :func:`git_state` of this checkout (:data:`CHECKOUT`) when the benchmark started
+    (:data:`AT_START`), with ``pacectl_at_end``, its state now, where that differs; also
     ``pacectl_imported``, of the checkout this process imported pacectl from, where that is another
     one (an in-process benchmark run without ``PYTHONPATH`` measures the installed copy);
     ``against``, another checkout measured alongside, its path and its :func:`git_state`.
@@ -48,8 +54,11 @@ def write_record(
     record: dict[str, Any] = {
         "machine": platform.platform(),
         "python": platform.python_version(),
-        "pacectl": git_state(CHECKOUT),
+        "pacectl": AT_START,
     }
+    now = git_state(CHECKOUT)
+    if now != AT_START:
+        record["pacectl_at_end"] = now
     imported = sys.modules.get("pacectl")
     if imported is not None and imported.__file__ is not None:
         source = Path(imported.__file__).resolve().parents[1]

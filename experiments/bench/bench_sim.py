@@ -7,6 +7,8 @@ Usage::
     python experiments/bench/bench_sim.py --buckets 1 4 --out experiments/bench/results/sim_buckets.json
     python experiments/bench/bench_sim.py --command --ranks 4096 16384 65536 --iterations 1000 \
         --against /tmp/old --against-ranks 4096 --out experiments/bench/results/sim_streamed.json
+    python experiments/bench/bench_sim.py --command --ranks 1024 4096 16384 --iterations 250 1000 4000 \
+        --out experiments/bench/results/sim_memory.json     # peak RSS over ranks and iterations
 
 Scenario: the ``paper_like`` cluster profile with ``comm=contention`` (max-min fair fat-tree with
 staggered cross traffic on every leaf uplink, plus early-arrival interference), the heaviest model.
@@ -17,7 +19,7 @@ per-rank observation; the figure is the wall time of ``SimExperiment.run`` (draw
 ``--command`` instead runs the whole command a user types, ``python -m pacectl.run backend=sim
 ... comm=contention cluster=paper_like output.iterations=false`` (no pacing and every controller of
 ``controller=all``; the runs stream, :func:`pacectl.loop.run_episode`'s ``reduce``), once per
-``--ranks`` value, and records its wall time, CPU time, the child's peak RSS (``ru_maxrss`` from
+``--ranks`` value (for each ``--iterations`` value, where several are given), and records its wall time, CPU time, the child's peak RSS (``ru_maxrss`` from
 ``os.wait4``, :func:`_record.timed_command`), its bytes per rank-iteration, and the 1-minute
 load when it started; with ``--against DIR`` the same command with ``PYTHONPATH=DIR`` (another
 checkout) at the ``--against-ranks`` sizes, after each of this checkout's at that size, and both
@@ -50,7 +52,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024])
-    parser.add_argument("--iterations", type=int, default=10_000)
+    parser.add_argument(
+        "--iterations", type=int, nargs="+", default=[10_000], help="with --command: each with each --ranks"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sim.json")
     parser.add_argument(
         "--buckets",
@@ -65,11 +69,15 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     if args.command:
-        rows = whole_commands(args.ranks, args.iterations, args.against, set(args.against_ranks))
+        rows = [
+            row
+            for iterations in args.iterations
+            for row in whole_commands(args.ranks, iterations, args.against, set(args.against_ranks))
+        ]
         write_record(
             args.out,
             rows,
-            iterations=args.iterations,
+            iterations=args.iterations[0] if len(args.iterations) == 1 else args.iterations,
             scenario="python -m pacectl.run backend=sim comm=contention cluster=paper_like output.iterations=false",
             command=" ".join(["python", *sys.argv]),
             against=args.against,
@@ -78,7 +86,7 @@ def main() -> None:
             cpu_count=os.cpu_count(),
         )
         return
-    args.ranks = args.ranks[0]
+    args.ranks, args.iterations = args.ranks[0], args.iterations[0]
     rows = []
     for buckets in args.buckets or [None]:
         extra = [] if buckets is None else [f"cluster.buckets.count={buckets}"]
