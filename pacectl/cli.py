@@ -82,7 +82,11 @@ def main(
             print(f"{prog}: {note}", file=sys.stderr)
         cfg = check_command_line(prog, config_dir, config_name, validate, argv=args)
         if cfg is not None and not _multirun(cfg):
-            _run_here(prog, cfg, job)
+            try:
+                _run_here(prog, cfg, job)
+            except BrokenPipeError:  # a print (not a log line: ConsoleHandler) into a closed pipe
+                quiet_broken_pipe()
+                sys.exit(1)
             return
         if cfg is not None:  # a sweep: its folder must be writable before Hydra creates it
             problem = run_dir_error(cfg)
@@ -315,6 +319,20 @@ class BelowLevel(logging.Filter):
         return record.levelno < self.level
 
 
+class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The console's handlers (``conf/hydra/job_logging/pacectl.yaml``): a stream handler that, when
+    its reader has gone (``python -m pacectl.run | head -1``: a ``BrokenPipeError``), points the
+    stream at /dev/null and carries on quietly, instead of logging's ``--- Logging error ---`` and a
+    traceback for every later line. The job runs to its end and writes its outputs as it would
+    have; only its console lines are lost (Python's docs, signal module, 'Note on SIGPIPE')."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], BrokenPipeError):
+            quiet_broken_pipe(self.stream)
+            return
+        super().handleError(record)
+
+
 #: Free bytes below which a run is refused before it starts (its outputs and the log).
 MIN_FREE_BYTES = 1 << 20
 
@@ -471,13 +489,16 @@ def expand_trace_file(args: Sequence[str], options: Sequence[str] = ()) -> tuple
     return out, notes
 
 
-def quiet_broken_pipe() -> None:
-    """After a ``BrokenPipeError`` on stdout (``--help | head``): no traceback, exit status 1 is kept
-    by the caller. Points stdout at /dev/null so the interpreter's final flush cannot fail again."""
+def quiet_broken_pipe(stream: Any = None) -> None:
+    """After a ``BrokenPipeError`` on ``stream`` (default stdout; ``--help | head``): no traceback,
+    exit status 1 is kept by the caller. Points the stream's file descriptor at /dev/null so that
+    later writes and the interpreter's final flush cannot fail again."""
     try:
+        fd = (sys.stdout if stream is None else stream).fileno()
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # no file descriptor (a test's StringIO)
         pass
 
 

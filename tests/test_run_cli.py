@@ -795,3 +795,86 @@ def test_plots_drawn_by_the_plot_server_leave_every_output_as_drawn_inline(
             assert x == y
         else:
             assert a == b, name
+
+
+# ``python -m pacectl.run`` in a fresh process: its fast exit (``run.exit_now``: ``os._exit`` once the
+# outputs are written) and its console into a closed pipe, which an in-process run does not show.
+ROOT = Path(__file__).resolve().parents[1]
+SMALL_SIM = ["backend=sim", "backend.num_ranks=8", "backend.num_iterations=30", "controller=pid"]
+
+
+def _subprocess(*args: str, cwd: Path, stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    import os
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PACECTL_PLOTS_INLINE", None)  # the command's own plot server, as a user's run has
+    return subprocess.run(
+        [sys.executable, "-m", "pacectl.run", *args],
+        cwd=cwd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def _complete_png(path: Path) -> bool:
+    """A whole PNG file: its signature first and its IEND chunk (and CRC) last."""
+    data = path.read_bytes()
+    return data[:8] == b"\x89PNG\r\n\x1a\n" and data[-12:-4] == b"\x00\x00\x00\x00IEND"
+
+
+def _assert_complete_outputs(out: Path, *, plots: bool) -> None:
+    import pyarrow.parquet as pq
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["runs"]) == {"none", "pid"}
+    report_md = (out / "report.md").read_text()
+    assert report_md.endswith("\n") and "pid" in report_md
+    assert pq.read_table(out / "iterations.parquet").num_rows == 2 * 30 * 8  # (run, iteration, rank)
+    assert (out / "config.yaml").read_text().startswith("# python -m pacectl.run ")
+    assert "outputs:" in (out / "run.log").read_text()
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert bool(pngs) == plots
+    for name in pngs:  # each plot drawn whole by the plot server before the process ended
+        assert _complete_png(out / name), name
+        assert f"({name})" in report_md
+    expected = {"summary.json", "report.md", "iterations.parquet", "config.yaml", "run.log", *pngs}
+    assert {p.name for p in out.iterdir()} == expected  # nothing staged left behind, no lock file
+
+
+@pytest.mark.slow
+def test_the_command_exits_at_once_with_every_output_complete(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _subprocess(*SMALL_SIM, f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and f"outputs: {out}" in proc.stdout
+    _assert_complete_outputs(out, plots=True)
+    assert {p.name for p in out.glob("*.png")} >= {"iteration_time.png", "spread.png"}
+
+
+def test_a_user_mistake_in_a_fresh_process_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _subprocess(*SMALL_SIM, "controller.gian=0.3", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "gian" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_console_piped_to_a_reader_that_has_gone_is_dropped_quietly(tmp_path: Path) -> None:
+    """``python -m pacectl.run | head -1``: the reader's end of the pipe is closed before the command
+    writes a byte (so every console line meets a ``BrokenPipeError``, no timing involved). No
+    traceback and no ``--- Logging error ---``; the job runs to its end and its outputs are complete."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)
+    out = tmp_path / "run"
+    try:
+        proc = _subprocess(
+            *SMALL_SIM, "output.plots=false", f"hydra.run.dir={out}", cwd=tmp_path, stdout=write
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "Logging error" not in proc.stderr, proc.stderr
+    assert "BrokenPipeError" not in proc.stderr
+    _assert_complete_outputs(out, plots=False)
