@@ -45,12 +45,27 @@ if TYPE_CHECKING:  # the rest is imported where it is used: the command starts i
 BASELINE = "none"
 #: (run, iteration, rank) rows above which writing iterations.parquet is announced with its cost.
 LARGE_PARQUET_ROWS = 5_000_000
-#: Peak memory per (run, iteration, rank) row, bytes, measured on ``backend=sim`` at 1,024 ranks
-#: (2,000 and 10,000 iterations, five runs): about 200 with iterations.parquet (the table is built
-#: in memory). Without it the runs stream (their per-rank arrays reduced as they run, not kept), and
-#: what grows with iterations is one run's compute-time draws (``SimBackend.reset``) and their
-#: temporaries: bytes per (iteration, rank) row of one run (measured: experiments/bench/README.md).
-BYTES_PER_ROW = {True: 200, False: 50}
+#: The memory model of a job's peak resident set (:func:`memory_needed`), fitted to the peak RSS of
+#: whole commands, ``python -m pacectl.run backend=sim comm=contention cluster=paper_like
+#: output.iterations=false`` (the heaviest fabric model; no pacing and every controller) at 1,024 to
+#: 65,536 ranks and 250 to 16,000 iterations (experiments/bench/results/sim_memory.json,
+#: sim_memory_long.json, sim_streamed.json; experiments/bench/README.md), as an upper bound of
+#: every one of them with a full chunk of draws (within 60 MB). The base, bytes: the interpreter
+#: and its imports and one chunk of compute draws with its temporaries
+#: (``pacectl.backends.sim.DRAW_CELLS`` cells: a smaller job, 1,024 ranks x 250 iterations, peaks
+#: at 0.25 GB);
+BASE_BYTES = 630_000_000
+#: per rank (the fabric's, the controllers' and the runs' per-rank state), bytes: 3.4-3.5 KB
+#: measured, between 4,096 and 65,536 ranks;
+BYTES_PER_RANK = 3_500
+#: per (run, iteration, rank) row of ``iterations.parquet`` (the table is built in memory), bytes,
+#: measured at 1,024 ranks (2,000 and 10,000 iterations, five runs);
+BYTES_PER_ROW = 200
+#: per iteration, without ``iterations.parquet``, bytes: the runs stream, one at a time, their
+#: per-rank arrays reduced as they run and the compute draws drawn a chunk of iterations at a time,
+#: so what grows with iterations is one run's per-iteration figures, about 0.7 KB measured (from
+#: 4,000 to 16,000 iterations at 1,024 ranks).
+BYTES_PER_STREAMED_ITERATION = 1_000
 #: console lines; Hydra's job logging (conf/hydra/job_logging/pacectl.yaml) also files them
 log = logging.getLogger("pacectl.run")
 
@@ -124,8 +139,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                 if len(episodes) == 1:  # every run has the first one's size: check before the rest
                     first = episodes[name]
                     with_parquet = bool(cfg.output.get("iterations", True))
-                    rows = first.num_iterations * first.num_ranks * (len(runs) if with_parquet else 1)
-                    _check_memory(rows, with_parquet)
+                    _check_memory(first.num_ranks, first.num_iterations, len(runs), with_parquet)
                     _warn_if_degenerate(episodes[name])
             described = describe()
     # the outputs are staged from here on; the plots of the episodes start drawing at once, in the
@@ -382,36 +396,67 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def _check_memory(rows: int, with_parquet: bool, *, announce: bool = True) -> None:
+def memory_needed(ranks: int, iterations: int, runs: int, with_parquet: bool) -> int:
+    """The estimated peak resident set of a job, bytes: :data:`BASE_BYTES`, plus
+    :data:`BYTES_PER_RANK` per rank, plus :data:`BYTES_PER_ROW` per (run, iteration, rank) row
+    with ``iterations.parquet``, else :data:`BYTES_PER_STREAMED_ITERATION` per iteration (the runs
+    stream, one at a time: O(ranks) memory)."""
+    grows = (
+        runs * iterations * ranks * BYTES_PER_ROW
+        if with_parquet
+        else iterations * BYTES_PER_STREAMED_ITERATION
+    )
+    return BASE_BYTES + ranks * BYTES_PER_RANK + grows
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (``/proc/self/statm``, Linux), bytes; 0 where unknown."""
+    import os
+
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _check_memory(
+    ranks: int, iterations: int, runs: int, with_parquet: bool, *, announce: bool = True
+) -> None:
     """Stop if the whole job would not fit in memory: before a simulation starts (its size is in the
     config), else after the first run, before the others.
 
     Args:
-        rows: (run, iteration, rank) rows of the whole job; without iterations.parquet, of one run
-            (the runs stream, one at a time).
-        with_parquet: whether ``iterations.parquet`` is written (about 4x the memory).
+        ranks: ranks of each run.
+        iterations: iterations of each run.
+        runs: runs of the job (no pacing and each controller).
+        with_parquet: whether ``iterations.parquet`` is written (a table of every run's rows).
 
     Raises:
-        ConfigError: the estimate (:data:`BYTES_PER_ROW`) exceeds the memory available now.
+        ConfigError: the estimate (:func:`memory_needed`), less what this process holds already,
+            exceeds the memory available now.
     """
-    need = rows * BYTES_PER_ROW[with_parquet]
+    rows = runs * iterations * ranks
+    need = memory_needed(ranks, iterations, runs, with_parquet)
     if announce and with_parquet and rows > LARGE_PARQUET_ROWS:
         log.info(
             f"iterations.parquet will hold {rows:,} rows (about {need / 1e9:.1f} GB in memory while it is "
             "built); output.iterations=false skips it"
         )
     free = available_memory_bytes()
-    if free is not None and need > free:
-        without = rows * BYTES_PER_ROW[False]
+    held = resident_bytes()
+    if free is not None and need - held > free:
+        without = memory_needed(ranks, iterations, runs, False)
         fix = (
             f"set output.iterations=false (then about {without / 1e9:.1f} GB: the summary, plots and report "
             "only), or "
-            if with_parquet and without <= free
+            if with_parquet and without - held <= free
             else ""
         )
         raise ConfigError(
-            f"this job would need about {need / 1e9:.1f} GB of memory ({rows:,} run x iteration x rank rows), "
-            f"more than the {free / 1e9:.1f} GB available: {fix}run fewer iterations or ranks"
+            f"this job would need about {need / 1e9:.1f} GB of memory ({runs} run(s) x {iterations:,} "
+            f"iterations x {ranks:,} ranks), more than the {(free + held) / 1e9:.1f} GB available to it: {fix}"
+            "run fewer iterations or ranks"
         )
 
 
@@ -674,8 +719,7 @@ def _check_config(cfg: DictConfig) -> None:
     if name == "sim":  # the job's size is known up front
         spec = typed(SimConfig, backend)
         with_parquet = bool(cfg.output.get("iterations", True))
-        rows = (runs if with_parquet else 1) * spec.num_ranks * spec.num_iterations
-        _check_memory(rows, with_parquet, announce=False)
+        _check_memory(spec.num_ranks, spec.num_iterations, runs, with_parquet, announce=False)
     _checked.append(cfg)
 
 

@@ -524,9 +524,13 @@ def test_a_job_too_large_for_memory_stops_after_its_first_run(
         cfg = compose(
             config_name="config", overrides=[*overrides, f"output.iterations={str(with_parquet).lower()}"]
         )
-    # none and five families, 50 iterations, 8 ranks; without the parquet the runs stream: one run's
-    rows = (6 if with_parquet else 1) * 50 * 8
-    monkeypatch.setattr(run, "available_memory_bytes", lambda: rows * run.BYTES_PER_ROW[with_parquet] - 1)
+    # none and five families, 50 iterations, 8 ranks; without the parquet the runs stream, one at a time
+    need = run.memory_needed(8, 50, 6, with_parquet)
+    assert need == run.BASE_BYTES + 8 * run.BYTES_PER_RANK + (
+        6 * 50 * 8 * run.BYTES_PER_ROW if with_parquet else 50 * run.BYTES_PER_STREAMED_ITERATION
+    )
+    monkeypatch.setattr(run, "resident_bytes", lambda: 0)
+    monkeypatch.setattr(run, "available_memory_bytes", lambda: need - 1)
     calls = []
     from pacectl import experiment
 
@@ -543,7 +547,7 @@ def test_a_job_too_large_for_memory_stops_after_its_first_run(
         run.run_experiment(cfg, tmp_path)
     assert ("output.iterations=false" in str(err.value)) == with_parquet
     assert calls == ["none"] and not any(tmp_path.iterdir())
-    monkeypatch.setattr(run, "available_memory_bytes", lambda: rows * run.BYTES_PER_ROW[with_parquet])
+    monkeypatch.setattr(run, "available_memory_bytes", lambda: need)
     run.run_experiment(cfg, tmp_path)  # exactly enough: runs
     assert (tmp_path / "summary.json").exists()
 
@@ -561,16 +565,34 @@ def test_memory_refusal_suggests_skipping_the_parquet_only_when_that_fits(monkey
     from pacectl import run
     from pacectl.errors import ConfigError
 
-    rows = 1_000_000
-    monkeypatch.setattr(run, "available_memory_bytes", lambda: rows * run.BYTES_PER_ROW[False])
-    with pytest.raises(ConfigError, match=r"output\.iterations=false \(then about 0\.1 GB"):
-        run._check_memory(rows, True, announce=False)
-    monkeypatch.setattr(run, "available_memory_bytes", lambda: rows * run.BYTES_PER_ROW[False] - 1)
+    ranks, iterations, runs = 10_000, 1_000, 6
+    streamed = run.memory_needed(ranks, iterations, runs, False)
+    assert run.memory_needed(ranks, iterations, runs, True) > streamed
+    monkeypatch.setattr(run, "resident_bytes", lambda: 0)
+    monkeypatch.setattr(run, "available_memory_bytes", lambda: streamed)
+    with pytest.raises(ConfigError, match=rf"output\.iterations=false \(then about {streamed / 1e9:.1f} GB"):
+        run._check_memory(ranks, iterations, runs, True, announce=False)
+    run._check_memory(ranks, iterations, runs, False, announce=False)  # streamed: fits
+    monkeypatch.setattr(run, "available_memory_bytes", lambda: streamed - 1)
     with pytest.raises(ConfigError) as err:
-        run._check_memory(rows, True, announce=False)
+        run._check_memory(ranks, iterations, runs, True, announce=False)
     assert "output.iterations=false" not in str(err.value) and "run fewer iterations or ranks" in str(
         err.value
     )
+    # what this process holds already is part of the estimate, not needed again
+    monkeypatch.setattr(run, "resident_bytes", lambda: 1)
+    run._check_memory(ranks, iterations, runs, False, announce=False)
+
+
+def test_the_streamed_memory_estimate_grows_with_ranks_not_with_ranks_times_iterations() -> None:
+    """Without iterations.parquet the runs stream: memory O(ranks), plus a little per iteration
+    (the figures in experiments/bench/README.md), not per (iteration, rank) row."""
+    from pacectl import run
+
+    small = run.memory_needed(65_536, 1_000, 6, False)
+    assert run.memory_needed(65_536, 10_000, 6, False) - small == 9_000 * run.BYTES_PER_STREAMED_ITERATION
+    assert run.memory_needed(65_536, 1_000, 1, False) == small  # one run at a time
+    assert run.memory_needed(131_072, 1_000, 6, False) - small == 65_536 * run.BYTES_PER_RANK
 
 
 @pytest.mark.parametrize(
