@@ -862,7 +862,6 @@ def _assert_complete_outputs(out: Path, *, plots: bool) -> None:
     assert {p.name for p in out.iterdir()} == expected  # nothing staged left behind, no lock file
 
 
-@pytest.mark.slow
 def test_the_command_exits_at_once_with_every_output_complete(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = _subprocess(*SMALL_SIM, f"hydra.run.dir={out}", cwd=tmp_path)
