@@ -607,7 +607,7 @@ def plot_iteration_time(
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(9.0, 6.0))
-    _fixed_margins(fig, top_in=0.75, right_in=1.45, hspace=0.08)
+    _fixed_margins(fig, top_in=0.75, hspace=0.08)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
     base = episodes.get(baseline)
     for run, ep in episodes.items():
@@ -625,26 +625,39 @@ def plot_iteration_time(
     bottom.set_ylabel(f"minus {baseline} ({time_unit})")
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
+    _fit_side_margins(fig, (top, bottom))
     save_figure(fig, path)
     return fig
 
 
-def _fixed_margins(
-    fig: Any, *, top_in: float, right_in: float, hspace: float, left_in: float = 0.85, bottom_in: float = 0.5
-) -> None:
-    """Place ``fig``'s subplots with fixed margins, in inches (room for the titles above and the
-    legends outside on the right), instead of ``layout="constrained"``: that engine measures every
-    panel's ticks and legends again before drawing, about 40 % of a plot's CPU time here (spread.png
-    of the main job's six runs: 0.55 against 0.31 s), and the plots are on the main job's critical path.
+def _fixed_margins(fig: Any, *, top_in: float, hspace: float, bottom_in: float = 0.5) -> None:
+    """Place ``fig``'s subplots with fixed top and bottom margins, in inches (room for the titles
+    above and the x label below), instead of ``layout="constrained"``: that engine measures every
+    panel's ticks and legends, twice, before drawing, and the plots are on the main job's critical
+    path (``experiments/bench/README.md``, "The main job's plots"). The left and right margins are
+    set from the drawn labels by :func:`_fit_side_margins` once the panels are filled in.
     """
     width, height = fig.get_size_inches()
     fig.subplots_adjust(
-        left=left_in / width,
-        right=1.0 - right_in / width,
-        top=1.0 - top_in / height,
-        bottom=bottom_in / height,
-        hspace=hspace,
+        left=0.1, right=0.8, top=1.0 - top_in / height, bottom=bottom_in / height, hspace=hspace
     )
+
+
+def _fit_side_margins(fig: Any, axes: Sequence[Any], *, pad_in: float = 0.08) -> None:
+    """Set ``fig``'s left and right margins so that ``axes``' tick labels, y labels and outside legends
+    fit in the figure with ``pad_in`` inches to spare: each of ``axes`` is measured once (a panel
+    per distinct set of y ticks and legend entries is enough; panels that share both need not be
+    measured again)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    left = right = 0.0
+    for ax in axes:
+        inner, outer = ax.get_window_extent(renderer), ax.get_tightbbox(renderer)
+        left, right = max(left, inner.x0 - outer.x0), max(right, outer.x1 - inner.x1)
+    width = fig.get_size_inches()[0] * fig.dpi
+    pad = pad_in * fig.dpi
+    fig.subplots_adjust(left=(left + pad) / width, right=1.0 - (right + pad) / width)
 
 
 def _unit_note(time_unit: str) -> str:
@@ -675,7 +688,7 @@ def plot_spread(
 
     num_runs = max(len(episodes), 1)
     fig = Figure(figsize=(9.0, 2.4 * num_runs + 0.8))
-    _fixed_margins(fig, top_in=0.95, right_in=1.65, hspace=0.3)
+    _fixed_margins(fig, top_in=0.95, hspace=0.3)
     axes = np.atleast_1d(fig.subplots(num_runs, 1, sharex=True, sharey=True, squeeze=False)[:, 0])
     top = 0.0  # the shared axis must reach every run's largest spread, not the first panel's
     for ax, (run, ep) in zip(axes, episodes.items(), strict=False):
@@ -706,6 +719,8 @@ def plot_spread(
     axes[0].set_ylim(0.0, top * 1.05 if top > 0 else 1.0)  # shared by every panel (sharey)
     axes[-1].set_xlabel("iteration")
     fig.suptitle(f"Arrival spread per run{_unit_note(time_unit)}\n{_models_note(_episode_models(episodes))}")
+    # the panels share their y ticks and their legends' texts: the fullest legend sets the right margin
+    _fit_side_margins(fig, [max(axes, key=lambda ax: len(ax.get_legend().texts) if ax.get_legend() else 0)])
     save_figure(fig, path)
     return fig
 

@@ -373,3 +373,28 @@ def test_plots_drawn_in_background_write_the_same_files_and_report_failures(tmp_
     monkeypatch.setenv("PACECTL_PLOTS_INLINE", "1")
     with pytest.raises(ValueError, match="no such axis"):  # inline: the job's own error, at once
         draw_in_background([broken])
+
+
+@pytest.mark.parametrize("num_runs", [1, 12])
+@pytest.mark.parametrize("scale_s", [1.7e-4, 1e5])
+def test_the_run_plots_keep_every_label_inside_the_figure(tmp_path, num_runs, scale_s):
+    """spread.png and iteration_time.png set their side margins from the drawn labels: long tick
+    labels (tiny or huge times), long run names in the legend and 1 or 12 panels stay inside."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    rng = np.random.default_rng(1)
+    names = ["none", "sleep_wait@clock", "phase_no_switch_off"] + [f"run{i}" for i in range(num_runs)]
+    active = np.zeros((30, 1), bool)
+    active[3:9] = True
+    episodes = {
+        name: make_episode(
+            rng.uniform(0.0, scale_s, size=(30, 4)), pacing_active=active, collective_time_s=scale_s / 10
+        )
+        for name in names[:num_runs]
+    }
+    for plot in (report.plot_spread, report.plot_iteration_time):
+        fig = plot(tmp_path / f"{plot.__name__}.png", episodes)
+        box = fig.get_tightbbox(FigureCanvasAgg(fig).get_renderer())  # inches
+        width, height = fig.get_size_inches()
+        assert box.x0 >= 0.0 and box.x1 <= width, (plot.__name__, box, width)
+        assert box.y0 >= 0.0 and box.y1 <= height, (plot.__name__, box, height)
