@@ -8,7 +8,8 @@ imported, which :mod:`pacectl.metrics` does only when it needs a quantile), writ
 against the installed scipy, bit for bit (JSON keeps a float's shortest repr, which reads back to the
 same float). The table is used only where the installed scipy is the version that wrote it
 (:data:`SCIPY_VERSION`, read from the package metadata without importing scipy); under any other
-version :func:`pacectl.metrics._t975` asks scipy itself, so a table never outlives its source.
+version, or where the file is missing or damaged, :func:`pacectl.metrics._t975` asks scipy itself,
+so a table never outlives its source.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import json
 from pathlib import Path
 
 _PATH = Path(__file__).with_name("_t975.json")
-_DATA = json.loads(_PATH.read_text(encoding="utf-8"))
-
-#: The scipy whose stdtrit wrote :data:`T975` (``_write`` keeps the two together).
-SCIPY_VERSION: str = _DATA["scipy_version"]
-T975: tuple[float, ...] = tuple(_DATA["t975"])
+try:
+    _DATA = json.loads(_PATH.read_text(encoding="utf-8"))
+    #: The scipy whose stdtrit wrote :data:`T975` (``_write`` keeps the two together).
+    SCIPY_VERSION: str = str(_DATA["scipy_version"])
+    T975: tuple[float, ...] = tuple(float(v) for v in _DATA["t975"])
+except (OSError, ValueError, KeyError, TypeError):  # missing or damaged: no table, scipy answers
+    SCIPY_VERSION, T975 = "", ()
 
 
 def _write(max_dof: int = 2048) -> None:  # pragma: no cover - regenerates the table

@@ -18,6 +18,7 @@ still empty.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import itertools
 import logging
@@ -566,8 +567,9 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         job = re.fullmatch(r"cluster\.jobs\.\d+(\.compute)?", parent)
         if job:  # a job's keys are the ones cluster.jobs reads, whichever of them its entry sets
             from pacectl.fabric.jobs import JOB_KEYS
+            from pacectl.fabric.profile import Compute
 
-            known = ["compute_s", "noise"] if job.group(1) else list(JOB_KEYS)
+            known = [f.name for f in dataclasses.fields(Compute)] if job.group(1) else list(JOB_KEYS)
             if leaf in known:
                 return f"{key}={given}: this job's entry in the profile sets no {leaf}; add it with +{key}={given}"
         hint = did_you_mean(leaf, known)
@@ -617,7 +619,7 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
     if isinstance(err.__cause__, ConfigIndexError) and err.__cause__.full_key:  # cluster.jobs.5.ranks=...
         path = _dotted(err.__cause__.full_key)
         listed, _, index = path.rpartition(".")
-        text = next((o for o in overrides if o.lstrip("+").partition("=")[0].startswith(path)), path)
+        text = next((o for o in overrides if _is_under(o.lstrip("+").partition("=")[0], path)), path)
         node = _compose_without(config_dir, config_name, overrides, text.partition("=")[0])
         items = OmegaConf.select(node, listed) if node is not None else None
         if isinstance(items, ListConfig):
@@ -640,6 +642,12 @@ def missing_key(err: Exception, overrides: Sequence[str]) -> str | None:
     keys = [o.partition("=")[0] for o in overrides if "=" in o and not o.startswith(("+", "~"))]
     full = _dotted(cause.full_key)
     return next((k for k in keys if k == full or k.startswith(f"{full}.")), None)
+
+
+def _is_under(key: str, path: str) -> bool:
+    """Whether the dotted ``key`` is ``path`` or below it (``cluster.jobs.1.x`` is under
+    ``cluster.jobs.1``; ``cluster.jobs.10.x`` is not)."""
+    return key == path or key.startswith(path + ".")
 
 
 def _dotted(full_key: str) -> str:

@@ -9,8 +9,9 @@ reference paper (Gopalan and Ali, "When Scaling Fails"): iteration time is the s
 is std/mean of iteration time, ``spread_s`` is the latest minus the earliest arrival at the paced
 collective of one pacing domain.
 
-Errors, for every function here that takes one episode (the docstrings below do not repeat it): an episode with no iterations or ranks, a total time that is not positive, or a pacing
-domain that owns no rank raises :class:`~pacectl.errors.PacectlError` naming what is wrong.
+Errors, for every function here that takes one episode (the docstrings below do not repeat them):
+an episode with no iterations or ranks, a total time that is not positive, or a pacing domain that
+owns no rank raises :class:`~pacectl.errors.PacectlError` naming what is wrong.
 :func:`paired_change_ci95_frac` returns NaN instead when there are too few samples, and
 :func:`compare` takes two :func:`summarize` dicts. Percentiles interpolate linearly between order
 statistics (numpy's default).

@@ -50,11 +50,13 @@ LARGE_PARQUET_ROWS = 5_000_000
 #: output.iterations=false`` (the heaviest fabric model; no pacing and every controller) at 1,024 to
 #: 65,536 ranks and 250 to 16,000 iterations (experiments/bench/results/sim_memory.json,
 #: sim_memory_long.json, sim_streamed.json; experiments/bench/README.md), as an upper bound of
-#: every one of them with a full chunk of draws (within 60 MB). The base, bytes: the interpreter
-#: and its imports and one chunk of compute draws with its temporaries
-#: (``pacectl.backends.sim.DRAW_CELLS`` cells: a smaller job, 1,024 ranks x 250 iterations, peaks
-#: at 0.25 GB);
-BASE_BYTES = 630_000_000
+#: every one of them (within 60 MB where a job fills a chunk of draws). The base, bytes: the
+#: interpreter and its imports (1,024 ranks x 250 iterations, a quarter chunk, peaks at 0.24 GB);
+BASE_BYTES = 150_000_000
+#: per cell of the one chunk of compute draws held at a time, with its temporaries, bytes
+#: (``pacectl.fabric.noise.DRAW_CELLS`` cells at most: a job that fills the chunk peaks at
+#: 0.58-0.63 GB, one with a quarter of it at 0.24 GB);
+BYTES_PER_DRAW_CELL = 460
 #: per rank (the fabric's, the controllers' and the runs' per-rank state), bytes: 3.4-3.5 KB
 #: measured, between 4,096 and 65,536 ranks;
 BYTES_PER_RANK = 3_500
@@ -398,15 +400,20 @@ def available_memory_bytes() -> int | None:
 
 def memory_needed(ranks: int, iterations: int, runs: int, with_parquet: bool) -> int:
     """The estimated peak resident set of a job, bytes: :data:`BASE_BYTES`, plus
+    :data:`BYTES_PER_DRAW_CELL` per cell of one chunk of draws (at most
+    ``pacectl.fabric.noise.DRAW_CELLS`` of the job's iterations x ranks), plus
     :data:`BYTES_PER_RANK` per rank, plus :data:`BYTES_PER_ROW` per (run, iteration, rank) row
     with ``iterations.parquet``, else :data:`BYTES_PER_STREAMED_ITERATION` per iteration (the runs
     stream, one at a time: O(ranks) memory)."""
+    from pacectl.fabric.noise import DRAW_CELLS
+
     grows = (
         runs * iterations * ranks * BYTES_PER_ROW
         if with_parquet
         else iterations * BYTES_PER_STREAMED_ITERATION
     )
-    return BASE_BYTES + ranks * BYTES_PER_RANK + grows
+    chunk = min(iterations * ranks, DRAW_CELLS) * BYTES_PER_DRAW_CELL
+    return BASE_BYTES + chunk + ranks * BYTES_PER_RANK + grows
 
 
 def resident_bytes() -> int:

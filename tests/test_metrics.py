@@ -276,19 +276,18 @@ def test_t_quantile_without_scipy_stats_is_bit_identical() -> None:
 
 def test_t_quantile_table_is_scipys_bit_for_bit() -> None:
     """Every value of the table _t975 reads is the installed scipy's (regenerate: python -m pacectl._t975)."""
+    import scipy
     from scipy.special import stdtrit
 
-    from pacectl._t975 import T975
-
-    import scipy
-
-    from pacectl._t975 import SCIPY_VERSION
+    from pacectl._t975 import SCIPY_VERSION, T975
     from pacectl.metrics import _t975_table_current
 
     assert _t975_table_current() == (scipy.__version__ == SCIPY_VERSION)
     if scipy.__version__ != SCIPY_VERSION:
-        pytest.skip(f"the table was written with scipy {SCIPY_VERSION}, {scipy.__version__} is installed: "
-                    "_t975 asks scipy (test_t_quantile_under_another_scipy_asks_scipy)")
+        pytest.skip(
+            f"the table was written with scipy {SCIPY_VERSION}, {scipy.__version__} is installed: "
+            "_t975 asks scipy (test_t_quantile_under_another_scipy_asks_scipy)"
+        )
     assert T975 == tuple(float(stdtrit(dof, 0.975)) for dof in range(1, len(T975) + 1))
 
 
@@ -306,3 +305,31 @@ def test_t_quantile_under_another_scipy_asks_scipy(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(scipy.special, "stdtrit", lambda d, q: calls.append(d) or real(d, q))
     assert metrics._t975(7) == float(stdtrit(7, 0.975))
     assert calls == [7]
+
+
+@pytest.mark.parametrize("content", [None, "{not json", '{"t975": [1.0]}'])
+def test_a_missing_or_damaged_t_table_falls_back_to_scipy(tmp_path, monkeypatch, content):
+    """Without a readable _t975.json (deleted, truncated, a key missing) the module loads with no
+    table, and every quantile comes from scipy instead of a traceback."""
+    import importlib
+    import pathlib
+
+    import pacectl._t975 as table
+
+    path = tmp_path / "_t975.json"
+    if content is not None:
+        path.write_text(content)
+    real = pathlib.Path.with_name
+    monkeypatch.setattr(
+        pathlib.Path, "with_name", lambda self, name: path if name == "_t975.json" else real(self, name)
+    )
+    try:
+        importlib.reload(table)
+        assert table.T975 == () and table.SCIPY_VERSION == ""
+        from scipy.special import stdtrit
+
+        assert metrics._t975(7) == float(stdtrit(7, 0.975))
+    finally:
+        monkeypatch.undo()
+        importlib.reload(table)
+    assert len(table.T975) == 2048

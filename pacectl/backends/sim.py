@@ -36,7 +36,7 @@ import pandas as pd
 from pacectl.checks import Checked, flag, within
 from pacectl.errors import BackendError, ConfigError
 from pacectl.fabric.contention import EarlyArrivalInterference, SimComm
-from pacectl.fabric.noise import ComputeModel, ComputeStream
+from pacectl.fabric.noise import DRAW_CELLS, ComputeModel, ComputeStream
 from pacectl.fabric.overlap import BucketEngine
 from pacectl.fabric.power import (
     ACTUATOR_CHOICES,
@@ -48,10 +48,6 @@ from pacectl.fabric.power import (
 from pacectl.fabric.powercap import NodePowerCap
 from pacectl.traces.model import JobMeta, OpTrace, validate_ops
 from pacectl.types import Action, Backend, Domain, IntArray, Observation, RankCompute
-
-#: (iteration, rank) compute times drawn at once (8 MiB of float64): a chunk of iterations, so that
-#: an episode holds O(ranks) of them whatever its length (all of them when they fit)
-DRAW_CELLS = 1 << 20
 
 
 @dataclass(kw_only=True)

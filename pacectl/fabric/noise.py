@@ -32,6 +32,11 @@ from numpy.typing import NDArray
 from pacectl.checks import Checked, within
 from pacectl.errors import ConfigError, TraceError
 
+#: (iteration, rank) compute times a simulation draws at once (8 MiB of float64): a chunk of
+#: iterations (``pacectl.backends.sim``), so that an episode holds O(ranks) of them whatever its
+#: length (all of them when they fit)
+DRAW_CELLS = 1 << 20
+
 FloatArray = NDArray[np.float64]
 
 
