@@ -8,6 +8,7 @@ timing path it exercises: every gloo dump takes the ``created`` path, gloo write
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pickle
@@ -33,6 +34,7 @@ from pacectl.traces.detect import detect_format
 from pacectl.traces.flight_recorder import (
     VERSIONS,
     FlightRecorderWarning,
+    P2PReport,
     import_flight_recorder,
     inspect_flight_recorder,
     read_dump,
@@ -390,6 +392,171 @@ def test_shipped_synthetic_fixtures_are_what_the_script_writes(tmp_path: Path) -
         shipped = DATA_DIR / folder.relative_to(tmp_path)
         for f in folder.iterdir():
             assert f.read_bytes() == (shipped / f.name).read_bytes(), f
+
+
+# ------------------------------------------------------------------------ point-to-point matching
+_PIPE = SynthJob(dp=2, pp=2, steps=3, buckets=2, microbatches=2, seed=5)
+
+
+def _p2p_of(dumps: dict[int, dict[str, object]], folder: Path) -> P2PReport:
+    write_flight_recorder(dumps, folder)
+    report = inspect_flight_recorder(folder)[1].p2p
+    assert report is not None
+    return report
+
+
+def _tag_sizes(dumps: dict[int, dict[str, object]]) -> None:
+    """Give every send and its recv one size of their own: 1000 x sender + p2p_seq_id (global
+    sender, from the group's ranks), so a send paired with the wrong recv shows as a size mismatch."""
+    for d in dumps.values():
+        ranks = {g["name"]: ast.literal_eval(g["ranks"]) for g in d["pg_config"].values()}  # type: ignore[attr-defined]
+        for e in d["entries"]:  # type: ignore[attr-defined]
+            if e["is_p2p"]:
+                kind, peers = e["profiling_name"].split(":")[1].split(" ")
+                a, b = (int(x) for x in peers.replace("<-", "->").split("->"))
+                sender = ranks[e["process_group"][0]][a if kind == "send" else b]
+                e["input_sizes"] = [[1000 * sender + e["p2p_seq_id"]]]
+
+
+def _merge_pipeline_groups(dumps: dict[int, dict[str, object]]) -> None:
+    """Put both pipelines' p2p ops (groups '3' = ranks [0, 2] and '4' = [1, 3]) into one 4-rank
+    group '3': the pairs 0->2 and 1->3 then carry the same p2p_seq_ids in one group."""
+    for d in dumps.values():
+        old = {g["name"]: ast.literal_eval(g["ranks"]) for g in d["pg_config"].values()}  # type: ignore[attr-defined]
+        pp = next(n for n in ("3", "4") if n in old)
+        d["pg_config"].pop(pp)  # type: ignore[attr-defined]
+        d["pg_status"].pop(pp, None)  # type: ignore[attr-defined]
+        d["pg_config"]["3"] = {"name": "3", "desc": "PIPELINE_MODEL_PARALLEL_GROUP", "ranks": "[0, 1, 2, 3]"}  # type: ignore[index]
+        for e in d["entries"]:  # type: ignore[attr-defined]
+            if e["is_p2p"]:
+                backend, name = e["profiling_name"].split(":")
+                kind, peers = name.split(" ")
+                arrow = "->" if "->" in peers else "<-"
+                a, b = (old[pp][int(x)] for x in peers.split(arrow))  # local -> global = new local
+                e["profiling_name"] = f"{backend}:{kind} {a}{arrow}{b}"
+                e["process_group"] = ("3", "PIPELINE_MODEL_PARALLEL_GROUP")
+
+
+def test_p2p_ops_are_matched_by_group_ordered_pair_and_seq_id_in_any_entry_order(tmp_path: Path) -> None:
+    dumps = flight_recorder_dumps(_PIPE)
+    _tag_sizes(dumps)
+    rng = np.random.default_rng(0)
+    for d in dumps.values():  # entries out of order: the matching must not rely on their order
+        d["entries"] = [d["entries"][i] for i in rng.permutation(len(d["entries"]))]  # type: ignore[index]
+    rep = _p2p_of(dumps, tmp_path / "two_groups")
+    got = {(p.group.ranks, p.src, p.dst): (p.matched, p.unmatched, p.size_mismatch, p.by) for p in rep.pairs}
+    # each pipeline: 2 activations forward and 2 gradients back per step, 3 steps; both groups use ids 1-12
+    assert got == {
+        ((0, 2), 0, 2): (6, 0, 0, "p2p_seq_id"),
+        ((0, 2), 2, 0): (6, 0, 0, "p2p_seq_id"),
+        ((1, 3), 1, 3): (6, 0, 0, "p2p_seq_id"),
+        ((1, 3), 3, 1): (6, 0, 0, "p2p_seq_id"),
+    }
+    assert (rep.matches["send_seq"] == rep.matches["recv_seq"]).all() and rep.matches["finished"].all()
+    assert set(rep.matches["send_seq"]) == set(range(1, 13))
+    # the two pairs in one 4-rank group, with the same p2p_seq_ids: still each with its own peer
+    dumps = flight_recorder_dumps(_PIPE)
+    _tag_sizes(dumps)
+    _merge_pipeline_groups(dumps)
+    rep = _p2p_of(dumps, tmp_path / "one_group")
+    got = {(p.group.ranks, p.src, p.dst): (p.matched, p.unmatched, p.size_mismatch) for p in rep.pairs}
+    assert got == {((0, 1, 2, 3), s, d): (6, 0, 0) for s, d in ((0, 2), (2, 0), (1, 3), (3, 1))}
+    # and a matcher keyed on (group, p2p_seq_id) alone would have crossed them: the check can fail
+    m = rep.matches
+    assert len(m.merge(m, on=["group", "send_seq"])) > len(m)
+
+
+def test_a_p2p_op_without_its_other_side_is_reported_with_why(tmp_path: Path) -> None:
+    def drop(dumps: dict[int, dict[str, object]], rank: int, keep: object) -> None:
+        dumps[rank]["entries"] = [e for e in dumps[rank]["entries"] if keep(e)]  # type: ignore[attr-defined, operator]
+
+    # rank 2 lost its recv of p2p #2 (inside its range: a desync)
+    dumps = flight_recorder_dumps(_PIPE)
+    drop(dumps, 2, lambda e: not (e["is_p2p"] and e["p2p_seq_id"] == 2))
+    pair = next(p for p in _p2p_of(dumps, tmp_path / "desync").pairs if (p.src, p.dst) == (0, 2))
+    assert (pair.matched, pair.unmatched_sends, pair.unmatched_recvs) == (5, (2,), ())
+    assert "inside rank 2's recorded range #1-#12 with no recv there (a desync)" in pair.why[0]
+    with pytest.warns(FlightRecorderWarning, match=r"1 point-to-point op\(s\) unmatched \(of 47"):
+        import_flight_recorder(tmp_path / "desync")
+    # rank 3's ring buffer wrapped: its oldest entries, up to its 4th p2p op, are gone
+    dumps = flight_recorder_dumps(_PIPE)
+    entries = dumps[3]["entries"]
+    cut = next(i for i, e in enumerate(entries) if e["is_p2p"] and e["p2p_seq_id"] == 4)  # type: ignore[attr-defined]
+    dumps[3]["entries"] = entries[cut + 1 :]  # type: ignore[index]
+    rep = _p2p_of(dumps, tmp_path / "wrapped")
+    pair = next(p for p in rep.pairs if (p.src, p.dst) == (1, 3))
+    # rank 3 had received #1, #2 (forward) and sent #3, #4 back: all four fell off its buffer
+    assert (pair.matched, pair.unmatched_sends) == (4, (1, 2))
+    assert pair.why == ("2 send(s) before rank 3's oldest recorded p2p op #5 (its ring buffer wrapped)",)
+    back = next(p for p in rep.pairs if (p.src, p.dst) == (3, 1))
+    assert (back.matched, back.unmatched_recvs) == (4, (3, 4))
+    # no dump from rank 3 at all
+    dumps = flight_recorder_dumps(_PIPE)
+    del dumps[3]
+    rep = _p2p_of(dumps, tmp_path / "no_dump")
+    pair = next(p for p in rep.pairs if (p.src, p.dst) == (1, 3))
+    assert pair.matched == 0 and len(pair.unmatched_sends) == 6
+    assert "whose recv would be in rank 3's dump, which the set lacks" in pair.why[0]
+    assert rep.matched == 12 and rep.unmatched == 12  # pipeline [0, 2] whole, [1, 3] half in the set
+
+
+def test_a_middle_stage_is_matched_by_order_and_never_guessed(tmp_path: Path) -> None:
+    """pp 3: the middle stage's p2p_seq_id counts its ops with both neighbours (one counter per
+    group), so ids differ across a pair; the k-th send meets the k-th recv, if both sides hold as many."""
+    job = SynthJob(dp=2, pp=3, steps=3, buckets=2, microbatches=2, seed=6)
+    dumps = flight_recorder_dumps(job)
+    _tag_sizes(dumps)
+    rep = _p2p_of(dumps, tmp_path / "all")
+    assert {p.by for p in rep.pairs} == {"order"} and len(rep.pairs) == 8  # 2 pipelines x 4 directions
+    assert rep.unmatched == 0 and rep.matched == 8 * 6
+    mid = rep.matches[rep.matches["src"] == 2]  # rank 2 (stage 1) sends to 4 and back to 0
+    assert not (mid["send_seq"] == mid["recv_seq"]).all()  # the ids really differ across these pairs
+    # sizes were tagged by the sender's id: order matching paired each send with its own recv
+    assert (rep.matches["numel"] % 1000 == rep.matches["send_seq"]).all()
+    # rank 4 (stage 2) lost its oldest p2p op: counts differ, the pair is reported, none guessed
+    entries = dumps[4]["entries"]
+    first = next(i for i, e in enumerate(entries) if e["is_p2p"])  # type: ignore[attr-defined]
+    dumps[4]["entries"] = entries[:first] + entries[first + 1 :]  # type: ignore[index]
+    rep = _p2p_of(dumps, tmp_path / "lost")
+    pair = next(p for p in rep.pairs if (p.src, p.dst) == (2, 4))
+    assert (pair.by, pair.matched, len(pair.unmatched_sends), len(pair.unmatched_recvs)) == ("order", 0, 6, 5)
+    assert "several peers" in pair.why[0] and "none matched" in pair.why[0]
+
+
+def test_the_pipeline_fixture_imports_and_its_p2p_ops_are_matched(capsys: pytest.CaptureFixture[str]) -> None:
+    """synth_pp2_p2p (write_synthetic.py): dp 2 x pp 2, 2 microbatches per step, 6 steps; the first
+    stage of each pipeline had posted the next step's first send when the dumps were taken."""
+    with pytest.warns(FlightRecorderWarning, match=r"2 point-to-point op\(s\) unmatched \(of 98"):
+        trace, report = import_flight_recorder(FR / "synth_pp2_p2p")
+    lay = report.assembly.layout
+    assert (lay.dp_size, lay.pp_size) == (2, 2) and [g.ranks for g in lay.dp_groups] == [(0, 1), (2, 3)]
+    p2p = report.p2p
+    assert p2p is not None and (p2p.matched, p2p.unmatched) == (48, 2)
+    assert {(p.src, p.dst): (p.matched, p.unmatched_sends) for p in p2p.pairs} == {
+        (0, 2): (12, (25,)), (2, 0): (12, ()), (1, 3): (12, (25,)), (3, 1): (12, ()),
+    }  # fmt: skip
+    assert "p2p" not in set(trace.ops["optype"].str.split("-").str[-1])  # reported, not replayed
+    assert ((_first_arrivals(trace)[1] - _first_arrivals(trace)[0]) > 0.015).all()  # rank 1: +20 ms
+    assert traces_main(["info", str(FR / "synth_pp2_p2p")]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "p2p       48 send/recv pairs matched, 2 ops unmatched, by (process group, ordered pair, p2p_seq_id)"
+        in out
+    )
+    assert (
+        "'3' (PIPELINE_MODEL_PARALLEL_GROUP) 0 -> 2: 12 matched (by p2p_seq_id); UNMATCHED 1 send(s) [25] and "
+        "0 recv(s) [] (p2p_seq_id): 1 send(s) after rank 2's newest #24 (posted after it dumped, or in flight)"
+    ) in out
+    assert traces_main(["info", str(FR / "synth_pp2_p2p"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (
+        info["flight_recorder"]["p2p"]["matched"] == 48
+        and not info["flight_recorder"]["p2p"]["used_by_replay"]
+    )
+    assert traces_main(["info", str(FR / "ddp2")]) == 0
+    assert (
+        "p2p       no send/recv recorded (gloo records no send/recv in torch 2.13)" in capsys.readouterr().out
+    )
 
 
 # ------------------------------------------------------------------------------- NCCL Inspector

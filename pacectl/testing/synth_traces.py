@@ -12,6 +12,17 @@ issues ``buckets`` gradient collectives on its DP group ``bucket_gap_s`` apart; 
 end. :class:`SynthTruth` holds the device arrival times the importers must recover. A Flight
 Recorder entry's ``time_created_ns`` is the host's enqueue time: ``host_lead_s`` plus up to
 ``host_jitter_s`` (uniform, seeded) before the device arrives (NCCL's host runs ahead).
+
+Point-to-point ops on the pipeline groups (``pp > 1``) are numbered as ProcessGroupNCCL numbers
+them: ``p2p_seq_id`` is the group's ``seqP2P_`` on that rank, bumped before each p2p op is recorded
+(so the first is 1) and carried unbumped by collectives; a p2p entry carries the group's current
+``collective_seq_id`` unbumped; ``profiling_name`` is ``nccl:send <src>-><dst>`` /
+``nccl:recv <dst><-<src>`` in group-local ranks. With ``microbatches = 0`` each step holds one
+``send`` from the group's first rank and one ``recv`` on the others (a marker only); with
+``microbatches = M`` each step runs a GPipe schedule on every pipeline group: M forward
+activations sent stage to stage, then M gradients sent back, spread over the step's compute.
+``p2p_in_flight`` adds, on the first stage of every pipeline group, the next step's first forward
+send, posted but not yet received when the dumps were taken (its recv is in no dump).
 """
 
 from __future__ import annotations
@@ -50,6 +61,8 @@ class SynthJob:
     host_jitter_s: float = 0.0
     numel: tuple[int, ...] = ()
     seed: int = 0
+    microbatches: int = 0
+    p2p_in_flight: bool = False
 
     @property
     def world(self) -> int:
@@ -134,6 +147,7 @@ class _Entries:
         frames: list[dict[str, Any]],
     ) -> None:  # fmt: skip
         self.seqs = seqs
+        self.p2p_seqs = dict.fromkeys(seqs, 0)
         self.entries: list[dict[str, Any]] = []
         self.op_id = 0
         self.backend, self.timing, self.all_scheduled = backend, timing, all_scheduled
@@ -151,7 +165,9 @@ class _Entries:
         finished: bool = True,
     ) -> None:
         self.op_id += 1
-        if not p2p:
+        if p2p:
+            self.p2p_seqs[g[0]] += 1
+        else:
             self.seqs[g[0]] += 1
         backend = self.backend
         e: dict[str, Any] = {
@@ -159,7 +175,7 @@ class _Entries:
             "pg_id": int(g[0]),
             "process_group": (g[0], g[1]),
             "collective_seq_id": self.seqs[g[0]],
-            "p2p_seq_id": 0,
+            "p2p_seq_id": self.p2p_seqs[g[0]],
             "op_id": self.op_id,
             "profiling_name": f"{backend}:{op}",
             "time_created_ns": int(round(1.7e18 + created_s * 1e9)),
@@ -242,6 +258,10 @@ def flight_recorder_dumps(
             lead = float(leads[r, s])
             if tp_group is not None:
                 entry(tp_group, "all_reduce", truth.arrival_s[s, r, 0] - 0.01 - lead, 0.0005, [[256]])
+            if job.pp > 1 and job.microbatches:  # during the step's compute, before its gradients
+                begin = truth.end_s[s - 1, r, -1] if s else truth.arrival_s[s, r, 0] - job.compute_s
+                pp_group = next(g for g in mine if g[3] == "pp")
+                _pipeline_p2p(w, pp_group, r, job.microbatches, begin, truth.arrival_s[s, r, 0], lead)
             for k in range(job.buckets):
                 last = s == job.steps - 1 and k == job.buckets - 1
                 if last and hang_rank is not None and r == hang_rank:
@@ -255,7 +275,7 @@ def flight_recorder_dumps(
                     [[numel[k]]],
                     finished=not (last and hang_rank is not None),
                 )
-            if job.pp > 1:
+            if job.pp > 1 and not job.microbatches:
                 pp_group = next(g for g in mine if g[3] == "pp")
                 entry(
                     pp_group,
@@ -265,6 +285,11 @@ def flight_recorder_dumps(
                     [[128]],
                     p2p=True,
                 )
+        if job.pp > 1 and job.microbatches and job.p2p_in_flight:
+            pp_group = next(g for g in mine if g[3] == "pp")
+            if r == pp_group[2][0]:
+                entry(pp_group, "send 0->1", truth.end_s[-1, r, -1] + 0.01 - lead, None, [[128]], p2p=True,
+                      finished=False)  # fmt: skip
         cfg = {g[0]: {"name": g[0], "desc": g[1], "ranks": str(g[2])} for g in mine}
         status = {
             g[0]: {
@@ -282,6 +307,28 @@ def flight_recorder_dumps(
             dump["nccl_version"] = "2.21.5"
         dumps[r] = dump
     return dumps
+
+
+def _pipeline_p2p(
+    w: _Entries, g: tuple[str, str, list[int], str], r: int, m: int, begin_s: float, end_s: float, lead: float
+) -> None:
+    """One rank's p2p ops of one GPipe step on its pipeline group: M activations forward, then M
+    gradients back, evenly spread over ``[begin_s, end_s]`` (host times ``lead`` earlier)."""
+    i, n = g[2].index(r), len(g[2])
+    ops = []
+    for _ in range(m):  # forward: receive from the previous stage, send to the next
+        if i > 0:
+            ops.append(f"recv {i}<-{i - 1}")
+        if i < n - 1:
+            ops.append(f"send {i}->{i + 1}")
+    for _ in range(m):  # backward: gradients from the next stage, to the previous
+        if i < n - 1:
+            ops.append(f"recv {i}<-{i + 1}")
+        if i > 0:
+            ops.append(f"send {i}->{i - 1}")
+    for j, op in enumerate(ops):
+        t = begin_s + (j + 1) / (len(ops) + 1) * (end_s - begin_s)
+        w.add(g, op, t - lead, None, [[128]], p2p=True)
 
 
 def write_flight_recorder(

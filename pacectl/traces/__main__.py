@@ -200,6 +200,22 @@ def _print_groups(say: Callable[..., None], report: Any) -> None:
         )
 
 
+def _print_p2p(say: Callable[..., None], report: Any) -> None:
+    """The Flight Recorder point-to-point matching, per process group and ordered pair."""
+    p2p = report.p2p
+    if p2p is None or (not p2p.pairs and not p2p.other):
+        gloo = " (gloo records no send/recv in torch 2.13)" if "gloo" in report.backends else ""
+        say(f"p2p       no send/recv recorded{gloo}")
+        return
+    say(
+        f"p2p       {p2p.matched} send/recv pairs matched, {p2p.unmatched} ops unmatched, by (process group, "
+        "ordered pair, p2p_seq_id); reported only: the replay folds p2p ops into compute (no stage-to-stage "
+        "dependencies from them)"
+    )
+    for line in p2p.lines():
+        say(f"  {line}")
+
+
 def _info_hang(args: argparse.Namespace) -> int | None:
     """``info`` on a Flight Recorder hang snapshot: groups and who is behind; exit 0. None: not one."""
     from pacectl.traces.flight_recorder import describe_status, inspect_flight_recorder
@@ -222,6 +238,7 @@ def _info_hang(args: argparse.Namespace) -> int | None:
     )
     for line in describe_status(report.status):
         say(f"  {line}")
+    _print_p2p(say, report)
     if args.json:
         from pacectl.files import jsonable
 
@@ -256,6 +273,7 @@ def _print_collective_report(say: Callable[..., None], report: Any) -> None:
         say("status per process group (last collective enqueued/started/completed):")
         for line in describe_status(report.status):
             say(f"  {line}")
+        _print_p2p(say, report)
     else:
         say(
             f"logs      Inspector format {', '.join(report.versions) or 'unknown'}; verbose {report.verbose}; "

@@ -35,6 +35,15 @@ What an entry means here:
   timeout is). It cannot be replayed; :func:`hang_report` says, per process group, which ranks are
   behind. A gloo dump taken at the end of a healthy run has every entry retired.
 
+- *point-to-point*: sends and recvs (``is_p2p``) are matched across ranks by process group,
+  ordered pair and ``p2p_seq_id`` (:func:`match_p2p`, which cites how torch counts it; a middle
+  pipeline stage, which has two peers in one group, is matched by order within each pair). The
+  result is *reported* (``info``: matched and unmatched per pair, and why; a warning on import
+  when some are unmatched) but not replayed: the op table holds no p2p ops, they fold into the
+  compute gaps, so the replay builds no stage-to-stage dependencies from them (within a step each
+  stage's DP group replays on its own; the step lasts as long as its slowest stage). gloo
+  records no send/recv in torch 2.13.
+
 Files: a folder (every file in it that holds a dump, whatever its name), a glob or a list. The rank
 of a file is the number that ends its name (``..._rank_3``, ``...rank3.json``; the convention of
 torch's writer and its ``fr_trace`` analyzer), or ``ranks=`` in sorted-path order.
@@ -828,6 +837,319 @@ def describe_status(statuses: list[GroupStatus]) -> list[str]:
     return lines
 
 
+# ------------------------------------------------------------------------------- point-to-point
+_P2P_NAME = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
+
+
+@dataclass(frozen=True)
+class P2PPair:
+    """The point-to-point ops of one ordered pair (``src`` sends to ``dst``) in one process group.
+
+    Attributes:
+        group: the process group.
+        src, dst: global ranks (the sender and the receiver).
+        by: ``"p2p_seq_id"`` (matched on equal ids) or ``"order"`` (k-th send with k-th recv; see
+            :func:`match_p2p`).
+        matched: send/recv pairs found.
+        size_mismatch: of those, pairs whose send and recv sizes differ.
+        unmatched_sends, unmatched_recvs: ``p2p_seq_id`` of the ops with no other side.
+        why: one sentence per reason the unmatched ones have (empty when all matched).
+    """
+
+    group: Group
+    src: int
+    dst: int
+    by: str
+    matched: int
+    size_mismatch: int
+    unmatched_sends: tuple[int, ...]
+    unmatched_recvs: tuple[int, ...]
+    why: tuple[str, ...]
+
+    @property
+    def unmatched(self) -> int:
+        return len(self.unmatched_sends) + len(self.unmatched_recvs)
+
+    def summary(self) -> dict[str, Any]:
+        """Plain values for JSON outputs."""
+        return {
+            "group": self.group.label,
+            "src": self.src,
+            "dst": self.dst,
+            "by": self.by,
+            "matched": self.matched,
+            "size_mismatch": self.size_mismatch,
+            "unmatched_sends": list(self.unmatched_sends),
+            "unmatched_recvs": list(self.unmatched_recvs),
+            "why": list(self.why),
+        }
+
+
+@dataclass
+class P2PReport:
+    """How a dump set's point-to-point ops were matched (see :func:`match_p2p`).
+
+    Attributes:
+        pairs: one row per ordered pair and group that recorded a send or recv.
+        matches: one row per matched pair of ops: ``group`` (key), ``src``, ``dst`` (global),
+            ``send_seq``, ``recv_seq`` (``p2p_seq_id`` on each side), ``numel``, ``send_created_ns``,
+            ``recv_created_ns``, ``finished`` (both sides).
+        other: p2p entries that are not a send or recv with readable peers, by what they are
+            (``coalesced``: the end-of-batch entry of ``batch_isend_irecv``; ``unreadable peer``:
+            a name without ``a->b`` / ``a<-b`` or a peer outside its group).
+    """
+
+    pairs: list[P2PPair]
+    matches: pd.DataFrame = field(repr=False)
+    other: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def matched(self) -> int:
+        return sum(p.matched for p in self.pairs)
+
+    @property
+    def unmatched(self) -> int:
+        return sum(p.unmatched for p in self.pairs)
+
+    def summary(self) -> dict[str, Any]:
+        """Plain values for JSON outputs."""
+        return {
+            "matched": self.matched,
+            "unmatched": self.unmatched,
+            "pairs": [p.summary() for p in self.pairs],
+            "other": dict(self.other),
+            "used_by_replay": False,
+        }
+
+    def lines(self) -> list[str]:
+        """The per-pair report (``traces info``)."""
+        if not self.pairs and not self.other:
+            return []
+        out = []
+        for p in self.pairs:
+            line = f"{p.group.label} {p.src} -> {p.dst}: {p.matched} matched (by {p.by})"
+            if p.size_mismatch:
+                line += f", {p.size_mismatch} with different send and recv sizes"
+            if p.unmatched:
+                line += (
+                    f"; UNMATCHED {len(p.unmatched_sends)} send(s) {_ids(p.unmatched_sends)} and "
+                    f"{len(p.unmatched_recvs)} recv(s) {_ids(p.unmatched_recvs)} (p2p_seq_id): {'; '.join(p.why)}"
+                )
+            out.append(line)
+        if self.other:
+            out.append(f"not matched (not a send/recv with readable peers): {self.other}")
+        return out
+
+
+def _ids(ids: tuple[int, ...], limit: int = 8) -> str:
+    shown = ", ".join(str(i) for i in ids[:limit])
+    return f"[{shown}{' ...' if len(ids) > limit else ''}]"
+
+
+def _p2p_rows(
+    dumps: list[RankDump], groups: list[Group], index: dict[tuple[int, str, str], int]
+) -> tuple[pd.DataFrame, dict[str, int]]:
+    """One row per send/recv entry, peers as global ranks; counts of the p2p entries left out."""
+    parts: list[pd.DataFrame] = []
+    other: dict[str, int] = {}
+    for d in dumps:
+        e = d.entries
+        p2p = e["is_p2p"].to_numpy()
+        if not p2p.any():
+            continue
+        sub = e.loc[p2p]
+        names = sub["op"].astype(str).str.strip().str.extract(_P2P_NAME)
+        coalesced = int((names[0].isna() & (sub["kind"].astype(str) == "coalesced").to_numpy()).sum())
+        if coalesced:
+            other["coalesced"] = other.get("coalesced", 0) + coalesced
+        ok = names[0].notna().to_numpy().copy()
+        key = [index[(d.rank, str(n), str(ds))] for n, ds in zip(sub["pg_name"], sub["pg_desc"], strict=True)]
+        gk = np.asarray(key, dtype=np.int64)
+        a = pd.to_numeric(names[1]).fillna(-1).to_numpy(np.int64)
+        b = pd.to_numeric(names[3]).fillna(-1).to_numpy(np.int64)
+        send = (names[0] == "send").to_numpy()
+        forward = (names[2] == "->").to_numpy()
+        src_l, dst_l = np.where(forward, a, b), np.where(forward, b, a)
+        size = np.asarray([len(groups[k].ranks) for k in gk], dtype=np.int64)
+        ok &= (src_l >= 0) & (dst_l >= 0) & (src_l < size) & (dst_l < size)
+        src = np.asarray([groups[k].ranks[i] if o else -1 for k, i, o in zip(gk, src_l, ok, strict=True)])
+        dst = np.asarray([groups[k].ranks[i] if o else -1 for k, i, o in zip(gk, dst_l, ok, strict=True)])
+        ok &= np.where(send, src, dst) == d.rank  # the op's own side is the dump's rank
+        bad = int((~ok).sum()) - coalesced
+        if bad:
+            other["unreadable peer"] = other.get("unreadable peer", 0) + bad
+        parts.append(
+            pd.DataFrame(
+                {
+                    "group": gk[ok],
+                    "kind": np.where(send, "send", "recv")[ok],
+                    "src": src[ok].astype(np.int64),
+                    "dst": dst[ok].astype(np.int64),
+                    "seq": sub["p2p_seq"].to_numpy()[ok],
+                    "numel": sub["numel"].to_numpy()[ok],
+                    "created_ns": sub["created_ns"].to_numpy()[ok],
+                    "finished": d.finished[p2p][ok],
+                    "rank": d.rank,
+                }
+            )
+        )
+    return (pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()), other
+
+
+def _paired(sends: pd.DataFrame, recvs: pd.DataFrame) -> pd.DataFrame:
+    """Matched ops, row i of ``sends`` with row i of ``recvs``."""
+    return pd.DataFrame(
+        {
+            "send_seq": sends["seq"].to_numpy(np.int64),
+            "recv_seq": recvs["seq"].to_numpy(np.int64),
+            "numel": sends["numel"].to_numpy(np.int64),
+            "recv_numel": recvs["numel"].to_numpy(np.int64),
+            "send_created_ns": sends["created_ns"].to_numpy(np.int64),
+            "recv_created_ns": recvs["created_ns"].to_numpy(np.int64),
+            "finished": sends["finished"].to_numpy(bool) & recvs["finished"].to_numpy(bool),
+        }
+    )
+
+
+def match_p2p(dumps: list[RankDump]) -> P2PReport:
+    """Match every send with its recv: by process group, ordered pair and ``p2p_seq_id``.
+
+    What ``p2p_seq_id`` counts (torch 2.13's ``ProcessGroupNCCL``, ``ProcessGroupNCCL.hpp``
+    member ``seqP2P_``, "the sequential number of NCCL P2P calls", and ``pointToPoint`` /
+    ``startCoalescing`` in ``ProcessGroupNCCL.cpp``): one counter per process group object, so per
+    rank and group, bumped before each send or recv is recorded (the first is 1), and once per
+    ``batch_isend_irecv`` batch, whose ops share it; it counts a rank's p2p ops with *every* peer
+    in the group. The entry names the peers in group-local ranks (``nccl:send 0->1``,
+    ``nccl:recv 1<-0``; torch's ``fr_trace`` analyzer maps them through the group's sorted ranks,
+    ``flight_recorder/components/types.py`` ``Op``), as done here. ProcessGroupGloo records no
+    send or recv in torch 2.13 (checked: ``send``, ``recv``, ``isend``/``irecv`` and
+    ``batch_isend_irecv``, default and new groups, leave no entry).
+
+    So, per group:
+
+    - where every rank of the group sends to and receives from one peer only in it (a 2-rank
+      pipeline group, the usual PP group of a 2-stage pipeline), both sides of a pair count the
+      same ops and a send on ``a`` to ``b`` and the recv on ``b`` from ``a`` carry the same
+      ``p2p_seq_id``: they are matched on ``(group, a, b, p2p_seq_id)`` (``by = "p2p_seq_id"``;
+      several ops of one direction with one id, as in a batch, in order of enqueue time);
+    - where a rank has several peers in the group (a middle stage of a pipeline group of 3 or more),
+      its ``p2p_seq_id`` counts the ops with both neighbours and is not comparable across a pair;
+      the k-th send from ``a`` to ``b`` is then matched with the k-th recv on ``b`` from ``a`` (NCCL
+      and gloo deliver one pair's messages in issue order), in ``p2p_seq_id`` order, and only when
+      both sides recorded as many (``by = "order"``); otherwise none of the pair's ops is matched:
+      which ones fell off a ring buffer cannot be told.
+
+    An op without its other side is reported, never paired with a wrong one, with why: no dump
+    from the peer; before the peer's oldest recorded p2p op on the group (its ring buffer wrapped);
+    after its newest (posted after the peer dumped, or still in flight); or inside its range (the
+    peer recorded no such op: a desync). Matched sends and recvs of different sizes are counted.
+
+    Args:
+        dumps: the dump set (:func:`read_dumps`).
+
+    Returns:
+        The :class:`P2PReport`.
+    """
+    groups, index = process_groups(dumps)
+    rows, other = _p2p_rows(dumps, groups, index)
+    have = {d.rank for d in dumps}
+    pairs: list[P2PPair] = []
+    matches: list[pd.DataFrame] = []
+    if len(rows):
+        peers = rows.assign(peer=np.where(rows["kind"] == "send", rows["dst"], rows["src"]))
+        many = peers.groupby(["group", "rank"])["peer"].nunique()
+        by_order = {int(gk) for (gk, _), n in many.items() if n > 1}
+        span = rows.groupby(["group", "rank"])["seq"].agg(["min", "max"])
+        for (gk, src, dst), part in rows.groupby(["group", "src", "dst"], sort=True):
+            gk, src, dst = int(gk), int(src), int(dst)
+            sends = part[(part["kind"] == "send") & (part["rank"] == src)].sort_values(["seq", "created_ns"])
+            recvs = part[(part["kind"] == "recv") & (part["rank"] == dst)].sort_values(["seq", "created_ns"])
+            mode = "order" if gk in by_order else "p2p_seq_id"
+            why: list[str] = []
+            if mode == "p2p_seq_id":
+                s = sends.assign(nth=sends.groupby("seq").cumcount()).reset_index(drop=True)
+                r = recvs.assign(nth=recvs.groupby("seq").cumcount()).reset_index(drop=True)
+                m = s.reset_index().merge(r.reset_index(), on=["seq", "nth"], suffixes=("_s", "_r"))
+                pair = _paired(s.loc[m["index_s"]], r.loc[m["index_r"]])
+                lost_s, lost_r = s.drop(index=m["index_s"]), r.drop(index=m["index_r"])
+                for lost, peer, side in ((lost_s, dst, "send"), (lost_r, src, "recv")):
+                    if len(lost):
+                        why.append(_why_unmatched(lost["seq"].to_numpy(), side, peer, gk, span, have))
+            elif len(sends) == len(recvs):
+                pair, lost_s, lost_r = _paired(sends, recvs), sends.iloc[:0], recvs.iloc[:0]
+            else:
+                pair, lost_s, lost_r = _paired(sends.iloc[:0], recvs.iloc[:0]), sends, recvs
+                missing = [x for x in (src, dst) if x not in have]
+                why.append(
+                    f"{len(sends)} send(s) on rank {src}, {len(recvs)} recv(s) on rank {dst}: the set lacks rank "
+                    f"{missing[0]}'s dump"
+                    if missing
+                    else f"{len(sends)} sends on rank {src} and {len(recvs)} recvs on rank {dst}: a rank of this "
+                    "group has several peers in it, so p2p_seq_id (one counter per group and rank) cannot align "
+                    "the two sides, and unequal counts leave the alignment unknown (a ring buffer wrapped, or "
+                    "an op in flight); none matched"
+                )
+            pairs.append(
+                P2PPair(
+                    group=groups[gk],
+                    src=src,
+                    dst=dst,
+                    by=mode,
+                    matched=len(pair),
+                    size_mismatch=int((pair["numel"] != pair["recv_numel"]).sum()),
+                    unmatched_sends=tuple(int(x) for x in lost_s["seq"]),
+                    unmatched_recvs=tuple(int(x) for x in lost_r["seq"]),
+                    why=tuple(why),
+                )
+            )
+            matches.append(pair.assign(group=gk, src=src, dst=dst).drop(columns="recv_numel"))
+    cols = [
+        "group",
+        "src",
+        "dst",
+        "send_seq",
+        "recv_seq",
+        "numel",
+        "send_created_ns",
+        "recv_created_ns",
+        "finished",
+    ]
+    table = (
+        pd.concat(matches, ignore_index=True)[cols]
+        if matches
+        else pd.DataFrame({c: np.empty(0, bool if c == "finished" else np.int64) for c in cols})
+    )
+    return P2PReport(pairs=pairs, matches=table, other=other)
+
+
+def _why_unmatched(
+    seqs: np.ndarray, side: str, peer: int, group: int, span: pd.DataFrame, have: set[int]
+) -> str:
+    """Why ops of one side (``side`` on this rank, ``peer`` the other side) found no partner."""
+    other = "recv" if side == "send" else "send"
+    if peer not in have:
+        return f"{len(seqs)} {side}(s) whose {other} would be in rank {peer}'s dump, which the set lacks"
+    if (group, peer) not in span.index:
+        return f"{len(seqs)} {side}(s): rank {peer} recorded no p2p op on this group"
+    lo, hi = (int(v) for v in span.loc[(group, peer), ["min", "max"]])
+    parts = []
+    before, after = int((seqs < lo).sum()), int((seqs > hi).sum())
+    inside = len(seqs) - before - after
+    if before:
+        parts.append(
+            f"{before} {side}(s) before rank {peer}'s oldest recorded p2p op #{lo} (its ring buffer wrapped)"
+        )
+    if after:
+        parts.append(
+            f"{after} {side}(s) after rank {peer}'s newest #{hi} (posted after it dumped, or in flight)"
+        )
+    if inside:
+        parts.append(
+            f"{inside} {side}(s) inside rank {peer}'s recorded range #{lo}-#{hi} with no {other} there (a desync)"
+        )
+    return "; ".join(parts)
+
+
 # --------------------------------------------------------------------------------------- the import
 @dataclass
 class FlightRecorderReport:
@@ -842,8 +1164,9 @@ class FlightRecorderReport:
         groups: the process groups.
         status: the per-group status (:func:`hang_report`).
         hang: why the set is a hang snapshot, or None.
-        layout: how the layout was found (:class:`~pacectl.traces.collectives.AssemblyReport`).
-        assembly: the import's own report, None for a hang snapshot.
+        assembly: the import's own report (layout, timing, steps:
+            :class:`~pacectl.traces.collectives.AssemblyReport`), None for a hang snapshot.
+        p2p: the point-to-point matching (:func:`match_p2p`); reported only, not replayed.
     """
 
     files: list[str]
@@ -855,6 +1178,7 @@ class FlightRecorderReport:
     status: list[GroupStatus]
     hang: str | None
     assembly: Any = None
+    p2p: P2PReport | None = None
 
     def summary(self) -> dict[str, Any]:
         """Plain values for ``info --json``."""
@@ -882,6 +1206,7 @@ class FlightRecorderReport:
                 for s in self.status
             ],
             "assembly": self.assembly.summary() if self.assembly is not None else None,
+            "p2p": self.p2p.summary() if self.p2p is not None else None,
         }
 
 
@@ -906,6 +1231,7 @@ def inspect_flight_recorder(
         groups=groups,
         status=status,
         hang=is_hang_snapshot(dumps, status),
+        p2p=match_p2p(dumps),
     )
     return dumps, report
 
@@ -976,6 +1302,16 @@ def import_flight_recorder(
         max_ops=max_ops,
     )
     report.assembly = assembly
+    p2p = report.p2p
+    if p2p is not None and (p2p.unmatched or p2p.other):
+        other = f", and p2p entries not matchable: {p2p.other}" if p2p.other else ""
+        warnings.warn(
+            f"{src}: {p2p.unmatched} point-to-point op(s) unmatched (of {2 * p2p.matched + p2p.unmatched} sends "
+            f"and recvs){other}; `python -m pacectl.traces info {src}` lists them per pair (the replay folds "
+            "p2p ops into compute)",
+            FlightRecorderWarning,
+            stacklevel=2,
+        )
     return trace, report
 
 
