@@ -523,6 +523,37 @@ def test_a_middle_stage_is_matched_by_order_and_never_guessed(tmp_path: Path) ->
     assert "several peers" in pair.why[0] and "none matched" in pair.why[0]
 
 
+def test_batched_p2p_ops_share_an_id_and_foreign_entries_are_counted_not_matched(tmp_path: Path) -> None:
+    """batch_isend_irecv: the ops of one batch share a p2p_seq_id (seqP2P_ is bumped once per
+    batch) and the batch ends with a ``coalesced`` entry; within one id and direction, ops pair in
+    enqueue order. A name whose peer is outside its group is counted, not matched."""
+    dumps = flight_recorder_dumps(_PIPE)
+    _tag_sizes(dumps)  # sizes tagged with the unbatched ids: a pairing out of order shows
+    for d in dumps.values():
+        out, ops = [], 0
+        for e in d["entries"]:  # type: ignore[attr-defined]
+            out.append(e)
+            if e["is_p2p"]:
+                ops += 1
+                e["p2p_seq_id"] = (e["p2p_seq_id"] + 1) // 2  # two ops per batch
+                if ops % 2 == 0:  # the batch's end
+                    out.append({**e, "profiling_name": "nccl:coalesced", "input_sizes": []})
+        d["entries"] = out
+    dumps[0]["entries"].append(
+        {**dumps[0]["entries"][-1], "profiling_name": "nccl:send 0->7", "is_p2p": True}
+    )  # type: ignore[attr-defined]
+    rep = _p2p_of(dumps, tmp_path)
+    assert {(p.src, p.dst): (p.matched, p.unmatched, p.size_mismatch) for p in rep.pairs} == {
+        (0, 2): (6, 0, 0), (2, 0): (6, 0, 0), (1, 3): (6, 0, 0), (3, 1): (6, 0, 0),
+    }  # fmt: skip
+    assert set(rep.matches["send_seq"]) == set(range(1, 7))
+    assert rep.other == {"coalesced": 4 * 6, "unreadable peer": 1}
+    assert (
+        rep.lines()[-1]
+        == "not matched (not a send/recv with readable peers): {'coalesced': 24, 'unreadable peer': 1}"
+    )
+
+
 def test_the_pipeline_fixture_imports_and_its_p2p_ops_are_matched(capsys: pytest.CaptureFixture[str]) -> None:
     """synth_pp2_p2p (write_synthetic.py): dp 2 x pp 2, 2 microbatches per step, 6 steps; the first
     stage of each pipeline had posted the next step's first send when the dumps were taken."""

@@ -946,10 +946,27 @@ def _ids(ids: tuple[int, ...], limit: int = 8) -> str:
     return f"[{shown}{' ...' if len(ids) > limit else ''}]"
 
 
+def _parse_p2p_names(names: list[str]) -> np.ndarray:
+    """``int64[4, len(names)]``: readable as a send/recv (1/0), is a send (1/0), group-local source
+    and destination (-1: none), of op names such as ``send 0->1`` / ``recv 1<-0``."""
+    out = np.full((4, len(names)), -1, dtype=np.int64)
+    out[:2] = 0
+    for i, name in enumerate(names):
+        m = _P2P_NAME.match(name.strip())
+        if m is not None:
+            a, b = int(m.group(2)), int(m.group(4))
+            out[:, i] = (1, m.group(1) == "send", *((a, b) if m.group(3) == "->" else (b, a)))
+    return out
+
+
 def _p2p_rows(
     dumps: list[RankDump], groups: list[Group], index: dict[tuple[int, str, str], int]
 ) -> tuple[pd.DataFrame, dict[str, int]]:
-    """One row per send/recv entry, peers as global ranks; counts of the p2p entries left out."""
+    """One row per send/recv entry, peers as global ranks; counts of the p2p entries left out.
+
+    Vectorized per dump: op names and groups are parsed once per distinct value (their
+    categories), not once per entry.
+    """
     parts: list[pd.DataFrame] = []
     other: dict[str, int] = {}
     for d in dumps:
@@ -957,37 +974,43 @@ def _p2p_rows(
         p2p = e["is_p2p"].to_numpy()
         if not p2p.any():
             continue
-        sub = e.loc[p2p]
-        names = sub["op"].astype(str).str.strip().str.extract(_P2P_NAME)
-        coalesced = int((names[0].isna() & (sub["kind"].astype(str) == "coalesced").to_numpy()).sum())
+        op = e["op"].cat
+        names_of = _parse_p2p_names([str(c) for c in op.categories])  # [4, categories]
+        valid, send, src_l, dst_l = names_of[:, op.codes.to_numpy()[p2p]]
+        valid, send = valid == 1, send == 1
+        coalesced = int((~valid & (e["kind"].to_numpy()[p2p] == "coalesced")).sum())
         if coalesced:
-            other["coalesced"] = other.get("coalesced", 0) + coalesced
-        ok = names[0].notna().to_numpy().copy()
-        key = [index[(d.rank, str(n), str(ds))] for n, ds in zip(sub["pg_name"], sub["pg_desc"], strict=True)]
-        gk = np.asarray(key, dtype=np.int64)
-        a = pd.to_numeric(names[1]).fillna(-1).to_numpy(np.int64)
-        b = pd.to_numeric(names[3]).fillna(-1).to_numpy(np.int64)
-        send = (names[0] == "send").to_numpy()
-        forward = (names[2] == "->").to_numpy()
-        src_l, dst_l = np.where(forward, a, b), np.where(forward, b, a)
-        size = np.asarray([len(groups[k].ranks) for k in gk], dtype=np.int64)
-        ok &= (src_l >= 0) & (dst_l >= 0) & (src_l < size) & (dst_l < size)
-        src = np.asarray([groups[k].ranks[i] if o else -1 for k, i, o in zip(gk, src_l, ok, strict=True)])
-        dst = np.asarray([groups[k].ranks[i] if o else -1 for k, i, o in zip(gk, dst_l, ok, strict=True)])
-        ok &= np.where(send, src, dst) == d.rank  # the op's own side is the dump's rank
+            other["coalesced"] = coalesced + other.get("coalesced", 0)
+        names, descs = e["pg_name"].cat, e["pg_desc"].cat
+        nd = len(descs.categories)
+        pair = names.codes.to_numpy(np.int64)[p2p] * nd + descs.codes.to_numpy(np.int64)[p2p]
+        uniq, inverse = np.unique(pair, return_inverse=True)
+        keys = np.asarray(
+            [index[(d.rank, str(names.categories[u // nd]), str(descs.categories[u % nd]))] for u in uniq],
+            dtype=np.int64,
+        )
+        gk = keys[inverse]
+        src, dst = np.full(len(gk), -1, np.int64), np.full(len(gk), -1, np.int64)
+        for u, k in enumerate(keys):
+            members = np.asarray(groups[k].ranks, dtype=np.int64)
+            sel = (inverse == u) & valid & (src_l < len(members)) & (dst_l < len(members))
+            src[sel], dst[sel] = members[src_l[sel]], members[dst_l[sel]]
+        ok = (
+            valid & (src >= 0) & (dst >= 0) & (np.where(send, src, dst) == d.rank)
+        )  # its own side is this rank
         bad = int((~ok).sum()) - coalesced
         if bad:
-            other["unreadable peer"] = other.get("unreadable peer", 0) + bad
+            other["unreadable peer"] = bad + other.get("unreadable peer", 0)
         parts.append(
             pd.DataFrame(
                 {
                     "group": gk[ok],
                     "kind": np.where(send, "send", "recv")[ok],
-                    "src": src[ok].astype(np.int64),
-                    "dst": dst[ok].astype(np.int64),
-                    "seq": sub["p2p_seq"].to_numpy()[ok],
-                    "numel": sub["numel"].to_numpy()[ok],
-                    "created_ns": sub["created_ns"].to_numpy()[ok],
+                    "src": src[ok],
+                    "dst": dst[ok],
+                    "seq": e["p2p_seq"].to_numpy()[p2p][ok],
+                    "numel": e["numel"].to_numpy()[p2p][ok],
+                    "created_ns": e["created_ns"].to_numpy()[p2p][ok],
                     "finished": d.finished[p2p][ok],
                     "rank": d.rank,
                 }
@@ -1011,7 +1034,9 @@ def _paired(sends: pd.DataFrame, recvs: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def match_p2p(dumps: list[RankDump]) -> P2PReport:
+def match_p2p(
+    dumps: list[RankDump], groups: tuple[list[Group], dict[tuple[int, str, str], int]] | None = None
+) -> P2PReport:
     """Match every send with its recv: by process group, ordered pair and ``p2p_seq_id``.
 
     What ``p2p_seq_id`` counts (torch 2.13's ``ProcessGroupNCCL``, ``ProcessGroupNCCL.hpp``
@@ -1046,12 +1071,13 @@ def match_p2p(dumps: list[RankDump]) -> P2PReport:
 
     Args:
         dumps: the dump set (:func:`read_dumps`).
+        groups: its :func:`process_groups` (computed when not given).
 
     Returns:
         The :class:`P2PReport`.
     """
-    groups, index = process_groups(dumps)
-    rows, other = _p2p_rows(dumps, groups, index)
+    group_list, index = groups if groups is not None else process_groups(dumps)
+    rows, other = _p2p_rows(dumps, group_list, index)
     have = {d.rank for d in dumps}
     pairs: list[P2PPair] = []
     matches: list[pd.DataFrame] = []
@@ -1091,7 +1117,7 @@ def match_p2p(dumps: list[RankDump]) -> P2PReport:
                 )
             pairs.append(
                 P2PPair(
-                    group=groups[gk],
+                    group=group_list[gk],
                     src=src,
                     dst=dst,
                     by=mode,
@@ -1220,7 +1246,7 @@ def inspect_flight_recorder(
     """Read a dump set and report its groups and where each rank stands, without building a trace
     (``info`` on a hang snapshot)."""
     dumps = read_dumps(paths, ranks=ranks, max_bytes=max_bytes, max_ops=max_ops)
-    groups, _ = process_groups(dumps)
+    groups, index = process_groups(dumps)
     status = hang_report(dumps)
     report = FlightRecorderReport(
         files=[str(d.path) for d in dumps],
@@ -1231,7 +1257,7 @@ def inspect_flight_recorder(
         groups=groups,
         status=status,
         hang=is_hang_snapshot(dumps, status),
-        p2p=match_p2p(dumps),
+        p2p=match_p2p(dumps, (groups, index)),
     )
     return dumps, report
 
