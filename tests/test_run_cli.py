@@ -777,6 +777,18 @@ def test_a_flight_recorder_replay_states_its_arrival_timing(tmp_path: Path) -> N
     assert f"**arrival timing**: {timing}" in (out / "report.md").read_text()
 
 
+@pytest.mark.parametrize("log", ["plain", "verbose"])
+def test_an_nccl_inspector_replay_states_its_arrival_timing(tmp_path: Path, log: str) -> None:
+    """The Inspector's logs go through the same assembly: summary.json and report.md name the
+    clock-free estimate from coll_exec_time_us."""
+    out = tmp_path / "run"
+    proc = _run(f"trace={DATA_DIR / 'nccl-inspector' / log}", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    timing = json.loads((out / "summary.json").read_text())["trace"]["timing"]
+    assert timing.startswith("duration: clock-free") and "coll_exec_time_us" in timing, timing
+    assert f"**arrival timing**: {timing}" in (out / "report.md").read_text()
+
+
 def test_an_experiment_needs_only_describe_and_run(tmp_path: Path) -> None:
     """Experiment is an abstract base: what a backend does not have is a default, not a probe."""
     from pacectl.experiment import Experiment
