@@ -660,6 +660,31 @@ def _fit_side_margins(fig: Any, axes: Sequence[Any], *, pad_in: float = 0.08) ->
     fig.subplots_adjust(left=(left + pad) / width, right=1.0 - (right + pad) / width)
 
 
+def _fit_row_margins(fig: Any, row: Sequence[Any], *, top_in: float, pad_in: float = 0.08) -> None:
+    """Place a row of panels (``row``, left to right, one gridspec row) so that every label, tick
+    label and legend outside them fits in ``fig``, measured once each from the drawn artists (as
+    :func:`_fit_side_margins`; a fixed top margin of ``top_in`` inches for the suptitle)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    boxes = [(ax.get_window_extent(renderer), ax.get_tightbbox(renderer)) for ax in row]
+    width, height = fig.get_size_inches() * fig.dpi
+    pad = pad_in * fig.dpi
+    left = boxes[0][0].x0 - boxes[0][1].x0 + pad
+    right = boxes[-1][1].x1 - boxes[-1][0].x1 + pad
+    bottom = max(inner.y0 - outer.y0 for inner, outer in boxes) + pad
+    gaps = [a[1].x1 - a[0].x1 + b[0].x0 - b[1].x0 + pad for a, b in zip(boxes, boxes[1:], strict=False)]
+    gap = max(gaps, default=0.0)
+    mean_axes = (width - left - right - gap * len(gaps)) / len(row)  # gridspec's wspace unit
+    fig.subplots_adjust(
+        left=left / width,
+        right=1.0 - right / width,
+        bottom=bottom / height,
+        top=1.0 - top_in * fig.dpi / height,
+        wspace=gap / mean_axes,
+    )
+
+
 def _unit_note(time_unit: str) -> str:
     return "" if time_unit == "s" else f" (times in {time_unit}: not real time)"
 
@@ -750,7 +775,7 @@ def plot_energy(
     from pacectl.energy import STATE_LABELS
 
     runs = [r for r, s in summaries.items() if "energy_by_state_j" in s]
-    fig = Figure(figsize=(11.0, 0.45 * len(runs) + 2.6), layout="constrained")
+    fig = Figure(figsize=(11.0, 0.45 * len(runs) + 2.6))
     left, right = fig.subplots(1, 2, width_ratios=(3, 2))
     y = np.arange(len(runs))
     offset = np.zeros(len(runs))
@@ -816,6 +841,7 @@ def plot_energy(
         right.grid(alpha=0.3)
     profile = power_note(summaries).removeprefix("energy: ") or "no energy"
     fig.suptitle(f"Energy per run, {profile}\n{_models_note(_summary_models(summaries))}")
+    _fit_row_margins(fig, (left, right), top_in=0.8)
     save_figure(fig, path)
     return fig
 

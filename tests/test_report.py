@@ -398,3 +398,32 @@ def test_the_run_plots_keep_every_label_inside_the_figure(tmp_path, num_runs, sc
         width, height = fig.get_size_inches()
         assert box.x0 >= 0.0 and box.x1 <= width, (plot.__name__, box, width)
         assert box.y0 >= 0.0 and box.y1 <= height, (plot.__name__, box, height)
+
+
+@pytest.mark.parametrize("num_runs", [2, 12])
+def test_the_energy_plot_keeps_every_label_inside_the_figure(tmp_path, num_runs):
+    """energy.png places its two panels from the drawn labels: long run names (the y tick labels),
+    the legend below the bars and the one right of the scatter stay inside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    rng = np.random.default_rng(2)
+    names = ["none", "sleep_wait@clock", "phase_no_switch_off"] + [f"run{i}" for i in range(num_runs)]
+    states = ("compute", "transfer", "spin_wait", "pacing_sleep", "sleep_wait", "other")
+    summaries = {
+        name: {
+            "energy_by_state_j": {k: float(rng.uniform(1e5, 1e7)) for k in states},
+            "num_iterations": 40,
+            "energy_total_j": float(rng.uniform(1e7, 2e7)),
+            "throughput_it_per_s": float(rng.uniform(0.9, 1.1)),
+            "throughput_change_ci95_frac": 0.01,
+            "energy_change_ci95_frac": 0.02,
+            "power_profile": "h100_sxm",
+            "comm_model": "null",
+        }
+        for name in names[:num_runs]
+    }
+    fig = report.plot_energy(tmp_path / "energy.png", summaries, bound_j=1e6)
+    box = fig.get_tightbbox(FigureCanvasAgg(fig).get_renderer())  # inches
+    width, height = fig.get_size_inches()
+    assert box.x0 >= 0.0 and box.x1 <= width and box.y0 >= 0.0 and box.y1 <= height, (box, width, height)
+    assert (tmp_path / "energy.png").read_bytes().startswith(PNG_MAGIC)
