@@ -66,7 +66,10 @@ def main(
         argv: the arguments, without the program name.
 
     Returns:
-        0, 2 for a user mistake (one line on stderr), 1 for ``--help`` into a closed pipe.
+        0, 2 for a user mistake (one line on stderr). A reader that goes away is not a failure
+        (``--help | head -1`` exits 0, as ``pacectl.traces`` does, and a run whose console is cut off
+        still writes its outputs and exits 0); 1 only for a job that a print into a closed pipe cut
+        short, since its outputs were not written.
         A ``KeyboardInterrupt`` propagates, once the run folder is cleaned up.
     """
 
@@ -99,9 +102,9 @@ def main(
         task = hydra.main(version_base="1.3", config_path=str(config_dir), config_name=config_name)
         try:
             task(lambda job_cfg: run_job(prog, job_cfg, job))()
-        except BrokenPipeError:  # --help | head
+        except BrokenPipeError:  # --help | head: the reader took what it wanted; not an error
             quiet_broken_pipe()
-            sys.exit(1)
+            sys.exit(0)
 
     return invoke(prog, argv, body)
 
@@ -492,7 +495,7 @@ def expand_trace_file(args: Sequence[str], options: Sequence[str] = ()) -> tuple
 
 def quiet_broken_pipe(stream: Any = None) -> None:
     """After a ``BrokenPipeError`` on ``stream`` (default stdout; ``--help | head``): no traceback,
-    exit status 1 is kept by the caller. Points the stream's file descriptor at /dev/null so that
+    the caller picks the exit status. Points the stream's file descriptor at /dev/null so that
     later writes and the interpreter's final flush cannot fail again."""
     try:
         fd = (sys.stdout if stream is None else stream).fileno()
