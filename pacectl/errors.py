@@ -67,6 +67,21 @@ def one_line_warning(message: Warning | str, category: type[Warning]) -> str:
     return f"warning ({category.__name__}): {message}"
 
 
+def plural(count: int, noun: str, plural_noun: str | None = None) -> str:
+    """``count`` and ``noun`` with the noun in the right number: ``1 problem``, ``3 problems``.
+
+    Example:
+        >>> plural(1, "row"), plural(2, "row"), plural(0, "match", "matches")
+        ('1 row', '2 rows', '0 matches')
+    """
+    return f"{count} {noun if count == 1 else plural_noun or noun + 's'}"
+
+
+def repair_rows(count: int) -> str:
+    """How many rows of a trace are bad and what to do: ``1 row is bad. Drop or repair it``."""
+    return "1 row is bad. Drop or repair it" if count == 1 else f"{count} rows are bad. Drop or repair them"
+
+
 def did_you_mean(word: str, known: Iterable[str]) -> str | None:
     """The closest of ``known`` to ``word`` (a typo: ``kpp`` -> ``kp``; or the one it starts), or None.
 

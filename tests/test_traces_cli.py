@@ -76,6 +76,32 @@ def test_validate_lists_every_problem(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and all(":event #" in e and ": dur:" in e for e in errors)
+    assert r.stderr.splitlines()[-1] == "invalid: 2 problems"  # one form, in the right number
+    from pacectl.traces.kineto import Problem, TraceProblems
+
+    two = [Problem("f.json", f"event #{i}", "dur", "dur must be >= 0, got -1") for i in range(2)]
+    assert str(TraceProblems(two)).endswith(
+        "; 1 more problem, list them all with `python -m pacectl.traces validate`"
+    )
+
+
+def test_the_messages_a_fresh_user_met_read_right(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # random bytes as JSON: "must be valid JSON, got a trace must start with ..., got '\ufffd'"; a NaN
+    # in a CSV: "(and not absurd)", "1 rows are bad"; a glob of traces: named trace.path (pacectl.run's
+    # key); validate: "1 problem" here, "1 problem(s)" there
+    (tmp_path / "random.json").write_bytes(b"\x8f\x01binary")
+    assert main(["info", str(tmp_path / "random.json")]) == 2
+    err = capsys.readouterr().err
+    assert "got '\\x8f'" in err and "\ufffd" not in err and "got a trace" not in err, err
+    assert err.startswith("pacectl.traces: error: trace file must be valid JSON; at character 0 "), err
+    (tmp_path / "nan.csv").write_text("worker,time,batch_time_norm\n0,1,1.0\n1,1,nan\n0,2,1.0\n1,2,1.0\n")
+    assert main(["validate", str(tmp_path / "nan.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "batch_time_norm must be a finite number in [0, " in err and "absurd" not in err, err
+    assert "1 row is bad. Drop or repair it." in err and err.splitlines()[-1] == "invalid: 1 problem", err
+    assert main(["info", str(tmp_path / "nomatch" / "*")]) == 2
+    err = capsys.readouterr().err
+    assert "trace.path" not in err and "the glob given as PATH must match at least one file" in err, err
 
 
 @pytest.mark.parametrize(

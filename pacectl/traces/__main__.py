@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from pacectl.errors import EXIT_USER_ERROR, PacectlError, TraceError
+from pacectl.errors import EXIT_USER_ERROR, PacectlError, TraceError, plural
 from pacectl.traces.detect import detect_format, meta_beside, other_traces_in
 from pacectl.traces.model import OpTrace, TraceWarning, quantile_stats
 
@@ -400,11 +400,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except TraceProblems as err:
         for p in err.problems:
             print(f"error: {p}", file=sys.stderr)
-        print(f"invalid: {len(err.problems)} problem(s)", file=sys.stderr)
+        print(f"invalid: {plural(len(err.problems), 'problem')}", file=sys.stderr)
         return EXIT_USER_ERROR
     except TraceError as err:
         print(f"error: {in_this_commands_words(str(err))}", file=sys.stderr)
-        print("invalid: 1 problem", file=sys.stderr)
+        print(f"invalid: {plural(1, 'problem')}", file=sys.stderr)
         return EXIT_USER_ERROR
     for w in notes:
         print(f"warning: {w}")
@@ -696,6 +696,8 @@ _RUN_WORDS = (
     ),
     ("trace.path must be", "the trace file must be"),
     ("Point trace.path at", "Point the path at"),
+    ("trace.path glob must match", "the glob given as PATH must match"),
+    ("trace.path", "PATH"),  # any other mention: this command's argument, not pacectl.run's key
 )
 
 

@@ -77,6 +77,22 @@ def _starts_with(path: Path, magic: bytes) -> bool:
         return False
 
 
+def _byte_at(path: Path, offset: int) -> str:
+    """The byte at ``offset`` of the (decompressed) file as an escape (``'\\x8f'``): where the
+    decoder put U+FFFD for a byte that is not UTF-8. ``offset`` counts characters, which are bytes
+    here: only whitespace comes before the first character of the document."""
+    try:
+        with path.open("rb") as raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            stream: Any = gzip.GzipFile(fileobj=raw) if gz else raw
+            stream.read(offset)
+            byte = stream.read(1)
+    except (OSError, EOFError, zlib.error):
+        byte = b""
+    return repr(byte)[1:] if byte else "a byte that is not UTF-8"
+
+
 class _EndOfData(Exception):
     """The text ended before the JSON document did."""
 
@@ -287,7 +303,8 @@ def stream_events(
         elif first == "":
             raise _EndOfData
         else:
-            raise _Corrupt(reader.offset, f"a trace must start with '{{' or '[', got {first!r}")
+            got = _byte_at(p, reader.offset) if first == "\ufffd" else repr(first)
+            raise _Corrupt(reader.offset, f"a JSON trace must start with '{{' or '[', got {got}")
         rest = reader.peek()
         if rest != "":
             raise _Corrupt(reader.offset, f"extra data after the JSON document: {rest!r}")
@@ -306,7 +323,7 @@ def stream_events(
                     "picks the format from the suffix; pacectl.traces: leave out --format)."
                 )
         raise TraceError(
-            f"trace file must be valid JSON, got {err.what} at character {err.offset} ({where}) (in {p}). {advice}"
+            f"trace file must be valid JSON; at character {err.offset} ({where}): {err.what} (in {p}). {advice}"
         ) from None
     except _EndOfData:
         reason = (

@@ -63,7 +63,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from pacectl.errors import TraceError
+from pacectl.errors import TraceError, plural
 from pacectl.traces.jsonstream import DEFAULT_MAX_BYTES, StreamResult, stream_events
 from pacectl.traces.model import (
     MAX_DURATION_S,
@@ -146,11 +146,8 @@ class TraceProblems(TraceError):
         self.problems = list(problems)
         first = self.problems[0]
         more = len(self.problems) - 1
-        tail = (
-            f"; {more} more problem(s), list them all with `python -m pacectl.traces validate`"
-            if more
-            else ""
-        )
+        listed = "list them all with `python -m pacectl.traces validate`"
+        tail = f"; {plural(more, 'more problem', 'more problems')}, {listed}" if more else ""
         where = (
             f"in {first.file}"
             if first.where == first.field == "file"

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pacectl.errors import TraceError
+from pacectl.errors import TraceError, repair_rows
 
 COMPUTE_OPTYPES = ("forward-compute", "backward-compute")
 P2P_OPTYPES = ("forward-send", "forward-recv", "backward-send", "backward-recv")
@@ -394,7 +394,7 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
             raise TraceError(
                 f"{col} must be finite, >= 0 and <= {MAX_DURATION_S:.0f} s, got {float(values[i])!r} "
                 f"(in {source}: row {i}, step {row['step']}, rank {row['rank']}, op {row['optype']}); "
-                f"{int(bad.sum())} rows are bad. Drop or repair them before replay."
+                f"{repair_rows(int(bad.sum()))} before replay."
             )
     if not (np.asarray(columns["duration"]) > 0).any():
         raise TraceError(

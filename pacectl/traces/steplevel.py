@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pacectl.errors import TraceError
+from pacectl.errors import TraceError, repair_rows
 from pacectl.traces.csvstream import columns_excerpt, read_header, read_numeric_columns
 from pacectl.traces.model import (
     DEFAULT_MAX_BYTES,
@@ -235,7 +235,12 @@ def load_steplevel(
                 bad |= values != np.round(values)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            what = "a finite time >= 0 (and not absurd)" if col == value_col else "a non-negative integer"
+            unit = " s" if scale == 1.0 else ""
+            what = (
+                f"a finite number in [0, {limit:.12g}]{unit}"
+                if col == value_col
+                else "a non-negative integer"
+            )
             odd = got.unparsed.get(col)
             v = float(values[i])
             if odd is not None and odd[0] == i:
@@ -254,12 +259,11 @@ def load_steplevel(
             )
             raise TraceError(
                 f"{col} must be {what}, got {shown} (in {p}:row {i + 2}); "
-                f"{int(bad.sum())} rows are bad. "
                 + (
-                    "It is the last row and has empty fields: the file looks truncated; copy it again "
-                    "or drop that row."
+                    "1 row is bad. It is the last row and has empty fields: the file looks truncated; copy "
+                    "it again or drop that row."
                     if cut
-                    else "Drop or repair them."
+                    else f"{repair_rows(int(bad.sum()))}."
                 )
             )
     ints = ("worker", step_col)  # validated integers above
