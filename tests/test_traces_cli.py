@@ -12,7 +12,7 @@ import pytest
 
 from pacectl.data import DATA_DIR
 from pacectl.testing.commands import run_command
-from pacectl.traces.__main__ import main
+from pacectl.traces.__main__ import build_parser, main
 from pacectl.traces.canonical import load_canonical
 
 H200 = DATA_DIR / "h200-capture"
@@ -240,6 +240,25 @@ def test_folder_with_two_jobs_names_a_glob(tmp_path: Path, capsys: pytest.Captur
     assert main(["info", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "files of 2 jobs" in err and f"'{tmp_path / 'gloo4_rank*.json.gz'}'" in err
+
+
+def test_validate_says_a_truncated_file_is_usable_with_a_warning_unless_strict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # half a Kineto file printed 'ok:' and exited 0, the truncation only a warning line above, while
+    # validate's help said 'exit 2 if any': the README's rule (read up to the last whole event, with a
+    # warning; strict refuses it) holds, and the help and the ok line now say so
+    text = gzip.decompress((H200 / "gloo4_rank0.json.gz").read_bytes())
+    cut = tmp_path / "trunc.json"
+    cut.write_bytes(text[: len(text) // 2])
+    assert main(["validate", str(cut)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"warning: {cut}: truncated"), out
+    assert out[-1].startswith(f"ok: {cut} (kineto, 1 rank, ") and "usable with 2 warnings above" in out[-1]
+    assert "--strict makes truncation and missing ranks problems" in out[-1]
+    assert main(["validate", "--strict", str(cut)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "invalid: 1 problem"
+    assert "truncation: a warning, see --strict" in " ".join(build_parser().format_help().split())
 
 
 def test_validate_names_a_truncated_rank(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,7 +4,9 @@ Subcommands (``python -m pacectl.traces <cmd> --help`` for options):
 
 - ``info PATH...``: ranks, steps, collectives per step, arrival-spread summary, clock-alignment
   residual, step times;
-- ``validate PATH...``: every problem found, one per line as ``file:event #i: field: message``;
+- ``validate PATH...``: every problem found, one per line as ``file:event #i: field: message``, and
+  exit 2 if any; a truncated Kineto file or a missing rank is a warning (the trace stays usable, as
+  ``pacectl.run`` reads it) unless ``--strict``;
 - ``convert PATH... -o OUT.parquet``: write pacectl's canonical Parquet (atomically);
 - ``fit PATH...``: fit the communication-timing model (:mod:`pacectl.fabric.fitted`) and print its
   slopes with 95 % intervals, the placebo and held-out checks, the completion-on-arrival slopes and
@@ -392,6 +394,15 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+#: what validate's exit status says (README: "a truncated profiler trace is read up to its last whole
+#: event, with a warning (trace.strict=true refuses it)"): the trace is usable as pacectl.run reads it
+VALIDATE_RULE = (
+    "List every problem (file, event, field), one per line; exit 2 if any. Exit 0 means the trace is "
+    "usable as pacectl.run reads it: a truncated Kineto file (read up to its last whole event) and "
+    "missing rank files are warnings, not problems, unless --strict (as trace.strict=true)."
+)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from pacectl.traces.kineto import TraceProblems
 
@@ -410,9 +421,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"warning: {w}")
     unit = ", times in normalised units" if trace.time_normalized else ""
     unit += f", arrival timing {trace.timing.partition(':')[0]}" if trace.timing else ""
-    print(
-        f"ok: {trace.source} ({trace.fmt}, {trace.num_ranks} ranks, {len(trace.steps)} steps, {len(trace.ops)} ops{unit})"
-    )
+    caveat = f"; usable with {plural(len(notes), 'warning')} above" if notes else ""
+    if notes and trace.fmt == "kineto" and not args.strict:
+        caveat += " (--strict makes truncation and missing ranks problems)"
+    sizes = f"{plural(trace.num_ranks, 'rank')}, {plural(len(trace.steps), 'step')}, {plural(len(trace.ops), 'op')}"
+    print(f"ok: {trace.source} ({trace.fmt}, {sizes}{unit}){caveat}")
     return 0
 
 
@@ -648,7 +661,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_info.set_defaults(func=cmd_info)
     p_val = sub.add_parser(
-        "validate", parents=[common], help="list every problem (file, event, field); exit 2 if any"
+        "validate",
+        parents=[common],
+        help="list every problem (file, event, field); exit 2 if any (truncation: a warning, see --strict)",
+        description=VALIDATE_RULE,
     )
     p_val.set_defaults(func=cmd_validate)
     p_conv = sub.add_parser(
