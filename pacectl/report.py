@@ -905,7 +905,47 @@ def _energy_cells(run: str, s: Mapping[str, Any], base: Mapping[str, Any] | None
     return [format_value(None if per_it is None else per_it / 1e3, "#.4g"), delta, bound]
 
 
+#: the cell of a run of several jobs where one figure for all the jobs would mislead (its mean
+#: iteration is no job's: 1 / mean iter is not the summed throughput); each job's row has its own
+NOT_ONE_JOB = "—"
+
+
+def _job_rows(
+    s: Mapping[str, Any], base: Mapping[str, Any] | None, *, baseline: bool, energy: bool
+) -> list[list[str]]:
+    """One row per job of a run of several jobs on one fabric (``s["jobs"]``,
+    :func:`pacectl.metrics.job_summaries`): its own throughput, change against the same job under no
+    pacing, mean and p99 iteration, CV and pacing delay; blank where the figure is the run's."""
+    base_jobs = (base or {}).get("jobs", {})
+    rows = []
+    for job, j in s["jobs"].items():
+        ref = base_jobs.get(job, {}).get("throughput_it_per_s")
+        if baseline:
+            delta = "baseline"
+        elif not ref:
+            delta = "n/a"
+        else:
+            delta = format_value(100.0 * (j["throughput_it_per_s"] / ref - 1.0), "+.2f")
+        rows.append(
+            [
+                f"  job {job}",
+                format_value(j.get("throughput_it_per_s"), "#.4g"),
+                delta,
+                format_value(j.get("iteration_time_mean_s"), "#.4g"),
+                format_value(j.get("iteration_time_p99_s"), "#.4g"),
+                format_value(j.get("cv"), "#.3g"),
+                "",
+                format_value(j.get("pacing_delay_total_s"), "#.4g"),
+                "",
+                *(["", "", ""] if energy else []),
+            ]
+        )
+    return rows
+
+
 def _table_rows(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> list[list[str]]:
+    """The table's rows: one per run; a run of several jobs on one fabric is their sum (``run
+    (sum)``: throughput summed, the iteration columns ``—``) followed by a row per job."""
     base = summaries.get(baseline)
     energy = _has_energy(summaries)
     rows = []
@@ -922,20 +962,29 @@ def _table_rows(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> li
             if ci is not None and math.isfinite(ci):
                 delta += f" ±{100.0 * ci:.2f}"
         active = s.get("pacing_active_frac")
+        jobs = bool(s.get("jobs"))
         rows.append(
             [
-                run,
+                f"{run} (sum)" if jobs else run,
                 format_value(s.get("throughput_it_per_s"), "#.4g"),
                 delta,
-                format_value(s.get("iteration_time_mean_s"), "#.4g"),
-                format_value(s.get("iteration_time_p99_s"), "#.4g"),
-                format_value(s.get("cv"), "#.3g"),
+                *(
+                    [NOT_ONE_JOB] * 3
+                    if jobs
+                    else [
+                        format_value(s.get("iteration_time_mean_s"), "#.4g"),
+                        format_value(s.get("iteration_time_p99_s"), "#.4g"),
+                        format_value(s.get("cv"), "#.3g"),
+                    ]
+                ),
                 format_value(s.get("spread_median_s"), "#.4g"),
                 format_value(s.get("pacing_delay_total_s"), "#.4g"),
                 format_value(None if active is None else 100.0 * active, ".1f"),
                 *(_energy_cells(run, s, base, baseline) if energy else []),
             ]
         )
+        if jobs:
+            rows += _job_rows(s, base, baseline=run == baseline, energy=energy)
     return rows
 
 
@@ -1285,7 +1334,7 @@ def job_lines(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
                 f"{job} {s['throughput_it_per_s']:.4g} it/s, mean {s['iteration_time_mean_s']:.4g} s, "
                 f"p99 {s['iteration_time_p99_s']:.4g} s{tail}"
             )
-        lines.append((f"jobs under {name} (throughput in the table = their sum)", "; ".join(parts)))
+        lines.append((f"jobs under {name} (the table's '{name} (sum)' row = their sum)", "; ".join(parts)))
     return lines
 
 

@@ -193,6 +193,51 @@ def test_phase_gains_on_shared_uplink_and_reports_both_jobs() -> None:
     assert np.isfinite(ci) and ci > 0
 
 
+def test_the_table_of_several_jobs_shows_their_sum_and_a_row_per_job() -> None:
+    # the table's throughput was the jobs' sum but its mean iter their average: 1 / mean iter was not
+    # the throughput. The sum row now leaves the iteration columns to the job rows, each consistent
+    import re
+
+    from pacectl import metrics, report
+
+    sim = _two(0.0, sigma=0.01, n=300)
+    runs = {
+        name: metrics.summarize(run_episode(sim, lambda c=c: SafetyGuard(c()), seed=0))
+        for name, c in (("none", NoPacing), ("phase", PhaseController))
+    }
+    for text in (report.format_console_table(runs), report._markdown_table(runs, "none")):
+        rows, run = {}, ""
+        for line in text.splitlines():
+            cells = (
+                [c.strip() for c in line.strip("|").split("|")]
+                if "|" in line
+                else re.split(r"\s{2,}", line.strip())
+            )
+            if cells[0].startswith(("none", "phase")):
+                run = cells[0].split()[0]
+                rows[cells[0]] = cells
+            elif cells[0].startswith("job "):
+                rows[f"{run} {cells[0]}"] = cells
+        assert set(rows) == {
+            "none (sum)",
+            "none job a",
+            "none job b",
+            "phase (sum)",
+            "phase job a",
+            "phase job b",
+        }
+        for run in ("none", "phase"):
+            total, jobs = rows[f"{run} (sum)"], [rows[f"{run} job {j}"] for j in "ab"]
+            assert total[3:6] == ["—", "—", "—"], total
+            assert float(total[1]) == pytest.approx(sum(float(j[1]) for j in jobs), abs=2e-3)
+            for job, name in zip(jobs, "ab", strict=True):
+                assert float(job[1]) == pytest.approx(
+                    runs[run]["jobs"][name]["throughput_it_per_s"], rel=1e-3
+                )
+                assert float(job[1]) * float(job[3]) == pytest.approx(1.0, rel=2e-3)  # 1 / mean iter
+        assert rows["none job a"][2] == "baseline" and rows["phase job a"][2].startswith(("+", "-"))
+
+
 # --- more than two jobs -------------------------------------------------------------------------------
 
 # 6 nodes of 2 ranks, 3 nodes per leaf, 3:1 uplinks (one NIC's worth): jobs a, b, c each on one node
