@@ -926,6 +926,9 @@ def _job_rows(
             delta = "n/a"
         else:
             delta = format_value(100.0 * (j["throughput_it_per_s"] / ref - 1.0), "+.2f")
+            ci = j.get("throughput_change_ci95_frac")  # pacectl.run adds each job's interval
+            if ci is not None and math.isfinite(ci):
+                delta += f" ±{100.0 * ci:.2f}"
         rows.append(
             [
                 f"  job {job}",
