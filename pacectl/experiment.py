@@ -168,6 +168,8 @@ class Experiment(abc.ABC):
     actuators: tuple[str, ...] = ("delay",)
     #: the iterations of one run, for a progress bar by iterations; None: the bar counts whole runs
     iterations_per_run: int | None = None
+    #: the ranks each iteration steps, for the size of a run's work (plain progress lines); 0: unknown
+    num_ranks: int = 0
     #: ``(block, offset)`` of :func:`~pacectl.metrics.paired_change_ci95_frac` when the runs'
     #: iterations come in blocks of their own (live runs interleaved); ``(None, 0)``: blocks of sqrt(n)
     paired_blocks: tuple[int | None, int] = (None, 0)
@@ -242,6 +244,11 @@ class _ClosedLoop(Experiment):
     def iterations_per_run(self) -> int:  # type: ignore[override]
         """Iterations (replayed steps) per run."""
         return int(self.backend.num_iterations)
+
+    @property
+    def num_ranks(self) -> int:  # type: ignore[override]
+        """Ranks of the backend (a replay: of the trace; several jobs: of the whole fabric)."""
+        return int(len(self.backend.rank_labels))
 
     @property
     def exchange(self) -> ExchangeSchedule:  # type: ignore[override]

@@ -68,6 +68,11 @@ BYTES_PER_ROW = 200
 #: so what grows with iterations is one run's per-iteration figures, about 0.7 KB measured (from
 #: 4,000 to 16,000 iterations at 1,024 ranks).
 BYTES_PER_STREAMED_ITERATION = 1_000
+#: the work (ranks x iterations, over all runs) from which a run whose stderr is no terminal (no
+#: bar there) prints plain progress lines: about 5 s at the recorded 5.0e6 rank-iterations per
+#: second (experiments/bench sim_streamed_65536.json: 65,536 ranks x 1,000 iterations x 6 runs in
+#: 78 s). Set by work, not by the clock, so that a small run stays silent however loaded the machine.
+PLAIN_PROGRESS_MIN_RANK_ITERATIONS = 25_000_000
 #: console lines; Hydra's job logging (conf/hydra/job_logging/pacectl.yaml) also files them
 log = logging.getLogger("pacectl.run")
 
@@ -129,12 +134,19 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                 leave=False,
             ) as bar,
         ):
+            # no terminal, no bar: a long run says how far it is in plain lines instead
+            plain = PlainProgress.for_run(
+                num_runs=len(runs), iterations_per_run=per_run, num_ranks=experiment.num_ranks
+            )
+            step = plain.step if bar.disable and plain is not None else bar.update
             for name, (family, actuator) in runs.items():
                 bar.set_postfix_str(name)
+                if plain is not None:
+                    plain.run = name
                 if len(runs) > len(families):  # backend.actuator=both
                     experiment.set_actuator(actuator)
                 episodes[name] = experiment.run(
-                    family, families[family], on_iteration=bar.update if per_run else None
+                    family, families[family], on_iteration=step if per_run else None
                 )
                 if not per_run:
                     bar.update()
@@ -465,6 +477,70 @@ def _check_memory(
             f"iterations x {ranks:,} ranks), more than the {(free + held) / 1e9:.1f} GB available to it: {fix}"
             "run fewer iterations or ranks"
         )
+
+
+class PlainProgress:
+    """Progress of a long run as plain lines on stderr, where no bar can be drawn (stderr is no
+    terminal: a log file, a pipe, CI): ``pacectl.run: 30% of the iterations (3,000 of 10,000; now:
+    pid), 24 s``, at every tenth of the iterations of all runs. Printed, not logged,
+    so the lines stay out of ``run.log`` and every other output.
+
+    Args:
+        total: the iterations of all runs.
+        stream: where the lines go (default stderr).
+        clock: seconds since an arbitrary origin (default :func:`time.perf_counter`; a test's clock).
+
+    Example:
+        >>> import io
+        >>> out = io.StringIO()
+        >>> p = PlainProgress(20, stream=out, clock=lambda: 0.0)
+        >>> p.run = "none"
+        >>> for _ in range(4):
+        ...     p.step()
+        >>> print(out.getvalue(), end="")
+        pacectl.run: 10% of the iterations (2 of 20; now: none), 0 s
+        pacectl.run: 20% of the iterations (4 of 20; now: none), 0 s
+    """
+
+    def __init__(
+        self, total: int, *, stream: Any = None, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        self.total = int(total)
+        self.done = 0
+        self.run = ""
+        self._stream = stream
+        self._clock = clock
+        self._start = clock()
+        self._tenths = 0
+
+    @classmethod
+    def for_run(
+        cls, *, num_runs: int, iterations_per_run: int | None, num_ranks: int
+    ) -> PlainProgress | None:
+        """A reporter for runs of that size when their work (ranks x iterations, all runs) reaches
+        :data:`PLAIN_PROGRESS_MIN_RANK_ITERATIONS`; None for a shorter run (or one without an
+        iteration count: live), which says nothing until its table."""
+        total = num_runs * (iterations_per_run or 0)
+        if not total or total * num_ranks < PLAIN_PROGRESS_MIN_RANK_ITERATIONS:
+            return None
+        return cls(total)
+
+    def step(self) -> None:
+        """One more iteration of the current run; a line when it completes another tenth."""
+        self.done += 1
+        tenths = 10 * self.done // self.total
+        if tenths <= self._tenths:
+            return
+        self._tenths = tenths
+        elapsed = self._clock() - self._start
+        stream = sys.stderr if self._stream is None else self._stream
+        with contextlib.suppress(OSError, ValueError):  # a closed stderr: the run goes on
+            print(
+                f"pacectl.run: {10 * tenths}% of the iterations ({self.done:,} of {self.total:,}; now: "
+                f"{self.run}), {elapsed:.0f} s",
+                file=stream,
+                flush=True,
+            )
 
 
 @contextlib.contextmanager

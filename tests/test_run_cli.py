@@ -932,3 +932,26 @@ def test_a_console_piped_to_a_reader_that_has_gone_is_dropped_quietly(tmp_path: 
     assert "Traceback" not in proc.stderr and "Logging error" not in proc.stderr, proc.stderr
     assert "BrokenPipeError" not in proc.stderr
     _assert_complete_outputs(out, plots=False)
+
+
+def test_a_long_run_without_a_terminal_says_how_far_it_is_in_plain_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 65,536-rank simulation printed nothing for over a minute where stderr was no terminal (no
+    bar there): a run of that much work now prints a line at every tenth of its iterations, on
+    stderr only (not in run.log, not on stdout); a small run stays silent, by its work, not the clock."""
+    from pacectl import run as run_module
+
+    assert run_module.PlainProgress.for_run(num_runs=6, iterations_per_run=1000, num_ranks=64) is None
+    assert run_module.PlainProgress.for_run(num_runs=6, iterations_per_run=1000, num_ranks=65536) is not None
+    assert run_module.PlainProgress.for_run(num_runs=1, iterations_per_run=None, num_ranks=65536) is None
+    quiet = _run(*SMALL_SIM, "output.plots=false", f"hydra.run.dir={tmp_path / 'quiet'}", cwd=tmp_path)
+    assert quiet.returncode == 0 and "of the iterations" not in quiet.stderr + quiet.stdout, quiet.stderr
+    monkeypatch.setattr(run_module, "PLAIN_PROGRESS_MIN_RANK_ITERATIONS", 1)  # as if it were long
+    out = tmp_path / "long"
+    proc = _run(*SMALL_SIM, "output.plots=false", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "of the iterations" in line]
+    assert [line.split("%")[0] for line in lines] == [f"pacectl.run: {p}" for p in range(10, 101, 10)]
+    assert lines[-1].startswith("pacectl.run: 100% of the iterations (60 of 60; now: pid), ")
+    assert "of the iterations" not in proc.stdout + (out / "run.log").read_text()
