@@ -299,3 +299,18 @@ def test_a_row_that_is_not_utf8_is_a_bad_row_without_noise(
     with pytest.raises(TraceError, match=r"could not parse it.*Row #3: Expected 5 columns, got 4"):
         load_steplevel(p)
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_nan_written_in_the_last_row_is_a_bad_value_not_a_cut_off_row(tmp_path: Path) -> None:
+    # Arrow's default null spellings ("nan", "NA", ...) read a written NaN as an empty field: in the
+    # last row that said "the file looks truncated"; only an empty field is missing now
+    p = tmp_path / "job.csv"
+    p.write_text("worker,time,batch_time_norm\n0,1,1.0\n1,1,1.0\n0,2,1.0\n1,2,nan\n")
+    with pytest.raises(TraceError, match=r"got nan \(in .*:row 5\); 1 row is bad\. Drop or repair it\.$"):
+        load_steplevel(p)
+    p.write_text("worker,time,batch_time_norm\n0,1,1.0\n1,1,NA\n0,2,1.0\n1,2,1.0\n")
+    with pytest.raises(TraceError, match=r"got 'NA' \(in .*:row 3\)"):
+        load_steplevel(p)
+    p.write_text("worker,time,batch_time_norm\n0,1,1.0\n1,1,1.0\n0,2,1.0\n1,2,\n")  # cut off: still said
+    with pytest.raises(TraceError, match="It is the last row and has empty fields: the file looks truncated"):
+        load_steplevel(p)

@@ -216,6 +216,9 @@ def _stream(
                 include_columns=columns,
                 column_types={c: pa.string() for c in columns},
                 strings_can_be_null=True,
+                # only an empty field is missing: a written "nan" or "NA" is a value, shown as written
+                # (Arrow's default null spellings made a NaN in the last row look like a cut-off row)
+                null_values=[""],
             ),
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, UnicodeDecodeError) as err:
