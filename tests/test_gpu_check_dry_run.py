@@ -147,8 +147,12 @@ def test_the_scripts_harness_runs_on_cpu(tmp_path) -> None:
     loop = record["ddp_delay_in_a_loop"]
     assert loop["iterations_compared"]["undelayed"] == 24 and loop["iterations_compared"]["delayed"] >= 20
     assert loop["applied_delay_s"] and np.allclose(loop["applied_delay_s"], 0.005)
-    assert "device_delay_precision" not in record  # CUDA only
-    assert "fsdp2_reduce_scatter_stream" not in record
+    # the CUDA-only steps, FSDP2's two stream checks among them, are reported skipped, not run
+    for name in gpu_check.CUDA_ONLY:
+        assert f"gpu_check: {name}: skipped (CUDA only)" in proc.stdout, (name, proc.stdout[-2000:])
+        assert name not in record
+    assert record["skipped"] == list(gpu_check.CUDA_ONLY)
+    assert {"fsdp2_reduce_scatter_stream", "fsdp2_all_gather_stream"} <= set(gpu_check.CUDA_ONLY)
     # the physics steps (issue 21 item 4): recorded, not judged; their shapes only
     assert set(record["sleep_calibration"]) >= {"what", "1ms", "5ms"}
     kappa = record["kappa_on_device"]

@@ -23,7 +23,16 @@ fraction of plain's iteration time, with a 95 % bootstrap interval over rounds; 
 and after (the machine is shared with other engineers' jobs).
 
 Usage: ``python experiments/bench/bench_fsdp2.py [--nproc 2] [--width 512] [--rounds 40] [--block 5]
-[--out results/fsdp2.json]``
+[--device cpu|cuda] [--backend gloo|nccl] [--out results/fsdp2.json]``
+
+``--device cuda``: the models and FSDP2's collectives on CUDA, so the pacer takes its CUDA path
+(device-side waits on FSDP2's streams, CUDA events around every collective, the device times read
+at the iteration's end); the block times wait for the device. With ``--backend nccl`` (the
+default on CUDA) each rank needs a GPU of its own (NCCL refuses two ranks on one GPU). With
+``--backend gloo`` the ranks may share one GPU (gloo copies CUDA tensors through the host): this is
+what ``experiments/gpu_check/device_run.sh`` runs on its one GPU, since with a single rank FSDP2
+issues no collective at all and there would be nothing to pace. Gloo's host copies lengthen the
+iteration, so that figure is the pacer's CUDA-path cost on a gloo-speed iteration, not on NCCL's.
 """
 
 from __future__ import annotations
@@ -65,16 +74,27 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
             return dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    cuda = spec.get("device", "cpu") == "cuda"
+    dev = torch.device("cpu")
+    if cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        count = torch.cuda.device_count()
+        if spec["backend"] == "nccl" and local >= count:
+            raise RuntimeError(f"--backend nccl needs a GPU per rank: {count} visible, rank {local} has none")
+        dev = torch.device("cuda", local % max(count, 1))
+        torch.cuda.set_device(dev)
+    dist.init_process_group(spec.get("backend", "gloo"), timeout=timedelta(seconds=600))
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    mesh = init_device_mesh(dev.type, (world,), mesh_dim_names=("dp",))
+    sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
     workload = spec["workload"]
     setups = []
     for name in spec["variants"]:
         torch.manual_seed(0)
         model, x = build_model(workload)
         torch.manual_seed(1009 + rank)
-        x = torch.randn_like(x)
+        x = torch.randn_like(x).to(dev)
+        model = model.to(dev)
         for layer in [m for m in model.modules() if isinstance(m, torch.nn.Linear)]:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -110,9 +130,11 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
             model, opt, x, pacer = setups[i]
             if pacer is not None:
                 pacer.align()  # as the live runs do between blocks
+            sync()
             t0 = time.perf_counter()
             for _ in range(block):
                 step(model, opt, x)
+            sync()
             times[r, i] = (time.perf_counter() - t0) / block
     for *_, pacer in setups:
         if pacer is not None:
@@ -147,12 +169,21 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--block", type=int, default=5)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--backend", choices=("gloo", "nccl"), default=None, help="default: gloo on cpu, nccl on cuda"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fsdp2.json")
     args = parser.parse_args()
+    backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
+    if args.device == "cpu" and backend == "nccl":
+        parser.exit(2, "bench_fsdp2: error: --backend nccl needs --device cuda\n")
     spec = {
         "variants": list(VARIANTS),
         "rounds": args.rounds,
         "block": args.block,
+        "device": args.device,
+        "backend": backend,
         "workload": {"model": "mlp", "width": args.width, "depth": args.depth, "batch_size": args.batch},
     }
     load_before = os.getloadavg()
@@ -163,6 +194,8 @@ def main() -> None:
     scale = float(np.median(plain))
     row = {
         "world_size": args.nproc,
+        "device": args.device,
+        "backend": backend,
         "workload": f"mlp width {args.width} depth {args.depth} batch {args.batch}, fully_shard per Linear",
         "rounds": args.rounds,
         "block_iterations": args.block,
@@ -185,6 +218,8 @@ def main() -> None:
         note=(
             "zero-delay FSDP2 pacer vs plain FSDP2, interleaved and paired inside one gloo job on CPU; the "
             "machine (2 cores) was shared with other engineers' jobs while measured (loadavg in the row)"
+            if args.device == "cpu"
+            else f"zero-delay FSDP2 pacer vs plain FSDP2 on CUDA ({backend}), interleaved and paired inside one job"
         ),
         cpu_count=os.cpu_count(),
     )

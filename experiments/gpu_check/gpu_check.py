@@ -37,6 +37,14 @@ Checks (each prints PASS/FAIL and is recorded):
    sleeping-wait states).
 8. ``fsdp2_reduce_scatter_stream`` (``experiments/fsdp2/cuda_stream_check.py``): FSDP2's paced
    reduce-scatter waits on its own stream; host and compute stream not blocked (pass/fail).
+9. ``fsdp2_all_gather_stream`` (same file): FSDP2's default paced path, the forward's first
+   all-gather, through FSDP2's own ``foreach_all_gather``: the wait is queued on FSDP2's
+   ``all_gather_stream`` and delays the collective (CUDA events), host and compute stream not
+   blocked, the output bit-identical to FSDP2's default all-gather's (pass/fail). With one rank
+   FSDP2 skips its collectives, so a whole model cannot be paced on one GPU.
+
+With ``--cpu`` the CUDA-only steps (1-4, 8, 9) are skipped: a ``skipped`` line each, and the
+record's ``skipped`` lists them.
 
 Every check runs even if an earlier one failed; the record says which failed and why. The record is
 rewritten after every check (``"complete": false`` until the end), and a watchdog (``--watchdog-s``)
@@ -83,9 +91,15 @@ STEPS = (
     "kappa_on_device",
     "power_states",
     "fsdp2_reduce_scatter_stream",
+    "fsdp2_all_gather_stream",
 )
 #: steps that need CUDA (skipped with ``--cpu``)
-CUDA_ONLY = ("device_delay_precision", "not_blocked", "fsdp2_reduce_scatter_stream")
+CUDA_ONLY = (
+    "device_delay_precision",
+    "not_blocked",
+    "fsdp2_reduce_scatter_stream",
+    "fsdp2_all_gather_stream",
+)
 #: steps that compare with plain DDP's parameters, which ``ddp_plain`` trains
 NEEDS_PLAIN = ("ddp_piggyback", "ddp_async", "ddp_collective", "ddp_piggyback_iteration_end")
 #: zero-delay variants timed against plain DDP on the GPU (see :func:`overhead`)
@@ -540,6 +554,10 @@ def main(argv: list[str] | None = None) -> int:
         assert name in STEPS, name
         if wanted is not None and name not in wanted:
             return
+        if args.cpu and name in CUDA_ONLY:
+            out.setdefault("skipped", []).append(name)
+            print(f"gpu_check: {name}: skipped (CUDA only)", flush=True)
+            return
         print(f"gpu_check: {name} ...", flush=True)
         try:
             fn()
@@ -701,10 +719,18 @@ def main(argv: list[str] | None = None) -> int:
         out["fsdp2_reduce_scatter_stream"] = result
         checks["fsdp2_reduce_scatter_stream"] = bool(result.get("ok"))
 
+    def fsdp2_all_gather_stream() -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fsdp2"))
+        from cuda_stream_check import check_fsdp2_delay_on_all_gather_stream
+
+        checks["fsdp2_all_gather_stream"] = False  # until it has run
+        result = check_fsdp2_delay_on_all_gather_stream(device=dev)
+        out["fsdp2_all_gather_stream"] = result
+        checks["fsdp2_all_gather_stream"] = bool(result.get("ok"))
+
     try:
-        if not args.cpu:  # CUDA only
-            step("device_delay_precision", precision)
-            step("not_blocked", not_blocked)
+        step("device_delay_precision", precision)  # CUDA only: with --cpu a "skipped" line
+        step("not_blocked", not_blocked)
         step("ddp_plain", plain_ddp)
         for gather in ("piggyback", "async", "collective"):
             step(f"ddp_{gather}", e2e(gather))
@@ -729,8 +755,8 @@ def main(argv: list[str] | None = None) -> int:
         step("sleep_calibration", sleep_calibration)
         step("kappa_on_device", kappa_on_device)
         step("power_states", power_states)
-        if not args.cpu:
-            step("fsdp2_reduce_scatter_stream", fsdp2_stream)
+        step("fsdp2_reduce_scatter_stream", fsdp2_stream)
+        step("fsdp2_all_gather_stream", fsdp2_all_gather_stream)
     finally:
         save()  # before the process group is destroyed, which may wait on NCCL work
         try:
