@@ -38,6 +38,7 @@ _FSDP_PACED = ("async", "collective", "async-zero2", "async-forward")
 #: forward also the forward's all-gathers
 _FSDP_COLLECTIVES = {"async": 6, "collective": 6, "async-zero2": 3, "async-forward": 9}
 _MESH_STEPS = 300
+_FSDP2_MESH_STEPS = 40
 
 
 def _engine(world: int) -> Any:
@@ -196,6 +197,67 @@ def _mesh_rank(rank: int, world: int, port: int, queue: Any) -> None:
         dist.destroy_process_group()
 
 
+def _fsdp2_mesh_rank(rank: int, world: int, port: int, queue: Any) -> None:
+    """FSDP2 on a 2 x 2 mesh ("pp", "dp"): each pp row shards its own model over its dp sub-mesh
+    and is paced on that dp group (the pacer's default for FSDP2: the forward's first all-gather)."""
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "100000"  # read by init_process_group: count the default group's ops
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from pacectl.torchdist.pacer import Pacer
+
+    def default_group_ops() -> int:
+        import pickle
+
+        import torch._C._distributed_c10d as c10d
+
+        dump = pickle.loads(c10d._dump_fr_trace(includeStackTraces=False))
+        return sum(1 for e in dump["entries"] if e["process_group"][1] == "default_pg")
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+        dp_mesh = mesh["dp"]
+        dp = dp_mesh.get_group()
+        model = _fsdp_model(dp_mesh)  # the same seed: the rows differ by their data and stragglers
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        pacer = Pacer(_engine(2), group=dp).attach(model)
+        before = default_group_ops()
+        gen = torch.Generator().manual_seed(100 + rank)
+        for k in range(_FSDP2_MESH_STEPS):
+            if k == _FSDP2_MESH_STEPS // 2:
+                pacer.request_control({"guard": {"max_delay_frac": 0.4}})  # group rank 0: a broadcast on dp
+            # each DP group has its own straggler, before every forward: rank 1 (group {0, 1}) 8 ms,
+            # rank 2 (group {2, 3}) 4 ms; both well past the controller's 2 ms threshold
+            if rank in (1, 2):
+                time.sleep(0.008 if rank == 1 else 0.004)
+            x = torch.randn(16, 32, generator=gen)
+            opt.zero_grad(set_to_none=True)
+            model(x).pow(2).mean().backward()
+            opt.step()
+        pacer.flush()
+        after = default_group_ops()
+        queue.put(
+            (
+                rank,
+                {
+                    "decisions": np.array(pacer.decisions),
+                    "group": sorted(dist.get_process_group_ranks(dp)),
+                    "default_group_ops_during_training": after - before,
+                    "version": pacer.engine.version,
+                    "collectives": [len(m["enter_s"]) for m in pacer.marks],
+                    "fsdp2_paced": pacer.fsdp2_paced,
+                },
+            )
+        )
+    except BaseException as err:  # noqa: BLE001
+        queue.put((rank, {"error": repr(err)}))
+    finally:
+        dist.destroy_process_group()
+
+
 def _spawn(target: Any, world: int, timeout_s: float) -> dict[int, dict[str, Any]]:
     from pacectl.torchdist.launch import free_port
 
@@ -281,6 +343,27 @@ def test_two_dp_groups_pace_on_their_own_group_without_a_hang() -> None:
         assert ranks[r]["default_group_ops_during_training"] == 0
 
 
+def test_fsdp2_on_a_2x2_mesh_paces_each_dp_group_on_its_own_without_a_hang() -> None:
+    """Issue 24 item 5 with FSDP2: 4 gloo ranks, a ("pp", "dp") mesh, each pp row's model sharded
+    by fully_shard over its dp sub-mesh and paced on that group, each group with its own straggler."""
+    ranks = _spawn(_fsdp2_mesh_rank, 4, 300)
+    assert [ranks[r]["group"] for r in range(4)] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    for r in range(4):
+        assert ranks[r]["fsdp2_paced"] == "forward"
+        # every iteration logged, each with the 9 collectives of _FSDP_COLLECTIVES["async-forward"]
+        assert ranks[r]["collectives"] == [_FSDP_COLLECTIVES["async-forward"]] * _FSDP2_MESH_STEPS
+    for a, b in ((0, 1), (2, 3)):  # identical within a group
+        assert np.array_equal(ranks[a]["decisions"], ranks[b]["decisions"])
+        assert ranks[a]["decisions"].shape == (_FSDP2_MESH_STEPS, 2)
+        assert ranks[a]["version"] == 1  # the control reached the group through its own broadcast
+    # independent across groups: each paces its own early rank
+    d_a, d_b = ranks[0]["decisions"], ranks[2]["decisions"]
+    assert not np.array_equal(d_a, d_b)
+    assert d_a[:, 0].max() > 0 and d_b[:, 1].max() > 0  # rank 0 waits for 1; rank 3 waits for 2
+    for r in range(4):
+        assert ranks[r]["default_group_ops_during_training"] == 0
+
+
 # ------------------------------------------------------------------ the built-in workload, live
 _LIVE = [
     "backend=torch",
@@ -334,6 +417,31 @@ def test_a_live_flight_recorder_dump_replays_like_the_run_record(tmp_path) -> No
         dump, report = import_flight_recorder(folder)
     record = load_canonical(summary["records"]["none"])
     assert report.assembly.timing == "created" and report.assembly.layout.dp_groups[0].desc == "pacectl-none"
+    notes = [str(w.message) for w in caught]
+    assert _late_rank(dump) == _late_rank(record) == (1, 12), notes
+
+
+def test_a_live_fsdp2_flight_recorder_dump_replays_like_the_run_record(tmp_path) -> None:
+    """backend.parallel=fsdp2 backend.flight_recorder=true, rank 1 straggling 40 ms before every
+    forward: the dump and the canonical record agree on the iteration count and the straggler.
+
+    The dump is read with ``all_gathers="sync"``: the early rank waits in the forward's first
+    parameter all-gather (the collective FSDP2's pacer paces by default), and folded into compute
+    (the default, ``"fold"``) that wait reads as rank 0's forward and the straggler is lost (two
+    runs of this job so read, 12 steps each: at the first reduce-scatter a tie, 6 steps each, and
+    rank 0 last most often)."""
+    from pacectl.traces.canonical import load_canonical
+    from pacectl.traces.flight_recorder import FlightRecorderWarning, import_flight_recorder
+
+    _, summary = _live(tmp_path, "backend.flight_recorder=true", "backend.parallel=fsdp2")
+    assert summary["workload"]["parallel"] == "fsdp2"
+    folder = summary["flight_recorder"]["none"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FlightRecorderWarning)
+        dump, report = import_flight_recorder(folder, all_gathers="sync")
+    record = load_canonical(summary["records"]["none"])
+    assert report.assembly.timing == "created" and report.assembly.layout.dp_groups[0].desc == "pacectl-none"
+    assert report.assembly.folded_per_step == {}  # every all-gather of the DP group is a step collective
     notes = [str(w.message) for w in caught]
     assert _late_rank(dump) == _late_rank(record) == (1, 12), notes
 

@@ -110,6 +110,24 @@ def test_fsdp2_mesh_dumps_give_two_dp_groups_each_with_its_straggler() -> None:
     assert ((arr.loc[odd, 2] - arr.loc[odd, 3]) > 0.05).all()
 
 
+def test_all_gathers_sync_makes_fsdp2_parameter_all_gathers_step_collectives() -> None:
+    """``all_gathers="sync"``: the DP group's all-gathers join its steps (where an FSDP job's early
+    ranks wait for a straggler before forward); the step boundary stays where the gradient
+    collectives put it, and a DDP set (no all-gather) imports as before."""
+    folded, _ = _quiet_import(FR / "fsdp2_2x2")
+    synced, report = _quiet_import(FR / "fsdp2_2x2", all_gathers="sync")
+    a = report.assembly  # type: ignore[attr-defined]
+    assert a.collectives_per_step == [9, 9] and a.folded_per_step == {}  # 6 all-gathers + 3 reduce-scatters
+    assert synced.ops["step"].nunique() == folded.ops["step"].nunique() == 7  # type: ignore[attr-defined]
+    # the same steps: each begins at the forward's first all-gather, so the forward shrinks to the
+    # time before it and no step's span changes
+    span = lambda t: t.ops.groupby(["step", "rank"]).apply(lambda o: (o.start_ts + o.duration).max())  # noqa: E731
+    assert np.allclose(span(synced), span(folded), atol=1e-6)
+    assert (_quiet_import(FR / "ddp2", all_gathers="sync")[0].ops).equals(_quiet_import(FR / "ddp2")[0].ops)  # type: ignore[attr-defined]
+    with pytest.raises(TraceError, match=r"trace.all_gathers must be one of \['fold', 'sync'\], got 'keep'"):
+        import_flight_recorder(FR / "ddp2", all_gathers="keep")
+
+
 def test_hang_snapshot_reports_who_is_behind_and_refuses_replay() -> None:
     _, report = inspect_flight_recorder(FR / "hang2")
     assert report.hang is not None and "ranks [1] never entered all_reduce #5" in report.hang

@@ -468,14 +468,21 @@ def _gap_score(gaps: NDArray[np.float64], bounds: NDArray[np.int64], region: NDA
 
 
 def _steps_of_group(
-    coll: CollectiveSet, g: Group, grad_kinds: tuple[str, ...], fixed_k: int | None, source: str
+    coll: CollectiveSet,
+    g: Group,
+    grad_kinds: tuple[str, ...],
+    fixed_k: int | None,
+    source: str,
+    sync_kinds: tuple[str, ...] = (),
 ) -> _GroupSteps:
     """Match the group's collectives across its ranks and cut them into steps (module docstring).
 
     The step period is a multiple of the shortest period of the (kind, size) sequence of every
     collective of the group; among those multiples, the smallest whose boundaries (the gaps before
     each step's first collective) stand out from the other host-side gaps; with ``fixed_k``, the one
-    with that many gradient collectives per step.
+    with that many gradient collectives per step. The step's collectives are its gradient ones and
+    those of ``sync_kinds``; the boundary is placed by the gradient ones alone (a step ends with the
+    backward's last run of them).
     """
     t = coll.table
     mine = t[t["group"] == g.key]
@@ -510,6 +517,7 @@ def _steps_of_group(
         )
     first = sub.drop_duplicates("seq").set_index("seq").reindex(common)
     is_grad = first["kind"].astype(str).isin(grad_kinds).to_numpy()
+    is_step = is_grad | first["kind"].astype(str).isin(sync_kinds).to_numpy()
     if not is_grad.any():
         raise TraceError(
             f"the DP group {g.label} must share at least one finished gradient collective across its ranks "
@@ -602,7 +610,7 @@ def _steps_of_group(
             "TORCH_FR_BUFFER_SIZE, or give trace.collectives_per_step"
         )
     idx = np.asarray(starts)[:, None] + np.arange(period)[None, :]
-    grads = idx[:, is_grad[start + phase : start + phase + period]]
+    grads = idx[:, is_step[start + phase : start + phase + period]]
     return _GroupSteps(g, common[grads], common[np.asarray(starts) - 1], dropped)
 
 
@@ -654,6 +662,7 @@ def assemble(
     collective_s: float | None = None,
     collective_frac: float = 0.01,
     grad_kinds: tuple[str, ...] = GRAD_KINDS,
+    sync_kinds: tuple[str, ...] = (),
     warning: type[Warning] = TraceWarning,
     backend_label: str | None = None,
     duration_field: str = "duration_ms",
@@ -672,6 +681,9 @@ def assemble(
         collective_s: modelled transfer time when no duration is recorded, s (None: the fraction).
         collective_frac: modelled transfer as a fraction of the median step period, in [0, 1].
         grad_kinds: the kinds that are gradient collectives.
+        sync_kinds: other kinds that, on the DP groups, are step collectives like them (FSDP's
+            parameter all-gathers, where the early ranks wait for a straggler before forward);
+            the layout is still inferred from ``grad_kinds`` alone.
         warning: the warning class for what was dropped.
         backend_label: how :attr:`OpTrace.collective` names the collectives (default: backends and
             kinds found).
@@ -698,8 +710,10 @@ def assemble(
     overrides = layout or LayoutOverrides()
     lay = infer_layout(coll, groups, overrides, grad_kinds, source)
     steps = [
-        _steps_of_group(coll, g, grad_kinds, overrides.collectives_per_step, source) for g in lay.dp_groups
+        _steps_of_group(coll, g, grad_kinds, overrides.collectives_per_step, source, sync_kinds)
+        for g in lay.dp_groups
     ]
+    grad_kinds = grad_kinds + tuple(k for k in sync_kinds if k not in grad_kinds)  # the steps' collectives
     num = min(len(s.seqs) for s in steps)
     dropped = [d for s in steps for d in s.dropped]
     if any(len(s.seqs) > num for s in steps):

@@ -1262,6 +1262,10 @@ def inspect_flight_recorder(
     return dumps, report
 
 
+#: what ``all_gathers`` may be (see :func:`import_flight_recorder`)
+ALL_GATHERS = ("fold", "sync")
+
+
 def import_flight_recorder(
     paths: str | Path | Sequence[str | Path],
     *,
@@ -1273,6 +1277,7 @@ def import_flight_recorder(
     collective_s: float | None = None,
     collective_frac: float = 0.01,
     name: str | None = None,
+    all_gathers: str = "fold",
 ) -> tuple[OpTrace, FlightRecorderReport]:
     """Import a set of Flight Recorder dumps (one per rank) into a canonical :class:`OpTrace`.
 
@@ -1289,6 +1294,10 @@ def import_flight_recorder(
             (None: ``collective_frac`` of the median step period).
         collective_frac: that fraction, in [0, 1].
         name: job name (default: the folder's name).
+        all_gathers: ``"fold"``: the DP groups' all-gathers fold into compute; ``"sync"``: they are
+            step collectives like the gradient ones (an FSDP job: the early ranks wait for a
+            straggler before forward in the forward's first parameter all-gather, which FSDP2's
+            pacer paces by default; folded, that wait reads as compute and the straggler is lost).
 
     Returns:
         ``(trace, report)`` with ``trace.fmt == "flight_recorder"``.
@@ -1304,6 +1313,8 @@ def import_flight_recorder(
         >>> trace.meta.dp_size, report.assembly.timing
         (2, 'created')
     """
+    if all_gathers not in ALL_GATHERS:
+        raise TraceError(f"trace.all_gathers must be one of {list(ALL_GATHERS)}, got {all_gathers!r}")
     dumps, report = inspect_flight_recorder(paths, ranks=ranks, max_bytes=max_bytes, max_ops=max_ops)
     src = str(dumps[0].path.parent) if len({d.path.parent for d in dumps}) == 1 else "; ".join(report.files)
     if report.hang is not None:
@@ -1324,6 +1335,7 @@ def import_flight_recorder(
         collective_s=collective_s,
         collective_frac=collective_frac,
         grad_kinds=GRAD_KINDS,
+        sync_kinds=("all_gather",) if all_gathers == "sync" else (),
         warning=FlightRecorderWarning,
         max_ops=max_ops,
     )

@@ -209,6 +209,9 @@ class FlightRecorder(_Timed, _Layout, _Capped):
     ranks: list[int] | None = within(None, ">= 0", what=_RANKS)  # when the file names do not end in them
     # duration: duration_ms (clock-free; TORCH_NCCL_ENABLE_TIMING); created: enqueue times
     timing: str = within("auto", choices=("auto", "duration", "created"))
+    # sync: the DP groups' all-gathers (FSDP's parameter all-gathers) are step collectives, so a
+    # straggler before forward shows where the early ranks wait; fold: they read as compute
+    all_gathers: str = within("fold", choices=("fold", "sync"))
 
     def load(self) -> OpTrace:
         from pacectl.traces.flight_recorder import load_flight_recorder
@@ -223,6 +226,7 @@ class FlightRecorder(_Timed, _Layout, _Capped):
             collective_s=self.collective_s,
             collective_frac=self.collective_frac,
             name=self.name,
+            all_gathers=self.all_gathers,
         )
 
 
