@@ -38,7 +38,7 @@ _FSDP_PACED = ("async", "collective", "async-zero2", "async-forward")
 #: forward also the forward's all-gathers
 _FSDP_COLLECTIVES = {"async": 6, "collective": 6, "async-zero2": 3, "async-forward": 9}
 _MESH_STEPS = 300
-_FSDP2_MESH_STEPS = 40
+_FSDP2_MESH_STEPS = 300
 
 
 def _engine(world: int) -> Any:
