@@ -110,7 +110,9 @@ def test_fsdp2_mesh_dumps_give_two_dp_groups_each_with_its_straggler() -> None:
     assert ((arr.loc[odd, 2] - arr.loc[odd, 3]) > 0.05).all()
 
 
-def test_all_gathers_sync_makes_fsdp2_parameter_all_gathers_step_collectives() -> None:
+def test_all_gathers_sync_makes_fsdp2_parameter_all_gathers_step_collectives(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """``all_gathers="sync"``: the DP group's all-gathers join its steps (where an FSDP job's early
     ranks wait for a straggler before forward); the step boundary stays where the gradient
     collectives put it, and a DDP set (no all-gather) imports as before."""
@@ -126,6 +128,9 @@ def test_all_gathers_sync_makes_fsdp2_parameter_all_gathers_step_collectives() -
     assert (_quiet_import(FR / "ddp2", all_gathers="sync")[0].ops).equals(_quiet_import(FR / "ddp2")[0].ops)  # type: ignore[attr-defined]
     with pytest.raises(TraceError, match=r"trace.all_gathers must be one of \['fold', 'sync'\], got 'keep'"):
         import_flight_recorder(FR / "ddp2", all_gathers="keep")
+    assert traces_main(["info", str(FR / "fsdp2_2x2"), "--all-gathers", "sync"]) == 0
+    out = capsys.readouterr().out
+    assert "([9, 9] per step per stage)" in out and "folded into compute" not in out
 
 
 def test_hang_snapshot_reports_who_is_behind_and_refuses_replay() -> None:

@@ -105,6 +105,7 @@ def _load_collective_log(args: argparse.Namespace, fmt: str) -> OpTrace:
             layout=_layout(args),
             timing=args.timing,
             collective_s=args.collective_s,
+            all_gathers=args.all_gathers,
         )
     else:
         from pacectl.traces.nccl_inspector import import_nccl_inspector
@@ -637,6 +638,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="Flight Recorder: earliness from durations (clock-free, TORCH_NCCL_ENABLE_TIMING) or enqueue "
         "times (default auto: durations when every gradient collective has one)",
+    )
+    common.add_argument(
+        "--all-gathers",
+        choices=("fold", "sync"),
+        default="fold",
+        help="Flight Recorder: the DP groups' all-gathers fold into compute (default) or are step "
+        "collectives (sync: an FSDP job, whose early ranks wait for a straggler in them)",
     )
     for flag, what in (("--dp-size", "DP"), ("--tp-size", "TP"), ("--pp-size", "PP")):
         common.add_argument(
