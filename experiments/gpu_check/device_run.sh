@@ -28,7 +28,7 @@ python3 experiments/gpu_check/gpu_check.py --watchdog-s 230 --out "$out/gpu_chec
 gpu_rc=$?
 echo "gpu_check exit code: $gpu_rc"
 if [ "$gpu_rc" -ne 77 ]; then  # CUDA present
-  timeout 80 python3 experiments/bench/bench_fsdp2.py --device cuda --backend gloo --nproc 2 --width 1024 \
+  timeout 80 python3 experiments/bench/bench_fsdp2.py --device cuda --backend gloo --nproc 2 \
     --rounds "${FSDP2_ROUNDS:-20}" --block 5 --out "$out/fsdp2_cuda_gloo_2rank.json"
   echo "bench_fsdp2 exit code: $? (recorded, not judged)"
 fi
