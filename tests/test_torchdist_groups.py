@@ -140,6 +140,16 @@ def _fsdp_rank(rank: int, world: int, port: int, queue: Any) -> None:
         dist.destroy_process_group()
 
 
+def _default_group_ops() -> int:
+    """The default process group's entries in this rank's Flight Recorder (a trusted dump of its own)."""
+    import pickle
+
+    import torch._C._distributed_c10d as c10d
+
+    dump = pickle.loads(c10d._dump_fr_trace(includeStackTraces=False))
+    return sum(1 for e in dump["entries"] if e["process_group"][1] == "default_pg")
+
+
 def _mesh_rank(rank: int, world: int, port: int, queue: Any) -> None:
     os.environ["TORCH_FR_BUFFER_SIZE"] = "100000"  # read by init_process_group: count the default group's ops
     import torch.distributed as dist
@@ -147,14 +157,6 @@ def _mesh_rank(rank: int, world: int, port: int, queue: Any) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from pacectl.torchdist.pacer import Pacer
-
-    def default_group_ops() -> int:
-        import pickle
-
-        import torch._C._distributed_c10d as c10d
-
-        dump = pickle.loads(c10d._dump_fr_trace(includeStackTraces=False))
-        return sum(1 for e in dump["entries"] if e["process_group"][1] == "default_pg")
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timedelta(seconds=30))
@@ -166,7 +168,7 @@ def _mesh_rank(rank: int, world: int, port: int, queue: Any) -> None:
         model = nn.parallel.DistributedDataParallel(nn.Linear(16, 16), process_group=dp)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         pacer = Pacer(_engine(2), group=dp).attach(model)
-        before = default_group_ops()
+        before = _default_group_ops()
         x = torch.randn(4, 16)
         for k in range(_MESH_STEPS):
             if k == 150:
@@ -179,7 +181,7 @@ def _mesh_rank(rank: int, world: int, port: int, queue: Any) -> None:
             model(x).pow(2).mean().backward()
             opt.step()
         pacer.flush()
-        after = default_group_ops()
+        after = _default_group_ops()
         queue.put(
             (
                 rank,
@@ -206,14 +208,6 @@ def _fsdp2_mesh_rank(rank: int, world: int, port: int, queue: Any) -> None:
 
     from pacectl.torchdist.pacer import Pacer
 
-    def default_group_ops() -> int:
-        import pickle
-
-        import torch._C._distributed_c10d as c10d
-
-        dump = pickle.loads(c10d._dump_fr_trace(includeStackTraces=False))
-        return sum(1 for e in dump["entries"] if e["process_group"][1] == "default_pg")
-
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timedelta(seconds=30))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=30))
@@ -224,7 +218,7 @@ def _fsdp2_mesh_rank(rank: int, world: int, port: int, queue: Any) -> None:
         model = _fsdp_model(dp_mesh)  # the same seed: the rows differ by their data and stragglers
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         pacer = Pacer(_engine(2), group=dp).attach(model)
-        before = default_group_ops()
+        before = _default_group_ops()
         gen = torch.Generator().manual_seed(100 + rank)
         for k in range(_FSDP2_MESH_STEPS):
             if k == _FSDP2_MESH_STEPS // 2:
@@ -238,7 +232,7 @@ def _fsdp2_mesh_rank(rank: int, world: int, port: int, queue: Any) -> None:
             model(x).pow(2).mean().backward()
             opt.step()
         pacer.flush()
-        after = default_group_ops()
+        after = _default_group_ops()
         queue.put(
             (
                 rank,
