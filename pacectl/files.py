@@ -10,6 +10,7 @@ pacectl.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -69,15 +70,78 @@ def _existing_ancestor(path: Path) -> Path:
     return next(p for p in (path, *path.parents) if p.is_dir())
 
 
+def remove_tree(path: Path) -> None:
+    """``shutil.rmtree(path)``, errors ignored, that a second Ctrl-C does not cut short: a
+    ``KeyboardInterrupt`` raised while it runs (the first one is being handled) is raised again
+    once the folder is gone."""
+    interrupted: KeyboardInterrupt | None = None
+    while True:
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            break
+        except KeyboardInterrupt as err:
+            interrupted = err
+    if interrupted is not None:
+        raise interrupted
+
+
+#: The folders :func:`staged_outputs` completed in this process, in order (an entry point that is
+#: interrupted says whether its outputs were written).
+committed: list[Path] = []
+
+
+@contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while the block runs (in the main thread; elsewhere nothing is
+    held): one that arrives meanwhile is delivered, to the handler set before, when it ends."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    saved = {sig: signal.signal(sig, lambda signum, _: held.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for sig in dict.fromkeys(held):
+            signal.raise_signal(sig)
+
+
+def _remove_stale_stages(folder: Path, name: str) -> None:
+    """Remove the staging folders for ``name`` in ``folder`` that a process killed outright (``kill
+    -9``, a power cut) left behind: those whose process (its pid in the folder's name) is gone. A
+    staging folder of a live process, or one not named by :func:`staged_outputs`, stays."""
+    for old in folder.glob(f".{name}.staging-*-*"):
+        pid = old.name.removeprefix(f".{name}.staging-").split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            remove_tree(old)
+        except OSError:  # alive, another user's
+            continue
+
+
 @contextmanager
 def staged_outputs(out_dir: str | os.PathLike[str], *, append: Sequence[str] = ()) -> Iterator[Path]:
     """Yield a hidden staging folder; move its files into ``out_dir`` when the block succeeds.
 
     A run writes all its outputs into the staging folder (files, and folders of files such as
-    ``records/``); only when the block succeeds is ``out_dir`` created (with its parents) and are
-    the files moved into place (each with an atomic ``os.replace``), so a failed run leaves none of
-    them, and no folder either. The staging folder lies in the deepest folder of ``out_dir``'s path
-    that exists already (``out_dir`` itself when it exists), so the moves stay on one file system.
+    ``records/``); only when the block succeeds are the folders of ``out_dir``'s path that are
+    missing created and the files moved into place (each with an atomic ``os.replace``), so a
+    failed run leaves none of them. The staging folder lies in the deepest folder of ``out_dir``'s
+    path that exists already, so the moves stay on one file system: ``out_dir`` itself where it
+    exists (``pacectl.run`` and ``pacectl.tune`` create and lock their run folder first, and remove
+    it again when the job fails: :func:`pacectl.cli.run_job`). The staging folder is removed however
+    the block ends (an error, ``KeyboardInterrupt``, ``SystemExit``), and so are the folders this
+    call created for a move that did not complete; staging folders that a killed process left
+    there (``kill -9``: no clean-up runs) are removed when the next run stages beside them, and are
+    never moved into ``out_dir``.
 
     Args:
         out_dir: the run folder.
@@ -89,7 +153,10 @@ def staged_outputs(out_dir: str | os.PathLike[str], *, append: Sequence[str] = (
             NotADirectoryError: an output folder's path is taken by a file (nothing is moved then).
     """
     out = Path(out_dir).absolute()
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=_existing_ancestor(out)))
+    base = _existing_ancestor(out)
+    _remove_stale_stages(base, out.name)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-{os.getpid()}-", dir=base))
+    created: list[Path] = []  # the folders this call made, deepest last
     try:
         yield stage
         files = sorted(p.relative_to(stage) for p in stage.rglob("*") if p.is_file())
@@ -103,15 +170,23 @@ def staged_outputs(out_dir: str | os.PathLike[str], *, append: Sequence[str] = (
                 raise IsADirectoryError(
                     f"output path {out / f} exists and is not a file; remove it or pick another run dir"
                 )
-        for f in files:
-            (out / f).parent.mkdir(parents=True, exist_ok=True)
-            if str(f) in append and (out / f).is_file():
-                with open(out / f, "ab") as target:
-                    target.write((stage / f).read_bytes())
-            else:
-                os.replace(stage / f, out / f)
+        with _interrupts_deferred():  # a Ctrl-C now comes after the last move: all or nothing
+            for f in files:
+                missing = [p for p in (out / f).parents if not p.exists()]
+                (out / f).parent.mkdir(parents=True, exist_ok=True)
+                created.extend(reversed(missing))
+                if str(f) in append and (out / f).is_file():
+                    with open(out / f, "ab") as target:
+                        target.write((stage / f).read_bytes())
+                else:
+                    os.replace(stage / f, out / f)
+            created.clear()  # every file is in place: the folders stay
+            committed.append(out)
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        remove_tree(stage)
+        for folder in reversed(created):  # a move that did not complete: its new folders go, when empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def folder_problem(path: str | os.PathLike[str]) -> str | None:

@@ -207,7 +207,7 @@ def save_figure(fig: Any, path: str | os.PathLike[str]) -> None:
         fig.savefig(tmp, format="png", dpi=110)
 
 
-def draw_in_background(jobs: Sequence[Callable[[], Any]], *, fork: bool | None = None) -> Callable[[], None]:
+def draw_in_background(jobs: Sequence[Callable[[], Any]], *, fork: bool | None = None) -> Pending:
     """Start each plotting job in a forked child process; return ``wait()``, which blocks until all
     are done and raises if one failed.
 
@@ -225,21 +225,21 @@ def draw_in_background(jobs: Sequence[Callable[[], Any]], *, fork: bool | None =
         fork: True or False to force either way where ``os.fork`` exists; None: as above.
 
     Returns:
-        ``wait()``: raises ``RuntimeError`` naming the first failed job's error (its traceback is in
-        the message).
+        ``wait()`` (a :class:`Pending`): raises ``RuntimeError`` naming the first failed job's error
+        (its traceback is in the message); its ``abandon()`` stops the jobs instead.
     """
-    server = _server if _server is not None and _server.owner == os.getpid() else None
+    server = _server if _server is not None and _server.owner == os.getpid() and not _server.gone else None
     inline = server is None and not can_fork()  # the server forks from its own state (no torch)
     if fork is not None and hasattr(os, "fork"):
         inline = not fork
     if inline or len(jobs) == 0:
         for job in jobs:
             job()
-        return lambda: None
+        return Pending(lambda: None)
     if server is not None:
         message = _job_message(jobs)
         if message is not None:
-            return server.submit(message)
+            return Pending(server.submit(message), server.abandon)
     # imported once here, not once per child (each child would pay the import on its own core)
     import matplotlib.backends.backend_agg  # noqa: F401
     import matplotlib.figure  # noqa: F401
@@ -251,29 +251,64 @@ def draw_in_background(jobs: Sequence[Callable[[], Any]], *, fork: bool | None =
         if errors:
             raise RuntimeError(f"drawing a plot failed: {errors[0]}")
 
-    return wait
+    def abandon() -> None:
+        import signal
+
+        for pid, _ in children:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        _collect(children)  # reaped: none of them writes anything any more
+
+    return Pending(wait, abandon)
+
+
+class Pending:
+    """The plots that :func:`draw_in_background` started: call it to wait for them (it raises
+    ``RuntimeError`` naming the first failed plot's error); :meth:`abandon` stops them instead."""
+
+    def __init__(self, wait: Callable[[], None], abandon: Callable[[], None] = lambda: None) -> None:
+        self._wait, self._abandon = wait, abandon
+
+    def __call__(self) -> None:
+        self._wait()
+
+    def abandon(self) -> None:
+        """Stop the plots (an interrupted caller): when it returns no plot process of theirs is left
+        (a plot cut short may leave its temporary file, in the staging folder the caller removes)."""
+        self._abandon()
 
 
 @contextmanager
 def plots_in_background() -> Iterator[Callable[..., None]]:
     """Yield ``draw(*jobs)``, which starts ``jobs`` at once (:func:`draw_in_background`); at the end
-    of the block wait for every plot started in it, raising if one failed. A block that raises
-    waits for them too (so none writes into a staging folder that is being removed), ignoring
-    their errors, and raises its own."""
-    waits: list[Callable[[], None]] = []
+    of the block wait for every plot started in it, raising if one failed. A block that raises an
+    error waits for them too (so none writes into a staging folder that is being removed), ignoring
+    their errors, and raises its own; a block ended by ``KeyboardInterrupt`` (or another
+    ``BaseException``) abandons them instead (:meth:`Pending.abandon`: every plot process is gone
+    when it returns) and raises it."""
+    waits: list[Pending] = []
 
     def draw(*jobs: Callable[[], Any]) -> None:
         waits.append(draw_in_background(jobs))
 
     try:
         yield draw
-    except BaseException:
+    except Exception:
         for wait in waits:
             with contextlib.suppress(Exception):
                 wait()
         raise
-    for wait in waits:
-        wait()
+    except BaseException:  # a Ctrl-C (SIGTERM in pacectl.run): stop the plots, do not wait for them
+        for wait in waits:
+            wait.abandon()
+        raise
+    try:
+        for wait in waits:
+            wait()
+    except BaseException:  # a Ctrl-C while waiting, or a failed plot: none of the others goes on
+        for wait in waits:
+            wait.abandon()
+        raise
 
 
 def _job_message(jobs: Sequence[Callable[[], Any]]) -> bytes | None:
@@ -325,10 +360,12 @@ def _fork_jobs(jobs: Sequence[Callable[[], Any]]) -> list[tuple[int, int]]:
 def _collect(children: list[tuple[int, int]]) -> list[str]:
     """Wait for the children of :func:`_fork_jobs`; the error of each that failed."""
     errors = []
-    for pid, read_fd in children:
+    while children:  # each one reaped is taken off the list (a second call, abandon, skips it)
+        pid, read_fd = children[0]
         with os.fdopen(read_fd, "rb") as pipe:
             message = pipe.read().decode(errors="replace")
         _, status = os.waitpid(pid, 0)
+        children.pop(0)
         if status != 0:
             errors.append(message or f"plot process {pid} ended with status {status}")
     return errors
@@ -452,6 +489,7 @@ class _PlotServer:
         self.owner = os.getpid()
         self.batches = 0
         self.results: dict[int, list[str]] = {}
+        self.gone = False  # abandoned (:meth:`abandon`): the server and its plots are gone
         self.pid = os.fork()
         if self.pid == 0:
             code = 0
@@ -477,16 +515,28 @@ class _PlotServer:
 
         def wait() -> None:
             while batch not in self.results:
-                data = _read_message(self.res)
+                data = None if self.gone else _read_message(self.res)
                 if data is None:
                     raise RuntimeError("drawing a plot failed: the plot server process ended early")
                 done, errors = pickle.loads(data)
-                self.results[done] = errors
+                self.results.setdefault(done, errors)  # a handler's own word before the server's
             errors = self.results.pop(batch)
             if errors:
                 raise RuntimeError(f"drawing a plot failed: {errors[0]}")
 
         return wait
+
+    def abandon(self) -> None:
+        """Stop every batch (an interrupted caller): the server kills each batch's processes and
+        exits; this returns at the end of the results pipe, which every one of them held open, so
+        that none of them is left to write a file. Later plots are forked from this process."""
+        if self.gone:
+            return
+        self.gone = True
+        self.outbox.put(_ABANDON)
+        with contextlib.suppress(OSError):
+            while os.read(self.res, 1 << 16):  # whatever is read (results, a message cut short) is dropped
+                pass
 
     def _send(self) -> None:
         """The writer thread: a batch larger than the pipe's buffer waits there until the server,
@@ -497,7 +547,7 @@ class _PlotServer:
                 _write_message(self.cmd, message)
             except OSError:  # the server is gone: wait() says so
                 return
-            if not message:
+            if not message or message == _ABANDON:
                 return
 
     def close(self) -> None:
@@ -513,28 +563,70 @@ class _PlotServer:
 
 
 def _serve(cmd_r: int, res_w: int, modules: Sequence[str]) -> None:
-    """The plot server's loop: import ``modules`` (in order, while no batch waits), and fork one handler per batch received (it forks a child per plot,
-    :func:`_fork_jobs`, and writes the batch's errors back)."""
+    """The plot server's loop: import ``modules`` (in order, while no batch waits), and fork one
+    handler per batch received (it forks a child per plot, :func:`_fork_jobs`, and writes the
+    batch's errors back).
+
+    The server and every process it forks ignore SIGINT: a Ctrl-C goes to the terminal's whole
+    process group, and the parent decides (it sends :data:`_ABANDON` when it is interrupted, and
+    its block ends the server). Each handler leads its own process group, so that the abandon
+    message kills it with its plots (``killpg``); the server then exits. A handler that ends
+    without writing its result (killed) is reported by the server, from its exit status (reaped
+    on SIGCHLD), so that the parent's ``wait()`` never waits for a result that cannot come.
+    """
     import importlib
     import select
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C ends the parent; its block ends this
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a Python handler: its wakeup byte ends select()
+    signal.set_wakeup_fd(wake_w)
     pending = list(modules)
-    handlers = []
+    handlers: dict[int, int] = {}  # pid -> its batch
+
+    def reap() -> None:
+        while handlers:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            batch = handlers.pop(pid, None)
+            if batch is not None and status != 0:  # no result from it: say so (the parent waits)
+                why = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"status {status >> 8}"
+                error = f"the plot process {pid} of batch {batch} ended with {why} without a result"
+                _write_message(res_w, pickle.dumps((batch, [error])))
+
     while True:
-        if pending and not select.select([cmd_r], [], [], 0)[0]:  # imported while no batch waits
+        ready = select.select([cmd_r, wake_r], [], [], 0 if pending else None)[0]
+        if wake_r in ready:
+            os.read(wake_r, 1 << 12)
+            reap()
+            continue
+        if pending and not ready:  # imported while no batch waits
             with contextlib.suppress(ImportError):  # a job that needs it reports the error
                 importlib.import_module(pending.pop(0))
             continue
         message = _read_message(cmd_r)
         if not message:  # the stop message, or the parent is gone
             break
+        if message == _ABANDON:  # the parent was interrupted: its plots are not wanted
+            for pid in handlers:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+            break
         pid = os.fork()
         if pid == 0:
             code = 0
             try:
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.setpgid(0, 0)
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in (wake_r, wake_w, cmd_r):
+                    os.close(fd)
                 batch = int.from_bytes(message[:8], "little")
                 try:
                     errors = _collect(_fork_jobs(pickle.loads(message[8:])))
@@ -550,10 +642,17 @@ def _serve(cmd_r: int, res_w: int, modules: Sequence[str]) -> None:
                 code = 1
             finally:
                 os._exit(code)
-        handlers.append(pid)
+        with contextlib.suppress(OSError):  # also here: killpg must find its group at once
+            os.setpgid(pid, pid)
+        handlers[pid] = int.from_bytes(message[:8], "little")
+    signal.set_wakeup_fd(-1)
     for pid in handlers:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
+
+
+#: The message that abandons every batch (:meth:`_PlotServer.abandon`); a batch's message is longer.
+_ABANDON = b"\xff" * 8
 
 
 def _write_message(fd: int, data: bytes) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import signal
 import sys
 import time
 import warnings
@@ -712,32 +713,65 @@ _written: list[Path] = []
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point (``pacectl-run``): runs the command line ``argv`` (default: this
-    process's) and returns the exit status: 0, 2 for a user mistake, 130 for Ctrl-C."""
+    process's) and returns the exit status: 0, 2 for a user mistake, 130 for Ctrl-C (SIGINT), 143
+    for SIGTERM (:class:`_Stop`)."""
     _written.clear()
+    commits = len(files.committed)
     args = list(sys.argv[1:] if argv is None else argv)
+    stop = _Stop()
     try:
-        # the plot server imports matplotlib beside this process's imports and work
-        with report.plot_server(enabled=draws_plots(args)):
-            from pacectl import cli
-            from pacectl.config import CONF_DIR
+        with stop:
+            # the plot server imports matplotlib beside this process's imports and work
+            with report.plot_server(enabled=draws_plots(args)):
+                from pacectl import cli
+                from pacectl.config import CONF_DIR
 
-            return cli.main("pacectl.run", CONF_DIR, "config", run_job, validate=_check_config, argv=argv)
+                return cli.main("pacectl.run", CONF_DIR, "config", run_job, validate=_check_config, argv=argv)
     except KeyboardInterrupt:  # the job's folder is cleaned up; say what was written before
         multirun = any(a in ("-m", "--multirun") for a in args)
+        word = "terminated (SIGTERM)" if stop.signum == signal.SIGTERM else "interrupted"
+        written = _written or files.committed[commits:]  # a Ctrl-C held back until its outputs were in place
         if _written and multirun:
             print(
-                f"pacectl.run: interrupted; {len(_written)} sweep job(s) wrote complete outputs (the last: "
+                f"pacectl.run: {word}; {len(_written)} sweep job(s) wrote complete outputs (the last: "
                 f"{_written[-1]}); a job cut short wrote none, and later jobs did not run",
                 file=sys.stderr,
             )
-        elif _written:
+        elif written:
             print(
-                f"pacectl.run: interrupted after the outputs were written; they are complete: {_written[-1]}",
+                f"pacectl.run: {word} after the outputs were written; they are complete: {written[-1]}",
                 file=sys.stderr,
             )
         else:
-            print("pacectl.run: interrupted; no outputs were written", file=sys.stderr)
-        return 130
+            print(f"pacectl.run: {word}; no outputs were written", file=sys.stderr)
+        return 128 + (stop.signum or signal.SIGINT)
+
+
+class _Stop:
+    """Within the block, the first SIGINT or SIGTERM raises ``KeyboardInterrupt`` (SIGTERM is a
+    Ctrl-C too: the run cleans up, says so in one line and exits 128 + 15); later ones are ignored,
+    so that the clean-up they would cut short (the staging folder, the plot processes) runs to its
+    end (``timeout -s INT`` signals the process and then its group: two signals at once). The
+    handlers before are restored at the end. Outside the main thread it does nothing."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.saved: dict[int, Any] = {}
+
+    def _handler(self, signum: int, _frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> None:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self.saved = {sig: signal.signal(sig, self._handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def __exit__(self, *_: object) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def draws_plots(args: Sequence[str]) -> bool:
