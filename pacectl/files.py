@@ -92,8 +92,9 @@ committed: list[Path] = []
 
 @contextmanager
 def _interrupts_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back while the block runs (in the main thread; elsewhere nothing is
-    held): one that arrives meanwhile is delivered, to the handler set before, when it ends."""
+    """Hold back SIGINT and SIGTERM while the block runs, where a Python handler takes them (in the
+    main thread; a signal whose default action ends the process at once is left alone): one that
+    arrives meanwhile is delivered, to that handler, when the block ends."""
     import signal
     import threading
 
@@ -101,30 +102,52 @@ def _interrupts_deferred() -> Iterator[None]:
         yield
         return
     held: list[int] = []
-    saved = {sig: signal.signal(sig, lambda signum, _: held.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    saved = {sig: h for sig in (signal.SIGINT, signal.SIGTERM) if callable(h := signal.getsignal(sig))}
+    for sig in saved:
+        signal.signal(sig, lambda signum, _: held.append(signum))
     try:
         yield
     finally:
         for sig, handler in saved.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        for sig in dict.fromkeys(held):
-            signal.raise_signal(sig)
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(held):
+            signal.raise_signal(signum)
+
+
+def _host() -> str:
+    """This machine's name as a staging folder's name holds it (letters, digits, dots)."""
+    import socket
+
+    return "".join(c if c.isalnum() or c == "." else "_" for c in socket.gethostname()) or "host"
 
 
 def _remove_stale_stages(folder: Path, name: str) -> None:
     """Remove the staging folders for ``name`` in ``folder`` that a process killed outright (``kill
-    -9``, a power cut) left behind: those whose process (its pid in the folder's name) is gone. A
-    staging folder of a live process, or one not named by :func:`staged_outputs`, stays."""
-    for old in folder.glob(f".{name}.staging-*-*"):
-        pid = old.name.removeprefix(f".{name}.staging-").split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
+    -9``, a power cut) left behind: those of this machine whose process (the pid in the folder's
+    name) is gone. A staging folder of a live process, of another machine (a shared file system)
+    or not named by :func:`staged_outputs` stays."""
+    prefix, host = f".{name}.staging-", _host()
+    for old in folder.iterdir():
+        pid, _, rest = old.name.removeprefix(prefix).partition("-")
+        if not old.name.startswith(prefix) or not pid.isdigit() or not rest.startswith(f"{host}-"):
             continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
+        if _gone(int(pid)):
             remove_tree(old)
-        except OSError:  # alive, another user's
-            continue
+
+
+def _gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs here: none, or a zombie (killed, its parent not yet told;
+    read from ``/proc`` where there is one). Another user's live process is not gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 @contextmanager
@@ -155,7 +178,7 @@ def staged_outputs(out_dir: str | os.PathLike[str], *, append: Sequence[str] = (
     out = Path(out_dir).absolute()
     base = _existing_ancestor(out)
     _remove_stale_stages(base, out.name)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-{os.getpid()}-", dir=base))
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-{os.getpid()}-{_host()}-", dir=base))
     created: list[Path] = []  # the folders this call made, deepest last
     try:
         yield stage
