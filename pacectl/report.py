@@ -257,7 +257,12 @@ def draw_in_background(jobs: Sequence[Callable[[], Any]], *, fork: bool | None =
         for pid, _ in children:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        _collect(children)  # reaped: none of them writes anything any more
+        while children:  # reaped: none of them writes anything any more
+            pid, read_fd = children.pop()
+            with contextlib.suppress(OSError):
+                os.close(read_fd)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
     return Pending(wait, abandon)
 
