@@ -738,7 +738,7 @@ def _fixed_margins(fig: Any, *, top_in: float, hspace: float, bottom_in: float =
     """Place ``fig``'s subplots with fixed top and bottom margins, in inches (room for the titles
     above and the x label below), instead of ``layout="constrained"``: that engine measures every
     panel's ticks and legends, twice, before drawing, and the plots are on the main job's critical
-    path (``experiments/bench/README.md``, "The main job's plots"). The left and right margins are
+    path (``experiments/bench/README.md``, "Whole commands"). The left and right margins are
     set from the drawn labels by :func:`_fit_side_margins` once the panels are filled in.
     """
     width, height = fig.get_size_inches()
