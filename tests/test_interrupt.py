@@ -154,11 +154,12 @@ def test_a_signal_in_process_leaves_no_folder(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(report, "write_summary_json", write)
     monkeypatch.setattr(shutil, "rmtree", rmtree)
     out = tmp_path / "run"
+    before = signal.getsignal(signal.SIGINT)  # Python's default, or SIG_IGN under a shell's background job
     proc = run_command(main, [*SMALL_SIM, "output.plots=false", f"hydra.run.dir={out}"], cwd=tmp_path)
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "pacectl.run: interrupted; no outputs were written"
     assert not out.exists() and sent
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler restored
+    assert signal.getsignal(signal.SIGINT) is before  # the handler restored
 
 
 def _plot_server_script(body: str) -> str:
