@@ -1,81 +1,49 @@
-"""The pacing layer: a DDP communication hook, FSDP2's custom reduce-scatter and a thin ``all_reduce``
+"""The pacing layer: a DDP communication hook, FSDP2's custom collectives and a thin ``all_reduce``
 wrapper. Model code is unchanged.
-
-FSDP2 (``fully_shard``): :meth:`Pacer.attach` installs :class:`PacedReduceScatter` and
-:class:`PacedAllGather` (``set_custom_reduce_scatter``, ``set_custom_all_gather``) on every sharded
-module. Every collective is a sync point in FSDP2, and the early rank waits in the first one after a
-straggle, so where to pace is a choice (``fsdp2_paced``):
-
-- ``"forward"`` (default): the iteration's first collective, the all-gather that unshards the first
-  unit (FSDP2 reshards after backward, so every forward begins with one). A straggle before forward
-  (data loading; the built-in workload's injected one) shows there, not later: measured on CPU/gloo,
-  2 ranks, rank 1 sleeping 30 ms before forward, the arrival spread at the first backward
-  collective was 1.8 ms (median; before this setting existed, when the first reduce-scatter was
-  paced and the workload did not reshard; one run, not recorded).
-- ``"backward"``: the backward's first collective. With FSDP2's default ``reshard_after_forward``
-  (every unit but the root reshards) an all-gather (the last resharded unit's pre-backward unshard,
-  or its prefetch by the root), which comes before the first reduce-scatter and is where the early
-  rank waits after a straggle between forward and backward (before it was measured here, only the
-  first reduce-scatter was paced: behind a 30 ms straggler the two ranks' arrivals there were
-  within 2 ms, and nothing was paced); without resharding the first gradient reduce-scatter.
-
-Asynchronous all-gathers (``unshard_async_op``, whose wait is not in the call) and forwards under
-``no_grad`` pass through unpaced and unrecorded; every other collective of the iteration is one slot
-of its marks, the paced one first (``tests/test_torchdist_groups.py`` checks both choices and both
-resharding settings). The iteration ends with the backward (an autograd-engine callback queued by its
-first collective). Everything else below is the same (the exchange runs on the pacer's group, which
-must be the one FSDP2 shards on). On CUDA the delay goes on the stream the paced collective is issued
-on (FSDP2's all-gather stream for an all-gather); that path has not run on a GPU yet.
 
 Per iteration, on every rank:
 
-1. Before the first gradient bucket's collective (bucket index 0; DDP rebuilds its buckets after
-   iteration 0, so bucket 0 of iteration 0 differs from later ones), apply this rank's pacing delay:
-   - CPU/gloo: a sleep on the calling thread (for DDP on CPU the hook runs on the training thread,
-     so the backward pass after bucket 0 waits too), finished by a short spin for precision;
-   - CUDA/NCCL: a device-side wait, ``torch.cuda._sleep(cycles)`` on a side "pacing" stream that the
-     collective is issued on; the host and the compute stream are not blocked.
-   Then record ``enter``; the future's completion records ``exit``. On CUDA both are events on
-   the device, timed from an event marking the iteration start, so the arrival includes the
+1. Before the iteration's first collective (DDP: gradient bucket 0; DDP rebuilds its buckets after
+   iteration 0, so bucket 0 of iteration 0 differs from later ones), apply this rank's delay:
+   - CPU/gloo: a sleep on the calling thread, finished by a short spin for precision (for DDP on
+     CPU the hook runs on the training thread, so the backward pass after bucket 0 waits too);
+   - CUDA/NCCL: a device-side wait, ``torch.cuda._sleep(cycles)`` on a side "pacing" stream that
+     the collective is issued on (:class:`DeviceDelay`); host and compute stream are not blocked.
+   Then record ``enter``; the future's completion records ``exit``. On CUDA both are events on the
+   device, timed from an event marking the iteration start, so the arrival includes the
    device-side delay as it includes the host delay on CPU.
 2. Exchange the per-rank figures :data:`~pacectl.torchdist.core.GATHER_FIELDS` of the iteration as
    one-hot rows (:func:`~pacectl.torchdist.core.one_hot_row`): a sum all-reduce of them is an exact
-   all-gather, so every rank gets the bit-identical table. Three modes (``gather=``), compared in
-   ``experiments/bench/bench_torchdist.py``. The default ``"auto"`` is ``"async"`` on gloo and
-   ``"piggyback"`` on NCCL (:func:`~pacectl.torchdist.core.resolve_gather` gives the measurements:
-   on CPU both cost the same wall time, and async's decisions are one iteration fresher, which
-   matters on real step times, ``experiments/staleness``):
+   all-gather, so every rank gets the bit-identical table. Three modes (``gather=``); ``"auto"`` is
+   ``"async"`` on gloo and ``"piggyback"`` on NCCL (:func:`~pacectl.torchdist.core.resolve_gather`
+   says why). Their costs, from ``experiments/bench/bench_torchdist.py``, are in
+   ``experiments/bench/README.md``.
 
-   - ``"async"``: at the end of the gradient sync of iteration ``k`` (an autograd-engine
-     callback queued by the hook, before DDP's own finalisation) one tiny sum all-reduce of the rows
-     is issued *without waiting for it*. Every rank has just left the last bucket together, so nobody
+   - ``"async"``: at the end of the gradient sync of iteration ``k`` (an autograd-engine callback
+     queued by the hook, before DDP's own finalisation) one tiny sum all-reduce of the rows is
+     issued *without waiting for it*. Every rank has just left the last bucket together, so nobody
      waits in it: it completes during the optimizer step and the forward pass of ``k + 1``, and on
      CPU its completion callback decodes the rows and runs the controller on the communication
-     thread. The hook of bucket 0 of ``k + 1`` only checks that it is done (it normally is) before
-     applying the delay. Decisions are one iteration stale; no gradient bytes are copied.
+     thread. Bucket 0 of ``k + 1`` only checks that it is done before applying the delay.
+     Decisions are one iteration stale; no gradient bytes are copied.
    - ``"piggyback"``: the rows ride on a gradient all-reduce that happens anyway: the *carrier*,
-     the smallest bucket (in bytes) of the previous iteration's layout, which DDP keeps identical on
-     every rank (bucket 0 in iteration 1, before DDP's rebuilt layout is known; bucket 0 itself
-     often holds an output layer, a language model's largest tensor). Its hook in iteration
-     ``k + 1`` all-reduces ``cat([bucket * (1 / world), rows of k])`` instead of the bucket alone
-     (only the gradient part is averaged). The future returns a view of the gradient part (DDP
-     copies a hook's result into the gradients anyway), and on CPU its completion callback decodes
-     the rows and runs the controller on the communication thread while the backward pass of
-     ``k + 1`` goes on (CUDA: staged to the host without a sync, decoded at the first bucket of
-     ``k + 2``, see ``cuda_resolve``). No extra collective; the cost is a few hundred bytes on
-     the carrier and one copy of it: for a model whose gradients fit in one 25 MB bucket, a copy
-     of them all (17 MB: 0.9 ms of hook CPU per iteration on the benchmark machine). With
+     the smallest bucket (in bytes) of the previous iteration's layout, the same on every rank
+     (bucket 0 in iteration 1; bucket 0 itself often holds an output layer, a language model's
+     largest tensor). Its hook in ``k + 1`` all-reduces ``cat([bucket * (1 / world), rows of k])``
+     (only the gradient part is averaged) and returns a view of the gradient part (DDP copies a
+     hook's result into the gradients anyway). On CPU the completion callback decodes and decides
+     on the communication thread while the backward pass goes on; on CUDA the rows are staged to
+     the host without a sync and decoded at the first bucket of ``k + 2`` (``cuda_resolve``). No
+     extra collective: the cost is a few hundred bytes and one copy of the carrier. With
      ``piggyback_max_bytes`` set, a larger carrier is not copied: the rows go in one tiny
-     all-reduce issued beside it, in the same hook call, decoded when both complete. That saves the
-     copy's CPU but adds a collective; on the benchmark machine (4 gloo ranks on 2 cores) it cost
-     +1.9 % [-0.2, +3.4] more wall time than appending (record ``torchdist_beside_ab.json``), so
-     appending stays the default. The price is one more iteration of lag: the observation of
-     iteration ``k`` is decided on during ``k + 1`` and its delay applies from ``k + 2``. Float32 buckets carry each float64 figure as a (hi, lo) float32 pair (about 48
-     bits kept; every rank decodes the same bits); float64 buckets carry it as is; other dtypes
-     (fp16/bf16) fall back to collective mode with a warning, on every rank at the same iteration.
-   - ``"collective"``: the same tiny all-reduce as ``"async"``, but blocking, and decided on at once
-     on the training thread: one round trip on the critical path per exchange. Decisions are one
-     iteration stale.
+     all-reduce issued beside it in the same hook call, decoded when both complete (no copy, one
+     more collective; appending stays the default). Decisions are one iteration more stale: the
+     observation of ``k`` is decided on during ``k + 1`` and paces ``k + 2``. Float32 buckets
+     carry each float64 figure as a (hi, lo) float32 pair (:func:`encode_rows`), float64 buckets
+     as is; other dtypes (fp16/bf16) fall back to collective mode with a warning, on every rank
+     at the same iteration.
+   - ``"collective"``: the tiny all-reduce of ``"async"``, but blocking, and decided on at once on
+     the training thread: one round trip on the critical path per exchange. One iteration stale.
 
    Every rank then builds the same :class:`~pacectl.types.Observation` and runs the same guarded
    controller (:class:`~pacectl.torchdist.core.DecisionEngine`): identical decisions, nobody waits
@@ -85,10 +53,25 @@ Per iteration, on every rank:
 3. Runtime control (switch off, retune) without restart: rank 0 polls a JSON file every
    ``control_poll_iters`` iterations (or takes :meth:`Pacer.request_control`) and publishes a version
    number in its row; when the exchanged version grows, every rank (same iteration, same table) takes
-   part in one ``broadcast_object_list`` of the new messages and applies them, on the training
-   thread (collectives are issued from it only, in the same order on every rank). This broadcast
-   happens only when a new version appears. See
+   part in one ``broadcast_object_list`` of the new messages and applies them on the training thread
+   (collectives are issued from it only, in the same order on every rank). See
    :func:`~pacectl.torchdist.core.validate_control` for the message.
+
+FSDP2 (``fully_shard``): :meth:`Pacer.attach` installs :class:`PacedReduceScatter` and
+:class:`PacedAllGather` on every sharded module. Every collective is a sync point in FSDP2, and the
+early rank waits in the first one after a straggle, so where to pace is a choice (``fsdp2_paced``):
+``"forward"`` (default), the forward's first all-gather (FSDP2 reshards after backward, so every
+forward begins with one), where a straggle before forward (data loading) shows; or ``"backward"``,
+the backward's first collective, where a straggle between forward and backward shows: with FSDP2's
+default ``reshard_after_forward`` an all-gather (the last resharded unit's pre-backward unshard, or
+its prefetch by the root), without resharding the first gradient reduce-scatter. Asynchronous
+all-gathers (``unshard_async_op``) and forwards under ``no_grad`` pass through unpaced and
+unrecorded; every other collective of the iteration is one slot of its marks, the paced one first
+(``tests/test_torchdist_groups.py`` checks both choices and both resharding settings). The
+iteration ends with the backward (an autograd-engine callback queued by its first collective). The
+exchange runs on the pacer's group, which must be the one FSDP2 shards on. On CUDA the delay goes on
+the stream the paced collective is issued on (FSDP2's all-gather stream for an all-gather); that
+path has not run on a GPU yet.
 
 A dead rank makes the next collective fail (gloo: closed connection) or time out after the process
 group timeout; the exception leaves ``backward()`` and the launcher stops the job with that error.
@@ -348,36 +331,25 @@ class Pacer:
         group: process group (default: the world, one pacing domain for pure DP).
         spin_s: busy-wait tail of the host delay, seconds.
         gather_every: exchange the per-rank figures every this many iterations, >= 1.
-        gather: ``"auto"`` (default: ``"async"`` on gloo, ``"piggyback"`` on NCCL, see
-            :func:`~pacectl.torchdist.core.resolve_gather`), ``"piggyback"`` (on the smallest
-            gradient bucket of the next iteration, no extra collective, one more iteration of
-            decision lag), ``"async"`` (one tiny all-reduce at the end of the gradient sync, not
-            waited for) or ``"collective"`` (the tiny all-reduce, blocking). :attr:`gather` holds
-            the resolved mode.
+        gather: ``"auto"`` (default), ``"piggyback"``, ``"async"`` or ``"collective"`` (see the module
+            doc); :attr:`gather` holds the resolved mode.
         control_path: JSON file rank 0 watches for runtime control, or None.
         control_poll_iters: poll the file every this many iterations.
         device_delay: ``"auto"`` (device-side on CUDA tensors, host sleep otherwise), ``"host"``.
-        piggyback_max_bytes: on CPU, a carrier bucket larger than this (bytes) is not copied to append
-            the rows: they go in one tiny all-reduce issued beside it, in the same hook call (see the
-            module doc). None (default): always append. CUDA always appends (the copy is a few
-            microseconds of device memory traffic).
-        cuda_resolve: on CUDA in piggyback mode (the NCCL default), when the host waits for an
-            iteration's device times and decides on the carried figures: ``"next_iteration"``
-            (default: at the next iteration's first bucket, before its delay is applied, so the
-            device runs the optimizer step and the next forward pass meanwhile) or
-            ``"iteration_end"`` (at the end of the gradient sync: the device idles while the host
-            decides). Same figures, same decisions, same lag; only where the host waits (a control
-            requested between iterations rides one iteration earlier). The async and collective
-            modes always resolve at the iteration's end (see :meth:`_defers`). Ignored on CPU. Must
-            be the same on every rank (it decides where a control's broadcast is issued).
-        fsdp2_paced: for an FSDP2 model, which collective is paced: ``"forward"`` (default: the
-            iteration's first collective, the forward's first all-gather, as DDP's bucket 0 is the
-            first of its iteration; where a straggle before forward, such as data loading, shows:
-            FSDP2 reshards after backward, so every forward begins with an all-gather) or
-            ``"backward"`` (the backward's first collective: where a straggle between forward and
-            backward shows; with FSDP2's default resharding after forward an all-gather too). One
-            delay per iteration can absorb the straggle at one of them only: pacing at the other
-            one moves the wait, it does not remove it.
+        piggyback_max_bytes: on CPU, a carrier bucket larger than this (bytes) is not copied: the rows
+            go in a tiny all-reduce beside it (module doc). None (default): always append. CUDA always
+            appends (the copy is a few microseconds of device memory traffic).
+        cuda_resolve: on CUDA in piggyback mode, where the host waits for an iteration's device times
+            and decides on the carried figures: ``"next_iteration"`` (default: at the next iteration's
+            first bucket, before its delay is applied, so the device runs the optimizer step and the
+            next forward meanwhile) or ``"iteration_end"`` (at the end of the gradient sync: the device
+            idles while the host decides). Same figures, decisions and lag (a control requested between
+            iterations rides one iteration earlier); the async and collective modes always resolve at
+            the iteration's end (:meth:`_defers`). Ignored on CPU. The same on every rank (it decides
+            where a control's broadcast is issued).
+        fsdp2_paced: for an FSDP2 model, the paced collective: ``"forward"`` (default) or ``"backward"``
+            (module doc). One delay per iteration absorbs the straggle at one of them only: pacing at
+            the other moves the wait, it does not remove it.
 
     Raises:
         ConfigError: a bad setting (:class:`~pacectl.torchdist.core.PacingConfig`: an unknown
@@ -427,9 +399,8 @@ class Pacer:
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         # Averaging multiplies by the reciprocal, as DDP does without a hook: the gradients stay
-        # bit-identical to plain DDP's (torch's own ``allreduce_hook`` divides, which differs in
-        # the last bit for world sizes that are not powers of two). Not faster in the benchmark:
-        # the extra pass over the bucket is memory-bound either way (record torchdist_mul.json).
+        # bit-identical to plain DDP's (torch's ``allreduce_hook`` divides: the last bit differs for
+        # world sizes that are not powers of two).
         self._inv_world = 1.0 / self.world_size
         if engine.num_ranks != self.world_size:
             raise ConfigError(
@@ -600,10 +571,8 @@ class Pacer:
             self._complete_closed()
         self.observations: list[Observation] = []
         self.decisions: list[np.ndarray] = []
-        #: how each decision had the ranks wait in the collective (``Action.wait``). Recorded, not
-        #: enacted: on gloo a waiting rank already blocks (epoll, a condition variable), on NCCL the
-        #: waiting is the GPU kernel's and the proxy thread's, which the host cannot put to sleep
-        #: (:mod:`pacectl.controllers.sleep_wait`)
+        #: how each decision had the ranks wait in the collective (``Action.wait``): recorded, not
+        #: enacted (:mod:`pacectl.controllers.sleep_wait` says why)
         self.waits: list[str] = []
         self.diagnostics: list[dict[str, float]] = []
         self._raw_marks: list[tuple[Any, ...]] = []
@@ -624,28 +593,25 @@ class Pacer:
         #: decision, this iteration's figures exchanged), s; on CUDA it includes the wait for the device
         self.complete_s: list[float] = []
         #: the measured length of each delay applied (one per iteration), s: on CPU the host delay;
-        #: on CUDA the device-side wait, from an event queued just before it to the enter event
-        #: (``torch.cuda._sleep`` counts SM cycles, so a clock below the calibration's lengthens it).
+        #: on CUDA the device-side wait, from an event queued just before it to the enter event.
         self.delay_actual_s: list[float] = []
 
     @property
     def marks(self) -> list[dict[str, Any]]:
-        """Per-iteration marks of this rank (local clock, seconds from the iteration start).
+        """Per-iteration marks of this rank (local clock, seconds from the iteration start): the input
+        of :func:`~pacectl.torchdist.core.marks_to_ops`.
 
-        Keys: ``forward_end_s`` (the DDP forward's end; the first hook call if the forward hook did
-        not fire), ``hook_call_s``, ``hook_return_s``, ``enter_s``, ``exit_s`` (one per bucket),
-        ``backward_end_s`` (every bucket done), ``sync_exit_s`` (exchange and decision done: the next
-        iteration's start; on CUDA it equals ``backward_end_s``, the decision's host time being
-        device idle inside the next iteration or overlapped by it), ``applied_delay_s`` and ``decisions_before`` (decisions logged before
-        this iteration's delay was applied). The input of
-        :func:`~pacectl.torchdist.core.marks_to_ops`. Also ``start_clock_s``, the iteration's start
-        on the host's ``time.perf_counter`` clock (a system-wide monotonic clock on Linux: comparable
-        across the ranks of one host, see :func:`~pacectl.torchdist.core.shared_clock_marks`), and
-        ``restarted``: the iteration's clock was started by :meth:`align`, not by the previous
-        iteration's exit.
-        On CUDA ``enter_s``, ``exit_s``, ``backward_end_s`` and ``sync_exit_s`` are device times, one
-        chain from :meth:`align` (see :meth:`_device_clock_start`); ``forward_end_s``,
-        ``hook_call_s`` and ``hook_return_s`` are the host's, which may run up to an iteration ahead.
+        Keys: ``forward_end_s`` (the forward's end; the first hook call if the forward hook did not
+        fire), ``hook_call_s``, ``hook_return_s``, ``enter_s``, ``exit_s`` (one per collective),
+        ``backward_end_s`` (every collective done), ``sync_exit_s`` (exchange and decision done: the
+        next iteration's start; on CUDA equal to ``backward_end_s``), ``applied_delay_s``,
+        ``decisions_before`` (decisions logged before this iteration's delay was applied),
+        ``start_clock_s`` (the iteration's start on ``time.perf_counter``, system-wide on Linux:
+        comparable across the ranks of one host, :func:`~pacectl.torchdist.core.shared_clock_marks`)
+        and ``restarted`` (the clock was started by :meth:`align`, not by the previous exit). On CUDA
+        ``enter_s``, ``exit_s``, ``backward_end_s`` and ``sync_exit_s`` are device times, one chain
+        from :meth:`align` (:meth:`_device_clock_start`); the hook marks are the host's, which may
+        run up to an iteration ahead.
         """
         out = []
         prev_exit = float("nan")
@@ -673,13 +639,10 @@ class Pacer:
     def flush(self) -> None:
         """Exchange the figures still pending (one collective) and decide on them. Every rank calls it.
 
-        On CUDA it also completes an iteration left for its next one (``cuda_resolve``): its marks,
-        measured delay and figures are logged only then.
-
-        Use it between iterations: at the end of training or of an episode, so that every iteration
+        Use it between iterations, at the end of training or of an episode, so that every iteration
         has its observation and decision (piggyback mode always leaves the last iteration's figures
-        pending; ``gather_every > 1`` leaves up to ``gather_every - 1``). No-op when nothing is pending
-        (the same on every rank: every rank has run the same iterations).
+        pending, ``gather_every > 1`` up to ``gather_every - 1``; on CUDA an iteration left for its
+        next one, ``cuda_resolve``, is logged only then). No-op when nothing is pending.
         """
         self._complete_closed()
         self._settle_exchange()
@@ -819,21 +782,12 @@ class Pacer:
         return buf
 
     def _launch(
-        self,
-        buf: torch.Tensor,
-        t_call: float,
-        *,
-        first: bool,
-        average: bool = True,
-        in_place: bool = False,
+        self, buf: torch.Tensor, t_call: float, *, first: bool, average: bool = True, in_place: bool = False
     ) -> torch.futures.Future[torch.Tensor]:
         """Apply the delay (first collective only), issue the all-reduce, timestamp enter and exit.
 
-        In piggyback mode the carrier collective all-reduces ``cat([buf (averaged), rows])``. The
-        future returns the gradient part of that buffer (a view: DDP copies a hook's result into
-        the gradients anyway), or with ``in_place`` copies it back into ``buf`` and returns ``buf``.
-        On CPU the piggybacked rows are decoded and decided on in the future's completion callback,
-        on the communication thread, while the backward pass goes on (see :meth:`_on_piggyback_exit`).
+        The carrier's future returns the gradient part of ``cat([buf (averaged), rows])`` (module
+        doc), or with ``in_place`` copies it back into ``buf`` and returns ``buf``.
         """
         if buf.is_cuda and self.device_delay_mode == "auto":
             return self._launch_cuda(buf, t_call, first=first, average=average, in_place=in_place)
@@ -872,11 +826,8 @@ class Pacer:
     def _on_piggyback_exit(
         self, slot: int, buf: torch.Tensor, in_place: bool, fut: torch.futures.Future[Any]
     ) -> torch.Tensor:
-        """Completion callback of the carrier bucket (CPU): timestamp, decide, return the gradients.
-
-        Deciding here takes the decode and the controller off the training thread: on the
-        communication thread, while the backward pass computes the next buckets.
-        """
+        """Completion callback of the carrier bucket (CPU): timestamp, decide (off the training thread,
+        while the backward pass computes the next buckets), return the gradients."""
         self._exit[slot] = now()
         self._decide_off_thread(*self._decode_inflight())
         return _gradient_part(fut.value()[0], buf, in_place)
@@ -944,13 +895,11 @@ class Pacer:
         pace the first, stamp each. ``run()`` issues it synchronously.
 
         The first call begins the iteration (with ``fsdp2_paced="forward"`` its call time is also the
-        ``forward_end`` mark: what comes before the first collective is the record's forward
-        compute, the rest compute between collectives). The first call in backward queues the
-        iteration's end (an autograd-engine callback, after FSDP2's own final callback, which every
-        pre-backward hook queues before it unshards: the last reduce-scatters are in). CPU/gloo:
-        the delay is a host sleep on the training thread, then the collective runs to its end.
-        CUDA: the delay is a device-side wait on the current stream, which is the one FSDP2 issues
-        the collective on; the host is not blocked, and CUDA events time the collective.
+        ``forward_end`` mark: the record's forward compute is what comes before it). The first call
+        in backward queues the iteration's end (an autograd-engine callback, after FSDP2's own final
+        callback, which every pre-backward hook queues before it unshards: the last reduce-scatters
+        are in). On CUDA the delay is a device-side wait on the current stream, the one FSDP2 issues
+        the collective on (:meth:`_fsdp2_collective_cuda`).
         """
         t_call = now()
         first = not self._fsdp2_open
@@ -1027,11 +976,8 @@ class Pacer:
     # ---------------------------------------------------------------------- end of the iteration
     def _end_iteration(self) -> None:
         """End of the gradient sync: close the iteration's log, then exchange the figures and decide
-        the next delay, identically on every rank. On CUDA in piggyback mode with
-        ``cuda_resolve="next_iteration"`` (:meth:`_defers`) that second part waits for the next
-        iteration's first bucket (:meth:`_begin_iteration`) or :meth:`flush`: the host does not
-        wait for the device here, and the device runs the optimizer step and the next forward pass
-        while the host works out the decision."""
+        the next delay, identically on every rank. When :meth:`_defers`, that second part waits for
+        the next iteration's first bucket (:meth:`_begin_iteration`) or :meth:`flush`."""
         self._complete_closed()  # (none pending: every iteration begins in _begin_iteration)
         for fut in self._futures:
             fut.wait()  # CPU: blocks; CUDA: orders the current stream after the collectives
@@ -1055,8 +1001,8 @@ class Pacer:
 
     @staticmethod
     def _on_device(closed: _ClosedIteration) -> bool:
-        """Whether the iteration's collectives ran on CUDA (the multi-rank tests say yes on CPU, to
-        check the deferred bookkeeping, which is device-agnostic)."""
+        """Whether the iteration's collectives ran on CUDA (tests patch it to check the deferred
+        bookkeeping on CPU)."""
         return bool(closed.cuda_events)
 
     def _close_iteration(self) -> _ClosedIteration:
@@ -1339,10 +1285,8 @@ class PacedReduceScatter(_PacedComm, _ReduceScatterBase):  # type: ignore[misc,v
 
     :meth:`Pacer.attach` installs it on every sharded module. FSDP2 (torch 2.13,
     ``_fsdp_collectives.foreach_reduce``) calls it with keyword arguments, on its reduce-scatter
-    stream, synchronously: ``comm(output_tensor=..., input_tensor=..., group=..., op=...)``; the
-    signature below is the interface's (``torch.distributed.fsdp._fully_shard._fsdp_api.ReduceScatter``).
-    Gradient scaling stays FSDP2's (its pre/post-divide factors and ``op``): the gradients are
-    bit-identical to plain FSDP2's.
+    stream, synchronously; the signature is the interface's (``_fsdp_api.ReduceScatter``). Gradient
+    scaling stays FSDP2's (``op`` and its pre/post-divide factors): gradients are bit-identical.
 
     Args:
         pacer: the :class:`Pacer` that paces and measures.
@@ -1373,24 +1317,17 @@ class PacedAllGather(_PacedComm, _AllGatherBase):  # type: ignore[misc,valid-typ
 
     :meth:`Pacer.attach` installs it on every sharded module that has parameters. FSDP2 (torch 2.13,
     ``_fsdp_collectives.foreach_all_gather``) calls it with keyword arguments, on its all-gather
-    stream: ``comm(output_tensor=..., input_tensor=..., group=..., async_op=...)``. A synchronous
-    call in backward (the autograd engine runs a graph task: pre-backward unshards and their
-    prefetches, an activation checkpoint's recomputation) or, with ``fsdp2_paced="forward"``, in a
-    forward under grad mode is one of the iteration's collectives
-    (:meth:`Pacer._fsdp2_collective`: the first is paced). Other all-gathers (a forward under
-    ``no_grad``, asynchronous ones) run as FSDP2's default does (``all_gather_single``), unpaced and
-    unrecorded.
+    stream. A synchronous call in backward (pre-backward unshards and their prefetches, an
+    activation checkpoint's recomputation) or, with ``fsdp2_paced="forward"``, in a forward under
+    grad mode is one of the iteration's collectives (:meth:`Pacer._fsdp2_collective`); other
+    all-gathers run as FSDP2's default does (``all_gather_single``), unpaced and unrecorded.
 
     Args:
         pacer: the :class:`Pacer` that paces and measures.
     """
 
     def __call__(
-        self,
-        output_tensor: torch.Tensor,
-        input_tensor: torch.Tensor,
-        group: Any,
-        async_op: bool = False,
+        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool = False
     ) -> Any:
         """All-gather ``input_tensor`` into ``output_tensor`` on ``group``: in backward paced and timed.
 
