@@ -59,8 +59,7 @@ def is_peer_error(text: str) -> bool:
 
 
 #: Per-rank figures exchanged once per iteration (one float64 each), in this order; see
-#: :mod:`pacectl.torchdist.pacer` for the three ways (a tiny all-reduce, async or blocking, or
-#: piggybacked on bucket 0).
+#: :mod:`pacectl.torchdist.pacer` for the three ways.
 GATHER_FIELDS = (
     "arrival_local_s",  # enter of the paced collective minus the iteration start, local clock
     "in_collective_s",  # exit minus enter of the paced collective, local clock
@@ -89,9 +88,8 @@ def gather_row(**figures: float) -> list[float]:
 GATHER_MODES = ("auto", "piggyback", "async", "collective")
 
 
-#: The process-group backend of the built-in job (``python -m pacectl.run backend=torch``): CPU
-#: ranks over gloo. A training loop of your own on NCCL attaches a :class:`~pacectl.torchdist.pacer.Pacer`,
-#: which resolves ``gather=auto`` from its own process group.
+#: The process-group backend of the built-in job (``python -m pacectl.run backend=torch``); a
+#: :class:`~pacectl.torchdist.pacer.Pacer` resolves ``gather=auto`` from its own process group.
 BUILTIN_DIST_BACKEND = "gloo"
 
 
@@ -99,17 +97,13 @@ def resolve_gather(mode: str, dist_backend: str) -> str:
     """The exchange a ``gather`` mode means on a process-group backend: ``auto`` is ``piggyback``
     on NCCL and ``async`` otherwise (gloo); other modes are themselves.
 
-    Why: on CPU/gloo both cost the same wall time with a core per rank (record
-    ``experiments/bench/results/torchdist_2rank_async.json``: +2.1 % [+1.4, +3.0] and +2.3 %
-    [+1.4, +3.2] of plain DDP) and ``async`` takes a third less hook CPU, while its decisions are
-    one iteration fresher, which kept the threshold controller's gain on real step times (+0.67 %
-    at lag 1 against +0.18 % at piggyback's lag 2, ``experiments/staleness``). On CUDA the async
-    exchange makes the host wait for the device twice per iteration (the iteration's end, where
-    async resolves the device times, and its decode at the next first bucket, which waits for the
-    forward pass queued before it), while piggybacked rows are staged to the host without a sync
-    and decoded at the next iteration's first bucket:
-    on an H200 at a 63 ms iteration, +1.28 ms against +0.20 ms per iteration with zero delays
-    (``experiments/gpu_check/README.md``).
+    Why: on CPU/gloo both cost the same wall time with a core per rank, ``async`` takes less hook
+    CPU, and its decisions are one iteration fresher. On CUDA the async exchange makes the host
+    wait for the device twice per iteration (at the iteration's end, where it resolves the device
+    times, and at the decode, which waits for the forward pass queued before it), while
+    piggybacked rows are staged to the host without a sync. The measurements:
+    ``experiments/staleness/README.md`` ("Why ``gather=auto``...") and
+    ``experiments/gpu_check/README.md``.
 
     Args:
         mode: one of :data:`GATHER_MODES`.
@@ -192,12 +186,11 @@ class ProbeSpec(Checked):
 
     On each chosen rank and iteration, with probability ``prob``, the rank sleeps ``U(0,
     max_delay_s)`` seconds between its forward and its backward, so its arrival at every gradient
-    bucket's collective moves by that much, as a host pacing delay (a sleep that also holds back
-    backward) moves it. The schedule depends only on the experiment seed, so every controller run of
-    a job gets the same probes, as it gets the same straggler schedule; the delays are variation the
-    controller did not cause, from which the response of a collective's completion to a delay can be
-    estimated (``experiments/probe``). They are recorded: as compute in the canonical record (the
-    first backward segment), and per iteration and rank in ``<record_dir>/<controller>.episode.pkl``
+    bucket's collective moves by that much, as a host pacing delay moves it. The schedule depends
+    only on the experiment seed (the same probes in every controller run of a job): variation no
+    controller caused, from which the response of a collective's completion to a delay can be
+    estimated (``experiments/probe``). Recorded as compute in the canonical record (the first
+    backward segment), and per iteration and rank in ``<record_dir>/<controller>.episode.pkl``
     (``probe_s`` as scheduled, ``probe_actual_s`` as slept).
 
     Attributes:
@@ -225,12 +218,8 @@ class PacingConfig(Checked):
     """``backend.pacing``: the pacing layer's settings, also :class:`~pacectl.torchdist.pacer.Pacer`'s
     keyword arguments of the same names (see it for each).
 
-    ``spin_s``: the busy-wait tail of the host delay (precision against CPU). ``gather``: how the
-    per-rank figures are exchanged (:func:`resolve_gather`), every ``gather_every`` iterations
-    (staler decisions: on real step times k=10 turned gains into losses, ``experiments/staleness``).
-    ``piggyback_max_bytes``: on CPU a larger carrier bucket is not copied, the figures go in a tiny
-    all-reduce beside it. ``control_path``: the JSON file rank 0 watches (``{"enabled": false}`` or
-    ``{"controller": {...}}``), polled every ``control_poll_iters`` iterations.
+    ``gather_every`` > 1 makes decisions staler (``experiments/staleness``); ``control_path``: the
+    JSON file rank 0 watches (``{"enabled": false}`` or ``{"controller": {...}}``).
     """
 
     section: ClassVar[str] = "backend.pacing"
@@ -444,10 +433,8 @@ def observation_from_table(iteration: int, table: FloatArray) -> Observation:
         table: ``float64[num_ranks, NUM_GATHER_FIELDS]``, columns :data:`GATHER_FIELDS`, seconds.
 
     Returns:
-        The :class:`~pacectl.types.Observation` of the one pacing domain (the whole world, pure DP).
-        ``iteration_time_s`` is the latest ``backward_end_s`` (the gradient sync ends together).
-
-    The formulas are in the module docstring (earliness from waits).
+        The :class:`~pacectl.types.Observation` of the one pacing domain (the whole world, pure DP),
+        by the module docstring's formulas; ``iteration_time_s`` is the latest ``backward_end_s``.
     """
     arrival_local = table[:, COLUMN["arrival_local_s"]]
     in_coll = table[:, COLUMN["in_collective_s"]]
@@ -782,9 +769,8 @@ def marks_to_ops(
       these stamps whether buckets ran one after the other (NCCL's one stream) or overlapped (gloo's
       two worker threads: a later bucket can finish first). ``serialize_buckets`` instead starts
       each at ``max(enter_j, exit_{j-1})``;
-    - ``optimizer-clip-main-grad`` 0: the end-of-sync bookkeeping ``[backward_end, sync_exit)``:
-      the tiny all-rank gather in ``gather: collective`` mode, only issuing it in ``async`` mode,
-      nearly nothing in ``piggyback`` mode (the figures rode on bucket 0); its exit is the next
+    - ``optimizer-clip-main-grad`` 0: the end-of-sync bookkeeping ``[backward_end, sync_exit)``
+      (the exchange's host part, :mod:`pacectl.torchdist.pacer`); its exit is the next
       iteration's start.
 
     On CPU/gloo the pacing sleep blocks the training thread, so it also sits in the gap between
@@ -882,10 +868,9 @@ def rows_to_trace(
 def common_periods(marks_by_rank: Sequence[Sequence[Mapping[str, Any]]]) -> FloatArray:
     """The iteration periods of a live run: per iteration, the mean over ranks of each rank's own period.
 
-    Every rank leaves the iteration's last collective at the same moment, but each stamps that exit on
-    its own thread when it gets a core, so one rank's period (``sync_exit_s``, from its previous
-    stamp) carries milliseconds of stamp jitter on a busy host. The largest of the ranks' periods is
-    biased up by that jitter (by ~10 % with 4 ranks on 2 cores); their mean is not: summed over
+    Every rank leaves the iteration's last collective at the same moment, but stamps that exit when
+    its thread gets a core, so one rank's period (``sync_exit_s``) carries stamp jitter on a busy
+    host. The largest of the ranks' periods is biased up by it; their mean is not: summed over
     iterations each rank's periods telescope to the same wall time, and so does their mean.
 
     Args:
@@ -909,10 +894,9 @@ def shared_clock_marks(
     """Put the marks of ranks that share one clock (one host) on a common time axis per iteration.
 
     Each rank's marks count from its own iteration start, the moment *it* stamped the previous
-    iteration's exit. The ranks leave the last gradient collective together, at some instant ``T``,
-    but each one stamps that exit when its thread next gets a core: on a busy host milliseconds
-    apart. Replaying such per-rank clocks from a common barrier mixes the ranks' lags into every
-    cross-rank comparison, and the replay runs ~10 % long. With a clock shared by every rank
+    iteration's exit. The ranks leave the last gradient collective together, but each stamps that
+    exit when its thread next gets a core: on a busy host milliseconds apart, a lag that per-rank
+    clocks mix into every cross-rank comparison. With a clock shared by every rank
     (``start_clock_s``: ``time.perf_counter``, system-wide on one host) the lag can be placed:
 
     - a bucket's all-reduce completes at one instant on every rank, and every rank's stamp of it is
@@ -1117,8 +1101,7 @@ def episode_from_log(
         decisions_before: per iteration, how many decisions were logged before its delay was applied
             (the last of them chose it; 0: none, the iteration ran unpaced). Row k of the episode's
             diagnostics and ``pacing_active`` is then the state that decided iteration k's delay, as in
-            :func:`pacectl.loop.run_episode`, whatever the exchange lag (1 iteration with a collective,
-            2 with piggybacking, more with ``gather_every``). Without it rows are per decision.
+            :func:`pacectl.loop.run_episode`, whatever the exchange lag. Without it rows are per decision.
         waits: the ``Action.wait`` of each decision (one per observation, as ``diagnostics``), for
             the episode's ``wait_asleep``; None: every rank spun.
     """
