@@ -15,23 +15,17 @@ Any DDP loop gets it with one line (``attach``), once the process group is initi
     ...                 # training loop unchanged
     pacer.flush()       # every rank, at the end: decide on the figures still in flight
 
-The skew figures are exchanged by ``gather="auto"`` by default: on gloo ``"async"``, one tiny
-all-reduce at the end of each gradient sync that nobody waits for (decisions pace the next
-iteration); on NCCL ``"piggyback"``, riding on the next iteration's smallest gradient bucket (no
-extra collective, decisions one iteration more stale). ``gather="collective"`` makes the tiny
-all-reduce blocking. See :mod:`pacectl.torchdist.pacer` and
-:func:`~pacectl.torchdist.core.resolve_gather` (why, with the measurements).
-
 Reference for users
 -------------------
 
 ### Arrival skew without synchronized clocks
 
-All ranks leave a collective together, so a rank's earliness is its wait inside bucket 0 minus the
-smallest wait. Every rank decodes the same exchanged figures and runs the same guarded controller,
-so all ranks take bit-identical decisions without waiting for one another (tested). The figures are
-exchanged in one of three ways (`backend.pacing.gather`; `gather_every=k` sends k iterations' figures
-at once):
+All ranks leave a collective together, so a rank's earliness is its wait inside the paced
+collective minus the smallest wait (:mod:`pacectl.torchdist.core`). Every rank decodes the same
+exchanged figures and runs the same guarded controller, so all ranks take bit-identical decisions
+without waiting for one another (tested). The figures are exchanged in one of three ways
+(`backend.pacing.gather`; `gather_every=k` sends k iterations' figures at once; the mechanism:
+:mod:`pacectl.torchdist.pacer`):
 
 | mode | how | decision applies |
 | --- | --- | --- |
@@ -40,10 +34,7 @@ at once):
 | `piggyback` | appended to the next iteration's smallest gradient bucket: no extra collective, one copy of that bucket (`backend.pacing.piggyback_max_bytes=N`: on CPU a larger carrier is not copied, the figures go in a tiny all-reduce beside it) | 2 iterations later |
 | `collective` | the same tiny all-reduce, blocking (one round trip per iteration) | 1 iteration later |
 
-`auto` is `async` on gloo (with a core per rank it costs what piggyback costs, takes less hook CPU,
-and its decisions are one iteration fresher, which gains on real step times) and `piggyback` on
-NCCL (there the async exchange makes the host wait for the device twice per iteration); the
-measurements: `experiments/staleness/README.md` ("Why `gather=auto`..."), `experiments/gpu_check/`.
+Why `auto` is what it is, with the measurements: :func:`~pacectl.torchdist.core.resolve_gather`.
 Replay and simulation model any of these with `exchange.lag_iters` and `exchange.every_iters`.
 
 ### Runtime control and safety
@@ -64,31 +55,23 @@ Replay and simulation model any of these with `exchange.lag_iters` and `exchange
 
 ### Probe delays
 
-`backend.probe` (off by default: `ranks: []`) injects small random sleeps, independent of any
-controller: on each listed rank and measured iteration, with probability `prob`, `U(0, max_delay_s)`
-seconds between forward and backward, so the rank reaches every bucket's collective that much later,
-as a host pacing delay makes it. The schedule depends only on the seed, so every run of a job gets
-the same probes. They are recorded as compute in the record (the first backward segment) and per
-iteration and rank in `<controller>.episode.pkl` (`probe_s`, `probe_actual_s`); they give the fit
-(`comm=fitted`) variation in arrivals that no controller caused (`experiments/probe/`).
+`backend.probe` (off by default: `ranks: []`) injects small random sleeps between forward and
+backward, independent of any controller and the same in every run of a job, recorded per iteration
+and rank in `<controller>.episode.pkl` (`probe_s`, `probe_actual_s`): they give the fit
+(`comm=fitted`) variation in arrivals that no controller caused
+(:class:`~pacectl.torchdist.core.ProbeSpec`, `experiments/probe/`).
 
 ### Records and replay fidelity
 
 Every run writes `records/<controller>.parquet`, its canonical record, replayable with
-`trace=canonical`. It also writes `records/<controller>.episode.pkl`, the episode and the measured
-costs. Both are moved into place only when the whole run succeeded.
+`trace=canonical`, and `records/<controller>.episode.pkl`, the episode and the measured costs. Both
+are moved into place only when the whole run succeeded; a `backend.record_dir` that already holds
+records of the same controllers gets a warning before the run.
 
-**One time axis.** Every rank stamps its own marks, and each stamp of a collective's completion is
-late by however long that rank's thread waited for a core. Ranks on one host (network namespaces
-included) share the clock behind `time.perf_counter`, so the record puts them on one axis
-(`torchdist.core.shared_clock_marks`):
-
-- a bucket's all-reduce completes when the earliest rank stamped it, on every rank;
-- an iteration runs from the previous iteration's last bucket completion to its own;
-- whatever a rank does after that completion (waking up, bookkeeping, the optimizer step) is its own
-  work in the next iteration.
-
-The record and the episode use the same iteration times, and they sum to the wall time. Ranks on
+**One time axis.** Every rank stamps its own marks, each stamp late by however long that rank's
+thread waited for a core. Ranks on one host (network namespaces included) share the clock behind
+`time.perf_counter`, so the record puts them on one axis (`torchdist.core.shared_clock_marks`): the
+record and the episode use the same iteration times, and they sum to the wall time. Ranks on
 different hosts fall back to the mean of the ranks' own periods (`common_periods`). The summary
 reports fidelity, replay against live, per run (`fidelity.by_run`, with `compares` saying what):
 
@@ -104,28 +87,19 @@ reports fidelity, replay against live, per run (`fidelity.by_run`, with `compare
   without them, against `live_pacing_effect_s`, the paced run's mean iteration minus the unpaced
   run's.
 
-`python experiments/live_fidelity/live_fidelity.py` repeats the default job, `python -m pacectl.run
-backend=torch backend.nproc_per_node=4 controller=threshold`, over many seeds; its README has the
-batches' figures. In short: on average the replay predicts what pacing costs there to within about
-1 ms, single jobs scatter by a few ms, and no live effect below the prediction (a timing-dependent
-gain the max-plus replay misses) has been established.
-
-The console and `report.md` print the self-replay and counterfactual checks, one line each per run
-(this one is a run that happened to agree closely):
+The console and `report.md` print the self-replay and counterfactual checks, one line each per run:
 
 ```
 replay counterfactual of threshold: its record replayed with zero delays vs the live no-pacing run: mean iteration +0.0206 %; pacing effect per iteration predicted +0.501 ms, live +0.508 ms (one job, no interval: single jobs scatter by a few ms, experiments/live_fidelity)
 ```
 
-A `backend.record_dir` that already holds records of the same controllers gets a warning before
-the run: they are replaced when it succeeds.
-
-A `trace=canonical` replay of a live record reports the same self-replay
-fidelity, because the record carries its measured iteration times. The counterfactual needs the live
-no-pacing run beside it, so only the live run reports it. The self-replay is exact for iteration
-times, not for the arrival spread: the live run derives each rank's arrival from its wait inside
-the first bucket's all-reduce (no clocks), the replay from the recorded enter stamps, each late by
-its own rank's wait for a core.
+`experiments/live_fidelity/` repeats the default job over many seeds; its README has the figures (in
+short: on average the replay predicts what pacing costs to within about 1 ms, and no live effect
+below the prediction has been established). A `trace=canonical` replay of a live record reports the
+same self-replay fidelity (the record carries its measured iteration times); the counterfactual
+needs the live no-pacing run beside it. The self-replay is exact for iteration times, not for the
+arrival spread: the live run derives arrivals from waits inside the first bucket's all-reduce, the
+replay from the recorded enter stamps, each late by its own rank's wait for a core.
 """
 
 from __future__ import annotations
