@@ -7,28 +7,15 @@ iteration is delayed (a host sleep on CPU/gloo; on CUDA the Pacer's device-side 
 stream), every one is timed, and the iteration ends where the framework's gradient sync ends: the
 Pacer then exchanges the figures on its group and decides, as for DDP. Gradients are untouched.
 
-- :func:`pace_megatron`: Megatron-core's ``DistributedDataParallel``
-  (``megatron.core.distributed``). Each bucket group's ``start_grad_sync`` is a collective of the
-  iteration (Megatron issues the first bucket group's first in backward when
-  ``overlap_grad_reduce=True``, all of them from ``finish_grad_sync`` otherwise); the iteration ends
-  when the model's ``finish_grad_sync`` returns, which Megatron's
-  ``finalize_model_grads`` (the config's ``finalize_model_grads_func``) calls once per model chunk.
-- :func:`pace_deepspeed`: a DeepSpeed engine. The ``deepspeed.comm`` collectives that reduce
-  gradients (``all_reduce``, ``reduce_scatter_tensor``, ``reduce_scatter_fn``,
-  ``all_reduce_coalesced``) are wrapped while ``engine.backward`` runs, on the Pacer's group only;
-  the iteration ends when ``engine.backward`` returns (a backward without a gradient collective,
-  inside a gradient-accumulation window, is not an iteration).
+- :func:`pace_megatron`: Megatron-core's ``DistributedDataParallel``: each bucket group's
+  ``start_grad_sync`` is a collective of the iteration, the model's ``finish_grad_sync`` ends it.
+- :func:`pace_deepspeed`: a DeepSpeed engine: the ``deepspeed.comm`` gradient collectives issued
+  while ``engine.backward`` runs, on the Pacer's group; ``engine.backward``'s return ends the
+  iteration (a backward without a gradient collective, inside a gradient-accumulation window, is
+  not an iteration).
 
-What ran (``experiments/frameworks/README.md``): gloo ranks on CPU, megatron-core 0.16.1 with
-``overlap_grad_reduce`` off and on, each with and without ``use_distributed_optimizer`` (its
-gradient reduce-scatter and parameter all-gather, with the shard step by hand: Megatron's
-``DistributedOptimizer`` cannot be built without CUDA), and PP 2 x DP 2 (one pacer per stage's DP
-group, the pipeline driven by the test: Megatron's schedules need CUDA), with a one-line CPU shim
-in the test (Megatron allocates its gradient buffers on ``torch.cuda.current_device()``, which fails
-without CUDA); DeepSpeed 0.19.8 on its CPU accelerator, ZeRO stages 0, 1 and 2 (all of them reduce
-with ``all_reduce`` there), ZeRO-3 (``reduce_scatter_fn``) and gradient accumulation. Not run: any
-CUDA/NCCL path, DeepSpeed's GPU reduce-scatter paths, Megatron's pipeline schedules, virtual
-pipeline chunks, MoE expert groups.
+What ran (gloo ranks on CPU: megatron-core 0.16.1, DeepSpeed 0.19.8 ZeRO 0-3) and what did not (any
+CUDA/NCCL path, Megatron's pipeline schedules): ``experiments/frameworks/README.md``, with recipes.
 
 Example:
     >>> # decide = DecisionEngine("threshold", {}, {}, num_ranks=dp_size, seed=0)

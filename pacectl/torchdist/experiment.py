@@ -1,11 +1,8 @@
 """``backend=torch``: run no pacing and the chosen controller(s) on live gloo ranks, record, replay-check.
 
-:class:`TorchExperiment` is an :class:`~pacectl.experiment.Experiment`. It launches the
-job once (torch's elastic launcher, ``backend.nproc_per_node`` ranks) and runs every controller of
-the experiment in the same worker processes, interleaved in blocks of ``backend.interleave_block``
-iterations, each from the same model seed, data and seeded straggler schedule. Each run writes a canonical trace record
-(``<record_dir>/<family>.parquet``, replayable with ``trace=canonical trace.path=...``) and the
-:class:`~pacectl.types.Episode`; :meth:`describe` adds the replay-vs-live fidelity of every record.
+:class:`TorchExperiment` is an :class:`~pacectl.experiment.Experiment`. It launches the job once and
+runs every controller of the experiment in the same worker processes (:mod:`pacectl.torchdist.worker`);
+:meth:`~TorchExperiment.describe` adds the replay-vs-live fidelity of every record.
 """
 
 from __future__ import annotations
@@ -103,9 +100,9 @@ def watch_host_load(nproc: int, poll_s: float = 1.0) -> Iterator[None]:
 
     The load average (``os.getloadavg``) counts runnable processes, this job's own ranks among
     them; above the number of usable cores some of them queue for a CPU, so a rank's iteration
-    time includes time spent waiting for a core, which varies from iteration to iteration and run
-    to run (a fresh user on a loaded host saw overhead figures of +22 +-20 %). Sampled every
-    ``poll_s`` seconds on a daemon thread, and at the start and the end; not on platforms without it.
+    time includes a wait for a core that varies from iteration to iteration and run to run.
+    Sampled every ``poll_s`` seconds on a daemon thread, and at the start and the end; not on
+    platforms without it.
 
     Args:
         nproc: this job's ranks (named in the warning: they count in the load too).
@@ -184,17 +181,15 @@ class TorchExperiment(Experiment):
             "waiting on a gloo work blocks on a condition variable), so sleep_wait behaves as no "
             "pacing here: its difference from no pacing is this machine's run-to-run noise"
         )
-        # the real exchange's lag (pacectl.torchdist.pacer): piggybacked figures are decided on
-        # during the next iteration and pace the one after; a tiny all-reduce paces the next one
+        # the real exchange, whose lag (pacectl.torchdist.pacer) the summary states
         self.gather = resolve_gather(b.pacing.gather, BUILTIN_DIST_BACKEND)
         self.exchange = decision_schedule(cfg)  # the same schedule a forecast's auto horizon reads
         #: the live runs' interleave blocks as ``(block, offset)`` of
         #: :func:`~pacectl.metrics.paired_change_ci95_frac` (the warm-up opens the first block)
         self.paired_blocks = interval_blocks(b.interleave_block, b.warmup_iterations)
         self.families = controller_families(cfg)
-        # Ranks write into a hidden partial folder beside the final one; :meth:`write_outputs` moves
-        # the records into place only when the whole run succeeded (a failed or interrupted run
-        # leaves none; the partial folder is removed at exit).
+        # Ranks write into a hidden partial folder beside the final one, removed at exit;
+        # :meth:`write_outputs` moves the records into place only when the whole run succeeded.
         self.final_record_dir = Path(self._record_dir())
         if self.final_record_dir.exists() and not self.final_record_dir.is_dir():
             raise ConfigError(

@@ -6,16 +6,12 @@ clock behind ``torch.cuda._sleep``. No torch import here: the logic is tested on
   It only reads: it never sets clocks, application clocks or power limits (a shared machine's
   settings are not ours to change).
 - :class:`CpuTimeMeter`: on CPU/gloo there is no energy counter. The closest proxy is the CPU time
-  of each rank's process (every thread: compute, gloo's pair threads, the pacer's spin tail), per
-  iteration: compute and waits both burn CPU there, a busy-polling wait costs CPU time and a
-  blocking or sleeping one does not, so the difference between runs is what their waits and the
-  pacer cost in CPU time. It is a proxy and reported as one (``energy_source: cpu_time_proxy``).
-- :class:`CycleClock`: ``torch.cuda._sleep(cycles)`` spins for a number of SM clock cycles, so a
-  delay calibrated once stretches when the clock falls (power or thermal throttling, a node power
-  cap) and shrinks when it rises. It converts seconds to cycles at the clock in force: it reads the
-  SM clock (NVML ``nvmlDeviceGetClockInfo(..., NVML_CLOCK_SM)``, read-only) when it can and scales
-  the calibration by it, and it recalibrates from the waits as measured (CUDA events around each
-  wait), so it follows a clock change even without NVML.
+  of each rank's process (every thread: compute, gloo's pair threads, the pacer's spin tail) per
+  iteration: a busy-polling wait costs CPU time and a blocking or sleeping one does not, so the
+  difference between runs is what their waits and the pacer cost in CPU time. It is reported as a
+  proxy (``energy_source: cpu_time_proxy``).
+- :class:`CycleClock`: seconds to ``_sleep`` cycles at the SM clock in force (``_sleep`` counts SM
+  cycles, so a delay calibrated once stretches when the clock falls and shrinks when it rises).
 """
 
 from __future__ import annotations
@@ -109,7 +105,8 @@ def make_meter(device_type: str, device_index: int = 0) -> NvmlEnergyMeter | Cpu
 
 
 class CycleClock:
-    """Seconds to ``torch.cuda._sleep`` cycles at the SM clock in force.
+    """Seconds to ``torch.cuda._sleep`` cycles at the SM clock in force (power or thermal throttling,
+    a node power cap change it).
 
     ``cycles_per_s`` is calibrated once (CUDA events around a long ``_sleep``). With
     ``read_clock_mhz`` (NVML's SM clock) the conversion scales it by the clock now over the clock at

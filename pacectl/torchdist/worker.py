@@ -1,26 +1,18 @@
 """The per-rank entry point: a built-in DDP workload with a straggler injector, paced by :class:`Pacer`.
 
 Started by :func:`pacectl.torchdist.launch.launch_workers` through torch's elastic launcher, one
-process per rank, with a plain-dict spec (the keys: :class:`~pacectl.torchdist.core.TorchConfig`). For each
-requested controller run the worker builds the model from the same seed, replays the same seeded
-straggler schedule and data, trains ``warmup_iterations + num_iterations`` iterations (pacing off and
-not logged during warm-up), the runs interleaved in blocks (``backend.interleave_block``), and rank 0
-writes:
+process per rank, with a plain-dict spec (the keys: :class:`~pacectl.torchdist.core.TorchConfig`).
+Every controller run (:class:`LiveRun`) trains from the same seed, data and straggler schedule,
+``warmup_iterations`` unpaced and unlogged then ``num_iterations``, the runs interleaved in blocks
+(:func:`run_interleaved`), and rank 0 writes ``<record_dir>/<family>.parquet`` (the canonical trace
+of every rank, replayable) and ``<record_dir>/<family>.episode.pkl`` (the
+:class:`~pacectl.types.Episode` plus measurement extras).
 
-- ``<record_dir>/<family>.parquet``: the canonical trace of every rank (replayable);
-- ``<record_dir>/<family>.episode.pkl``: the :class:`~pacectl.types.Episode` plus measurement extras.
-
-``backend.parallel=fsdp2`` shards the model with FSDP2 (``fully_shard`` per layer on a 1-D CPU
-device mesh over the ranks, FSDP2's default resharding) instead of DDP; the pacer goes in through
-``set_custom_reduce_scatter`` and ``set_custom_all_gather`` and paces the first collective of each
-iteration, the forward's first all-gather (the Pacer's default ``fsdp2_paced="forward"``).
-
-``backend.flight_recorder=true`` turns on PyTorch's Flight Recorder (``TORCH_FR_BUFFER_SIZE``) and
-gives each run its own process group (description ``pacectl-<family>``), so that the dump tells the
-runs apart; at the end every rank writes ``<record_dir>/flight_recorder/<family>/fr_trace_rank_<rank>``:
-its dump, cut to that run's group from the marker all-reduce that starts the measured iterations (a
-:meth:`~pacectl.torchdist.pacer.Pacer.align` after the warm-up, whose end is the record's iteration-0
-start). ``python -m pacectl.run trace=<that folder>`` replays it.
+``backend.parallel=fsdp2`` shards the model with FSDP2 instead (:func:`wrap_model`).
+``backend.flight_recorder=true`` turns on PyTorch's Flight Recorder and gives each run its own
+process group (description ``pacectl-<family>``), so that the dump tells the runs apart; every rank
+writes its dump of the run, cut at the marker all-reduce that starts the measured iterations
+(:meth:`LiveRun.write_flight_recorder`); ``python -m pacectl.run trace=<that folder>`` replays it.
 """
 
 from __future__ import annotations
@@ -269,10 +261,8 @@ class LiveRun:
         if self.rank == 0:
             record_dir = Path(self.spec["record_dir"])
             record_dir.mkdir(parents=True, exist_ok=True)
-            # One period per iteration for every rank, each rank's last op ending at the common exit,
-            # in the record and the episode alike, so a record replays against the iteration times
-            # the run reports. Ranks on one host share a clock: their lags are placed exactly
-            # (shared_clock_marks); otherwise the mean of the ranks' own periods (common_periods).
+            # One period per iteration for every rank, in the record and the episode alike, so a
+            # record replays against the iteration times the run reports (torchdist/__init__.py).
             all_marks = [m for _, m, _ in gathered]
             if len({clock for clock, _, _ in gathered}) == 1:
                 all_marks, periods = shared_clock_marks(all_marks)
@@ -336,17 +326,18 @@ class LiveRun:
         return out
 
     def write_flight_recorder(self) -> str:
-        """This rank's Flight Recorder dump of the run: its group's entries from the marker on (pickle,
-        the format of ``_dump_fr_trace``), in ``<record_dir>/flight_recorder/<family>/``."""
+        """This rank's Flight Recorder dump of the run: its group's entries from the marker (the
+        :meth:`~pacectl.torchdist.pacer.Pacer.align` after the warm-up, whose end is the record's
+        iteration-0 start) on, pickled as ``_dump_fr_trace`` does, in
+        ``<record_dir>/flight_recorder/<family>/fr_trace_rank_<rank>``."""
         import torch._C._distributed_c10d as c10d
 
         group: Any = self.group if self.parallel == "ddp" else self.pacing_group()
         name = group.group_name
         first = self.fr_first_id if self.fr_first_id is not None else 0
         # gloo marks an entry retired from its worker thread after the work has run, which can be
-        # after the training thread saw the future complete: on a loaded machine the last step's
-        # entries were still unretired at the dump, and the importer dropped that step as cut by
-        # the dump's end. Wait (up to 5 s) until every entry of the run is finished.
+        # after the training thread saw the future complete (the importer would drop that step as
+        # cut by the dump's end): wait, up to 5 s, until every entry of the run is finished.
         deadline = time.monotonic() + 5.0
         while True:
             dump = pickle.loads(c10d._dump_fr_trace(includeStackTraces=False))  # type: ignore[attr-defined]
@@ -519,9 +510,9 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
     Returns:
         ``{family: LiveRun.finish()}`` for this rank.
     """
-    # Ctrl-C in a terminal reaches every process of the group. A rank leaves at once and quietly
-    # (no traceback from the middle of a collective); the agent reports the interruption. (Ignoring
-    # SIGINT instead made the agent, which forwards it, wait 30 s before it killed the ranks.)
+    # Ctrl-C in a terminal reaches every process of the group: a rank leaves at once and quietly (no
+    # traceback from the middle of a collective; ignoring SIGINT would make the agent, which
+    # forwards it, wait 30 s before it kills the ranks); the agent reports the interruption.
     signal.signal(signal.SIGINT, _exit_on_interrupt)
     one_line_warnings()
     announce_pid(spec)
@@ -550,11 +541,10 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
         traceback.clear_frames(err.__traceback__)
         raise
     finally:
-        # Drop the DDP models before the process group. One still alive when its group is destroyed
+        # Drop the DDP models before the process group: one still alive when its group is destroyed
         # is torn down at interpreter exit, where gloo's threads can abort the process ("terminate
-        # called without an active exception", exit -6) after training has finished. torchrun, 2
-        # gloo ranks, a loaded 2-core machine: 9 of 40 exits aborted with a paced DDP model kept
-        # alive, 0 of 40 with it released first; plain DDP without pacectl aborts too (1 of 30).
+        # called without an active exception", exit -6) after training has finished (torchrun, 2
+        # gloo ranks, 2 cores: 9 of 40 exits with a paced model kept alive, 0 of 40 released first).
         runs.clear()
         gc.collect()
         dist.destroy_process_group()
