@@ -329,11 +329,7 @@ class TorchExperiment(Experiment):
             out["flight_recorder"] = {
                 f: str(self.final_record_dir / "flight_recorder" / f) for f in self.families
             }
-        fidelity: dict[str, Any] = {}
-        for family in self.families:
-            fid = self.fidelity(family)
-            if fid is not None:
-                fidelity[family] = fid
+        fidelity = {f: fid for f in self.families if (fid := self.fidelity(f)) is not None}
         if "none" in fidelity:
             out["fidelity"] = {**fidelity["none"], "by_run": fidelity}
         costs = {

@@ -7,71 +7,61 @@ Per iteration, on every rank:
    iteration 0, so bucket 0 of iteration 0 differs from later ones), apply this rank's delay:
    - CPU/gloo: a sleep on the calling thread, finished by a short spin for precision (for DDP on
      CPU the hook runs on the training thread, so the backward pass after bucket 0 waits too);
-   - CUDA/NCCL: a device-side wait, ``torch.cuda._sleep(cycles)`` on a side "pacing" stream that
-     the collective is issued on (:class:`DeviceDelay`); host and compute stream are not blocked.
-   Then record ``enter``; the future's completion records ``exit``. On CUDA both are events on the
-   device, timed from an event marking the iteration start, so the arrival includes the
-   device-side delay as it includes the host delay on CPU.
-2. Exchange the per-rank figures :data:`~pacectl.torchdist.core.GATHER_FIELDS` of the iteration as
-   one-hot rows (:func:`~pacectl.torchdist.core.one_hot_row`): a sum all-reduce of them is an exact
-   all-gather, so every rank gets the bit-identical table. Three modes (``gather=``); ``"auto"`` is
-   ``"async"`` on gloo and ``"piggyback"`` on NCCL (:func:`~pacectl.torchdist.core.resolve_gather`
-   says why). Their costs, from ``experiments/bench/bench_torchdist.py``, are in
-   ``experiments/bench/README.md``.
+   - CUDA/NCCL: ``torch.cuda._sleep(cycles)`` on a side "pacing" stream that the collective is
+     issued on (:class:`DeviceDelay`); the host and the compute stream are not blocked.
+   Then record ``enter``; the future's completion records ``exit``. On CUDA both are device events
+   timed from an event marking the iteration start, so the arrival includes the device-side delay
+   as it includes the host delay on CPU.
+2. Exchange the per-rank figures :data:`~pacectl.torchdist.core.GATHER_FIELDS` as one-hot rows
+   (:func:`~pacectl.torchdist.core.one_hot_row`): a sum all-reduce of them is an exact all-gather,
+   so every rank gets the bit-identical table. Three modes (``gather=``; ``"auto"`` is ``"async"``
+   on gloo and ``"piggyback"`` on NCCL, :func:`~pacectl.torchdist.core.resolve_gather` says why;
+   their costs: ``experiments/bench/README.md``):
 
    - ``"async"``: at the end of the gradient sync of iteration ``k`` (an autograd-engine callback
      queued by the hook, before DDP's own finalisation) one tiny sum all-reduce of the rows is
-     issued *without waiting for it*. Every rank has just left the last bucket together, so nobody
-     waits in it: it completes during the optimizer step and the forward pass of ``k + 1``, and on
-     CPU its completion callback decodes the rows and runs the controller on the communication
-     thread. Bucket 0 of ``k + 1`` only checks that it is done before applying the delay.
-     Decisions are one iteration stale; no gradient bytes are copied.
-   - ``"piggyback"``: the rows ride on a gradient all-reduce that happens anyway: the *carrier*,
-     the smallest bucket (in bytes) of the previous iteration's layout, the same on every rank
-     (bucket 0 in iteration 1; bucket 0 itself often holds an output layer, a language model's
-     largest tensor). Its hook in ``k + 1`` all-reduces ``cat([bucket * (1 / world), rows of k])``
-     (only the gradient part is averaged) and returns a view of the gradient part (DDP copies a
-     hook's result into the gradients anyway). On CPU the completion callback decodes and decides
-     on the communication thread while the backward pass goes on; on CUDA the rows are staged to
-     the host without a sync and decoded at the first bucket of ``k + 2`` (``cuda_resolve``). No
-     extra collective: the cost is a few hundred bytes and one copy of the carrier. With
-     ``piggyback_max_bytes`` set, a larger carrier is not copied: the rows go in one tiny
-     all-reduce issued beside it in the same hook call, decoded when both complete (no copy, one
-     more collective; appending stays the default). Decisions are one iteration more stale: the
-     observation of ``k`` is decided on during ``k + 1`` and paces ``k + 2``. Float32 buckets
-     carry each float64 figure as a (hi, lo) float32 pair (:func:`encode_rows`), float64 buckets
-     as is; other dtypes (fp16/bf16) fall back to collective mode with a warning, on every rank
-     at the same iteration.
-   - ``"collective"``: the tiny all-reduce of ``"async"``, but blocking, and decided on at once on
-     the training thread: one round trip on the critical path per exchange. One iteration stale.
+     issued *without waiting for it*. Every rank has just left the last bucket, so nobody waits in
+     it: it completes during the optimizer step and the forward pass of ``k + 1`` (on CPU its
+     completion callback decodes and decides on the communication thread), and bucket 0 of
+     ``k + 1`` only checks that it is done. Decisions one iteration stale; no gradient bytes copied.
+   - ``"piggyback"``: the rows ride on the *carrier*, the smallest bucket (in bytes) of the
+     previous iteration's layout, the same on every rank (bucket 0 in iteration 1; bucket 0 often
+     holds an output layer, a language model's largest tensor): its hook in ``k + 1`` all-reduces
+     ``cat([bucket * (1 / world), rows of k])`` and returns a view of the gradient part. On CPU the
+     completion callback decodes and decides while the backward pass goes on; on CUDA the rows are
+     staged to the host without a sync and decoded at the first bucket of ``k + 2``
+     (``cuda_resolve``). No extra collective, one copy of the carrier (with ``piggyback_max_bytes``
+     a larger carrier is not copied: the rows go in a tiny all-reduce issued beside it). Decisions
+     two iterations stale: the observation of ``k`` is decided on during ``k + 1`` and paces
+     ``k + 2``. Float32 buckets carry each float64 figure as a (hi, lo) float32 pair
+     (:func:`encode_rows`), float64 buckets as is; other dtypes (fp16/bf16) fall back to
+     ``"collective"`` with a warning, on every rank at the same iteration.
+   - ``"collective"``: the tiny all-reduce of ``"async"``, blocking, decided on at once on the
+     training thread: one round trip on the critical path. Decisions one iteration stale.
 
    Every rank then builds the same :class:`~pacectl.types.Observation` and runs the same guarded
    controller (:class:`~pacectl.torchdist.core.DecisionEngine`): identical decisions, nobody waits
-   for one. ``gather_every = k`` exchanges k iterations at once (decisions up to k iterations more
-   stale). Rows not yet exchanged at the end of an episode are exchanged by :meth:`Pacer.flush`
-   (a collective: call it on every rank), which :meth:`Pacer.reset_log` callers should call first.
+   for one. ``gather_every = k`` exchanges k iterations at once. Rows not yet exchanged at the end
+   of an episode are exchanged by :meth:`Pacer.flush` (a collective: every rank calls it).
 3. Runtime control (switch off, retune) without restart: rank 0 polls a JSON file every
    ``control_poll_iters`` iterations (or takes :meth:`Pacer.request_control`) and publishes a version
    number in its row; when the exchanged version grows, every rank (same iteration, same table) takes
    part in one ``broadcast_object_list`` of the new messages and applies them on the training thread
-   (collectives are issued from it only, in the same order on every rank). See
-   :func:`~pacectl.torchdist.core.validate_control` for the message.
+   (collectives are issued from it only, in the same order on every rank). The message:
+   :func:`~pacectl.torchdist.core.validate_control`.
 
 FSDP2 (``fully_shard``): :meth:`Pacer.attach` installs :class:`PacedReduceScatter` and
 :class:`PacedAllGather` on every sharded module. Every collective is a sync point in FSDP2, and the
 early rank waits in the first one after a straggle, so where to pace is a choice (``fsdp2_paced``):
 ``"forward"`` (default), the forward's first all-gather (FSDP2 reshards after backward, so every
-forward begins with one), where a straggle before forward (data loading) shows; or ``"backward"``,
-the backward's first collective, where a straggle between forward and backward shows: with FSDP2's
-default ``reshard_after_forward`` an all-gather (the last resharded unit's pre-backward unshard, or
-its prefetch by the root), without resharding the first gradient reduce-scatter. Asynchronous
+forward begins with one), where a straggle before forward (data loading) shows; ``"backward"``, the
+backward's first collective (with FSDP2's default ``reshard_after_forward`` an all-gather, else the
+first gradient reduce-scatter), where a straggle between forward and backward shows. Asynchronous
 all-gathers (``unshard_async_op``) and forwards under ``no_grad`` pass through unpaced and
-unrecorded; every other collective of the iteration is one slot of its marks, the paced one first
-(``tests/test_torchdist_groups.py`` checks both choices and both resharding settings). The
-iteration ends with the backward (an autograd-engine callback queued by its first collective). The
-exchange runs on the pacer's group, which must be the one FSDP2 shards on. On CUDA the delay goes on
-the stream the paced collective is issued on (FSDP2's all-gather stream for an all-gather); that
-path has not run on a GPU yet.
+unrecorded; every other collective is one slot of the iteration's marks, the paced one first
+(``tests/test_torchdist_groups.py`` checks both choices and both resharding settings). The backward
+ends the iteration; the pacer's group must be the one FSDP2 shards on. On CUDA the delay goes on the
+stream the paced collective is issued on; that path has not run on a GPU yet.
 
 A dead rank makes the next collective fail (gloo: closed connection) or time out after the process
 group timeout; the exception leaves ``backward()`` and the launcher stops the job with that error.
@@ -1102,10 +1092,8 @@ class Pacer:
             for bad in self.watcher.rejected[seen:]:
                 self.controls_rejected.append({**bad, "iteration": len(self._raw_marks)})
         if k >= 1 and c.sizes:
-            # The smallest bucket of this iteration's layout carries the next rows (bucket 0 often
-            # holds an output layer, the largest tensor of a language model). DDP's layout is the
-            # same on every rank, so every rank picks the same one; the layout is final after
-            # iteration 0, when DDP rebuilds its buckets.
+            # the carrier of the next rows (module doc): the smallest bucket of this iteration's
+            # layout, the same on every rank, final after iteration 0 (DDP rebuilds its buckets)
             self._carrier = int(np.argmin(c.sizes))
         enter0 = c.enter[0] if c.enter else float("nan")
         exit0 = c.exit[0] if c.exit else float("nan")

@@ -246,9 +246,7 @@ class LiveRun:
         out: dict[str, Any] = {
             "loop_s": self.loop_s[self.warmup :],
             "decisions": np.array(pacer.decisions),
-            "delay_actual_s": np.array(pacer.delay_actual_s[-self.n_iter :])
-            if pacer.delay_actual_s
-            else np.zeros(0),
+            "delay_actual_s": np.array(pacer.delay_actual_s[-self.n_iter :], dtype=np.float64),
             "gather_s": np.array(pacer.gather_s),
             "metered": self.metered[self.warmup :],
             "meter_source": self.meter.source,
