@@ -222,9 +222,8 @@ _locks: list[int] = []
 def lock_run_dir(run_dir: Path) -> str | None:
     """Take an exclusive lock on ``run_dir`` (created if missing) until :func:`release_run_dirs`.
 
-    Two runs into one folder used to both report success with mixed provenance: the second is now
-    refused while the first runs. The lock is ``flock`` on the folder itself (no lock file is left
-    behind; the kernel releases it when the process dies).
+    A second run into the folder is refused while the first runs (its outputs would mix). The lock is
+    ``flock`` on the folder itself: no lock file is left, and the kernel releases it when the process dies.
 
     Returns:
         None when locked (or when locking is not possible here: no ``fcntl``), else the error line.

@@ -51,14 +51,11 @@ Reference for users: what the main job does, and the backends
      zeroing, after a controller error or a non-finite input, also warns). A live run's ranks print their
      own warnings on stderr.
 
-   `iterations.parquet` holds about 200 B per run, iteration and rank: for very large simulations
-   (1024 ranks x 2000 iterations: 2.6 GB of memory and 15 s with it, 0.5 GB and 7 s without)
-   `output.iterations=false` skips it. A progress bar (the iterations of every run; live runs: as
-   rank 0 reports them) shows on a terminal. After the first run the
-   job estimates its peak memory (about 200 B per row with the parquet, 50 B without; 1024 ranks x
-   10,000 iterations: an estimate of 12.3 GB; a run of it took 65 s at 12.0 GB peak, measured
-   without a record) and stops with that figure, before the other runs, if it
-   exceeds the memory available.
+   `iterations.parquet` is built in memory (about 200 B per run, iteration and rank);
+   `output.iterations=false` skips it for very large simulations. A progress bar (live runs: as
+   rank 0 reports iterations) shows on a terminal. After the first run the job estimates its peak
+   memory (`pacectl.run.memory_needed`, fitted in `experiments/bench/README.md`) and stops with that
+   figure, before the other runs, if it exceeds the memory available.
 
 Useful overrides (`python -m pacectl.run --help` lists every group and key):
 
@@ -86,14 +83,9 @@ key of `backend=sim`; the jobs of a `-m` sweep are checked before the first one 
 to 64, beyond that every swept value once; a simulation too large for the memory available is
 refused with its estimate). A run folder in use by another run is refused.
 Every throughput change is printed with the 95 % confidence half-width of the paired per-iteration
-difference (`-0.07 ±0.04`): a change inside it is noise. Successive iterations are not
-independent (a controller carries state, step times are correlated in time), so the interval comes
-from the means of the difference over consecutive blocks (batch means, Student's t): blocks of
-sqrt(n) iterations in replay and simulation, the interleave blocks in live runs (`backend=torch`),
-whose iterations share the machine's state. Treating iterations as independent would be too narrow:
-on AR(1) differences with autocorrelation 0.6 it covers the true change 66 % of the time, the
-batch means 94.5 % at 400 iterations (`tests/test_metrics.py`) and about 91-92 % at 44-100
-(1,000 simulated runs each): short runs still read a little narrow, and with fewer than 5 blocks
+difference (`-0.07 ±0.04`): a change inside it is noise. Successive iterations are not independent,
+so the interval comes from batch means (:func:`pacectl.metrics.paired_change_ci95_frac`: blocks of sqrt(n)
+iterations in replay and simulation, the interleave blocks in live runs); with fewer than 5 blocks
 the run warns that its intervals are wide. A change outside it is one run's evidence; repeat it
 with other `seed=` values before believing it.
 

@@ -417,6 +417,8 @@ def paired_change_ci95_frac(
     iterations (the batch size of Flegal and Jones, "Batch means and spectral variance estimators in
     Markov chain Monte Carlo", Ann. Statist. 38(2), 2010). A change smaller than this is
     indistinguishable from run-to-run noise. It bounds the throughput change to first order too.
+    Coverage on AR(1) differences (phi 0.6): 94.5 % at 400 iterations (``tests/test_metrics.py``),
+    about 91-92 % at 44-100 (unrecorded): short runs read a little narrow.
 
     Args:
         baseline: the reference run (no pacing).

@@ -46,33 +46,24 @@ if TYPE_CHECKING:  # the rest is imported where it is used: the command starts i
 BASELINE = "none"
 #: (run, iteration, rank) rows above which writing iterations.parquet is announced with its cost.
 LARGE_PARQUET_ROWS = 5_000_000
-#: The memory model of a job's peak resident set (:func:`memory_needed`), fitted to the peak RSS of
-#: whole commands, ``python -m pacectl.run backend=sim comm=contention cluster=paper_like
-#: output.iterations=false`` (the heaviest fabric model; no pacing and every controller) at 1,024 to
-#: 65,536 ranks and 250 to 16,000 iterations (experiments/bench/results/sim_memory.json,
-#: sim_memory_long.json, sim_streamed.json; experiments/bench/README.md), as an upper bound of
-#: every one of them (within 60 MB where a job fills a chunk of draws). The base, bytes: the
-#: interpreter and its imports (1,024 ranks x 250 iterations, a quarter chunk, peaks at 0.24 GB);
+#: The memory model of a job's peak resident set (:func:`memory_needed`): an upper bound of the peak
+#: RSS of whole ``backend=sim comm=contention cluster=paper_like`` commands at 1,024 to 65,536 ranks
+#: and 250 to 16,000 iterations, fitted in experiments/bench/README.md (the records it names). The
+#: base, bytes: the interpreter and its imports;
 BASE_BYTES = 150_000_000
-#: per cell of the one chunk of compute draws held at a time, with its temporaries, bytes
-#: (``pacectl.fabric.noise.DRAW_CELLS`` cells at most: a job that fills the chunk peaks at
-#: 0.58-0.63 GB, one with a quarter of it at 0.24 GB);
+#: per cell of the one chunk of compute draws held at a time (``pacectl.fabric.noise.DRAW_CELLS``
+#: cells at most), with its temporaries, bytes;
 BYTES_PER_DRAW_CELL = 460
-#: per rank (the fabric's, the controllers' and the runs' per-rank state), bytes: 3.4-3.5 KB
-#: measured, between 4,096 and 65,536 ranks;
+#: per rank (the fabric's, the controllers' and the runs' per-rank state), bytes;
 BYTES_PER_RANK = 3_500
-#: per (run, iteration, rank) row of ``iterations.parquet`` (the table is built in memory), bytes,
-#: measured at 1,024 ranks (2,000 and 10,000 iterations, five runs);
+#: per (run, iteration, rank) row of ``iterations.parquet`` (the table is built in memory), bytes;
 BYTES_PER_ROW = 200
-#: per iteration, without ``iterations.parquet``, bytes: the runs stream, one at a time, their
-#: per-rank arrays reduced as they run and the compute draws drawn a chunk of iterations at a time,
-#: so what grows with iterations is one run's per-iteration figures, about 0.7 KB measured (from
-#: 4,000 to 16,000 iterations at 1,024 ranks).
+#: per iteration, without ``iterations.parquet``, bytes: the runs stream one at a time, so what grows
+#: with iterations is one run's per-iteration figures.
 BYTES_PER_STREAMED_ITERATION = 1_000
-#: the work (ranks x iterations, over all runs) from which a run whose stderr is no terminal (no
-#: bar there) prints plain progress lines: about 5 s at the recorded 5.0e6 rank-iterations per
-#: second (experiments/bench sim_streamed_65536.json: 65,536 ranks x 1,000 iterations x 6 runs in
-#: 78 s). Set by work, not by the clock, so that a small run stays silent however loaded the machine.
+#: the work (ranks x iterations, over all runs) from which a run whose stderr is no terminal prints
+#: plain progress lines: about 5 s at the 5.0e6 rank-iterations per second of the bench record
+#: sim_streamed_65536.json. Set by work, not by the clock, so that a small run stays silent.
 PLAIN_PROGRESS_MIN_RANK_ITERATIONS = 25_000_000
 #: console lines; Hydra's job logging (conf/hydra/job_logging/pacectl.yaml) also files them
 log = logging.getLogger("pacectl.run")
@@ -412,12 +403,8 @@ def available_memory_bytes() -> int | None:
 
 
 def memory_needed(ranks: int, iterations: int, runs: int, with_parquet: bool) -> int:
-    """The estimated peak resident set of a job, bytes: :data:`BASE_BYTES`, plus
-    :data:`BYTES_PER_DRAW_CELL` per cell of one chunk of draws (at most
-    ``pacectl.fabric.noise.DRAW_CELLS`` of the job's iterations x ranks), plus
-    :data:`BYTES_PER_RANK` per rank, plus :data:`BYTES_PER_ROW` per (run, iteration, rank) row
-    with ``iterations.parquet``, else :data:`BYTES_PER_STREAMED_ITERATION` per iteration (the runs
-    stream, one at a time: O(ranks) memory)."""
+    """The estimated peak resident set of a job, bytes, by the model of :data:`BASE_BYTES` and the
+    constants after it (O(ranks) without ``iterations.parquet``: the runs stream)."""
     from pacectl.fabric.noise import DRAW_CELLS
 
     grows = (

@@ -311,10 +311,7 @@ def ideal_transfer_s(backend: ReplayBackend) -> FloatArray:
 
 
 def analyze(
-    backend: ReplayBackend,
-    *,
-    on_replay: Callable[[], None] | None = None,
-    method: str = "columns",
+    backend: ReplayBackend, *, on_replay: Callable[[], None] | None = None, method: str = "columns"
 ) -> WhatIfResult:
     """Run the full what-if analysis on a replay backend (null model).
 

@@ -337,11 +337,7 @@ def _dependency_model(
 
 
 def _levelize(
-    deps: list[list[int]],
-    group: IntArray,
-    members: list[list[int]],
-    dp_sync: NDArray[np.bool_],
-    source: str,
+    deps: list[list[int]], group: IntArray, members: list[list[int]], dp_sync: NDArray[np.bool_], source: str
 ) -> tuple[Level, ...]:
     """Kahn's algorithm on the group-contracted DAG; one :class:`Level` per wavefront."""
     n_groups = len(members)

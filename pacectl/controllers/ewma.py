@@ -7,13 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pacectl.checks import within
-from pacectl.controllers.base import (
-    BaseController,
-    FloatArray,
-    earliness,
-    ewma,
-    relative_to_latest,
-)
+from pacectl.controllers.base import BaseController, FloatArray, earliness, ewma, relative_to_latest
 from pacectl.controllers.registry import register
 from pacectl.types import Observation
 

@@ -54,10 +54,8 @@ Update rule, per decision on the observation of iteration ``k`` (all times in se
    by default), the judged window can also end early: from its ``switch_off_iters // 4``-th
    observation on, a running mean cost ``P_n`` with ``P_n - B > futility_z * s_B *
    sqrt(1/n + 1/switch_off_iters)`` (``s_B``: the baseline's standard deviation) switches it
-   off at once. Measured (``experiments/multi_job/futility_check.py``): at ``futility_z = 2`` it
-   cuts the non-commensurate loss to about a half or a third, and costs the commensurate gain
-   0.1-0.4 points, because a paying window's first shifts cost before they pay; hence not the
-   default.
+   off at once. It is not the default: a paying window's first shifts cost before they pay, which
+   costs the commensurate gain (``experiments/multi_job/futility_check.py``, its README).
 
 Once the jobs interleave, no collective is slowed and the delay stays zero: the controller holds
 the phase it found. Compute noise makes jobs' phases drift; a drift back into overlap is corrected
@@ -75,12 +73,10 @@ slowed (a shift at every decision, bounded by the guard's cap).
 
 Where it loses without the switch-off: jobs whose periods are not commensurate (1:1.37 in
 ``experiments/multi_job``). Their relative phase sweeps through every offset, so collisions return
-at the beat period whatever a shift did; each shift is a delay paid for nothing kept (-2 % there,
--4 % with three jobs, ``switch_off_iters=null``). The switch-off bounds that loss to its one trial window
-(about ``switch_off_iters`` observations of shifting), after which the job runs unpaced: -0.48 % and
--0.99 % at 500 iterations, -0.11 % and -0.25 % at 2000, every job in every seed. It cannot be zero:
-a job learns that its shifts do not pay only by trying them. The figures with and without it,
-across seeds, are in ``experiments/multi_job/README.md``.
+at the beat period whatever a shift did; each shift is a delay paid for nothing kept. The
+switch-off bounds that loss to its one trial window (about ``switch_off_iters`` observations of
+shifting), after which the job runs unpaced. It cannot be zero: a job learns that its shifts do not
+pay only by trying them. The figures with and without it are in ``experiments/multi_job/README.md``.
 
 Why this switch-off, and its sources: the reference paper's coordination layer (Gopalan and Ali,
 "When Scaling Fails", ``/work/shared/DESIGN.md``) switches itself off once the arrival spread is
@@ -88,13 +84,10 @@ back under its threshold; a job-level shift has no spread to watch, so the switc
 the benefit itself, measured against the job's own unpaced baseline. Measuring the unpaced arm
 for a fixed window, then the paced one, and committing to the better is the explore-then-commit
 strategy of bandit problems (Garivier, Lattimore, Kaufmann, "On Explore-Then-Commit Strategies",
-NeurIPS 2016), here with one window per arm and no confidence bound: a window is long against the
-beat of the jobs' periods, but noise can still switch a paying job off, which forgoes its gain
-(the shifts made before it stay made). Judging once and committing, rather than judging every
-window against the one baseline, matters over long runs: every further comparison is another
-chance of a false switch-off (``experiments/multi_job/README.md``, "The switch-off"). Cassini's
-own answer to incompatible periods is not to pair such jobs on a link (its compatibility score),
-which a job alone cannot do; stopping its shifts is what it can do.
+NeurIPS 2016), with one window per arm and no confidence bound: noise can still switch a paying job
+off. It judges once and commits, since every further comparison is another chance of a false
+switch-off (``experiments/multi_job/README.md``, "The switch-off"). Cassini instead does not pair
+jobs of incompatible periods on a link, which a job alone cannot do.
 
 Where it can do nothing: a job alone on its links, with no other traffic, has collectives that
 nothing slows (``comm=null``, or ``comm=contention`` without other jobs or cross traffic): then

@@ -337,8 +337,8 @@ class EmpiricalSamples:
       fill is an assumption (the data say nothing between samples), and every output that uses the
       model says so (:meth:`describe`).
     - ``hold``: each sample is held for ``k`` iterations.
-    - ``consecutive``: the samples replay as consecutive iterations (pacectl before 2026-12: the
-      series' time axis compressed ``k``-fold).
+    - ``consecutive``: the samples replay as consecutive iterations (the series' time
+      axis compressed ``k``-fold).
 
     Args:
         path: CSV file with ``worker`` and ``batch_time_norm`` columns.
@@ -380,13 +380,7 @@ class EmpiricalSamples:
             )
         kept = [c for c in header if c in ("worker", "batch_time_norm", "time", "iteration")]
         got = read_numeric_columns(
-            p,
-            kept,
-            what=what,
-            header=header,
-            max_bytes=1 << 30,
-            max_rows=10_000_000,
-            cap_hint="cut the file",
+            p, kept, what=what, header=header, max_bytes=1 << 30, max_rows=10_000_000, cap_hint="cut the file"
         )
         if got.bad_rows.count:
             raise TraceError(

@@ -214,12 +214,7 @@ def uniform_profile(
 
 
 def dvfs_table(
-    clocks_mhz: ArrayLike,
-    *,
-    static_w: float,
-    max_w: float,
-    v_min_frac: float,
-    knee_frac: float,
+    clocks_mhz: ArrayLike, *, static_w: float, max_w: float, v_min_frac: float, knee_frac: float
 ) -> tuple[float, ...]:
     """Compute power at each clock from the CMOS dynamic-power law, W.
 

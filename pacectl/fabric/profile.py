@@ -35,20 +35,17 @@ The simulator's compute-time models (`cluster.compute.noise`): i.i.d. lognormal 
 heavy-tailed Pareto hiccups, periodic OS-style noise, persistent slow ranks (locality), and replay of
 real per-worker step-time samples (Alibaba PAI). Profiles: `dgx_superpod` (the default: NVIDIA's DGX H100 SuperPOD reference
 architecture, 8 rail-optimised 400 Gb/s NICs per node, 32-node leaves, non-blocking), `cost_optimized`
-(one NIC flow per node, 4-node leaves: the default before), `paper_like` (calibrated to the
+(one NIC flow per node, 4-node leaves), `paper_like` (calibrated to the
 paper's no-pacing CV of 0.22 at 64 ranks with `comm=contention`, averaged over long runs: the study
 uses 3 seeds x 1,500 iterations; heavy-tailed hiccups make one short run's CV noisy), `contended`,
 `alibaba_pai` and `h200_gloo4` (the paper_like fabric with each rank replaying real step times: one
 Alibaba PAI worker, or one rank of the shipped H200 capture) and `ar` / `st` (the shipped traces).
 
-A profile is a typed config (`ClusterConfig`), checked as a whole before any run, whichever model
-reads it: a wrong type or an unknown key, at any level, is refused when Hydra composes it, a value out
-of range (`cluster.topology.ranks_per_node=0`, a bandwidth of `inf`, `cluster.collective.message_bytes=nan`,
-`cluster.collective.algorithm=foo`) by its dataclass: one line that names the override key, what it
-must be and how to set it, with a "did you mean" for a misspelt key or choice. Besides the keys of
-`dgx_superpod.yaml`, `cluster.cross_traffic.stagger` (default 0.37, in [0, 1]) shifts the on/off
-phase of successive links by that fraction of the period (`cluster.cross_traffic.stagger=0`: all
-links switch together).
+A profile is checked as a whole before any run, whichever model reads it: a wrong type or unknown
+key when Hydra composes it, a value out of range (`cluster.topology.ranks_per_node=0`) by its
+dataclass, in one line naming the override key, with a "did you mean" for a misspelt key or choice.
+`cluster.cross_traffic.stagger` (default 0.37, in [0, 1]) shifts the on/off phase of successive
+links by that fraction of the period (0: all links switch together).
 """
 
 from __future__ import annotations

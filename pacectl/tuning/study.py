@@ -18,9 +18,7 @@ import optuna
 from omegaconf import DictConfig
 from optuna.trial import TrialState
 
-from pacectl.config import (
-    user_path,
-)
+from pacectl.config import user_path
 from pacectl.errors import ConfigError, PacectlError
 from pacectl.tuning.outputs import TuneResult, write_results
 from pacectl.tuning.scenarios import Evaluation, ScenarioSet, build_scenarios
@@ -106,10 +104,7 @@ def _previous_study_name(out_dir: Path) -> str | None:
 
 
 def _open_study(
-    spec: StorageSpec,
-    name: str,
-    settings: dict[str, Any],
-    directions: list[Literal["maximize", "minimize"]],
+    spec: StorageSpec, name: str, settings: dict[str, Any], directions: list[Literal["maximize", "minimize"]]
 ) -> optuna.Study:
     try:
         study = optuna.create_study(
