@@ -26,30 +26,15 @@ Reference for users: what the main job does, and the backends
 4. Replays every step in a closed loop: one controller per pacing domain (the DP group of each
    pipeline stage), wrapped in the safety guard; the delay goes before each rank's first
    `grads-reduce-scatter` of the step (`backend.paced_optype`).
-5. Prints a table and writes, into the Hydra run directory (`outputs/<date>/<time>/`, or
-   `hydra.run.dir=DIR`; a `-m` sweep writes one folder per job under `multirun/<date>/<time>/`, or
-   `hydra.sweep.dir=DIR`, and ignores `hydra.run.dir`):
-   - `summary.json`: `trace` (name, path, layout), `comm_model`, `exchange` (the decision lag in
-     force: `lag_iters`, `every_iters`), `fidelity`, `whatif`, and `runs`
-     (per controller: `throughput_it_per_s`, `iteration_time_mean_s`, `iteration_time_p50_s`,
-     `iteration_time_p99_s`, `cv`, `spread_median_s`, `spread_p99_s`, `pacing_delay_total_s`,
-     `wait_fraction`, `pacing_active_frac`, `blame`, ...), `vs_baseline` (changes against no pacing).
-     `blame` maps each rank to the fraction of iterations in which it arrived last in its pacing
-     domain (the straggler it shows), `natural_blame` the same by the arrival it would have had
-     without its pacing delay; `records_dir` where the run's canonical records went, if any;
-   - `iterations.parquet`: one row per run, iteration and rank: `run`, `iteration`, `step_id` (the
-     trace's step), `rank`, `domain` (its pacing domain), `arrival_s`, `applied_delay_s`,
-     `natural_arrival_s`, `wait_s`, `iteration_time_s` and `pacing_active` (whether the controller
-     was engaged);
-   - `iteration_time.png`, `spread.png` (arrival spread with the controller's active state),
-     `report.md` (with a legend of every column);
-   - `run.log`: the console lines, timestamped; `config.yaml`: the composed config, its first line
-     the command's overrides (Hydra itself writes nothing into the folder). Warnings (repaired or dropped trace rows, ranks
-     or steps; overrides the chosen backend ignores; a controller file the tuner flagged) are
-     printed on one line each and kept in `summary.json` (`warnings`) and `report.md`. The guard's
-     interventions are counted per run (`guard_interventions`: actions clipped or zeroed; a
-     zeroing, after a controller error or a non-finite input, also warns). A live run's ranks print their
-     own warnings on stderr.
+5. Prints a table and writes the run folder (`hydra.run.dir=DIR`; a `-m` sweep one folder per job
+   under `hydra.sweep.dir`): the files of README.md's "Outputs" table. The fields of `summary.json`
+   are :class:`pacectl.report.RunSummary`'s (per run :func:`pacectl.metrics.summarize`'s: `blame`
+   is the fraction of iterations in which each rank arrived last in its pacing domain,
+   `natural_blame` the same by its unpaced arrival), the columns of `iterations.parquet`
+   :func:`pacectl.report.episodes_to_frame`'s. Warnings (repaired or dropped trace rows, ranks or
+   steps; overrides the chosen backend ignores; a controller file the tuner flagged) are printed on
+   one line each and kept in `summary.json` (`warnings`) and `report.md`; the guard's interventions
+   are counted per run (`guard_interventions`). A live run's ranks print their own warnings on stderr.
 
    `iterations.parquet` is built in memory (about 200 B per run, iteration and rank);
    `output.iterations=false` skips it for very large simulations. A progress bar (live runs: as
@@ -57,31 +42,10 @@ Reference for users: what the main job does, and the backends
    memory (`pacectl.run.memory_needed`, fitted in `experiments/bench/README.md`) and stops with that
    figure, before the other runs, if it exceeds the memory available.
 
-Useful overrides (`python -m pacectl.run --help` lists every group and key):
-
-```bash
-python -m pacectl.run controller=pid controller.kp=0.8 controller.output_limit_s=2.0  # AR spreads ~13 s: a 0.1 s clamp saturates
-python -m pacectl.run trace=bytedance trace.path=my-trace.parquet trace.meta=my-meta.yaml
-python -m pacectl.run trace=kineto trace.path='profiles/rank*.json.gz'     # PyTorch profiler traces
-python -m pacectl.run trace=RUN_DIR/records/none.parquet                    # a file: format from its suffix
-python -m pacectl.run guard.max_delay_frac=0.2 backend.paced_optype=params-all-gather
-python -m pacectl.run comm=contention cluster=paper_like                   # a contended fabric
-python -m pacectl.run backend=sim backend.num_ranks=256 comm=contention cluster=paper_like
-python -m pacectl.run controller_file=DIR/controller.yaml                  # a tuned controller
-python -m pacectl.run backend=sim cluster=alibaba_pai comm=contention backend.num_ranks=8 exchange.lag_iters=2
-                                                    # real step times, decisions 2 iterations late
-python -m pacectl.run -m controller=threshold,ewma controller.gain=0.25,0.5   # Hydra multirun sweep
-```
-
-A wrong value or a bad file ends with one clear message on stderr and a non-zero exit (no
-traceback); no result file (`summary.json`, parquet, plots, report) is written unless the whole run
-succeeds: outputs, `run.log` and `config.yaml` are staged and moved into place at the end, so a
-failed job leaves no folder behind (also when it ends in a traceback, which is a bug: please
-report it). The command line is composed and checked before anything is created (a misspelled key
-or group option gets a did-you-mean, a key of another option names it: `backend.num_ranks` is a
-key of `backend=sim`; the jobs of a `-m` sweep are checked before the first one runs: every job up
-to 64, beyond that every swept value once; a simulation too large for the memory available is
-refused with its estimate). A run folder in use by another run is refused.
+Useful overrides: README.md, "Common tasks"; `python -m pacectl.run --help` lists every group and
+key. A wrong value or a bad file ends with one line on stderr and a non-zero exit, and no result
+file is written unless the whole run succeeds (:mod:`pacectl.cli`: the command line, every job of a
+`-m` sweep included, is checked before anything is created; the outputs are staged).
 Every throughput change is printed with the 95 % confidence half-width of the paired per-iteration
 difference (`-0.07 ±0.04`): a change inside it is noise. Successive iterations are not independent,
 so the interval comes from batch means (:func:`pacectl.metrics.paired_change_ci95_frac`: blocks of sqrt(n)
@@ -100,15 +64,10 @@ with other `seed=` values before believing it.
 Every backend records its runs in the canonical trace format, one file per controller in
 `<run dir>/records/<controller>.parquet` (`backend.record=true` for `sim`; always for `torch`, where
 `backend.record_dir` may move the folder; the console's `outputs:` line names it), so
-`python -m pacectl.run trace=canonical trace.path=<file>` replays a
-simulated or live run like a recorded one. `trace=<file>` is short for it: a path (not an option
-name; a plain name only when it is an existing folder) is read by its suffix, `.parquet` as
-`canonical` (or as `bytedance` when `meta-X.yaml` sits beside `trace-X.parquet`, the shipped
-layout), `.json`/`.json.gz`, a folder holding such files or a glob as `kineto`, `.csv` as
-`steplevel`; the run prints the expansion. `-m trace=a.parquet,b.parquet` sweeps files of one format; a ByteDance file
-elsewhere needs `trace=bytedance trace.path=... trace.meta=...`. The summary's `paced_collective` names the collective as the
-source recorded it (`gloo all_reduce`, `DDP gradient all-reduce`), stored under the trace schema's
-one gradient op type, `grads-reduce-scatter`.
+`trace=<file>` (short for `trace=canonical trace.path=<file>`; the format is read from the suffix,
+:func:`pacectl.cli.trace_file_format`) replays a simulated or live run like a recorded one. The
+summary's `paced_collective` names the collective as the source recorded it (`gloo all_reduce`,
+`DDP gradient all-reduce`), stored under the trace schema's one gradient op type, `grads-reduce-scatter`.
 """
 
 from __future__ import annotations

@@ -1000,13 +1000,16 @@ def _energy_cells(run: str, s: Mapping[str, Any], base: Mapping[str, Any] | None
     elif base is None or not base.get("energy_total_j") or s.get("energy_total_j") is None:
         delta, bound = "n/a", "n/a"
     else:
-        delta = format_value(100.0 * (s["energy_total_j"] / base["energy_total_j"] - 1.0), "+.2f")
-        ci = s.get("energy_change_ci95_frac")
-        if ci is not None and math.isfinite(ci):
-            delta += f" ±{100.0 * ci:.2f}"
+        delta = _change_cell(s["energy_total_j"], base["energy_total_j"], s.get("energy_change_ci95_frac"))
         reached = s.get("oracle_bound_reached_frac")
         bound = format_value(None if reached is None else 100.0 * reached, ".1f")
     return [format_value(None if per_it is None else per_it / 1e3, "#.4g"), delta, bound]
+
+
+def _change_cell(value: float, ref: float, ci: float | None) -> str:
+    """The change of ``value`` against ``ref`` in %, ``+x.xx``, with `` ±y.yy`` where ``ci`` is known."""
+    cell = format_value(100.0 * (value / ref - 1.0), "+.2f")
+    return cell + f" ±{100.0 * ci:.2f}" if ci is not None and math.isfinite(ci) else cell
 
 
 #: the cell of a run of several jobs where one figure for all the jobs would mislead (its mean
@@ -1028,11 +1031,8 @@ def _job_rows(
             delta = "baseline"
         elif not ref:
             delta = "n/a"
-        else:
-            delta = format_value(100.0 * (j["throughput_it_per_s"] / ref - 1.0), "+.2f")
-            ci = j.get("throughput_change_ci95_frac")  # pacectl.run adds each job's interval
-            if ci is not None and math.isfinite(ci):
-                delta += f" ±{100.0 * ci:.2f}"
+        else:  # pacectl.run adds each job's interval
+            delta = _change_cell(j["throughput_it_per_s"], ref, j.get("throughput_change_ci95_frac"))
         rows.append(
             [
                 f"  job {job}",
@@ -1062,12 +1062,9 @@ def _table_rows(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> li
         elif base is None or not base.get("throughput_it_per_s"):
             delta = "n/a"
         else:
-            delta = format_value(
-                100.0 * (s["throughput_it_per_s"] / base["throughput_it_per_s"] - 1.0), "+.2f"
+            delta = _change_cell(
+                s["throughput_it_per_s"], base["throughput_it_per_s"], s.get("throughput_change_ci95_frac")
             )
-            ci = s.get("throughput_change_ci95_frac")
-            if ci is not None and math.isfinite(ci):
-                delta += f" ±{100.0 * ci:.2f}"
         active = s.get("pacing_active_frac")
         jobs = bool(s.get("jobs"))
         rows.append(

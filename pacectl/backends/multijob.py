@@ -239,7 +239,6 @@ class MultiJobSimBackend(Backend):
         self._iter_start = np.array([j.start_s for j in self.jobs], dtype=np.float64)
         self._comm_start = np.full(n, np.inf)  # S: when the ring starts (known once actions are in)
         self._left = np.zeros(n)  # ring bytes still to move
-        self._ring_end = np.full(n, np.inf)
         self._end = np.full(n, np.inf)  # E
         self._phase = ["idle"] * n  # idle (before its start) | compute | ring | tail
         self._pending: list[dict[str, np.ndarray] | None] = [None] * n

@@ -33,16 +33,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from pacectl.controllers.base import BaseController, FloatArray
+from pacectl.controllers.none import NoPacing
 from pacectl.controllers.registry import register
-from pacectl.types import Observation
 
 
 @register(in_all=False, paces=False)
 @dataclass(kw_only=True, eq=False, repr=False)
-class SleepWait(BaseController):
+class SleepWait(NoPacing):
     """Never delays any rank; every rank waits asleep inside the paced collective.
 
     Its action is zero delay with ``wait="sleep"`` (see the module docstring for what each backend
@@ -51,6 +48,7 @@ class SleepWait(BaseController):
     Diagnostics: ``active`` (always 0.0: it never paces).
 
     Example:
+        >>> import numpy as np
         >>> c = SleepWait()
         >>> c.reset(4, np.random.default_rng(0))
         >>> from pacectl.testing import make_observation
@@ -61,12 +59,3 @@ class SleepWait(BaseController):
 
     name = "sleep_wait"
     wait = "sleep"
-
-    def _reset_state(self, num_ranks: int) -> None:
-        pass
-
-    def _act(self, obs: Observation, natural_arrival_s: FloatArray) -> FloatArray:
-        return np.zeros_like(natural_arrival_s)
-
-    def _diagnostics(self) -> dict[str, float]:
-        return {"active": 0.0}

@@ -134,10 +134,9 @@ class Placement:
     rank_order: str = "megatron"
 
     def __post_init__(self) -> None:
-        if isinstance(self.ranks_per_node, bool) or not isinstance(self.ranks_per_node, (int, np.integer)):
-            raise ConfigError(f"fit.ranks_per_node must be an integer >= 1, got {self.ranks_per_node!r}")
-        if self.ranks_per_node < 1:
-            raise ConfigError(f"fit.ranks_per_node must be an integer >= 1, got {self.ranks_per_node!r}")
+        n = self.ranks_per_node
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ConfigError(f"fit.ranks_per_node must be an integer >= 1, got {n!r}")
         if self.rank_order not in RANK_ORDERS:
             raise ConfigError(f"fit.rank_order must be one of {list(RANK_ORDERS)}, got {self.rank_order!r}")
 
@@ -1017,7 +1016,6 @@ class FittedComm:
         self.fit: CommFit | None = None
         self.description = self._describe()
         self._recorded: tuple[FloatArray, FloatArray] | None = None
-        self.last_passes = 0
         self.unconverged = 0
 
     @classmethod
@@ -1177,15 +1175,12 @@ def fixed_point(
     base_transfer = transfer_s[c]
     one_step = start.ndim == 2
     base_end, base_start = end.copy(), start.copy()
-    passes = 0
 
     def solve(comm_transfer: FloatArray) -> None:
-        nonlocal passes
         end[:] = base_end
         start[:] = base_start
         transfer[c] = comm_transfer
         evaluate(levels, end, start, launch_s, transfer, pace_s)
-        passes += 1
 
     def update(comm_transfer: FloatArray) -> FloatArray:
         solve(comm_transfer)
@@ -1211,7 +1206,6 @@ def fixed_point(
             model.unconverged += 1
             solution = update(transfer[c].copy())
         solve(np.maximum(np.asarray(solution, dtype=np.float64), 0.0))
-    model.last_passes = passes
     return start, end[:-1]
 
 

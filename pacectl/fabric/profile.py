@@ -477,9 +477,7 @@ def buckets_spec(cluster: Profile) -> BucketedBackward:
     return cluster_config(cluster).buckets
 
 
-def bucket_engine(
-    cluster: Profile, comm: object, num_ranks: int, *, base_comm: Any | None = None
-) -> BucketEngine | None:
+def bucket_engine(cluster: Profile, comm: object, num_ranks: int) -> BucketEngine | None:
     """The simulator's bucketed backward for a profile, or None with one bucket (the single
     all-reduce model runs unchanged).
 
