@@ -410,11 +410,9 @@ def evaluate(
             ``hook(nodes, group_start_s, transfer_s) -> transfer_s`` for the ops of one level, given
             when their group starts (for example contention with cross traffic at that moment).
             Without it the recursion is max-plus: no pacing delay can make anything end earlier.
-
         dp_axis: the axis of the DP ranks, over which DP synchronisation reduces (default the last;
             the what-if's scenario batches put a scenario axis after it).
 
-    The trailing axes are ``[..., dp_size]``; DP synchronisation reduces over ``dp_axis``.
     Formula: ``start = max(end[deps]) + launch (+ pace)``;
     ``end = max(start over the group [and DP ranks]) + transfer``.
     """

@@ -373,6 +373,18 @@ class ReplayBackend(Backend):
             num_op_instances=self._clip_counts["num_op_instances"],
         )
 
+    def _pace_of(self, delays: FloatArray | None) -> FloatArray | None:
+        """``float64[N, num_steps, dp_size]``: ``delays`` (``[num_steps, num_ranks]``, global rank
+        order) before the paced collective and its co-paced ops; None for None."""
+        if delays is None:
+            return None
+        dp, pp = self.trace.meta.dp_size, self.trace.meta.pp_size
+        pace = np.zeros_like(self._base_start)
+        pace[self._paced] = np.asarray(delays, dtype=np.float64).reshape(-1, pp, dp).transpose(1, 0, 2)
+        if len(self._co_paced):
+            pace[self._co_paced] = pace[self._paced]
+        return pace
+
     def replayed_times(
         self,
         delays: FloatArray | None = None,
@@ -393,13 +405,7 @@ class ReplayBackend(Backend):
         Returns:
             ``(start_s, end_s)``, each ``float64[N, num_steps, dp_size]``.
         """
-        pace = None
-        if delays is not None:
-            dp, pp = self.trace.meta.dp_size, self.trace.meta.pp_size
-            pace = np.zeros_like(self._base_start)
-            pace[self._paced] = np.asarray(delays, dtype=np.float64).reshape(-1, pp, dp).transpose(1, 0, 2)
-            if len(self._co_paced):
-                pace[self._co_paced] = pace[self._paced]
+        pace = self._pace_of(delays)
         end = self._base_end.copy()
         start = self._base_start.copy()
         if launch_s is None and transfer_s is None:

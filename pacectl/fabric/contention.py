@@ -16,12 +16,9 @@ iteration's length (see :mod:`pacectl.fabric.base`):
   does not poll: it blocks on epoll, so on CPU/gloo a waiting rank already sleeps. CPU-side launch
   delays are a documented straggler cause in production (Lin et al., OSDI 2025, section 6). The
   strength ``kappa`` of the shipped GPU profiles is an assumption of a scenario
-  (``interference.kappa_source: assumed``): experiments/interference/measure_kappa.py measures the
-  CPU case (spinning waiters on an oversubscribed host slow a computing rank by tens of per cent
-  per waiter; sleeping waiters, the pacer's sleep and gloo's epoll wait by none measurable), and
-  the GPU case (spinning NCCL-like kernels against a GEMM stream) is the prepared, not yet run,
-  ``kappa_on_device`` step of experiments/gpu_check. Report a gain across a range of ``kappa``,
-  beside ``sleep_wait``.
+  (``interference.kappa_source: assumed``): experiments/interference/README.md records the CPU
+  case, and the GPU case is the ``kappa_on_device`` step of experiments/gpu_check. Report a gain
+  across a range of ``kappa``, beside ``sleep_wait``.
 """
 
 from __future__ import annotations

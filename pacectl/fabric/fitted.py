@@ -58,23 +58,22 @@ an earlier one (compute under a transfer) settle together.
 **Verdict** (:attr:`CommFit.verdict`): a delay within a rank's earliness moves no transfer's start,
 so it cannot change any duration keyed on what runs during a transfer (DESIGN.md, fact 2): the
 counterfactual that can tell the models apart moves transfers. Every communication op instance is
-delayed by an independent uniform draw in ``[0, d_c]``, ``d_c`` the larger of its class's median
-earliness and median transfer time (:func:`probe_pace`), and every step is replayed under max-plus and under the fitted model, with the
-point estimate; ``bound_frac`` is the largest difference in mean step time between the two
-(fitted minus max-plus, as a fraction of the zero-delay mean step time) over the point estimate and
-the far end of its 95 % interval (delta method: one replay per identified slope gives the
-difference's gradient in the slopes, and their covariance its standard error). "consistent with max-plus within +-x % of step time" when
-that bound is under ``tolerance_frac``, no dependence is *validated* (joint Wald test below
-:data:`SIGNIFICANCE`, held-out R^2 at least :data:`MIN_HELDOUT_R2`, and a placebo that does not
-also reject), and no class's arrival response departs from 1.0 (a
-departure: more than ``arrival_tolerance`` from 1.0, its interval excluding 1.0, and large enough to
-move completions by ``tolerance_frac`` of the step time at the arrivals' own spread); else
-"timing-dependent: ..." naming what departs.
+delayed by an independent uniform draw in ``[0, d_c]`` (:func:`probe_pace`), and every step is
+replayed under max-plus and under the fitted model; ``bound_frac`` is the largest difference in
+mean step time between the two (fitted minus max-plus, a fraction of the zero-delay mean step time)
+over the point estimate and the far end of its 95 % interval (delta method: one replay per
+identified slope gives the gradient in the slopes, their covariance its standard error). The
+verdict is "consistent with max-plus within +-x % of step time" when that bound is under
+``tolerance_frac``, no dependence is *validated* (joint Wald test below :data:`SIGNIFICANCE`,
+held-out R^2 at least :data:`MIN_HELDOUT_R2`, and a placebo that does not also reject), and no
+class's arrival response departs from 1.0 (by more than ``arrival_tolerance``, its interval
+excluding 1.0, and enough to move completions by ``tolerance_frac`` of the step time at the
+arrivals' own spread); else "timing-dependent: ..." naming what departs.
 
-Source of the method: the issue that asked for it (a fixed-effects regression of intrinsic times on
-concurrent communication and compute), with the standard panel-data tools (within transformation,
-cluster-robust covariance: Cameron and Miller, "A Practitioner's Guide to Cluster-Robust
-Inference", J. Human Resources 50(2), 2015).
+Source of the method: a fixed-effects regression of intrinsic times on concurrent communication
+and compute, with the standard panel-data tools (within transformation, cluster-robust covariance:
+Cameron and Miller, "A Practitioner's Guide to Cluster-Robust Inference", J. Human Resources 50(2),
+2015).
 """
 
 from __future__ import annotations
@@ -1107,13 +1106,7 @@ class FittedComm:
             ``(start_s, end_s)``, each ``float64[N, num_steps, dp_size]``.
         """
         dag = backend.dag
-        pace = None
-        if delays is not None:
-            dp, pp = backend.trace.meta.dp_size, backend.trace.meta.pp_size
-            pace = np.zeros_like(dag.start_s)
-            pace[backend._paced] = np.asarray(delays, dtype=np.float64).reshape(-1, pp, dp).transpose(1, 0, 2)
-            if len(backend._co_paced):
-                pace[backend._co_paced] = pace[backend._paced]
+        pace = backend._pace_of(delays)
         return fixed_point(
             self,
             dag,
