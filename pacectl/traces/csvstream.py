@@ -1,8 +1,7 @@
 """Bounded, streaming reads of numeric CSV columns (pyarrow's streaming CSV reader).
 
-``pandas.read_csv`` holds the whole file, every column, as Python objects: a 2 GB step-level file
-reached 21.5 GB of memory before the kernel killed the process, and a bad 200 MB header was echoed
-whole into the error. :func:`read_numeric_columns` instead
+``pandas.read_csv`` holds the whole file, every column, as Python objects, and echoes a bad header
+whole into its error. :func:`read_numeric_columns` instead
 
 - refuses a file larger than ``max_bytes`` before reading it (``trace.max_mb``, as the Kineto importer);
 - reads the header line itself, at most :data:`MAX_HEADER_BYTES`, and names at most a few columns,
@@ -166,7 +165,6 @@ def read_numeric_columns(
     bad = BadRows()
     # pyarrow decodes a bad row's text before it calls on_bad; a row that is not UTF-8 fails there
     # and Python would print "Exception ignored ... Traceback": count it as a bad row instead
-    # (found by the fuzz campaign, experiments/fuzz)
     previous_hook = sys.unraisablehook
 
     def on_unraisable(info: Any) -> None:
@@ -217,7 +215,6 @@ def _stream(
                 column_types={c: pa.string() for c in columns},
                 strings_can_be_null=True,
                 # only an empty field is missing: a written "nan" or "NA" is a value, shown as written
-                # (Arrow's default null spellings made a NaN in the last row look like a cut-off row)
                 null_values=[""],
             ),
         )
