@@ -33,8 +33,8 @@ importer matches the p2p ops by ``p2p_seq_id`` and reports them,
 from the step start (the end of the previous step's last gradient collective: the first inferred
 step is only the anchor and is not replayed) to the first gradient collective;
 ``backward-compute k`` from gradient collective ``k - 1``'s arrival to ``k``'s; each
-``grads-reduce-scatter k`` from its arrival (serialised after the previous one, as
-:mod:`pacectl.traces.kineto` does) to its common end; ``optimizer`` is empty (it lies inside the
+``grads-reduce-scatter k`` from its arrival (serialised after the previous one,
+:func:`serialise_buckets`) to its common end; ``optimizer`` is empty (it lies inside the
 next step's first segment).
 
 **Timing.** Two estimates; every output names the one used (:attr:`AssemblyReport.timing`):
@@ -870,6 +870,63 @@ def _folded(
     return {k: v / max(total, 1) for k, v in sorted(out.items()) if v > 0}
 
 
+#: ``(optype, seq_id, mc, start_ts, duration)``: one op per step and DP rank, times ``[S, n]`` (s)
+OpBlock = tuple[str, int, int, NDArray[np.float64], NDArray[np.float64]]
+
+
+def serialise_buckets(
+    arrival: NDArray[np.float64], end: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Bucket ops' starts and ends ``[..., K]`` as the replay's dependency model runs them.
+
+    ``pacectl/backends/dag.py`` runs a step's gradient buckets one after another, so bucket ``k``
+    starts at ``max(its arrival, bucket k - 1's end)``, that end as serialised itself (a bucket pushed
+    later pushes the next one too); bucket 0 (the one pacing delays) is never shifted. The true
+    arrivals still give the arrival spreads.
+    """
+    starts, end = arrival.copy(), end.copy()
+    for k in range(1, arrival.shape[-1]):
+        starts[..., k] = np.maximum(arrival[..., k], end[..., k - 1])
+        end[..., k] = np.maximum(end[..., k], starts[..., k])
+    return starts, end
+
+
+def op_frame(
+    steps: NDArray[np.int64],
+    ranks: list[int],
+    stage: int,
+    blocks: list[OpBlock],
+) -> pd.DataFrame:
+    """The canonical op table of one stage from its blocks of ops, one op per step and DP rank each.
+
+    Args:
+        steps: ``int64[S]`` the step ids.
+        ranks: the global rank of each DP rank (``dp_rank`` is the position).
+        stage: the pipeline stage.
+        blocks: the ops (:data:`OpBlock`; times may broadcast to ``[S, n]``).
+    """
+    S, n = len(steps), len(ranks)
+    return pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "step": np.repeat(steps, n),
+                    "dp_rank": np.tile(np.arange(n), S),
+                    "stage": stage,
+                    "rank": np.tile(np.asarray(ranks, dtype=np.int64), S),
+                    "optype": optype,
+                    "seq_id": seq,
+                    "mc": mc,
+                    "start_ts": np.broadcast_to(start_ts, (S, n)).ravel(),
+                    "duration": np.broadcast_to(duration, (S, n)).ravel(),
+                }
+            )
+            for optype, seq, mc, start_ts, duration in blocks
+        ],
+        ignore_index=True,
+    )
+
+
 def _op_table(
     arrival: NDArray[np.float64],
     end: NDArray[np.float64],
@@ -886,41 +943,20 @@ def _op_table(
     """
     S, n, K = arrival.shape
     A = np.maximum(arrival, start[:, None, None])
-    E = np.maximum(end, A)
-    starts_b = A.copy()
-    for k in range(1, K):  # buckets one after the other, as the replay's dependency model runs them
-        starts_b[..., k] = np.maximum(A[..., k], E[..., k - 1])
-        E[..., k] = np.maximum(E[..., k], starts_b[..., k])
+    starts_b, E = serialise_buckets(A, np.maximum(end, A))
     A_sorted = np.sort(A, axis=2)
     last_end = E.max(axis=2)
     step_end = np.broadcast_to(last_end.max(axis=1, keepdims=True), last_end.shape)
-    steps = np.arange(S, dtype=np.int64)
-    rows: list[pd.DataFrame] = []
 
-    def block(optype: str, seq: int, lo: NDArray[np.float64], hi: NDArray[np.float64], mc: int) -> None:
-        lo = np.broadcast_to(lo, (S, n))
-        rows.append(
-            pd.DataFrame(
-                {
-                    "step": np.repeat(steps, n),
-                    "dp_rank": np.tile(np.arange(n), S),
-                    "stage": stage,
-                    "rank": np.tile(np.asarray(ranks, dtype=np.int64), S),
-                    "optype": optype,
-                    "seq_id": seq,
-                    "mc": mc,
-                    "start_ts": (lo - start[:, None]).ravel(),
-                    "duration": np.maximum(hi - lo, 0.0).ravel(),
-                }
-            )
-        )
+    def block(optype: str, seq: int, lo: NDArray[np.float64], hi: NDArray[np.float64], mc: int) -> OpBlock:
+        return optype, seq, mc, lo - start[:, None], np.maximum(hi - lo, 0.0)
 
-    block("forward-compute", 0, start[:, None], A_sorted[..., 0], 0)
+    blocks = [block("forward-compute", 0, start[:, None], A_sorted[..., 0], 0)]
     for k in range(K):
         lo = A_sorted[..., k - 1] if k else A_sorted[..., 0]
-        block("backward-compute", k, lo, A_sorted[..., k], 0)
-        block("grads-reduce-scatter", k, starts_b[..., k], E[..., k], -1)
-    block("optimizer", 0, last_end, step_end, -1)
-    ops = pd.concat(rows, ignore_index=True)
+        blocks.append(block("backward-compute", k, lo, A_sorted[..., k], 0))
+        blocks.append(block("grads-reduce-scatter", k, starts_b[..., k], E[..., k], -1))
+    blocks.append(block("optimizer", 0, last_end, step_end, -1))
+    ops = op_frame(np.arange(S, dtype=np.int64), ranks, stage, blocks)
     spread = A.max(axis=1) - A.min(axis=1)
     return ops, spread, last_end.max(axis=1) - start

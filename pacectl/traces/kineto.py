@@ -33,11 +33,10 @@ all ranks:
 - ``forward-compute`` = [step start, forward end]; ``backward-compute`` j = [previous boundary,
   j-th bucket arrival]: *wall-clock segments between sync points* (kernels, CPU overhead and idle
   time of the segment together); ``optimizer`` = [last bucket end, step end];
-- the replay's dependency model (``pacectl/backends/dag.py``) runs gradient buckets one after another.
-  Backends that run buckets concurrently (gloo's worker threads) would violate it, so a bucket's op
-  starts at ``max(its arrival, previous bucket's end)``, that end as serialised itself (a bucket
-  pushed later pushes the next one too); the *true* arrivals still give the arrival
-  spreads of :class:`KinetoReport`. The first bucket (the one pacing delays) is never shifted.
+- bucket ops are serialised as the replay runs them
+  (:func:`~pacectl.traces.collectives.serialise_buckets`; backends that run buckets concurrently, as
+  gloo's worker threads do, would violate the replay's dependency model); the *true* arrivals give the
+  arrival spreads of :class:`KinetoReport`.
 
 Matching across ranks: by (process group, sequence number) when every collective carries a sequence
 number, else by ordinal within (process group or stream) and step (``KinetoReport.matching``).
@@ -64,6 +63,7 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from pacectl.errors import TraceError, plural
+from pacectl.traces.collectives import OpBlock, op_frame, serialise_buckets
 from pacectl.traces.jsonstream import DEFAULT_MAX_BYTES, StreamResult, stream_events
 from pacectl.traces.model import (
     MAX_DURATION_S,
@@ -137,6 +137,11 @@ class Problem:
         if self.where == self.field == "file":  # a whole-file problem: the path says where
             return f"{self.file}: {self.message}"
         return f"{self.file}:{self.where}: {self.field}: {self.message}"
+
+
+def _file_problem(file: str | Path, fld: str, message: str) -> Problem:
+    """A problem of a whole file (``where == "file"``), at the JSON field or concept ``fld``."""
+    return Problem(str(file), "file", fld, message)
 
 
 class TraceProblems(TraceError):
@@ -526,9 +531,8 @@ def _rank_of(
             rank, rank_from = 0, "default (single file)"
         else:
             problems.append(
-                Problem(
+                _file_problem(
                     fname,
-                    "file",
                     "distributedInfo.rank",
                     "the rank of each file must be known, got no distributedInfo.rank and no 'rank<N>' "
                     "in the file name; rename the file or pass ranks (--rank / trace.ranks)",
@@ -537,7 +541,7 @@ def _rank_of(
             return None
         notes.append(f"{fname}: distributedInfo.rank missing, rank {rank} taken from the {rank_from}")
     if rank < 0:
-        problems.append(Problem(fname, "file", "rank", f"rank must be >= 0, got {rank!r}"))
+        problems.append(_file_problem(fname, "rank", f"rank must be >= 0, got {rank!r}"))
         return None
     return rank, rank_from
 
@@ -551,11 +555,8 @@ def _world_size_of(dist: dict[str, Any] | None, fname: str, problems: list[Probl
         return ws
     if ws is not None:
         problems.append(
-            Problem(
-                fname,
-                "file",
-                "distributedInfo.world_size",
-                f"world_size must be a positive integer, got {ws!r}",
+            _file_problem(
+                fname, "distributedInfo.world_size", f"world_size must be a positive integer, got {ws!r}"
             )
         )
     return None
@@ -579,11 +580,8 @@ def _steps_table(
     if len(st) == 0:
         if len(ev) == 0:
             problems.append(
-                Problem(
-                    fname,
-                    "file",
-                    "traceEvents",
-                    "a trace must hold ProfilerStep, collective or GPU events, got none",
+                _file_problem(
+                    fname, "traceEvents", "a trace must hold ProfilerStep, collective or GPU events, got none"
                 )
             )
             return None
@@ -881,7 +879,7 @@ def import_kineto(
         except TraceProblems:
             raise
         except TraceError as err:
-            problems.append(Problem(str(f), "file", "file", str(err)))
+            problems.append(_file_problem(f, "file", str(err)))
             continue
         if rec is not None:
             recs.append(rec)
@@ -889,11 +887,8 @@ def import_kineto(
         for r in recs:
             if r.truncated:
                 problems.append(
-                    Problem(
-                        str(r.path),
-                        "file",
-                        "file",
-                        "a trace file must be complete in strict mode, got a truncated file",
+                    _file_problem(
+                        r.path, "file", "a trace file must be complete in strict mode, got a truncated file"
                     )
                 )
     if problems:
@@ -951,9 +946,8 @@ def _several_jobs(recs: list[_RankFile]) -> Problem | None:
     parents = sorted({str(r.path.parent) for r in recs})
     where = parents[0] if len(parents) == 1 else "<set>"
     best = max(groups, key=lambda k: len(groups[k]))
-    return Problem(
+    return _file_problem(
         where,
-        "file",
         "file",
         f"a trace must be the rank files of one job, got files of {len(groups)} jobs "
         f"({'; '.join(describe(k, v) for k, v in groups.items())})"
@@ -977,9 +971,8 @@ def _check_ranks(
     for r in recs:
         if r.rank in by_rank:
             problems.append(
-                Problem(
-                    str(r.path),
-                    "file",
+                _file_problem(
+                    r.path,
                     "distributedInfo.rank",
                     f"each rank must come from one file, got rank {r.rank} also in {by_rank[r.rank]}",
                 )
@@ -987,9 +980,8 @@ def _check_ranks(
         by_rank[r.rank] = r.path
     if world_size is None and len(declared) > 1:
         problems.append(
-            Problem(
-                str(recs[0].path),
-                "file",
+            _file_problem(
+                recs[0].path,
                 "distributedInfo.world_size",
                 f"all files must declare one world_size, got {sorted(declared)!r}",
             )
@@ -1001,15 +993,12 @@ def _check_ranks(
     for r in recs:
         if r.rank >= world:
             problems.append(
-                Problem(
-                    str(r.path), "file", "rank", f"rank must be in [0, world_size={world}), got {r.rank!r}"
-                )
+                _file_problem(r.path, "rank", f"rank must be in [0, world_size={world}), got {r.rank!r}")
             )
     if len(recs) > world:
         problems.append(
-            Problem(
+            _file_problem(
                 "<set>",
-                "file",
                 "world_size",
                 f"the number of rank files must be <= world_size={world}, got {len(recs)}",
             )
@@ -1021,7 +1010,7 @@ def _check_ranks(
         )
         if strict:
             problems.append(
-                Problem("<set>", "file", "world_size", msg + "; pass all rank files, or drop --strict")
+                _file_problem("<set>", "world_size", msg + "; pass all rank files, or drop --strict")
             )
         else:
             notes.append(msg + ": replaying the present ranks as their own data-parallel group")
@@ -1039,9 +1028,8 @@ def _truncated_suspects(recs: list[_RankFile], failure: str) -> list[Problem]:
     """
     if len(recs) < 2:  # one file: nothing to compare with, only its own JSON can say it was cut
         return [
-            Problem(
-                str(r.path),
-                "file",
+            _file_problem(
+                r.path,
                 "file",
                 f"{failure}, and this file looks truncated: {r.truncated_how}. Re-export the trace (the "
                 "profiler's export or the copy was cut short)",
@@ -1067,9 +1055,8 @@ def _truncated_suspects(recs: list[_RankFile], failure: str) -> list[Problem]:
         why = f"{r.truncated_how}; {held}" if r.truncated else held
         complete = [str(o.path) for o in rest if not o.truncated]
         out.append(
-            Problem(
-                str(r.path),
-                "file",
+            _file_problem(
+                r.path,
                 "file",
                 f"{failure}, and this file looks truncated: {why}. Re-export this rank's trace (the "
                 "profiler's export or the copy was cut short), or pass only the complete ranks' files "
@@ -1407,11 +1394,7 @@ def _op_times(t: _Times) -> _OpTimes:
     A_sorted = np.sort(A, axis=2)
     fe = np.where(np.isnan(t.fwd_end), A_sorted[..., 0], t.fwd_end)
     fe = np.clip(fe, t.step_start, A_sorted[..., 0])
-    starts_b = A.copy()
-    for k in range(1, A.shape[2]):  # the replay serialises buckets (see module docstring)
-        # after bucket k-1's end as serialised itself: a bucket pushed later pushes the next one too
-        starts_b[..., k] = np.maximum(A[..., k], E[..., k - 1])
-        E[..., k] = np.maximum(E[..., k], starts_b[..., k])
+    starts_b, E = serialise_buckets(A, E)
     last_end = E.max(axis=2)
     return _OpTimes(
         arrival=A,
@@ -1428,34 +1411,19 @@ def _op_table(
     o: _OpTimes, step_start: NDArray[np.float64], good: list[Any], rank_ids: list[int]
 ) -> pd.DataFrame:
     """The canonical op table (times in seconds from each step's earliest start over ranks)."""
-    S, n, K = o.arrival.shape
     t0 = step_start.min(axis=1)[:, None]
-    step_arr = np.asarray(good, dtype=np.int64)
-    rows: list[pd.DataFrame] = []
 
-    def block(optype: str, seq: int, start: NDArray[np.float64], end: NDArray[np.float64], mc: int) -> None:
-        rows.append(
-            pd.DataFrame(
-                {
-                    "step": np.repeat(step_arr, n),
-                    "dp_rank": np.tile(np.arange(n), S),
-                    "stage": 0,
-                    "rank": np.tile(np.asarray(rank_ids, dtype=np.int64), S),
-                    "optype": optype,
-                    "seq_id": seq,
-                    "mc": mc,
-                    "start_ts": ((start - t0) * 1e-6).ravel(),
-                    "duration": (np.maximum(end - start, 0.0) * 1e-6).ravel(),
-                }
-            )
-        )
+    def block(
+        optype: str, seq: int, start: NDArray[np.float64], end: NDArray[np.float64], mc: int
+    ) -> OpBlock:
+        return optype, seq, mc, (start - t0) * 1e-6, np.maximum(end - start, 0.0) * 1e-6
 
-    block("forward-compute", 0, step_start, o.fwd_end, 0)
-    for k in range(K):
-        block("backward-compute", k, o.bounds[..., k], o.bounds[..., k + 1], 0)
-        block("grads-reduce-scatter", k, o.coll_start[..., k], o.coll_end[..., k], -1)
-    block("optimizer", 0, o.last_end, o.step_end, -1)
-    return pd.concat(rows, ignore_index=True)
+    blocks = [block("forward-compute", 0, step_start, o.fwd_end, 0)]
+    for k in range(o.arrival.shape[2]):
+        blocks.append(block("backward-compute", k, o.bounds[..., k], o.bounds[..., k + 1], 0))
+        blocks.append(block("grads-reduce-scatter", k, o.coll_start[..., k], o.coll_end[..., k], -1))
+    blocks.append(block("optimizer", 0, o.last_end, o.step_end, -1))
+    return op_frame(np.asarray(good, dtype=np.int64), rank_ids, 0, blocks)
 
 
 def _job_meta(recs: list[_RankFile], files: list[Path], world_size: int | None, name: str | None) -> JobMeta:
