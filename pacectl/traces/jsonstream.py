@@ -56,16 +56,12 @@ class StreamResult:
     Attributes:
         meta: top-level keys other than ``traceEvents`` (empty for a bare event list).
         num_events: events delivered to the callback.
-        bare_list: the document was a bare JSON array of events.
         truncated: set when the file ended early (all complete events were still delivered).
-        bytes_read: decompressed bytes read.
     """
 
     meta: dict[str, Any]
     num_events: int
-    bare_list: bool
     truncated: Truncated | None
-    bytes_read: int
 
 
 def _starts_with(path: Path, magic: bytes) -> bool:
@@ -175,6 +171,16 @@ class _Reader:
             if not self._more():
                 return ""
 
+    def closed(self, close: str, context: str) -> bool:
+        """Consume the ``,`` between two items (False) or the ``close`` after the last one (True)."""
+        c = self.peek()
+        if c == "":
+            raise _EndOfData
+        if c not in (",", close):
+            raise _Corrupt(self.offset, f"expected ',' or {close!r} {context}, got {c!r}")
+        self.pos += 1
+        return c == close
+
     def take(self, expected: str, context: str) -> None:
         c = self.peek()
         if c == "":
@@ -245,7 +251,6 @@ def stream_events(
     meta: dict[str, Any] = {}
     count = 0
     in_events = False
-    bare = False
 
     def read_array() -> None:
         nonlocal count, in_events
@@ -256,25 +261,15 @@ def stream_events(
             in_events = False
             return
         while True:
-            event = reader.value()
-            on_event(event, count)
+            on_event(reader.value(), count)
             count += 1
-            c = reader.peek()
-            if c == ",":
-                reader.pos += 1
-            elif c == "]":
-                reader.pos += 1
+            if reader.closed("]", f"after event #{count - 1}"):
                 in_events = False
                 return
-            elif c == "":
-                raise _EndOfData
-            else:
-                raise _Corrupt(reader.offset, f"expected ',' or ']' after event #{count - 1}, got {c!r}")
 
     try:
         first = reader.peek()
         if first == "[":
-            bare = True
             read_array()
         elif first == "{":
             reader.pos += 1
@@ -290,16 +285,8 @@ def stream_events(
                         read_array()
                     else:
                         meta[key] = reader.value()
-                    c = reader.peek()
-                    if c == ",":
-                        reader.pos += 1
-                    elif c == "}":
-                        reader.pos += 1
+                    if reader.closed("}", f"after key {key!r}"):
                         break
-                    elif c == "":
-                        raise _EndOfData
-                    else:
-                        raise _Corrupt(reader.offset, f"expected ',' or '}}' after key {key!r}, got {c!r}")
         elif first == "":
             raise _EndOfData
         else:
@@ -335,8 +322,8 @@ def stream_events(
                 f"at character {reader.offset} (in {p}). Re-copy the file."
             ) from None
         trunc = Truncated(offset=reader.offset, reason=reason, in_events=in_events)
-        return StreamResult(meta, count, bare, trunc, state["bytes"])
+        return StreamResult(meta, count, trunc)
     if state["gzip_truncated"]:  # the JSON closed but the gzip trailer is missing
         trunc = Truncated(offset=reader.offset, reason="gzip stream ended early", in_events=False)
-        return StreamResult(meta, count, bare, trunc, state["bytes"])
-    return StreamResult(meta, count, bare, None, state["bytes"])
+        return StreamResult(meta, count, trunc)
+    return StreamResult(meta, count, None)
