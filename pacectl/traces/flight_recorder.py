@@ -35,14 +35,9 @@ What an entry means here:
   timeout is). It cannot be replayed; :func:`hang_report` says, per process group, which ranks are
   behind. A gloo dump taken at the end of a healthy run has every entry retired.
 
-- *point-to-point*: sends and recvs (``is_p2p``) are matched across ranks by process group,
-  ordered pair and ``p2p_seq_id`` (:func:`match_p2p`, which cites how torch counts it; a middle
-  pipeline stage, which has two peers in one group, is matched by order within each pair). The
-  result is *reported* (``info``: matched and unmatched per pair, and why; a warning on import
-  when some are unmatched) but not replayed: the op table holds no p2p ops, they fold into the
-  compute gaps, so the replay builds no stage-to-stage dependencies from them (within a step each
-  stage's DP group replays on its own; the step lasts as long as its slowest stage). gloo
-  records no send/recv in torch 2.13.
+- *point-to-point*: sends and recvs (``is_p2p``) are matched across ranks (:func:`match_p2p`) and
+  *reported* (``info`` per pair; a warning on import when some are unmatched), not replayed: they
+  fold into the compute gaps (:mod:`pacectl.traces.collectives`).
 
 Files: a folder (every file in it that holds a dump, whatever its name), a glob or a list. The rank
 of a file is the number that ends its name (``..._rank_3``, ``...rank3.json``; the convention of
@@ -50,11 +45,10 @@ torch's writer and its ``fr_trace`` analyzer), or ``ranks=`` in sorted-path orde
 
 The layout, the step inference and the op table are :mod:`pacectl.traces.collectives`'.
 
-Memory (``experiments/bench/results/flight_recorder.json``): files are read one at a time and
-compacted (about 60 B per entry) before the next; a pickle's values take about 12 MB per MB of
-that file while it is read (``trace.max_mb`` caps each file); ``trace.max_ops`` caps the entries of
-the set (counted file by file) and the ops of the trace (checked before its op table, about 0.36 kB
-per op, is built). A refusal is one line, with little held.
+Memory: files are read one at a time and compacted before the next (:func:`read_dumps`);
+``trace.max_mb`` caps each file, ``trace.max_ops`` the entries of the set and the ops of the trace
+(checked before its op table is built), so a refusal is one line with little held. The figures per
+MB: ``experiments/bench/README.md`` (``results/flight_recorder.json``).
 """
 
 from __future__ import annotations
@@ -444,8 +438,7 @@ def read_dump(path: str | Path, *, rank: int | None = None, max_bytes: int = DEF
 
 def _read_pickle(p: Path, rank: int) -> RankDump:
     # Unpickled from the file as it is read (no copy of its bytes beside the values). The values
-    # are the transient peak of a pickle's import: about 13 MB per MB of pickle (2 kB per entry,
-    # experiments/bench/README.md), one file at a time, freed entry by entry as they are compacted.
+    # are the transient peak of a pickle's import, freed entry by entry as they are compacted.
     try:
         with open(p, "rb") as fh:
             obj = SafeUnpickler(fh, source=str(p)).load()  # its memo goes with it
@@ -542,9 +535,8 @@ def read_dumps(
 ) -> list[RankDump]:
     """Read every dump of a set, one file at a time, sorted by rank (see :func:`read_dump`).
 
-    Each file's values are compacted (about 60 bytes per entry) before the next file is read, so the
-    set is held as compact columns, never as raw dumps; ``max_ops`` caps the entries (the ops the
-    recorders logged) over the set, checked after each file, before the next one is read.
+    Each file's values are compacted before the next file is read, so the set is held as compact
+    columns, never as raw dumps; ``max_ops`` caps the entries over the set, checked after each file.
 
     Raises:
         TraceError: as :func:`read_dump`; two files claim one rank; ``ranks`` does not give one rank
@@ -628,11 +620,23 @@ def process_groups(dumps: list[RankDump]) -> tuple[list[Group], dict[tuple[int, 
     return groups, index
 
 
+def _group_keys(
+    d: RankDump, sel: np.ndarray, index: dict[tuple[int, str, str], int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(keys, inverse)``: the group key of each distinct process group among ``d``'s entries
+    ``sel``, and each entry's position in ``keys`` (vectorized over the (name, desc) category codes)."""
+    names, descs = d.entries["pg_name"].cat, d.entries["pg_desc"].cat
+    nd = len(descs.categories)
+    pair = names.codes.to_numpy(np.int64)[sel] * nd + descs.codes.to_numpy(np.int64)[sel]
+    uniq, inverse = np.unique(pair, return_inverse=True)
+    keys = [index[(d.rank, str(names.categories[u // nd]), str(descs.categories[u % nd]))] for u in uniq]
+    return np.asarray(keys, dtype=np.int64), inverse
+
+
 def collective_set(dumps: list[RankDump], *, source: str) -> tuple[CollectiveSet, list[Group]]:
     """Every rank's finished collectives (not point-to-point) as one :class:`CollectiveSet`.
 
-    Each column is allocated once for the whole set and filled dump by dump (no per-dump frames
-    and no concatenation beside it: the table is the only copy made).
+    Each column is allocated once for the whole set and filled dump by dump (the only copy made).
     """
     groups, index = process_groups(dumps)
     keeps = [~d.entries["is_p2p"].to_numpy() for d in dumps]
@@ -661,14 +665,9 @@ def collective_set(dumps: list[RankDump], *, source: str) -> tuple[CollectiveSet
         if not n:
             continue
         e, part = d.entries, slice(at, at + n)
-        # each entry's group key, vectorized over the (name, desc) pairs' category codes
-        names, descs = e["pg_name"].cat, e["pg_desc"].cat
-        nd = len(descs.categories)
-        pair = names.codes.to_numpy(np.int64)[keep] * nd + descs.codes.to_numpy(np.int64)[keep]
-        uniq, inverse = np.unique(pair, return_inverse=True)
-        keys = [index[(d.rank, str(names.categories[u // nd]), str(descs.categories[u % nd]))] for u in uniq]
+        keys, inverse = _group_keys(d, keep, index)
         cols["rank"][part] = d.rank
-        cols["group"][part] = np.asarray(keys, dtype=np.int64)[inverse]
+        cols["group"][part] = keys[inverse]
         for name, cats in (("kind", kinds), ("backend", backends)):
             local = e[name].cat
             remap = np.asarray([cats.index(str(c)) for c in local.categories], dtype=np.int32)
@@ -981,14 +980,7 @@ def _p2p_rows(
         coalesced = int((~valid & (e["kind"].to_numpy()[p2p] == "coalesced")).sum())
         if coalesced:
             other["coalesced"] = coalesced + other.get("coalesced", 0)
-        names, descs = e["pg_name"].cat, e["pg_desc"].cat
-        nd = len(descs.categories)
-        pair = names.codes.to_numpy(np.int64)[p2p] * nd + descs.codes.to_numpy(np.int64)[p2p]
-        uniq, inverse = np.unique(pair, return_inverse=True)
-        keys = np.asarray(
-            [index[(d.rank, str(names.categories[u // nd]), str(descs.categories[u % nd]))] for u in uniq],
-            dtype=np.int64,
-        )
+        keys, inverse = _group_keys(d, p2p, index)
         gk = keys[inverse]
         src, dst = np.full(len(gk), -1, np.int64), np.full(len(gk), -1, np.int64)
         for u, k in enumerate(keys):
