@@ -12,14 +12,12 @@ Subcommands (``python -m pacectl.traces <cmd> --help`` for options):
   slopes with 95 % intervals, the placebo and held-out checks, the completion-on-arrival slopes and
   the verdict ("consistent with max-plus within +-x % of step time" or "timing-dependent: ...").
 
-Formats (``--format``, default by file name and first bytes, :mod:`pacectl.traces.detect`):
-``flight_recorder`` (PyTorch Flight Recorder dumps, pickle or JSON, one per rank: a folder, glob or
-files; ``info`` on a hang snapshot prints which ranks each process group waits for and exits 0),
-``nccl_inspector`` (NCCL Inspector ``<host>-pid<pid>.log`` JSON lines), ``kineto`` (``*.json``,
-``*.json.gz``, or a directory or glob of them), ``steplevel`` (``*.csv``), ``canonical``
-(``*.parquet`` written by pacectl), ``bytedance`` (``*.parquet`` plus ``--meta``, found beside a
-``trace-X.parquet`` as ``meta-X.yaml`` when not given). Exit codes (as ``pacectl.run``'s, :mod:`pacectl.errors`): 0 usable, 2 unusable trace (message
-on stderr, no traceback) or bad command line (also an ``-o`` that cannot be written).
+Formats (``--format``, default by file name and first bytes, :mod:`pacectl.traces.detect`): those
+of :mod:`pacectl.traces`; ``bytedance`` needs ``--meta``, found beside a ``trace-X.parquet`` as
+``meta-X.yaml`` when not given; ``info`` on a Flight Recorder hang snapshot prints which ranks each
+process group waits for and exits 0. Exit codes (as ``pacectl.run``'s, :mod:`pacectl.errors`): 0
+usable, 2 unusable trace (message on stderr, no traceback) or bad command line (also an ``-o`` that
+cannot be written).
 """
 
 from __future__ import annotations
@@ -741,9 +739,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    prog = (
-        "pacectl-traces" if parser.prog == "pacectl-traces" else "pacectl.traces"
-    )  # as pacectl.run names itself
+    # as pacectl.run names itself
+    prog = "pacectl-traces" if parser.prog == "pacectl-traces" else "pacectl.traces"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # warnings are printed by the commands themselves

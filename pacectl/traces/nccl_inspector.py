@@ -50,13 +50,11 @@ from pacectl.traces.collectives import (
     assemble,
     kind_of,
 )
-from pacectl.traces.model import OpTrace, TraceWarning, int64_array
+from pacectl.traces.model import DEFAULT_MAX_OPS, OpTrace, TraceWarning, int64_array
 from pacectl.traces.paths import expand_paths
 
 #: Default cap on one log file's size, bytes (4 GiB: the plugin appends for the job's lifetime).
 DEFAULT_MAX_BYTES = 4 << 30
-#: default cap on the collective records of a log set (trace.max_ops), as the other importers
-DEFAULT_MAX_OPS = 4_000_000
 _HEAD_RE = re.compile(rb'"header"\s*:')
 _PERF_RE = re.compile(rb'"(coll_perf|p2p_perf)"\s*:')
 
@@ -140,7 +138,7 @@ def _read_log(path: Path, max_bytes: int, notes: list[str], max_records: int | N
             last_line = i
             try:
                 rec = json.loads(raw)
-            except UnicodeDecodeError as err:  # found by the fuzz campaign (experiments/fuzz)
+            except UnicodeDecodeError as err:
                 raise TraceError(
                     f"each line of an NCCL Inspector log must be UTF-8 text, got an undecodable byte at "
                     f"offset {err.start} of the line (in {path}:{i}); the file is damaged: copy it again"
@@ -181,16 +179,10 @@ def _read_log(path: Path, max_bytes: int, notes: list[str], max_records: int | N
                 perf["event_trace_ts"] if isinstance(perf.get("event_trace_ts"), dict) else {}
             )
             kernels = [k for k in ts.get("kernel_events", []) if isinstance(k, dict)]
-            starts = [
-                k["kernel_start_ts"]
-                for k in kernels
-                if isinstance(k.get("kernel_start_ts"), int) and k["kernel_start_ts"] > 0
-            ]
-            stops = [
-                k["kernel_stop_ts"]
-                for k in kernels
-                if isinstance(k.get("kernel_stop_ts"), int) and k["kernel_stop_ts"] > 0
-            ]
+            starts, stops = (
+                [k[key] for k in kernels if isinstance(k.get(key), int) and k[key] > 0]
+                for key in ("kernel_start_ts", "kernel_stop_ts")
+            )
             start_us = (
                 min(starts)
                 if starts
@@ -212,10 +204,8 @@ def _read_log(path: Path, max_bytes: int, notes: list[str], max_records: int | N
         raise TraceError(
             f"an NCCL Inspector log must hold at least one record, got an empty file (in {path})"
         )
-    rows = pd.DataFrame(cols)
-    rows = rows.drop_duplicates(
-        subset=["comm", "seq"], keep="last"
-    )  # periodic dumps never repeat one; be safe
+    # periodic dumps never repeat a record; be safe
+    rows = pd.DataFrame(cols).drop_duplicates(subset=["comm", "seq"], keep="last")
     if pid < 0:
         m = re.search(r"pid(\d+)", path.name)
         pid = int(m.group(1)) if m else -1
