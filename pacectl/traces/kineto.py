@@ -1070,12 +1070,22 @@ def _truncated_suspects(recs: list[_RankFile], failure: str) -> list[Problem]:
 _DROP_FIX = "Pass drop_unmatched (--drop-unmatched) to drop those steps."
 
 
-def _fail_across_ranks(recs: list[_RankFile], failure: str, src: str, then: str = "") -> NoReturn:
-    """Raise ``"<failure> (in <src>)<then>"``, or the truncated-file problems when a file looks truncated."""
-    suspects = _truncated_suspects(recs, failure)
-    if suspects:
-        raise TraceProblems(suspects)
-    raise TraceError(f"{failure} (in {src}){then}")
+@dataclass
+class _Matching:
+    """The rank files being matched across ranks (sorted by rank), and what matching drops or notes."""
+
+    recs: list[_RankFile]
+    src: str  # the files, for messages
+    drop_unmatched: bool
+    notes: list[str]
+    dropped: dict[int, str] = field(default_factory=dict)  # step -> why
+
+    def fail(self, failure: str, then: str = "") -> NoReturn:
+        """Raise ``"<failure> (in <src>)<then>"``, or the truncated-file problems when a file looks truncated."""
+        suspects = _truncated_suspects(self.recs, failure)
+        if suspects:
+            raise TraceProblems(suspects)
+        raise TraceError(f"{failure} (in {self.src}){then}")
 
 
 def _require_collectives(recs: list[_RankFile]) -> None:
@@ -1125,11 +1135,12 @@ def _sync_kinds(recs: list[_RankFile], notes: list[str]) -> tuple[set[str], list
     return use, sorted(set(all_kinds.index) - use)
 
 
-def _common_steps(recs: list[_RankFile], dropped: dict[int, str], src: str) -> tuple[set[Any], set[Any]]:
+def _common_steps(m: _Matching) -> tuple[set[Any], set[Any]]:
     """The steps every rank recorded and all steps any rank recorded.
 
-    Steps missing from some rank go into ``dropped`` (step -> reason). Fails when no step is common.
+    Steps missing from some rank go into ``m.dropped``. Fails when no step is common.
     """
+    recs = m.recs
     common = set(recs[0].steps["step"])
     for r in recs[1:]:
         common &= set(r.steps["step"])
@@ -1137,14 +1148,12 @@ def _common_steps(recs: list[_RankFile], dropped: dict[int, str], src: str) -> t
     for s in sorted(all_steps - common):
         lacking = [o for o in recs if s not in set(o.steps["step"])]
         cut = [o.path.name for o in lacking if o.truncated]
-        dropped[int(s)] = "not recorded by every rank" + (
+        m.dropped[int(s)] = "not recorded by every rank" + (
             f" (missing from truncated {', '.join(cut)})" if cut else ""
         )
     if not common:
-        _fail_across_ranks(
-            recs,
+        m.fail(
             "the rank files must share at least one ProfilerStep#N, got disjoint step sets",
-            src,
             ". Were they recorded in the same run with the same profiler schedule?",
         )
     return common, all_steps
@@ -1169,14 +1178,7 @@ def _keyed_collectives(recs: list[_RankFile], use: set[str], common: set[Any]) -
     return pd.concat(keyed, ignore_index=True), use_seq
 
 
-def _drop_uneven_steps(
-    counts: pd.DataFrame,
-    recs: list[_RankFile],
-    drop_unmatched: bool,
-    dropped: dict[int, str],
-    notes: list[str],
-    src: str,
-) -> None:
+def _drop_uneven_steps(m: _Matching, counts: pd.DataFrame) -> None:
     """Steps where the ranks' numbers of sync collectives (``counts``: step x rank) differ: fail, or
     with ``drop_unmatched`` add them to ``dropped`` with a note."""
     bad_steps = counts.index[(counts.nunique(axis=1) > 1).to_numpy()]
@@ -1186,49 +1188,36 @@ def _drop_uneven_steps(
     per_rank = {int(k): int(v) for k, v in counts.loc[s].items()}
     what = f"every rank must record the same collectives in a step, got {per_rank} (collectives per rank) in step {s}"
     unmatched = f"; {len(bad_steps)} step(s) unmatched"
-    if not drop_unmatched:
-        _fail_across_ranks(recs, what, src, f"{unmatched}. {_DROP_FIX}")
+    if not m.drop_unmatched:
+        m.fail(what, f"{unmatched}. {_DROP_FIX}")
     for s2 in bad_steps:
-        dropped[int(s2)] = "unmatched collectives across ranks"
-    notes.append(f"{what} (in {src}){unmatched}; dropped")
+        m.dropped[int(s2)] = "unmatched collectives across ranks"
+    m.notes.append(f"{what} (in {m.src}){unmatched}; dropped")
 
 
-def _drop_partial_collectives(
-    allc: pd.DataFrame,
-    recs: list[_RankFile],
-    use_seq: bool,
-    drop_unmatched: bool,
-    dropped: dict[int, str],
-    src: str,
-) -> None:
+def _drop_partial_collectives(m: _Matching, allc: pd.DataFrame, use_seq: bool) -> None:
     """Steps holding a collective key (step, pg, ord) that not every rank has: fail, or with
     ``drop_unmatched`` add them to ``dropped``."""
-    n = len(recs)
+    n = len(m.recs)
     keys = allc.groupby(["step", "pg", "ord"])["rank"].nunique()
     part = keys[keys < n]
     if not len(part):
         return
     for s2 in part.index.get_level_values("step").unique():
-        if int(s2) in dropped:
+        if int(s2) in m.dropped:
             continue
-        if not drop_unmatched:
+        if not m.drop_unmatched:
             where = tuple(plain(x) for x in part.index[0])
             what = (
                 f"every collective must be matched on all {n} ranks, got {int(part.iloc[0])} rank(s) for "
                 f"(step, group, {'seq' if use_seq else 'ordinal'}) = {where}"
             )
-            _fail_across_ranks(recs, what, src, f". {_DROP_FIX}")
-        dropped[int(s2)] = "unmatched collectives across ranks"
+            m.fail(what, f". {_DROP_FIX}")
+        m.dropped[int(s2)] = "unmatched collectives across ranks"
 
 
 def _uniform_steps(
-    counts: pd.DataFrame,
-    common: set[Any],
-    all_steps: set[Any],
-    recs: list[_RankFile],
-    dropped: dict[int, str],
-    notes: list[str],
-    src: str,
+    m: _Matching, counts: pd.DataFrame, common: set[Any], all_steps: set[Any]
 ) -> tuple[list[Any], int]:
     """The steps kept for the replay: common, not dropped, with the most common number of buckets.
 
@@ -1237,13 +1226,12 @@ def _uniform_steps(
     Returns:
         ``(good, buckets)``: the kept steps (sorted) and the number of buckets per step.
     """
+    dropped = m.dropped
     good = sorted(set(common) - set(dropped))
     per_step = counts.loc[good].iloc[:, 0] if good else pd.Series(dtype=int)
     if len(per_step) == 0:
-        _fail_across_ranks(
-            recs,
+        m.fail(
             "at least one step must survive matching, got none",
-            src,
             "; " + dropped_steps_note(dropped, len(all_steps)),
         )
     mode = int(per_step.mode().iloc[0])
@@ -1252,11 +1240,9 @@ def _uniform_steps(
             dropped[int(s2)] = f"{k} collectives instead of the usual {mode}"
     good = [s2 for s2 in good if int(s2) not in dropped]
     if mode == 0:
-        _fail_across_ranks(
-            recs, "steps must contain at least one collective, got none in the common steps", src
-        )
+        m.fail("steps must contain at least one collective, got none in the common steps")
     if dropped:
-        notes.append(dropped_steps_note(dropped, len(all_steps)))
+        m.notes.append(dropped_steps_note(dropped, len(all_steps)))
     return good, mode
 
 
@@ -1268,14 +1254,7 @@ def _bucket_order(allc: pd.DataFrame) -> pd.DataFrame:
 
 
 def _match_collectives(
-    recs: list[_RankFile],
-    use: set[str],
-    common: set[Any],
-    all_steps: set[Any],
-    drop_unmatched: bool,
-    dropped: dict[int, str],
-    notes: list[str],
-    src: str,
+    m: _Matching, use: set[str], common: set[Any], all_steps: set[Any]
 ) -> tuple[pd.DataFrame, list[Any], int, bool]:
     """Match the sync collectives across ranks, dropping (or failing on) steps that do not match.
 
@@ -1283,18 +1262,18 @@ def _match_collectives(
         ``(allc, good, buckets, use_seq)``: the matched collectives of the kept steps (with ``rank``
         and ``bucket``), the kept steps, the buckets per step, and whether sequence numbers matched.
     """
-    allc, use_seq = _keyed_collectives(recs, use, common)
+    allc, use_seq = _keyed_collectives(m.recs, use, common)
     counts = (
         allc.groupby(["step", "rank"])
         .size()
         .unstack("rank")
-        .reindex(index=sorted(common), columns=[r.rank for r in recs])
+        .reindex(index=sorted(common), columns=[r.rank for r in m.recs])
         .fillna(0)
         .astype(int)
     )
-    _drop_uneven_steps(counts, recs, drop_unmatched, dropped, notes, src)
-    _drop_partial_collectives(allc, recs, use_seq, drop_unmatched, dropped, src)
-    good, buckets = _uniform_steps(counts, common, all_steps, recs, dropped, notes, src)
+    _drop_uneven_steps(m, counts)
+    _drop_partial_collectives(m, allc, use_seq)
+    good, buckets = _uniform_steps(m, counts, common, all_steps)
     return _bucket_order(allc[allc["step"].isin(good)]), good, buckets, use_seq
 
 
@@ -1467,11 +1446,9 @@ def _assemble(
     _require_collectives(recs)
     _rebase(recs)
     use, folded_kinds = _sync_kinds(recs, notes)
-    dropped: dict[int, str] = {}
-    common, all_steps = _common_steps(recs, dropped, src)
-    allc, good, K, use_seq = _match_collectives(
-        recs, use, common, all_steps, drop_unmatched, dropped, notes, src
-    )
+    m = _Matching(recs, src, drop_unmatched, notes)
+    common, all_steps = _common_steps(m)
+    allc, good, K, use_seq = _match_collectives(m, use, common, all_steps)
     times, offsets, resid = _align_clocks(_time_arrays(recs, allc, good, K), align)
     op = _op_times(times)
     rank_ids = [r.rank for r in recs]
@@ -1498,7 +1475,7 @@ def _assemble(
         world_size=meta.world_size,
         backend=",".join(backends) or "unknown",
         steps=[int(s) for s in good],
-        dropped_steps=dict(sorted(dropped.items())),
+        dropped_steps=dict(sorted(m.dropped.items())),
         buckets_per_step=K,
         kinds={str(k): float(v) for k, v in kinds_count.items()},
         folded_per_step=_folded_per_step(recs, folded_kinds, common),
