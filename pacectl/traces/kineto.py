@@ -431,13 +431,10 @@ def _events_frame(rows: list[_Event]) -> pd.DataFrame:
 def _stream_file(
     path: Path, max_bytes: int, problems: list[Problem]
 ) -> tuple[pd.DataFrame, dict[int, float], StreamResult]:
-    """Stream one file, keeping only the events the import needs.
+    """Stream one file: ``(kept events, cuda_runtime call start (µs) by correlation id, result)``.
 
-    Returns:
-        ``(events, launches, result)``: the kept events (see :func:`_events_frame`); the start (µs) of
-        each ``cuda_runtime`` call by correlation id; the reader's result (metadata, truncation).
-        Events that are not objects or have invalid times are skipped and appended to ``problems``
-        (at most ``_MAX_PROBLEMS`` in all).
+    Events that are not objects or have invalid times are skipped, each a problem (at most
+    ``_MAX_PROBLEMS`` in all).
     """
     fname = str(path)
     rows: list[_Event] = []
@@ -715,14 +712,9 @@ def _paired_arrivals(
 
 
 def _span_collectives(spans: pd.DataFrame, enq: pd.DataFrame | None = None) -> tuple[pd.DataFrame, bool]:
-    """Collectives from CPU spans named ``<prefix>:<coll>`` (backend spans ``gloo:<coll>``..., or
-    ``nccl:<coll>`` annotations) and whether their arrival came from enqueue ops.
-
-    Returns:
-        ``(colls, paired)``: columns ``_COLL_COLUMNS`` (CPU times, µs); arrival from the enqueue ops
-        ``enq`` when they pair with the spans (:func:`_paired_arrivals`; ``paired`` true), else the
-        span start.
-    """
+    """Collectives (``_COLL_COLUMNS``, CPU µs) from spans named ``<prefix>:<coll>`` (``gloo:<coll>``...,
+    ``nccl:<coll>``), and ``paired``: their arrival is the start of the enqueue ops ``enq`` when they
+    pair (:func:`_paired_arrivals`), else the span start."""
     kinds = spans["name"].map(lambda n: _kind(n.split(":", 1)[1])).to_numpy()
     arrival = None if enq is None else _paired_arrivals(spans, kinds, enq)
     colls = pd.DataFrame(
@@ -740,12 +732,8 @@ def _span_collectives(spans: pd.DataFrame, enq: pd.DataFrame | None = None) -> t
 
 
 def _collectives(ev: pd.DataFrame) -> tuple[pd.DataFrame, str, str]:
-    """The file's collectives from the first source it has (kernels, backend spans, nccl:* annotations).
-
-    Returns:
-        ``(colls, source, arrival_source)``: columns ``_COLL_COLUMNS`` (µs) and the two labels of
-        :class:`_RankFile`; ``source`` is ``"none"`` (and ``colls`` empty) when the file has none.
-    """
+    """The file's collectives (``_COLL_COLUMNS``, µs) from the first source it has (kernels, backend
+    spans, nccl:* annotations), and :class:`_RankFile`'s two labels (``"none"`` when it has none)."""
     kern = ev[ev["kind"] == "K"]
     if len(kern):
         return _kernel_collectives(kern), "gpu kernels (NCCL/RCCL)", "kernel start"
@@ -770,17 +758,10 @@ def _read_rank_file(
     problems: list[Problem],
     notes: list[str],
 ) -> _RankFile | None:
-    """Read one rank's file into a :class:`_RankFile` (times in µs, relative to the file's base).
+    """Read one rank's file into a :class:`_RankFile`, or None when a problem makes it unusable.
 
-    Args:
-        path: the file.
-        rank_override: its rank, replacing ``distributedInfo.rank``; None to read it.
-        single: it is the only file (an unknown rank is then 0).
-        max_bytes: cap on its size and decompressed text, bytes.
-        problems, notes: where problems and notes are appended.
-
-    Returns:
-        The file's contribution, or None when a problem makes it unusable (see ``problems``).
+    ``rank_override`` replaces ``distributedInfo.rank``; ``single``: it is the only file (an unknown
+    rank is then 0).
     """
     fname = str(path)
     ev, launches, res = _stream_file(path, max_bytes, problems)
@@ -1117,12 +1098,8 @@ def _rebase(recs: list[_RankFile]) -> None:
 
 
 def _sync_kinds(recs: list[_RankFile], notes: list[str]) -> tuple[set[str], list[str]]:
-    """The collective kinds used as sync points and the others (folded into compute).
-
-    Returns:
-        ``(use, folded)``: the gradient kinds (:data:`GRAD_KINDS`) any rank has, else every kind
-        (with a note); and the sorted remaining kinds.
-    """
+    """``(use, folded)``: the sync kinds (the :data:`GRAD_KINDS` any rank has, else every kind, with a
+    note) and the sorted others (folded into compute)."""
     all_kinds = pd.concat([r.colls["kind"] for r in recs]).value_counts()
     grad = [k for k in GRAD_KINDS if k in all_kinds.index]
     if grad:
@@ -1160,12 +1137,9 @@ def _common_steps(m: _Matching) -> tuple[set[Any], set[Any]]:
 
 
 def _keyed_collectives(recs: list[_RankFile], use: set[str], common: set[Any]) -> tuple[pd.DataFrame, bool]:
-    """Every rank's sync collectives in the common steps, with their match key.
-
-    Returns:
-        ``(allc, use_seq)``: the collectives (``_COLL_COLUMNS`` plus ``ord`` and ``rank``), where
-        ``(step, pg, ord)`` identifies one collective across ranks: ``ord`` is the sequence number when
-        every collective has one (``use_seq``), else the ordinal by arrival within (step, pg).
+    """Every rank's sync collectives in the common steps (``_COLL_COLUMNS``, ``ord``, ``rank``), and
+    ``use_seq``. ``(step, pg, ord)`` identifies one collective across ranks: ``ord`` is the sequence
+    number when every collective has one (``use_seq``), else the ordinal by arrival within (step, pg).
     """
     use_seq = all(r.colls["seq"].notna().all() for r in recs if len(r.colls))
     keyed: list[pd.DataFrame] = []
@@ -1219,13 +1193,9 @@ def _drop_partial_collectives(m: _Matching, allc: pd.DataFrame, use_seq: bool) -
 def _uniform_steps(
     m: _Matching, counts: pd.DataFrame, common: set[Any], all_steps: set[Any]
 ) -> tuple[list[Any], int]:
-    """The steps kept for the replay: common, not dropped, with the most common number of buckets.
-
-    Steps with another count go into ``dropped``; a note lists every dropped step.
-
-    Returns:
-        ``(good, buckets)``: the kept steps (sorted) and the number of buckets per step.
-    """
+    """``(good, buckets)``: the steps kept for the replay (sorted; common, not dropped, with the most
+    common number of buckets) and that number. Steps with another go into ``dropped``; a note lists
+    every dropped step."""
     dropped = m.dropped
     good = sorted(set(common) - set(dropped))
     per_step = counts.loc[good].iloc[:, 0] if good else pd.Series(dtype=int)
@@ -1256,12 +1226,9 @@ def _bucket_order(allc: pd.DataFrame) -> pd.DataFrame:
 def _match_collectives(
     m: _Matching, use: set[str], common: set[Any], all_steps: set[Any]
 ) -> tuple[pd.DataFrame, list[Any], int, bool]:
-    """Match the sync collectives across ranks, dropping (or failing on) steps that do not match.
-
-    Returns:
-        ``(allc, good, buckets, use_seq)``: the matched collectives of the kept steps (with ``rank``
-        and ``bucket``), the kept steps, the buckets per step, and whether sequence numbers matched.
-    """
+    """Match the sync collectives across ranks, dropping (or failing on) steps that do not match:
+    ``(allc, good, buckets, use_seq)``, the matched collectives of the kept steps (with ``rank`` and
+    ``bucket``), the kept steps, the buckets per step, and whether sequence numbers matched."""
     allc, use_seq = _keyed_collectives(m.recs, use, common)
     counts = (
         allc.groupby(["step", "rank"])
@@ -1330,10 +1297,8 @@ def _time_arrays(recs: list[_RankFile], allc: pd.DataFrame, good: list[Any], buc
 def _align_clocks(t: _Times, align: str) -> tuple[_Times, NDArray[np.float64], NDArray[np.float64]]:
     """Estimate and remove each rank's clock offset against the first rank (see module docstring).
 
-    Returns:
-        ``(times, offsets, residual)``: the times after alignment (unchanged when not applied), the
-        offsets applied ([n], µs; zeros when not applied) and the residual max - min end over ranks
-        per matched collective ([S, K], µs; zeros for one rank).
+    Returns ``(times, offsets, residual)``: the times after alignment, the offsets applied ([n], µs;
+    zeros when not applied) and max - min end over ranks per matched collective ([S, K], µs).
     """
     end = t.end
     S, n, K = end.shape
@@ -1343,8 +1308,6 @@ def _align_clocks(t: _Times, align: str) -> tuple[_Times, NDArray[np.float64], N
         est = np.nanmedian(diff, axis=1)
         after = end - est[None, :, None]
         resid_after = float(np.nanmedian(np.nanmax(after, axis=1) - np.nanmin(after, axis=1)))
-        # auto: ranks on one host share a clock, and their exit skew (not a clock offset) makes small
-        # estimates; only an offset well above the post-alignment residual is a clock difference
         apply = align == "end" or bool(np.nanmax(np.abs(est)) > max(_AUTO_ALIGN_US, 2.0 * resid_after))
         if apply:
             offsets = est
