@@ -413,14 +413,8 @@ def _layout_from_sizes(
                 "trace.tp_size and trace.pp_size (rank order: TP fastest, then DP, then PP)"
             )
         out.append(max(cands, key=lambda g: int(counts[g.key])))
-    return Layout(
-        out,
-        dp,
-        pp,
-        tp,
-        world,
-        f"given: dp {dp} x tp {tp} x pp {pp} (trace.*_size; TP fastest, then DP, then PP)",
-    )
+    how = f"given: dp {dp} x tp {tp} x pp {pp} (trace.*_size; TP fastest, then DP, then PP)"
+    return Layout(out, dp, pp, tp, world, how)
 
 
 # ------------------------------------------------------------------------------------------- steps

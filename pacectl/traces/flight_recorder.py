@@ -266,15 +266,11 @@ class _Columns:
             raise TraceError(
                 f"process_group must be [name, desc], got {pg!r} ({_where(path, i, 'process_group')})"
             )
-        if type(created) is not int or created < 0:
-            raise TraceError(
-                f"time_created_ns must be a non-negative integer (ns), got {created!r} "
-                f"({_where(path, i, 'time_created_ns')})"
-            )
-        if type(seq) is not int or seq < 0:
-            raise TraceError(
-                f"collective_seq_id must be a non-negative integer, got {seq!r} ({_where(path, i, 'collective_seq_id')})"
-            )
+        for key, value, unit in (("time_created_ns", created, " (ns)"), ("collective_seq_id", seq, "")):
+            if type(value) is not int or value < 0:
+                raise TraceError(
+                    f"{key} must be a non-negative integer{unit}, got {value!r} ({_where(path, i, key)})"
+                )
         duration = e.get("duration_ms")
         if duration is not None and (
             type(duration) not in (int, float) or not (0 <= duration < 7 * 24 * 3600e3)  # NaN fails too
