@@ -77,20 +77,11 @@ def _load(args: argparse.Namespace) -> tuple[OpTrace, dict[str, Any] | None, lis
     return trace, rep, notes
 
 
-def _layout(args: argparse.Namespace) -> Any:
-    from pacectl.traces.collectives import LayoutOverrides
-
-    return LayoutOverrides(
-        dp_size=args.dp_size,
-        tp_size=args.tp_size,
-        pp_size=args.pp_size,
-        dp_group=args.dp_group,
-        collectives_per_step=args.collectives_per_step,
-    )
-
-
 def _load_collective_log(args: argparse.Namespace, fmt: str) -> OpTrace:
     """Flight Recorder or NCCL Inspector: the trace; the report goes to ``args.collective_report``."""
+    from pacectl.traces.collectives import LayoutOverrides
+
+    layout = LayoutOverrides.of(args)
     report: Any
     if fmt == "flight_recorder":
         from pacectl.traces.flight_recorder import import_flight_recorder
@@ -100,7 +91,7 @@ def _load_collective_log(args: argparse.Namespace, fmt: str) -> OpTrace:
             ranks=args.rank,
             max_bytes=int(args.max_mb * 2**20),
             max_ops=args.max_ops,
-            layout=_layout(args),
+            layout=layout,
             timing=args.timing,
             collective_s=args.collective_s,
             all_gathers=args.all_gathers,
@@ -109,7 +100,7 @@ def _load_collective_log(args: argparse.Namespace, fmt: str) -> OpTrace:
         from pacectl.traces.nccl_inspector import import_nccl_inspector
 
         trace, report = import_nccl_inspector(
-            args.paths, max_bytes=int(args.max_mb * 2**20), max_ops=args.max_ops, layout=_layout(args)
+            args.paths, max_bytes=int(args.max_mb * 2**20), max_ops=args.max_ops, layout=layout
         )
     args.collective_report = report
     return trace

@@ -58,7 +58,7 @@ from __future__ import annotations
 import functools
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -193,6 +193,11 @@ class LayoutOverrides:
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise TraceError(f"trace.{key} must be an integer >= 1 or null, got {value!r}")
+
+    @classmethod
+    def of(cls, source: Any) -> LayoutOverrides:
+        """The overrides in ``source``'s attributes of these names (a trace config, parsed arguments)."""
+        return cls(**{f.name: getattr(source, f.name) for f in fields(cls)})
 
     @property
     def sizes_given(self) -> bool:

@@ -191,8 +191,7 @@ class _Layout(TraceFormat):
     def layout(self) -> Any:
         from pacectl.traces.collectives import LayoutOverrides
 
-        keys = ("dp_size", "tp_size", "pp_size", "dp_group", "collectives_per_step")
-        return LayoutOverrides(**{k: getattr(self, k) for k in keys})
+        return LayoutOverrides.of(self)
 
 
 @dataclass(kw_only=True)
