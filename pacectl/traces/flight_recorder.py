@@ -510,15 +510,8 @@ def _read_json(p: Path, rank: int) -> RankDump:
     if "version" not in top:
         raise TraceError(f"a Flight Recorder dump must have key 'version', got none (in {p})")
     version = _check_version(top["version"], p)
-    return RankDump(
-        p,
-        rank,
-        "json",
-        version,
-        _config(top.get("pg_config"), p),
-        _status(top.get("pg_status"), p),
-        cols.frame(p),
-    )
+    config, status = _config(top.get("pg_config"), p), _status(top.get("pg_status"), p)
+    return RankDump(p, rank, "json", version, config, status, cols.frame(p))
 
 
 # ----------------------------------------------------------------------------------------- the set
@@ -983,9 +976,8 @@ def _p2p_rows(
             members = np.asarray(groups[k].ranks, dtype=np.int64)
             sel = (inverse == u) & valid & (src_l < len(members)) & (dst_l < len(members))
             src[sel], dst[sel] = members[src_l[sel]], members[dst_l[sel]]
-        ok = (
-            valid & (src >= 0) & (dst >= 0) & (np.where(send, src, dst) == d.rank)
-        )  # its own side is this rank
+        # readable, and its own side is this rank
+        ok = valid & (src >= 0) & (dst >= 0) & (np.where(send, src, dst) == d.rank)
         bad = int((~ok).sum()) - coalesced
         if bad:
             other["unreadable peer"] = bad + other.get("unreadable peer", 0)
