@@ -176,7 +176,7 @@ def _load_split(jobs: dict[str, list[dict[str, Any]]], split: float) -> dict[str
     """Summaries of the jobs that started below / at or above ``split`` (1-minute load average)."""
     out: dict[str, Any] = {}
     for side, keep in ((f"load<{split:g}", lambda x: x < split), (f"load>={split:g}", lambda x: x >= split)):
-        for cond, rows in {**jobs, "pooled": [r for rows in jobs.values() for r in rows]}.items():
+        for cond, rows in {**jobs, "pooled": [r for job_rows in jobs.values() for r in job_rows]}.items():
             picked = [r for r in rows if "loadavg_before" in r and keep(r["loadavg_before"][0])]
             if picked:
                 out[f"{cond} {side}"] = summarise(picked)

@@ -43,9 +43,9 @@ from pacectl.studies import (
     change_text,
     combined_half_width,
     comm_text,
-    panel_grid,
     launch_sweep,
     markdown_table,
+    panel_grid,
     sim_episodes,
     study_arguments,
 )
