@@ -121,8 +121,7 @@ class TuneRunConfig(RunConfig):
 class Pacing(Checked):
     """``analysis=pacing``: replay the trace under no pacing and the selected controller(s), side by
     side. ``whatif`` (replay only): first put the stragglers' cost in the summary (the what-if
-    analysis, Lin et al. OSDI 2025, as analysis=whatif runs it: 2 + dp + pp + op groups + dp x pp +
-    2-4 replays of the whole trace; AR: 41, 0.3 s; 1,024 step-level workers: ~2,000, minutes)."""
+    analysis, Lin et al. OSDI 2025, as analysis=whatif runs it: :mod:`pacectl.whatif`)."""
 
     section: ClassVar[str] = "analysis"
     name: str = "pacing"

@@ -217,8 +217,7 @@ def draw_in_background(jobs: Sequence[Callable[[], Any]], *, fork: bool | None =
     have drawn itself. Where this process started a :func:`plot_server` and the jobs pickle
     (``functools.partial`` of a module-level plot function), the children are forked from that
     server, which has matplotlib imported already; otherwise from this process (copied on write),
-    after importing matplotlib here. Without ``os.fork`` (Windows), with torch imported (its
-    threads do not survive a fork) or with ``PACECTL_PLOTS_INLINE=1``, the jobs run inline, now.
+    after importing matplotlib here. Where :func:`can_fork` is False the jobs run inline, now.
 
     Args:
         jobs: callables that each write their files (atomically, e.g. :func:`save_figure`).
@@ -461,12 +460,11 @@ def plot_server(enabled: bool = True) -> Iterator[None]:
 
     The server is forked at once and imports matplotlib and the plot functions' modules
     (:data:`PLOT_MODULES`; none of them imports pandas or the replay) while this process composes
-    its config and computes: a command's plots
-    then start drawing as soon as their inputs exist, without the half second of matplotlib's
-    import on the command's critical path. It receives each batch of plots as a pickle, forks one
-    child per plot from its warm state and reports each batch's errors back. Nothing is started
-    where :func:`draw_in_background` would draw inline (torch imported, no ``os.fork``,
-    ``PACECTL_PLOTS_INLINE=1``) or where ``enabled`` is False; a nested call keeps the outer server.
+    its config and computes: a command's plots then start drawing as soon as their inputs exist,
+    without matplotlib's import on the command's critical path. It receives each batch of plots as a
+    pickle, forks one child per plot from its warm state and reports each batch's errors back.
+    Nothing is started where :func:`can_fork` or ``enabled`` is False; a nested call keeps the outer
+    server.
     The server ends with the block (or, if this process dies, when its pipe closes).
     """
     global _server

@@ -538,9 +538,9 @@ def _describe(experiment: Experiment) -> Iterator[Callable[[], dict[str, Any]]]:
 
     That work runs in a forked child beside the runs (on a second core, where there is one) and
     the function waits for its result; the child's result is used only where it neither raised,
-    warned nor logged, else this process computes it itself, as it did before the runs (the
-    warnings then come after the runs'). Without a fork (:func:`pacectl.report.can_fork`) it runs
-    here at once, with a progress bar on a terminal. The block reaps the child.
+    warned nor logged, else this process computes it itself (its warnings then come after the
+    runs'). Without a fork (:func:`pacectl.report.can_fork`) it runs here at once, with a progress
+    bar on a terminal. The block reaps the child.
     """
     from tqdm import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
@@ -798,7 +798,7 @@ _checked: list[DictConfig] = []
 
 def _validate_once(cfg: DictConfig) -> None:
     """:func:`pacectl.config.validate_run_config`, unless ``cfg`` equals the config that
-    :func:`_check_config` passed for this command line (the checks are pure: 20-30 ms once more)."""
+    :func:`_check_config` passed for this command line (the checks are pure)."""
     from pacectl.config import validate_run_config
 
     if not (_checked and cfg == _checked[-1]):
@@ -831,10 +831,9 @@ def exit_now(status: int) -> None:
     """End the process with ``status`` once a command is done, skipping the interpreter's teardown.
 
     The atexit handlers run (logging's flush among them) and stdout and stderr are flushed, then
-    ``os._exit``: what is skipped is freeing every module and object one by one, about 0.1-0.2 s
-    after a run with pandas, pyarrow, Hydra and a trace loaded, with nothing left to write (every
-    output is written and closed, atomically, before :func:`main` returns). Where another
-    non-daemon thread still runs, it exits the usual way (``sys.exit``), which waits for it.
+    ``os._exit``: what is skipped is freeing every module and object one by one, with nothing left
+    to write (every output is written and closed, atomically, before :func:`main` returns). Where
+    another non-daemon thread still runs, it exits the usual way (``sys.exit``), which waits for it.
     """
     import atexit
     import os

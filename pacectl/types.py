@@ -188,10 +188,9 @@ class Backend(Protocol):
         comm_timing_dependent: whether durations depend on when transfers start (only then can
             pacing change an iteration).
         actuator: how the pacing delays are applied (``"delay"``: sleep; ``"clock"``: slower compute).
-        independent_clocks: True for a backend whose domains keep their own clocks, such as several
-            jobs sharing one fabric, each finishing its iterations at its own instants
-            (:class:`pacectl.backends.multijob.MultiJobSimBackend`); see :meth:`step` for what
-            changes then. False (the default of a backend that subclasses this one): lockstep.
+        independent_clocks: True for a backend whose domains keep their own clocks (several jobs
+            sharing one fabric: :class:`pacectl.backends.multijob.MultiJobSimBackend`; see
+            :meth:`step`). False (the default): lockstep.
     """
 
     name: str

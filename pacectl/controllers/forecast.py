@@ -4,10 +4,10 @@ Why: a decision taken on the figures of iteration ``k`` paces iteration ``k + h`
 exchange lag, 1 at best; see :class:`~pacectl.loop.ExchangeSchedule`). Where a rank's earliness
 persists (a slow GPU, a far NIC) any recent value predicts ``k + h`` well. On real step times it
 decays within a few iterations (Alibaba PAI workers: lag-1 autocorrelation 0.57-0.89), and pacing on
-the last value, or on a fast EWMA of it, delays ranks that are no longer early: in
-``experiments/staleness`` the threshold controller's gain on ``cluster=alibaba_pai`` falls from
-+0.67 % at lag 1 to -0.57 % at lag 4. This controller forecasts instead of smoothing, and delays
-only what it expects to still be there.
+the last value, or on a fast EWMA of it, delays ranks that are no longer early (the threshold
+controller's gain on ``cluster=alibaba_pai`` turns into a loss as the lag grows:
+``experiments/staleness/README.md``). This controller forecasts instead, and delays only what it
+expects to still be there.
 
 Model (per rank, standard AR(1) around a slowly moving mean; Box, Jenkins and Reinsel, *Time Series
 Analysis*, ch. 3 and 5): with ``e_k[r]`` the earliness of rank ``r`` (``max(natural) - natural[r]``),

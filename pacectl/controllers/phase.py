@@ -1,12 +1,10 @@
 """Job-level phase control: shift a whole job once, so that its collectives slide into the gaps of
 another job's on the links they share.
 
-Why a job-level delay: a per-rank delay no larger than the rank's earliness never moves a
-collective's start (:mod:`pacectl.fabric`), so it cannot change whom the collective meets on the
-fabric. A delay of *every* rank of a job moves the whole job in time: its next collective starts
-that much later, and can leave an overlap with another job's collective on a shared link. Delaying
-every iteration would only lengthen the job's period; a shift is a one-time delay, after which the
-job holds zero again, keeping its new phase.
+Why a job-level delay: a per-rank delay within earliness never moves a collective's start, a delay
+of every rank of a job does (:mod:`pacectl.fabric`). Delaying every iteration would only lengthen
+the job's period; a shift is a one-time delay, after which the job holds zero again, keeping its
+new phase.
 
 Sources, and what is taken from each:
 
@@ -66,10 +64,9 @@ the window ran alone. Jobs whose collectives overlap in every iteration (no comp
 their relative phase, or enough jobs that one always overlaps) never show it one: the estimate is
 then the collided time itself, biased high, ``e_k`` stays near 0 and the job never shifts (a
 collision that persists is the case a shift is for). A ``quiet_s`` measured alone removes that bias
-(``tests/test_multijob.py``: jitter-free jobs started overlapping stay so with the window minimum
-and interleave with a profiled ``quiet_s``; ``experiments/multi_job``, ``phase_probe``). It is only as
-good as its measurement: a value too high hides slowdowns, one too low makes every collective look
-slowed (a shift at every decision, bounded by the guard's cap).
+(``tests/test_multijob.py``). It is only as good as its measurement: a value too high hides
+slowdowns, one too low makes every collective look slowed (a shift at every decision, bounded by
+the guard's cap).
 
 Where it loses without the switch-off: jobs whose periods are not commensurate (1:1.37 in
 ``experiments/multi_job``). Their relative phase sweeps through every offset, so collisions return
@@ -89,10 +86,9 @@ off. It judges once and commits, since every further comparison is another chanc
 switch-off (``experiments/multi_job/README.md``, "The switch-off"). Cassini instead does not pair
 jobs of incompatible periods on a link, which a job alone cannot do.
 
-Where it can do nothing: a job alone on its links, with no other traffic, has collectives that
-nothing slows (``comm=null``, or ``comm=contention`` without other jobs or cross traffic): then
-``e_k = 0`` always and it never shifts (a run says so in a note). Under max-plus with fixed
-durations (``comm=null``) a shift can only lengthen an iteration.
+Where it can do nothing: a job whose collectives nothing slows (alone on its links, no cross
+traffic, or ``comm=null``) has ``e_k = 0`` always and never shifts (a run says so in a note); under
+max-plus (``comm=null``) a shift can only lengthen an iteration.
 
 Live (``backend=torch``): every rank runs the same guarded controller on the same exchanged
 figures (:class:`~pacectl.torchdist.core.DecisionEngine`), with the same seeded ``rng``, so they

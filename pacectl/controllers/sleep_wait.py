@@ -26,7 +26,7 @@ What it changes, per backend:
   host's own synchronisations (``cudaDeviceScheduleBlockingSync`` makes them block instead of
   spin, and must be set before the CUDA context exists); pacectl does not set it. So on NCCL
   ``sleep_wait`` is recorded but changes nothing either, and the interference a spinning kernel
-  causes has to be measured on the GPU (issue 21 prepares that check in ``experiments/gpu_check``).
+  causes has to be measured on the GPU (``experiments/gpu_check``).
 """
 
 from __future__ import annotations

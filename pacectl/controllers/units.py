@@ -1,12 +1,11 @@
 """Run a controller in units of the iteration time, so its thresholds transfer between jobs.
 
 A threshold of 20 ms means little to a job whose iterations take 47 s and too much to one whose
-iterations take 50 ms; tuned in seconds, controllers did not transfer between the shipped traces
-(``experiments/tuning/``). :class:`IterationUnits` divides every time of an observation by the
-median iteration time seen so far (a rolling window) before the inner controller sees it, and
-multiplies the delays it returns by the same scale. Inside, ``on_threshold_s: 0.01`` then means "1 %
-of an iteration". Select it with the reserved controller key ``units: iteration`` (see
-:func:`pacectl.controllers.make_controller`).
+iterations take 50 ms (``experiments/tuning/``). :class:`IterationUnits` divides every time of an
+observation by the median iteration time seen so far (a rolling window) before the inner controller
+sees it, and multiplies the delays it returns by the same scale. Inside, ``on_threshold_s: 0.01``
+then means "1 % of an iteration". Select it with the reserved controller key ``units: iteration``
+(see :func:`pacectl.controllers.make_controller`).
 """
 
 from __future__ import annotations

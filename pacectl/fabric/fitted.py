@@ -21,9 +21,8 @@ the schema, :data:`COMM_OPTYPES`) with intrinsic time ``tau_i > 0``::
   ``block_steps`` consecutive steps (drift across the recording). ``a`` is absorbed by demeaning
   within (template, DP rank), ``b`` enters as dummies, and the slopes are estimated by least squares
   (statsmodels OLS; by the Frisch-Waugh-Lovell theorem the same estimate as the full dummy regression).
-- standard errors are clustered two ways, by step and by (template, DP rank), where each has at
-  least :data:`MIN_CLUSTERS` groups, else by the one that has, else heteroskedasticity-robust (HC1),
-  as the fit says (:func:`_ols`).
+- standard errors are cluster-robust, by step and by (template, DP rank) where there are enough
+  clusters, else heteroskedasticity-robust (:func:`_ols`), as the fit says.
 
 Under max-plus every ``beta`` is 0. The fit reports each with its 95 % interval, a joint Wald test,
 and three checks:
@@ -47,13 +46,11 @@ ByteDance's traces record exactly Megatron's order, so the two agree there.
 recorded one times ``exp(beta . (x_replayed - x_recorded))``, with ``x`` its two features in the
 replayed timeline and ``x_recorded`` those of the recording as replayed with its own pacing delays
 (:func:`reference_timeline`). A replay with the recorded timing therefore reproduces the recording
-exactly (as the null model does), and only a change in what overlaps what changes a duration. Because the
-features depend on the durations they set, the step is solved by a fixed-point pass
-(:func:`fixed_point`): evaluate the DAG, recompute the features from the evaluated timeline, update
-the transfer times, evaluate again, until the transfer times reproduce themselves (to a relative
-``1e-6``; ``scipy.optimize.fixed_point`` accelerates the iteration). Ops that overlap
-within one level of the DAG (node-mates' concurrent transfers) and ops of later levels that overlap
-an earlier one (compute under a transfer) settle together.
+exactly (as the null model does), and only a change in what overlaps what changes a duration. The
+features depend on the durations they set, so each step is solved as a fixed point
+(:func:`fixed_point`, to a relative ``1e-6``): ops that overlap within one level of the DAG
+(node-mates' concurrent transfers) and ops of later levels that overlap an earlier one (compute
+under a transfer) settle together.
 
 **Verdict** (:attr:`CommFit.verdict`): a delay within a rank's earliness moves no transfer's start,
 so it cannot change any duration keyed on what runs during a transfer (DESIGN.md, fact 2): the

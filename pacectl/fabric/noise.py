@@ -337,8 +337,7 @@ class EmpiricalSamples:
       fill is an assumption (the data say nothing between samples), and every output that uses the
       model says so (:meth:`describe`).
     - ``hold``: each sample is held for ``k`` iterations.
-    - ``consecutive``: the samples replay as consecutive iterations (the series' time
-      axis compressed ``k``-fold).
+    - ``consecutive``: the samples replay as consecutive iterations (the time axis compressed ``k``-fold).
 
     Args:
         path: CSV file with ``worker`` and ``batch_time_norm`` columns.

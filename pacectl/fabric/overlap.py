@@ -2,8 +2,8 @@
 rest of backward, and the on-device compute/communication contention that overlap brings.
 
 The profile's ``buckets`` section (``conf/cluster/dgx_superpod.yaml``) turns it on; ``count: 1`` (the
-default) is the single all-reduce model of :mod:`pacectl.backends.sim`, bit for bit (it does not
-run this module at all; ``tests/test_buckets.py`` also runs this engine with one bucket against it).
+default) does not run this module: the single all-reduce model of :mod:`pacectl.backends.sim`
+(``tests/test_buckets.py`` checks this engine with one bucket against it, bit for bit).
 
 One iteration of rank ``r`` with ``B`` buckets (all times from the iteration start)::
 
@@ -40,13 +40,12 @@ rank at bucket 0 shortens its own spinning and with it the slowdown of its remai
 lever the CUDA pacer has. The default, 0.189, is the mean computational slowdown of compute
 overlapped with communication that Lee et al. measured ("Characterizing Compute-Communication
 Overlap in GPU-Accelerated Distributed Deep Learning: Performance and Power Implications",
-arXiv 2507.03114, 2025: GPT and LLaMA models on 4 A100, H100, MI250 and MI210; mean 18.9 %,
-maximum 40.0 %). They measured transferring collectives; applying the same factor to a spinning
-wait is an assumption (its CTAs occupy the same SMs, but move no data). Like early-arrival
-interference it is a compute-side mechanism of ``comm=contention``: with ``comm=null`` or
-``alpha_beta`` the factor is 0 and the bucketed model is max-plus (no delay shortens an
-iteration; delays within earliness at bucket 0 change nothing with the device pacer), tested as
-a property.
+arXiv 2507.03114, 2025: GPT and LLaMA models on 4 A100, H100, MI250 and MI210; maximum 0.40) on
+transferring collectives; applying it to a spinning wait is an assumption (its CTAs occupy the
+same SMs, but move no data). It is a compute-side mechanism of ``comm=contention``: with
+``comm=null`` or ``alpha_beta`` the factor is 0 and the bucketed model is max-plus (no delay
+shortens an iteration; delays within earliness at bucket 0 change nothing with the device pacer:
+tested as properties).
 
 **Where the noise lands** (``noise``): ``spread`` (the default) splits each rank's compute time,
 noise included, by the segment fractions, so a rank late at bucket 0 is late, in proportion, at
@@ -56,12 +55,11 @@ compute (a hiccup: a GC pause or page fault happens at one point of the iteratio
 scenario choices; the draws of ``instant`` come from their own stream (``default_rng([seed,
 23])``), so the compute times are those of the single all-reduce model.
 
-What is not modelled (yet): FSDP-style parameter prefetch or pipeline point-to-point traffic
-sharing the node's NICs; ``backend.record=true`` (a bucketed run has no canonical trace form
-here), ``backend.actuator=clock`` and a node power cap (``cluster.power_cap``) with more than one
+Not modelled: FSDP-style parameter prefetch or pipeline point-to-point traffic sharing the node's
+NICs; ``backend.record=true``, ``backend.actuator=clock`` and a node power cap with more than one
 bucket are refused. The energy account of a bucketed run treats its states as disjoint (compute,
-the wait and the transfer of bucket 0), although backward overlaps the collectives: read its
-energy figures as approximate.
+the wait and the transfer of bucket 0), although backward overlaps the collectives: its energy
+figures are approximate.
 """
 
 from __future__ import annotations
@@ -81,8 +79,7 @@ FloatArray = NDArray[np.float64]
 
 PACERS = ("device", "host")
 NOISE_PLACEMENTS = ("spread", "instant")
-#: the default overlap slowdown (Lee et al., arXiv 2507.03114: mean computational slowdown of
-#: compute overlapped with communication, 18.9 %; their maximum is 0.40)
+#: the default overlap slowdown (Lee et al., arXiv 2507.03114: module docstring)
 SOURCED_OVERLAP_SLOWDOWN = 0.189
 #: forward's share of the compute: backward costs about twice forward's FLOPs (Kaplan et al.,
 #: "Scaling Laws for Neural Language Models", 2020: 2N forward and 4N backward FLOPs per token)

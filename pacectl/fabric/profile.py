@@ -33,13 +33,11 @@ titles, the console table and `report.md` say fixed durations.
 
 The simulator's compute-time models (`cluster.compute.noise`): i.i.d. lognormal jitter,
 heavy-tailed Pareto hiccups, periodic OS-style noise, persistent slow ranks (locality), and replay of
-real per-worker step-time samples (Alibaba PAI). Profiles: `dgx_superpod` (the default: NVIDIA's DGX H100 SuperPOD reference
-architecture, 8 rail-optimised 400 Gb/s NICs per node, 32-node leaves, non-blocking), `cost_optimized`
-(one NIC flow per node, 4-node leaves), `paper_like` (calibrated to the
-paper's no-pacing CV of 0.22 at 64 ranks with `comm=contention`, averaged over long runs: the study
-uses 3 seeds x 1,500 iterations; heavy-tailed hiccups make one short run's CV noisy), `contended`,
-`alibaba_pai` and `h200_gloo4` (the paper_like fabric with each rank replaying real step times: one
-Alibaba PAI worker, or one rank of the shipped H200 capture) and `ar` / `st` (the shipped traces).
+real per-worker step-time samples (Alibaba PAI). Profiles (each `conf/cluster/<name>.yaml` states
+what it stands for and the source of every value): `dgx_superpod` (the default: NVIDIA's DGX H100
+SuperPOD reference architecture), `cost_optimized`, `paper_like` (the paper's no-pacing CV of 0.22
+at 64 ranks with `comm=contention`, over long runs), `contended`, `alibaba_pai` and `h200_gloo4`
+(real step times on the paper_like fabric) and `ar` / `st` (the shipped traces).
 
 A profile is checked as a whole before any run, whichever model reads it: a wrong type or unknown
 key when Hydra composes it, a value out of range (`cluster.topology.ranks_per_node=0`) by its
