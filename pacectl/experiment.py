@@ -211,13 +211,12 @@ class _ClosedLoop(Experiment):
         """
         schedule = exchange_schedule(self.cfg)
         n = self.iterations_per_run
-        for key, value in (("lag_iters", schedule.lag),):
-            if value >= n and value > 1:  # the default lag on a 1-iteration run is warned about elsewhere
-                raise ConfigError(
-                    f"exchange.{key} must be < the run's {n} iterations, got {value}: no pacing decision "
-                    f"would ever be applied, so every controller would run as no pacing. Lower exchange.{key} "
-                    "or replay more iterations"
-                )
+        if schedule.lag >= n and schedule.lag > 1:  # the default lag of a 1-iteration run: a warning
+            raise ConfigError(
+                f"exchange.lag_iters must be < the run's {n} iterations, got {schedule.lag}: no pacing "
+                "decision would ever be applied, so every controller would run as no pacing. Lower "
+                "exchange.lag_iters or replay more iterations"
+            )
         return schedule
 
     def _episode(
@@ -253,11 +252,9 @@ class ReplayExperiment(_ClosedLoop):
     def __init__(self, cfg: DictConfig) -> None:
         from pacectl.backends.replay import ReplayBackend
         from pacectl.config import as_dict
-        from pacectl.fabric.profile import power_from
+        from pacectl.fabric.profile import comm_name, power_from
 
         self.cfg = cfg
-        from pacectl.fabric.profile import comm_name
-
         cluster = as_dict(cfg.cluster)
         self.power = power_from(cluster)
         spec = typed(ReplayConfig, cfg.backend)
@@ -744,14 +741,10 @@ def _buckets_summary(overlap: Any) -> dict[str, Any]:
     }
 
 
-def _sim_notes(comm: Any, interference: Any, num_ranks: int, *, jobs: int = 1) -> tuple[str | None, str]:
-    """``(job_shift_note, sleep_wait_note)`` of a simulated run (see :class:`Experiment`)."""
-    if jobs > 1 and comm.name == "contention":
-        shift = None
-    elif comm.timing_dependent:
+def _sim_notes(comm: Any, interference: Any, num_ranks: int) -> tuple[str | None, str]:
+    """``(job_shift_note, sleep_wait_note)`` of a simulated run of one job (see :class:`Experiment`)."""
+    if comm.timing_dependent:
         shift = None  # the square-wave cross traffic: a shift moves the collective against it
-    elif jobs > 1:
-        shift = f"comm={comm.name}: fixed durations, the jobs' collectives share nothing"
     else:
         shift = f"one job and comm={comm.name}" + (
             f" with no cross traffic that varies ({comm.inert_reason})" if comm.name == "contention" else ""
