@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -100,6 +101,12 @@ def main() -> None:
     )
     parser.add_argument("--steplevel", type=int, nargs="*", default=[64, 256, 1024, 4096])
     parser.add_argument("--dp", type=int, nargs="*", default=[4, 16, 64, 256], help="DP sizes tiled from AR")
+    parser.add_argument(
+        "--steps-factor",
+        type=int,
+        default=1,
+        help="repeats of AR's 44 steps in the tiled traces (4: 176 steps)",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "whatif.json")
     args = parser.parse_args()
     warnings.simplefilter("ignore")  # the synthetic traces' notes are not what is measured
@@ -146,11 +153,12 @@ def main() -> None:
                 )
             )
         for dp in args.dp:
-            paths = tiled_bytedance(tmp, name="AR", dp_factor=dp // 4)
+            paths = tiled_bytedance(tmp, name="AR", dp_factor=dp // 4, step_factor=args.steps_factor)
             rows.append(
                 _row(
                     "bytedance",
-                    f"AR tiled to DP {dp} x PP 4",
+                    f"AR tiled to DP {dp} x PP 4"
+                    + (f" x {args.steps_factor} step repeats" if args.steps_factor > 1 else ""),
                     dp * 4,
                     lambda p=paths: load_bytedance(*p),
                     args.full_up_to,
@@ -162,6 +170,8 @@ def main() -> None:
         rows,
         command="python experiments/bench/bench_whatif.py " + " ".join(sys.argv[1:]),
         load_average_1_5_15=list(load),
+        # the whole process's peak resident set (the largest row's load dominates it)
+        peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         note="2-core machine shared with other agents: absolute times are loaded; the ratios full/columns "
         "are measured in one process, alternating, on the same backend",
     )
