@@ -251,7 +251,7 @@ def main() -> None:
         against=args.against,
         command="python experiments/bench/bench_command.py " + " ".join(sys.argv[1:]),
         load_average_1_5_15=list(os.getloadavg()),
-        note="2-core machine shared with other agents: whole commands, alternating, so both see the same load; "
+        note="whole commands, alternating, so both see the same load (read absolute times with it); "
         "load_1min per run",
     )
 

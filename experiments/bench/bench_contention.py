@@ -95,7 +95,7 @@ def main() -> None:
         rows,
         command="python experiments/bench/bench_contention.py " + " ".join(sys.argv[1:]),
         load_average_1_5_15=list(os.getloadavg()),
-        note="2-core machine shared with other agents: absolute times are loaded ones",
+        note="absolute times depend on the machine's load: read them with load_average_1_5_15",
     )
 
 

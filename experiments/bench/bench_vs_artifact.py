@@ -121,7 +121,7 @@ def main() -> None:
         artifact="github.com/ByteDance-Seed/StragglerAnalysis (analyzer/wia.py, its own venv with pandas<3)",
         artifact_git=git_state(args.artifact.resolve()),
         load_average_1_5_15=list(os.getloadavg()),
-        note="2-core machine shared with other agents: whole commands, alternating, so both see the same load; "
+        note="whole commands, alternating, so both see the same load (read absolute times with it); "
         "load_1min per run",
     )
 
