@@ -79,3 +79,21 @@ def test_exact_duplicates_are_still_dropped_with_a_key(st_trace: OpTrace) -> Non
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert drop_exact_duplicates(st_trace.ops, source="f", what="values", key=OP_KEY) is st_trace.ops
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_step_completeness_from_the_key_matches_the_pandas_check(st_trace: OpTrace, seed: int) -> None:
+    # steps, dp ranks and seq ids that do not start at 0 (the key's digits are offset by their minima)
+    rng = np.random.default_rng(seed)
+    raw = st_trace.ops.assign(step=st_trace.ops["step"] * 3 + 1000, seq_id=st_trace.ops["seq_id"] + 5)
+    out = validate_ops(raw.sample(frac=1.0, random_state=seed), st_trace.meta, source="x")
+    expected = raw.sort_values(list(OP_KEY), kind="stable").reset_index(drop=True)
+    pd.testing.assert_frame_equal(out, expected, check_exact=True)
+    # one (dp_rank, stage) missing from one step in the middle: the same message as the pandas path
+    step = int(rng.choice(raw["step"].unique()[1:-1]))
+    dp, stage = (
+        int(v) for v in raw[["dp_rank", "stage"]].drop_duplicates().sample(1, random_state=seed).iloc[0]
+    )
+    short = raw[~((raw["step"] == step) & (raw["dp_rank"] == dp) & (raw["stage"] == stage))]
+    msg = _message(lambda: validate_ops(short.sample(frac=1.0, random_state=seed), st_trace.meta, source="x"))
+    assert f"got 7 in step {step}: missing (dp_rank, stage) [({dp}, {stage})]" in msg

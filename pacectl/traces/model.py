@@ -130,8 +130,16 @@ def packed_key(columns: Sequence[np.ndarray]) -> np.ndarray | None:
         total *= span
         if total >= 1 << 62:
             return None
-        key = key * span + (values.astype(np.int64) - lo)
+        key *= span  # in place: no temporaries of the table's length
+        key += values.astype(np.int64, copy=False)
+        if lo:
+            key -= lo
     return key
+
+
+def _span(values: np.ndarray) -> int:
+    """``max - min + 1``: the radix of one :func:`packed_key` digit."""
+    return int(values.max()) - int(values.min()) + 1
 
 
 def _text_codes(values: Any) -> tuple[np.ndarray, list[str]] | None:
@@ -387,7 +395,7 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
         if col not in columns:
             continue
         values = columns[col]
-        bad = ~np.isfinite(values) | (values < 0) | (values > MAX_DURATION_S)
+        bad = ~((values >= 0) & (values <= MAX_DURATION_S))  # NaN compares False: bad, as is +-inf
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             row = frame().iloc[i]
@@ -440,11 +448,9 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
             f"got {int(present.sum())} distinct (dp_rank, stage) pairs (in {source}). Does the meta belong to it?"
         )
     rank = columns["rank"]
-    low = np.full(num_pairs, np.iinfo(np.int64).max)
-    high = np.full(num_pairs, np.iinfo(np.int64).min)
-    np.minimum.at(low, pair, rank)
-    np.maximum.at(high, pair, rank)
-    if (low != high).any():
+    rank_of_pair = np.empty(num_pairs, dtype=rank.dtype)
+    rank_of_pair[pair] = rank  # one of each pair's ranks (every pair is present): all must equal it
+    if (rank_of_pair[pair] != rank).any():
         rank_of = frame().groupby(["dp_rank", "stage"])["rank"].nunique()
         dp, st = rank_of[rank_of > 1].index[0]
         raise TraceError(
@@ -456,15 +462,14 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
             f"rank must be in [0, world_size={meta.world_size}), got max {rank.max()} "
             f"(in {source}: column rank). Check world_size in the meta file."
         )
-    step_pair = packed_key([step_digit, pair])
-    if step_pair is None or order is None:
+    if order is None:
         complete = _steps_complete(frame(), num_pairs)
     else:
-        # distinct (step, pair) values per step, from the sorted key (step is its leading digit)
-        ordered = step_pair[order]
-        first = np.ones(len(ordered), dtype=bool)
-        first[1:] = ordered[1:] != ordered[:-1]
-        steps_of_pairs = step_digit[order][first]
+        # distinct (step, dp_rank, stage) per step, from the sorted key: its leading digits, by
+        # integer division (the key's digits below stage are optype's codes and seq_id)
+        groups = sorted_key // (len(coded[1]) * _span(columns["seq_id"]))
+        first = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+        steps_of_pairs = groups[first] // (_span(columns["dp_rank"]) * _span(columns["stage"]))
         starts = np.flatnonzero(np.r_[True, steps_of_pairs[1:] != steps_of_pairs[:-1]])
         complete = bool((np.diff(np.r_[starts, len(steps_of_pairs)]) == num_pairs).all())
     if not complete:
@@ -559,7 +564,7 @@ def _integer_column(ops: pd.DataFrame, col: str, source: str) -> np.ndarray:
         raise TraceError(
             f"column {col} must hold integers, got {float(array[i])!r} (in {source}: row {i}, column {col})"
         )
-    return array.astype(np.int64)
+    return array.astype(np.int64, copy=False)  # the frames built from it copy (DataFrame from a dict)
 
 
 def _float_column(ops: pd.DataFrame, col: str, source: str) -> np.ndarray:
