@@ -137,7 +137,6 @@ class MultiJobSimBackend(Backend):
         )
         self.cross = (cross_traffic or CrossTraffic()) if self.contended else CrossTraffic()
         self._cross_links = _expand(self.cross.links, names) if self.cross.links else []
-        self._cross_offsets = np.arange(len(self._cross_links)) * self.cross.stagger
         self._cross_on = bool(self._cross_links) and self.cross.on_s > 0
         self.shared = shared_links(topology, self.fabrics, self.fabric_ranks) if self.contended else []
         # domains: each job's ranks, in job order, as columns 0..n-1
@@ -322,19 +321,6 @@ class MultiJobSimBackend(Backend):
             self._rate_cache[key] = rates[: len(ring)]
         return self._rate_cache[key]
 
-    def _cross_state(self, t: float) -> tuple[tuple[bool, ...], float]:
-        """Which cross flows are on just after ``t``, and the time of the next switch."""
-        if not self._cross_on:
-            return (False,) * len(self._cross_links), math.inf
-        period = self.cross.period_s
-        if self.cross.off_s == 0:
-            return (True,) * len(self._cross_links), math.inf
-        nudge = max(1e-9 * period, 4.0 * math.ulp(t))
-        phase = (t + nudge + self._cross_offsets * period) % period
-        on = phase < self.cross.on_s
-        nxt = t + nudge + float(np.min(np.where(on, self.cross.on_s, period) - phase))
-        return tuple(on.tolist()), max(nxt, math.nextafter(t, math.inf))
-
     def _advance(self) -> list[int]:
         """Run events until at least one job ends an iteration; return those jobs (in job order)."""
         n = len(self.jobs)
@@ -354,9 +340,7 @@ class MultiJobSimBackend(Backend):
             if finished:
                 return finished
             ring = tuple(j for j in range(n) if self._phase[j] == "ring")
-            cross, switch = self._cross_state(t) if ring else ((), math.inf)
-            if ring and not cross:
-                cross = (False,) * len(self._cross_links)
+            cross, switch = self.cross.state(t, len(self._cross_links)) if ring else ((), math.inf)
             rates = self._rates(ring, cross) if ring else np.zeros(0)
             # the next event
             nxt = switch

@@ -91,6 +91,24 @@ class CrossTraffic(Checked):
         """On plus off time, seconds."""
         return self.on_s + self.off_s
 
+    def state(self, t: float, num_links: int) -> tuple[tuple[bool, ...], float]:
+        """Which of ``num_links`` cross flows are on at time ``t`` (link ``i``'s phase offset by
+        ``i * stagger`` periods), and the time of the next switch, seconds.
+
+        The state is decided just after ``t`` (a nudge above ``t``'s float resolution) and the next
+        switch is strictly after ``t``, so an event loop at a switch always makes progress.
+        """
+        if num_links == 0 or self.on_s == 0:
+            return (False,) * num_links, math.inf
+        if self.off_s == 0:
+            return (True,) * num_links, math.inf
+        period = self.period_s
+        nudge = max(1e-9 * period, 4.0 * math.ulp(t))
+        phase = (t + nudge + np.arange(num_links) * self.stagger * period) % period
+        on = phase < self.on_s
+        next_switch = t + nudge + float(np.min(np.where(on, self.on_s, period) - phase))
+        return tuple(on.tolist()), max(next_switch, math.nextafter(t, math.inf))
+
 
 class ContentionComm:
     """All-reduce on a fat-tree with max-min fair sharing and on/off cross traffic (timing-dependent).
@@ -215,21 +233,8 @@ class ContentionComm:
         return self._rate_cache[cross_on]
 
     def _state(self, t: float) -> tuple[tuple[bool, ...], float]:
-        """Which cross flows are on at time t, and the time of the next switch."""
-        period = self.cross.period_s
-        if not self._cross_links or period == 0 or self.cross.on_s == 0:
-            return tuple(False for _ in self._cross_links), math.inf
-        if self.cross.off_s == 0:
-            return tuple(True for _ in self._cross_links), math.inf
-        # decide the state just after t, so a switch at t always makes progress (a nudge above
-        # t's float resolution, and a next switch strictly after t)
-        nudge = max(1e-9 * period, 4.0 * math.ulp(t))
-        phase = (t + nudge + self._link_offsets * period) % period
-        on = phase < self.cross.on_s
-        next_switch = t + nudge + float(np.min(np.where(on, self.cross.on_s, period) - phase))
-        next_switch = max(next_switch, math.nextafter(t, math.inf))
-        states = tuple(on.tolist())
-        return tuple(states), next_switch
+        """The cross flows on at time t and the next switch (:meth:`CrossTraffic.state`)."""
+        return self.cross.state(t, len(self._cross_links))
 
     @property
     def free_time_s(self) -> float:
