@@ -153,13 +153,6 @@ class NoiseComponent(Protocol):
         ...
 
 
-def _positive(name: str, value: float, *, allow_zero: bool = False) -> float:
-    value = float(value)
-    if not np.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value!r}")
-    return value
-
-
 @dataclass(frozen=True)
 class LognormalJitter(Checked):
     """i.i.d. multiplicative jitter: ``t * exp(N(-sigma^2/2, sigma^2))`` (mean-preserving).
@@ -247,17 +240,14 @@ class PeriodicNoise(Checked):
 
     def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
         """Add ``duration_s`` on the iterations where ``(k + phase_r) % period == 0``."""
-        num_iterations, num_ranks = compute_s.shape
-        phase = np.asarray(rng.integers(0, self.period_iters, size=num_ranks), dtype=np.int64)
-        k = np.arange(num_iterations)[:, None]
-        return compute_s + np.where((k + phase[None, :]) % self.period_iters == 0, self.duration_s, 0.0)
+        return self._rows(self._phases(rng, compute_s.shape[1]), compute_s, 0)
 
     def stream(self, draws: Draws) -> Rows:
         """``apply`` chunk by chunk of iterations (module docstring)."""
-        rng = draws.generator()
-        return partial(
-            self._rows, np.asarray(rng.integers(0, self.period_iters, size=draws.num_ranks), dtype=np.int64)
-        )
+        return partial(self._rows, self._phases(draws.generator(), draws.num_ranks))
+
+    def _phases(self, rng: np.random.Generator, num_ranks: int) -> NDArray[np.int64]:
+        return np.asarray(rng.integers(0, self.period_iters, size=num_ranks), dtype=np.int64)
 
     def _rows(self, phase: NDArray[np.int64], compute_s: FloatArray, start: int) -> FloatArray:
         k = np.arange(start, start + len(compute_s))[:, None]
@@ -472,21 +462,18 @@ class EmpiricalSamples:
 
     def apply(self, compute_s: FloatArray, rng: np.random.Generator) -> FloatArray:
         """Multiply by the recorded per-worker factors (filled between samples as ``fill`` says)."""
-        num_iterations, num_ranks = compute_s.shape
-        series = self._series(rng)
-        series = series / series.mean()
-        length, workers = series.shape
-        offset = np.asarray(rng.integers(0, length, size=num_ranks), dtype=np.int64)
-        rows = (np.arange(num_iterations)[:, None] + offset[None, :]) % length
-        return compute_s * series[rows, np.arange(num_ranks)[None, :] % workers]
+        return self._rows(*self._draw(rng, compute_s.shape[1]), compute_s, 0)
 
     def stream(self, draws: Draws) -> Rows:
         """``apply`` chunk by chunk of iterations (module docstring)."""
-        rng = draws.generator()
+        return partial(self._rows, *self._draw(draws.generator(), draws.num_ranks))
+
+    def _draw(self, rng: np.random.Generator, num_ranks: int) -> tuple[FloatArray, NDArray[np.int64]]:
+        """The series at iteration resolution (mean 1) and each rank's random offset into it."""
         series = self._series(rng)
         series = series / series.mean()
-        offset = np.asarray(rng.integers(0, series.shape[0], size=draws.num_ranks), dtype=np.int64)
-        return partial(self._rows, series, offset)
+        offset = np.asarray(rng.integers(0, series.shape[0], size=num_ranks), dtype=np.int64)
+        return series, offset
 
     @staticmethod
     def _rows(series: FloatArray, offset: NDArray[np.int64], compute_s: FloatArray, start: int) -> FloatArray:
@@ -508,7 +495,9 @@ class ComputeModel:
     components: tuple[NoiseComponent, ...] = ()
 
     def __post_init__(self) -> None:
-        _positive("compute_s", self.compute_s)
+        value = float(self.compute_s)
+        if not np.isfinite(value) or value <= 0:
+            raise ConfigError(f"compute_s must be > 0 and finite, got {value!r}")
 
     def sample(self, rng: np.random.Generator, num_iterations: int, num_ranks: int) -> FloatArray:
         """Draw ``float64[num_iterations, num_ranks]`` compute times, seconds."""
