@@ -350,15 +350,9 @@ class ReplayBackend(Backend):
         """Compare the replay with the recorded step times (the null model's check): the trace's
         ``measured_step_time_s`` where it has them (live records), else the span of its op stamps.
 
-        The replay applies the pacing delays the recording itself carried (``delay_s`` of the paced
-        ops: zero for ByteDance traces, the controller's delays for a paced live or simulated run).
+        The replay is :meth:`recorded_timeline`'s.
         """
-        recorded_delays = self.dag.delay_s[self._paced]  # [pp, steps, dp]: a paced live recording
-        if recorded_delays.any():
-            _, end = self.replayed_times(recorded_delays.transpose(1, 0, 2).reshape(self.num_iterations, -1))
-            replayed = end.max(axis=(0, 2))
-        else:
-            replayed = self._base_end[:-1].max(axis=(0, 2))
+        replayed = self.recorded_timeline()[1].max(axis=(0, 2))
         if self.trace.measured_step_time_s is None:
             recorded = (self.dag.start_s + self.dag.duration_s).max(axis=(0, 2))
         else:  # a live record: its measured iteration times, not the span of its jittery stamps
@@ -372,6 +366,19 @@ class ReplayBackend(Backend):
             transfer_clipped=self._clip_counts["transfer_clipped"],
             num_op_instances=self._clip_counts["num_op_instances"],
         )
+
+    def recorded_timeline(self) -> tuple[FloatArray, FloatArray]:
+        """The recording as the replay reproduces it: replayed with the pacing delays it carries
+        (``delay_s`` of the paced ops: zero for ByteDance traces, the controller's delays for a paced
+        live or simulated run). ``comm=fitted`` compares a replay's features with this timeline's.
+
+        Returns:
+            ``(start_s, end_s)``, each ``float64[N, num_steps, dp_size]``.
+        """
+        recorded = self.dag.delay_s[self._paced]  # [pp, steps, dp]
+        if recorded.any():
+            return self.replayed_times(recorded.transpose(1, 0, 2).reshape(self.num_iterations, -1))
+        return self._base_start, self._base_end[:-1]
 
     def _pace_of(self, delays: FloatArray | None) -> FloatArray | None:
         """``float64[N, num_steps, dp_size]``: ``delays`` (``[num_steps, num_ranks]``, global rank

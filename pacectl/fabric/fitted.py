@@ -45,12 +45,12 @@ ByteDance's traces record exactly Megatron's order, so the two agree there.
 **Replay** (:class:`FittedComm`, ``comm=fitted``): every communication op's transfer time becomes its
 recorded one times ``exp(beta . (x_replayed - x_recorded))``, with ``x`` its two features in the
 replayed timeline and ``x_recorded`` those of the recording as replayed with its own pacing delays
-(:func:`reference_timeline`). A replay with the recorded timing therefore reproduces the recording
-exactly (as the null model does), and only a change in what overlaps what changes a duration. The
-features depend on the durations they set, so each step is solved as a fixed point
-(:func:`fixed_point`, to a relative ``1e-6``): ops that overlap within one level of the DAG
-(node-mates' concurrent transfers) and ops of later levels that overlap an earlier one (compute
-under a transfer) settle together.
+(:meth:`~pacectl.backends.replay.ReplayBackend.recorded_timeline`). A replay with the recorded
+timing therefore reproduces the recording exactly (as the null model does), and only a change in
+what overlaps what changes a duration. The features depend on the durations they set, so each step
+is solved as a fixed point (:func:`fixed_point`, to a relative ``1e-6``): ops that overlap within
+one level of the DAG (node-mates' concurrent transfers) and ops of later levels that overlap an
+earlier one (compute under a transfer) settle together.
 
 **Verdict** (:attr:`CommFit.verdict`): a delay within a rank's earliness moves no transfer's start,
 so it cannot change any duration keyed on what runs during a transfer (DESIGN.md, fact 2): the
@@ -597,11 +597,8 @@ def _regress(
     y = _demean(panel.y[sel], cells)
     x = _demean(x_all, cells)
     cls = panel.cls[sel]
-    varying = []
-    for k in range(num_classes):
-        for f in range(2):
-            raw = x_all[cls == k, 2 * k + f]
-            varying.append(int((raw > 1e-9).sum()))
+    # instances of each (class, feature) with a non-zero raw feature, in column order
+    varying = [int((x_all[cls == j // 2, j] > 1e-9).sum()) for j in range(2 * num_classes)]
     keep = [
         j
         for j in range(2 * num_classes)
@@ -663,15 +660,15 @@ def _arrival(panel: _Panel, classes: tuple[str, ...]) -> tuple[Coefficient, ...]
             continue
         cells = np.unique(panel.cell[sel], return_inverse=True)[1]
         g = _demean(panel.gstart_s[sel], cells)
+        if np.ptp(g) <= 1e-12:
+            out.append(Coefficient(name, "arrival", nan, nan, nan, nan, nan, n, 0, False))
+            continue
         e = _demean(panel.end_s[sel], cells)
         cols = [g] + [
             _demean((panel.block[sel] == b).astype(np.float64), cells) for b in range(1, num_blocks)
         ]
         x = np.column_stack(cols)
         keep = [0] + [j for j in range(1, x.shape[1]) if np.ptp(x[:, j]) > 1e-12]
-        if n < MIN_VARYING or np.ptp(g) <= 1e-12:
-            out.append(Coefficient(name, "arrival", nan, nan, nan, nan, nan, n, 0, False))
-            continue
         steps = np.unique(panel.step[sel], return_inverse=True)[1]
         params, cov, _ = _ols(e, x[:, keep], steps, cells)
         est, se = float(params[0]), float(math.sqrt(max(cov[0, 0], 0.0)))
@@ -777,7 +774,7 @@ def fit_backend(
     heldout = _heldout_r2(panel, classes)
     arrival = _arrival(panel, classes)
     residuals = _overlap_residuals(panel, classes)
-    model = FittedComm.from_fit(layout, fit, placement=placement, source=trace.source)
+    model = FittedComm(layout, fit.beta, placement=placement, source=trace.source)
     base_mean = float(backend.replayed_times()[1].max(axis=(0, 2)).mean())
     pace = probe_pace(backend, layout, rng)
     max_plus_mean = _mean_step(backend, None, pace, model.beta)
@@ -933,19 +930,6 @@ def probe_pace(backend: ReplayBackend, layout: _Layout, rng: np.random.Generator
     return pace
 
 
-def reference_timeline(backend: ReplayBackend) -> tuple[FloatArray, FloatArray]:
-    """The timeline whose features the fitted replay compares with: the recording as the replay
-    reproduces it, i.e. replayed with the pacing delays it carries (a paced live record), or with none.
-
-    Returns:
-        ``(start_s, end_s)``, each ``float64[N, num_steps, dp_size]``.
-    """
-    recorded = backend.dag.delay_s[backend._paced]  # [pp, steps, dp]
-    if recorded.any():
-        return backend.replayed_times(recorded.transpose(1, 0, 2).reshape(backend.num_iterations, -1))
-    return backend._base_start, backend._base_end[:-1]
-
-
 def _mean_step(backend: ReplayBackend, model: FittedComm | None, pace: FloatArray, beta: FloatArray) -> float:
     """Mean step time of an open-loop replay with ``pace`` before each op: max-plus (``model`` None)
     or the fitted model with slopes ``beta``."""
@@ -955,19 +939,7 @@ def _mean_step(backend: ReplayBackend, model: FittedComm | None, pace: FloatArra
     if model is None:
         evaluate(backend.dag.levels, end, start, backend._launch, backend._transfer, pace)
         return float(end[:-1].max(axis=(0, 2)).mean())
-    _, e = fixed_point(
-        model,
-        backend.dag,
-        backend.dag.levels,
-        end,
-        start,
-        backend._launch,
-        backend._transfer,
-        pace,
-        steps=slice(None),
-        beta=beta,
-        reference=reference_timeline(backend),
-    )
+    _, e = fixed_point(model, backend, end, start, pace, steps=slice(None), beta=beta)
     return float(e.max(axis=(0, 2)).mean())
 
 
@@ -980,8 +952,8 @@ class FittedComm:
 
     A replay's communication op keeps its recorded transfer time times
     ``exp(beta_class . (x_replayed - x_recorded))`` (see the module docstring); the step is solved by
-    :func:`fixed_point`. Build it with :meth:`for_backend` (fit and model in one) or
-    :meth:`from_fit`.
+    :func:`fixed_point`. Build it with :meth:`for_backend` (fit and model in one), or from a
+    layout and slopes.
 
     Attributes:
         name: ``"fitted"``.
@@ -1013,13 +985,6 @@ class FittedComm:
         self.description = self._describe()
         self._recorded: tuple[FloatArray, FloatArray] | None = None
         self.unconverged = 0
-
-    @classmethod
-    def from_fit(
-        cls, layout: _Layout, fit: RegressionResult, *, placement: Placement, source: str
-    ) -> FittedComm:
-        """The model of a regression's point estimate."""
-        return cls(layout, fit.beta, placement=placement, source=source)
 
     @classmethod
     def for_backend(cls, backend: ReplayBackend, **fit_kwargs: Any) -> FittedComm:
@@ -1054,9 +1019,9 @@ class FittedComm:
     def reference_features(
         self, dag: StepDag, start_s: FloatArray, end_s: FloatArray
     ) -> tuple[FloatArray, FloatArray]:
-        """The features of the recording as replayed (:func:`reference_timeline`), computed once: the
-        reference a replayed op's features are compared with, so replaying the recording's own timing
-        gives its recorded times exactly, as the null model does.
+        """The features of the recording as replayed (``ReplayBackend.recorded_timeline``), computed
+        once: the reference a replayed op's features are compared with, so replaying the recording's
+        own timing gives its recorded times exactly, as the null model does.
 
         Args:
             start_s, end_s: ``float64[N, num_steps, dp_size]``, the backend's zero-delay timeline.
@@ -1075,19 +1040,7 @@ class FittedComm:
             end: ``float64[N + 1, dp_size]``, the step's zero-delay end times on entry, the solution
                 on return; start: ``float64[N, dp_size]`` likewise; pace: the pacing delays.
         """
-        fixed_point(
-            self,
-            backend.dag,
-            backend.dag.levels,
-            end,
-            start,
-            backend._launch[:, k],
-            backend._transfer[:, k],
-            pace,
-            steps=k,
-            beta=self.beta,
-            reference=reference_timeline(backend),
-        )
+        fixed_point(self, backend, end, start, pace, steps=k, beta=self.beta)
 
     def replay(
         self, backend: ReplayBackend, delays: FloatArray | None = None, *, beta: FloatArray | None = None
@@ -1102,61 +1055,53 @@ class FittedComm:
         Returns:
             ``(start_s, end_s)``, each ``float64[N, num_steps, dp_size]``.
         """
-        dag = backend.dag
-        pace = backend._pace_of(delays)
         return fixed_point(
             self,
-            dag,
-            dag.levels,
+            backend,
             backend._base_end.copy(),
             backend._base_start.copy(),
-            backend._launch,
-            backend._transfer,
-            pace,
+            backend._pace_of(delays),
             steps=slice(None),
             beta=self.beta if beta is None else beta,
-            reference=reference_timeline(backend),
         )
 
 
 def fixed_point(
     model: FittedComm,
-    dag: StepDag,
-    levels: Any,
+    backend: ReplayBackend,
     end: FloatArray,
     start: FloatArray,
-    launch_s: FloatArray,
-    transfer_s: FloatArray,
     pace_s: FloatArray | None,
     *,
     steps: slice | int,
     beta: FloatArray,
-    reference: tuple[FloatArray, FloatArray],
 ) -> tuple[FloatArray, FloatArray]:
     """Solve a replayed step (or every step) under the fitted model, in place.
 
-    The unknowns are the communication ops' transfer times ``t``; one pass evaluates ``levels`` with
-    ``t``, recomputes every communication op's features ``x(t)`` from the evaluated timeline and
-    returns ``t_recorded * exp(beta . (x(t) - x_reference))``. The fixed point ``t = pass(t)`` is
-    found by ``scipy.optimize.fixed_point`` (Steffensen's method with Aitken's acceleration) to the
-    relative tolerance ``model.rtol`` within ``model.max_passes`` iterations; one that does not
-    converge keeps its last pass and is counted in ``model.unconverged``. Slopes of 0 need no pass.
+    The unknowns are the communication ops' transfer times ``t``; one pass evaluates the backend's
+    DAG with its launch delays and ``t``, recomputes every communication op's features ``x(t)`` from
+    the evaluated timeline and returns ``t_recorded * exp(beta . (x(t) - x_reference))``
+    (``x_reference``: the features of ``backend.recorded_timeline()``). The fixed point
+    ``t = pass(t)`` is found by ``scipy.optimize.fixed_point`` (Steffensen's method with Aitken's
+    acceleration) to the relative tolerance ``model.rtol`` within ``model.max_passes`` iterations;
+    one that does not converge keeps its last pass and is counted in ``model.unconverged``. Slopes
+    of 0 need no pass.
 
     Args:
         end: ``float64[N + 1, (num_steps,) dp_size]``, the baseline end times (sentinel row last).
         start: ``float64[N, (num_steps,) dp_size]``.
-        launch_s, transfer_s: the recorded launch and transfer times of the same shape as ``start``.
+        pace_s: the pacing delays, the shape of ``start``, or None.
         steps: ``slice(None)`` when the arrays hold every step, else the one step's index.
-        reference: ``(start_s, end_s)`` of :func:`reference_timeline`, ``float64[N, num_steps, dp_size]``.
 
     Returns:
         ``(start, end[:-1])``.
     """
     from pacectl.backends.dag import evaluate
 
-    rec_comm, rec_compute = model.reference_features(dag, *reference)
-    if not isinstance(steps, slice):
-        rec_comm, rec_compute = rec_comm[:, steps], rec_compute[:, steps]
+    dag, levels = backend.dag, backend.dag.levels
+    launch_s, transfer_s = backend._launch[:, steps], backend._transfer[:, steps]
+    rec_comm, rec_compute = model.reference_features(dag, *backend.recorded_timeline())
+    rec_comm, rec_compute = rec_comm[:, steps], rec_compute[:, steps]
     c = model.layout.comm_nodes
     cls = np.array([model.layout.classes.index(str(k)) for k in model.layout.op_class[c]], dtype=np.int64)
     b_comm = beta[cls, 0].reshape(-1, *([1] * (start.ndim - 1)))
@@ -1234,23 +1179,15 @@ def fit_options(section: Any) -> dict[str, Any]:
     if unknown:
         raise unknown_keys_error("fit", raw, sorted(FIT_DEFAULTS))
     opts = {**FIT_DEFAULTS, **raw}
-    for key in ("block_steps", "seed"):
+    for key, low in (("block_steps", 1), ("seed", 0)):
         v = opts[key]
-        if (
-            isinstance(v, bool)
-            or not isinstance(v, (int, np.integer))
-            or v < (1 if key == "block_steps" else 0)
-        ):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
             raise ConfigError(
-                f"fit.{key} must be an integer >= {1 if key == 'block_steps' else 0}, got {v!r}; e.g. fit.{key}={FIT_DEFAULTS[key]}"
+                f"fit.{key} must be an integer >= {low}, got {v!r}; e.g. fit.{key}={FIT_DEFAULTS[key]}"
             )
     for key in ("tolerance_frac", "arrival_tolerance"):
         v = opts[key]
-        if (
-            isinstance(v, bool)
-            or not isinstance(v, (int, float))
-            or not (math.isfinite(float(v)) and float(v) > 0)
-        ):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
             raise ConfigError(
                 f"fit.{key} must be a finite number > 0, got {v!r}; e.g. fit.{key}={FIT_DEFAULTS[key]}"
             )
