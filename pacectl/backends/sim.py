@@ -249,12 +249,26 @@ class SimBackend(Backend):
             natural = self._cap_finish if self.actuator == "delay" else arrival - delay
         last = float(arrival.max())
         comm_s = float(self.comm.time_s(self._clock_s + last))
-        iteration_s = last + comm_s
+        return self._end_iteration(k, natural, delay, arrival, last, comm_s, last + comm_s, compute)
+
+    def _end_iteration(
+        self,
+        k: int,
+        natural: np.ndarray,
+        delay: np.ndarray,
+        arrival: np.ndarray,
+        start_s: float,
+        transfer_s: float,
+        iteration_s: float,
+        compute: RankCompute | None,
+    ) -> list[Observation]:
+        """Record iteration ``k`` (``record``: the paced all-reduce's), move the clock past it and
+        return its observation; ``start_s`` is the all-reduce's start (its last arrival)."""
         if self.record:
             self._rec_finish[k] = natural
             self._rec_delay[k] = delay
-            self._rec_start[k] = last
-            self._rec_comm[k] = comm_s
+            self._rec_start[k] = start_s
+            self._rec_comm[k] = transfer_s
         self._clock_s += iteration_s
         self._k += 1
         return [
@@ -264,9 +278,9 @@ class SimBackend(Backend):
                 arrival_s=arrival,
                 applied_delay_s=delay,
                 natural_arrival_s=natural,
-                wait_s=last - arrival,
+                wait_s=start_s - arrival,
                 iteration_time_s=iteration_s,
-                collective_time_s=comm_s,
+                collective_time_s=transfer_s,
                 compute=compute,
             )
         ]
@@ -286,32 +300,16 @@ class SimBackend(Backend):
         """One bucketed iteration (:mod:`pacectl.fabric.overlap`): the paced collective is bucket 0's."""
         assert self.overlap is not None
         run = self.overlap.run(finish, delay, asleep=asleep, clock_s=self._clock_s)
-        if self.record:  # one bucket only (more are refused): the single all-reduce's record
-            self._rec_finish[k] = run.natural_s
-            self._rec_delay[k] = delay
-            self._rec_start[k] = run.start_s
-            self._rec_comm[k] = run.transfer_s
-        self._clock_s += run.iteration_s
-        self._k += 1
         compute = RankCompute(
             compute_s=run.compute_s,
             pre_arrival_compute_s=run.natural_s,
             clock_frac=np.ones_like(run.compute_s),
             sleep_s=delay,
         )
-        return [
-            Observation(
-                iteration=k,
-                domain=0,
-                arrival_s=run.arrival_s,
-                applied_delay_s=delay,
-                natural_arrival_s=run.natural_s,
-                wait_s=run.start_s - run.arrival_s,
-                iteration_time_s=run.iteration_s,
-                collective_time_s=run.transfer_s,
-                compute=compute,
-            )
-        ]
+        # (recorded with one bucket only: more are refused)
+        return self._end_iteration(
+            k, run.natural_s, delay, run.arrival_s, run.start_s, run.transfer_s, run.iteration_s, compute
+        )
 
     def _compute(
         self, work: np.ndarray, delay: np.ndarray, *, wait_sleeps: bool = False
@@ -362,14 +360,11 @@ class SimBackend(Backend):
         finish, delay = self._rec_finish[:k], self._rec_delay[:k]
         arrival = finish + delay
         end = (self._rec_start[:k] + self._rec_comm[:k])[:, None]
-        steps = np.repeat(np.arange(k), n)
         ranks = np.tile(np.arange(n), k)
+        cell = {"step": np.repeat(np.arange(k), n), "dp_rank": ranks, "stage": 0, "rank": ranks}
         compute = pd.DataFrame(
             {
-                "step": steps,
-                "dp_rank": ranks,
-                "stage": 0,
-                "rank": ranks,
+                **cell,
                 "optype": "forward-compute",
                 "seq_id": 0,
                 "mc": 0,
@@ -380,10 +375,7 @@ class SimBackend(Backend):
         )
         collective = pd.DataFrame(
             {
-                "step": steps,
-                "dp_rank": ranks,
-                "stage": 0,
-                "rank": ranks,
+                **cell,
                 "optype": "grads-reduce-scatter",
                 "seq_id": 0,
                 "mc": -1,
