@@ -90,13 +90,8 @@ FloatArray = NDArray[np.float64]
 def inert_contention_note(
     cluster_name: str, inert_reason: str | None, *, interference_kappa: float | None = None
 ) -> str | None:
-    """Why ``comm=contention`` has nothing timing-dependent to model on this run, or None.
-
-    The contention model's durations depend on timing only through cross traffic that switches on
-    and off on links the inter-node ring uses (:attr:`ContentionComm.inert_reason` says why not)
-    and, in the simulator, early-arrival interference between co-located ranks (the replay does not
-    model it). Without either (``dgx_superpod``, the trace profiles, a job inside one node) durations are
-    fixed, as under max-plus: no controller can gain there, whatever the model's name says.
+    """Why ``comm=contention`` has nothing timing-dependent to model on this run (neither cross
+    traffic that varies the ring's rate nor, in the simulator, interference: module docstring), or None.
 
     Args:
         cluster_name: the profile's name, for the message.
@@ -138,9 +133,8 @@ def comm_name(value: object) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The typed config of a profile: one dataclass per section, each field's default the model's own
-# (a key a profile leaves out keeps it) and its range beside it (pacectl.checks). Stored in Hydra's
-# ConfigStore as ``cluster=base`` (pacectl.config); conf/cluster/dgx_superpod.yaml builds on it.
+# The typed config of a profile (module docstring): each field's default is the model's own, so a
+# key a profile leaves out keeps it; conf/cluster/dgx_superpod.yaml builds on ``cluster=base``.
 
 
 @dataclass(kw_only=True)
@@ -371,7 +365,9 @@ def power_cap_from(cluster: Profile) -> NodePowerCap | None:
     )
 
 
-def _contention(profile: ClusterConfig, num_ranks: int) -> ContentionComm:
+def contention_from(cluster: Profile, num_ranks: int) -> ContentionComm:
+    """The :class:`ContentionComm` of a profile for ``num_ranks`` ranks."""
+    profile = cluster_config(cluster)
     coll = profile.collective
     model = ContentionComm(
         profile.topology,
@@ -386,22 +382,15 @@ def _contention(profile: ClusterConfig, num_ranks: int) -> ContentionComm:
     return model
 
 
-def contention_from(cluster: Profile, num_ranks: int) -> ContentionComm:
-    """The :class:`ContentionComm` of a profile for ``num_ranks`` ranks."""
-    return _contention(cluster_config(cluster), num_ranks)
-
-
 def sim_fabric(
     cluster: Profile, comm: object, num_ranks: int
 ) -> tuple[FixedComm | AlphaBetaComm | ContentionComm, EarlyArrivalInterference]:
     """Communication model and interference for the simulator.
 
-    ``null`` uses the alpha-beta cost of the profile's collective as its fixed duration. With the
-    default ``collective.algorithm: hierarchical`` that is exactly ``contention``'s duration on a
-    quiet fabric (the all-reduce the contention model runs) while the leaf uplinks do not limit the
-    ring (oversubscription <= nodes per leaf), so the three models share the uncontended duration
-    and differ only in timing dependence; with ``ring`` or ``tree``, or uplinks oversubscribed past
-    that, the fixed duration differs from ``contention``'s.
+    ``null`` uses the alpha-beta cost of the profile's collective as its fixed duration: with the
+    default ``hierarchical`` algorithm, ``contention``'s quiet-fabric duration where
+    :func:`~pacectl.fabric.collectives.hierarchical_allreduce_s` says they agree, so the three models
+    share the uncontended duration and differ only in timing dependence.
     """
     name = comm_name(comm)
     if name == "fitted":
@@ -420,7 +409,7 @@ def sim_fabric(
         return FixedComm(alpha_beta.free_time_s), no_interference
     if name == "alpha_beta":
         return alpha_beta, no_interference
-    return _contention(profile, num_ranks), profile.interference_model()
+    return contention_from(profile, num_ranks), profile.interference_model()
 
 
 class ReplayContention:
