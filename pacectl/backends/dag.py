@@ -148,27 +148,26 @@ def compile_dag(trace: OpTrace) -> StepDag:
     if len(ops) % n_blocks:
         raise TraceError(_structure_msg(trace))
     n = len(ops) // n_blocks
-    # ops are sorted by (step, dp_rank, stage, optype, seq_id): reshape to [steps, dp, N]
-    stage = ops["stage"].to_numpy().reshape(len(steps), dp, n)
-    optype = ops["optype"].to_numpy().reshape(len(steps), dp, n)
-    seq = ops["seq_id"].to_numpy().reshape(len(steps), dp, n)
+
+    def blocks(column: str) -> NDArray[np.generic]:
+        """``ops[column]`` as ``[steps, dp, N]`` (ops are sorted by step, dp_rank, stage, optype, seq_id)."""
+        return ops[column].to_numpy().reshape(len(steps), dp, n)
+
+    def times(column: str) -> FloatArray:
+        """``ops[column]`` as ``float64[N, steps, dp]``."""
+        return blocks(column).transpose(2, 0, 1).copy()
+
+    stage, optype, seq = blocks("stage"), blocks("optype"), blocks("seq_id")
     if not (
         (stage == stage[:1, :1]).all() and (optype == optype[:1, :1]).all() and (seq == seq[:1, :1]).all()
     ):
         raise TraceError(_structure_msg(trace))
     t_stage, t_optype, t_seq = stage[0, 0], optype[0, 0].astype(object), seq[0, 0]
-    start = ops["start_ts"].to_numpy().reshape(len(steps), dp, n).transpose(2, 0, 1).copy()
-    duration = ops["duration"].to_numpy().reshape(len(steps), dp, n).transpose(2, 0, 1).copy()
-    if "delay_s" in ops.columns:
-        delay = ops["delay_s"].to_numpy().reshape(len(steps), dp, n).transpose(2, 0, 1).copy()
-    else:
-        delay = np.zeros_like(start)
-    mc = ops["mc"].to_numpy().reshape(len(steps), dp, n)[0, 0]
-    ranks = ops["rank"].to_numpy().reshape(len(steps), dp, n)[0]  # [dp, N]
-    rank_labels = np.zeros((pp, dp), dtype=np.int64)
-    for s in range(pp):
-        col = np.flatnonzero(t_stage == s)[0]
-        rank_labels[s] = ranks[:, col]
+    start, duration = times("start_ts"), times("duration")
+    delay = times("delay_s") if "delay_s" in ops.columns else np.zeros_like(start)
+    mc = blocks("mc")[0, 0]
+    first_of_stage = [np.flatnonzero(t_stage == s)[0] for s in range(pp)]
+    rank_labels = np.ascontiguousarray(blocks("rank")[0][:, first_of_stage].T, dtype=np.int64)  # [pp, dp]
 
     deps, group_members, group_dp_sync = _dependency_model(
         t_stage, t_optype, t_seq, mc, start, duration, pp, trace.source
@@ -280,10 +279,8 @@ def _dependency_model(
             first = fwd[mc[fwd] == chunk]
             if len(first):
                 deps[int(first[0])].append(int(gathers[mc[gathers] == chunk][-1]))
-        # After the last compute: gc -> layernorm -> embedding -> grads RS -> clip -> optimizer.
-        # A gradient reduce-scatter recorded *before* the last compute ended overlaps the backward
-        # pass (DDP-style buckets): it is posted after the compute op that ended last before it,
-        # follows the previous bucket, and the clip all-reduce waits for the last bucket.
+        # After the last compute: gc -> layernorm -> embedding -> grads RS -> clip -> optimizer, but
+        # for the overlapped buckets (the docstring's rule).
         last_end = end[comp].max() if len(comp) else -np.inf
         last_start = start[comp[np.argmax(end[comp])]] if len(comp) else -np.inf
         buckets = nodes(s, "grads-reduce-scatter")

@@ -189,13 +189,7 @@ class ReplayBackend(Backend):
 
     def _find_paced(self, optype: str) -> IntArray:
         paced = self.dag.find(optype, 0)
-        dp_collectives = sorted(
-            {
-                str(t)
-                for t, g in zip(self.dag.optype, self.dag.group, strict=True)
-                if self.dag.group_dp_sync[g]
-            }
-        )
+        dp_collectives = sorted({str(t) for t in self.dag.optype[self.dag.group_dp_sync[self.dag.group]]})
         if optype not in dp_collectives or len(paced) != self.trace.meta.pp_size:
             raise ConfigError(
                 f"paced_optype must be a DP collective present on every stage, one of {dp_collectives}, "
@@ -314,9 +308,7 @@ class ReplayBackend(Backend):
 
         def hook(nodes: IntArray, group_start: FloatArray, transfer: FloatArray) -> FloatArray:
             # rows: the level's ops; last axis: DP ranks. A DP-synchronised collective (one start
-            # for every rank) is one transfer on the ring: its longest recorded instance runs
-            # through the model once and every rank's instance takes the same extra time, so the
-            # ranks still leave it together. Otherwise each DP rank's instance runs on its own.
+            # for every rank) is one transfer (ReplayContention); else each rank's runs on its own.
             hit = np.flatnonzero(paced[nodes])
             if len(hit) == 0:
                 return transfer
