@@ -85,10 +85,9 @@ def hierarchical_allreduce_s(
     Returns:
         Seconds.
     """
-    g, nodes = ranks_per_node, num_nodes
-    _check(n_bytes, g, alpha_intra_s, bandwidth_intra_Bps)
-    intra = 2 * (g - 1) * alpha_intra_s + 2 * (g - 1) / g * n_bytes / bandwidth_intra_Bps
-    return intra + ring_allreduce_s(n_bytes / g, nodes, alpha_inter_s, bandwidth_inter_Bps / g)
+    g = ranks_per_node
+    intra = ring_allreduce_s(n_bytes, g, alpha_intra_s, bandwidth_intra_Bps)  # the two NVLink phases
+    return intra + ring_allreduce_s(n_bytes / g, num_nodes, alpha_inter_s, bandwidth_inter_Bps / g)
 
 
 def allreduce_s(

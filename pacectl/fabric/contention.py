@@ -33,20 +33,15 @@ from numpy.typing import NDArray
 
 from pacectl.checks import Checked, within
 from pacectl.errors import ConfigError
-from pacectl.fabric.collectives import allreduce_s
+from pacectl.fabric.collectives import allreduce_s, ring_allreduce_s
 from pacectl.fabric.topology import FatTree, max_min_fair
 
 FloatArray = NDArray[np.float64]
 
 
 class SimComm(Protocol):
-    """What the simulator needs of a communication model (all classes of this module satisfy it).
-
-    Attributes:
-        name: ``"null"``, ``"alpha_beta"`` or ``"contention"``.
-        timing_dependent: True when the duration depends on the start time.
-        description: one line for reports.
-    """
+    """What the simulator needs of a communication model (all classes of this module satisfy it):
+    ``name``, ``timing_dependent`` and ``description`` as :class:`~pacectl.fabric.base.CommModel`'s."""
 
     name: str
     timing_dependent: bool
@@ -155,9 +150,9 @@ class ContentionComm:
         # after the intra-node reduce-scatter each GPU holds n/g bytes; the inter-node ring moves
         # 2 (N-1)/N of them per GPU, all g GPUs' share through the node's NIC(s), split over the rails
         self._ring_bytes = 2 * (nodes - 1) / nodes * message_bytes / rails if nodes > 1 else 0.0
-        self._fixed_s = (
-            2 * (g - 1) * alpha_intra_s + 2 * (g - 1) / g * message_bytes / topology.nvlink_bandwidth_Bps
-        )
+        # the fixed part: the NVLink reduce-scatter and all-gather (a ring over the node's g GPUs)
+        # and the inter-node ring's latencies
+        self._fixed_s = ring_allreduce_s(message_bytes, g, alpha_intra_s, topology.nvlink_bandwidth_Bps)
         self._fixed_s += 2 * (nodes - 1) * alpha_inter_s
         self._cross_links = _expand(self.cross.links, names)
         self._link_offsets = np.arange(len(self._cross_links)) * self.cross.stagger

@@ -455,14 +455,11 @@ def _coef_dict(c: Coefficient) -> dict[str, Any]:
 
 def _demean(values: FloatArray, cells: IntArray) -> FloatArray:
     """``values`` (``[n]`` or ``[n, k]``) minus their mean within each cell."""
+    if values.ndim == 2:
+        return np.column_stack([_demean(values[:, j], cells) for j in range(values.shape[1])])
     counts = np.bincount(cells).astype(np.float64)
     counts[counts == 0] = 1.0
-    if values.ndim == 1:
-        return values - (np.bincount(cells, weights=values) / counts)[cells]
-    out = np.empty_like(values)
-    for j in range(values.shape[1]):
-        out[:, j] = values[:, j] - (np.bincount(cells, weights=values[:, j]) / counts)[cells]
-    return out
+    return values - (np.bincount(cells, weights=values) / counts)[cells]
 
 
 def _ols(
@@ -853,9 +850,8 @@ def _verdict(
     arrival_tolerance: float,
     mean_step_time_s: float,
 ) -> tuple[str, bool]:
-    # an arrival response departs from max-plus when it differs from 1.0 by more than the tolerance,
-    # its interval excludes 1.0, and the departure moves completions by at least `tolerance` of the
-    # step time at the arrivals' own spread (a slope read off microseconds of variation is not one)
+    # departures of the arrival response (module docstring; a slope read off microseconds of
+    # arrival variation moves no completion by `tolerance` of the step time, so is none)
     off = [
         c
         for c in arrival
@@ -973,6 +969,7 @@ class FittedComm:
         source: str,
         rtol: float = 1e-6,
         max_passes: int = 100,
+        fit: CommFit | None = None,
     ) -> None:
         self.layout = layout
         self.beta = np.asarray(beta, dtype=np.float64)
@@ -981,7 +978,7 @@ class FittedComm:
         self.rtol = rtol
         self.max_passes = max_passes
         self.timing_dependent = bool(np.any(self.beta != 0))
-        self.fit: CommFit | None = None
+        self.fit = fit
         self.description = self._describe()
         self._recorded: tuple[FloatArray, FloatArray] | None = None
         self.unconverged = 0
@@ -994,10 +991,7 @@ class FittedComm:
         layout = _layout(
             backend.dag, fit.placement, dp_size=meta.dp_size, pp_size=meta.pp_size, tp_size=meta.tp_size
         )
-        model = cls(layout, fit.fit.beta, placement=fit.placement, source=backend.trace.source)
-        model.fit = fit
-        model.description = model._describe()
-        return model
+        return cls(layout, fit.fit.beta, placement=fit.placement, source=backend.trace.source, fit=fit)
 
     def _describe(self) -> str:
         parts = []

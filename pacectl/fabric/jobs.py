@@ -48,6 +48,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pacectl.errors import ConfigError, did_you_mean, unknown_keys_error
+from pacectl.fabric.collectives import ring_allreduce_s
 from pacectl.fabric.noise import ComputeModel
 from pacectl.fabric.topology import FatTree
 
@@ -358,9 +359,9 @@ def job_fabric(
     flows = topology.ring_flows_on(nodes, fabric_ranks)
     weights = flows.sum(axis=0).astype(np.float64) if len(flows) else np.zeros(len(names))
     per_node = max(sum(1 for r in job.ranks if r // topology.ranks_per_node == n) for n in nodes)
-    g, count, m = per_node, len(nodes), job.message_bytes
+    count, m = len(nodes), job.message_bytes
     ring_bytes = 2 * (count - 1) / count * m / topology.rails() if count > 1 else 0.0
-    fixed = 2 * (g - 1) * alpha_intra_s + 2 * (g - 1) / g * m / topology.nvlink_bandwidth_Bps
+    fixed = ring_allreduce_s(m, per_node, alpha_intra_s, topology.nvlink_bandwidth_Bps)
     fixed += 2 * (count - 1) * alpha_inter_s
     if ring_bytes > 0:
         rate = float(max_min_fair(caps, weights[None, :])[0])

@@ -142,17 +142,12 @@ class BucketedBackward(Checked):
     @property
     def size_fractions(self) -> tuple[float, ...]:
         """Each bucket's fraction of the gradient bytes (normalised to sum to 1)."""
-        sizes = self.sizes if self.sizes is not None else (1.0,) * self.count
-        total = math.fsum(sizes)
-        return tuple(float(s) / total for s in sizes)
+        return _normalised(self.sizes if self.sizes is not None else (1.0,) * self.count)
 
     @property
     def compute_fractions(self) -> tuple[float, ...]:
         """Each bucket's fraction of the backward compute (normalised to sum to 1)."""
-        if self.compute is None:
-            return self.size_fractions
-        total = math.fsum(self.compute)
-        return tuple(float(s) / total for s in self.compute)
+        return self.size_fractions if self.compute is None else _normalised(self.compute)
 
     def produced_fractions(self) -> FloatArray:
         """``q_k``: the fraction of the compute done when bucket k is produced, ``float64[count]``;
@@ -161,6 +156,11 @@ class BucketedBackward(Checked):
         q = self.forward_frac + (1.0 - self.forward_frac) * back
         q[-1] = 1.0
         return q
+
+
+def _normalised(values: Sequence[float]) -> tuple[float, ...]:
+    total = math.fsum(values)
+    return tuple(float(v) / total for v in values)
 
 
 class BucketEngine:
