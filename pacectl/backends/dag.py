@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -149,7 +150,7 @@ def compile_dag(trace: OpTrace) -> StepDag:
         raise TraceError(_structure_msg(trace))
     n = len(ops) // n_blocks
 
-    def blocks(column: str) -> NDArray[np.generic]:
+    def blocks(column: str) -> NDArray[Any]:
         """``ops[column]`` as ``[steps, dp, N]`` (ops are sorted by step, dp_rank, stage, optype, seq_id)."""
         return ops[column].to_numpy().reshape(len(steps), dp, n)
 
