@@ -233,9 +233,8 @@ class SimBackend(Backend):
         asleep = actions[0].wait == "sleep"
         work = self._work_of(k)
         if self.overlap is not None:
-            # the early-arrival term counts a rank's waiting from the end of its compute plus what its
-            # delay holds back: with buckets and the device pacer nothing (the delay sits on the comm
-            # stream at bucket 0, mid-backward; the rank still spins after its compute)
+            # what the delay holds back of the compute (pacectl.fabric.overlap's c_r): nothing with
+            # buckets and the device pacer
             held = delay if self.overlap.count == 1 or self.overlap.host_pacer else np.zeros_like(delay)
             finish = self.interference.finish_s(work, held, spinning=not asleep)
             return self._step_overlap(k, finish, delay, asleep)

@@ -472,33 +472,26 @@ def _ols(
     :data:`MIN_CLUSTERS` groups; by whichever has enough otherwise; else heteroskedasticity-robust
     (HC1). Cameron, Gelbach and Miller, "Robust Inference With Multiway Clustering", JBES 29(2), 2011.
     """
+    import warnings
+
     import statsmodels.api as sm
 
     model = sm.OLS(y, x)
-    num_steps, num_cells = len(np.unique(steps)), len(np.unique(cells))
-    if num_steps >= MIN_CLUSTERS and num_cells >= MIN_CLUSTERS:
-        import warnings
-
+    by_step, by_cell = len(np.unique(steps)) >= MIN_CLUSTERS, len(np.unique(cells)) >= MIN_CLUSTERS
+    res = None
+    if by_step and by_cell:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # not PSD: checked below
             res = model.fit(cov_type="cluster", cov_kwds={"groups": np.column_stack([steps, cells])})
         kind = "cluster(step, template x dp_rank)"
-        if np.all(np.diag(np.asarray(res.cov_params())) > 0):
-            return (
-                np.asarray(res.params, dtype=np.float64),
-                np.asarray(res.cov_params(), dtype=np.float64),
-                kind,
-            )
         # the two-way estimate is a difference of covariances and can lose positivity: one way then
-        res = model.fit(cov_type="cluster", cov_kwds={"groups": steps})
-        kind = "cluster(step)"
-    elif num_steps >= MIN_CLUSTERS or num_cells >= MIN_CLUSTERS:
-        by_steps = num_steps >= MIN_CLUSTERS
-        res = model.fit(cov_type="cluster", cov_kwds={"groups": steps if by_steps else cells})
-        kind = "cluster(step)" if by_steps else "cluster(template x dp_rank)"
-    else:
-        res = model.fit(cov_type="HC1")
-        kind = "HC1"
+        if not np.all(np.diag(np.asarray(res.cov_params())) > 0):
+            res, by_cell = None, False
+    if res is None and (by_step or by_cell):
+        res = model.fit(cov_type="cluster", cov_kwds={"groups": steps if by_step else cells})
+        kind = "cluster(step)" if by_step else "cluster(template x dp_rank)"
+    elif res is None:
+        res, kind = model.fit(cov_type="HC1"), "HC1"
     return np.asarray(res.params, dtype=np.float64), np.asarray(res.cov_params(), dtype=np.float64), kind
 
 
@@ -616,19 +609,19 @@ def _regress(
         n_k = int((cls == k).sum())
         for f, feat in enumerate(FEATURES):
             j = 2 * k + f
-            if j in pos:
-                i = pos[j]
-                est, se = float(params[i]), float(math.sqrt(max(cov[i, i], 0.0)))
-                p = float(2 * stats.norm.sf(abs(est) / se)) if se > 0 else float("nan")
-                beta[k, f] = est
-                index.append((k, f))
-                sd = float(np.std(x[cls == k, j]))
-                coefs.append(
-                    Coefficient(name, feat, est, se, est - z * se, est + z * se, p, n_k, varying[j], True, sd)
-                )
-            else:
+            if j not in pos:
                 nan = float("nan")
                 coefs.append(Coefficient(name, feat, nan, nan, nan, nan, nan, n_k, varying[j], False))
+                continue
+            i = pos[j]
+            est, se = float(params[i]), float(math.sqrt(max(cov[i, i], 0.0)))
+            p = float(2 * stats.norm.sf(abs(est) / se)) if se > 0 else float("nan")
+            beta[k, f] = est
+            index.append((k, f))
+            sd = float(np.std(x[cls == k, j]))
+            coefs.append(
+                Coefficient(name, feat, est, se, est - z * se, est + z * se, p, n_k, varying[j], True, sd)
+            )
     idx = [pos[2 * k + f] for k, f in index]
     sub = cov[np.ix_(idx, idx)] if idx else np.zeros((0, 0))
     wald = float("nan")
@@ -677,8 +670,7 @@ def _arrival(panel: _Panel, classes: tuple[str, ...]) -> tuple[Coefficient, ...]
 
 
 def _overlap_residuals(panel: _Panel, classes: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """Median FE-only log residual of instances fully overlapped by a node-mate's transfer (another
-    rank's, ``>= 0.99`` of the op's transfer) and of instances that no node-mate's transfer overlaps."""
+    """``CommFit.overlap_residuals``: medians of the log residual after the fixed effects alone."""
     cells = np.unique(panel.cell, return_inverse=True)[1]
     num_blocks = int(panel.block.max()) + 1
     y = _demean(panel.y, cells)
@@ -814,8 +806,7 @@ def fit_backend(
 
 
 def _heldout_r2(panel: _Panel, classes: tuple[str, ...]) -> float:
-    """Fit on the first half of the steps, score on the second: the share of the second half's
-    within-(template, DP rank) variance of log tau (step-block effects removed) the slopes explain."""
+    """``CommFit.heldout_r2``, the step-block effects removed from the held-out half."""
     num_steps = int(panel.step.max()) + 1
     train = panel.step < num_steps // 2
     test = ~train
@@ -916,8 +907,8 @@ def probe_pace(backend: ReplayBackend, layout: _Layout, rng: np.random.Generator
     dag = backend.dag
     start, end = backend.replayed_times()
     c = layout.comm_nodes
-    early = (group_start_s(dag, start) - start)[c]
-    tau = (end - group_start_s(dag, start))[c]
+    gstart = group_start_s(dag, start)
+    early, tau = (gstart - start)[c], (end - gstart)[c]
     pace = np.zeros_like(start)
     for name in layout.classes:
         rows = np.flatnonzero(layout.op_class[c] == name)

@@ -399,20 +399,18 @@ def describe_jobs(
     jobs: Sequence[JobSpec], fabrics: Sequence[JobFabric], ranks_per_node: int
 ) -> list[dict[str, Any]]:
     """Summary fields of each job: name, ranks (as spans), nodes, message, quiet collective, compute."""
-    out = []
-    for job, fab in zip(jobs, fabrics, strict=True):
-        out.append(
-            {
-                "name": job.name,
-                "num_ranks": len(job.ranks),
-                "nodes": list(job.nodes(ranks_per_node)),
-                "message_bytes": job.message_bytes,
-                "compute_s": job.compute.compute_s,
-                "quiet_collective_s": fab.quiet_s,
-                "quiet_comm_duty": fab.quiet_s / (job.compute.compute_s + fab.quiet_s),
-                "start_s": job.start_s,
-                "controller": job.controller,
-                "controller_params": {f: dict(p) for f, p in job.controller_params.items()},
-            }
-        )
-    return out
+    return [
+        {
+            "name": job.name,
+            "num_ranks": len(job.ranks),
+            "nodes": list(job.nodes(ranks_per_node)),
+            "message_bytes": job.message_bytes,
+            "compute_s": job.compute.compute_s,
+            "quiet_collective_s": fab.quiet_s,
+            "quiet_comm_duty": fab.quiet_s / (job.compute.compute_s + fab.quiet_s),
+            "start_s": job.start_s,
+            "controller": job.controller,
+            "controller_params": {f: dict(p) for f, p in job.controller_params.items()},
+        }
+        for job, fab in zip(jobs, fabrics, strict=True)
+    ]
