@@ -87,6 +87,21 @@ class Level:
             return per_group
         return np.repeat(per_group, sizes, axis=0)
 
+    def group_start(self, start: FloatArray, dp_axis: int = -1) -> FloatArray:
+        """Each op's group start, ``[k, ...]``: the max of ``start`` over its group and, for a
+        ``dp_sync`` group, over the DP ranks (axis ``dp_axis``). May write into ``start`` (singleton
+        groups: :meth:`group_max` returns it)."""
+        g = self.group_max(start)
+        if self.dp_sync.any():
+            g[self.dp_sync] = g[self.dp_sync].max(axis=dp_axis, keepdims=True)
+        return self.spread(g)
+
+    @classmethod
+    def of(cls, nodes: IntArray, deps: IntArray, sizes: IntArray, dp_sync: NDArray[np.bool_]) -> Level:
+        """A level of ``nodes`` in groups of ``sizes`` members (contiguous, in order)."""
+        offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        return cls(nodes=nodes, deps=deps, group_offsets=offsets, group_sizes=sizes, dp_sync=dp_sync)
+
 
 @dataclass(frozen=True)
 class StepDag:
@@ -236,6 +251,11 @@ def _dependency_model(
         idx = np.flatnonzero((stage == s) & (optype == t))
         return idx[np.argsort(seq[idx], kind="stable")]
 
+    def after_last(v: int, before: IntArray) -> None:
+        """``v`` is posted after the op of ``before`` (compute ops) that ended last, if any."""
+        if len(before):
+            deps[int(v)].append(int(before[np.argmax(end[before])]))
+
     def chain(seq_nodes: list[int] | IntArray, first_deps: list[int] | None = None) -> None:
         prev = list(first_deps or [])
         for v in seq_nodes:
@@ -269,9 +289,7 @@ def _dependency_model(
                         deps[int(v)].append(int(compute_t[k]))
                     else:
                         deps[int(compute_t[k])].append(int(v))
-                        before = comp[end[comp] <= start[v] + _EPS_S]
-                        if len(before):
-                            deps[int(v)].append(int(before[np.argmax(end[before])]))
+                        after_last(v, comp[end[comp] <= start[v] + _EPS_S])
         # DP stream: all-gathers in order; the first forward of each model chunk waits for them.
         gathers = nodes(s, "params-all-gather")
         chain(gathers)
@@ -282,8 +300,9 @@ def _dependency_model(
                 deps[int(first[0])].append(int(gathers[mc[gathers] == chunk][-1]))
         # After the last compute: gc -> layernorm -> embedding -> grads RS -> clip -> optimizer, but
         # for the overlapped buckets (the docstring's rule).
-        last_end = end[comp].max() if len(comp) else -np.inf
-        last_start = start[comp[np.argmax(end[comp])]] if len(comp) else -np.inf
+        last = [int(comp[np.argmax(end[comp])])] if len(comp) else []  # the compute op that ends last
+        last_end = end[last[0]] if last else -np.inf
+        last_start = start[last[0]] if last else -np.inf
         buckets = nodes(s, "grads-reduce-scatter")
         # (also one that started before the last compute op did: posted before it, however short)
         overlapped = buckets[(start[buckets] + _EPS_S < last_end) | (start[buckets] < last_start)]
@@ -291,16 +310,13 @@ def _dependency_model(
             if (block_start[v] + _EPS_S >= block_end[prev]).all():  # one after the other: a serial stream
                 deps[int(v)].append(int(prev))  # (else concurrent, e.g. gloo's worker threads)
         for v in overlapped:
-            before = comp[(block_end[comp] <= block_start[v] + _EPS_S).all(axis=(1, 2))]
-            if len(before):
-                deps[int(v)].append(int(before[np.argmax(end[before])]))
+            after_last(v, comp[(block_end[comp] <= block_start[v] + _EPS_S).all(axis=(1, 2))])
         tail: list[int] = []
         for t in ("gc", "layernorm-grads-all-reduce", "embedding-grads-all-reduce"):
             tail.extend(int(v) for v in nodes(s, t))
         tail.extend(int(v) for v in np.setdiff1d(buckets, overlapped, assume_unique=True))
         for t in ("optimizer-clip-main-grad", "optimizer"):
             tail.extend(int(v) for v in nodes(s, t))
-        last = [int(comp[np.argmax(end[comp])])] if len(comp) else []
         last.extend(int(v) for v in overlapped)  # the clip all-reduce waits for every bucket
         chain(tail, last)
         for t in ("params-all-gather", "grads-reduce-scatter"):
@@ -357,15 +373,7 @@ def _levelize(
         for i, v in enumerate(nodes):
             dep_idx[i, : len(deps[v])] = deps[v]
         sizes = np.array([len(members[g]) for g in frontier], dtype=np.int64)
-        levels.append(
-            Level(
-                nodes=np.array(nodes, dtype=np.int64),
-                deps=dep_idx,
-                group_offsets=np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64),
-                group_sizes=sizes,
-                dp_sync=dp_sync[frontier],
-            )
-        )
+        levels.append(Level.of(np.array(nodes, dtype=np.int64), dep_idx, sizes, dp_sync[frontier]))
         done += len(frontier)
         nxt = []
         for g in frontier:
@@ -421,10 +429,7 @@ def evaluate(
         if pace_s is not None:
             s += pace_s[lv.nodes]
         start[lv.nodes] = s
-        g = lv.group_max(s)  # may be s itself: s is stored already
-        if lv.dp_sync.any():
-            g[lv.dp_sync] = g[lv.dp_sync].max(axis=dp_axis, keepdims=True)
-        group_start = lv.spread(g)
+        group_start = lv.group_start(s, dp_axis)  # may write into s: it is stored already
         transfer = transfer_s[lv.nodes]
         if transfer_hook is not None:
             transfer = transfer_hook(lv.nodes, group_start, transfer)
@@ -459,10 +464,8 @@ def estimate_intrinsic(dag: StepDag) -> tuple[FloatArray, FloatArray, dict[str, 
     for lv in dag.levels:
         ready = end[lv.deps].max(axis=1)
         launch[lv.nodes] = dag.start_s[lv.nodes] - dag.delay_s[lv.nodes] - ready
-        g = lv.group_max(dag.start_s[lv.nodes])  # a fresh array (fancy indexing): safe to write
-        if lv.dp_sync.any():
-            g[lv.dp_sync] = g[lv.dp_sync].max(axis=-1, keepdims=True)
-        transfer[lv.nodes] = rec_end[lv.nodes] - lv.spread(g)
+        # (fancy indexing gives a fresh array: group_start may write into it)
+        transfer[lv.nodes] = rec_end[lv.nodes] - lv.group_start(dag.start_s[lv.nodes])
     counts = {
         "launch_clipped": int((launch < -_EPS_S).sum()),
         "transfer_clipped": int((transfer < -_EPS_S).sum()),

@@ -450,14 +450,7 @@ def _downstream_levels(dag: StepDag, paced: IntArray) -> tuple[Level, ...]:
             continue
         groups_in_level = member_groups[lv.group_offsets]
         keep_group = reach[groups_in_level]
-        sizes = lv.group_sizes[keep_group]
         tail.append(
-            Level(
-                nodes=lv.nodes[keep],
-                deps=lv.deps[keep],
-                group_offsets=np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64),
-                group_sizes=sizes,
-                dp_sync=lv.dp_sync[keep_group],
-            )
+            Level.of(lv.nodes[keep], lv.deps[keep], lv.group_sizes[keep_group], lv.dp_sync[keep_group])
         )
     return tuple(tail)
