@@ -113,13 +113,8 @@ class ReplayBackend(Backend):
         self.power = power if power is not None else power_profile(None)
         self.trace = trace
         self.dag: StepDag = compile_dag(trace)
-        self._comm = comm_model or NullComm()
-        self.comm_model = self._comm.name
-        self.comm_description: str = self._comm.description
-        self.comm_timing_dependent: bool = bool(self._comm.timing_dependent)
-        launch, transfer, self._clip_counts = estimate_intrinsic(self.dag)
-        self._launch = launch
-        self._transfer = self._comm.transfer_s(transfer)
+        self._launch, self._recorded_transfer, self._clip_counts = estimate_intrinsic(self.dag)
+        self._set_comm(comm_model or NullComm())
         dp, pp = trace.meta.dp_size, trace.meta.pp_size
         self._paced = self._find_paced(paced_optype)
         self._co_paced = self._find_co_paced() if trace.pacing_blocks_compute else self._paced[:0]
@@ -147,15 +142,17 @@ class ReplayBackend(Backend):
         The recorded transfer times stay the reference; the new model's static part
         (``transfer_s``) is applied to them and the baseline re-evaluated.
         """
-        _, transfer, _ = estimate_intrinsic(self.dag)
-        self._comm = comm_model
-        self.comm_model = comm_model.name
-        self.comm_description = comm_model.description
-        self.comm_timing_dependent = bool(comm_model.timing_dependent)
-        self._transfer = comm_model.transfer_s(transfer)
+        self._set_comm(comm_model)
         self._base_end[:] = 0.0
         evaluate(self.dag.levels, self._base_end, self._base_start, self._launch, self._transfer)
         self._split_compute()
+
+    def _set_comm(self, comm_model: CommModel) -> None:
+        self._comm = comm_model
+        self.comm_model = comm_model.name
+        self.comm_description: str = comm_model.description
+        self.comm_timing_dependent: bool = bool(comm_model.timing_dependent)
+        self._transfer = comm_model.transfer_s(self._recorded_transfer)
 
     def _split_compute(self) -> None:
         """Each stage's GPU compute ops upstream of the paced collective (the clock actuator slows
