@@ -72,7 +72,7 @@ class ReplayBackend(Backend):
         paced_optype: op type of the paced collective; the delay goes before its first instance
             (``seq_id`` 0) in each step. Must be a DP-synchronised collective present on every stage.
         comm_model: communication model (default :class:`~pacectl.fabric.base.NullComm`).
-        actuator: ``"delay"`` (sleep before the paced collective, then run at full speed: today's) or
+        actuator: ``"delay"`` (sleep before the paced collective, then run at full speed) or
             ``"clock"``: run each pipeline's GPU compute before its paced collectives (every compute op
             of the DP rank's stages upstream of them) slower, one clock per DP rank for all its stages
             (a pipeline's stages feed each other: clocking them apart would compound through its p2p

@@ -75,8 +75,7 @@ class SimBackend(Backend):
         num_ranks: world size, >= 1.
         num_iterations: iterations per episode, >= 1.
         compute: compute-time model.
-        comm: communication model with ``name``, ``timing_dependent``, ``description`` and
-            ``time_s(start_s)`` (:mod:`pacectl.fabric.contention`).
+        comm: communication model (:class:`~pacectl.fabric.contention.SimComm`).
         interference: early-arrival interference (``kappa = 0`` disables it).
         record: keep per-iteration records for :meth:`to_trace`; a bool (``backend.record``:
             true or false, a string such as "maybe" is a ConfigError).
@@ -84,7 +83,7 @@ class SimBackend(Backend):
             that the rank arrives when the delay says, :func:`~pacectl.fabric.power.clock_for_delay`;
             without a power cap the timing is the delay actuator's, only the energy differs).
         power: the GPUs' power profile (the clock actuator's clocks; the power cap's powers).
-        power_cap: a node power cap shared by the node's GPUs, or None (off: today's simulator).
+        power_cap: a node power cap shared by the node's GPUs, or None (off).
         overlap: bucketed backward (:class:`~pacectl.fabric.overlap.BucketEngine`), or None: one
             all-reduce after all compute (the model above). With more than one bucket, ``record``,
             ``actuator="clock"`` and a power cap are refused (not modelled yet).

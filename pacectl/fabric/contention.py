@@ -359,7 +359,6 @@ class AlphaBetaComm(FixedComm):
     """Closed-form alpha-beta all-reduce cost (ring, tree or hierarchical); timing-independent."""
 
     name = "alpha_beta"
-    timing_dependent = False
 
     def __init__(
         self,

@@ -182,7 +182,8 @@ class _Layout:
 
 def _layout(dag: StepDag, placement: Placement, *, dp_size: int, pp_size: int, tp_size: int) -> _Layout:
     optype = dag.optype
-    comm = np.flatnonzero(np.isin(optype, COMM_OPTYPES))
+    is_comm = np.isin(optype, COMM_OPTYPES)
+    comm = np.flatnonzero(is_comm)
     compute = np.flatnonzero(np.isin(optype, COMPUTE_OPTYPES))
     phys = placement.nodes(dp_size=dp_size, pp_size=pp_size, tp_size=tp_size, trace_ranks=dag.rank_labels)
     _, phys = np.unique(phys, return_inverse=True)
@@ -193,11 +194,8 @@ def _layout(dag: StepDag, placement: Placement, *, dp_size: int, pp_size: int, t
         t = str(optype[v])
         op_class[v] = "p2p" if t in P2P_OPTYPES else t
     mates = []
-    is_comm = np.zeros(dag.num_nodes, dtype=bool)
-    is_comm[comm] = True
     for g in np.unique(dag.group[comm]):
-        members = np.flatnonzero(dag.group == g)
-        members = members[is_comm[members]]
+        members = np.flatnonzero((dag.group == g) & is_comm)
         sync = bool(dag.group_dp_sync[g])
         if len(members) > 1 or (sync and dp_size > 1):
             mates.append((members.astype(np.int64), sync))

@@ -302,11 +302,9 @@ class ClusterConfig(Checked):
 
 
 def cluster_config(cluster: Mapping[str, Any] | DictConfig | ClusterConfig) -> ClusterConfig:
-    """A profile (the composed ``cluster`` node, or a plain mapping) as its checked typed config.
-
-    The whole profile is checked, not only the sections the chosen model reads: a profile describes
-    one cluster, and a bad value in it is a mistake whichever model runs (``pacectl.run`` checks it
-    before any run, :func:`pacectl.config.validate_run_config`).
+    """A profile (the composed ``cluster`` node, or a plain mapping) as its checked typed config:
+    the whole profile, whichever model reads it (module docstring; ``pacectl.run`` checks it before
+    any run, :func:`pacectl.config.validate_run_config`).
 
     Raises:
         ConfigError: one line naming the override key, what it must be and how to set it.
@@ -324,7 +322,7 @@ def _overflow(what: str) -> ConfigError:
 
 
 # ---------------------------------------------------------------------------------------------
-# Builders. Each takes a profile as a mapping or as its typed config, so that it can be called alone.
+# Builders (each takes a profile as a mapping or as its typed config)
 
 Profile = Mapping[str, Any] | DictConfig | ClusterConfig
 
