@@ -253,21 +253,18 @@ class BucketEngine:
         g = self.slowdown
         first = produced[:, 0]
         arrival = first + delay_s
-        start = float(arrival.max())
-        dur = float(self.comms[0].time_s(clock_s + start))
-        end = start + dur
-        first_transfer = dur
+        first_start = float(arrival.max())
+        first_transfer = float(self.comms[0].time_s(clock_s + first_start))
+        end = first_start + first_transfer
         if self.count == 1:
-            return BucketRun(first, arrival, start, first_transfer, start + dur, compute_s)
+            return BucketRun(first, arrival, first_start, first_transfer, end, compute_s)
         # the rest of backward starts at p_r,0, or after the delay with the host pacer
         t = first + delay_s if self.host_pacer else first
         held = delay_s if self.host_pacer else 0.0
-        lows: list[FloatArray | float] = [start if asleep else arrival]
+        lows: list[FloatArray | float] = [first_start if asleep else arrival]
         highs: list[float] = [end]
-        work_done = first.copy()
         for k in range(1, self.count):
             work = produced[:, k] - produced[:, k - 1]
-            work_done = work_done + work
             if g > 0:
                 t = self._through(t, work, lows, highs, g)
             else:
@@ -280,7 +277,7 @@ class BucketEngine:
                 highs.append(start + dur)
             end = start + dur
         compute_run = t - held  # compute as run: the slowdowns included, the host pacer's hold not
-        return BucketRun(first, arrival, float(arrival.max()), first_transfer, end, compute_run)
+        return BucketRun(first, arrival, first_start, first_transfer, end, compute_run)
 
     @staticmethod
     def _through(
