@@ -339,7 +339,7 @@ class ReplayBackend(Backend):
         """Compare the replay with the recorded step times (the null model's check): the trace's
         ``measured_step_time_s`` where it has them (live records), else the span of its op stamps.
 
-        The replay is :meth:`recorded_timeline`'s.
+        The replayed times are :meth:`recorded_timeline`'s (with the recording's own pacing delays).
         """
         replayed = self.recorded_timeline()[1].max(axis=(0, 2))
         if self.trace.measured_step_time_s is None:
