@@ -482,7 +482,7 @@ def _ols(
             warnings.simplefilter("ignore", RuntimeWarning)  # not PSD: checked below
             res = model.fit(cov_type="cluster", cov_kwds={"groups": np.column_stack([steps, cells])})
         kind = "cluster(step, template x dp_rank)"
-        # the two-way estimate is a difference of covariances and can lose positivity: one way then
+        # the two-way estimate is a difference of covariances and can lose positivity: by step then
         if not np.all(np.diag(np.asarray(res.cov_params())) > 0):
             res, by_cell = None, False
     if res is None and (by_step or by_cell):

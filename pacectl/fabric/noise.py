@@ -134,7 +134,7 @@ class Draws:
                 setattr(bits, "state", after)  # noqa: B010 (numpy's stubs type the state narrower)
                 continue
             skip = getattr(self._rng, _SKIP_AS.get(method, method))
-            chunk = max(1, (1 << 20) // max(self.num_ranks, 1))
+            chunk = max(1, DRAW_CELLS // max(self.num_ranks, 1))
             for start in range(0, self.num_iterations, chunk):
                 skip(size=(min(chunk, self.num_iterations - start), self.num_ranks))
         self._pending = []
