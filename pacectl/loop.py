@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -175,12 +175,9 @@ def run_episode(
         domain_names=tuple(dom.name for dom in domains),
         step_ids=np.asarray(backend.step_ids[:n_iter], dtype=np.int64),
         iteration_time_s=iteration_time,
-        arrival_s=rec["arrival_s"],
-        applied_delay_s=rec["applied_delay_s"],
-        natural_arrival_s=rec["natural_arrival_s"],
-        wait_s=rec["wait_s"],
         collective_time_s=collective_time,
         pacing_active=np.zeros((n_iter, num_domains), dtype=np.bool_),
+        **rec,
     )
     counts = [0] * num_domains  # iterations each domain has run
     ready: list[int] = list(range(num_domains))  # domains whose next iteration starts now
@@ -200,10 +197,8 @@ def run_episode(
             if k < n_iter:
                 idx = columns[d]
                 row = k % block
-                rec["arrival_s"][row, idx] = obs.arrival_s
-                rec["applied_delay_s"][row, idx] = obs.applied_delay_s
-                rec["natural_arrival_s"][row, idx] = obs.natural_arrival_s
-                rec["wait_s"][row, idx] = obs.wait_s
+                for key, column in rec.items():
+                    column[row, idx] = getattr(obs, key)
                 collective_time[k, d] = obs.collective_time_s
                 domain_time[k, d] = obs.iteration_time_s
                 asleep[k, d] = actions[d].wait == "sleep"
@@ -284,14 +279,7 @@ def _record_compute(
     out: dict[str, np.ndarray], compute: RankCompute, k: int, idx: slice | np.ndarray, shape: tuple[int, int]
 ) -> None:
     """Copy one observation's :class:`RankCompute` into the episode's columns (created on first use)."""
-    for key in (
-        "compute_s",
-        "pre_arrival_compute_s",
-        "clock_frac",
-        "sleep_s",
-        "slow_compute_s",
-        "compute_energy_j",
-    ):
+    for key in (f.name for f in fields(RankCompute)):
         value = getattr(compute, key)
         if value is None:
             continue
