@@ -17,12 +17,11 @@ Reference for users: what the main job does, and the backends
    reduce-scatter buckets, embedding and global grad-norm all-reduces) and estimates each op's launch
    gap and each collective's intrinsic transfer time from the recording (`pacectl/backends/dag.py`
    documents the model and the estimator).
-3. Runs the what-if analysis of the trace first (below) to show what straggling costs: the most
-   any controller could win. It evaluates 2 + dp + pp + op groups + dp x pp + 2-4 scenarios,
-   announced with their count (AR: 41; a step-level trace of 1,024 workers: 2,055), at the cost of
-   about pp + op groups + 2 (pp + 1) + 5 full replays: a by-DP-rank or by-cell scenario runs on its
-   own DP column plus one ideal one (`pacectl/whatif.py`; the 1,024-worker trace's analysis: about
-   1 s); `analysis.whatif=false` skips it (`whatif` is then null in `summary.json`).
+3. Runs the what-if analysis of the trace first, to show what straggling costs: the most any
+   controller could win. Its 2 + dp + pp + op groups + dp x pp + 2-4 scenarios are announced with
+   their count and cost about pp + op groups + 2 (pp + 1) + 5 full replays: a by-DP-rank or by-cell
+   scenario runs on its own DP column plus one ideal one (`pacectl/whatif.py`; counts and times in
+   `experiments/bench/README.md`). `analysis.whatif=false` skips it (`whatif` is then null).
 4. Replays every step in a closed loop: one controller per pacing domain (the DP group of each
    pipeline stage), wrapped in the safety guard; the delay goes before each rank's first
    `grads-reduce-scatter` of the step (`backend.paced_optype`).
@@ -39,19 +38,15 @@ Reference for users: what the main job does, and the backends
    `iterations.parquet` is built in memory (about 200 B per run, iteration and rank);
    `output.iterations=false` skips it for very large simulations. A progress bar (live runs: as
    rank 0 reports iterations) shows on a terminal. After the first run the job estimates its peak
-   memory (`pacectl.run.memory_needed`, fitted in `experiments/bench/README.md`) and stops with that
-   figure, before the other runs, if it exceeds the memory available.
+   memory (`pacectl.run.memory_needed`) and stops with that figure, before the other runs, if it
+   exceeds the memory available.
 
-Useful overrides: README.md, "Common tasks"; `python -m pacectl.run --help` lists every group and
-key. A wrong value or a bad file ends with one line on stderr and a non-zero exit, and no result
-file is written unless the whole run succeeds (:mod:`pacectl.cli`: the command line, every job of a
-`-m` sweep included, is checked before anything is created; the outputs are staged).
-Every throughput change is printed with the 95 % confidence half-width of the paired per-iteration
-difference (`-0.07 ±0.04`): a change inside it is noise. Successive iterations are not independent,
-so the interval comes from batch means (:func:`pacectl.metrics.paired_change_ci95_frac`: blocks of sqrt(n)
-iterations in replay and simulation, the interleave blocks in live runs); with fewer than 5 blocks
-the run warns that its intervals are wide. A change outside it is one run's evidence; repeat it
-with other `seed=` values before believing it.
+Useful overrides: README.md, "Common tasks"; `--help` lists every group and key. Mistakes, every
+job of a `-m` sweep included, are checked before anything is created, and the outputs are staged
+(:mod:`pacectl.cli`). Every throughput change is printed with the 95 % half-width of its paired
+interval (`-0.07 ±0.04`; batch means, :func:`pacectl.metrics.paired_change_ci95_frac`): a change
+inside it is noise, one outside it one run's evidence, to repeat with other `seed=` values before
+believing it; with fewer than 5 blocks the run warns that its intervals are wide.
 
 ## Backends
 
@@ -178,11 +173,8 @@ def actuators_of(value: str) -> tuple[str, ...]:
 
 
 class _ClosedLoop(Experiment):
-    """What replay and simulation share: one seeded closed-loop episode per run on ``self.backend``.
-
-    ``power`` is the GPU power profile (``cluster.power``) the energy of every run is computed with;
-    ``actuators`` the pacing actuators each controller runs with (``backend.actuator``).
-    """
+    """What replay and simulation share: one seeded closed-loop episode per run on ``self.backend``,
+    its energy under ``power`` (``cluster.power``)."""
 
     backend: Any
     cfg: DictConfig
@@ -218,6 +210,13 @@ class _ClosedLoop(Experiment):
                 "exchange.lag_iters or replay more iterations"
             )
         return schedule
+
+    def run(
+        self, family: str, params: dict[str, Any], *, on_iteration: Callable[[], None] | None = None
+    ) -> Episode:
+        """One seeded episode of the guarded ``family`` controller, one per pacing domain (replay: a
+        stage's DP group, over every recorded step); every controller sees the same compute times."""
+        return self._episode(family, params, on_iteration)
 
     def _episode(
         self, family: str, params: dict[str, Any], on_iteration: Callable[[], None] | None
@@ -290,8 +289,8 @@ class ReplayExperiment(_ClosedLoop):
             self.backend.use_comm_model(model)
             comm = model
             self.comm_fit = model.fit.to_dict() if model.fit is not None else None
-            log_fit = logging.getLogger("pacectl.run")
-            log_fit.info(f"comm=fitted: {model.fit.verdict if model.fit else model.description}")
+            verdict = model.fit.verdict if model.fit else model.description
+            logging.getLogger("pacectl.run").info(f"comm=fitted: {verdict}")
         assert comm is not None
         self.comm_model = comm.name
         self.comm_description = comm.description
@@ -392,12 +391,6 @@ class ReplayExperiment(_ClosedLoop):
             "note": "what straggling costs: mean step time without launch delays / ideal replay with "
             "stragglers removed (Lin et al., OSDI 2025, null model)",
         }
-
-    def run(
-        self, family: str, params: dict[str, Any], *, on_iteration: Callable[[], None] | None = None
-    ) -> Episode:
-        """Replay every recorded step with a guarded ``family`` controller per stage."""
-        return self._episode(family, params, on_iteration)
 
 
 def _warn_if_other_trace(cfg: DictConfig) -> None:
@@ -521,7 +514,7 @@ class SimExperiment(_ClosedLoop):
     def run(
         self, family: str, params: dict[str, Any], *, on_iteration: Callable[[], None] | None = None
     ) -> Episode:
-        """One seeded episode; every controller sees the same compute-time draws."""
+        """One seeded episode (:meth:`_ClosedLoop.run`), recorded with ``backend.record=true``."""
         episode = self._episode(family, params, on_iteration)
         if self.backend.record:
             run = (
@@ -572,25 +565,23 @@ class MultiJobSimExperiment(_ClosedLoop):
                 "comm=fitted is fitted from a recorded trace, so it needs backend=replay, got backend=sim; "
                 "the simulator takes comm=null, alpha_beta or contention"
             )
+        several = f"with several jobs on one fabric (cluster={self.cluster_name} has cluster.jobs)"
         if spec.record:
             raise ConfigError(
-                f"backend.record=true is not supported with several jobs on one fabric (cluster={self.cluster_name} "
-                "has cluster.jobs): no canonical trace of a multi-job run yet; use backend.record=false"
+                f"backend.record=true is not supported {several}: no canonical trace of a multi-job run yet; "
+                "use backend.record=false"
             )
         if profile.power_cap.node_w is not None:
             raise ConfigError(
-                f"cluster.power_cap.node_w must be null with several jobs on one fabric (cluster={self.cluster_name} "
-                "has cluster.jobs): the node power cap is modelled by the single-job simulator only"
+                f"cluster.power_cap.node_w must be null {several}: the node power cap is modelled by the "
+                "single-job simulator only"
             )
         if profile.buckets.count > 1:
             raise ConfigError(
-                f"cluster.buckets.count must be 1 with several jobs on one fabric (cluster={self.cluster_name} "
-                "has cluster.jobs): bucketed backward is modelled by the single-job simulator only; "
-                "e.g. cluster.buckets.count=1"
+                f"cluster.buckets.count must be 1 {several}: bucketed backward is modelled by the single-job "
+                "simulator only; e.g. cluster.buckets.count=1"
             )
-        fabric_ranks = spec.num_ranks
-        topology = profile.topology
-        coll = profile.collective
+        fabric_ranks, topology, coll = spec.num_ranks, profile.topology, profile.collective
         self.jobs = parse_jobs(
             cluster.get("jobs"),
             fabric_ranks=fabric_ranks,
@@ -662,12 +653,6 @@ class MultiJobSimExperiment(_ClosedLoop):
             on_iteration=on_iteration,
             exchange=self.exchange,
         )
-
-    def run(
-        self, family: str, params: dict[str, Any], *, on_iteration: Callable[[], None] | None = None
-    ) -> Episode:
-        """One seeded episode; every controller sees the same compute-time draws."""
-        return self._episode(family, params, on_iteration)
 
     def describe(self, on_step: Callable[[], None] | None = None) -> dict[str, Any]:
         """``trace`` (the synthetic scenario) and ``sim`` summary fields, with every job."""
