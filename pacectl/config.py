@@ -164,20 +164,19 @@ def _store_family(fam: Family, registered: bool) -> None:
 
 
 subscribe(_store_family)
-ConfigStore.instance().store(group="guard", name="default", node=GuardConfig)
+_store = ConfigStore.instance()
+_store.store(group="guard", name="default", node=GuardConfig)
 for _name, _format in FORMATS.items():  # trace=<format>: its typed config
-    ConfigStore.instance().store(group="trace", name=_name, node=_format)
-ConfigStore.instance().store(group="backend", name="replay", node=ReplayConfig)
-ConfigStore.instance().store(group="backend", name="sim", node=SimConfig)
-ConfigStore.instance().store(group="backend", name="torch", node=TorchConfig)
-ConfigStore.instance().store(
-    group="cluster", name="base", node=structured(ClusterConfig)
-)  # conf/cluster/ builds on it
-ConfigStore.instance().store(group="analysis", name="pacing", node=Pacing)
-ConfigStore.instance().store(group="analysis", name="whatif", node=Whatif)
-ConfigStore.instance().store(group="controller", name="all", node=AllControllers)
-ConfigStore.instance().store(name="run_schema", node=RunConfig)
-ConfigStore.instance().store(name="tune_schema", node=TuneRunConfig)
+    _store.store(group="trace", name=_name, node=_format)
+_store.store(group="backend", name="replay", node=ReplayConfig)
+_store.store(group="backend", name="sim", node=SimConfig)
+_store.store(group="backend", name="torch", node=TorchConfig)
+_store.store(group="cluster", name="base", node=structured(ClusterConfig))  # conf/cluster/ builds on it
+_store.store(group="analysis", name="pacing", node=Pacing)
+_store.store(group="analysis", name="whatif", node=Whatif)
+_store.store(group="controller", name="all", node=AllControllers)
+_store.store(name="run_schema", node=RunConfig)
+_store.store(name="tune_schema", node=TuneRunConfig)
 
 
 def load_trace(trace_cfg: DictConfig) -> OpTrace:
@@ -351,12 +350,10 @@ def controller_families(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     with its constructor defaults. ``controller_file=PATH`` replaces the
     ``controller`` group with a controller YAML file (see :func:`selected_controller`).
     """
-    if cfg.get("controller_file") in (None, ""):
-        return _controller_runs(cfg)
     try:
         return _controller_runs(cfg)
     except ConfigError as err:
-        if "controller_file" in str(err):  # already names the file
+        if cfg.get("controller_file") in (None, "") or "controller_file" in str(err):  # no file, or named
             raise
         text = str(err)
         end = "" if text.endswith((".", "?", "!")) else "."
@@ -399,16 +396,12 @@ def decision_schedule(cfg: DictConfig) -> ExchangeSchedule:
     """
     backend = cfg.get("backend")
     if isinstance(backend, DictConfig) and backend.get("name") == "torch":
-        from pacectl.torchdist.core import (  # no torch import
-            BUILTIN_DIST_BACKEND,
-            exchange_lag,
-            resolve_gather,
-        )
+        from pacectl.torchdist.core import BUILTIN_DIST_BACKEND, exchange_lag, resolve_gather  # no torch
 
         pacing = backend.get("pacing")
         pacing = pacing if isinstance(pacing, DictConfig) else OmegaConf.create({})
         gather = resolve_gather(str(pacing.get("gather", "auto")), BUILTIN_DIST_BACKEND)
-        every = config_int(pacing.get("gather_every", 1), "backend.pacing.gather_every")
+        every = integer(pacing.get("gather_every", 1), "backend.pacing.gather_every", low=1)
         return ExchangeSchedule(lag=exchange_lag(gather), every=every)
     return exchange_schedule(cfg)
 
@@ -505,15 +498,14 @@ def validate_run_config(cfg: DictConfig) -> None:
             "backend.pacing.gather=async (lag 1) or piggyback (lag 2) and backend.pacing.gather_every instead"
         )
     analysis = cfg.get("analysis")
-    if analysis is not None and analysis.get("name") == "whatif" and backend is not None:
-        if backend.get("name") != "replay":
-            raise ConfigError(
-                f"analysis=whatif analyses a recorded trace, so it needs backend=replay (the default), got "
-                f"backend={backend.get('name')}. Record the run first (backend.record=true for sim; always "
-                "for torch), then: python -m pacectl.run analysis=whatif trace=canonical trace.path=<record>"
-            )
-    trace = cfg.get("trace")
     replay = backend is None or backend.get("name") == "replay"
+    if analysis is not None and analysis.get("name") == "whatif" and not replay:
+        raise ConfigError(
+            f"analysis=whatif analyses a recorded trace, so it needs backend=replay (the default), got "
+            f"backend={backend.get('name')}. Record the run first (backend.record=true for sim; always "
+            "for torch), then: python -m pacectl.run analysis=whatif trace=canonical trace.path=<record>"
+        )
+    trace = cfg.get("trace")
     if isinstance(trace, DictConfig) and replay:
         trace_config(trace, check_only=True)  # its ranges, before any work
 
@@ -547,8 +539,3 @@ def exchange_schedule(cfg: DictConfig) -> ExchangeSchedule:
     """
     exchange = typed(Exchange, cfg.get("exchange"))
     return ExchangeSchedule(lag=exchange.lag_iters, every=exchange.every_iters)
-
-
-def config_int(value: object, key: str, *, low: int = 1) -> int:
-    """An integer setting ``>= low`` (:func:`pacectl.checks.integer`), or a ConfigError naming ``key``."""
-    return integer(value, key, low)
