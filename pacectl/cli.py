@@ -1,18 +1,14 @@
 """The entry points' command line (``pacectl.run``, ``pacectl.tune``): a user mistake costs one
 line, exit status 2, and nothing on disk.
 
-:func:`main` owns the command line of a plain run. It composes the overrides with Hydra's compose
-API, checks them (a composition error becomes one line with a did-you-mean, and the composed config
-goes through the entry point's own checks), checks that the run folder can be written, and only
-then runs the job. The job stages its outputs (:func:`pacectl.files.staged_outputs`); its console
-lines (``<job>.log``) and the composed config (``config.yaml``) are staged beside them and moved in
-only when the job succeeds, so a failed job leaves no folder behind. Hydra writes nothing into the
-run folder (``hydra.output_subdir: null``; its job logging is the console only).
-
-``-m``/``--multirun`` (a sweep, through any Hydra launcher) and Hydra's own flags (``--help``,
-``--cfg``, ...) go through ``@hydra.main``, after the same checks (every job of a sweep). A sweep
-job runs in the folder its launcher created; a job that fails removes that folder again while it is
-still empty.
+:func:`main` owns the command line of a plain run: it composes the overrides with Hydra's compose
+API and checks them (:func:`check_command_line`: a composition error becomes one line with a
+did-you-mean, the composed config goes through the entry point's own checks), checks that the run
+folder can be written (:func:`run_dir_error`), and only then runs the job (:func:`run_job`: its
+outputs are staged, so a failed job leaves no folder behind). Hydra writes nothing into the run
+folder (``hydra.output_subdir: null``; its job logging is the console only). ``-m``/``--multirun``
+(a sweep, through any Hydra launcher) and Hydra's own flags (``--help``, ``--cfg``, ...) go through
+``@hydra.main``, after the same checks (every job of a sweep).
 """
 
 from __future__ import annotations
@@ -285,13 +281,10 @@ def invoke(prog: str, argv: Sequence[str] | None, body: Callable[[], None]) -> i
         if saved_sigint is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, saved_sigint)  # a Ctrl-C handler set for the run (pacectl.tune)
         logging.captureWarnings(False)
-        for handler in root.handlers[:]:  # the job's console handlers go
+        for handler in root.handlers:  # the job's console handlers go
             if handler not in saved_handlers:
-                root.removeHandler(handler)
                 handler.close()
-        for handler in saved_handlers:
-            if handler not in root.handlers:
-                root.addHandler(handler)
+        root.handlers[:] = saved_handlers
         root.setLevel(saved_level)
         GlobalHydra.instance().clear()
         HydraConfig.instance().cfg = None  # type: ignore[assignment]
@@ -302,11 +295,9 @@ def sweep_job_prefix() -> str:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    if not HydraConfig.initialized():
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return ""
     hc = HydraConfig.get()
-    if hc.mode != RunMode.MULTIRUN:
-        return ""
     return f"sweep job #{hc.job.num} ({' '.join(str(o) for o in hc.overrides.task)}): "
 
 
@@ -417,11 +408,6 @@ def _parses_to(value_text: str, expected: str) -> bool:
         return False
 
 
-def _split_sweep(value: str) -> list[str]:
-    """The comma-separated items of a ``trace=`` value (one item when it holds no comma)."""
-    return [v.strip().strip("'\"") for v in value.split(",")]
-
-
 def trace_file_format(value: str, options: Sequence[str] = ()) -> tuple[str | None, Path | None]:
     """``(format, meta)`` for a ``trace=`` value that names a path rather than an option, else
     ``(None, None)``.
@@ -467,7 +453,7 @@ def expand_trace_file(args: Sequence[str], options: Sequence[str] = ()) -> tuple
     multirun = any(a in ("-m", "--multirun") for a in args)
     for a in args:
         key, eq, value = a.partition("=")
-        items = _split_sweep(value) if eq and key == "trace" else []
+        items = [v.strip().strip("'\"") for v in value.split(",")] if eq and key == "trace" else []
         if len(items) > 1 and not multirun:
             items = []  # a comma list without -m: Hydra's own error
         found = [trace_file_format(v, options) for v in items]
@@ -496,13 +482,11 @@ def quiet_broken_pipe(stream: Any = None) -> None:
     """After a ``BrokenPipeError`` on ``stream`` (default stdout; ``--help | head``): no traceback,
     the caller picks the exit status. Points the stream's file descriptor at /dev/null so that
     later writes and the interpreter's final flush cannot fail again."""
-    try:
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # no file descriptor (a StringIO)
         fd = (sys.stdout if stream is None else stream).fileno()
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, fd)
         os.close(devnull)
-    except (AttributeError, OSError, ValueError):  # no file descriptor (a test's StringIO)
-        pass
 
 
 def composition_error(config_dir: Path, config_name: str, overrides: list[str], err: Exception) -> str:
@@ -520,16 +504,14 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
 
     if isinstance(err.__cause__, ValidationError):  # a wrong type for a typed config
         return config_error(err.__cause__)
-    missing, options = (
-        (err.missing_cfg_file, err.options) if isinstance(err, MissingConfigException) else (None, None)
-    )
-    if missing and options is not None:  # a group option that does not exist; Hydra lists them
+    # a group option that does not exist; Hydra lists them
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options is not None:
+        missing, available = err.missing_cfg_file, list(err.options)
         groups = [
             k for k in (o.partition("=")[0].lstrip("+") for o in overrides) if missing.startswith(f"{k}/")
         ]
         group = max(groups, key=len) if groups else missing.rpartition("/")[0]  # the option may hold a /
         option = missing[len(group) + 1 :]
-        available = list(options)
         if not option:
             return f"{group}= needs an option of the {group} group: one of {', '.join(available)}"
         hint = did_you_mean(option, available)
@@ -806,14 +788,10 @@ def check_command_line(
         else:
             overrides.append(a)
 
-    def fail(line: str) -> None:
-        print(f"{prog}: error: {line}", file=sys.stderr)
-        sys.exit(2)
-
     for o in overrides:
         if o.startswith("~"):
             key = o[1:].partition("=")[0]
-            fail(f"{o}: removing config keys is not supported (every key is read); set {key} instead")
+            _fail(prog, f"{o}: removing config keys is not supported (every key is read); set {key} instead")
     multirun = bool(flags & {"-m", "--multirun"})
     jobs = sweep_jobs(overrides) if multirun else [overrides]
     inspect_only = bool(flags - {"-m", "--multirun"})
@@ -822,11 +800,11 @@ def check_command_line(
         where = f"sweep job ({' '.join(job)}): " if multirun else ""
         line = group_value_error(config_dir, job)  # before Hydra, whose ValueError names no group
         if line:
-            fail(where + line)
+            _fail(prog, where + line)
         try:
             cfg = _compose(config_dir, config_name, [*job, *["hydra.mode=MULTIRUN"][:multirun]], hydra=True)
         except HydraException as err:
-            fail(where + composition_error(config_dir, config_name, job, err))
+            _fail(prog, where + composition_error(config_dir, config_name, job, err))
         first = cfg if first is None else first
         if validate is None or inspect_only:
             continue
@@ -838,13 +816,13 @@ def check_command_line(
                 warnings.simplefilter("ignore")
                 validate(task)
         except PacectlError as err:
-            fail(f"{where}{err}")
+            _fail(prog, f"{where}{err}")
         except OmegaConfBaseException as err:
-            fail(f"{where}{config_error(err)}")
+            _fail(prog, f"{where}{config_error(err)}")
     if multirun and jobs:
         base_error = multirun_base_error(config_dir, config_name, overrides)
         if base_error:
-            fail(base_error)
+            _fail(prog, base_error)
     return None if inspect_only else first
 
 

@@ -142,7 +142,7 @@ def run_episode(
     # rows kept at once: every iteration, or a block of them when streaming (row k % block)
     block = n_iter if reduce is None else max(1, min(n_iter, STREAM_CELLS // max(num_ranks, 1)))
     reduced: list[EpisodeTotals] = []
-    rec = {
+    rec: dict[str, Any] = {  # the per-rank columns, as Episode names them
         key: np.zeros((block, num_ranks))
         for key in ("arrival_s", "applied_delay_s", "natural_arrival_s", "wait_s")
     }
