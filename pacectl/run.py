@@ -93,12 +93,13 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
 
     t0 = time.perf_counter()
     _validate_once(cfg)
+    with_parquet = bool(cfg.output.get("iterations", True))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")  # once per place: a warning in a loop is listed once
         families = controller_families(cfg)
         experiment = make_experiment(cfg)
         # without iterations.parquet nothing needs the per-rank arrays: each run is reduced as it streams
-        experiment.stream = not cfg.output.get("iterations", True)
+        experiment.stream = not with_parquet
         warned, noted = controller_notes(experiment, families)
         for line in warned:  # phase on a job nothing else shares links with: say so, not a silent zero
             warnings.warn(line, UserWarning, stacklevel=1)
@@ -144,7 +145,6 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                     bar.update()
                 if len(episodes) == 1:  # every run has the first one's size: check before the rest
                     first = episodes[name]
-                    with_parquet = bool(cfg.output.get("iterations", True))
                     _check_memory(first.num_ranks, first.num_iterations, len(runs), with_parquet)
                     _warn_if_degenerate(episodes[name])
             described = describe()
@@ -170,29 +170,25 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         # batch means: sqrt(n) blocks, or a live run's interleave blocks (they share the machine's state)
         block, offset = experiment.paired_blocks
         for name, ep in episodes.items():
-            if name != BASELINE:
-                summaries[name]["throughput_change_ci95_frac"] = metrics.paired_change_ci95_frac(
-                    episodes[BASELINE], ep, block=block, offset=offset
-                )
-                base_jobs = episodes[BASELINE].domain_iteration_time_s
-                if (
-                    base_jobs is not None and ep.domain_iteration_time_s is not None
-                ):  # several jobs: each one's
-                    for d, job in enumerate(ep.domain_names):
-                        summaries[name]["jobs"][str(job)]["throughput_change_ci95_frac"] = (
-                            metrics.paired_jobs_ci95_frac(
-                                base_jobs[:, d], ep.domain_iteration_time_s[:, d], block=block, offset=offset
-                            )
-                        )
+            if name == BASELINE:
+                continue
+            summaries[name]["throughput_change_ci95_frac"] = metrics.paired_change_ci95_frac(
+                episodes[BASELINE], ep, block=block, offset=offset
+            )
+            base, jobs = episodes[BASELINE].domain_iteration_time_s, ep.domain_iteration_time_s
+            if base is not None and jobs is not None:  # several jobs: each one's
+                for d, job in enumerate(ep.domain_names):
+                    ci = metrics.paired_jobs_ci95_frac(base[:, d], jobs[:, d], block=block, offset=offset)
+                    summaries[name]["jobs"][str(job)]["throughput_change_ci95_frac"] = ci
         energy_top: dict[str, Any] = {}
         energy_vs: dict[str, dict[str, float]] = {}
+        per_run_energy: dict[str, Any] = {}
         # modelled energy (replay, sim): every run, the bound, the spin-power range; live: as measured
-        measure = None if experiment.power is not None else experiment.measured_energy()
         if experiment.power is not None:
             per_run_energy, energy_vs, energy_top = energy.energy_summary(
                 episodes, experiment.power, baseline=BASELINE, block=block, offset=offset
             )
-        elif measure is not None:
+        elif (measure := experiment.measured_energy()) is not None:
             source, measured = measure
             per_run_energy, energy_vs, energy_top = energy.measured_summary(
                 source,
@@ -201,8 +197,6 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                 block=block,
                 offset=offset,
             )
-        else:
-            per_run_energy = {}
         for name, fields in per_run_energy.items():
             summaries[name].update(fields)
             for key in ("energy_change_ci95_frac", "oracle_bound_reached_frac"):  # for the tables
@@ -257,7 +251,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             baseline=BASELINE,
         ).to_json()
         rows = sum(ep.arrival_s.size for ep in episodes.values())
-        if cfg.output.get("iterations", True) and rows > LARGE_PARQUET_ROWS:
+        if with_parquet and rows > LARGE_PARQUET_ROWS:
             log.info(f"writing iterations.parquet ({rows:,} rows) and the other outputs ...")
         drawn = []  # the PNGs the plots write, for report.md's links
         if cfg.output.plots:
@@ -273,7 +267,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
                         bound_j=summary["energy_bound"]["oracle_saving_j"],
                     )
                 )
-        if cfg.output.get("iterations", True):
+        if with_parquet:
             report.write_iterations_parquet(stage / "iterations.parquet", episodes)
         if cfg.output.report:
             report.write_report_md(
@@ -430,14 +424,10 @@ def resident_bytes() -> int:
 def _check_memory(
     ranks: int, iterations: int, runs: int, with_parquet: bool, *, announce: bool = True
 ) -> None:
-    """Stop if the whole job would not fit in memory: before a simulation starts (its size is in the
-    config), else after the first run, before the others.
-
-    Args:
-        ranks: ranks of each run.
-        iterations: iterations of each run.
-        runs: runs of the job (no pacing and each controller).
-        with_parquet: whether ``iterations.parquet`` is written (a table of every run's rows).
+    """Stop if the whole job (``runs`` runs, no pacing and each controller, of ``ranks`` x
+    ``iterations``; ``with_parquet``: with ``iterations.parquet``, a table of every run's rows) would
+    not fit in memory: before a simulation starts (its size is in the config), else after the first
+    run, before the others.
 
     Raises:
         ConfigError: the estimate (:func:`memory_needed`), less what this process holds already,
