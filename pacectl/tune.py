@@ -29,116 +29,102 @@ python -m pacectl.tune cluster=st controller=pid tune.storage=sqlite:///tune.db 
 ```
 
 - **Profiles** (`conf/cluster/*.yaml`): a profile's `traces:` list is replayed (`ar`, `st`; the
-  top-level `comm` applies, `null` by default); a profile without traces (`paper_like`,
-  `contended`, `dgx_superpod`, `cost_optimized`) is simulated with its fabric and `compute` sections and the scenario in
-  `tune.sim` (`num_ranks`, `num_iterations`, `comm`, `seeds`), which a profile's own `tune_sim:`
-  section fills (`conf/cluster/contended.yaml`). `tune.on=traces|sim` forces one. A `tune.sim.*`
-  override that the study does not use (any of them on traces; `tune.sim.heldout_seeds`, read only
-  by `experiments/tuning/`, always) prints a `warning:` line saying it is ignored and why.
+  top-level `comm` applies, `null` by default); a profile without traces (`paper_like`, `contended`,
+  `dgx_superpod`, `cost_optimized`) is simulated with its fabric and `compute` sections and the
+  scenario in `tune.sim` (`num_ranks`, `num_iterations`, `comm`, `seeds`), which a profile's own
+  `tune_sim:` section fills (`conf/cluster/contended.yaml`). `tune.on=traces|sim` forces one. A
+  `tune.sim.*` override the study does not use (any of them on traces; `tune.sim.heldout_seeds`, read
+  only by `experiments/tuning/`, always) prints a `warning:` line saying it is ignored and why.
 - **Your own trace**: a trace on the command line (`trace=<file>`, `trace=st`,
   `trace=kineto trace.path=...`) replaces the profile's `traces:` list; the profile's fabric still
   applies under `comm=contention`, and the study is named after the trace (`<trace>-<family>`).
   `python -m pacectl.tune trace=DIR/records/none.parquet controller=pid` tunes on a live record.
-- **Search spaces**: `conf/tune/space/<family>.yaml` maps controller keys (bare or
-  `controller.<key>`) to `{type: float|int|categorical, low, high, log, step, choices}`; untuned
-  keys keep the `controller` group's values (`controller.dt_s=0.5` sets one for `pid`); a
-  command-line `controller.<key>=` on a key the space tunes is refused (it would be ignored): to
-  fix it, use a space without it, `tune.space=FILE`. With `controller.units=iteration` the default
-  is `conf/tune/space/<family>.iteration.yaml` (see below). `off_threshold_s` is sampled as a fraction of
-  `on_threshold_s` (`fraction_of:`), so the constructor's `off <= on` always holds; any other
-  combination a constructor rejects becomes a PRUNED trial with the reason in its
-  `invalid_params` attribute.
-- **Mistakes stop the command before any trial** (exit 2, one line on stderr, no storage or
-  output created): unknown keys of the space file, `low > high`, a range whose middle the
-  controller rejects (the line names the file, the key and the bound), YAML syntax errors (with
-  line and column), a `tune.space` that is missing or a directory, `controller.units` other than
-  `s` or `iteration`, a non-boolean `tune.progress`, unknown `tune.*`, `tune.sim.*`, `guard.*` or
-  top-level keys (the same checks as `pacectl.run`).
+- **Search spaces**: `conf/tune/space/<family>.yaml` (with `controller.units=iteration`,
+  `<family>.iteration.yaml`: below) maps controller keys (bare or `controller.<key>`) to `{type:
+  float|int|categorical, low, high, log, step, choices}`; untuned keys keep the `controller` group's
+  values (`controller.dt_s=0.5` sets one for `pid`); a command-line `controller.<key>=` on a key the
+  space tunes is refused (it would be ignored): use a space without it, `tune.space=FILE`.
+  `off_threshold_s` is sampled as a fraction of `on_threshold_s` (`fraction_of:`), so the
+  constructor's `off <= on` always holds; any other combination a constructor rejects becomes a
+  PRUNED trial with the reason in its `invalid_params` attribute.
+- **Mistakes stop the command before any trial** (exit 2, one line on stderr, no storage or output
+  created): unknown keys of the space file, `low > high`, a range whose middle the controller
+  rejects (the line names the file, the key and the bound), YAML syntax errors (with line and
+  column), a `tune.space` that is missing or a directory, `controller.units` other than `s` or
+  `iteration`, a non-boolean `tune.progress`, unknown `tune.*`, `tune.sim.*`, `guard.*` or top-level
+  keys (the same checks as `pacectl.run`).
 - **Storage**: by default `DIR/optuna.journal` (`JournalStorage` + `JournalFileBackend`, with an
   `fcntl` lock that a killed process cannot leave stale). `tune.storage=FILE` puts the journal
-  elsewhere; `tune.storage=sqlite:///tune.db` (one machine) or
-  `tune.storage=postgresql://user:pw@host/db` (needs `psycopg2`) is an RDB, which several machines
-  share by running the same command with the same `tune.study_name`. Commands running one study at
-  the same time stop together once it holds `tune.n_trials` trials (finished, or running anywhere),
-  give or take one.
+  elsewhere; `tune.storage=sqlite:///tune.db` (one machine) or `tune.storage=postgresql://user:pw@host/db`
+  (needs `psycopg2`) is an RDB, which several machines share by running the same command with the
+  same `tune.study_name`. Commands running one study at once stop together once it holds
+  `tune.n_trials` trials (finished, or running anywhere), give or take one.
 - **Resume**: run the same command again (same `hydra.run.dir`, or the same `tune.storage` and
-  `tune.study_name`). `tune.n_trials` is the study's total, so only the missing trials run;
-  finished trials are kept. Every resume, even one with no trial left to run, first marks FAIL the
-  trials left RUNNING by a killed process on this host (a killed command takes its workers with
-  it), and says so; trials running in live processes (another command on the same study) are
-  listed and left alone.
+  `tune.study_name`). `tune.n_trials` is the study's total, so only the missing trials run (finished
+  ones are kept). Every resume, even one with no trial left to run, first marks FAIL the trials
+  left RUNNING by a killed process on this host (a killed command takes its workers with it), and
+  says so; trials running in live processes (another command on the same study) are listed and left
+  alone.
 - **What a resume may change**: `tune.n_trials`, `tune.timeout_s`, the sampler and its seed, the
   workers, `tune.progress`, `tune.max_throughput_loss_frac` (feasibility is recomputed with the
-  current cap), `tune.min_cv_gain_frac`, `tune.min_throughput_gain_frac` and
-  `tune.min_energy_gain_frac`. Everything that determines a trial's result is recorded when the
-  study is created and must match: the controller family and its fixed parameters (`units`
-  included), the search space as sampled (its content, not its file name), the episodes (profile,
-  traces or sim scenario, comm model, guard, seed) and `tune.objectives` (with energy, the power
-  profile); :func:`pacectl.tuning.settings.trial_settings` records them.
-  A command that differs is refused before any trial, naming each differing setting, its value in
-  the study and in the command (for a whole section such as the fabric that `comm=contention`
-  adds, its key names): restore it, or start a new study (another `tune.study_name`,
-  `hydra.run.dir` or `tune.storage`).
+  current cap) and the `tune.min_*_gain_frac` thresholds. What determines a trial's result is
+  recorded when the study is created and must match (:func:`pacectl.tuning.settings.trial_settings`):
+  the controller family and its fixed parameters (`units` included), the search space as sampled
+  (its content, not its file name), the episodes (profile, traces or sim scenario, comm model, guard,
+  seed) and `tune.objectives` (with energy, the power profile). A command that differs is refused
+  before any trial, naming each differing setting and its value in the study and in the command (for
+  a whole section such as the fabric that `comm=contention` adds, its key names): restore it, or
+  start a new study (another `tune.study_name`, `hydra.run.dir` or `tune.storage`).
 - **Ctrl-C** stops every worker (the trial each was running is recorded as FAIL), writes no output
-  and prints one line with the number of finished trials kept and the command that resumes (exit
-  130).
-- **Workers**: `tune.n_workers=N` forks N workers on one study; the `[k/N]` progress count is
-  shared by them (finished trials of the study, counting up by one per printed line).
-- **Outputs** (run directory): `pareto.json` (every Pareto-optimal trial within the cap:
-  `params`, `throughput_it_per_s`, `cv`, `throughput_loss_frac`, `feasible`, `trial`; a parameter
-  set drawn again by the sampler appears once, under its first trial, with the later trials in
-  `duplicate_trials`), `pareto.png` (trials, front, no pacing, paper threshold, choice),
-  `controller.yaml` (the choice, :data:`pacectl.tuning.verdict.CHOICE_RULE`: among the front's
-  trials within the cap, the lowest CV of those that improve on no pacing, or the lowest CV when
-  none does, ties to higher throughput; if no trial meets the cap, the highest-throughput trial,
-  flagged), `tune.json` (the baselines `baseline_none` and `reference_threshold`, choice, rules,
-  recommendation, study, storage, the `optuna-dashboard` command), `tune.log` (the console lines
-  with timestamps; a resume appends to it), `config.yaml` (the composed config, its first line the
-  command's overrides; Hydra itself writes nothing into the folder) and `optuna.journal` (the
-  default storage). The console ends with the `optuna-dashboard` command for the study. The
-  outputs are written together (staged, then moved into place).
-- **When pacing does not help**: a controller *improves on no pacing* when its CV is at least
-  `tune.min_cv_gain_frac` (default 0.01: 1 %) lower than no pacing's within the throughput-loss
-  cap (any loss with `null`), or its throughput at least `tune.min_throughput_gain_frac` (default
-  0.005: 0.5 %) higher at a CV no higher; smaller differences are noise. `tune.json` states the
-  rule with its values (`improvement_rule`,
-  :class:`pacectl.tuning.verdict.ImprovementRule`). When no trial improves, the console prints a
-  `warning:` line, `tune.json` has `improves_on_no_pacing: false`, and `controller.yaml` starts
-  with a `WARNING` comment; it still holds the best trial found (so it can be inspected or run),
-  but it is not a recommendation. The recommendation (`recommendation`, and the `pacectl.run`
-  command in `recommendation_command`) is then the paper's threshold controller at its defaults
-  (`controller=threshold`) when that reference meets the rule, else no pacing (`controller=none`).
-  With fixed durations (`comm=null`, the trace profiles; or contention without a timing-dependent
-  mechanism) nothing counts: no delay can shorten an iteration, so a lower CV there comes only from
-  lengthening the fast iterations. The warning says how many trials did that, and `tune.json`
-  counts them (`trials_lowering_cv_by_lengthening_only`); no pacing stays the recommendation.
-  When the chosen trial does improve but the paper's threshold at its defaults beats it on both
-  objectives (typically after few trials), the console and `controller.yaml` warn, and that
-  reference is the recommendation (`reference_dominates_chosen` in `tune.json`).
-- **Trying the choice where it was tuned**: the console's `use it:` line (when the choice is not
-  the recommendation: `recommended:`, then `the chosen trial (not recommended):`; and
-  `controller.yaml`'s header, `run_overrides` in `tune.json`) is the `pacectl.run` command for the tuned episodes: the
-  trace, or for a sim profile `backend=sim`, the profile, comm model, ranks, iterations and guard.
-  `pacectl.run` runs one episode, so it runs the first seed (or trace); the line under it says so
-  and gives the chosen trial's figures on that episode (`chosen.per_episode` in `tune.json`), which
-  the run reproduces exactly, whereas the tuned figures are means over all the episodes.
+  and prints one line with the number of finished trials kept and the command that resumes (exit 130).
+- **Workers**: `tune.n_workers=N` forks N workers on one study; the `[k/N]` progress count is shared
+  by them (finished trials of the study, counting up by one per printed line).
+- **Outputs** (run directory, written together: staged, then moved into place): `pareto.json`
+  (every Pareto-optimal trial within the cap: `params`, `throughput_it_per_s`, `cv`,
+  `throughput_loss_frac`, `feasible`, `trial`; a parameter set drawn again appears once, under its
+  first trial, with the later ones in `duplicate_trials`), `pareto.png` (trials, front, no pacing,
+  paper threshold, choice), `controller.yaml` (the choice, :data:`pacectl.tuning.verdict.CHOICE_RULE`),
+  `tune.json` (the baselines `baseline_none` and `reference_threshold`, choice, rules,
+  recommendation, study, storage, the `optuna-dashboard` command the console also ends with),
+  `tune.log` (the console lines with timestamps; a resume appends to it), `config.yaml` (the composed
+  config, its first line the command's overrides; Hydra itself writes nothing into the folder) and
+  `optuna.journal` (the default storage).
+- **When pacing does not help**: a controller *improves on no pacing* by the rule
+  :class:`pacectl.tuning.verdict.ImprovementRule` states (`improvement_rule` in `tune.json`, with
+  its values: by default a CV 1 % lower within the loss cap, or a throughput 0.5 % higher at a CV
+  no higher; smaller differences are noise). When no trial improves, the console prints a `warning:`
+  line, `tune.json` has `improves_on_no_pacing: false`, and `controller.yaml` starts with a
+  `WARNING` comment; it still holds the best trial found (to inspect or run), but it is not a
+  recommendation. The recommendation (`recommendation`, and the `pacectl.run` command in
+  `recommendation_command`) is then the paper's threshold controller at its defaults when that
+  reference meets the rule, else no pacing. With fixed durations (`comm=null`, the trace profiles;
+  or contention without a timing-dependent mechanism) nothing counts: no delay can shorten an
+  iteration, so a lower CV there comes only from lengthening the fast iterations; the warning says
+  how many trials did that (`trials_lowering_cv_by_lengthening_only` in `tune.json`) and no pacing
+  stays the recommendation. When the chosen trial improves but the paper's threshold at its
+  defaults beats it on both objectives (typically after few trials), the console and
+  `controller.yaml` warn, and that reference is the recommendation (`reference_dominates_chosen`).
+- **Trying the choice where it was tuned**: the console's `use it:` line (`recommended:`, then `the
+  chosen trial (not recommended):` when they differ), `controller.yaml`'s header and `run_overrides`
+  in `tune.json` give the `pacectl.run` command for the tuned episodes: the trace, or for a sim
+  profile `backend=sim`, the profile, comm model, ranks, iterations and guard. `pacectl.run` runs
+  one episode, the first seed (or trace); the line under it says so and gives the chosen trial's
+  figures on that episode (`chosen.per_episode` in `tune.json`), which the run reproduces exactly,
+  whereas the tuned figures are means over all the episodes.
 
-`experiments/tuning/` tunes every family on every profile and judges the choices on held-out
-seeds or traces; its README has the tuner's speed (`experiments/bench/bench_tune.py`) and a units
+`experiments/tuning/` tunes every family on every profile and judges the choices on held-out seeds
+or traces; its README has the tuner's speed (`experiments/bench/bench_tune.py`) and a units
 transfer check.
 
 ### Thresholds in seconds or in iterations
 
-Every controller reads its `*_s` parameters in seconds by default. With `controller.units=iteration`
-(a reserved key of every family, kept in exported `controller.yaml` files), it sees every time
-divided by the rolling median iteration time: `on_threshold_s: 0.01` then means 1 % of an
-iteration. Scaling every observed time by c scales the delays by exactly c (tested;
-`pacectl/controllers/units.py`).
-
-- **Tuning in iterations** samples `conf/tune/space/<family>.iteration.yaml`, whose time bounds are
-  fractions of an iteration up to 1.0. The seconds spaces reach 10 s, which in this unit would be
-  ten iterations: far above any spread seen (AR's is 28 % of an iteration) and above any delay the
-  guard lets through. A `tune.space` file with a `*_s` bound above 1.0 is refused in this unit.
+Every controller reads its `*_s` parameters in seconds by default; with `controller.units=iteration`
+(a reserved key of every family, kept in exported `controller.yaml` files) it works in units of the
+rolling median iteration time (:mod:`pacectl.controllers.units`: `on_threshold_s: 0.01` is 1 % of
+an iteration). Tuning in these units samples `conf/tune/space/<family>.iteration.yaml`, whose time
+bounds are fractions of an iteration up to 1.0: the seconds spaces reach 10 s, which here would be
+ten iterations, far above any spread seen (AR's is 28 % of an iteration) and above any delay the
+guard lets through. A `tune.space` file with a `*_s` bound above 1.0 is refused in this unit.
 
 ```bash
 python -m pacectl.tune cluster=st controller=threshold controller.units=iteration tune.n_trials=60 hydra.run.dir=DIR
@@ -158,9 +144,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from pacectl import cli
-from pacectl.config import (
-    CONF_DIR,
-)
+from pacectl.config import CONF_DIR
 from pacectl.errors import ConfigError, PacectlError, StorageFullError
 from pacectl.tuning.outputs import closing_lines
 from pacectl.tuning.settings import Settings, override_key, tune_space, validate_tune_config
