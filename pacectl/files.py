@@ -66,10 +66,6 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-def _existing_ancestor(path: Path) -> Path:
-    return next(p for p in (path, *path.parents) if p.is_dir())
-
-
 def remove_tree(path: Path) -> None:
     """``shutil.rmtree(path)``, errors ignored, that a second Ctrl-C does not cut short: a
     ``KeyboardInterrupt`` raised while it runs (the first one is being handled) is raised again
@@ -176,7 +172,7 @@ def staged_outputs(out_dir: str | os.PathLike[str], *, append: Sequence[str] = (
             NotADirectoryError: an output folder's path is taken by a file (nothing is moved then).
     """
     out = Path(out_dir).absolute()
-    base = _existing_ancestor(out)
+    base = next(p for p in (out, *out.parents) if p.is_dir())  # the deepest existing folder
     _remove_stale_stages(base, out.name)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-{os.getpid()}-{_host()}-", dir=base))
     created: list[Path] = []  # the folders this call made, deepest last
@@ -235,17 +231,10 @@ def folder_problem(path: str | os.PathLike[str]) -> str | None:
 
 
 def jsonable(obj: Any) -> Any:
-    """Convert ``obj`` to plain JSON types: numpy scalars and arrays to Python, non-finite floats to None.
-
-    Dicts become dicts with ``str`` keys, tuples and lists become lists, ``Path`` becomes ``str``.
-    Other objects are returned unchanged (``json.dumps`` then rejects what it cannot encode).
-
-    Args:
-        obj: a nested structure of dicts, sequences, numbers, strings and numpy values.
-
-    Returns:
-        The converted structure; NaN and +-inf become ``None``.
-    """
+    """Convert ``obj`` (nested dicts, sequences, numbers, strings, numpy values) to plain JSON types:
+    numpy scalars and arrays to Python, NaN and +-inf to None, dicts to dicts with ``str`` keys,
+    tuples and lists to lists, ``Path`` to ``str``. Other objects are returned unchanged
+    (``json.dumps`` then rejects what it cannot encode)."""
     if isinstance(obj, Mapping):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
