@@ -148,15 +148,12 @@ class Controller(Protocol):
 
     def reset(self, num_ranks: int, rng: np.random.Generator) -> None:
         """Clear all state for a new episode of ``num_ranks`` ranks."""
-        ...
 
     def act(self, obs: Observation) -> Action:
         """Return the delays to apply at the next iteration, given this iteration's observation."""
-        ...
 
     def diagnostics(self) -> dict[str, float]:
         """Internal state for plots and logs (for example PID terms). Keys are stable per class."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -207,7 +204,6 @@ class Backend(Protocol):
 
     def reset(self, *, seed: int = 0) -> None:
         """Start a new episode at iteration 0."""
-        ...
 
     def step(self, actions: Sequence[Action]) -> list[Observation]:
         """Run one iteration with one action per domain; return one observation per domain.
@@ -222,7 +218,6 @@ class Backend(Protocol):
         ``num_iterations`` (so that its traffic stays on the fabric) until every domain has run
         that many; :func:`pacectl.loop.run_episode` records each domain's first ``num_iterations``.
         """
-        ...
 
 
 @dataclass(frozen=True)
