@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from pacectl import metrics
 from pacectl.errors import PacectlError
 from pacectl.fabric.power import STATES, PowerProfile
 from pacectl.types import EnergyTotals, Episode, EpisodeTotals
@@ -103,13 +104,6 @@ def wait_sleeps(ep: Episode) -> NDArray[np.bool_]:
     return np.asarray(flag, dtype=bool)[:, ep.domain_of_rank]
 
 
-def state_times(ep: Episode) -> dict[str, FloatArray]:
-    """Rank-seconds of every state of :data:`~pacectl.fabric.power.STATES` (see the module docstring),
-    each ``float64[num_iterations, num_ranks]``."""
-    times = _states(ep)
-    return {s: np.zeros(ep.arrival_s.shape) if t is None else t for s, t in times.items()}
-
-
 def _per_rank(ep: Episode, values: FloatArray) -> FloatArray:
     """``float64[num_iterations, num_domains]`` as each rank's column: ``[num_iterations, 1]``, which
     broadcasts, where there is one domain (the same values without gathering a copy)."""
@@ -117,8 +111,9 @@ def _per_rank(ep: Episode, values: FloatArray) -> FloatArray:
 
 
 def _states(ep: Episode) -> dict[str, FloatArray | None]:
-    """:func:`state_times`, with None for a state that is 0 everywhere (the sleeping wait when no
-    rank slept): the same values, without building and summing arrays of zeros."""
+    """Rank-seconds of every state of :data:`~pacectl.fabric.power.STATES` (module docstring), each
+    ``float64[num_iterations, num_ranks]``; None for a state that is 0 everywhere (the sleeping wait
+    when no rank slept), so that no array of zeros is built and summed."""
     if ep.domain_iteration_time_s is not None:  # domains with their own clocks: each rank's own
         iteration = np.asarray(ep.domain_iteration_time_s, dtype=np.float64)[:, ep.domain_of_rank]
     else:
@@ -166,16 +161,8 @@ def _compute_energy_j(ep: Episode, compute: FloatArray, profile: PowerProfile) -
 
 
 def account(ep: Episode, profile: PowerProfile) -> EnergyAccount:
-    """The time and energy of every state of ``ep`` under ``profile``.
-
-    Args:
-        ep: the episode.
-        profile: the power profile.
-
-    Returns:
-        The :class:`EnergyAccount`.
-    """
-    times = state_times(ep)
+    """The time and energy of every state of ``ep`` under ``profile`` (:class:`EnergyAccount`)."""
+    times = {s: np.zeros(ep.arrival_s.shape) if t is None else t for s, t in _states(ep).items()}
     power = profile.state_power_w()
     energy = {s: times[s] * power[s] for s in STATES if s != "compute"}
     energy["compute"] = _compute_energy_j(ep, times["compute"], profile)
@@ -183,19 +170,13 @@ def account(ep: Episode, profile: PowerProfile) -> EnergyAccount:
 
 
 def energy_totals(ep: Episode, profile: PowerProfile, *, oracle: bool = False) -> EnergyTotals:
-    """Reduce the energy account of ``ep`` (whole, or one block of its iterations) under ``profile``.
+    """Reduce the energy account of ``ep`` (whole, or one block of its iterations; with its per-rank
+    arrays) under ``profile`` to :class:`EnergyTotals`; ``oracle``: also sum :func:`oracle_saving`
+    (``ep`` then being the run without pacing).
 
     The reductions of :func:`account`'s arrays, bit for bit (``tests/test_energy.py``), made
     without keeping every state's energy array: each is summed and added to the total as it is
     made, and a state that is 0 everywhere is not built.
-
-    Args:
-        ep: an episode with its per-rank arrays.
-        profile: the power profile.
-        oracle: also sum :func:`oracle_saving` (``ep`` then being the run without pacing).
-
-    Returns:
-        The :class:`EnergyTotals`.
     """
     times = _states(ep)
     power = profile.state_power_w()
@@ -234,9 +215,7 @@ def total_j_at(e: EnergyTotals, profile: PowerProfile) -> float:
 def episode_totals(ep: Episode, profile: PowerProfile, *, oracle: bool = False) -> EpisodeTotals:
     """:func:`pacectl.metrics.episode_totals` with the energy under ``profile`` (:func:`energy_totals`):
     the ``reduce`` of a streamed run whose energy is modelled (``oracle``: of the no-pacing run)."""
-    from pacectl.metrics import episode_totals as rank_totals
-
-    return replace(rank_totals(ep), energy=energy_totals(ep, profile, oracle=oracle))
+    return replace(metrics.episode_totals(ep), energy=energy_totals(ep, profile, oracle=oracle))
 
 
 def totals_of(ep: Episode, profile: PowerProfile, *, oracle: bool = False) -> EnergyTotals:
@@ -338,17 +317,6 @@ def oracle_saving(baseline: Episode, profile: PowerProfile) -> FloatArray:
     return np.maximum(base - best, 0.0)
 
 
-def paired_energy_ci95_frac(
-    baseline: FloatArray, other: FloatArray, *, block: int | None = None, offset: int = 0
-) -> float:
-    """Half-width of the 95 % interval of the mean per-iteration energy change, as a fraction of the
-    baseline's mean: the batch-means interval of :func:`pacectl.metrics.paired_change_ci95_frac`,
-    on ``float64[num_iterations]`` energies per iteration (summed over ranks)."""
-    from pacectl.metrics import paired_ci95_frac
-
-    return paired_ci95_frac(baseline, other, block=block, offset=offset)
-
-
 def energy_comparison(
     baseline: Episode,
     episodes: dict[str, Episode],
@@ -372,18 +340,16 @@ def _comparison(
     base: EnergyTotals, runs: dict[str, EnergyTotals], block: int | None, offset: int
 ) -> dict[str, dict[str, float]]:
     base_it = base.per_iteration_j
+    base_total = float(base_it.sum())
     bound = float(base.oracle_saving_j or 0.0)
     out = {}
     for name, acc in runs.items():
         run_it = acc.per_iteration_j
-        saved = float(base_it.sum() - run_it.sum())
+        saved = base_total - float(run_it.sum())
         out[name] = {
-            "energy_change_frac": float(run_it.sum() / base_it.sum() - 1.0)
-            if base_it.sum() > 0
-            else math.nan,
-            "energy_change_ci95_frac": paired_energy_ci95_frac(base_it, run_it, block=block, offset=offset)
-            if len(run_it) == len(base_it)
-            else math.nan,
+            "energy_change_frac": float(run_it.sum()) / base_total - 1.0 if base_total > 0 else math.nan,
+            # the per-iteration energies' batch-means interval; NaN where the runs differ in length
+            "energy_change_ci95_frac": metrics.paired_ci95_frac(base_it, run_it, block=block, offset=offset),
             "energy_saved_j": saved,
             "oracle_bound_reached_frac": saved / bound if bound > 0 else math.nan,
         }
@@ -518,6 +484,6 @@ def measured_summary(
             o = np.asarray(values, dtype=np.float64).sum(axis=1)
             vs[name] = {
                 f"{quantity}_change_frac": float(o.sum() / b.sum() - 1.0) if b.sum() > 0 else math.nan,
-                f"{quantity}_change_ci95_frac": paired_energy_ci95_frac(b, o, block=block, offset=offset),
+                f"{quantity}_change_ci95_frac": metrics.paired_ci95_frac(b, o, block=block, offset=offset),
             }
     return per_run, vs, {"energy_measured": {"source": source, "what": what}}
