@@ -123,13 +123,13 @@ def iteration_time_mean_s(ep: Episode) -> float:
 
 
 def iteration_time_p50_s(ep: Episode) -> float:
-    """Median iteration time, seconds (linear interpolation between order statistics)."""
+    """Median iteration time, seconds."""
     _require_data(ep)
     return float(np.percentile(ep.iteration_time_s, 50.0))
 
 
 def iteration_time_p99_s(ep: Episode) -> float:
-    """99th percentile of iteration time, seconds (linear interpolation, numpy's default)."""
+    """99th percentile of iteration time, seconds."""
     _require_data(ep)
     return float(np.percentile(ep.iteration_time_s, 99.0))
 
@@ -215,19 +215,9 @@ def spread_median_s(ep: Episode) -> float:
     return float(np.median(spread_s(ep)))
 
 
-def spread_p99_s(ep: Episode) -> float:
-    """99th percentile of :func:`spread_s` over all iteration x domain cells, seconds."""
-    return float(np.percentile(spread_s(ep), 99.0))
-
-
 def natural_spread_median_s(ep: Episode) -> float:
     """Median of :func:`natural_spread_s` over all iteration x domain cells, seconds."""
     return float(np.median(natural_spread_s(ep)))
-
-
-def natural_spread_p99_s(ep: Episode) -> float:
-    """99th percentile of :func:`natural_spread_s` over all iteration x domain cells, seconds."""
-    return float(np.percentile(natural_spread_s(ep), 99.0))
 
 
 # --- cost of pacing -------------------------------------------------------------------------------
@@ -417,8 +407,7 @@ def paired_change_ci95_frac(
     iterations (the batch size of Flegal and Jones, "Batch means and spectral variance estimators in
     Markov chain Monte Carlo", Ann. Statist. 38(2), 2010). A change smaller than this is
     indistinguishable from run-to-run noise. It bounds the throughput change to first order too.
-    Coverage on AR(1) differences (phi 0.6): 94.5 % at 400 iterations (``tests/test_metrics.py``),
-    about 91-92 % at 44-100 (unrecorded): short runs read a little narrow.
+    Coverage on AR(1) differences (phi 0.6): 94.5 % at 400 iterations (``tests/test_metrics.py``).
 
     Args:
         baseline: the reference run (no pacing).
@@ -502,8 +491,8 @@ def _t975(dof: int) -> float:
     """Student's t 97.5 % quantile with ``dof`` degrees of freedom (``scipy.stats.t.ppf(0.975, dof)``,
     bit for bit: both are ``scipy.special.stdtrit``). Up to 2,048 degrees of freedom (4 M iterations
     in blocks of their square root) it is read from :data:`pacectl._t975.T975`, scipy's own values,
-    without importing scipy (scipy.special parses docstrings at import: 0.2-0.4 s of a command's
-    start-up here; scipy.stats about a second); beyond, from scipy."""
+    without importing scipy (scipy.special parses docstrings at import, on a command's critical
+    path: ``experiments/bench/README.md``); beyond, from scipy."""
     from pacectl._t975 import T975
 
     if 1 <= dof <= len(T975) and _t975_table_current():
