@@ -88,6 +88,13 @@ def sim_cell(
             half_widths.setdefault(family, []).append(
                 metrics.paired_change_ci95_frac(episodes["none"], episode)
             )
+    return _cell(per_family, half_widths)
+
+
+def _cell(
+    per_family: dict[str, list[dict[str, Any]]], half_widths: dict[str, list[float]]
+) -> dict[str, dict[str, Any]]:
+    """The figures of :func:`sim_cell` from each family's summaries and half-widths, one per seed."""
     return {
         f: {
             **{k: float(np.mean([s[k] for s in runs])) for k in CELL_KEYS},
@@ -215,17 +222,10 @@ def launched_cells(
     cells: dict[int, dict[str, dict[str, Any]]] = {}
     for n in scales:
         runs = [per_cell[int(n)][i] for i in range(seeds)]
-        cells[int(n)] = {
-            f: {
-                **{k: float(np.mean([r[f][k] for r in runs])) for k in CELL_KEYS},
-                "comm_model": runs[0][f]["comm_model"],
-                "comm_timing_dependent": bool(runs[0][f]["comm_timing_dependent"]),
-                "throughput_change_ci95_frac": combined_half_width(
-                    [float(r[f].get("throughput_change_ci95_frac") or 0.0) for r in runs]
-                ),
-            }
-            for f in runs[0]
-        }
+        cells[int(n)] = _cell(
+            {f: [r[f] for r in runs] for f in runs[0]},
+            {f: [float(r[f].get("throughput_change_ci95_frac") or 0.0) for r in runs] for f in runs[0]},
+        )
     return cells
 
 
@@ -366,7 +366,7 @@ def panel_grid(n: int, *, max_columns: int, width: float, height: float = 3.6) -
 def plot_kappa_sweep(frame: pd.DataFrame, panel: str, path: Path, title: str) -> None:
     """Throughput change against no pacing (%) vs ``kappa``, one panel per value of ``panel``, one
     line per controller (``sleep_wait`` bold), error bars the 95 % half-widths, zero marked."""
-    from pacectl.files import atomic_path
+    from pacectl.report import save_figure
 
     panels = list(dict.fromkeys(frame[panel]))
     fig, grid = panel_grid(len(panels), max_columns=4, width=4.2)
@@ -395,5 +395,4 @@ def plot_kappa_sweep(frame: pd.DataFrame, panel: str, path: Path, title: str) ->
         ax.set_ylabel("throughput change vs no pacing (%)")
     axes[0].legend(fontsize=8)
     fig.suptitle(title)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+    save_figure(fig, path)
