@@ -133,7 +133,7 @@ def episodes_to_frame(episodes: Mapping[str, Episode]) -> pd.DataFrame:
 
     frames = [_episode_frame(run, ep) for run, ep in episodes.items()]
     if not frames:
-        return _episode_frame("", _EMPTY)
+        return _episode_frame("", _empty_episode())
     return pd.concat(frames, ignore_index=True)
 
 
@@ -251,17 +251,8 @@ def draw_in_background(jobs: Sequence[Callable[[], Any]], *, fork: bool | None =
             raise RuntimeError(f"drawing a plot failed: {errors[0]}")
 
     def abandon() -> None:
-        import signal
-
-        for pid, _ in children:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
         while children:  # reaped: none of them writes anything any more
-            pid, read_fd = children.pop()
-            with contextlib.suppress(OSError):
-                os.close(read_fd)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+            _kill_and_reap(*children.pop())
 
     return Pending(wait, abandon)
 
@@ -412,17 +403,22 @@ class Beside:
 
     def close(self) -> None:
         """Stop the child if :meth:`result` was not called (the caller failed first) and reap it."""
-        if self.pid is None:
-            return
-        import signal
+        if self.pid is not None:
+            _kill_and_reap(self.pid, self.read)
+            self.pid = None
 
-        with contextlib.suppress(OSError):
-            os.kill(self.pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            os.close(self.read)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
-        self.pid = None
+
+def _kill_and_reap(pid: int, read_fd: int) -> None:
+    """Kill a forked child (SIGKILL), close the read end of its pipe unread and reap it; each step
+    may find it done already."""
+    import signal
+
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.close(read_fd)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def _quietly(compute: Callable[[], Any]) -> Any:
@@ -739,7 +735,7 @@ def _fixed_margins(fig: Any, *, top_in: float, hspace: float, bottom_in: float =
     path (``experiments/bench/README.md``, "Whole commands"). The left and right margins are
     set from the drawn labels by :func:`_fit_side_margins` once the panels are filled in.
     """
-    width, height = fig.get_size_inches()
+    height = fig.get_size_inches()[1]
     fig.subplots_adjust(
         left=0.1, right=0.8, top=1.0 - top_in / height, bottom=bottom_in / height, hspace=hspace
     )
@@ -1022,30 +1018,39 @@ def _job_rows(
     :func:`pacectl.metrics.job_summaries`): its own throughput, change against the same job under no
     pacing, mean and p99 iteration, CV and pacing delay; blank where the figure is the run's."""
     base_jobs = (base or {}).get("jobs", {})
-    rows = []
-    for job, j in s["jobs"].items():
-        ref = base_jobs.get(job, {}).get("throughput_it_per_s")
-        if baseline:
-            delta = "baseline"
-        elif not ref:
-            delta = "n/a"
-        else:  # pacectl.run adds each job's interval
-            delta = _change_cell(j["throughput_it_per_s"], ref, j.get("throughput_change_ci95_frac"))
-        rows.append(
-            [
-                f"  job {job}",
-                format_value(j.get("throughput_it_per_s"), "#.4g"),
-                delta,
-                format_value(j.get("iteration_time_mean_s"), "#.4g"),
-                format_value(j.get("iteration_time_p99_s"), "#.4g"),
-                format_value(j.get("cv"), "#.3g"),
-                "",
-                format_value(j.get("pacing_delay_total_s"), "#.4g"),
-                "",
-                *(["", "", ""] if energy else []),
-            ]
-        )
-    return rows
+    return [
+        [
+            f"  job {job}",
+            *_throughput_cells(j, base_jobs.get(job, {}).get("throughput_it_per_s"), baseline=baseline),
+            *_iteration_cells(j),
+            "",
+            format_value(j.get("pacing_delay_total_s"), "#.4g"),
+            "",
+            *(["", "", ""] if energy else []),
+        ]
+        for job, j in s["jobs"].items()
+    ]
+
+
+def _throughput_cells(s: Mapping[str, Any], ref: float | None, *, baseline: bool) -> list[str]:
+    """The throughput of a run or job and its change against ``ref``, the same under no pacing
+    (``baseline`` in the baseline's own row, ``n/a`` without a reference)."""
+    if baseline:
+        delta = "baseline"
+    elif not ref:
+        delta = "n/a"
+    else:  # pacectl.run adds each run's and each job's interval
+        delta = _change_cell(s["throughput_it_per_s"], ref, s.get("throughput_change_ci95_frac"))
+    return [format_value(s.get("throughput_it_per_s"), "#.4g"), delta]
+
+
+def _iteration_cells(s: Mapping[str, Any]) -> list[str]:
+    """The mean and p99 iteration time and the CV of a run or job."""
+    return [
+        format_value(s.get("iteration_time_mean_s"), "#.4g"),
+        format_value(s.get("iteration_time_p99_s"), "#.4g"),
+        format_value(s.get("cv"), "#.3g"),
+    ]
 
 
 def _table_rows(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> list[list[str]]:
@@ -1055,30 +1060,13 @@ def _table_rows(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> li
     energy = _has_energy(summaries)
     rows = []
     for run, s in summaries.items():
-        if run == baseline:
-            delta = "baseline"
-        elif base is None or not base.get("throughput_it_per_s"):
-            delta = "n/a"
-        else:
-            delta = _change_cell(
-                s["throughput_it_per_s"], base["throughput_it_per_s"], s.get("throughput_change_ci95_frac")
-            )
         active = s.get("pacing_active_frac")
         jobs = bool(s.get("jobs"))
         rows.append(
             [
                 f"{run} (sum)" if jobs else run,
-                format_value(s.get("throughput_it_per_s"), "#.4g"),
-                delta,
-                *(
-                    [NOT_ONE_JOB] * 3
-                    if jobs
-                    else [
-                        format_value(s.get("iteration_time_mean_s"), "#.4g"),
-                        format_value(s.get("iteration_time_p99_s"), "#.4g"),
-                        format_value(s.get("cv"), "#.3g"),
-                    ]
-                ),
+                *_throughput_cells(s, (base or {}).get("throughput_it_per_s"), baseline=run == baseline),
+                *([NOT_ONE_JOB] * 3 if jobs else _iteration_cells(s)),
                 format_value(s.get("spread_median_s"), "#.4g"),
                 format_value(s.get("pacing_delay_total_s"), "#.4g"),
                 format_value(None if active is None else 100.0 * active, ".1f"),
@@ -1092,17 +1080,12 @@ def _table_rows(summaries: Mapping[str, Mapping[str, Any]], baseline: str) -> li
 
 def power_note(summaries: Mapping[str, Mapping[str, Any]]) -> str:
     """The line naming the power profile(s) the runs' energy comes from ("" without energy)."""
-    profiles = list(
-        dict.fromkeys(str(s["power_profile"]) for s in summaries.values() if "power_profile" in s)
-    )
-    if not profiles:
+    powered = [s for s in summaries.values() if "power_profile" in s]
+    if not powered:
         return ""
-    sources = list(
-        dict.fromkeys(
-            str(s.get("energy_source", "model")) for s in summaries.values() if "power_profile" in s
-        )
-    )
-    return f"energy: power profile {', '.join(profiles)} ({', '.join(sources)})"
+    profiles = ", ".join(dict.fromkeys(str(s["power_profile"]) for s in powered))
+    sources = ", ".join(dict.fromkeys(str(s.get("energy_source", "model")) for s in powered))
+    return f"energy: power profile {profiles} ({sources})"
 
 
 def format_console_table(summaries: Mapping[str, Mapping[str, Any]], baseline: str = "none") -> str:
@@ -1213,9 +1196,6 @@ def _empty_episode() -> Episode:
         collective_time_s=f2,
         pacing_active=np.zeros((0, 0), np.bool_),
     )
-
-
-_EMPTY = _empty_episode()
 
 
 #: Context lines the console prints as they happen (during the run), not again at its end.
@@ -1478,11 +1458,8 @@ def measured_energy_line(summary: Mapping[str, Any]) -> str:
         change = vs.get(f"{quantity}_change_frac")
         if change is not None:
             ci = vs.get(f"{quantity}_change_ci95_frac")
-            text += (
-                f" ({100 * change:+.2f} %"
-                + (f" ±{100 * ci:.2f}" if ci is not None and ci == ci else "")
-                + ")"
-            )
+            interval = f" ±{100 * ci:.2f}" if ci is not None and ci == ci else ""
+            text += f" ({100 * change:+.2f} %{interval})"
         parts.append(text)
     return f"per iteration, all ranks: {', '.join(parts)}; {what}"
 
