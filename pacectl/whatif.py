@@ -222,7 +222,7 @@ class _Replayer:
     def step_times(self, transfer_s: FloatArray) -> FloatArray:
         """Step times of one full replay with no launch delays, ``float64[num_steps]`` seconds."""
         dag = self.backend.dag
-        if self.legacy:  # the way every replay ran before the column method (kept as the reference)
+        if self.legacy:  # method="full": the backend's own replay, the reference
             zero = np.zeros_like(self.backend.launch_s)
             _, ended = self.backend.replayed_times(launch_s=zero, transfer_s=transfer_s)
             self._tick()
