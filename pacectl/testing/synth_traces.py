@@ -31,6 +31,7 @@ import json
 import pickle
 import zlib
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -107,30 +108,21 @@ def simulate(job: SynthJob) -> SynthTruth:
 def _groups(job: SynthJob) -> list[tuple[str, str, list[int], str]]:
     """``(name, desc, ranks, role)`` of every group, Megatron's descriptions."""
     out = [("0", "default_pg", list(range(job.world)), "world")]
-    n = 1
+
+    def add(desc: str, ranks: list[int], role: str) -> None:
+        out.append((str(len(out)), desc, ranks, role))  # groups are numbered in creation order
+
     for st in range(job.pp):
         for t in range(job.tp):
-            out.append((str(n), "DATA_PARALLEL_GROUP", [job.rank(st, d, t) for d in range(job.dp)], "dp"))
-            n += 1
+            add("DATA_PARALLEL_GROUP", [job.rank(st, d, t) for d in range(job.dp)], "dp")
     if job.tp > 1:
         for st in range(job.pp):
             for d in range(job.dp):
-                out.append(
-                    (str(n), "TENSOR_MODEL_PARALLEL_GROUP", [job.rank(st, d, t) for t in range(job.tp)], "tp")
-                )
-                n += 1
+                add("TENSOR_MODEL_PARALLEL_GROUP", [job.rank(st, d, t) for t in range(job.tp)], "tp")
     if job.pp > 1:
         for d in range(job.dp):
             for t in range(job.tp):
-                out.append(
-                    (
-                        str(n),
-                        "PIPELINE_MODEL_PARALLEL_GROUP",
-                        [job.rank(st, d, t) for st in range(job.pp)],
-                        "pp",
-                    )
-                )
-                n += 1
+                add("PIPELINE_MODEL_PARALLEL_GROUP", [job.rank(st, d, t) for st in range(job.pp)], "pp")
     return out
 
 
@@ -247,6 +239,7 @@ def flight_recorder_dumps(
         dp_group = next(g for g in mine if g[3] == "dp")
         lead = 0.0
         tp_group = next((g for g in mine if g[3] == "tp"), None)
+        pp_group = next((g for g in mine if g[3] == "pp"), None)
         w = _Entries(
             {g[0]: 0 for g in mine}, backend=backend, timing=timing, all_scheduled=all_scheduled,
             threads=vt >= _THREAD_FIELDS_FROM, frames=frame_list,
@@ -258,38 +251,21 @@ def flight_recorder_dumps(
             lead = float(leads[r, s])
             if tp_group is not None:
                 entry(tp_group, "all_reduce", truth.arrival_s[s, r, 0] - 0.01 - lead, 0.0005, [[256]])
-            if job.pp > 1 and job.microbatches:  # during the step's compute, before its gradients
+            if pp_group is not None and job.microbatches:  # during the step's compute, before its gradients
                 begin = truth.end_s[s - 1, r, -1] if s else truth.arrival_s[s, r, 0] - job.compute_s
-                pp_group = next(g for g in mine if g[3] == "pp")
                 _pipeline_p2p(w, pp_group, r, job.microbatches, begin, truth.arrival_s[s, r, 0], lead)
             for k in range(job.buckets):
                 last = s == job.steps - 1 and k == job.buckets - 1
                 if last and hang_rank is not None and r == hang_rank:
                     continue
-                a = truth.arrival_s[s, r, k]
-                entry(
-                    dp_group,
-                    kind,
-                    a - lead,
-                    truth.end_s[s, r, k] - a,
-                    [[numel[k]]],
-                    finished=not (last and hang_rank is not None),
-                )
-            if job.pp > 1 and not job.microbatches:
-                pp_group = next(g for g in mine if g[3] == "pp")
-                entry(
-                    pp_group,
-                    "send 0->1" if r == pp_group[2][0] else "recv 1<-0",
-                    truth.end_s[s, r, -1] - lead,
-                    None,
-                    [[128]],
-                    p2p=True,
-                )
-        if job.pp > 1 and job.microbatches and job.p2p_in_flight:
-            pp_group = next(g for g in mine if g[3] == "pp")
-            if r == pp_group[2][0]:
-                entry(pp_group, "send 0->1", truth.end_s[-1, r, -1] + 0.01 - lead, None, [[128]], p2p=True,
-                      finished=False)  # fmt: skip
+                a, hung = truth.arrival_s[s, r, k], last and hang_rank is not None
+                entry(dp_group, kind, a - lead, truth.end_s[s, r, k] - a, [[numel[k]]], finished=not hung)
+            if pp_group is not None and not job.microbatches:
+                op = "send 0->1" if r == pp_group[2][0] else "recv 1<-0"
+                entry(pp_group, op, truth.end_s[s, r, -1] - lead, None, [[128]], p2p=True)
+        if pp_group is not None and job.microbatches and job.p2p_in_flight and r == pp_group[2][0]:
+            posted_s = truth.end_s[-1, r, -1] + 0.01 - lead  # the next step's first send, never received
+            entry(pp_group, "send 0->1", posted_s, None, [[128]], p2p=True, finished=False)
         cfg = {g[0]: {"name": g[0], "desc": g[1], "ranks": str(g[2])} for g in mine}
         status = {
             g[0]: {
@@ -370,10 +346,10 @@ def write_flight_recorder(
 
 
 def _inspector_line(
-    g: tuple[str, str, list[int], str], cid: str, r: int, pid: int, host: str, verbose: bool,
+    r: int, pid: int, host: str, verbose: bool, g: tuple[str, str, list[int], str], cid: str,
     coll: str, sn: int, size: int, start: float, stop: float,
 ) -> str:  # fmt: skip
-    """One Inspector record (a JSON line) of rank ``r`` in communicator ``g``."""
+    """One Inspector record (a JSON line) of rank ``r`` in communicator ``g`` (id ``cid``)."""
     perf: dict[str, Any] = {
         "coll": coll,
         "coll_sn": sn,
@@ -440,29 +416,16 @@ def nccl_inspector_logs(
     paths = []
     for r in range(job.world):
         pid = 4000 + r
-        lines: list[str] = []
         world = groups[0]
         dp_group = next(g for g in groups if g[3] == "dp" and r in g[2])
-        comms = {g[0]: (f"0x{zlib.crc32(repr((g[1], g[2])).encode()):08x}", g) for g in (world, dp_group)}
-
-        def record(g: tuple[str, str, list[int], str], coll: str, sn: int, size: int, start: float, stop: float,
-                   *, _r: int = r, _pid: int = pid, _lines: list[str] = lines, _comms: dict[str, Any] = comms) -> None:  # fmt: skip
-            _lines.append(
-                _inspector_line(g, _comms[g[0]][0], _r, _pid, host, verbose, coll, sn, size, start, stop)
-            )
-
-        record(world, "AllReduce", 1, 8192, -0.5, -0.499)
-        sn = 0
+        comm_ids = {g[0]: f"0x{zlib.crc32(repr((g[1], g[2])).encode()):08x}" for g in (world, dp_group)}
+        line = partial(_inspector_line, r, pid, host, verbose)
+        lines = [line(world, comm_ids[world[0]], "AllReduce", 1, 8192, -0.5, -0.499)]  # a set-up call
         for s in range(job.steps):
             for k in range(job.buckets):
-                sn += 1
-                record(
-                    dp_group,
-                    "ReduceScatter",
-                    sn,
-                    numel[k] * 4,
-                    truth.arrival_s[s, r, k],
-                    truth.end_s[s, r, k],
+                sn, start, stop = s * job.buckets + k + 1, truth.arrival_s[s, r, k], truth.end_s[s, r, k]
+                lines.append(
+                    line(dp_group, comm_ids[dp_group[0]], "ReduceScatter", sn, numel[k] * 4, start, stop)
                 )
         p = out / f"{host}-pid{pid}.log"
         p.write_text("\n".join(lines) + "\n")

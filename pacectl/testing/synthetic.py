@@ -51,21 +51,16 @@ def bucket_trace(
         tau = tau0_s * float(np.exp(beta * x)) * float(np.exp(rng.normal(0, sigma)))
         bucket_end = g + tau
         rest = 0.1 if covered else 2e-5  # remaining backward: covers the transfer, or nearly nothing
+        last = max(max(hand_off[d] + rest, bucket_end) for d in range(dp_size))  # the step's last op ends
         for d in range(dp_size):
-            comp_end = hand_off[d] + rest
-            clip_start = max(comp_end, bucket_end)
+            clip_start = max(hand_off[d] + rest, bucket_end)
             rows += [
                 (k, d, 0, d, "forward-compute", 0, 0, 0.0, fwd[d]),
                 (k, d, 0, d, "backward-compute", 0, 0, fwd[d], bwd0[d]),
                 (k, d, 0, d, "grads-reduce-scatter", 0, -1, hand_off[d], bucket_end - hand_off[d]),
                 (k, d, 0, d, "backward-compute", 1, 0, hand_off[d], rest),
-                (k, d, 0, d, "optimizer-clip-main-grad", 0, -1, clip_start, 0.0),
+                (k, d, 0, d, "optimizer-clip-main-grad", 0, -1, clip_start, last + 5e-4 - clip_start),
             ]
-        last = max(max(hand_off[d] + rest, bucket_end) for d in range(dp_size))
-        for r in range(len(rows) - 5 * dp_size, len(rows)):
-            if rows[r][4] == "optimizer-clip-main-grad":
-                step, d, st, rank, op, seq, mc, start, _ = rows[r]
-                rows[r] = (step, d, st, rank, op, seq, mc, start, last + 5e-4 - start)
     ops = pd.DataFrame(
         rows, columns=["step", "dp_rank", "stage", "rank", "optype", "seq_id", "mc", "start_ts", "duration"]
     )
