@@ -96,17 +96,12 @@ class Settings(Checked):
         return typed(Settings, tune)
 
     @property
-    def max_loss_frac(self) -> float | None:
-        """``max_throughput_loss_frac``."""
-        return self.max_throughput_loss_frac
-
-    @property
     def rule(self) -> ImprovementRule:
         """When a trial improves on no pacing, with these settings."""
         return ImprovementRule(
             self.min_cv_gain_frac,
             self.min_throughput_gain_frac,
-            self.max_loss_frac,
+            self.max_throughput_loss_frac,
             self.min_energy_gain_frac,
             self.objectives,
         )

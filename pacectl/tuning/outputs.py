@@ -7,6 +7,7 @@ The outputs are written together (staged, then moved into place), so none is hal
 
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 import textwrap
@@ -208,7 +209,7 @@ def write_results(
             OBJECTIVES[o][0]: ("maximize" if OBJECTIVES[o][1] > 0 else "minimize") + " (mean over episodes)"
             for o in objs
         },
-        "max_throughput_loss_frac": settings.max_loss_frac,
+        "max_throughput_loss_frac": settings.max_throughput_loss_frac,
         "num_trials": {
             state.name.lower(): sum(t.state == state for t in trials)
             for state in (
@@ -271,8 +272,7 @@ def write_results(
                 else ""
             )
         )
-    write_outputs(out_dir, summary, verdict, points, front, baseline, reference, params, settings, scenarios)
-    return TuneResult(
+    result = TuneResult(
         storage=spec,
         scenarios=scenarios,
         baseline=baseline,
@@ -283,21 +283,13 @@ def write_results(
         controller_params=params,
         summary=summary,
     )
+    write_outputs(out_dir, result, verdict, settings)
+    return result
 
 
-def write_outputs(
-    out_dir: Path,
-    summary: dict[str, Any],
-    verdict: Verdict,
-    points: list[TrialPoint],
-    front: list[TrialPoint],
-    baseline: Evaluation,
-    reference: Evaluation,
-    params: dict[str, Any],
-    settings: Settings,
-    scenarios: ScenarioSet,
-) -> None:
+def write_outputs(out_dir: Path, result: TuneResult, verdict: Verdict, settings: Settings) -> None:
     """``pareto.png``, ``pareto.json``, ``controller.yaml`` (with its header) and ``tune.json``, together."""
+    summary, scenarios, baseline, points = result.summary, result.scenarios, result.baseline, result.points
     chosen, family = verdict.chosen, summary["family"]
     title = (
         f"{family} on {scenarios.profile} ({scenarios.kind}, {len(scenarios.labels)} episode(s)), "
@@ -333,16 +325,16 @@ def write_outputs(
         plot_pareto(
             stage / "pareto.png",
             points,
-            front,
+            result.front,
             baseline=baseline,
-            reference=reference,
+            reference=result.reference,
             chosen=chosen,
             title=title,
-            max_loss_frac=settings.max_loss_frac,
+            max_loss_frac=settings.max_throughput_loss_frac,
             objectives=settings.objectives,
         )
-        atomic_write_text(stage / "pareto.json", _json([p.to_json() for p in front]))
-        export_controller(stage / "controller.yaml", family, params, header)
+        atomic_write_text(stage / "pareto.json", _json([p.to_json() for p in result.front]))
+        export_controller(stage / "controller.yaml", family, result.controller_params, header)
         atomic_write_text(stage / "tune.json", _json(summary))
 
 
@@ -416,10 +408,8 @@ def run_overrides(
                 if isinstance(path, list)
                 else hydra_value(str(path))
             )
-            parts = [
-                f"trace={trace.get('format')}",
-                f"trace.path={shown}",
-            ]  # Hydra's grammar, then the shell's
+            # Hydra's grammar here, then the shell's (shlex.quote below)
+            parts = [f"trace={trace.get('format')}", f"trace.path={shown}"]
             if trace.get("meta"):
                 parts.append(f"trace.meta={hydra_value(str(trace.get('meta')))}")
         if comm != "null":
@@ -458,8 +448,6 @@ def run_overrides(
 
 
 def _json(value: Any) -> str:
-    import json
-
     return json.dumps(jsonable(value), indent=2, sort_keys=False) + "\n"
 
 

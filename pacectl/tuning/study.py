@@ -6,6 +6,7 @@ no pacing and the paper's threshold once, run the missing trials, judge the fron
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -94,8 +95,6 @@ def _within(old: Any, new: Any) -> bool:
 
 def _previous_study_name(out_dir: Path) -> str | None:
     """The study whose outputs ``out_dir/tune.json`` holds, or None (no readable tune.json)."""
-    import json
-
     try:
         name = json.loads((out_dir / "tune.json").read_text()).get("study_name")
     except (OSError, ValueError, AttributeError):
@@ -242,7 +241,7 @@ def _tune_study(out_dir: Path, echo: Callable[[str], None], t0: float, run: _Stu
     """Run the study's missing trials, judge the result, write the outputs (see :func:`run_tuning`)."""
     settings, space, scenarios, spec, name = run.settings, run.space, run.scenarios, run.spec, run.name
     study, baseline, reference = _run_trials(echo, run)
-    points = trial_points(study, space, baseline, settings.max_loss_frac, settings.objectives)
+    points = trial_points(study, space, baseline, settings.max_throughput_loss_frac, settings.objectives)
     front = pareto_front(points, settings.objectives)
     verdict = judge(points, front, baseline, reference, settings.rule, scenarios.comm_timing_dependent)
     return write_results(
@@ -269,14 +268,8 @@ def _run_trials(echo: Callable[[str], None], run: _Study) -> tuple[optuna.Study,
     Returns:
         ``(study, no pacing, reference)``, the study reloaded with every trial finished so far.
     """
-    settings, space, scenarios, spec, name, study = (
-        run.settings,
-        run.space,
-        run.scenarios,
-        run.spec,
-        run.name,
-        run.study,
-    )
+    settings, space, scenarios = run.settings, run.space, run.scenarios
+    spec, name, study = run.spec, run.name, run.study
     stale = fail_stale_trials(study)
     if stale:
         echo(f"marked {len(stale)} trial(s) left running by a killed process as FAIL: {stale}")
@@ -314,7 +307,9 @@ def _run_trials(echo: Callable[[str], None], run: _Study) -> tuple[optuna.Study,
     if hasattr(study._storage, "engine"):  # noqa: SLF001 (no pooled RDB connection may cross a fork)
         study._storage.engine.dispose()  # noqa: SLF001
     if remaining:
-        objective = Objective(space, scenarios, baseline, settings.max_loss_frac, settings.objectives)
+        objective = Objective(
+            space, scenarios, baseline, settings.max_throughput_loss_frac, settings.objectives
+        )
         workers = min(settings.n_workers, remaining)
         run_workers(
             workers,
