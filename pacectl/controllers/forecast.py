@@ -2,12 +2,10 @@
 
 Why: a decision taken on the figures of iteration ``k`` paces iteration ``k + h`` (``h`` = the
 exchange lag, 1 at best; see :class:`~pacectl.loop.ExchangeSchedule`). Where a rank's earliness
-persists (a slow GPU, a far NIC) any recent value predicts ``k + h`` well. On real step times it
-decays within a few iterations (Alibaba PAI workers: lag-1 autocorrelation 0.57-0.89), and pacing on
-the last value, or on a fast EWMA of it, delays ranks that are no longer early (the threshold
-controller's gain on ``cluster=alibaba_pai`` turns into a loss as the lag grows:
-``experiments/staleness/README.md``). This controller forecasts instead, and delays only what it
-expects to still be there.
+persists (a slow GPU, a far NIC) any recent value predicts ``k + h`` well; where it decays (real
+step times: ``experiments/staleness/README.md``), pacing on the last value, or on a fast EWMA of
+it, delays ranks that are no longer early. This controller forecasts instead, and delays only what
+it expects to still be there.
 
 Model (per rank, standard AR(1) around a slowly moving mean; Box, Jenkins and Reinsel, *Time Series
 Analysis*, ch. 3 and 5): with ``e_k[r]`` the earliness of rank ``r`` (``max(natural) - natural[r]``),
@@ -124,9 +122,7 @@ class ForecastController(BaseController):
         self._forecast_spread_s = self._spread_s = self._max_delay_s = 0.0
 
     def _weight(self, count: int) -> float:
-        """Weight of sample number ``count`` (from 1) in a start-up EWMA: the running mean of the first
-        ``1 / alpha`` samples, then ``alpha`` (no sample keeps the weight ``(1 - alpha)^k`` a plain
-        EWMA gives its first one)."""
+        """Weight of sample number ``count`` (from 1) in a start-up EWMA (module docstring)."""
         return max(self.alpha, 1.0 / count)
 
     def _act(self, obs: Observation, natural_arrival_s: FloatArray) -> FloatArray:
