@@ -83,7 +83,7 @@ def test_exact_duplicates_are_still_dropped_with_a_key(st_trace: OpTrace) -> Non
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_step_completeness_from_the_key_matches_the_pandas_check(st_trace: OpTrace, seed: int) -> None:
-    # steps, dp ranks and seq ids that do not start at 0 (the key's digits are offset by their minima)
+    # steps and seq ids that do not start at 0 (the key's digits are offset by their minima)
     rng = np.random.default_rng(seed)
     raw = st_trace.ops.assign(step=st_trace.ops["step"] * 3 + 1000, seq_id=st_trace.ops["seq_id"] + 5)
     out = validate_ops(raw.sample(frac=1.0, random_state=seed), st_trace.meta, source="x")

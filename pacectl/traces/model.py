@@ -130,7 +130,7 @@ def packed_key(columns: Sequence[np.ndarray]) -> np.ndarray | None:
         total *= span
         if total >= 1 << 62:
             return None
-        key *= span  # in place: no temporaries of the table's length
+        key *= span  # in place (an int64 column adds no temporary)
         key += values.astype(np.int64, copy=False)
         if lo:
             key -= lo
