@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from pacectl.errors import TraceError, repair_rows
+from pacectl.traces.collectives import OpBlock, op_frame
 from pacectl.traces.csvstream import columns_excerpt, read_header, read_numeric_columns
 from pacectl.traces.model import (
     DEFAULT_MAX_BYTES,
@@ -314,34 +315,14 @@ def load_steplevel(
             stacklevel=2,
         )
     t = complete.to_numpy()  # [num_steps, num_workers], seconds
-    n_steps, n = t.shape
+    n = t.shape[1]
     c = float(collective_s) if collective_s is not None else collective_frac * float(np.median(t.max(axis=1)))
     leave = t.max(axis=1, keepdims=True) + c
-    steps = complete.index.to_numpy(dtype=np.int64)
-    ranks = np.arange(n, dtype=np.int64)
-
-    def block(optype: str, mc: int, start: np.ndarray, dur: np.ndarray) -> pd.DataFrame:
-        return pd.DataFrame(
-            {
-                "step": np.repeat(steps, n),
-                "dp_rank": np.tile(ranks, n_steps),
-                "stage": 0,
-                "rank": np.tile(ranks, n_steps),
-                "optype": optype,
-                "seq_id": 0,
-                "mc": mc,
-                "start_ts": start.ravel(),
-                "duration": dur.ravel(),
-            }
-        )
-
-    ops = pd.concat(
-        [
-            block("forward-compute", 0, np.zeros_like(t), t),
-            block("grads-reduce-scatter", -1, t, np.broadcast_to(leave, t.shape) - t),
-        ],
-        ignore_index=True,
-    )
+    blocks: list[OpBlock] = [
+        ("forward-compute", 0, 0, np.zeros_like(t), t),
+        ("grads-reduce-scatter", 0, -1, t, leave - t),
+    ]
+    ops = op_frame(complete.index.to_numpy(dtype=np.int64), list(range(n)), 0, blocks)
     meta = JobMeta(name=name or p.stem, dp_size=n, pp_size=1)
     normalized = value_col != "step_time_s"
     return OpTrace(
