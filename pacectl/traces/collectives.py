@@ -66,14 +66,7 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from pacectl.errors import TraceError
-from pacectl.traces.model import (
-    MAX_DURATION_S,
-    JobMeta,
-    OpTrace,
-    TraceWarning,
-    quantile_stats,
-    validate_ops,
-)
+from pacectl.traces.model import MAX_DURATION_S, JobMeta, OpTrace, TraceWarning, quantile_stats, validate_ops
 
 #: Collective kinds that reduce gradients: the sync points of data parallelism.
 GRAD_KINDS = ("all_reduce", "reduce_scatter")
@@ -287,12 +280,6 @@ class AssemblyReport:
 
 
 # ------------------------------------------------------------------------------------------ layout
-def _grad_counts(coll: CollectiveSet, grad_kinds: tuple[str, ...]) -> pd.Series:
-    t = coll.table
-    grads = t[t["kind"].isin(grad_kinds) & t["finished"]]
-    return grads.groupby("group").size()
-
-
 def infer_layout(
     coll: CollectiveSet,
     groups: list[Group],
@@ -306,11 +293,12 @@ def infer_layout(
         TraceError: no group carries gradient collectives; the chosen DP groups overlap or differ
             in size; an override does not match the recorded groups.
     """
-    counts = _grad_counts(coll, grad_kinds)
+    t = coll.table
+    counts = t[t["kind"].isin(grad_kinds) & t["finished"]].groupby("group").size()  # finished gradient ones
     world = max(coll.ranks) + 1
     carrying = [g for g in groups if counts.get(g.key, 0) > 0]
     if not carrying:
-        kinds = sorted(coll.table["kind"].astype(str).unique())
+        kinds = sorted(t["kind"].astype(str).unique())
         raise TraceError(
             f"a trace must hold gradient collectives ({', '.join(grad_kinds)}) that finished on their "
             f"ranks, got none: only {kinds} (in {source}). Dump after a few training steps."

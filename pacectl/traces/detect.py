@@ -64,16 +64,6 @@ def sniff_format(path: Path) -> str | None:
     return None
 
 
-def _folder_format(folder: Path) -> str | None:
-    """The format of the first file of ``folder`` that sniffs as a Flight Recorder dump or an NCCL
-    Inspector log (sorted names; None: none does)."""
-    for f in sorted(folder.iterdir()):
-        found = sniff_format(f)
-        if found:
-            return found
-    return None
-
-
 def detect_format(path: str | Path) -> tuple[str | None, Path | None]:
     """``(format, meta)`` for a trace path (see the module docstring); ``(None, None)`` when unknown.
 
@@ -82,8 +72,7 @@ def detect_format(path: str | Path) -> tuple[str | None, Path | None]:
 
     Returns:
         The ``trace.format`` (``flight_recorder``, ``nccl_inspector``, ``kineto``, ``steplevel``,
-        ``canonical``, ``bytedance``) and, for a
-        ByteDance trace, the meta YAML found beside it.
+        ``canonical``, ``bytedance``) and, for a ByteDance trace, the meta YAML found beside it.
     """
     text = str(path)
     low = text.lower()
@@ -105,12 +94,12 @@ def detect_format(path: str | Path) -> tuple[str | None, Path | None]:
     if any(c in text for c in "*?["):  # a glob of rank files: Kineto is the other multi-file format
         return "kineto", None
     folder = Path(path)
-    if folder.is_dir():
-        found = _folder_format(folder)
+    if folder.is_dir():  # its first file (sorted names) that sniffs as a dump or log, else Kineto JSON
+        found = next((f for f in map(sniff_format, sorted(folder.iterdir())) if f), None)
         if found:
             return found, None
-    if folder.is_dir() and any(p.name.lower().endswith((".json", ".json.gz")) for p in folder.iterdir()):
-        return "kineto", None
+        if any(p.name.lower().endswith((".json", ".json.gz")) for p in folder.iterdir()):
+            return "kineto", None
     return None, None  # a folder of other files (live records: .parquet) is no trace by itself
 
 
