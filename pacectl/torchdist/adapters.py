@@ -245,12 +245,8 @@ class PacedDeepSpeed:
     those pass through unpaced). Other calls, other groups and calls outside ``engine.backward``
     (the optimizer step's gradient-norm all-reduce, ZeRO's parameter all-gathers) pass through.
     The wrappers are module attributes of ``deepspeed.comm`` (DeepSpeed's modules call
-    ``dist.all_reduce`` through it); :meth:`detach` puts the originals back.
-
-    Args:
-        engine: the ``deepspeed.DeepSpeedEngine``.
-        pacer: a Pacer on the engine's data-parallel group.
-        names: the ``deepspeed.comm`` functions to wrap.
+    ``dist.all_reduce`` through it); :meth:`detach` puts the originals back. Arguments and errors:
+    :func:`pace_deepspeed`.
     """
 
     def __init__(

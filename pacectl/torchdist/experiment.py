@@ -28,25 +28,10 @@ from omegaconf import DictConfig, OmegaConf
 from pacectl.config import as_dict, controller_families, decision_schedule
 from pacectl.errors import BackendError, ConfigError
 from pacectl.experiment import Experiment
+from pacectl.files import folder_problem
 from pacectl.metrics import interval_blocks
 from pacectl.torchdist.core import BUILTIN_DIST_BACKEND, resolve_gather, torch_config
 from pacectl.types import Episode
-
-
-def _check_writable(folder: Path) -> None:
-    """Fail before any rank starts if records cannot be written under ``folder`` (created if missing).
-
-    Raises:
-        ConfigError: naming ``backend.record_dir``, the folder and the reason.
-    """
-    from pacectl.files import folder_problem
-
-    problem = folder_problem(folder)
-    if problem:
-        raise ConfigError(
-            f"backend.record_dir: cannot write the live records under {folder} ({problem}). "
-            "Pick a writable folder, e.g. backend.record_dir=/tmp/pacectl-records"
-        )
 
 
 @contextmanager
@@ -195,7 +180,12 @@ class TorchExperiment(Experiment):
             raise ConfigError(
                 f"backend.record_dir must be a folder, but {self.final_record_dir} is a file; pick another path"
             )
-        _check_writable(self.final_record_dir.parent)
+        problem = folder_problem(self.final_record_dir.parent)  # before any rank starts
+        if problem:
+            raise ConfigError(
+                f"backend.record_dir: cannot write the live records under {self.final_record_dir.parent} "
+                f"({problem}). Pick a writable folder, e.g. backend.record_dir=/tmp/pacectl-records"
+            )
         replaced = sorted(
             path.name
             for f in self.families

@@ -79,9 +79,8 @@ def build_model(workload: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
     kind, width, depth = str(workload["model"]), int(workload["width"]), int(workload["depth"])
     batch = int(workload["batch_size"])
     if kind == "sleep":
-        return nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(depth)]), torch.randn(
-            batch, width
-        )
+        linears = [nn.Linear(width, width, bias=False) for _ in range(depth)]
+        return nn.Sequential(*linears), torch.randn(batch, width)
     if kind == "mlp":
         layers: list[nn.Module] = []
         for _ in range(depth):
@@ -91,9 +90,8 @@ def build_model(workload: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
         layer = nn.TransformerEncoderLayer(
             d_model=width, nhead=int(workload.get("heads", 4)), dim_feedforward=4 * width, batch_first=True
         )
-        return nn.TransformerEncoder(layer, num_layers=depth, enable_nested_tensor=False), torch.randn(
-            batch, int(workload.get("seq_len", 32)), width
-        )
+        encoder = nn.TransformerEncoder(layer, num_layers=depth, enable_nested_tensor=False)
+        return encoder, torch.randn(batch, int(workload.get("seq_len", 32)), width)
     raise ValueError(f"workload.model must be 'mlp', 'transformer' or 'sleep', got {kind!r}")
 
 

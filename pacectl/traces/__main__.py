@@ -4,9 +4,8 @@ Subcommands (``python -m pacectl.traces <cmd> --help`` for options):
 
 - ``info PATH...``: ranks, steps, collectives per step, arrival-spread summary, clock-alignment
   residual, step times;
-- ``validate PATH...``: every problem found, one per line as ``file:event #i: field: message``, and
-  exit 2 if any; a truncated Kineto file or a missing rank is a warning (the trace stays usable, as
-  ``pacectl.run`` reads it) unless ``--strict``;
+- ``validate PATH...``: every problem found, one per line as ``file:event #i: field: message``
+  (:data:`VALIDATE_RULE`);
 - ``convert PATH... -o OUT.parquet``: write pacectl's canonical Parquet (atomically);
 - ``fit PATH...``: fit the communication-timing model (:mod:`pacectl.fabric.fitted`) and print its
   slopes with 95 % intervals, the placebo and held-out checks, the completion-on-arrival slopes and
@@ -384,8 +383,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-#: what validate's exit status says (README: "a truncated profiler trace is read up to its last whole
-#: event, with a warning (trace.strict=true refuses it)"): the trace is usable as pacectl.run reads it
+#: what validate's exit status says: the trace is usable as pacectl.run reads it (README)
 VALIDATE_RULE = (
     "List every problem (file, event, field), one per line; exit 2 if any. Exit 0 means the trace is "
     "usable as pacectl.run reads it: a truncated Kineto file (read up to its last whole event) and "

@@ -321,9 +321,7 @@ def stream_events(
                 f"trace file must hold at least one complete event, got a file that ends early ({reason}) "
                 f"at character {reader.offset} (in {p}). Re-copy the file."
             ) from None
-        trunc = Truncated(offset=reader.offset, reason=reason, in_events=in_events)
-        return StreamResult(meta, count, trunc)
+        return StreamResult(meta, count, Truncated(offset=reader.offset, reason=reason, in_events=in_events))
     if state["gzip_truncated"]:  # the JSON closed but the gzip trailer is missing
-        trunc = Truncated(offset=reader.offset, reason="gzip stream ended early", in_events=False)
-        return StreamResult(meta, count, trunc)
+        return StreamResult(meta, count, Truncated(reader.offset, "gzip stream ended early", in_events=False))
     return StreamResult(meta, count, None)

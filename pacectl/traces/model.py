@@ -555,12 +555,12 @@ def _integer_column(ops: pd.DataFrame, col: str, source: str) -> np.ndarray:
         raise TraceError(
             f"column {col} must hold integers, got dtype {values.dtype} (in {source}: column {col})"
         )
-    array = values.to_numpy(np.float64) if not pd.api.types.is_integer_dtype(values) else values.to_numpy()
-    if (
-        not pd.api.types.is_integer_dtype(values)
-        and not (np.isfinite(array) & (array == np.round(array))).all()
-    ):
-        i = int(np.flatnonzero(~(np.isfinite(array) & (array == np.round(array))))[0])
+    if pd.api.types.is_integer_dtype(values):
+        return values.to_numpy().astype(np.int64)
+    array = values.to_numpy(np.float64)
+    not_whole = ~(np.isfinite(array) & (array == np.round(array)))
+    if not_whole.any():
+        i = int(np.flatnonzero(not_whole)[0])
         raise TraceError(
             f"column {col} must hold integers, got {float(array[i])!r} (in {source}: row {i}, column {col})"
         )

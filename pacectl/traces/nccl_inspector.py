@@ -175,21 +175,15 @@ def _read_log(path: Path, max_bytes: int, notes: list[str], max_records: int | N
             if meta.get("inspector_output_format_version"):
                 versions.add(str(meta["inspector_output_format_version"]))
             exec_us = _num(perf, "coll_exec_time_us", f"{where}: coll_perf.coll_exec_time_us", integer=False)
-            ts: dict[str, Any] = (
-                perf["event_trace_ts"] if isinstance(perf.get("event_trace_ts"), dict) else {}
-            )
+            trace_ts = perf.get("event_trace_ts")
+            ts: dict[str, Any] = trace_ts if isinstance(trace_ts, dict) else {}
             kernels = [k for k in ts.get("kernel_events", []) if isinstance(k, dict)]
             starts, stops = (
                 [k[key] for k in kernels if isinstance(k.get(key), int) and k[key] > 0]
                 for key in ("kernel_start_ts", "kernel_stop_ts")
             )
-            start_us = (
-                min(starts)
-                if starts
-                else ts.get("coll_start_ts")
-                if isinstance(ts.get("coll_start_ts"), int)
-                else -1
-            )
+            coll_start = ts.get("coll_start_ts")
+            start_us = min(starts) if starts else coll_start if isinstance(coll_start, int) else -1
             if max_records is not None and len(cols["comm"]) >= max_records:
                 raise _RecordCap(path)
             cols["comm"].append(comm)
