@@ -539,8 +539,7 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         # Drop the DDP models before the process group: one still alive when its group is destroyed
         # is torn down at interpreter exit, where gloo's threads can abort the process ("terminate
-        # called without an active exception", exit -6) after training has finished (torchrun, 2
-        # gloo ranks, 2 cores: 9 of 40 exits with a paced model kept alive, 0 of 40 released first).
+        # called without an active exception", exit -6) after training has finished.
         runs.clear()
         gc.collect()
         dist.destroy_process_group()

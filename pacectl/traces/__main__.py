@@ -310,8 +310,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         f"{int(per_step.median()) if len(per_step) else 0}"
     )
     spread, step_t = _spread_stats(trace)
+    cv = float(step_t.std() / step_t.mean()) if len(step_t) and step_t.mean() > 0 else float("nan")
     if len(step_t):
-        cv = float(step_t.std() / step_t.mean()) if step_t.mean() > 0 else float("nan")
         say(
             f"step time mean {fmt_t(float(step_t.mean()))}, median {fmt_t(float(np.median(step_t)))}, CV {cv:.3f}"
         )
@@ -367,9 +367,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             "collective": trace.collective or "grads-reduce-scatter",
             "collectives_per_step_per_rank": int(per_step.median()) if len(per_step) else 0,
             "step_time_s": stats(step_t),
-            "step_time_cv": float(step_t.std() / step_t.mean())
-            if len(step_t) and step_t.mean() > 0
-            else None,
+            "step_time_cv": cv,  # NaN: null
             "arrival_spread_first_bucket_s": stats(spread),
             "warnings": notes,
             "kineto": rep,

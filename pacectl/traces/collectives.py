@@ -733,12 +733,10 @@ def assemble(
             f"trace.timing=created needs enqueue times on every collective, got some without (in {source})"
         )
     mode = "duration" if (timing == "duration" or (timing == "auto" and have_dur)) else "created"
-    if mode == "created" and not have_created:
-        if not have_dur:
-            raise TraceError(
-                f"a trace needs enqueue times or durations of its collectives, got neither (in {source})"
-            )
-        mode = "duration"
+    if mode == "created" and not have_created:  # timing auto: neither durations nor enqueue times
+        raise TraceError(
+            f"a trace needs enqueue times or durations of its collectives, got neither (in {source})"
+        )
     base_ns = min(float(np.nanmin(c)) for c, _, _ in arrays) if have_created else 0.0
     offsets_all: dict[int, float] = {}
     periods: list[float] = []

@@ -17,12 +17,10 @@ worker (``rank`` = worker's index in sorted order, pure data parallel, ``pp_size
   synchronisation, which the file cannot separate, so arrival spreads here are upper bounds.
 
 **Sampling interval.** The step column need not count every iteration: the Alibaba PAI files
-record every 10th (``time`` = 1, 11, 21, ...). :func:`sampling_interval` reads the interval from the
-column (its most common step between consecutive recorded values) or takes ``sample_every``
-(``trace.sample_every``), and the trace records it (:attr:`OpTrace.sample_every_iters`): consecutive
-steps of the trace are that many real iterations apart, which every figure counted in steps (a lag,
-an autocorrelation) has to be read with. Gaps that differ from the interval get a
-:class:`~pacectl.traces.model.TraceWarning` naming the values and the file's rows.
+record every 10th (``time`` = 1, 11, 21, ...). The trace records the interval
+(:func:`sampling_interval`, :attr:`OpTrace.sample_every_iters`): consecutive steps of the trace are
+that many real iterations apart, which every figure counted in steps (a lag, an autocorrelation)
+has to be read with.
 
 No absolute time is recorded, so no clock alignment is needed (or possible); the values are
 normalised, so ``unit_s`` only scales the result (default: 1 unit = 1 ms, so 1000 -> 1 s), and the
