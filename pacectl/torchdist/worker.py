@@ -72,9 +72,6 @@ def build_model(workload: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
             before the forward): ``depth`` bias-free ``width x width`` linear layers, whose
             ``depth * width^2`` float32 gradients are the all-reduce, on ``batch_size`` rows (1 keeps
             the real compute negligible), so that a CPU carries little but the network stack.
-
-    Returns:
-        ``(model, input)``.
     """
     kind, width, depth = str(workload["model"]), int(workload["width"]), int(workload["depth"])
     batch = int(workload["batch_size"])
@@ -112,12 +109,8 @@ class LiveRun:
     """One controller's episode on this rank: model, pacer, straggler schedule, and its record.
 
     The model is rebuilt from the experiment seed, the data and the straggler schedule are the same
-    for every run, so runs of different controllers differ only by the pacing.
-
-    Args:
-        spec: the worker spec (see :func:`worker_main`).
-        family: controller family.
-        params: its parameters.
+    for every run, so runs of different controllers differ only by the pacing. ``spec`` is the
+    worker spec (:func:`worker_main`), ``family`` and ``params`` the controller.
     """
 
     def __init__(self, spec: dict[str, Any], family: str, params: dict[str, Any]) -> None:
@@ -367,7 +360,6 @@ def wrap_model(model: nn.Module, parallel: str, bucket_cap_mb: float, group: Any
     after forward; the mesh is kept as ``model.pacectl_mesh``).
 
     Args:
-        model: the model.
         parallel: ``"ddp"`` or ``"fsdp2"``.
         bucket_cap_mb: DDP's bucket size, MB (DDP only).
         group: the process group (None: the world).
