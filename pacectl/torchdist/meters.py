@@ -80,18 +80,14 @@ class CpuTimeMeter:
 
 def nvml_sm_clock_reader(device_index: int = 0) -> Callable[[], float] | None:
     """A function reading the SM clock of GPU ``device_index`` (MHz, read-only), or None without NVML."""
+    nvml = _pynvml()
+    if nvml is None:
+        return None
     try:
-        meter = NvmlEnergyMeter(device_index)
-    except Exception:  # noqa: BLE001 - no NVML or no energy counter: try the clock alone
-        nvml = _pynvml()
-        if nvml is None:
-            return None
-        try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(int(device_index))
-        except Exception:  # noqa: BLE001
-            return None
-        return lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
-    return meter.sm_clock_mhz
+        handle = nvml.nvmlDeviceGetHandleByIndex(int(device_index))
+    except Exception:  # noqa: BLE001 - no such device
+        return None
+    return lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
 
 
 def make_meter(device_type: str, device_index: int = 0) -> NvmlEnergyMeter | CpuTimeMeter:

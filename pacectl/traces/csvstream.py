@@ -159,7 +159,8 @@ def read_numeric_columns(
             f"a {what} must be <= {max_bytes} bytes, got {size} bytes (in {path}). Raise the cap ({cap_hint}) "
             "if the file is genuine, or cut it to the steps you need"
         )
-    bad = BadRows()
+    out = CsvColumns(header=header, values={})
+    bad = out.bad_rows
     # pyarrow decodes a bad row's text before it calls on_bad; a row that is not UTF-8 fails there
     # and Python would print "Exception ignored ... Traceback": count it as a bad row instead
     previous_hook = sys.unraisablehook
@@ -174,24 +175,20 @@ def read_numeric_columns(
 
     sys.unraisablehook = on_unraisable
     try:
-        return _stream(path, columns, what=what, header=header, max_rows=max_rows, cap_hint=cap_hint, bad=bad)
+        return _stream(path, columns, out, what=what, max_rows=max_rows, cap_hint=cap_hint)
     finally:
         sys.unraisablehook = previous_hook
 
 
 def _stream(
-    path: Path,
-    columns: list[str],
-    *,
-    what: str,
-    header: list[str],
-    max_rows: int,
-    cap_hint: str,
-    bad: BadRows,
+    path: Path, columns: list[str], out: CsvColumns, *, what: str, max_rows: int, cap_hint: str
 ) -> CsvColumns:
+    """Fill ``out`` (:func:`read_numeric_columns`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
+
+    bad = out.bad_rows
 
     def on_bad(row: pacsv.InvalidRow) -> str:
         if bad.count == 0:
@@ -220,7 +217,6 @@ def _stream(
             f"a {what} must be a CSV file, could not parse it (in {path}): {excerpt(err, 160)}"
         ) from err
     parts: dict[str, list[NDArray[np.float64]]] = {c: [] for c in columns}
-    out = CsvColumns(header=header, values={}, bad_rows=bad)
     try:
         for batch in reader:
             n = batch.num_rows

@@ -25,6 +25,7 @@ column         dtype     meaning
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -381,13 +382,11 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
     for col in ("start_ts", "duration") + (("delay_s",) if "delay_s" in ops.columns else ()):
         columns[col] = _float_column(ops, col, source)
     names = [c for c in (*CANONICAL_COLUMNS, "delay_s") if c in columns]
-    frames: list[pd.DataFrame] = []
 
+    @functools.cache
     def frame() -> pd.DataFrame:
         """The table in file order, built only where a message needs rows (or no key fits)."""
-        if not frames:
-            frames.append(pd.DataFrame({c: columns[c] for c in names}))
-        return frames[0]
+        return pd.DataFrame({c: columns[c] for c in names})
 
     if len(columns["step"]) == 0:
         raise TraceError(f"trace must contain at least one op, got an empty table (in {source})")
@@ -494,7 +493,7 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
         )
     if (order == np.arange(len(order))).all():
         return frame()  # already in order
-    frames.clear()  # the closure above may still build it for a message
+    frame.cache_clear()  # built above for a message, perhaps
     del key, sorted_key  # keep the peak near one table: sort one column at a time, no block copy
     ordered_columns = {}
     for c in names:
