@@ -56,10 +56,8 @@ Replay and simulation model any of these with `exchange.lag_iters` and `exchange
 ### Probe delays
 
 `backend.probe` (off by default: `ranks: []`) injects small random sleeps between forward and
-backward, independent of any controller and the same in every run of a job, recorded per iteration
-and rank in `<controller>.episode.pkl` (`probe_s`, `probe_actual_s`): they give the fit
-(`comm=fitted`) variation in arrivals that no controller caused
-(:class:`~pacectl.torchdist.core.ProbeSpec`, `experiments/probe/`).
+backward that give the fit (`comm=fitted`) variation in arrivals no controller caused; how they are
+drawn and recorded: :class:`~pacectl.torchdist.core.ProbeSpec` (`experiments/probe/`).
 
 ### Records and replay fidelity
 

@@ -106,11 +106,9 @@ def inject(duration_s: float, kind: str) -> None:
 
 
 class LiveRun:
-    """One controller's episode on this rank: model, pacer, straggler schedule, and its record.
-
-    The model is rebuilt from the experiment seed, the data and the straggler schedule are the same
-    for every run, so runs of different controllers differ only by the pacing. ``spec`` is the
-    worker spec (:func:`worker_main`), ``family`` and ``params`` the controller.
+    """One controller's episode on this rank: model, pacer, straggler schedule, and its record (the
+    same seed, data and schedule in every run: module docstring). ``spec`` is the worker spec
+    (:func:`worker_main`), ``family`` and ``params`` the controller.
     """
 
     def __init__(self, spec: dict[str, Any], family: str, params: dict[str, Any]) -> None:
@@ -127,7 +125,6 @@ class LiveRun:
         self.x = torch.randn_like(x)
         self.parallel = str(spec.get("parallel", "ddp"))
         self.recorder = bool(spec.get("flight_recorder", False))
-        # a run of its own group when the Flight Recorder is on: its dump then tells the runs apart
         self.group = (
             dist.new_group(ranks=list(range(self.world)), group_desc=f"pacectl-{family}")
             if self.recorder

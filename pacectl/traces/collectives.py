@@ -13,8 +13,7 @@ gradient collectives (the world group of a pure DP job). Tensor-parallel peers (
 pipeline stage of a DP group is the position of its ranks in their pipeline group
 (``PIPELINE_MODEL_PARALLEL_GROUP`` / ``pp``), else the order of the DP groups. A group is identified
 by its name plus its rank set (names are reused after ``split_group``). :class:`LayoutOverrides`
-give the layout when it cannot be inferred (Megatron's and torchtitan's rank order: TP fastest,
-then DP, then PP).
+give the layout when it cannot be inferred.
 
 **Matching and steps.** Collectives are matched across the ranks of a group by sequence number.
 Steps are inferred from the DP gradient collectives' pattern (there are no step markers): the

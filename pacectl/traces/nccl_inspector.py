@@ -1,8 +1,7 @@
 """Importer for NCCL Inspector logs: the JSON lines NCCL's inspector profiler plugin writes.
 
-Format (read from NCCL's ``plugins/profiler/inspector/README.md`` and ``inspector_json.cc``; NCCL
-cannot run on this machine, so the shipped fixtures are written from that documentation, see
-``pacectl/data/nccl-inspector/README.md``): with ``NCCL_PROFILER_PLUGIN=libnccl-profiler-inspector.so``
+Format (read from NCCL's ``plugins/profiler/inspector/README.md`` and ``inspector_json.cc``; the
+shipped fixtures are written from that documentation, ``pacectl/data/nccl-inspector/README.md``): with ``NCCL_PROFILER_PLUGIN=libnccl-profiler-inspector.so``
 and ``NCCL_INSPECTOR_ENABLE=1`` each process appends to ``<NCCL_INSPECTOR_DUMP_DIR>/<host>-pid<pid>.log``
 one JSON object per line, per completed collective per communicator:
 
