@@ -12,6 +12,7 @@ Several nodes (one agent per network namespace, as ``experiments/netns_fabric`` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -105,10 +106,8 @@ class FrozenRankWatch:
                     start = since.setdefault(pid, now)
                     if now - start >= self.frozen_s and self.frozen is None:
                         self.frozen = (rank, pid, now - start)
-                        try:
+                        with contextlib.suppress(ProcessLookupError):
                             os.kill(pid, signal.SIGKILL)
-                        except ProcessLookupError:
-                            pass
                 else:
                     since.pop(pid, None)
 

@@ -17,6 +17,7 @@ writes its dump of the run, cut at the marker all-reduce that starts the measure
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -475,11 +476,9 @@ def _exit_on_interrupt(signum: int, frame: Any) -> None:
 def announce_pid(spec: dict[str, Any]) -> None:
     """Write this rank's pid where the agent's frozen-rank watch reads it (``spec["pid_dir"]``)."""
     folder = spec.get("pid_dir")
-    if folder:
-        try:
+    if folder:  # on OSError the watch sees nothing of this rank; the job still ends on pg_timeout_s
+        with contextlib.suppress(OSError):
             Path(folder, os.environ.get("RANK", "0")).write_text(str(os.getpid()))
-        except OSError:
-            pass  # the watch then sees nothing of this rank; the job still ends on pg_timeout_s
 
 
 def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
