@@ -305,7 +305,7 @@ def infer_layout(
     tp_groups = [g for g in groups if g.role == "tp" and len(g.ranks) > 1]
     pp_groups = [g for g in groups if g.role == "pp" and len(g.ranks) > 1]
     if overrides.sizes_given:
-        return _layout_from_sizes(coll, groups, counts, overrides, world, source)
+        return _layout_from_sizes(groups, counts, overrides, world, source)
     if overrides.dp_group is not None:
         chosen = [g for g in carrying if overrides.dp_group in (g.desc, g.name)]
         if not chosen:
@@ -364,10 +364,7 @@ def infer_layout(
 
 def _stages(dp_groups: list[Group], pp_groups: list[Group]) -> list[int] | None:
     """Each DP group's stage: the position of its ranks in their pipeline group (None: unknown)."""
-    pos: dict[int, int] = {}
-    for g in pp_groups:
-        for i, r in enumerate(g.ranks):
-            pos[r] = i
+    pos = {r: i for g in pp_groups for i, r in enumerate(g.ranks)}
     out = []
     for g in dp_groups:
         stages = {pos.get(r) for r in g.ranks}
@@ -378,26 +375,19 @@ def _stages(dp_groups: list[Group], pp_groups: list[Group]) -> list[int] | None:
 
 
 def _layout_from_sizes(
-    coll: CollectiveSet, groups: list[Group], counts: pd.Series, o: LayoutOverrides, world: int, source: str
+    groups: list[Group], counts: pd.Series, o: LayoutOverrides, world: int, source: str
 ) -> Layout:
-    tp = o.tp_size or 1
-    pp = o.pp_size
-    dp = o.dp_size
-    if dp is None:
-        dp = world // (tp * (pp or 1))
-    if pp is None:
-        pp = world // (tp * dp)
+    tp = o.tp_size or 1  # the sizes not given follow from the world size
+    dp = o.dp_size or world // (tp * (o.pp_size or 1))
+    pp = o.pp_size or world // (tp * dp)
     if dp * tp * pp != world:
         raise TraceError(
             f"trace.dp_size x tp_size x pp_size must equal the world size {world}, got {dp} x {tp} x {pp}"
         )
-    by_ranks: dict[tuple[int, ...], list[Group]] = {}
-    for g in groups:
-        by_ranks.setdefault(g.ranks, []).append(g)
     out = []
     for s in range(pp):
         ranks = tuple((s * dp + d) * tp for d in range(dp))
-        cands = [g for g in by_ranks.get(ranks, []) if counts.get(g.key, 0) > 0]
+        cands = [g for g in groups if g.ranks == ranks and counts.get(g.key, 0) > 0]
         if not cands:
             raise TraceError(
                 f"the layout dp {dp} x tp {tp} x pp {pp} puts stage {s}'s DP ranks at {list(ranks)[:8]}, but no "
@@ -463,12 +453,11 @@ def _steps_of_group(
 ) -> _GroupSteps:
     """Match the group's collectives across its ranks and cut them into steps (module docstring).
 
-    The step period is a multiple of the shortest period of the (kind, size) sequence of every
-    collective of the group; among those multiples, the smallest whose boundaries (the gaps before
-    each step's first collective) stand out from the other host-side gaps; with ``fixed_k``, the one
-    with that many gradient collectives per step. The step's collectives are its gradient ones and
-    those of ``sync_kinds``; the boundary is placed by the gradient ones alone (a step ends with the
-    backward's last run of them).
+    The step period is the shortest period of the (kind, size) sequence of every collective of the
+    group (with ``fixed_k``, its shortest multiple with that many gradient collectives). A step ends
+    with the pattern's longest run of gradient collectives (the backward's last) and, among such
+    boundaries, before the longest host-side gap. The step's collectives are its gradient ones and
+    those of ``sync_kinds``.
     """
     t = coll.table
     mine = t[t["group"] == g.key]
@@ -522,6 +511,7 @@ def _steps_of_group(
     if timed:
         gaps[1:] = np.median(np.diff(created, axis=0), axis=1)
     region = np.arange(max(start, 1), start + length)
+    period = p0
     if fixed_k is not None:  # the shortest multiple of the pattern with that many gradient collectives
         periods = [
             p
@@ -535,8 +525,6 @@ def _steps_of_group(
                 f"{p0} collectives), got none that fits (in {source})"
             )
         period = periods[0]
-    else:
-        period = p0
     scores = []  # (phase, score): a step ends with a gradient collective
     for phase in range(period):
         begin = start + phase
@@ -753,18 +741,14 @@ def assemble(
     if mode == "created":
         median_period = float(np.median(periods)) if periods else 0.0
         transfer = float(collective_s) if collective_s is not None else collective_frac * median_period
-        timing_note = "arrival = host enqueue time (time_created_ns), the ranks' clocks assumed to agree" + (
-            "; clock offsets removed on the collectives' common completion"
-            if any(offsets_all.values())
-            else ""
-        )
+        timing_note = "arrival = host enqueue time (time_created_ns), the ranks' clocks assumed to agree"
+        if any(offsets_all.values()):
+            timing_note += "; clock offsets removed on the collectives' common completion"
+        given = collective_s is not None
+        basis = "trace.collective_s" if given else f"{collective_frac:g} of the median step period"
         transfer_note = (
             f"modelled: the dumps record no collective's end; each ends {transfer * 1e3:.3f} ms after its last "
-            + (
-                "arrival (trace.collective_s)"
-                if collective_s is not None
-                else f"arrival ({collective_frac:g} of the median step period)"
-            )
+            f"arrival ({basis})"
         )
     else:
         transfer = 0.0
