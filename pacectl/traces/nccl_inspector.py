@@ -127,11 +127,9 @@ def _read_log(path: Path, max_bytes: int, notes: list[str], max_records: int | N
     versions: set[str] = set()
     p2p = 0
     with open(path, "rb") as fh:
-        lines = fh.readlines() if size < (64 << 20) else None
-        fh.seek(0)
-        iterator = iter(lines) if lines is not None else fh
+        lines = fh.readlines() if size < (64 << 20) else fh  # a large log line by line
         last_line = None
-        for i, raw in enumerate(iterator, start=1):
+        for i, raw in enumerate(lines, start=1):
             if not raw.strip():
                 continue
             last_line = i
