@@ -153,8 +153,6 @@ class LiveRun:
         self.schedule = straggler_schedule(
             self.straggler, num_iterations=self.total, world_size=self.world, seed=self.seed
         )
-        # randomised probe delays (backend.probe, off by default): a sleep between forward and
-        # backward on the chosen ranks, the same schedule in every controller's run
         self.probes = probe_schedule(
             ProbeSpec(**dict(spec.get("probe") or {})),
             num_iterations=self.total,

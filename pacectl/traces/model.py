@@ -461,8 +461,9 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
             f"rank must be in [0, world_size={meta.world_size}), got max {rank.max()} "
             f"(in {source}: column rank). Check world_size in the meta file."
         )
-    if order is None:
-        complete = _steps_complete(frame(), num_pairs)
+    if order is None:  # the pandas way
+        per_step = frame()[["step", "dp_rank", "stage"]].drop_duplicates().groupby("step").size()
+        complete = bool((per_step >= num_pairs).all())
     else:
         # distinct (step, dp_rank, stage) per step, from the sorted key: its leading digits, by
         # integer division (the key's digits below stage are optype's codes and seq_id)
@@ -509,12 +510,6 @@ def _text_column(values: pd.Series) -> Any:
         if len(codes) and (codes >= 0).all():
             return values.cat.categories.astype(str).array.take(codes)
     return values.astype(str).array
-
-
-def _steps_complete(out: pd.DataFrame, num_pairs: int) -> bool:
-    """Whether every step records all ``num_pairs`` (dp_rank, stage) pairs (the pandas way)."""
-    per_step = out[["step", "dp_rank", "stage"]].drop_duplicates().groupby("step").size()
-    return bool((per_step >= num_pairs).all())
 
 
 def _check_unique_keys(out: pd.DataFrame, source: str) -> None:
