@@ -85,11 +85,6 @@ class _Iteration:
             self.pacer._end_iteration()
 
 
-def _stamp(it: _Iteration, slot: int, fut: torch.futures.Future[Any]) -> None:
-    """A completion callback (communication thread): stamp the collective's exit."""
-    it.stamp_exit(slot)
-
-
 def _stamp_on_completion(it: _Iteration, slot: int, works: Sequence[Any]) -> None:
     """Stamp ``slot``'s exit when every one of ``works`` has completed: in their futures' callback
     (the communication thread), or, for works without a future (gloo's coalesced reduce-scatter,
@@ -113,7 +108,7 @@ def _stamp_on_completion(it: _Iteration, slot: int, works: Sequence[Any]) -> Non
         threading.Thread(target=wait, name="pacectl-stamp", daemon=True).start()
         it.pacer._futures.append(stamped)
         return
-    it.pacer._futures.append(torch.futures.collect_all(futures).then(functools.partial(_stamp, it, slot)))
+    it.pacer._futures.append(torch.futures.collect_all(futures).then(lambda _: it.stamp_exit(slot)))
 
 
 def pace_megatron(model: Any, pacer: Pacer) -> Pacer:
@@ -323,7 +318,7 @@ class PacedDeepSpeed:
             finally:
                 self._depth -= 1
             if asynchronous:
-                self.pacer._futures.append(work.get_future().then(functools.partial(_stamp, self._it, slot)))
+                self.pacer._futures.append(work.get_future().then(lambda _: self._it.stamp_exit(slot)))
             return work
 
         return paced
