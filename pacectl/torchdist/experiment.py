@@ -256,14 +256,13 @@ class TorchExperiment(Experiment):
             )
         for rank, per_family in results.items():
             self._decisions.setdefault(int(rank), {}).update(per_family)
-        for family, _ in runs:  # every rank's meter: [iterations, ranks]
+        for family, _ in runs:  # every rank's meter ([iterations, ranks]) and rank 0's episode
             per_rank = [results[r][family] for r in sorted(results, key=int) if family in results[r]]
             if per_rank and all("metered" in x for x in per_rank):
                 self._metered[family] = np.stack(
                     [np.asarray(x["metered"], np.float64) for x in per_rank], axis=1
                 )
                 self.meter_source = str(per_rank[0].get("meter_source", "cpu_time_proxy"))
-        for family, _ in runs:
             path = self.record_dir / f"{family}.episode.pkl"
             if not path.is_file():
                 raise BackendError(f"torch backend: rank 0 wrote no episode for {family!r} (expected {path})")
