@@ -744,8 +744,8 @@ def assemble(
         timing_note = "arrival = host enqueue time (time_created_ns), the ranks' clocks assumed to agree"
         if any(offsets_all.values()):
             timing_note += "; clock offsets removed on the collectives' common completion"
-        given = collective_s is not None
-        basis = "trace.collective_s" if given else f"{collective_frac:g} of the median step period"
+        fixed = collective_s is not None
+        basis = "trace.collective_s" if fixed else f"{collective_frac:g} of the median step period"
         transfer_note = (
             f"modelled: the dumps record no collective's end; each ends {transfer * 1e3:.3f} ms after its last "
             f"arrival ({basis})"
