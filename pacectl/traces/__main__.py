@@ -35,6 +35,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from pacectl.errors import EXIT_USER_ERROR, PacectlError, TraceError, plural
+from pacectl.files import folder_problem, jsonable
 from pacectl.traces.detect import detect_format, meta_beside, other_traces_in
 from pacectl.traces.model import OpTrace, TraceWarning, quantile_stats
 
@@ -231,8 +232,6 @@ def _info_hang(args: argparse.Namespace) -> int | None:
         say(f"  {line}")
     _print_p2p(say, report)
     if args.json:
-        from pacectl.files import jsonable
-
         print(
             json.dumps(jsonable({"format": "flight_recorder", **report.summary()}), indent=1, allow_nan=False)
         )
@@ -375,9 +374,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         extra = getattr(args, "collective_report", None)
         if extra is not None:
             out[trace.fmt] = extra.summary()
-        from pacectl.files import jsonable  # non-finite -> null: strict JSON
-
-        print(json.dumps(jsonable(out), indent=1, allow_nan=False))
+        print(json.dumps(jsonable(out), indent=1, allow_nan=False))  # non-finite -> null: strict JSON
     return 0
 
 
@@ -426,8 +423,6 @@ def _check_output(out: Path) -> None:
             f"-o {out}: the canonical trace is a Parquet file, so its name must end in .parquet "
             f"(e.g. {out.with_suffix('.parquet')}); nothing was written"
         )
-    from pacectl.files import folder_problem
-
     problem = folder_problem(out.parent)
     if problem:
         raise OutputError(f"could not write {out}: {problem}. Pick another -o path.")
