@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from pacectl.config import as_dict, controller_families, decision_schedule
+from pacectl.config import as_dict, controller_families, decision_schedule, user_path
 from pacectl.errors import BackendError, ConfigError
 from pacectl.experiment import Experiment
 from pacectl.files import folder_problem
@@ -209,8 +209,6 @@ class TorchExperiment(Experiment):
 
     def _record_dir(self) -> str:
         if self.settings.record_dir:
-            from pacectl.config import user_path
-
             return user_path(self.settings.record_dir)
         try:
             from hydra.core.hydra_config import HydraConfig

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch._C._distributed_c10d as c10d
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -315,8 +316,6 @@ class LiveRun:
         :meth:`~pacectl.torchdist.pacer.Pacer.align` after the warm-up, whose end is the record's
         iteration-0 start) on, pickled as ``_dump_fr_trace`` does, in
         ``<record_dir>/flight_recorder/<family>/fr_trace_rank_<rank>``."""
-        import torch._C._distributed_c10d as c10d
-
         group: Any = self.group if self.parallel == "ddp" else self.pacing_group()
         name = group.group_name
         first = self.fr_first_id if self.fr_first_id is not None else 0
@@ -344,8 +343,6 @@ class LiveRun:
 
 def last_flight_recorder_id() -> int:
     """The ``record_id`` of the Flight Recorder's newest entry (-1 when it holds none)."""
-    import torch._C._distributed_c10d as c10d
-
     dump = pickle.loads(c10d._dump_fr_trace(includeStackTraces=False))  # type: ignore[attr-defined]
     return max((int(e["record_id"]) for e in dump.get("entries", [])), default=-1)
 
