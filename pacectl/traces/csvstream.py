@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from numpy.typing import NDArray
 
 from pacectl.errors import TraceError
@@ -233,8 +234,6 @@ def _stream(
                     num = pc.cast(col, pa.float64())
                     vals = num.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    import pandas as pd
-
                     raw = col.to_pandas()
                     vals = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
                     if c not in out.unparsed:

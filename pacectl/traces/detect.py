@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import glob as globmod
 from pathlib import Path
 
 #: path endings and the format they name (``.json.gz`` before its ``.gz``)
@@ -78,8 +79,6 @@ def detect_format(path: str | Path) -> tuple[str | None, Path | None]:
     low = text.lower()
     sniffed = sniff_format(Path(path))
     if sniffed is None and any(c in text for c in "*?["):  # a glob: its first match's bytes
-        import glob as globmod
-
         first = next(iter(sorted(globmod.glob(str(Path(text).expanduser())))), None)
         sniffed = sniff_format(Path(first)) if first else None
     if sniffed:

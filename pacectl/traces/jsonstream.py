@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pacectl.errors import TraceError
+from pacectl.traces.detect import detect_format
 
 #: Default cap on a trace file's size on disk and on its decompressed text, bytes (1 GiB).
 DEFAULT_MAX_BYTES = 1 << 30
@@ -296,8 +297,6 @@ def stream_events(
         where = f"after event #{count - 1}" if count else "before the first event"
         advice = "The file is corrupt; re-export it from the profiler."
         if not count:  # nothing parsed: perhaps no Kineto file at all
-            from pacectl.traces.detect import detect_format
-
             named, _ = detect_format(p)
             what = "a Parquet file (a canonical or ByteDance trace)" if _starts_with(p, b"PAR1") else None
             what = what or (f"a {named} trace by its name" if named not in (None, "kineto") else None)
