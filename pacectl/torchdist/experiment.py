@@ -294,8 +294,6 @@ class TorchExperiment(Experiment):
                 "num_steps": self.settings.num_iterations,
                 "time_unit": "s",
             },
-            # DDP's gradient all-reduce of bucket 0, recorded under the canonical op type of the
-            # gradient collective (the trace schema has one type for it, whatever the algorithm)
             "paced_optype": "grads-reduce-scatter",
             "paced_collective": (
                 "FSDP2's first collective of each iteration, the forward's first all-gather (the "
@@ -316,7 +314,7 @@ class TorchExperiment(Experiment):
         fidelity = {f: fid for f in self.families if (fid := self.fidelity(f)) is not None}
         if "none" in fidelity:
             out["fidelity"] = {**fidelity["none"], "by_run": fidelity}
-        costs = {
+        out["measured"] = {
             f: {
                 "gather_median_s": float(np.median(x["gather_s"])) if len(x["gather_s"]) else float("nan"),
                 "delay_error_median_s": _delay_error(x, self._episodes[f]),
@@ -325,7 +323,6 @@ class TorchExperiment(Experiment):
             }
             for f, x in self._extras.items()
         }
-        out["measured"] = costs
         block = self.settings.interleave_block
         interval = (
             "the throughput-change interval is computed on the paired differences' means over the "
