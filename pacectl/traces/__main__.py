@@ -7,9 +7,8 @@ Subcommands (``python -m pacectl.traces <cmd> --help`` for options):
 - ``validate PATH...``: every problem found, one per line as ``file:event #i: field: message``
   (:data:`VALIDATE_RULE`);
 - ``convert PATH... -o OUT.parquet``: write pacectl's canonical Parquet (atomically);
-- ``fit PATH...``: fit the communication-timing model (:mod:`pacectl.fabric.fitted`) and print its
-  slopes with 95 % intervals, the placebo and held-out checks, the completion-on-arrival slopes and
-  the verdict ("consistent with max-plus within +-x % of step time" or "timing-dependent: ...").
+- ``fit PATH...``: fit the communication-timing model and print its slopes, checks and verdict
+  (:mod:`pacectl.fabric.fitted` says what each means).
 
 Formats (``--format``, default by file name and first bytes, :mod:`pacectl.traces.detect`): those
 of :mod:`pacectl.traces`; ``bytedance`` needs ``--meta``, found beside a ``trace-X.parquet`` as
