@@ -112,8 +112,8 @@ def _num(rec: dict[str, Any], key: str, where: str, *, integer: bool = True) -> 
     return value
 
 
-def _read_log(path: Path, max_bytes: int, notes: list[str], max_records: int | None = None) -> _Proc:
-    """One process's log; ``max_records``: collective records it may add to the set (TraceError past it)."""
+def _read_log(path: Path, max_bytes: int, notes: list[str], max_records: int, too_many: TraceError) -> _Proc:
+    """One process's log; ``max_records``: collective records it may add to the set (``too_many`` past it)."""
     size = path.stat().st_size
     if size > max_bytes:
         raise TraceError(
@@ -181,8 +181,8 @@ def _read_log(path: Path, max_bytes: int, notes: list[str], max_records: int | N
             )
             coll_start = ts.get("coll_start_ts")
             start_us = min(starts) if starts else coll_start if isinstance(coll_start, int) else -1
-            if max_records is not None and len(cols["comm"]) >= max_records:
-                raise _RecordCap(path)
+            if len(cols["comm"]) >= max_records:
+                raise too_many
             cols["comm"].append(comm)
             cols["kind"].append(kind_of(str(perf.get("coll", ""))))
             cols["seq"].append(int(_num(perf, "coll_sn", f"{where}: coll_perf.coll_sn")))
@@ -232,13 +232,6 @@ class NcclInspectorReport:
         }
 
 
-class _RecordCap(Exception):
-    """Raised inside :func:`_read_log` when the set's record cap is reached (worded by the caller)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-
 def import_nccl_inspector(
     paths: str | Path | Sequence[str | Path],
     *,
@@ -275,15 +268,13 @@ def import_nccl_inspector(
     procs: list[_Proc] = []
     held = 0
     for i, f in enumerate(files):
-        try:
-            procs.append(_read_log(f, max_bytes, notes, max_records=max_ops - held))
-        except _RecordCap:
-            raise TraceError(
-                f"an NCCL Inspector log set must hold <= {max_ops} collective records (trace.max_ops), got "
-                f"more while reading log {i + 1} of {len(files)} (in {f}); the import holds about 0.4 kB per "
-                "record. Raise the cap (trace.max_ops / --max-ops) if the machine has the memory, or "
-                "import fewer logs"
-            ) from None
+        too_many = TraceError(
+            f"an NCCL Inspector log set must hold <= {max_ops} collective records (trace.max_ops), got "
+            f"more while reading log {i + 1} of {len(files)} (in {f}); the import holds about 0.4 kB per "
+            "record. Raise the cap (trace.max_ops / --max-ops) if the machine has the memory, or "
+            "import fewer logs"
+        )
+        procs.append(_read_log(f, max_bytes, notes, max_ops - held, too_many))
         held += len(procs[-1].rows)
     src = str(files[0].parent) if len({f.parent for f in files}) == 1 else "; ".join(map(str, files))
     world = max(n for p in procs for (_, _, n) in p.comms.values()) if any(p.comms for p in procs) else 0
