@@ -390,14 +390,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     try:
         trace, _, notes = _load(args)
-    except TraceProblems as err:
-        for p in err.problems:
+    except TraceError as err:  # a Kineto import's TraceProblems lists every problem it found
+        problems = err.problems if isinstance(err, TraceProblems) else [in_this_commands_words(str(err))]
+        for p in problems:
             print(f"error: {p}", file=sys.stderr)
-        print(f"invalid: {plural(len(err.problems), 'problem')}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    except TraceError as err:
-        print(f"error: {in_this_commands_words(str(err))}", file=sys.stderr)
-        print(f"invalid: {plural(1, 'problem')}", file=sys.stderr)
+        print(f"invalid: {plural(len(problems), 'problem')}", file=sys.stderr)
         return EXIT_USER_ERROR
     for w in notes:
         print(f"warning: {w}")
