@@ -723,11 +723,9 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # warnings are printed by the commands themselves
             return int(args.func(args))
-    except (OutputError, CommandLineError) as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    except PacectlError as err:
-        print(f"{prog}: error: {in_this_commands_words(str(err))}", file=sys.stderr)
+    except PacectlError as err:  # an importer's message in this command's words (ours are already)
+        ours = isinstance(err, (OutputError, CommandLineError))
+        print(f"{prog}: error: {err if ours else in_this_commands_words(str(err))}", file=sys.stderr)
         return EXIT_USER_ERROR
     except BrokenPipeError:  # the reader went away (``| head``): not an error of the trace
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
