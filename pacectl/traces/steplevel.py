@@ -213,14 +213,11 @@ def load_steplevel(
     if bad_rows.count:
         last_line = got.num_rows + bad_rows.count + 1
         cut = bad_rows.count == 1 and bad_rows.last_row == last_line and bad_rows.first_fields < len(header)
+        fix = "It is the last row: the file looks truncated; copy it again or drop that row."
         raise TraceError(
             f"every row must have {len(header)} fields like the header, got {bad_rows.first_fields} in row "
             f"{bad_rows.first_row} ({bad_rows.first_text}) (in {p}); {bad_rows.count} rows are like that. "
-            + (
-                "It is the last row: the file looks truncated; copy it again or drop that row."
-                if cut
-                else "Repair or drop them."
-            )
+            f"{fix if cut else 'Repair or drop them.'}"
         )
     if got.num_rows == 0:
         raise TraceError(f"a step-level trace must hold at least one row, got none (in {p})")
@@ -256,15 +253,13 @@ def load_steplevel(
                 and bool(bad.sum() == 1)
                 and all(got.last_raw.get(c) is None for c in tail)
             )
-            raise TraceError(
-                f"{col} must be {what}, got {shown} (in {p}:row {i + 2}); "
-                + (
-                    "1 row is bad. It is the last row and has empty fields: the file looks truncated; copy "
-                    "it again or drop that row."
-                    if cut
-                    else f"{repair_rows(int(bad.sum()))}."
-                )
+            fix = (
+                "1 row is bad. It is the last row and has empty fields: the file looks truncated; copy "
+                "it again or drop that row."
+                if cut
+                else f"{repair_rows(int(bad.sum()))}."
             )
+            raise TraceError(f"{col} must be {what}, got {shown} (in {p}:row {i + 2}); {fix}")
     ints = ("worker", step_col)  # validated integers above
     data = pd.DataFrame({c: got.values[c].astype(np.int64) if c in ints else got.values[c] for c in kept})
     del got
