@@ -478,14 +478,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
     table("completion on last arrival (s per s)", fit.arrival, 1.0, "")
     for name, r in fit.overlap_residuals.items():
         if r["num_mate_overlap"]:
+            without = "none without"
+            if r["num_no_overlap"]:
+                without = f"{r['median_log_residual_no_overlap']:+.4f} with none ({r['num_no_overlap']})"
             print(
                 f"overlap    {name}: median log residual {r['median_log_residual_mate_overlap']:+.4f} when a node-mate's "
-                f"transfer overlaps it fully ({r['num_mate_overlap']} instances), "
-                + (
-                    f"{r['median_log_residual_no_overlap']:+.4f} with none ({r['num_no_overlap']})"
-                    if r["num_no_overlap"]
-                    else "none without"
-                )
+                f"transfer overlaps it fully ({r['num_mate_overlap']} instances), {without}"
             )
     print(
         f"probe      random delays before every transfer: fitted minus max-plus mean step time "
