@@ -303,10 +303,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     per_step = (
         trace.ops[trace.ops["optype"] == "grads-reduce-scatter"].groupby(["step", "dp_rank", "stage"]).size()
     )
-    say(
-        f"collectives per step per rank ({trace.collective or 'grads-reduce-scatter'}): "
-        f"{int(per_step.median()) if len(per_step) else 0}"
-    )
+    collectives = int(per_step.median()) if len(per_step) else 0
+    say(f"collectives per step per rank ({trace.collective or 'grads-reduce-scatter'}): {collectives}")
     spread, step_t = _spread_stats(trace)
     cv = float(step_t.std() / step_t.mean()) if len(step_t) and step_t.mean() > 0 else float("nan")
     if len(step_t):
@@ -363,7 +361,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             "ranks": ranks,
             "steps": steps.tolist(),
             "collective": trace.collective or "grads-reduce-scatter",
-            "collectives_per_step_per_rank": int(per_step.median()) if len(per_step) else 0,
+            "collectives_per_step_per_rank": collectives,
             "step_time_s": stats(step_t),
             "step_time_cv": cv,  # NaN: null
             "arrival_spread_first_bucket_s": stats(spread),
