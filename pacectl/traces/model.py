@@ -496,10 +496,7 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
         return frame()  # already in order
     frame.cache_clear()  # built above for a message, perhaps
     del key, sorted_key  # keep the peak near one table: sort one column at a time, no block copy
-    ordered_columns = {}
-    for c in names:
-        ordered_columns[c] = columns.pop(c).take(order)
-    return pd.DataFrame(ordered_columns, copy=False)
+    return pd.DataFrame({c: columns.pop(c).take(order) for c in names}, copy=False)
 
 
 def _text_column(values: pd.Series) -> Any:
