@@ -16,14 +16,15 @@ one JSON object per line, per completed collective per communicator:
   (folded into compute, like the Flight Recorder's).
 
 Mapping: a process is one rank; its global rank is its ``rank`` in the communicator with the most
-ranks (the world), else its place in (host, pid) order, with a warning. Communicators are process
-groups (``id`` plus members; ``comm_name`` is the description that names DP, TP or PP). Timing is
-always clock-free: a rank's earliness is its execution time minus the shortest in the collective
-(all ranks leave together); verbose logs place each collective on the host clock at its kernels'
-end (median over ranks), else the collectives are laid out back to back and compute is unknown
-(the replay then holds the collectives alone: a warning says so). Steps, layout and the op table are
-:mod:`pacectl.traces.collectives`'. Messages smaller than ``NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES``
-(8 KiB by default) are not logged by the plugin, so tiny collectives never appear.
+ranks (the world), else (none spans every log, or two logs claim one rank) its place in (host, pid)
+order, with a warning. Communicators are process groups (``id`` plus members; ``comm_name`` is the
+description that names DP, TP or PP). Timing is always clock-free: a rank's earliness is its
+execution time minus the shortest in the collective (all ranks leave together); verbose logs place
+each collective on the host clock at its kernels' end (median over ranks), else the collectives are
+laid out back to back and compute is unknown (the replay then holds the collectives alone: a
+warning says so). Steps, layout and the op table are :mod:`pacectl.traces.collectives`'. Messages
+smaller than ``NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES`` (8 KiB by default) are not logged by the
+plugin, so tiny collectives never appear.
 """
 
 from __future__ import annotations
@@ -254,8 +255,8 @@ def import_nccl_inspector(
         ``(trace, report)`` with ``trace.fmt == "nccl_inspector"``.
 
     Raises:
-        TraceError: a malformed line (file and line named), two logs of one rank, or no DP group or
-            too few steps (see :func:`~pacectl.traces.collectives.assemble`).
+        TraceError: a malformed line (file and line named), or no DP group or too few steps (see
+            :func:`~pacectl.traces.collectives.assemble`).
 
     Example:
         >>> from pacectl.data import DATA_DIR
@@ -283,21 +284,13 @@ def import_nccl_inspector(
     rank_from = "its rank in the communicator of all ranks"
     for i, p in enumerate(procs):
         mine = [p.comms[c][1] for c in p.comms if c in world_comms]
-        if mine and len(world_comms) >= 1:
+        if mine:
             rank_of[i] = mine[0]
     if len(rank_of) != len(procs) or len(set(rank_of.values())) != len(procs):
         order = sorted(range(len(procs)), key=lambda i: (procs[i].host, procs[i].pid))
         rank_of = {i: r for r, i in enumerate(order)}
         rank_from = "(host, pid) order: no communicator spans every process"
         notes.append(f"{src}: no communicator spans every log; ranks assigned in (host, pid) order")
-    seen: dict[int, Path] = {}
-    for i, p in enumerate(procs):
-        r = rank_of[i]
-        if r in seen:
-            raise TraceError(
-                f"each rank must have one Inspector log, got two for rank {r}: {seen[r].name} and {p.path.name} (in {src})"
-            )
-        seen[r] = p.path
     members: dict[str, list[int]] = {}
     for i, p in enumerate(procs):
         for c in p.comms:
