@@ -328,10 +328,9 @@ class LiveRun:
             entries = [
                 e for e in dump["entries"] if e["process_group"][0] == name and e["record_id"] >= first
             ]
-            if all(e.get("retired") or e.get("state") == "completed" for e in entries):
+            done = all(e.get("retired") or e.get("state") == "completed" for e in entries)
+            if done or time.monotonic() > deadline:  # past it, the importer names what is unfinished
                 break
-            if time.monotonic() > deadline:
-                break  # the importer names what is unfinished
             time.sleep(0.01)
         dump["entries"] = entries
         folder = Path(self.spec["record_dir"]) / "flight_recorder" / self.family

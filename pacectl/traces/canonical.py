@@ -124,12 +124,8 @@ def load_canonical(
         )
     time_unit = meta.get("time_unit", "s")
     norm_unit_s = meta.get("norm_unit_s", 1.0)
-    unit_ok = (
-        not isinstance(norm_unit_s, bool)
-        and isinstance(norm_unit_s, (int, float))
-        and math.isfinite(norm_unit_s)
-        and norm_unit_s > 0
-    )
+    number = isinstance(norm_unit_s, (int, float)) and not isinstance(norm_unit_s, bool)
+    unit_ok = number and math.isfinite(norm_unit_s) and norm_unit_s > 0
     if time_unit not in TIME_UNITS or not unit_ok:
         raise TraceError(
             f"the 'pacectl' metadata must hold time_unit in {list(TIME_UNITS)} and a positive norm_unit_s, "
