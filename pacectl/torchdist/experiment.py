@@ -220,11 +220,7 @@ class TorchExperiment(Experiment):
     def spec(self, runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         """The plain-dict worker spec for ``runs`` (see :func:`pacectl.torchdist.worker.worker_main`)."""
         b = dataclasses.asdict(self.settings)
-        workload = {
-            **b["workload"],
-            "num_iterations": b["num_iterations"],
-            "warmup_iterations": b["warmup_iterations"],
-        }
+        workload = b["workload"] | {k: b[k] for k in ("num_iterations", "warmup_iterations")}
         keys = ("straggler", "probe", "pacing", "pg_timeout_s", "comm_model", "fault", "threads")
         return {
             "runs": [[family, params] for family, params in runs],
