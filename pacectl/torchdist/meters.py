@@ -16,6 +16,7 @@ clock behind ``torch.cuda._sleep``. No torch import here: the logic is tested on
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -93,10 +94,8 @@ def nvml_sm_clock_reader(device_index: int = 0) -> Callable[[], float] | None:
 def make_meter(device_type: str, device_index: int = 0) -> NvmlEnergyMeter | CpuTimeMeter:
     """NVML on a CUDA device when it can be read, else the CPU-time proxy."""
     if device_type == "cuda":
-        try:
+        with contextlib.suppress(RuntimeError):  # no NVML, or no energy counter
             return NvmlEnergyMeter(device_index)
-        except RuntimeError:
-            pass
     return CpuTimeMeter()
 
 
