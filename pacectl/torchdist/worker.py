@@ -102,9 +102,8 @@ def inject(duration_s: float, kind: str) -> None:
         time.sleep(duration_s)
         return
     deadline = time.perf_counter() + duration_s
-    x = 0
     while time.perf_counter() < deadline:
-        x += 1
+        pass
 
 
 class LiveRun:
