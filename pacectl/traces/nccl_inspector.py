@@ -1,9 +1,10 @@
 """Importer for NCCL Inspector logs: the JSON lines NCCL's inspector profiler plugin writes.
 
 Format (read from NCCL's ``plugins/profiler/inspector/README.md`` and ``inspector_json.cc``; the
-shipped fixtures are written from that documentation, ``pacectl/data/nccl-inspector/README.md``): with ``NCCL_PROFILER_PLUGIN=libnccl-profiler-inspector.so``
-and ``NCCL_INSPECTOR_ENABLE=1`` each process appends to ``<NCCL_INSPECTOR_DUMP_DIR>/<host>-pid<pid>.log``
-one JSON object per line, per completed collective per communicator:
+shipped fixtures are written from that documentation, ``pacectl/data/nccl-inspector/README.md``):
+with ``NCCL_PROFILER_PLUGIN=libnccl-profiler-inspector.so`` and ``NCCL_INSPECTOR_ENABLE=1`` each
+process appends to ``<NCCL_INSPECTOR_DUMP_DIR>/<host>-pid<pid>.log`` one JSON object per line, per
+completed collective per communicator:
 
 - ``header``: ``id`` (the communicator's hash, the same on all its ranks), ``comm_name``, ``rank``
   (within the communicator), ``n_ranks``, ``nnodes``;
