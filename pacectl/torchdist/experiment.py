@@ -126,6 +126,9 @@ def watch_host_load(nproc: int, poll_s: float = 1.0) -> Iterator[None]:
 class TorchExperiment(Experiment):
     """Live torch.distributed experiment (``backend=torch``, its keys: :class:`~pacectl.torchdist.core.TorchConfig`).
 
+    Args:
+        cfg: the composed config.
+
     Raises:
         ConfigError: a wrong or out-of-range ``backend.*`` value.
 

@@ -74,6 +74,9 @@ def build_model(workload: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
             before the forward): ``depth`` bias-free ``width x width`` linear layers, whose
             ``depth * width^2`` float32 gradients are the all-reduce, on ``batch_size`` rows (1 keeps
             the real compute negligible), so that a CPU carries little but the network stack.
+
+    Returns:
+        ``(model, input)``.
     """
     kind, width, depth = str(workload["model"]), int(workload["width"]), int(workload["depth"])
     batch = int(workload["batch_size"])
@@ -108,8 +111,12 @@ def inject(duration_s: float, kind: str) -> None:
 
 class LiveRun:
     """One controller's episode on this rank: model, pacer, straggler schedule, and its record (the
-    same seed, data and schedule in every run: module docstring). ``spec`` is the worker spec
-    (:func:`worker_main`), ``family`` and ``params`` the controller.
+    same seed, data and schedule in every run: module docstring).
+
+    Args:
+        spec: the worker spec (see :func:`worker_main`).
+        family: controller family.
+        params: its parameters.
     """
 
     def __init__(self, spec: dict[str, Any], family: str, params: dict[str, Any]) -> None:
@@ -351,6 +358,7 @@ def wrap_model(model: nn.Module, parallel: str, bucket_cap_mb: float, group: Any
     after forward; the mesh is kept as ``model.pacectl_mesh``).
 
     Args:
+        model: the model.
         parallel: ``"ddp"`` or ``"fsdp2"``.
         bucket_cap_mb: DDP's bucket size, MB (DDP only).
         group: the process group (None: the world).

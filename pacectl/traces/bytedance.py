@@ -37,8 +37,13 @@ META_KEYS = ("dp_size", "pp_size", "tp_size", "world_size")
 
 
 def load_meta(path: str | Path) -> JobMeta:
-    """Read a job-meta YAML: the job layout, from at least ``dp_size``, ``pp_size``, ``tp_size`` and
-    ``world_size``.
+    """Read a job-meta YAML.
+
+    Args:
+        path: YAML file with at least ``dp_size``, ``pp_size``, ``tp_size`` and ``world_size``.
+
+    Returns:
+        The job layout.
 
     Raises:
         TraceError: the file is missing, is not a YAML mapping, lacks a key, or holds a size that is
@@ -82,8 +87,14 @@ def load_meta(path: str | Path) -> JobMeta:
 def load_bytedance(
     path: str | Path, meta: str | Path, *, max_ops: int = DEFAULT_MAX_OPS, max_bytes: int = DEFAULT_MAX_BYTES
 ) -> OpTrace:
-    """Load and validate a ByteDance what-if trace (``fmt="bytedance"``): ``path`` is its
-    ``trace-*.parquet`` file, ``meta`` the matching ``meta-*.yaml`` (:func:`load_meta`).
+    """Load and validate a ByteDance what-if trace.
+
+    Args:
+        path: the ``trace-*.parquet`` file.
+        meta: the matching ``meta-*.yaml`` file.
+
+    Returns:
+        The validated :class:`OpTrace` (``fmt="bytedance"``).
 
     Warns:
         TraceWarning: exact duplicate rows were dropped (how many, the first one).

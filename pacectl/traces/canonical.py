@@ -43,8 +43,12 @@ META_KEY = b"pacectl"
 
 
 def write_canonical(trace: OpTrace, path: str | Path) -> None:
-    """Write the (validated) ``trace`` as a canonical Parquet file at ``path``, atomically (no partial
-    file on failure)."""
+    """Write ``trace`` as a canonical Parquet file, atomically (no partial file on failure).
+
+    Args:
+        trace: a validated trace.
+        path: destination ``.parquet`` path.
+    """
     columns = list(CANONICAL_COLUMNS) + (["delay_s"] if "delay_s" in trace.ops.columns else [])
     table = pa.Table.from_pandas(trace.ops[columns], preserve_index=False)
     meta = {

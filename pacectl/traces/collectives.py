@@ -665,6 +665,9 @@ def assemble(
         max_ops: cap on the trace's ops (``trace.max_ops``), checked before the op table is built
             (None: no cap).
 
+    Returns:
+        ``(trace, report)``.
+
     Raises:
         TraceError: bad settings; no DP group, or fewer than two steps, can be found; ``timing``
             ``"duration"`` but some gradient collective has no duration; the trace would hold more

@@ -150,6 +150,9 @@ def read_numeric_columns(
         max_rows: cap on data rows; reading stops past it.
         cap_hint: how the user raises the caps, e.g. "trace.max_mb / trace.max_ops".
 
+    Returns:
+        The columns read (:class:`CsvColumns`).
+
     Raises:
         TraceError: the file is too large or has too many rows, or pyarrow cannot parse it (its
             message cut to a short excerpt).

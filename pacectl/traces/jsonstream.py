@@ -228,6 +228,9 @@ def stream_events(
             ``event`` is whatever JSON value the element holds (normally a dict).
         max_bytes: cap on the file size on disk and on the decompressed text, bytes.
 
+    Returns:
+        The top-level metadata and how the read ended (see :class:`StreamResult`).
+
     Raises:
         TraceError: the file is missing or too large, the gzip stream is corrupt, the document is not
             JSON (message names the character offset and the last good event), or it ends before the
