@@ -161,7 +161,15 @@ def _compute_energy_j(ep: Episode, compute: FloatArray, profile: PowerProfile) -
 
 
 def account(ep: Episode, profile: PowerProfile) -> EnergyAccount:
-    """The time and energy of every state of ``ep`` under ``profile`` (:class:`EnergyAccount`)."""
+    """The time and energy of every state of ``ep`` under ``profile``.
+
+    Args:
+        ep: the episode.
+        profile: the power profile.
+
+    Returns:
+        The :class:`EnergyAccount`.
+    """
     times = {s: np.zeros(ep.arrival_s.shape) if t is None else t for s, t in _states(ep).items()}
     power = profile.state_power_w()
     energy = {s: times[s] * power[s] for s in STATES if s != "compute"}
@@ -170,13 +178,19 @@ def account(ep: Episode, profile: PowerProfile) -> EnergyAccount:
 
 
 def energy_totals(ep: Episode, profile: PowerProfile, *, oracle: bool = False) -> EnergyTotals:
-    """Reduce the energy account of ``ep`` (whole, or one block of its iterations; with its per-rank
-    arrays) under ``profile`` to :class:`EnergyTotals`; ``oracle``: also sum :func:`oracle_saving`
-    (``ep`` then being the run without pacing).
+    """Reduce the energy account of ``ep`` (whole, or one block of its iterations) under ``profile``.
 
     The reductions of :func:`account`'s arrays, bit for bit (``tests/test_energy.py``), made
     without keeping every state's energy array: each is summed and added to the total as it is
     made, and a state that is 0 everywhere is not built.
+
+    Args:
+        ep: an episode with its per-rank arrays.
+        profile: the power profile.
+        oracle: also sum :func:`oracle_saving` (``ep`` then being the run without pacing).
+
+    Returns:
+        The :class:`EnergyTotals`.
     """
     times = _states(ep)
     power = profile.state_power_w()
