@@ -165,13 +165,18 @@ def main() -> None:
                 )
             )
     load = os.getloadavg()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     write_record(
         args.out,
         rows,
         command="python experiments/bench/bench_whatif.py " + " ".join(sys.argv[1:]),
         load_average_1_5_15=list(load),
         # the whole process's peak resident set (the largest row's load dominates it)
-        peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        peak_rss_mib=usage.ru_maxrss / 1024,
+        # the whole process's CPU split (user, kernel) and its minor page faults (first touches)
+        cpu_user_s=usage.ru_utime,
+        cpu_system_s=usage.ru_stime,
+        minor_page_faults=usage.ru_minflt,
         note="absolute times depend on the machine's load (load_average_1_5_15); the ratios full/columns "
         "are measured in one process, alternating, on the same backend",
     )
