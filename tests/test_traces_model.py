@@ -14,6 +14,7 @@ from pacectl.traces.model import (
     OpTrace,
     _check_unique_keys,
     drop_exact_duplicates,
+    keys_repeat,
     packed_key,
     validate_ops,
 )
@@ -27,6 +28,30 @@ def test_packed_key_orders_rows_lexicographically() -> None:
     assert np.array_equal(np.argsort(key, kind="stable"), np.lexsort(cols[::-1]))
     assert packed_key([np.array([0, 2**61]), np.array([0, 7])]) is None  # too wide: the pandas path
     assert packed_key([np.array([0.5, 1.0])]) is None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_packed_key_on_narrow_and_offset_digits(seed: int) -> None:
+    # digits as a file holds them (int8 ... uint32) and offset far from 0: the minima come off once
+    rng = np.random.default_rng(seed)
+    for _ in range(50):
+        cols = []
+        for _ in range(int(rng.integers(1, 5))):
+            lo = int(rng.choice([0, -5, 10 ** int(rng.integers(0, 17))]))
+            values = lo + rng.integers(0, int(rng.integers(1, 50)), 300)
+            dtype = np.dtype(rng.choice(["int8", "int16", "int32", "uint8", "uint32", "int64"]))
+            info = np.iinfo(dtype)
+            cols.append(
+                values.astype(dtype) if info.min <= values.min() and values.max() <= info.max else values
+            )
+        key = packed_key(cols)
+        assert key is not None and key.dtype == np.int64
+        digits = [c.astype(np.int64) - int(c.min()) for c in cols]  # each offset by its minimum
+        expected = np.ravel_multi_index(digits, [int(d.max()) + 1 for d in digits])
+        assert np.array_equal(key, expected)
+        assert np.array_equal(np.argsort(key, kind="stable"), np.lexsort(cols[::-1]))
+        rows = np.unique(np.stack([c.astype(np.int64) for c in cols], axis=1), axis=0)
+        assert len(np.unique(key)) == len(rows)  # equal keys are equal rows
 
 
 @pytest.mark.parametrize("optype_dtype", ["str", "category", "object"])
@@ -71,14 +96,29 @@ def test_bad_tables_get_the_pandas_messages(st_trace: OpTrace) -> None:
     assert "every step must record all 8 ranks, got 7" in msg and "missing (dp_rank, stage) [(1, 2)]" in msg
 
 
-def test_exact_duplicates_are_still_dropped_with_a_key(st_trace: OpTrace) -> None:
+def test_exact_duplicates_are_dropped_and_found_on_the_key(st_trace: OpTrace) -> None:
     raw = pd.concat([st_trace.ops, st_trace.ops.iloc[[3]]], ignore_index=True)
+    key = [st_trace.ops[c].to_numpy() for c in ("step", "rank", "seq_id", "mc")]
+    assert not keys_repeat([*key, pd.factorize(st_trace.ops["optype"])[0]])
+    assert keys_repeat(
+        [raw[c].to_numpy() for c in ("step", "rank", "seq_id", "mc")] + [pd.factorize(raw["optype"])[0]]
+    )
     with pytest.warns(UserWarning, match="dropped 1 exact duplicate row"):
-        kept = drop_exact_duplicates(raw, source="f", what="values", key=OP_KEY)
+        kept = drop_exact_duplicates(raw, source="f", what="values")
     assert len(kept) == len(st_trace.ops)
+    with warnings.catch_warnings():  # through validate_ops: the same table, one warning
+        warnings.simplefilter("ignore")
+        out = validate_ops(raw.sample(frac=1.0, random_state=0), st_trace.meta, source="f", drop_exact=True)
+    pd.testing.assert_frame_equal(out, st_trace.ops, check_exact=True)
+    with pytest.warns(UserWarning, match="dropped 1 exact duplicate row"):
+        validate_ops(raw, st_trace.meta, source="f", drop_exact=True)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert drop_exact_duplicates(st_trace.ops, source="f", what="values", key=OP_KEY) is st_trace.ops
+        warnings.simplefilter("error")  # nothing to drop: no warning
+        pd.testing.assert_frame_equal(
+            validate_ops(st_trace.ops, st_trace.meta, source="f", drop_exact=True),
+            st_trace.ops,
+            check_exact=True,
+        )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -20,11 +20,8 @@ from pacectl.errors import TraceError, yaml_problem
 from pacectl.traces.model import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_OPS,
-    OP_KEY,
     JobMeta,
     OpTrace,
-    describe_op_row,
-    drop_exact_duplicates,
     read_parquet_table,
     require_file,
     validate_ops,
@@ -117,7 +114,5 @@ def load_bytedance(
         max_rows=max_ops,
         max_bytes=max_bytes,
     )
-    raw = drop_exact_duplicates(
-        _to_pandas(table), source=str(p), what="values in every column", describe=describe_op_row, key=OP_KEY
-    )
-    return OpTrace(ops=validate_ops(raw, job, source=str(p)), meta=job, source=str(p), fmt="bytedance")
+    ops = validate_ops(_to_pandas(table), job, source=str(p), drop_exact=True)  # the frame: a temporary
+    return OpTrace(ops=ops, meta=job, source=str(p), fmt="bytedance")

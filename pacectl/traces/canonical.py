@@ -24,12 +24,9 @@ from pacectl.traces.model import (
     CANONICAL_COLUMNS,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_OPS,
-    OP_KEY,
     TIME_UNITS,
     JobMeta,
     OpTrace,
-    describe_op_row,
-    drop_exact_duplicates,
     read_parquet_table,
     require_file,
     validate_ops,
@@ -114,16 +111,14 @@ def load_canonical(
         raise TraceError(
             f"canonical format version must be <= {FORMAT_VERSION}, got {version} (in {p}); upgrade pacectl"
         )
-    raw_ops = drop_exact_duplicates(
-        _to_pandas(table), source=str(p), what="values in every column", describe=describe_op_row, key=OP_KEY
-    )
-    ops = validate_ops(raw_ops, job, source=str(p))
+    columns = list(table.schema.empty_table().to_pandas().columns)  # as the file holds them
+    ops = validate_ops(_to_pandas(table), job, source=str(p), drop_exact=True)
     fmt = str(meta.get("source_format", "canonical"))
     if (fmt == "torch-live" or meta.get("pacing_blocks_compute")) and "delay_s" not in ops.columns:
         # without it a paced record would replay as unpaced, and its fidelity would hide that
         raise TraceError(
             f"a live record must have the column delay_s (the pacing delay applied before each op), "
-            f"got columns {list(raw_ops.columns)} (in {p}). Use the record as the live run wrote it, "
+            f"got columns {columns} (in {p}). Use the record as the live run wrote it, "
             "or re-run the job"
         )
     time_unit = meta.get("time_unit", "s")

@@ -65,7 +65,15 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from pacectl.errors import TraceError
-from pacectl.traces.model import MAX_DURATION_S, JobMeta, OpTrace, TraceWarning, quantile_stats, validate_ops
+from pacectl.traces.model import (
+    MAX_DURATION_S,
+    OPTYPES,
+    JobMeta,
+    OpTrace,
+    TraceWarning,
+    quantile_stats,
+    validate_ops,
+)
 
 #: Collective kinds that reduce gradients: the sync points of data parallelism.
 GRAD_KINDS = ("all_reduce", "reduce_scatter")
@@ -872,26 +880,29 @@ def op_frame(
         ranks: the global rank of each DP rank (``dp_rank`` is the position).
         stage: the pipeline stage.
         blocks: the ops (:data:`OpBlock`; times may broadcast to ``[S, n]``).
+
+    Returns:
+        The table (:data:`~pacectl.traces.model.CANONICAL_COLUMNS`, block after block), ``optype``
+        a categorical over :data:`~pacectl.traces.model.OPTYPES` that
+        :func:`~pacectl.traces.model.validate_ops` turns into text.
     """
     S, n = len(steps), len(ranks)
-    return pd.concat(
-        [
-            pd.DataFrame(
-                {
-                    "step": np.repeat(steps, n),
-                    "dp_rank": np.tile(np.arange(n), S),
-                    "stage": stage,
-                    "rank": np.tile(np.asarray(ranks, dtype=np.int64), S),
-                    "optype": optype,
-                    "seq_id": seq,
-                    "mc": mc,
-                    "start_ts": np.broadcast_to(start_ts, (S, n)).ravel(),
-                    "duration": np.broadcast_to(duration, (S, n)).ravel(),
-                }
-            )
-            for optype, seq, mc, start_ts, duration in blocks
-        ],
-        ignore_index=True,
+    per_block = S * n
+    codes = np.repeat(np.array([OPTYPES.index(b[0]) for b in blocks], dtype=np.int8), per_block)
+    return pd.DataFrame(
+        {
+            "step": np.tile(np.repeat(steps, n), len(blocks)),
+            "dp_rank": np.tile(np.arange(n), S * len(blocks)),
+            "stage": np.full(per_block * len(blocks), stage, dtype=np.int64),
+            "rank": np.tile(np.asarray(ranks, dtype=np.int64), S * len(blocks)),
+            # one category set for every stage, so a concat of stages stays categorical (codes, not text)
+            "optype": pd.Categorical.from_codes(codes, categories=OPTYPES),
+            "seq_id": np.repeat(np.array([b[1] for b in blocks], dtype=np.int64), per_block),
+            "mc": np.repeat(np.array([b[2] for b in blocks], dtype=np.int64), per_block),
+            "start_ts": np.concatenate([np.broadcast_to(b[3], (S, n)).ravel() for b in blocks]),
+            "duration": np.concatenate([np.broadcast_to(b[4], (S, n)).ravel() for b in blocks]),
+        },
+        copy=False,
     )
 
 

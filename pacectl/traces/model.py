@@ -26,6 +26,7 @@ column         dtype     meaning
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -118,42 +119,37 @@ def packed_key(columns: Sequence[np.ndarray]) -> np.ndarray | None:
     """
     if not columns:
         return None
-    key = np.zeros(len(columns[0]), dtype=np.int64)
-    total = 1
-    for column in columns:
-        values = np.asarray(column)
-        if values.dtype.kind not in "iu":
-            return None
-        if len(values) == 0:
-            return key
-        lo, hi = int(values.min()), int(values.max())
-        span = hi - lo + 1
-        total *= span
-        if total >= 1 << 62:
-            return None
-        key *= span  # in place (an int64 column adds no temporary)
-        key += values.astype(np.int64, copy=False)
-        if lo:
+    arrays = [np.asarray(c) for c in columns]
+    if any(a.dtype.kind not in "iu" for a in arrays):
+        return None
+    arrays = [a.astype(np.int64) if a.dtype == np.uint64 else a for a in arrays]  # int64 += uint64 is refused
+    if len(arrays[0]) == 0:
+        return np.zeros(0, dtype=np.int64)
+    bounds = [(int(a.min()), int(a.max())) for a in arrays]
+    spans = [hi - lo + 1 for lo, hi in bounds]
+    if math.prod(spans) >= 1 << 62:
+        return None
+    # key = sum of (digit - lo) * weight: the digits added as read, their minima taken off once at
+    # the end when the unshifted sum fits in int64 (else digit by digit)
+    weights = [math.prod(spans[i + 1 :]) for i in range(len(spans))]
+    shift_once = sum(max(abs(lo), abs(hi)) * w for (lo, hi), w in zip(bounds, weights, strict=True)) < 1 << 62
+    key = arrays[0].astype(np.int64)
+    if not shift_once:
+        key -= bounds[0][0]
+    for values, span, (lo, _) in zip(arrays[1:], spans[1:], bounds[1:], strict=True):
+        key *= span  # in place: each digit adds no temporary of the key's size
+        key += values
+        if lo and not shift_once:
             key -= lo
+    offset = sum(lo * w for (lo, _), w in zip(bounds, weights, strict=True))
+    if shift_once and offset:
+        key -= offset
     return key
 
 
 def _span(values: np.ndarray) -> int:
     """``max - min + 1``: the radix of one :func:`packed_key` digit."""
     return int(values.max()) - int(values.min()) + 1
-
-
-def _text_codes(values: Any) -> tuple[np.ndarray, list[str]] | None:
-    """Integer codes of a text column, numbered in sorted (string) order, and its sorted values;
-    None when it holds something other than strings (NaN)."""
-    codes, uniques = pd.factorize(values)
-    if (codes < 0).any():
-        return None
-    labels = [str(u) for u in np.asarray(uniques, dtype=object)]
-    order = np.argsort(np.array(labels, dtype=object), kind="stable")
-    rank = np.empty(len(labels), dtype=np.int64)
-    rank[order] = np.arange(len(labels))
-    return rank[codes], [labels[i] for i in order]
 
 
 def drop_exact_duplicates(
@@ -163,7 +159,6 @@ def drop_exact_duplicates(
     what: str,
     describe: Any = None,
     row_offset: int = 0,
-    key: Sequence[str] = (),
 ) -> pd.DataFrame:
     """Drop rows equal in every column to an earlier row, with a :class:`TraceWarning` saying how many.
 
@@ -176,15 +171,10 @@ def drop_exact_duplicates(
         what: what the columns compare, for the warning (``"worker, time and values"``).
         describe: optional ``row -> str`` naming the first duplicate (``"worker 3, time 2381"``).
         row_offset: added to the 0-based row index to name the row as the user sees it in the file.
-        key: integer or text columns that rows equal in every column are also equal on (an op
-            key): when no two rows share them (one packed-key sort, :func:`packed_key`), no row can
-            be an exact duplicate, and the whole-row comparison is skipped.
 
     Returns:
         ``df`` without the duplicates (the first occurrence is kept).
     """
-    if key and all(c in df.columns for c in key) and not _may_repeat(df, key):
-        return df
     dup = df.duplicated(keep="first")
     count = int(dup.sum())
     if count == 0:
@@ -203,24 +193,20 @@ def drop_exact_duplicates(
     return df[~dup.to_numpy()]
 
 
-def _may_repeat(df: pd.DataFrame, key: Sequence[str]) -> bool:
-    """False when no two rows of ``df`` share the values of ``key`` (decided on one packed key);
-    True when some do, or when the columns cannot be packed (then the caller checks the slow way)."""
-    digits = []
-    for c in key:
-        column = df[c]
-        if pd.api.types.is_bool_dtype(column):
-            return True
-        if pd.api.types.is_integer_dtype(column):
-            digits.append(column.to_numpy())
-        elif pd.api.types.is_numeric_dtype(column):
-            return True
-        else:
-            coded = _text_codes(column)
-            if coded is None:
-                return True
-            digits.append(coded[0])
-    packed = packed_key(digits)
+def keys_repeat(columns: Sequence[np.ndarray]) -> bool:
+    """Whether two rows share their values over the integer ``columns`` (a key such as (worker, step)).
+
+    Decided on one sorted :func:`packed_key`, so a table whose keys are unique skips pandas'
+    whole-row comparisons (:func:`drop_exact_duplicates`, ``duplicated``).
+
+    Args:
+        columns: integer arrays of one length.
+
+    Returns:
+        False when every row's key is its own; True when some repeat, or when the columns cannot
+        be packed (then the caller checks the slow way).
+    """
+    packed = packed_key(columns)
     if packed is None:
         return True
     packed.sort()
@@ -353,20 +339,31 @@ class OpTrace:
         )
 
 
-def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFrame:
+def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str, drop_exact: bool = False) -> pd.DataFrame:
     """Check an op table against the canonical schema and its job layout.
 
+    The checks run on the columns as read (an ``int8`` stage stays ``int8`` until the output), on
+    one packed key (:func:`packed_key`) and on the op type's integer codes: the canonical ``int64``
+    and ``float64`` columns are made once, in sorted order. Wherever a check fails, pandas code (the
+    reference) words the message.
+
     Args:
-        ops: raw op table with at least :data:`CANONICAL_COLUMNS`.
+        ops: raw op table with at least :data:`CANONICAL_COLUMNS`. Its memory is released column by
+            column as the output is built when the caller holds no other reference (pass it as a
+            temporary: ``validate_ops(table.to_pandas(), ...)``).
         meta: job layout the table must match.
         source: file name for messages.
+        drop_exact: first drop rows equal in every column of ``ops`` to an earlier row, with a
+            :class:`TraceWarning` (:func:`drop_exact_duplicates`; checked on the op key, so a table
+            without repeated keys costs nothing more).
 
     Returns:
-        A copy with canonical dtypes, sorted by ``(step, dp_rank, stage, optype, seq_id)``.
+        A new table with canonical dtypes, sorted by ``(step, dp_rank, stage, optype, seq_id)``.
 
     Raises:
         TraceError: a column is missing; a time is NaN, infinite, negative or absurd; an op type is
-            unknown; the ranks found do not match ``meta``; or a step lacks some rank.
+            unknown; the ranks found do not match ``meta``; a step lacks some rank; or an op key
+            appears in more than one row.
     """
     missing = [c for c in CANONICAL_COLUMNS if c not in ops.columns]
     if missing:
@@ -374,22 +371,59 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
             f"trace must have columns {list(CANONICAL_COLUMNS)}, missing {missing} (in {source}). "
             "Is this a ByteDance what-if op trace? The schema is in pacectl/traces/model.py."
         )
-    # optype as text, kept as pandas holds it (an arrow-backed string array under pandas 3, objects
-    # before): the same column as ``astype(str).to_numpy()`` gives, without the round trip
-    columns: dict[str, Any] = {"optype": _text_column(ops["optype"])}
+    text = _Text.of(ops["optype"])
+    columns: dict[str, Any] = {"optype": text if text is not None else ops["optype"].astype(str).array}
     for col in ("step", "dp_rank", "stage", "rank", "seq_id", "mc"):
         columns[col] = _integer_column(ops, col, source)
     for col in ("start_ts", "duration") + (("delay_s",) if "delay_s" in ops.columns else ()):
         columns[col] = _float_column(ops, col, source)
     names = [c for c in (*CANONICAL_COLUMNS, "delay_s") if c in columns]
 
+    def canonical(col: str, order: np.ndarray | None = None) -> Any:
+        """Column ``col`` in its canonical dtype, in file order or taken by ``order``: a new array."""
+        values = columns[col]
+        if isinstance(values, _Text):
+            return values.column(order)
+        if order is None:
+            return np.array(values, dtype=np.float64 if values.dtype.kind == "f" else np.int64)
+        return values.take(order).astype(np.float64 if values.dtype.kind == "f" else np.int64, copy=False)
+
     @functools.cache
     def frame() -> pd.DataFrame:
         """The table in file order, built only where a message needs rows (or no key fits)."""
-        return pd.DataFrame({c: columns[c] for c in names})
+        return pd.DataFrame({c: canonical(c) for c in names}, copy=False)
 
     if len(columns["step"]) == 0:
         raise TraceError(f"trace must contain at least one op, got an empty table (in {source})")
+    # One packed int64 key, (step, dp_rank, stage, optype, seq_id) in lexicographic order: the key
+    # check, the per-step rank count and the sort run on it in numpy.
+    key = None
+    if text is not None:
+        digits = [columns[c] for c in ("step", "dp_rank", "stage")] + [text.digit(), columns["seq_id"]]
+        key = packed_key(digits)
+        del digits
+    order = pairs_per_step = None
+    repeats = True  # unknown without a key
+    if key is not None:
+        order = np.argsort(key)  # no two keys are equal below (or the table is refused): any sort will do
+        sorted_key = key.take(order)
+        del key
+        repeats = bool((sorted_key[1:] == sorted_key[:-1]).any())
+        # distinct (step, dp_rank, stage) per step, from the sorted key: its leading digits, by
+        # integer division (the key's digits below stage are optype's codes and seq_id)
+        sorted_key //= len(text.labels()) * _span(columns["seq_id"])
+        first = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+        steps_of_pairs = sorted_key[first] // (_span(columns["dp_rank"]) * _span(columns["stage"]))
+        del sorted_key, first
+        starts = np.flatnonzero(np.r_[True, steps_of_pairs[1:] != steps_of_pairs[:-1]])
+        pairs_per_step = np.diff(np.r_[starts, len(steps_of_pairs)])
+    if drop_exact and repeats:
+        deduplicated = drop_exact_duplicates(
+            ops, source=source, what="values in every column", describe=describe_op_row
+        )
+        if len(deduplicated) < len(ops):
+            return validate_ops(deduplicated, meta, source=source)
+    del ops  # the caller's table: freed column by column below when this was its last reference
     for col in ("start_ts", "duration", "delay_s"):
         if col not in columns:
             continue
@@ -403,28 +437,15 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
                 f"(in {source}: row {i}, step {row['step']}, rank {row['rank']}, op {row['optype']}); "
                 f"{repair_rows(int(bad.sum()))} before replay."
             )
-    if not (np.asarray(columns["duration"]) > 0).any():
+    if not (columns["duration"] > 0).any():
         raise TraceError(
             f"duration must be > 0 for at least one op, got 0 for all {len(columns['duration'])} ops (in {source}: "
             "column duration): a trace without time cannot be replayed or analysed. Was it recorded with timing "
             "off (e.g. TORCH_NCCL_ENABLE_TIMING unset, a profiler without durations)? Record it again with timing on"
         )
-    # One packed int64 key, (step, dp_rank, stage, optype, seq_id) in lexicographic order: the key
-    # check, the per-step rank count and the sort run on it in numpy. Wherever a check fails, the
-    # pandas code below it (the reference) runs to word the message.
-    coded = _text_codes(columns["optype"])
-    step_digit = columns["step"]
-    digits = [step_digit, columns["dp_rank"], columns["stage"]]
-    key = packed_key([*digits, coded[0], columns["seq_id"]]) if coded is not None else None
-    order = None
-    if key is None:
-        _check_unique_keys(frame(), source)
-    else:
-        order = np.argsort(key, kind="stable")
-        sorted_key = key[order]
-        if (sorted_key[1:] == sorted_key[:-1]).any():
-            _check_unique_keys(frame(), source)  # raises, with the rows it finds
-    optypes = set(coded[1]) if coded is not None else set(frame()["optype"].unique())
+    if repeats:
+        _check_unique_keys(frame(), source)  # raises where keys repeat, with the rows it finds
+    optypes = set(text.labels()) if text is not None else set(frame()["optype"].unique())
     unknown = sorted(optypes - set(OPTYPES))
     if unknown:
         raise TraceError(
@@ -439,7 +460,8 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
                 "Does the meta file belong to this trace?"
             )
     num_pairs = meta.dp_size * meta.pp_size
-    pair = columns["dp_rank"] * meta.pp_size + columns["stage"]  # in [0, num_pairs)
+    pair = columns["dp_rank"].astype(np.int64) * meta.pp_size  # in [0, num_pairs) with the stage
+    pair += columns["stage"]
     present = np.bincount(pair, minlength=num_pairs) > 0
     if int(present.sum()) != num_pairs:
         raise TraceError(
@@ -456,23 +478,15 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
             f"each (dp_rank, stage) must map to one global rank, got several for dp_rank {dp}, "
             f"stage {st} (in {source}: column rank)"
         )
+    del pair
     if rank.max() >= meta.world_size or rank.min() < 0:
         raise TraceError(
             f"rank must be in [0, world_size={meta.world_size}), got max {rank.max()} "
             f"(in {source}: column rank). Check world_size in the meta file."
         )
-    if order is None:  # the pandas way
-        per_step = frame()[["step", "dp_rank", "stage"]].drop_duplicates().groupby("step").size()
-        complete = bool((per_step >= num_pairs).all())
-    else:
-        # distinct (step, dp_rank, stage) per step, from the sorted key: its leading digits, by
-        # integer division (the key's digits below stage are optype's codes and seq_id)
-        groups = sorted_key // (len(coded[1]) * _span(columns["seq_id"]))
-        first = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
-        steps_of_pairs = groups[first] // (_span(columns["dp_rank"]) * _span(columns["stage"]))
-        starts = np.flatnonzero(np.r_[True, steps_of_pairs[1:] != steps_of_pairs[:-1]])
-        complete = bool((np.diff(np.r_[starts, len(steps_of_pairs)]) == num_pairs).all())
-    if not complete:
+    if pairs_per_step is None:  # the pandas way
+        pairs_per_step = frame()[["step", "dp_rank", "stage"]].drop_duplicates().groupby("step").size()
+    if not bool((pairs_per_step == num_pairs).all()):
         out = frame()
         pairs = out[["dp_rank", "stage"]].drop_duplicates()
         per_step = out[["step", "dp_rank", "stage"]].drop_duplicates().groupby("step").size()
@@ -487,26 +501,62 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str) -> pd.DataFra
             "Drop incomplete steps before replay."
         )
     if order is None:
-        return (
-            frame()
-            .sort_values(["step", "dp_rank", "stage", "optype", "seq_id"], kind="stable")
-            .reset_index(drop=True)
-        )
-    if (order == np.arange(len(order))).all():
-        return frame()  # already in order
+        return frame().sort_values(list(OP_KEY), kind="stable").reset_index(drop=True)
     frame.cache_clear()  # built above for a message, perhaps
-    del key, sorted_key  # keep the peak near one table: sort one column at a time, no block copy
-    return pd.DataFrame({c: columns.pop(c).take(order) for c in names}, copy=False)
+    if (order[1:] > order[:-1]).all():
+        order = None  # already in order: the canonical columns are copies in file order
+    del values, rank  # no reference to a source column but ``columns``' own
+    made = {}
+    for c in names:  # one column at a time, each source column released as its canonical one is made
+        made[c] = canonical(c, order)
+        del columns[c]
+    return pd.DataFrame(made, copy=False)
 
 
-def _text_column(values: pd.Series) -> Any:
-    """``values.astype(str)`` as an array; a categorical column (a Parquet dictionary) converts its
-    categories once and takes them by code."""
-    if isinstance(values.dtype, pd.CategoricalDtype):
-        codes = values.cat.codes.to_numpy()
-        if len(codes) and (codes >= 0).all():
-            return values.cat.categories.astype(str).array.take(codes)
-    return values.astype(str).array
+@dataclass(frozen=True)
+class _Text:
+    """A text column as integer codes into its distinct values: the op key's digit, the set of
+    values and the column itself (in any row order) come from the codes, with no string hashed per
+    row. A Parquet dictionary (a categorical) brings its codes; other text is factorised once."""
+
+    values: Any  #: the distinct values, a pandas text array
+    codes: np.ndarray  #: per row, an index into ``values``
+
+    @classmethod
+    def of(cls, column: pd.Series) -> _Text | None:
+        """The coded column; None when a value is missing (NaN: the pandas checks word it)."""
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            codes = column.cat.codes.to_numpy()
+            values = column.cat.categories.astype(str).array
+        else:
+            codes, values = pd.factorize(column.astype(str).array)
+        if (codes < 0).any():
+            return None
+        return cls(values, codes)
+
+    @functools.cached_property
+    def _ranks(self) -> tuple[np.ndarray, list[str]]:
+        """Each value's rank among the values present, in sorted (string) order (-1: absent), and
+        the present values, sorted."""
+        used = np.flatnonzero(np.bincount(self.codes, minlength=len(self.values)))
+        labels = [str(self.values[i]) for i in used]
+        by_label = sorted(range(len(used)), key=labels.__getitem__)
+        rank = np.full(len(self.values), -1, dtype=np.min_scalar_type(-len(used)))
+        rank[used[by_label]] = np.arange(len(used))
+        return rank, [labels[i] for i in by_label]
+
+    def labels(self) -> list[str]:
+        """The values present, sorted."""
+        return self._ranks[1]
+
+    def digit(self) -> np.ndarray:
+        """Per row, its value's rank in :meth:`labels` (the smallest signed integer type that holds
+        them): a :func:`packed_key` digit."""
+        return self._ranks[0].take(self.codes)
+
+    def column(self, order: np.ndarray | None = None) -> Any:
+        """The text column, in file order or taken by ``order``."""
+        return self.values.take(self.codes if order is None else self.codes.take(order))
 
 
 def _check_unique_keys(out: pd.DataFrame, source: str) -> None:
@@ -547,7 +597,10 @@ def _integer_column(ops: pd.DataFrame, col: str, source: str) -> np.ndarray:
             f"column {col} must hold integers, got dtype {values.dtype} (in {source}: column {col})"
         )
     if pd.api.types.is_integer_dtype(values):
-        return values.to_numpy().astype(np.int64)
+        array = values.to_numpy()
+        if array.dtype.kind == "i" or (array.dtype.kind == "u" and array.dtype.itemsize < 8):
+            return array  # as read (int8 ... int64): the output's int64 copy is made once, sorted
+        return array.astype(np.int64)
     array = values.to_numpy(np.float64)
     not_whole = ~(np.isfinite(array) & (array == np.round(array)))
     if not_whole.any():
@@ -555,7 +608,7 @@ def _integer_column(ops: pd.DataFrame, col: str, source: str) -> np.ndarray:
         raise TraceError(
             f"column {col} must hold integers, got {float(array[i])!r} (in {source}: row {i}, column {col})"
         )
-    return array.astype(np.int64, copy=False)  # the frames built from it copy (DataFrame from a dict)
+    return array.astype(np.int64, copy=False)
 
 
 def _float_column(ops: pd.DataFrame, col: str, source: str) -> np.ndarray:
@@ -565,7 +618,8 @@ def _float_column(ops: pd.DataFrame, col: str, source: str) -> np.ndarray:
             f"column {col} must hold numbers (seconds), got dtype {values.dtype} (in {source}: column {col}); "
             "convert it to float before import"
         )
-    return values.to_numpy(np.float64)
+    array = values.to_numpy()
+    return array if array.dtype.kind == "f" else values.to_numpy(np.float64)  # float32 stays until the output
 
 
 #: Default cap on a trace's operations (rows of an op table; ``trace.max_ops``). An import holds

@@ -53,6 +53,7 @@ from pacectl.traces.model import (
     TraceWarning,
     drop_exact_duplicates,
     dropped_steps_note,
+    keys_repeat,
     require_file,
     validate_ops,
 )
@@ -130,6 +131,39 @@ def sampling_interval(
             stacklevel=3,
         )
     return every
+
+
+def _refuse_conflicting_rows(data: pd.DataFrame, step_col: str, p: Path) -> None:
+    """Raise when two rows (exact duplicates already dropped) hold one (worker, step)."""
+    worker = data["worker"].to_numpy()
+    step = data[step_col].to_numpy()
+    dup = pd.DataFrame({"w": worker, "s": step}).duplicated(keep=False).to_numpy()
+    if dup.any():
+        rows = data.index.to_numpy() + 2  # line numbers in the file (header is line 1)
+        i = int(np.flatnonzero(dup)[0])
+        same = np.flatnonzero((worker == worker[i]) & (step == step[i]))
+        n_keys = int(pd.DataFrame({"w": worker[dup], "s": step[dup]}).drop_duplicates().shape[0])
+        raise TraceError(
+            f"each (worker, {step_col}) must appear once, got {len(same)} rows with different values for "
+            f"worker {worker[i]} {step_col} {step[i]} (in {p}: rows {rows[same][:4].tolist()}); "
+            f"{n_keys} (worker, {step_col}) pair(s) are recorded more than once with different values. "
+            "Which one is right cannot be told: keep one row per worker and step."
+        )
+
+
+def _modelled_ops(
+    t: np.ndarray, steps: np.ndarray, collective_s: float | None, collective_frac: float
+) -> pd.DataFrame:
+    """The op table of step times ``t`` (``[num_steps, num_workers]``, s): per step and worker its
+    compute, then one modelled collective that every worker leaves together, ``collective_s`` (or
+    ``collective_frac`` of the median step time) after the last arrives."""
+    c = float(collective_s) if collective_s is not None else collective_frac * float(np.median(t.max(axis=1)))
+    leave = t.max(axis=1, keepdims=True) + c
+    blocks: list[OpBlock] = [
+        ("forward-compute", 0, 0, np.zeros_like(t), t),
+        ("grads-reduce-scatter", 0, -1, t, leave - t),
+    ]
+    return op_frame(steps, list(range(t.shape[1])), 0, blocks)
 
 
 def load_steplevel(
@@ -263,63 +297,51 @@ def load_steplevel(
     ints = ("worker", step_col)  # validated integers above
     data = pd.DataFrame({c: got.values[c].astype(np.int64) if c in ints else got.values[c] for c in kept})
     del got
-    data = drop_exact_duplicates(
-        data,
-        source=str(p),
-        what=" and ".join([", ".join(map(str, data.columns[:-1])), str(data.columns[-1])]),
-        describe=lambda r: f"worker {int(r['worker'])}, {step_col} {int(r[step_col])}",
-        row_offset=2,
-        key=("worker", step_col),
-    )
-    worker = data["worker"].to_numpy(dtype=float).astype(np.int64)
-    step = data[step_col].to_numpy(dtype=float).astype(np.int64)
+    if keys_repeat([data["worker"].to_numpy(), data[step_col].to_numpy()]):  # else no row repeats another
+        data = drop_exact_duplicates(
+            data,
+            source=str(p),
+            what=" and ".join([", ".join(map(str, data.columns[:-1])), str(data.columns[-1])]),
+            describe=lambda r: f"worker {int(r['worker'])}, {step_col} {int(r[step_col])}",
+            row_offset=2,
+        )
+        _refuse_conflicting_rows(data, step_col, p)
+    worker = data["worker"].to_numpy()
+    step = data[step_col].to_numpy()
     value = data[value_col].to_numpy(dtype=float) * scale
     rows = data.index.to_numpy() + 2  # line numbers in the file (header is line 1)
-    dup = pd.DataFrame({"w": worker, "s": step}).duplicated(keep=False).to_numpy()
-    if dup.any():
-        i = int(np.flatnonzero(dup)[0])
-        same = np.flatnonzero((worker == worker[i]) & (step == step[i]))
-        n_keys = int(pd.DataFrame({"w": worker[dup], "s": step[dup]}).drop_duplicates().shape[0])
-        raise TraceError(
-            f"each (worker, {step_col}) must appear once, got {len(same)} rows with different values for "
-            f"worker {worker[i]} {step_col} {step[i]} (in {p}: rows {rows[same][:4].tolist()}); "
-            f"{n_keys} (worker, {step_col}) pair(s) are recorded more than once with different values. "
-            "Which one is right cannot be told: keep one row per worker and step."
-        )
     every = sampling_interval(step, source=str(p), column=step_col, rows=rows, sample_every=sample_every)
-    workers = np.unique(worker)
-    table = pd.DataFrame({"w": worker, "s": step, "t": value}).pivot(index="s", columns="w", values="t")
-    complete = table.dropna()
-    if len(complete) == 0:
+    workers, worker_of_row = np.unique(worker, return_inverse=True)
+    steps, step_of_row = np.unique(step, return_inverse=True)
+    table = np.full((len(steps), len(workers)), np.nan)  # [step, worker] (a pivot), seconds
+    table[step_of_row, worker_of_row] = value
+    recorded = ~np.isnan(table).any(axis=1)  # by every worker
+    if not recorded.any():
         raise TraceError(
             f"at least one step must be recorded by all {len(workers)} workers, got none (in {p})"
         )
-    if len(complete) < len(table):
-        partial = table.index[table.isna().any(axis=1).to_numpy()]
+    if not recorded.all():
+        partial = steps[~recorded]
         reason = f"not recorded by all {len(workers)} workers"
         warnings.warn(
             dropped_steps_note(
                 {int(s2): reason for s2 in partial},
-                len(table),
+                len(steps),
                 source=str(p),
-                rows=int(np.isin(step, partial.to_numpy()).sum()),
+                rows=int(np.isin(step, partial).sum()),
             ),
             TraceWarning,
             stacklevel=2,
         )
-    t = complete.to_numpy()  # [num_steps, num_workers], seconds
-    n = t.shape[1]
-    c = float(collective_s) if collective_s is not None else collective_frac * float(np.median(t.max(axis=1)))
-    leave = t.max(axis=1, keepdims=True) + c
-    blocks: list[OpBlock] = [
-        ("forward-compute", 0, 0, np.zeros_like(t), t),
-        ("grads-reduce-scatter", 0, -1, t, leave - t),
-    ]
-    ops = op_frame(complete.index.to_numpy(dtype=np.int64), list(range(n)), 0, blocks)
-    meta = JobMeta(name=name or p.stem, dp_size=n, pp_size=1)
+    del data, worker, step, value, rows, step_of_row, worker_of_row  # the peak: the op table only
+    meta = JobMeta(name=name or p.stem, dp_size=len(workers), pp_size=1)
     normalized = value_col != "step_time_s"
-    return OpTrace(
-        ops=validate_ops(ops, meta, source=str(p)),
+    return OpTrace(  # the frame a temporary: validate_ops releases it column by column
+        ops=validate_ops(
+            _modelled_ops(table[recorded], steps[recorded], collective_s, collective_frac),
+            meta,
+            source=str(p),
+        ),
         meta=meta,
         source=str(p),
         fmt="steplevel",
