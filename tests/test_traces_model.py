@@ -54,6 +54,17 @@ def test_packed_key_on_narrow_and_offset_digits(seed: int) -> None:
         assert len(np.unique(key)) == len(rows)  # equal keys are equal rows
 
 
+@pytest.mark.parametrize(
+    "order", [["step", "dp_rank"], ["dp_rank", "stage", "step"], ["stage", "seq_id"], ["start_ts"]]
+)
+def test_every_row_order_validates_to_the_same_records(st_trace: OpTrace, order: list[str]) -> None:
+    # sorted (no sort runs), step-major (as the ByteDance files are), rank-major and by time
+    raw = st_trace.ops.sort_values(order, kind="stable").reset_index(drop=True)
+    pd.testing.assert_frame_equal(
+        validate_ops(raw, st_trace.meta, source="x"), st_trace.ops, check_exact=True
+    )
+
+
 @pytest.mark.parametrize("optype_dtype", ["str", "category", "object"])
 def test_shuffled_rows_validate_to_the_same_records(ar_trace: OpTrace, optype_dtype: str) -> None:
     raw = ar_trace.ops.sample(frac=1.0, random_state=1).reset_index(drop=True)

@@ -402,11 +402,11 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str, drop_exact: b
         digits = [columns[c] for c in ("step", "dp_rank", "stage")] + [text.digit(), columns["seq_id"]]
         key = packed_key(digits)
         del digits
+    keyed = key is not None
     order = pairs_per_step = None
     repeats = True  # unknown without a key
-    if key is not None:
-        order = np.argsort(key)  # no two keys are equal below (or the table is refused): any sort will do
-        sorted_key = key.take(order)
+    if keyed:
+        order, sorted_key = _sorting(key)
         del key
         repeats = bool((sorted_key[1:] == sorted_key[:-1]).any())
         # distinct (step, dp_rank, stage) per step, from the sorted key: its leading digits, by
@@ -484,7 +484,7 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str, drop_exact: b
             f"rank must be in [0, world_size={meta.world_size}), got max {rank.max()} "
             f"(in {source}: column rank). Check world_size in the meta file."
         )
-    if pairs_per_step is None:  # the pandas way
+    if pairs_per_step is None:  # no key: the pandas way
         pairs_per_step = frame()[["step", "dp_rank", "stage"]].drop_duplicates().groupby("step").size()
     if not bool((pairs_per_step == num_pairs).all()):
         out = frame()
@@ -500,17 +500,24 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str, drop_exact: b
             f"missing (dp_rank, stage) {lost[:8]} (in {source}); {len(short)} steps are incomplete. "
             "Drop incomplete steps before replay."
         )
-    if order is None:
+    if not keyed:  # sorted the pandas way
         return frame().sort_values(list(OP_KEY), kind="stable").reset_index(drop=True)
     frame.cache_clear()  # built above for a message, perhaps
-    if (order[1:] > order[:-1]).all():
-        order = None  # already in order: the canonical columns are copies in file order
     del values, rank  # no reference to a source column but ``columns``' own
     made = {}
     for c in names:  # one column at a time, each source column released as its canonical one is made
         made[c] = canonical(c, order)
         del columns[c]
     return pd.DataFrame(made, copy=False)
+
+
+def _sorting(key: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """The permutation that sorts ``key`` (None: it is sorted already, as pacectl's own files are)
+    and the sorted key."""
+    if (key[1:] > key[:-1]).all():
+        return None, key
+    order = np.argsort(key)  # no two keys are equal (or the table is refused): any sort will do
+    return order, key.take(order)
 
 
 @dataclass(frozen=True)
