@@ -148,3 +148,10 @@ def test_step_completeness_from_the_key_matches_the_pandas_check(st_trace: OpTra
     short = raw[~((raw["step"] == step) & (raw["dp_rank"] == dp) & (raw["stage"] == stage))]
     msg = _message(lambda: validate_ops(short.sample(frac=1.0, random_state=seed), st_trace.meta, source="x"))
     assert f"got 7 in step {step}: missing (dp_rank, stage) [({dp}, {stage})]" in msg
+
+
+def test_a_missing_op_type_is_named(st_trace: OpTrace) -> None:
+    raw = st_trace.ops.astype({"optype": object})
+    raw.loc[5, "optype"] = np.nan
+    msg = _message(lambda: validate_ops(raw, st_trace.meta, source="x"))
+    assert msg.startswith("optype must be one of") and "got [nan] (in x: column optype)" in msg

@@ -384,6 +384,8 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str, drop_exact: b
         values = columns[col]
         if isinstance(values, _Text):
             return values.column(order)
+        if not isinstance(values, np.ndarray):  # text with a missing value (no codes)
+            return values if order is None else values.take(order)
         if order is None:
             return np.array(values, dtype=np.float64 if values.dtype.kind == "f" else np.int64)
         return values.take(order).astype(np.float64 if values.dtype.kind == "f" else np.int64, copy=False)
