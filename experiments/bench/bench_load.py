@@ -12,7 +12,10 @@ DP 4, 16, 64, 256 x PP 4, 117 k to 7.5 M ops) and step-level CSVs of 1,024 and 4
 500 iterations (two ops per row). ``ns_per_op`` is the load's wall time per canonical op;
 ``peak_bytes_per_op`` is the child's peak RSS during the second load (``VmHWM``, reset through
 ``/proc/self/clear_refs`` just before it) above its RSS before it, per op;
-``table_bytes_per_op`` is the loaded op table's own size (``memory_usage(deep=True)``).
+``table_bytes_per_op`` is the loaded op table's own size (``memory_usage(deep=True)``);
+``user_s``/``system_s`` the load's CPU time (``getrusage``; system time is mostly the kernel
+zeroing fresh pages); ``read_s`` the file's read alone after it (``pyarrow.parquet.read_table``, or
+the importer's CSV stream of every column), the floor under the load.
 
 With ``--against DIR`` (a checkout of another commit), each case also runs with ``PYTHONPATH=DIR``,
 alternating with this checkout, and every row says whether both gave identical op tables.
@@ -31,7 +34,8 @@ from pathlib import Path
 from _record import write_record
 
 CHILD = r"""
-import json, sys, time, warnings, hashlib
+import json, sys, time, warnings, hashlib, resource
+from pathlib import Path
 warnings.simplefilter("ignore")
 import pandas as pd
 from pacectl.traces.bytedance import load_bytedance
@@ -48,20 +52,34 @@ def load():
     if kind == "bytedance":
         return load_bytedance(a, b, **uncapped(load_bytedance))
     return load_steplevel(a, **uncapped(load_steplevel))
+def read_only():  # the file's read alone, as the importer does it: the floor under the load
+    if kind == "bytedance":
+        import pyarrow.parquet as pq
+        return pq.read_table(a)
+    from pacectl.traces.csvstream import read_header, read_numeric_columns
+    header = read_header(Path(a), what="step-level trace")
+    return read_numeric_columns(Path(a), [c for c in header if c], what="step-level trace", header=header,
+                                max_bytes=1 << 40, max_rows=1 << 40, cap_hint="")
 def measured():
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # reset the peak (VmHWM) to the current RSS: what came before does not count
     base = status("VmRSS")
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     trace = load()
-    return trace, time.perf_counter() - t0, status("VmHWM") - base
-trace, cold_s, _ = measured()  # the first load also imports what the importer needs
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (cpu1.ru_utime - cpu0.ru_utime, cpu1.ru_stime - cpu0.ru_stime)
+    return trace, time.perf_counter() - t0, status("VmHWM") - base, cpu
+trace, cold_s, _, _ = measured()  # the first load also imports what the importer needs
 del trace
-trace, dt, peak = measured()
+trace, dt, peak, (user_s, system_s) = measured()
+t0 = time.perf_counter()
+read_only()
+read_s = time.perf_counter() - t0
 ops = trace.ops
 digest = hashlib.sha256(pd.util.hash_pandas_object(ops, index=True).to_numpy().tobytes()
                         + str(list(map(str, ops.dtypes))).encode()).hexdigest()
 print(json.dumps({"num_ops": len(ops), "first_load_s": cold_s, "load_s": dt, "ns_per_op": dt / len(ops) * 1e9,
+                  "user_s": user_s, "system_s": system_s, "read_s": read_s,
                   "peak_bytes_per_op": peak / len(ops),
                   "table_bytes_per_op": float(ops.memory_usage(deep=True).sum()) / len(ops),
                   "digest": digest}))
@@ -113,6 +131,8 @@ def main() -> None:
                         "first_load_s",
                         "load_s",
                         "ns_per_op",
+                        "user_s",
+                        "system_s",
                         "peak_bytes_per_op",
                         "table_bytes_per_op",
                     )
