@@ -96,15 +96,19 @@ def _keep_copy(path: Path, data: bytes) -> Path:
     return copy
 
 
+def _journal_lines(path: Path) -> list[bytes] | None:
+    """The lines of the journal ``path``, or None for a missing or empty file, or one without a whole
+    journal record (not a journal: Optuna's open says so; it is left untouched)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    lines = path.read_bytes().splitlines(keepends=True)
+    return lines if any(line.endswith(b"\n") and _record(line) for line in lines) else None
+
+
 def journal_needs_repair(path: str | Path) -> bool:
     """Whether :func:`repair_journal` would change ``path`` (read only, no lock taken)."""
-    p = Path(path)
-    if not p.is_file() or p.stat().st_size == 0:
-        return False
-    lines = p.read_bytes().splitlines(keepends=True)
-    if not any(line.endswith(b"\n") and _record(line) for line in lines):
-        return False
-    return not all(line.endswith(b"\n") and _json(line) for line in lines)
+    lines = _journal_lines(Path(path))
+    return lines is not None and not all(line.endswith(b"\n") and _json(line) for line in lines)
 
 
 def repair_journal(path: str | Path) -> str | None:
@@ -122,12 +126,9 @@ def repair_journal(path: str | Path) -> str | None:
         OSError: the journal or the copy cannot be written (a read-only folder, a full disk).
     """
     p = Path(path)
-    if not p.is_file() or p.stat().st_size == 0:
+    lines = _journal_lines(p)
+    if lines is None:
         return None
-    data = p.read_bytes()
-    lines = data.splitlines(keepends=True)
-    if not any(line.endswith(b"\n") and _record(line) for line in lines):
-        return None  # no whole journal record: not a journal (Optuna's open says so), left untouched
     kept: list[bytes] = []
     removed: list[bytes] = []
     salvaged = 0
@@ -152,7 +153,7 @@ def repair_journal(path: str | Path) -> str | None:
     torn_tail = bool(lines) and not lines[-1].endswith(b"\n")
     if salvaged == 0 and len(removed) == 1 and torn_tail:
         with p.open("r+b") as fh:  # the common case: cut the tail in place
-            fh.truncate(len(data) - len(lines[-1]))
+            fh.truncate(sum(len(line) for line in lines[:-1]))
             fh.flush()
             os.fsync(fh.fileno())
     else:
@@ -302,31 +303,28 @@ class StorageSpec:
                 return JournalStorage(SafeJournalFileBackend(self.location, lock_obj=lock))  # type: ignore[arg-type]
             except OSError as err:
                 if err.errno in FULL_ERRNOS:
-                    raise full_disk_error(
-                        err, f"tune.storage {path}"
-                    ) from err  # an unwritable folder (permissions, read-only or virtual file system)
+                    raise full_disk_error(err, f"tune.storage {path}") from err
+                # an unwritable folder (permissions, read-only or virtual file system)
                 raise ConfigError(
                     f"tune.storage {path}: cannot create or open the journal there "
                     f"({err.strerror or type(err).__name__}); pick a path in a folder you can write to"
                 ) from err
-        for attempt in range(6):
+        attempt = 0
+        while True:
             try:
                 return optuna.storages.RDBStorage(self.location)
-            except Exception as err:  # sqlalchemy.exc.IntegrityError, ProgrammingError
-                # N hosts starting at once race to create the schema on an empty database
-                # (PostgreSQL: duplicate key in pg_type); the loser finds it made on a retry
+            except Exception as err:  # sqlalchemy.exc.ArgumentError, OperationalError, ImportError
+                # N hosts starting at once race to create the schema on an empty database (PostgreSQL:
+                # an IntegrityError, duplicate key in pg_type); the loser finds it made on a retry
                 text = str(err).lower()
                 if attempt < 5 and ("duplicate key" in text or "already exists" in text):
-                    time.sleep(0.2 * (attempt + 1))
+                    attempt += 1
+                    time.sleep(0.2 * attempt)
                     continue
-                break
-        try:
-            return optuna.storages.RDBStorage(self.location)
-        except Exception as err:  # sqlalchemy.exc.ArgumentError, OperationalError, ImportError
-            raise ConfigError(
-                f"tune.storage must be a journal file path or a reachable RDB URL such as sqlite:///tune.db, "
-                f"got {self.location!r}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-            ) from err  # SQLAlchemy appends a "(Background on this error at: ...)" line
+                raise ConfigError(
+                    f"tune.storage must be a journal file path or a reachable RDB URL such as sqlite:///tune.db, "
+                    f"got {self.location!r}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                ) from err  # SQLAlchemy appends a "(Background on this error at: ...)" line
 
     @property
     def display(self) -> str:
