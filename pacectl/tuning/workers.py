@@ -21,6 +21,7 @@ shipped spaces avoid the one known case (``off_threshold_s > on_threshold_s``) b
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -321,12 +322,9 @@ def _drop_interrupts(record: logging.LogRecord) -> bool:
     """Logging filter of Optuna's trial loop: once Ctrl-C was pressed, drop its "Trial N failed ..."
     warnings (with a KeyboardInterrupt traceback), since the command reports Ctrl-C once; and the
     warning of a :class:`SurplusTrial`."""
-    exc = record.exc_info
-    interrupted = exc and exc[0] is not None and issubclass(exc[0], KeyboardInterrupt)
-    surplus = "SurplusTrial" in record.getMessage() or (
-        exc and exc[0] is not None and issubclass(exc[0], SurplusTrial)
-    )
-    return not (interrupted or surplus or _INTERRUPTS.requested)
+    kind = record.exc_info[0] if record.exc_info else None
+    raised = kind is not None and issubclass(kind, KeyboardInterrupt | SurplusTrial)
+    return not (raised or "SurplusTrial" in record.getMessage() or _INTERRUPTS.requested)
 
 
 def run_worker(
@@ -418,14 +416,12 @@ def _worker_main(index: int, parent: int, kwargs: dict[str, Any]) -> None:
         run_worker(**kwargs)
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)  # the main process reports Ctrl-C, once
-    except PacectlError as err:
-        print(f"pacectl.tune: error: worker {index}: {err}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    except (OSError, AssertionError) as err:  # a full disk: Optuna hides ENOSPC behind AssertionError
-        full = disk_full_cause(err)
-        if full is None:
+    except (PacectlError, OSError, AssertionError) as err:  # Optuna hides ENOSPC behind AssertionError
+        shown = err if isinstance(err, PacectlError) else disk_full_cause(err)
+        if shown is None:  # not a full disk
             raise
-        shown = full if isinstance(full, PacectlError) else full_disk_error(full, "the study storage")
+        if not isinstance(shown, PacectlError):
+            shown = full_disk_error(shown, "the study storage")
         print(f"pacectl.tune: error: worker {index}: {shown}", file=sys.stderr, flush=True)
         sys.exit(2)
 
@@ -478,12 +474,10 @@ def run_workers(num_workers: int, quotas: Sequence[int], seeds: Sequence[int], *
     except KeyboardInterrupt:
         for proc in procs:
             if proc.is_alive() and proc.pid is not None:
-                try:
+                # a worker may be gone already: Ctrl-C can land just as join() reaps it, before
+                # multiprocessing records its exit code
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGINT)
-                except ProcessLookupError:
-                    # already exited and reaped: Ctrl-C can land just as join() reaps a worker,
-                    # before multiprocessing records its exit code
-                    pass
         deadline = time.monotonic() + INTERRUPT_GRACE_S
         for proc in procs:
             proc.join(max(0.0, deadline - time.monotonic()))
