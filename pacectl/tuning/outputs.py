@@ -39,7 +39,8 @@ from pacectl.tuning.verdict import (
 
 @dataclass(frozen=True)
 class TuneResult:
-    """What one tuning run produced (also written to ``tune.json``)."""
+    """What one tuning run produced (also written to ``tune.json``); ``commands``: the ``pacectl.run``
+    command of the chosen trial, the reference and no pacing (keys ``chosen``, ``reference``, ``none``)."""
 
     storage: StorageSpec
     scenarios: ScenarioSet
@@ -50,6 +51,7 @@ class TuneResult:
     chosen: TrialPoint
     controller_params: dict[str, Any]
     summary: dict[str, Any]
+    commands: dict[str, str]
 
 
 def export_controller(path: Path, family: str, params: dict[str, Any], header: list[str]) -> None:
@@ -282,6 +284,7 @@ def write_results(
         chosen=chosen,
         controller_params=params,
         summary=summary,
+        commands=commands,
     )
     write_outputs(out_dir, result, verdict, settings)
     return result
@@ -510,18 +513,12 @@ def plot_pareto(
         ax.plot(
             *xy(ordered), "o-" if len(pairs) == 1 else "o", c="tab:blue", ms=5, lw=1, label="Pareto front"
         )
-        ax.scatter(*xy([baseline]), marker="X", s=110, c="black", label="no pacing", zorder=5)
-        ax.scatter(
-            *xy([reference]), marker="D", s=70, c="tab:red", label="paper threshold (defaults)", zorder=5
-        )
-        ax.scatter(
-            *xy([chosen]),
-            marker="*",
-            s=260,
-            c="tab:orange",
-            label=f"chosen (trial {chosen.number})",
-            zorder=6,
-        )
+        for point, marker, size, color, label, zorder in (
+            (baseline, "X", 110, "black", "no pacing", 5),
+            (reference, "D", 70, "tab:red", "paper threshold (defaults)", 5),
+            (chosen, "*", 260, "tab:orange", f"chosen (trial {chosen.number})", 6),
+        ):
+            ax.scatter(*xy([point]), marker=marker, s=size, c=color, label=label, zorder=zorder)
         if max_loss_frac is not None and xo == "throughput":
             ax.axvline(
                 baseline.throughput_it_per_s * (1.0 - max_loss_frac),
@@ -572,8 +569,8 @@ def closing_lines(result: TuneResult, out_dir: Path) -> list[tuple[int, str]]:
     lines.append(
         (logging.INFO, f"outputs: {out_dir} (pareto.json, pareto.png, controller.yaml, tune.json, tune.log)")
     )
-    chosen_command = f"python -m pacectl.run controller_file={shlex.quote(str(out_dir / 'controller.yaml'))} {s['run_overrides']}"
-    if s["recommendation_command"] == chosen_command.rstrip():
+    chosen_command = result.commands["chosen"]
+    if s["recommendation_command"] == chosen_command:
         lines.append((logging.INFO, f"use it:  {chosen_command}"))
     else:  # the warning above says why
         lines.append((logging.INFO, f"recommended:  {s['recommendation_command']}"))
