@@ -58,8 +58,7 @@ def accepted_params(name: str) -> list[str]:
     Raises:
         ConfigError: unknown family.
     """
-    keys = set(_family(name).params)
-    return sorted(keys | {"units"})  # the reserved key make_controller takes for every family
+    return sorted({*_family(name).params, "units"})  # units: the reserved key of every family
 
 
 def constructor_defaults(name: str) -> dict[str, Any]:
@@ -164,12 +163,7 @@ class Dimension:
         if self.type == "categorical":
             return {"type": self.type, "choices": list(self.choices)}
         return {
-            "type": self.type,
-            "low": self.low,
-            "high": self.high,
-            "log": self.log,
-            "step": self.step,
-            "fraction_of": self.fraction_of,
+            field: getattr(self, field) for field in ("type", "low", "high", "log", "step", "fraction_of")
         }
 
     def midpoint(self) -> Any:
@@ -468,14 +462,14 @@ def check_units(space: SearchSpace) -> None:
     if space.fixed.get("units") != "iteration":
         return
     for dim in space.dimensions:
-        if dim.key.endswith("_s") and dim.type != "categorical" and not dim.fraction_of:
-            if float(dim.high or 0.0) > 1.0:
-                raise ConfigError(
-                    f"search space {space.source}: {dim.key} must have high <= 1.0 with controller.units=iteration "
-                    f"(1.0 = one median iteration time), got high={dim.high!r}; this space looks written for "
-                    f"seconds. Use a space in iteration units (conf/tune/space/{space.family}.iteration.yaml is "
-                    "the default with controller.units=iteration) or controller.units=s"
-                )
+        time_bound = dim.key.endswith("_s") and dim.type != "categorical" and not dim.fraction_of
+        if time_bound and float(dim.high or 0.0) > 1.0:
+            raise ConfigError(
+                f"search space {space.source}: {dim.key} must have high <= 1.0 with controller.units=iteration "
+                f"(1.0 = one median iteration time), got high={dim.high!r}; this space looks written for "
+                f"seconds. Use a space in iteration units (conf/tune/space/{space.family}.iteration.yaml is "
+                "the default with controller.units=iteration) or controller.units=s"
+            )
 
 
 def load_space(family: str, path: str | Path, *, fixed: Mapping[str, Any]) -> SearchSpace:
