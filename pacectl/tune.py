@@ -10,15 +10,12 @@ study, before any trial, and are cached in the study. The work is done in :mod:`
 
 **Energy as an objective**: `tune.objectives=[throughput,cv,energy]` (any two or three of them, in
 the order given) adds the modelled energy per iteration, summed over ranks and averaged over the
-episodes (`pacectl/energy.py` under the profile's `cluster.power`; :mod:`pacectl.tuning.verdict`),
-minimized. The front is the front on all of them; the choice takes the lowest of the first minimized
-objective listed (`cv`, else `energy`), ties to the next; a trial also improves on no pacing when
-its energy is at least `tune.min_energy_gain_frac` (0.01) lower within the loss cap and at a CV no
-higher, and that gain counts under fixed durations too (waits asleep instead of spinning save energy
-without shortening any iteration; with every state at one power it is zero). `tune.json` then names
-the power profile (`power_profile`, `energy_note`: spinning and sleeping power, assumed or
-measured), `pareto.json` holds every member's `energy_per_iteration_j`, and `pareto.png` has one
-panel per pair of objectives. A study resumes only with the same objective list (and power profile).
+episodes (`pacectl/energy.py` under the profile's `cluster.power`), minimized. The front is the
+front on all of them; the choice (:func:`pacectl.tuning.verdict.choice_rule`) and the improvement
+rule (:class:`pacectl.tuning.verdict.ImprovementRule`) take energy in, and an energy gain counts
+under fixed durations too (waits asleep instead of spinning shorten no iteration). `tune.json` then
+names the power profile (`power_profile`, `energy_note`) and `pareto.png` has one panel per pair of
+objectives. A study resumes only with the same objective list (and power profile).
 
 ```bash
 python -m pacectl.tune cluster=st controller=threshold tune.n_trials=100 hydra.run.dir=DIR
@@ -26,91 +23,72 @@ python -m pacectl.run controller_file=DIR/controller.yaml trace=st     # load th
 python -m pacectl.tune cluster=ar controller=ewma tune.n_workers=2 tune.sampler=tpe
 python -m pacectl.tune cluster=contended controller=pid tune.timeout_s=60        # sim profile
 python -m pacectl.tune cluster=st controller=pid tune.storage=sqlite:///tune.db tune.study_name=st-pid
+python -m pacectl.tune trace=DIR/records/none.parquet controller=pid            # a live record
 ```
 
-- **Profiles** (`conf/cluster/*.yaml`): a profile's `traces:` list is replayed (`ar`, `st`; the
-  top-level `comm` applies, `null` by default); a profile without traces (`paper_like`, `contended`,
-  `dgx_superpod`, `cost_optimized`) is simulated with its fabric and `compute` sections and the
-  scenario in `tune.sim` (`num_ranks`, `num_iterations`, `comm`, `seeds`), which a profile's own
-  `tune_sim:` section fills (`conf/cluster/contended.yaml`). `tune.on=traces|sim` forces one. A
-  `tune.sim.*` override the study does not use (any of them on traces; `tune.sim.heldout_seeds`, read
-  only by `experiments/tuning/`, always) prints a `warning:` line saying it is ignored and why.
-- **Your own trace**: a trace on the command line (`trace=<file>`, `trace=st`,
-  `trace=kineto trace.path=...`) replaces the profile's `traces:` list; the profile's fabric still
-  applies under `comm=contention`, and the study is named after the trace (`<trace>-<family>`).
-  `python -m pacectl.tune trace=DIR/records/none.parquet controller=pid` tunes on a live record.
-- **Search spaces**: `conf/tune/space/<family>.yaml` (with `controller.units=iteration`,
-  `<family>.iteration.yaml`: below) maps controller keys (bare or `controller.<key>`) to `{type:
-  float|int|categorical, low, high, log, step, choices}`; untuned keys keep the `controller` group's
-  values (`controller.dt_s=0.5` sets one for `pid`); a command-line `controller.<key>=` on a key the
-  space tunes is refused (it would be ignored): use a space without it, `tune.space=FILE`.
-  `off_threshold_s` is sampled as a fraction of `on_threshold_s` (`fraction_of:`), so the
-  constructor's `off <= on` always holds; any other combination a constructor rejects becomes a
-  PRUNED trial with the reason in its `invalid_params` attribute.
+- **Episodes** (:mod:`pacectl.tuning.scenarios`): a profile's `traces:` list is replayed (`ar`,
+  `st`); a profile without traces (`paper_like`, `contended`, `dgx_superpod`, `cost_optimized`) is
+  simulated with the scenario in `tune.sim`, which the profile's `tune_sim:` section fills;
+  `tune.on=traces|sim` forces one. A trace on the command line (`trace=<file>`, `trace=st`) replaces
+  the profile's traces and names the study (`<trace>-<family>`). A `tune.sim.*` override the study
+  does not use prints a `warning:` line saying why.
+- **Search spaces** (:mod:`pacectl.tuning.space` has the format): `conf/tune/space/<family>.yaml`
+  (`<family>.iteration.yaml` with `controller.units=iteration`, below) or `tune.space=FILE`; untuned
+  keys keep the `controller` group's values. A combination a constructor rejects is a PRUNED trial
+  (:mod:`pacectl.tuning.workers`).
 - **Mistakes stop the command before any trial** (exit 2, one line on stderr, no storage or output
   created): unknown keys of the space file, `low > high`, a range whose middle the controller
   rejects (the line names the file, the key and the bound), YAML syntax errors (with line and
-  column), a `tune.space` that is missing or a directory, `controller.units` other than `s` or
-  `iteration`, a non-boolean `tune.progress`, unknown `tune.*`, `tune.sim.*`, `guard.*` or top-level
-  keys (the same checks as `pacectl.run`).
-- **Storage**: by default `DIR/optuna.journal` (`JournalStorage` + `JournalFileBackend`, with an
-  `fcntl` lock that a killed process cannot leave stale). `tune.storage=FILE` puts the journal
-  elsewhere; `tune.storage=sqlite:///tune.db` (one machine) or `tune.storage=postgresql://user:pw@host/db`
-  (needs `psycopg2`) is an RDB, which several machines share by running the same command with the
-  same `tune.study_name`. Commands running one study at once stop together once it holds
-  `tune.n_trials` trials (finished, or running anywhere), give or take one.
+  column), a `tune.space` that is missing or a directory, a command-line `controller.<key>=` on a
+  key the space tunes, `controller.units` other than `s` or `iteration`, a non-boolean
+  `tune.progress`, unknown `tune.*`, `tune.sim.*`, `guard.*` or top-level keys (the same checks as
+  `pacectl.run`).
+- **Storage** (:mod:`pacectl.tuning.storage`): by default `DIR/optuna.journal`, a journal that a
+  killed process cannot leave locked; `tune.storage=FILE` puts it elsewhere; an RDB URL
+  (`sqlite:///tune.db`, `postgresql://user:pw@host/db`) is shared by several machines running the
+  same command with the same `tune.study_name`.
 - **Resume**: run the same command again (same `hydra.run.dir`, or the same `tune.storage` and
-  `tune.study_name`). `tune.n_trials` is the study's total, so only the missing trials run (finished
-  ones are kept). Every resume, even one with no trial left to run, first marks FAIL the trials
-  left RUNNING by a killed process on this host (a killed command takes its workers with it), and
-  says so; trials running in live processes (another command on the same study) are listed and left
-  alone.
-- **What a resume may change**: `tune.n_trials`, `tune.timeout_s`, the sampler and its seed, the
-  workers, `tune.progress`, `tune.max_throughput_loss_frac` (feasibility is recomputed with the
-  current cap) and the `tune.min_*_gain_frac` thresholds. What determines a trial's result is
-  recorded when the study is created and must match (:func:`pacectl.tuning.settings.trial_settings`):
-  the controller family and its fixed parameters (`units` included), the search space as sampled
-  (its content, not its file name), the episodes (profile, traces or sim scenario, comm model, guard,
-  seed) and `tune.objectives` (with energy, the power profile). A command that differs is refused
-  before any trial, naming each differing setting and its value in the study and in the command (for
-  a whole section such as the fabric that `comm=contention` adds, its key names): restore it, or
-  start a new study (another `tune.study_name`, `hydra.run.dir` or `tune.storage`).
+  `tune.study_name`). `tune.n_trials` is the study's total: only the missing trials run, and every
+  resume first marks FAIL the trials a killed process on this host left RUNNING
+  (:mod:`pacectl.tuning.workers`); those running in live processes are listed and left alone. What
+  determines a trial's result is recorded when the study is created and must match
+  (:func:`pacectl.tuning.settings.trial_settings` lists it, and what may change); a command that
+  differs is refused before any trial, naming each differing setting with its value in the study and
+  in the command: restore it, or start a new study (another `tune.study_name`, `hydra.run.dir` or
+  `tune.storage`).
 - **Ctrl-C** stops every worker (the trial each was running is recorded as FAIL), writes no output
-  and prints one line with the number of finished trials kept and the command that resumes (exit 130).
+  and prints one line with the number of finished trials kept and the command that resumes (exit
+  130).
 - **Workers**: `tune.n_workers=N` forks N workers on one study; the `[k/N]` progress count is shared
   by them (finished trials of the study, counting up by one per printed line).
 - **Outputs** (run directory, written together: staged, then moved into place): `pareto.json`
   (every Pareto-optimal trial within the cap: `params`, `throughput_it_per_s`, `cv`,
-  `throughput_loss_frac`, `feasible`, `trial`; a parameter set drawn again appears once, under its
-  first trial, with the later ones in `duplicate_trials`), `pareto.png` (trials, front, no pacing,
-  paper threshold, choice), `controller.yaml` (the choice, :data:`pacectl.tuning.verdict.CHOICE_RULE`),
-  `tune.json` (the baselines `baseline_none` and `reference_threshold`, choice, rules,
-  recommendation, study, storage, the `optuna-dashboard` command the console also ends with),
-  `tune.log` (the console lines with timestamps; a resume appends to it), `config.yaml` (the composed
-  config, its first line the command's overrides; Hydra itself writes nothing into the folder) and
-  `optuna.journal` (the default storage).
+  `energy_per_iteration_j`, `throughput_loss_frac`, `feasible`, `trial`; a parameter set drawn
+  again appears once, under its first trial, with the later ones in `duplicate_trials`),
+  `pareto.png` (trials, front, no pacing, paper threshold, choice), `controller.yaml` (the choice,
+  :data:`pacectl.tuning.verdict.CHOICE_RULE`), `tune.json` (the baselines `baseline_none` and
+  `reference_threshold`, choice, rules, recommendation, study, storage, the `optuna-dashboard`
+  command the console also ends with), `tune.log` (the console lines with timestamps; a resume
+  appends to it), `config.yaml` (the composed config, its first line the command's overrides; Hydra
+  itself writes nothing into the folder) and `optuna.journal` (the default storage).
 - **When pacing does not help**: a controller *improves on no pacing* by the rule
-  :class:`pacectl.tuning.verdict.ImprovementRule` states (`improvement_rule` in `tune.json`, with
-  its values: by default a CV 1 % lower within the loss cap, or a throughput 0.5 % higher at a CV
-  no higher; smaller differences are noise). When no trial improves, the console prints a `warning:`
-  line, `tune.json` has `improves_on_no_pacing: false`, and `controller.yaml` starts with a
-  `WARNING` comment; it still holds the best trial found (to inspect or run), but it is not a
-  recommendation. The recommendation (`recommendation`, and the `pacectl.run` command in
-  `recommendation_command`) is then the paper's threshold controller at its defaults when that
-  reference meets the rule, else no pacing. With fixed durations (`comm=null`, the trace profiles;
-  or contention without a timing-dependent mechanism) nothing counts: no delay can shorten an
-  iteration, so a lower CV there comes only from lengthening the fast iterations; the warning says
-  how many trials did that (`trials_lowering_cv_by_lengthening_only` in `tune.json`) and no pacing
-  stays the recommendation. When the chosen trial improves but the paper's threshold at its
-  defaults beats it on both objectives (typically after few trials), the console and
-  `controller.yaml` warn, and that reference is the recommendation (`reference_dominates_chosen`).
+  :class:`~pacectl.tuning.verdict.ImprovementRule` states (`improvement_rule` in `tune.json`; by
+  default a CV 1 % lower within the loss cap, or a throughput 0.5 % higher at a CV no higher). When
+  no trial improves, the console prints a `warning:` line, `tune.json` has `improves_on_no_pacing:
+  false` and `controller.yaml`, which still holds the best trial found, starts with a `WARNING`
+  comment; the recommendation (`recommendation`, `recommendation_command`) is then the paper's
+  threshold at its defaults when it meets the rule, else no pacing. With fixed durations
+  (`comm=null`, the trace profiles; contention with nothing to vary its rate) a lower CV comes only
+  from lengthening the fast iterations and does not count
+  (`trials_lowering_cv_by_lengthening_only`). A choice that the paper's threshold at its defaults
+  beats on every objective is warned about, and that reference recommended
+  (`reference_dominates_chosen`).
 - **Trying the choice where it was tuned**: the console's `use it:` line (`recommended:`, then `the
   chosen trial (not recommended):` when they differ), `controller.yaml`'s header and `run_overrides`
-  in `tune.json` give the `pacectl.run` command for the tuned episodes: the trace, or for a sim
-  profile `backend=sim`, the profile, comm model, ranks, iterations and guard. `pacectl.run` runs
-  one episode, the first seed (or trace); the line under it says so and gives the chosen trial's
-  figures on that episode (`chosen.per_episode` in `tune.json`), which the run reproduces exactly,
-  whereas the tuned figures are means over all the episodes.
+  in `tune.json` give the `pacectl.run` command for the tuned episodes
+  (:func:`pacectl.tuning.outputs.run_overrides`); it runs the first seed (or trace) only, and the
+  line under it gives the chosen trial's figures on that episode (`chosen.per_episode`), which the
+  run reproduces exactly (the tuned figures are means over all the episodes).
 
 `experiments/tuning/` tunes every family on every profile and judges the choices on held-out seeds
 or traces; its README has the tuner's speed (`experiments/bench/bench_tune.py`) and a units
@@ -122,9 +100,8 @@ Every controller reads its `*_s` parameters in seconds by default; with `control
 (a reserved key of every family, kept in exported `controller.yaml` files) it works in units of the
 rolling median iteration time (:mod:`pacectl.controllers.units`: `on_threshold_s: 0.01` is 1 % of
 an iteration). Tuning in these units samples `conf/tune/space/<family>.iteration.yaml`, whose time
-bounds are fractions of an iteration up to 1.0: the seconds spaces reach 10 s, which here would be
-ten iterations, far above any spread seen (AR's is 28 % of an iteration) and above any delay the
-guard lets through. A `tune.space` file with a `*_s` bound above 1.0 is refused in this unit.
+bounds are fractions of an iteration up to 1.0, and refuses a `tune.space` file with a `*_s` bound
+above 1.0 (:func:`pacectl.tuning.space.check_units` says why).
 
 ```bash
 python -m pacectl.tune cluster=st controller=threshold controller.units=iteration tune.n_trials=60 hydra.run.dir=DIR

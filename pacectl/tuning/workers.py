@@ -15,8 +15,7 @@ Invalid parameter combinations: the controller is built before any episode runs;
 constructor raises :class:`~pacectl.errors.ConfigError`, the trial is marked ``PRUNED`` with the
 message in its ``invalid_params`` user attribute (multi-objective trials cannot be pruned by a
 pruner, but an objective may still raise ``TrialPruned``). Samplers ignore pruned trials. The
-shipped spaces avoid the one known case (``off_threshold_s > on_threshold_s``) by sampling
-``off_threshold_s`` as a fraction of ``on_threshold_s`` (see :mod:`pacectl.tuning.space`).
+shipped spaces avoid the one known case (``fraction_of`` in :mod:`pacectl.tuning.space`).
 """
 
 from __future__ import annotations
