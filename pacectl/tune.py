@@ -8,14 +8,11 @@ disables it). No pacing and the paper's threshold controller (its shipped defaul
 study, before any trial, and are cached in the study. The work is done in :mod:`pacectl.tuning`
 (:func:`pacectl.tuning.study.run_tuning` ties its modules together); this module is the command.
 
-**Energy as an objective**: `tune.objectives=[throughput,cv,energy]` (any two or three of them, in
-the order given) adds the modelled energy per iteration, summed over ranks and averaged over the
-episodes (`pacectl/energy.py` under the profile's `cluster.power`), minimized. The front is the
-front on all of them; the choice (:func:`pacectl.tuning.verdict.choice_rule`) and the improvement
-rule (:class:`pacectl.tuning.verdict.ImprovementRule`) take energy in, and an energy gain counts
-under fixed durations too (waits asleep instead of spinning shorten no iteration). `tune.json` then
-names the power profile (`power_profile`, `energy_note`) and `pareto.png` has one panel per pair of
-objectives. A study resumes only with the same objective list (and power profile).
+**Energy as an objective**: `tune.objectives=[throughput,cv,energy]` (any two or three, in the order
+given) adds the modelled energy per iteration (summed over ranks, mean over the episodes;
+`pacectl/energy.py` under `cluster.power`), minimized; the front, the choice and the improvement
+rule take it in (:mod:`pacectl.tuning.verdict`), `tune.json` names the power profile
+(`power_profile`, `energy_note`) and `pareto.png` has one panel per pair of objectives.
 
 ```bash
 python -m pacectl.tune cluster=st controller=threshold tune.n_trials=100 hydra.run.dir=DIR
@@ -24,6 +21,7 @@ python -m pacectl.tune cluster=ar controller=ewma tune.n_workers=2 tune.sampler=
 python -m pacectl.tune cluster=contended controller=pid tune.timeout_s=60        # sim profile
 python -m pacectl.tune cluster=st controller=pid tune.storage=sqlite:///tune.db tune.study_name=st-pid
 python -m pacectl.tune trace=DIR/records/none.parquet controller=pid            # a live record
+python -m pacectl.tune cluster=st controller=threshold controller.units=iteration hydra.run.dir=DIR
 ```
 
 - **Episodes** (:mod:`pacectl.tuning.scenarios`): a profile's `traces:` list is replayed (`ar`,
@@ -32,10 +30,13 @@ python -m pacectl.tune trace=DIR/records/none.parquet controller=pid            
   `tune.on=traces|sim` forces one. A trace on the command line (`trace=<file>`, `trace=st`) replaces
   the profile's traces and names the study (`<trace>-<family>`). A `tune.sim.*` override the study
   does not use prints a `warning:` line saying why.
-- **Search spaces** (:mod:`pacectl.tuning.space` has the format): `conf/tune/space/<family>.yaml`
-  (`<family>.iteration.yaml` with `controller.units=iteration`, below) or `tune.space=FILE`; untuned
-  keys keep the `controller` group's values. A combination a constructor rejects is a PRUNED trial
-  (:mod:`pacectl.tuning.workers`).
+- **Search spaces** (:mod:`pacectl.tuning.space` has the format): `conf/tune/space/<family>.yaml`,
+  or `tune.space=FILE`; untuned keys keep the `controller` group's values. A combination a
+  constructor rejects is a PRUNED trial (:mod:`pacectl.tuning.workers`). With
+  `controller.units=iteration` (:mod:`pacectl.controllers.units`: every `*_s` parameter a fraction
+  of the rolling median iteration time, kept in exported `controller.yaml` files) the default is
+  `<family>.iteration.yaml`, whose time bounds go up to one iteration, and a `tune.space` with a
+  `*_s` bound above 1.0 is refused (:func:`pacectl.tuning.space.check_units` says why).
 - **Mistakes stop the command before any trial** (exit 2, one line on stderr, no storage or output
   created): unknown keys of the space file, `low > high`, a range whose middle the controller
   rejects (the line names the file, the key and the bound), YAML syntax errors (with line and
@@ -93,19 +94,6 @@ python -m pacectl.tune trace=DIR/records/none.parquet controller=pid            
 `experiments/tuning/` tunes every family on every profile and judges the choices on held-out seeds
 or traces; its README has the tuner's speed (`experiments/bench/bench_tune.py`) and a units
 transfer check.
-
-### Thresholds in seconds or in iterations
-
-Every controller reads its `*_s` parameters in seconds by default; with `controller.units=iteration`
-(a reserved key of every family, kept in exported `controller.yaml` files) it works in units of the
-rolling median iteration time (:mod:`pacectl.controllers.units`: `on_threshold_s: 0.01` is 1 % of
-an iteration). Tuning in these units samples `conf/tune/space/<family>.iteration.yaml`, whose time
-bounds are fractions of an iteration up to 1.0, and refuses a `tune.space` file with a `*_s` bound
-above 1.0 (:func:`pacectl.tuning.space.check_units` says why).
-
-```bash
-python -m pacectl.tune cluster=st controller=threshold controller.units=iteration tune.n_trials=60 hydra.run.dir=DIR
-```
 """
 
 from __future__ import annotations
