@@ -182,10 +182,9 @@ def launched_cells(
 ) -> dict[int, dict[str, dict[str, Any]]]:
     """:func:`sim_cell` at every scale, its seeds run as the jobs of one Hydra sweep through ``launcher``.
 
-    One ``python -m pacectl.run -m hydra/launcher=<launcher> backend.num_ranks=<scales> seed=0..seeds-1``
-    sweep (:func:`launch_sweep`): every (scale, seed) is a job of its own, whose ``summary.json``
-    holds what :func:`sim_cell` computes in process; the cells are the same figures
-    (``tests/test_launchers.py``).
+    One ``pacectl.run`` sweep over ``backend.num_ranks`` and ``seed`` (:func:`launch_sweep`): every
+    (scale, seed) is a job of its own, whose ``summary.json`` holds what :func:`sim_cell` computes in
+    process; the cells are the same figures (``tests/test_launchers.py``).
 
     Args:
         overrides, cluster, iterations, seeds: as :func:`sim_cell`.

@@ -112,7 +112,7 @@ from pacectl import cli
 from pacectl.config import CONF_DIR
 from pacectl.errors import ConfigError, PacectlError, StorageFullError
 from pacectl.tuning.outputs import closing_lines
-from pacectl.tuning.settings import Settings, override_key, tune_space, validate_tune_config
+from pacectl.tuning.settings import override_key, tune_space, validate_tune_config
 from pacectl.tuning.storage import disk_full_cause, full_disk_error
 from pacectl.tuning.study import TuneInterrupted, run_tuning
 
@@ -181,8 +181,7 @@ def _interrupted(message: str, *, keep: bool = False) -> None:
 def _check_config(cfg: DictConfig) -> None:
     """What the tuner would refuse at once (keys, guard, settings, search space), checked before Hydra
     creates the run folder; the episodes are built (and checked) by the job."""
-    validate_tune_config(cfg)
-    tune_space(cfg, Settings.from_cfg(cfg.tune))
+    tune_space(cfg, validate_tune_config(cfg))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

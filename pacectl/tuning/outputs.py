@@ -208,8 +208,8 @@ def write_results(
         },
         "sampler": settings.sampler,
         "objectives": {
-            OBJECTIVES[o][0]: ("maximize" if OBJECTIVES[o][1] > 0 else "minimize") + " (mean over episodes)"
-            for o in objs
+            OBJECTIVES[o][0]: f"{direction} (mean over episodes)"
+            for o, direction in zip(objs, settings.directions, strict=True)
         },
         "max_throughput_loss_frac": settings.max_throughput_loss_frac,
         "num_trials": {

@@ -37,15 +37,18 @@ from pacectl.tuning.verdict import DEFAULT_OBJECTIVES
 REFERENCE = "threshold"
 
 
-def validate_tune_config(cfg: DictConfig) -> None:
+def validate_tune_config(cfg: DictConfig) -> Settings:
     """Every check of ``pacectl.run``'s config (:func:`pacectl.config.validate_run_config`: keys,
     ranges, the guard), and ``tune``'s own (:class:`Settings`), before any storage is made.
+
+    Returns:
+        The checked ``tune.*`` settings.
 
     Raises:
         ConfigError: naming the key, the value and the fix.
     """
     validate_run_config(cfg)
-    Settings.from_cfg(cfg.tune)
+    return Settings.from_cfg(cfg.tune)
 
 
 def tune_space(cfg: DictConfig, settings: Settings) -> SearchSpace:

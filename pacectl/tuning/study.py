@@ -171,7 +171,7 @@ def run_tuning(
     which has no command line, sets ``cfg.cluster.traces`` instead.
 
     Every check that needs no trial (config keys, guard, space, episodes) runs before the storage is
-    created. The outputs are written together (staged, then moved), so none is half written.
+    created; the outputs are written together (:mod:`pacectl.tuning.outputs`).
 
     Args:
         cfg: the composed config (``conf/tune.yaml``).
@@ -189,8 +189,7 @@ def run_tuning(
         KeyboardInterrupt: Ctrl-C before that.
     """
     t0 = time.perf_counter()
-    validate_tune_config(cfg)
-    settings = Settings.from_cfg(cfg.tune)
+    settings = validate_tune_config(cfg)
     space = tune_space(cfg, settings)  # every check that needs no episode, before anything runs
     scenarios = build_scenarios(cfg, overrides=task_overrides())
     for line in ignored_overrides(scenarios, task_overrides()):
@@ -198,7 +197,7 @@ def run_tuning(
     family = space.family
     name = settings.study_name or f"{scenarios.default_study_name}-{family}"
     spec = storage_spec(settings.storage, out_dir, cwd=Path(user_path(".")))
-    if settings.storage in (None, ""):
+    if settings.storage is None:  # Settings reads an empty tune.storage as null
         out_dir.mkdir(parents=True, exist_ok=True)  # the default journal lives in the run folder
     previous = _previous_study_name(out_dir)
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -6,8 +6,7 @@ completed trials as :class:`TrialPoint` values and no pacing's (and the paper's 
 
 The objectives are two or three of :data:`OBJECTIVES` (``tune.objectives``; by default
 :data:`DEFAULT_OBJECTIVES`: throughput up, CV down; ``energy``, the modelled energy per iteration
-summed over ranks, down). Dominance is written once, :func:`_dominance`, over the objectives
-oriented so that higher is better; :func:`dominates` and :func:`pareto_mask` both use it.
+summed over ranks, down). :func:`dominates` and :func:`pareto_mask` share :func:`_dominance`.
 """
 
 from __future__ import annotations
