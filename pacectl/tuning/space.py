@@ -19,10 +19,9 @@ controller gets ``fraction * <other>``. The shipped threshold and EWMA spaces sa
 ``off_threshold_s`` as a fraction of ``on_threshold_s`` in [0, 1], so the constructor's
 ``off_threshold_s <= on_threshold_s`` always holds and no trial is spent on an invalid pair.
 
-Units: with ``controller.units=iteration`` every ``*_s`` parameter is a fraction of the median
-iteration time (1.0 = one iteration), so the default space is ``conf/tune/space/<family>.iteration.yaml``
-(time bounds up to one iteration) instead of ``<family>.yaml`` (seconds, up to 10 s); a ``tune.space``
-file whose time bounds go above 1.0 is refused with that unit (:func:`check_units`).
+Units: with ``controller.units=iteration`` the default space is ``<family>.iteration.yaml`` (time
+bounds up to one iteration, not the seconds file's 10 s), and :func:`check_units` refuses a
+``tune.space`` whose time bounds go above 1.0.
 
 Every mistake (unknown key or field, bad bounds, unknown type) is a :class:`ConfigError` raised by
 :func:`parse_space` before any trial runs.

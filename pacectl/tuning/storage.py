@@ -3,11 +3,8 @@
 Storage (``tune.storage``):
 
 - ``null`` (default): a journal file ``<run dir>/optuna.journal`` (Optuna's ``JournalStorage`` over
-  ``JournalFileBackend``). Every finished trial is one appended line, so a study killed with SIGKILL
-  keeps every finished trial and resumes when the same command runs again with the same
-  ``hydra.run.dir`` (or with ``tune.storage`` and ``tune.study_name`` set explicitly). The file lock
-  is an ``fcntl.flock`` (:class:`FlockLock`), which the kernel releases when a process dies, so a kill
-  never leaves a stale lock behind;
+  ``JournalFileBackend``, locked by :class:`FlockLock`). Every finished trial is one appended line,
+  so a study killed with SIGKILL keeps every finished trial and resumes;
 - a file path: a journal file there (any name; shared by every process that names it);
 - an RDB URL (``sqlite:///tune.db``, ``postgresql://user:pw@host/db``): Optuna's ``RDBStorage``;
   workers on several machines share one study by running the same command against the same URL
