@@ -272,7 +272,7 @@ def _run_trials(echo: Callable[[str], None], run: _Study) -> tuple[optuna.Study,
     stale = fail_stale_trials(study)
     if stale:
         echo(f"marked {len(stale)} trial(s) left running by a killed process as FAIL: {stale}")
-    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     if running:
         owners = sorted({str(t.user_attrs.get("worker", "owner unknown")) for t in running})
         echo(
@@ -287,17 +287,15 @@ def _run_trials(echo: Callable[[str], None], run: _Study) -> tuple[optuna.Study,
     existing = study.get_trials(deepcopy=False)
     done = sum(t.state in FINISHED for t in existing)
     remaining = max(0, settings.n_trials - done)
+    if scenarios.trace_from_command_line:
+        fabric = f"profile {scenarios.profile} for the fabric; " if scenarios.comm_model != "null" else ""
+        where = f"the command line's trace ({fabric}{scenarios.kind}: "
+    else:
+        where = f"{scenarios.profile} ({scenarios.kind}: "
     echo(
-        f"study {name!r} ({spec.display}): {space.family} on "
-        + (
-            "the command line's trace ("
-            + (f"profile {scenarios.profile} for the fabric; " if scenarios.comm_model != "null" else "")
-            + f"{scenarios.kind}: "
-            if scenarios.trace_from_command_line
-            else f"{scenarios.profile} ({scenarios.kind}: "
-        )
-        + f"{', '.join(scenarios.labels)}; comm model {scenarios.comm_model}), {done} finished trial(s), "
-        f"{remaining} to run with {settings.n_workers} worker(s), sampler {settings.sampler}"
+        f"study {name!r} ({spec.display}): {space.family} on {where}{', '.join(scenarios.labels)}; comm model "
+        f"{scenarios.comm_model}), {done} finished trial(s), {remaining} to run with {settings.n_workers} "
+        f"worker(s), sampler {settings.sampler}"
     )
     echo(
         f"no pacing: {baseline.throughput_it_per_s:.6g} it/s, cv {baseline.cv:.4g}; paper threshold: "
@@ -326,7 +324,7 @@ def _run_trials(echo: Callable[[str], None], run: _Study) -> tuple[optuna.Study,
     check_interrupt()  # a Ctrl-C that arrived outside an evaluation: stop before writing any output
     study = optuna.load_study(study_name=name, storage=spec.open())
     trials = study.get_trials(deepcopy=False)
-    elsewhere = [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    elsewhere = [t.number for t in trials if t.state == TrialState.RUNNING]
     if elsewhere:
         echo(
             f"note: trial(s) {elsewhere} still running in other commands sharing the study: these outputs "
