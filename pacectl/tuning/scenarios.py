@@ -21,7 +21,7 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -61,13 +61,8 @@ class Evaluation:
         return 1.0 - throughput_it_per_s / self.throughput_it_per_s
 
     def to_json(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return {
-            "throughput_it_per_s": self.throughput_it_per_s,
-            "cv": self.cv,
-            "per_episode": self.per_episode,
-            "energy_per_iteration_j": self.energy_per_iteration_j,
-        }
+        """JSON-ready dict: the fields, in order."""
+        return asdict(self)
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Evaluation:
