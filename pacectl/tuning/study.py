@@ -128,16 +128,17 @@ def _open_study(
         )
     if recorded is None:
         study.set_user_attr(SETTINGS_ATTR, settings)  # first, so a concurrent opener sees it
-    elif recorded != settings and "objectives" not in settings and _within(recorded, settings):
-        added = settings_diff(exchange_shown(recorded), exchange_shown(settings))
-        raise ConfigError(  # the study's pacectl recorded less: this one's trials are not comparable
-            f"study {name!r} in {spec.display} cannot resume: it was made by an older pacectl.tune, which did "
-            f"not record settings this one does ({'; '.join(d.partition(': not set in')[0] for d in added[:4])}"
-            f"{'; ...' if len(added) > 4 else ''}), so its trials cannot be checked against this command's. "
-            f"Start a new study: tune.study_name={name}-2 (or another hydra.run.dir when tune.storage is null)"
-        )
     elif recorded != settings:
         diffs = settings_diff(exchange_shown(recorded), exchange_shown(settings))
+        if "objectives" not in settings and _within(recorded, settings):
+            # the study's pacectl recorded less: this one's trials are not comparable
+            added = "; ".join(d.partition(": not set in")[0] for d in diffs[:4])
+            raise ConfigError(
+                f"study {name!r} in {spec.display} cannot resume: it was made by an older pacectl.tune, which "
+                f"did not record settings this one does ({added}{'; ...' if len(diffs) > 4 else ''}), so its "
+                "trials cannot be checked against this command's. Start a new study: "
+                f"tune.study_name={name}-2 (or another hydra.run.dir when tune.storage is null)"
+            )
         shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
         raise ConfigError(
             f"study {name!r} in {spec.display} was run with other settings than this command's, and a "
