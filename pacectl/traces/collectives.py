@@ -45,8 +45,8 @@ next step's first segment).
   common end - duration; the common end is placed at the median over ranks of enqueue + duration.
 - ``created``: host enqueue times (``time_created_ns``, NCCL Inspector ``coll_start_ts``), assumed
   to share one clock (one host, or synchronised clocks). Where durations are present too, each
-  rank's clock offset is estimated from the collectives' common completion (enqueue + duration),
-  and removed when it exceeds 1 ms and twice the residual (the Kineto importer's ``auto`` rule).
+  rank's clock offset is estimated from the collectives' common completion (enqueue + duration)
+  and removed when it exceeds 1 ms and twice the residual (:func:`clock_offsets`).
   The dumps record no end time then, so a collective's transfer is modelled:
   ``collective_s``, or ``collective_frac`` of the median step period (the step-level importer's
   rule); arrival spreads are unaffected by it.
@@ -618,18 +618,33 @@ def _stage_times(
     return out[0], out[1], out[2]
 
 
-def _offsets(created: NDArray[np.float64], dur: NDArray[np.float64]) -> tuple[NDArray[np.float64], float]:
-    """Each rank's clock offset (s) from the common completion ``created + duration``, and the residual."""
-    done = created + dur  # [S, n, K]
+def clock_offsets(
+    done: NDArray[np.float64], min_offset: float, *, force: bool = False
+) -> NDArray[np.float64]:
+    """Each rank's clock offset against the first rank, where it is worth removing.
+
+    All ranks leave a collective together, so the median difference of their completion times to
+    the first rank's estimates each offset; it is removed only when it exceeds both ``min_offset``
+    and twice the median residual left after removing it (ranks on one host share a clock, and
+    there the small estimates are exit skew, not clock offsets).
+
+    Args:
+        done: ``[S, n, K]`` each collective's completion (its end, or enqueue + duration; NaN: none).
+        min_offset: the smallest offset worth removing, in the unit of ``done``.
+        force: return the estimates whatever their size.
+
+    Returns:
+        ``[n]`` the offsets in the unit of ``done`` (zeros: not worth removing, or one rank).
+    """
     n = done.shape[1]
     if n < 2 or not np.isfinite(done).any():
-        return np.zeros(n), 0.0
+        return np.zeros(n)
     diff = (done - done[:, :1, :]).transpose(1, 0, 2).reshape(n, -1)
     est = np.nanmedian(diff, axis=1)
     est = np.where(np.isfinite(est), est, 0.0)
     after = done - est[None, :, None]
     resid = float(np.nanmedian(np.nanmax(after, axis=1) - np.nanmin(after, axis=1)))
-    return est, resid
+    return est if force or float(np.max(np.abs(est))) > max(min_offset, 2.0 * resid) else np.zeros(n)
 
 
 def assemble(
@@ -740,9 +755,7 @@ def assemble(
         created = (created_ns - base_ns) * 1e-9 if have_created else np.zeros_like(dur)
         offsets = np.zeros(len(mem))
         if have_created and np.isfinite(dur).any():
-            est, resid = _offsets(created, dur)
-            if float(np.max(np.abs(est))) > max(_AUTO_ALIGN_S, 2.0 * resid):
-                offsets = est
+            offsets = clock_offsets(created + dur, _AUTO_ALIGN_S)
         offsets_all.update({r: float(o) for r, o in zip(mem, offsets, strict=True)})
         created = created - offsets[None, :, None]
         end_s = (end_ns - base_ns) * 1e-9 - offsets[None, :, None]
@@ -787,8 +800,13 @@ def assemble(
             arrival = created
             end = arrival.max(axis=1) + transfer
         coll_end = np.broadcast_to(end[:, None, :], arrival.shape)
-        ops, spread, step_t = _op_table(
-            arrival[..., 1:], coll_end[..., 1:], end[:, 0], stage=stage, ranks=mem
+        ops, spread, step_t = step_ops(
+            arrival[..., 1:],
+            coll_end[..., 1:],
+            np.broadcast_to(end[:, :1], arrival.shape[:2]),
+            steps=np.arange(len(end), dtype=np.int64),
+            ranks=mem,
+            stage=stage,
         )
         stage_ops.append(ops)
         spreads.append(spread)
@@ -906,36 +924,58 @@ def op_frame(
     )
 
 
-def _op_table(
+def step_ops(
     arrival: NDArray[np.float64],
     end: NDArray[np.float64],
-    start: NDArray[np.float64],
+    step_start: NDArray[np.float64],
     *,
-    stage: int,
+    steps: NDArray[np.int64],
     ranks: list[int],
+    stage: int = 0,
+    fwd_end: NDArray[np.float64] | None = None,
+    step_end: NDArray[np.float64] | None = None,
+    scale: float = 1.0,
 ) -> tuple[pd.DataFrame, NDArray[np.float64], NDArray[np.float64]]:
-    """The ops of one stage from arrivals and ends ``[S, n, K]`` and step starts ``[S]`` (s).
+    """The op table of one stage from its recorded times (the mapping of the module docstring).
+
+    Args:
+        arrival: ``[S, n, K]`` each gradient collective's arrival, clamped into its step here.
+        end: ``[S, n, K]`` its end.
+        step_start: ``[S, n]`` each step's start on each rank.
+        steps: ``int64[S]`` the step ids.
+        ranks: the global rank of each DP rank (``dp_rank`` is the position).
+        stage: the pipeline stage.
+        fwd_end: ``[S, n]`` the recorded forward end (NaN: not recorded), clipped into [step start,
+            first arrival]; None: the first arrival.
+        step_end: ``[S, n]`` the recorded step end (NaN: none); a step ends at the latest of it and
+            the rank's last bucket end. None: the last bucket end over all ranks.
+        scale: seconds per unit of the times (``1e-6`` for µs).
 
     Returns:
-        ``(ops, spread, step_time)``: the op table (times relative to each step's start), the
-        arrival spread ``[S, K]`` and the step times ``[S]`` (s).
+        ``(ops, spread, step_time)``: the op table (times in seconds from each step's earliest start
+        over ranks), the arrival spread ``[S, K]`` and the step times ``[S]`` (s).
     """
-    S, n, K = arrival.shape
-    A = np.maximum(arrival, start[:, None, None])
-    starts_b, E = serialise_buckets(A, np.maximum(end, A))
+    A = np.maximum(arrival, step_start[..., None])
     A_sorted = np.sort(A, axis=2)
+    fe = A_sorted[..., 0]
+    if fwd_end is not None:
+        fe = np.clip(np.where(np.isnan(fwd_end), fe, fwd_end), step_start, fe)
+    starts_b, E = serialise_buckets(A, np.maximum(end, A))
     last_end = E.max(axis=2)
-    step_end = np.broadcast_to(last_end.max(axis=1, keepdims=True), last_end.shape)
+    if step_end is None:
+        step_end = np.broadcast_to(last_end.max(axis=1, keepdims=True), last_end.shape)
+    else:
+        step_end = np.fmax(step_end, last_end)
+    bounds = np.concatenate([fe[..., None], A_sorted], axis=2)
+    t0 = step_start.min(axis=1)[:, None]
 
     def block(optype: str, seq: int, lo: NDArray[np.float64], hi: NDArray[np.float64], mc: int) -> OpBlock:
-        return optype, seq, mc, lo - start[:, None], np.maximum(hi - lo, 0.0)
+        return optype, seq, mc, (lo - t0) * scale, np.maximum(hi - lo, 0.0) * scale
 
-    blocks = [block("forward-compute", 0, start[:, None], A_sorted[..., 0], 0)]
-    for k in range(K):
-        lo = A_sorted[..., k - 1] if k else A_sorted[..., 0]
-        blocks.append(block("backward-compute", k, lo, A_sorted[..., k], 0))
+    blocks = [block("forward-compute", 0, step_start, fe, 0)]
+    for k in range(A.shape[2]):
+        blocks.append(block("backward-compute", k, bounds[..., k], bounds[..., k + 1], 0))
         blocks.append(block("grads-reduce-scatter", k, starts_b[..., k], E[..., k], -1))
     blocks.append(block("optimizer", 0, last_end, step_end, -1))
-    ops = op_frame(np.arange(S, dtype=np.int64), ranks, stage, blocks)
-    spread = A.max(axis=1) - A.min(axis=1)
-    return ops, spread, last_end.max(axis=1) - start
+    spread = (A.max(axis=1) - A.min(axis=1)) * scale
+    return op_frame(steps, ranks, stage, blocks), spread, (step_end.max(axis=1) - t0[:, 0]) * scale

@@ -40,12 +40,10 @@ all ranks:
 
 Matching across ranks: by (process group, sequence number) when every collective carries a sequence
 number, else by ordinal within (process group or stream) and step (``KinetoReport.matching``).
-Clock alignment: all ranks leave a collective together, so the median difference of matched end
-times estimates each rank's clock offset against the first rank. ``align="auto"`` applies it only
-when it exceeds both 1 ms and twice the median residual left after aligning (ranks on one host
-share a clock, and there the small estimates are exit skew, not clock offsets); ``"end"`` always
-applies it, ``"none"`` never. The residual (max - min end over ranks per matched collective, after
-alignment if applied) is reported.
+Clock alignment on the matched collectives' ends (:func:`~pacectl.traces.collectives.clock_offsets`):
+``align="auto"`` removes each rank's offset only when it exceeds both 1 ms and twice the median
+residual left after aligning; ``"end"`` always, ``"none"`` never. The residual (max - min end over
+ranks per matched collective, after alignment if applied) is reported.
 """
 
 from __future__ import annotations
@@ -63,7 +61,7 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from pacectl.errors import TraceError, plural
-from pacectl.traces.collectives import OpBlock, op_frame, serialise_buckets
+from pacectl.traces.collectives import clock_offsets, step_ops
 from pacectl.traces.jsonstream import DEFAULT_MAX_BYTES, StreamResult, stream_events
 from pacectl.traces.model import (
     MAX_DURATION_S,
@@ -1300,72 +1298,11 @@ def _align_clocks(t: _Times, align: str) -> tuple[_Times, NDArray[np.float64], N
     Returns ``(times, offsets, residual)``: the times after alignment, the offsets applied ([n], µs;
     zeros when not applied) and max - min end over ranks per matched collective ([S, K], µs).
     """
-    end = t.end
-    S, n, K = end.shape
-    offsets = np.zeros(n)
-    if n > 1 and align != "none":
-        diff = (end - end[:, :1, :]).transpose(1, 0, 2).reshape(n, -1)
-        est = np.nanmedian(diff, axis=1)
-        after = end - est[None, :, None]
-        resid_after = float(np.nanmedian(np.nanmax(after, axis=1) - np.nanmin(after, axis=1)))
-        apply = align == "end" or bool(np.nanmax(np.abs(est)) > max(_AUTO_ALIGN_US, 2.0 * resid_after))
-        if apply:
-            offsets = est
+    S, n, K = t.end.shape
+    offsets = np.zeros(n) if align == "none" else clock_offsets(t.end, _AUTO_ALIGN_US, force=align == "end")
     t = t.shifted(offsets)
     resid = (np.nanmax(t.end, axis=1) - np.nanmin(t.end, axis=1)) if n > 1 else np.zeros((S, K))
     return t, offsets, resid
-
-
-@dataclass
-class _OpTimes:
-    """Op boundaries per step s, rank j (and bucket k), µs (see the module docstring's mapping)."""
-
-    arrival: NDArray[np.float64]  # [S, n, K] arrivals clamped into the step
-    fwd_end: NDArray[np.float64]  # [S, n] forward end, within [step start, first arrival]
-    bounds: NDArray[np.float64]  # [S, n, K+1] forward end, then the sorted arrivals
-    coll_start: NDArray[np.float64]  # [S, n, K] bucket op start (serialised after the previous)
-    coll_end: NDArray[np.float64]  # [S, n, K]
-    last_end: NDArray[np.float64]  # [S, n] last bucket end
-    step_end: NDArray[np.float64]  # [S, n] max of CPU end, GPU end and last bucket end
-
-
-def _op_times(t: _Times) -> _OpTimes:
-    """The ops' start and end times from the aligned recorded times."""
-    A = np.maximum(t.arrival, t.step_start[..., None])
-    E = np.maximum(t.end, A)
-    A_sorted = np.sort(A, axis=2)
-    fe = np.where(np.isnan(t.fwd_end), A_sorted[..., 0], t.fwd_end)
-    fe = np.clip(fe, t.step_start, A_sorted[..., 0])
-    starts_b, E = serialise_buckets(A, E)
-    last_end = E.max(axis=2)
-    return _OpTimes(
-        arrival=A,
-        fwd_end=fe,
-        bounds=np.concatenate([fe[..., None], A_sorted], axis=2),
-        coll_start=starts_b,
-        coll_end=E,
-        last_end=last_end,
-        step_end=np.fmax(np.fmax(t.step_end, t.gpu_end), last_end),
-    )
-
-
-def _op_table(
-    o: _OpTimes, step_start: NDArray[np.float64], good: list[Any], rank_ids: list[int]
-) -> pd.DataFrame:
-    """The canonical op table (times in seconds from each step's earliest start over ranks)."""
-    t0 = step_start.min(axis=1)[:, None]
-
-    def block(
-        optype: str, seq: int, start: NDArray[np.float64], end: NDArray[np.float64], mc: int
-    ) -> OpBlock:
-        return optype, seq, mc, (start - t0) * 1e-6, np.maximum(end - start, 0.0) * 1e-6
-
-    blocks = [block("forward-compute", 0, step_start, o.fwd_end, 0)]
-    for k in range(o.arrival.shape[2]):
-        blocks.append(block("backward-compute", k, o.bounds[..., k], o.bounds[..., k + 1], 0))
-        blocks.append(block("grads-reduce-scatter", k, o.coll_start[..., k], o.coll_end[..., k], -1))
-    blocks.append(block("optimizer", 0, o.last_end, o.step_end, -1))
-    return op_frame(np.asarray(good, dtype=np.int64), rank_ids, 0, blocks)
 
 
 def _job_meta(recs: list[_RankFile], files: list[Path], world_size: int | None, name: str | None) -> JobMeta:
@@ -1413,12 +1350,20 @@ def _assemble(
     common, all_steps = _common_steps(m)
     allc, good, K, use_seq = _match_collectives(m, use, common, all_steps)
     times, offsets, resid = _align_clocks(_time_arrays(recs, allc, good, K), align)
-    op = _op_times(times)
     rank_ids = [r.rank for r in recs]
+    table, spread, step_time_s = step_ops(
+        times.arrival,
+        times.end,
+        times.step_start,
+        steps=np.asarray(good, dtype=np.int64),
+        ranks=rank_ids,
+        fwd_end=times.fwd_end,
+        step_end=np.fmax(times.step_end, times.gpu_end),
+        scale=1e-6,
+    )
     meta = _job_meta(recs, files, world_size, name)
-    ops = validate_ops(_op_table(op, times.step_start, good, rank_ids), meta, source=src)
+    ops = validate_ops(table, meta, source=src)
     S = len(good)
-    spread = (op.arrival.max(axis=1) - op.arrival.min(axis=1)) * 1e-6  # true arrivals, [S, K]
     kinds_count = allc.groupby("kind").size() / max(n * S, 1)
     backends = sorted({r.backend for r in recs if r.backend})
     kinds_label = ", ".join(sorted(str(k) for k in kinds_count.index)) or "none"
@@ -1452,7 +1397,7 @@ def _assemble(
         residual_max_s=float(np.max(resid)) * 1e-6,
         spread_first_s=spread[:, 0],
         spread_all_s=spread,
-        step_time_s=((op.step_end.max(axis=1) - times.step_start.min(axis=1)) * 1e-6),
+        step_time_s=step_time_s,
         num_events=sum(r.num_events for r in recs),
         warnings=notes,
     )
