@@ -172,23 +172,19 @@ class _Reader:
             if not self._more():
                 return ""
 
+    def take(self, *expected: str, context: str) -> str:
+        """Consume the next non-whitespace character, which must be one of ``expected``."""
+        c = self.peek()
+        if c == "":
+            raise _EndOfData
+        if c not in expected:
+            raise _Corrupt(self.offset, f"expected {' or '.join(map(repr, expected))} {context}, got {c!r}")
+        self.pos += 1
+        return c
+
     def closed(self, close: str, context: str) -> bool:
         """Consume the ``,`` between two items (False) or the ``close`` after the last one (True)."""
-        c = self.peek()
-        if c == "":
-            raise _EndOfData
-        if c not in (",", close):
-            raise _Corrupt(self.offset, f"expected ',' or {close!r} {context}, got {c!r}")
-        self.pos += 1
-        return c == close
-
-    def take(self, expected: str, context: str) -> None:
-        c = self.peek()
-        if c == "":
-            raise _EndOfData
-        if c != expected:
-            raise _Corrupt(self.offset, f"expected {expected!r} {context}, got {c!r}")
-        self.pos += 1
+        return self.take(",", close, context=context) == close
 
     def value(self) -> Any:
         """Decode one JSON value at the cursor."""
@@ -255,7 +251,7 @@ def stream_events(
 
     def read_array() -> None:
         nonlocal count, in_events
-        reader.take("[", "to open the event array")
+        reader.take("[", context="to open the event array")
         in_events = True
         if reader.peek() == "]":
             reader.pos += 1
@@ -281,7 +277,7 @@ def stream_events(
                     key = reader.value()
                     if not isinstance(key, str):
                         raise _Corrupt(reader.offset, f"expected a string key, got {key!r}")
-                    reader.take(":", f"after key {key!r}")
+                    reader.take(":", context=f"after key {key!r}")
                     if key == "traceEvents":
                         read_array()
                     else:
