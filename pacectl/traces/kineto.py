@@ -360,18 +360,9 @@ def _time_problems(ev: dict[str, Any]) -> list[tuple[str, str]]:
     if ts is None or not math.isfinite(ts):
         out.append(("ts", f"ts of {name[:60]!r} must be a finite number (µs), got {ev.get('ts')!r}"))
     if dur is None or not math.isfinite(dur) or dur < 0 or dur > _MAX_DUR_US:
-        out.append(
-            (
-                "dur",
-                f"dur of {name[:60]!r} must be a finite number in [0, {_MAX_DUR_US:.0f}] µs, got {ev.get('dur')!r}",
-            )
-        )
+        bound = f"a finite number in [0, {_MAX_DUR_US:.0f}] µs"
+        out.append(("dur", f"dur of {name[:60]!r} must be {bound}, got {ev.get('dur')!r}"))
     return out
-
-
-def _seq_of(args: dict[str, Any]) -> Any:
-    """The collective's sequence number as recorded (the first of ``_SEQ_KEYS`` present), else None."""
-    return next((args[k] for k in _SEQ_KEYS if k in args), None)
 
 
 def _event_row(code: str, ev: dict[str, Any], idx: int) -> _Event:
@@ -392,7 +383,7 @@ def _event_row(code: str, ev: dict[str, Any], idx: int) -> _Event:
         pg=args.get("Process Group Name") if collective else None,
         stream=args.get("stream", ev.get("tid")) if kernel else None,
         nelems=args.get("In msg nelems") if kernel else None,
-        seq=_seq_of(args) if collective else None,
+        seq=next((args[k] for k in _SEQ_KEYS if k in args), None) if collective else None,
     )
 
 
@@ -401,14 +392,6 @@ def _correlation(args: dict[str, Any]) -> int | None:
     infinity or a fraction links nothing: the event then belongs to the step of its own start)."""
     corr = _num(args.get("correlation"))
     return int(corr) if corr is not None and math.isfinite(corr) and corr == int(corr) else None
-
-
-def _record_launch(ev: dict[str, Any], launches: dict[int, float]) -> None:
-    """Remember a ``cuda_runtime`` call's start (µs) under its correlation id, when it has both."""
-    corr = _correlation(_args(ev))
-    ts = _num(ev.get("ts"))
-    if corr is not None and ts is not None and math.isfinite(ts):
-        launches[corr] = ts
 
 
 def _events_frame(rows: list[_Event]) -> pd.DataFrame:
@@ -449,8 +432,10 @@ def _stream_file(
         code = _classify(ev)
         if code is None:
             return
-        if code == "L":
-            _record_launch(ev, launches)
+        if code == "L":  # a cuda_runtime call: its start, when it has one and a correlation id
+            corr, ts = _correlation(_args(ev)), _num(ev.get("ts"))
+            if corr is not None and ts is not None and math.isfinite(ts):
+                launches[corr] = ts
             return
         bad = _time_problems(ev)
         for fld, msg in bad:
@@ -484,19 +469,10 @@ def _truncation(fname: str, res: StreamResult, notes: list[str]) -> str:
 def _report_duplicates(ev: pd.DataFrame, fname: str, problems: list[Problem]) -> None:
     """A problem for each of the first 20 exact duplicates (same kind, name, pid, tid, ts, dur) among
     the kept events: a recording or merge error."""
-    dup = ev.duplicated(subset=["kind", "loc", "ts", "dur"], keep="first")
-    if not dup.any():
-        return
-    first = ev[dup].head(20)
+    first = ev[ev.duplicated(subset=["kind", "loc", "ts", "dur"], keep="first")].head(20)
     for idx, name, ts in zip(first["idx"], first["name"], first["ts"], strict=True):
-        problems.append(
-            Problem(
-                fname,
-                f"event #{int(idx)}",
-                "event",
-                f"each event must appear once, got a duplicate of {name[:60] or 'a GPU event'!r} at ts {plain(ts)!r}",
-            )
-        )
+        msg = f"each event must appear once, got a duplicate of {name[:60] or 'a GPU event'!r} at ts {plain(ts)!r}"
+        problems.append(Problem(fname, f"event #{int(idx)}", "event", msg))
 
 
 def _rank_of(
@@ -525,14 +501,11 @@ def _rank_of(
         elif single:
             rank, rank_from = 0, "default (single file)"
         else:
-            problems.append(
-                _file_problem(
-                    fname,
-                    "distributedInfo.rank",
-                    "the rank of each file must be known, got no distributedInfo.rank and no 'rank<N>' "
-                    "in the file name; rename the file or pass ranks (--rank / trace.ranks)",
-                )
+            msg = (
+                "the rank of each file must be known, got no distributedInfo.rank and no 'rank<N>' "
+                "in the file name; rename the file or pass ranks (--rank / trace.ranks)"
             )
+            problems.append(_file_problem(fname, "distributedInfo.rank", msg))
             return None
         notes.append(f"{fname}: distributedInfo.rank missing, rank {rank} taken from the {rank_from}")
     if rank < 0:
@@ -549,18 +522,9 @@ def _world_size_of(dist: dict[str, Any] | None, fname: str, problems: list[Probl
     if isinstance(ws, int) and not isinstance(ws, bool) and ws >= 1:
         return ws
     if ws is not None:
-        problems.append(
-            _file_problem(
-                fname, "distributedInfo.world_size", f"world_size must be a positive integer, got {ws!r}"
-            )
-        )
+        msg = f"world_size must be a positive integer, got {ws!r}"
+        problems.append(_file_problem(fname, "distributedInfo.world_size", msg))
     return None
-
-
-def _base_us(meta: dict[str, Any]) -> float | None:
-    """``baseTimeNanoseconds`` in µs (the epoch of relative ``ts``), None when absent or not finite."""
-    base = _num(meta.get("baseTimeNanoseconds"))
-    return base / 1000.0 if base is not None and math.isfinite(base) else None
 
 
 def _steps_table(
@@ -580,12 +544,11 @@ def _steps_table(
                 )
             )
             return None
-        if truncated:
-            notes.append(
-                f"{fname}: no ProfilerStep#N annotation survived the truncation; the recovered part is one step (0)"
-            )
-        else:
-            notes.append(f"{fname}: no ProfilerStep#N annotation; the whole trace is one step (0)")
+        notes.append(
+            f"{fname}: no ProfilerStep#N annotation survived the truncation; the recovered part is one step (0)"
+            if truncated
+            else f"{fname}: no ProfilerStep#N annotation; the whole trace is one step (0)"
+        )
         return pd.DataFrame({"step": [0], "start": [ev["ts"].min()], "end": [(ev["ts"] + ev["dur"]).max()]})
     step_ids = st["name"].str.slice(len("ProfilerStep#")).astype(np.int64)
     steps = pd.DataFrame(
@@ -596,18 +559,10 @@ def _steps_table(
         }
     )
     dups = steps["step"].duplicated()
-    if dups.any():
-        for i in np.flatnonzero(dups.to_numpy())[:5]:
-            problems.append(
-                Problem(
-                    fname,
-                    f"event #{int(st['idx'].iloc[i])}",
-                    "name",
-                    f"each ProfilerStep#N must appear once, got step {int(steps['step'].iloc[i])} again",
-                )
-            )
-        steps = steps[~dups]
-    return steps.sort_values("start").reset_index(drop=True)
+    for i in np.flatnonzero(dups.to_numpy())[:5]:
+        msg = f"each ProfilerStep#N must appear once, got step {int(steps['step'].iloc[i])} again"
+        problems.append(Problem(fname, f"event #{int(st['idx'].iloc[i])}", "name", msg))
+    return steps[~dups].sort_values("start").reset_index(drop=True)
 
 
 def _anchor_times(ev: pd.DataFrame, launches: dict[int, float]) -> NDArray[np.float64]:
@@ -646,23 +601,25 @@ def _step_ends(ev: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     return fwd_end, gpu_end
 
 
-def _kernel_kind(coll: Any, name: str) -> str:
-    """Canonical kind of an NCCL/RCCL kernel: from its ``Collective name`` when a string, else its name."""
-    if isinstance(coll, str):
-        return _kind(coll)
-    m = _KERNEL_RE.match(name)
+def _matched_kind(pattern: re.Pattern[str], name: str) -> str:
+    """Canonical kind of the collective that ``pattern``'s first group names in ``name``."""
+    m = pattern.match(name)
     return _kind(m.group(1) if m else "unknown")
 
 
 def _kernel_collectives(kern: pd.DataFrame) -> pd.DataFrame:
     """Collectives from NCCL/RCCL kernels (columns ``_COLL_COLUMNS``; arrival = kernel start, µs).
 
-    Process group: ``Process Group Name`` when a string, else ``stream <stream>``.
+    Kind: from the ``Collective name`` when a string, else the kernel name. Process group:
+    ``Process Group Name`` when a string, else ``stream <stream>``.
     """
     return pd.DataFrame(
         {
             "step": kern["step"].to_numpy(),
-            "kind": [_kernel_kind(c, n) for c, n in zip(kern["coll"], kern["name"], strict=True)],
+            "kind": [
+                _kind(c) if isinstance(c, str) else _matched_kind(_KERNEL_RE, n)
+                for c, n in zip(kern["coll"], kern["name"], strict=True)
+            ],
             "pg": [
                 pg if isinstance(pg, str) else f"stream {stream}"
                 for pg, stream in zip(kern["pg"], kern["stream"], strict=True)
@@ -673,12 +630,6 @@ def _kernel_collectives(kern: pd.DataFrame) -> pd.DataFrame:
             "nelems": [_num(x) for x in kern["nelems"]],
         }
     )
-
-
-def _enqueue_kind(name: str) -> str:
-    """Canonical kind of a ``c10d::<coll>_`` enqueue op."""
-    m = _ENQUEUE_RE.match(name)
-    return _kind(m.group(1) if m else "unknown")
 
 
 def _paired_arrivals(
@@ -694,7 +645,7 @@ def _paired_arrivals(
         return None
     back_ts = back["ts"].to_numpy()
     enq_ts = enq["ts"].to_numpy()
-    enq_kind = np.array([_enqueue_kind(n) for n in enq["name"]], dtype=object)
+    enq_kind = np.array([_matched_kind(_ENQUEUE_RE, n) for n in enq["name"]], dtype=object)
     arrival = back_ts.copy()
     for k in np.unique(kinds):
         bi = np.flatnonzero(kinds == k)
@@ -773,7 +724,7 @@ def _read_rank_file(
     rank, rank_from = ranked
     world = _world_size_of(dist, fname, problems)
     backend = str(dist.get("backend")) if dist is not None and dist.get("backend") is not None else None
-    base_us = _base_us(meta)
+    base_ns = _num(meta.get("baseTimeNanoseconds"))  # the epoch of the relative ts
     steps = _steps_table(ev, fname, res.truncated is not None, problems, notes)
     if steps is None:
         return None
@@ -786,7 +737,7 @@ def _read_rank_file(
         rank_from=rank_from,
         world_size=world,
         backend=backend,
-        base_us=base_us,
+        base_us=base_ns / 1000.0 if base_ns is not None and math.isfinite(base_ns) else None,
         truncated=res.truncated is not None,
         truncated_how=truncated_how,
         steps=steps,
@@ -862,14 +813,8 @@ def import_kineto(
             continue
         if rec is not None:
             recs.append(rec)
-    if strict:
-        for r in recs:
-            if r.truncated:
-                problems.append(
-                    _file_problem(
-                        r.path, "file", "a trace file must be complete in strict mode, got a truncated file"
-                    )
-                )
+    whole = "a trace file must be complete in strict mode, got a truncated file"
+    problems += [_file_problem(r.path, "file", whole) for r in recs if strict and r.truncated]
     if problems:
         raise TraceProblems(problems)
     _check_ranks(recs, world_size, strict, problems, notes)
@@ -949,39 +894,23 @@ def _check_ranks(
     by_rank: dict[int, Path] = {}
     for r in recs:
         if r.rank in by_rank:
-            problems.append(
-                _file_problem(
-                    r.path,
-                    "distributedInfo.rank",
-                    f"each rank must come from one file, got rank {r.rank} also in {by_rank[r.rank]}",
-                )
-            )
+            msg = f"each rank must come from one file, got rank {r.rank} also in {by_rank[r.rank]}"
+            problems.append(_file_problem(r.path, "distributedInfo.rank", msg))
         by_rank[r.rank] = r.path
     if world_size is None and len(declared) > 1:
-        problems.append(
-            _file_problem(
-                recs[0].path,
-                "distributedInfo.world_size",
-                f"all files must declare one world_size, got {sorted(declared)!r}",
-            )
-        )
+        msg = f"all files must declare one world_size, got {sorted(declared)!r}"
+        problems.append(_file_problem(recs[0].path, "distributedInfo.world_size", msg))
         return
     world = world_size if world_size is not None else next(iter(declared), None)
     if world is None:
         return
     for r in recs:
         if r.rank >= world:
-            problems.append(
-                _file_problem(r.path, "rank", f"rank must be in [0, world_size={world}), got {r.rank!r}")
-            )
+            msg = f"rank must be in [0, world_size={world}), got {r.rank!r}"
+            problems.append(_file_problem(r.path, "rank", msg))
     if len(recs) > world:
-        problems.append(
-            _file_problem(
-                "<set>",
-                "world_size",
-                f"the number of rank files must be <= world_size={world}, got {len(recs)}",
-            )
-        )
+        msg = f"the number of rank files must be <= world_size={world}, got {len(recs)}"
+        problems.append(_file_problem("<set>", "world_size", msg))
     elif len(recs) < world:
         msg = (
             f"the number of rank files must equal world_size={world}, got {len(recs)} "
@@ -989,7 +918,7 @@ def _check_ranks(
         )
         if strict:
             problems.append(
-                _file_problem("<set>", "world_size", msg + "; pass all rank files, or drop --strict")
+                _file_problem("<set>", "world_size", f"{msg}; pass all rank files, or drop --strict")
             )
         else:
             notes.append(msg + ": replaying the present ranks as their own data-parallel group")
