@@ -24,9 +24,8 @@ rebuilds its buckets) and an incomplete last period are dropped, with a warning.
 (all-gathers of FSDP parameters, broadcasts, barriers) and point-to-point ops fold into compute:
 the op table has no pipeline send/recv (``forward-send`` ...), so with several stages each
 stage's DP group replays on its own within a step, without stage-to-stage dependencies (the
-step lasts as long as its slowest stage). (The Flight Recorder
-importer matches the p2p ops by ``p2p_seq_id`` and reports them,
-:func:`pacectl.traces.flight_recorder.match_p2p`; it does not feed them to this assembly.)
+step lasts as long as its slowest stage). The Flight Recorder importer reports its matched p2p
+ops (:func:`pacectl.traces.flight_recorder.match_p2p`), never feeding them to this assembly.
 
 **Compute is the gap between a rank's collectives.** Per step and rank: ``forward-compute`` runs
 from the step start (the end of the previous step's last gradient collective: the first inferred

@@ -309,7 +309,7 @@ class _Columns:
         def int64(column: str, key: str) -> np.ndarray:  # a damaged number past int64: one line
             return int64_array(c[column], field=key, source=f"{path}: key entries[*].{key}")
 
-        df = pd.DataFrame(
+        return pd.DataFrame(
             {
                 "pg_name": pd.Categorical(c["pg_name"]),
                 "pg_desc": pd.Categorical(c["pg_desc"]),
@@ -327,7 +327,6 @@ class _Columns:
                 "retired": np.asarray(c["retired"], dtype=bool),
             }
         )
-        return df
 
 
 def _check_version(raw: Any, path: Path) -> str:
@@ -373,11 +372,6 @@ def _status(raw: Any, path: Path) -> dict[int, dict[str, int]]:
     return out
 
 
-def _rank_of_name(path: Path) -> int | None:
-    m = _RANK_RE.search(path.name)
-    return int(m.group(1)) if m else None
-
-
 def read_dump(path: str | Path, *, rank: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> RankDump:
     """Read one rank's Flight Recorder dump (pickle or JSON, by its first bytes), in bounded memory.
 
@@ -409,12 +403,13 @@ def read_dump(path: str | Path, *, rank: int | None = None, max_bytes: int = DEF
         )
     kind = sniff(p)
     if rank is None:
-        rank = _rank_of_name(p)
-        if rank is None:
+        named = _RANK_RE.search(p.name)
+        if named is None:
             raise TraceError(
                 f"a dump file's name must end in its rank (as torch's writer names them: <prefix><rank>), got "
                 f"{p.name!r} (in {p.parent}); rename it or pass the ranks (trace.ranks / --rank)"
             )
+        rank = int(named.group(1))
     if kind == "pickle":
         return _read_pickle(p, rank)
     if kind == "json":
@@ -646,6 +641,7 @@ def collective_set(dumps: list[RankDump], *, source: str) -> tuple[CollectiveSet
         "numel": np.empty(total, np.int64),
         "created_ns": np.empty(total, np.int64),
         "duration_s": np.empty(total, np.float64),
+        "end_ns": np.full(total, -1, dtype=np.int64),
         "finished": np.empty(total, bool),
     }
     at = 0
@@ -668,16 +664,9 @@ def collective_set(dumps: list[RankDump], *, source: str) -> tuple[CollectiveSet
         at += n
     table = pd.DataFrame(
         {
-            "rank": cols["rank"],
-            "group": cols["group"],
+            **cols,  # in place: the kind and backend codes as categoricals
             "kind": pd.Categorical.from_codes(cols["kind"], categories=kinds),
             "backend": pd.Categorical.from_codes(cols["backend"], categories=backends),
-            "seq": cols["seq"],
-            "numel": cols["numel"],
-            "created_ns": cols["created_ns"],
-            "duration_s": cols["duration_s"],
-            "end_ns": np.full(total, -1, dtype=np.int64),
-            "finished": cols["finished"],
         },
         copy=False,
     )
@@ -827,6 +816,10 @@ def describe_status(statuses: list[GroupStatus]) -> list[str]:
 
 # ------------------------------------------------------------------------------- point-to-point
 _P2P_NAME = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
+#: the columns of :attr:`P2PReport.matches`
+_MATCH_COLUMNS = (
+    "group", "src", "dst", "send_seq", "recv_seq", "numel", "send_created_ns", "recv_created_ns", "finished",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -1109,21 +1102,10 @@ def match_p2p(
                 )
             )
             matches.append(pair.assign(group=gk, src=src, dst=dst).drop(columns="recv_numel"))
-    cols = [
-        "group",
-        "src",
-        "dst",
-        "send_seq",
-        "recv_seq",
-        "numel",
-        "send_created_ns",
-        "recv_created_ns",
-        "finished",
-    ]
     table = (
-        pd.concat(matches, ignore_index=True)[cols]
+        pd.concat(matches, ignore_index=True)[list(_MATCH_COLUMNS)]
         if matches
-        else pd.DataFrame({c: np.empty(0, bool if c == "finished" else np.int64) for c in cols})
+        else pd.DataFrame({c: np.empty(0, bool if c == "finished" else np.int64) for c in _MATCH_COLUMNS})
     )
     return P2PReport(pairs=pairs, matches=table, other=other)
 
