@@ -378,17 +378,12 @@ def analyze(
         """Step times, ``[len(dp_index), num_steps]``, of keeping DP column ``dp_index[b]``'s recorded
         durations (only on stage ``stage_index[b]``'s ops, if given), ideal elsewhere."""
         if not columns:
-            return np.array(
-                [
-                    keep(
-                        np.ones(dag.num_nodes, dtype=bool)
-                        if stage_index is None
-                        else dag.stage == stage_index[b],
-                        np.arange(dp) == dp_index[b],
-                    )
-                    for b in range(len(dp_index))
-                ]
-            ).reshape(len(dp_index), len(steps))
+            every = np.ones(dag.num_nodes, dtype=bool)
+            rows = []
+            for b, d in enumerate(dp_index):
+                on = every if stage_index is None else dag.stage == stage_index[b]
+                rows.append(keep(on, np.arange(dp) == d))
+            return np.array(rows)
 
         def changed(b0: int, b1: int) -> FloatArray:
             rec = recorded_t[:, :, dp_index[b0:b1]]
@@ -448,10 +443,7 @@ def analyze(
         last = np.broadcast_to((dag.stage == pp - 1)[:, None, None], recorded_t.shape)
         m_s = explain(last, f"every op of the last stage ({pp - 1})")
     else:  # the "last stage" would be the whole job: M_S = 1 would read as all stage imbalance
-        nan = math.nan
-        m_s = Explained(
-            t_ori, t_ideal, nan, nan, nan, nan, "undefined: one pipeline stage, no stage imbalance"
-        )
+        m_s = explained(math.nan, math.nan, "undefined: one pipeline stage, no stage imbalance")
     score = np.minimum(
         np.array([by_dp[str(d)] for d in range(dp)])[:, None],
         np.array([by_stage[str(s)] for s in range(pp)])[None, :],
