@@ -58,6 +58,31 @@ def relative_to_latest(predicted_earliness_s: FloatArray) -> FloatArray:
     return predicted_earliness_s - predicted_earliness_s.min()
 
 
+def require_reset(num_ranks: int | None, who: str, method: str) -> int:
+    """``num_ranks`` as ``reset`` set it (None: not yet), for ``who``'s ``method``.
+
+    Raises:
+        ControllerError: ``num_ranks`` is None (``method`` called before ``reset``).
+    """
+    if num_ranks is None:
+        raise ControllerError(f"{who}: {method}() called before reset(); call reset(num_ranks, rng) first")
+    return num_ranks
+
+
+def check_shape(obs: Observation, field: str, value: object, num_ranks: int, name: str) -> None:
+    """Check that the array ``value`` of observation field ``field`` has shape ``(num_ranks,)``.
+
+    Raises:
+        ControllerError: another shape (the message names the field, the controller and the iteration).
+    """
+    shape = np.shape(value)
+    if shape != (num_ranks,):
+        raise ControllerError(
+            f"observation {field} must have shape ({num_ranks},) to match reset(num_ranks={num_ranks}), "
+            f"got shape {shape} (controller {name!r}, iteration {obs.iteration})"
+        )
+
+
 class BaseController(Checked):
     """Typed parameters, call-order and shape checks shared by the built-in controllers.
 
@@ -97,14 +122,9 @@ class BaseController(Checked):
         Raises:
             ControllerError: called before ``reset``, or the observation has the wrong number of ranks.
         """
-        num_ranks = self._require_reset("act")
+        num_ranks = require_reset(self._num_ranks, f"controller {self.name!r}", "act")
         natural = np.asarray(obs.natural_arrival_s, dtype=np.float64)
-        if natural.shape != (num_ranks,):
-            raise ControllerError(
-                f"observation natural_arrival_s must have shape ({num_ranks},) to match "
-                f"reset(num_ranks={num_ranks}), got shape {natural.shape} "
-                f"(controller {self.name!r}, iteration {obs.iteration})"
-            )
+        check_shape(obs, "natural_arrival_s", natural, num_ranks, self.name)
         return Action(self._act(obs, natural), self.wait)
 
     def diagnostics(self) -> dict[str, float]:
@@ -113,16 +133,8 @@ class BaseController(Checked):
         Raises:
             ControllerError: called before ``reset``.
         """
-        self._require_reset("diagnostics")
+        require_reset(self._num_ranks, f"controller {self.name!r}", "diagnostics")
         return {key: float(value) for key, value in self._diagnostics().items()}
-
-    def _require_reset(self, method: str) -> int:
-        if self._num_ranks is None:
-            raise ControllerError(
-                f"controller {self.name!r}: {method}() called before reset(); "
-                "call reset(num_ranks, rng) first"
-            )
-        return self._num_ranks
 
     def _reset_state(self, num_ranks: int) -> None:
         raise NotImplementedError

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pacectl.checks import Checked, integer, within
-from pacectl.controllers.base import FloatArray
-from pacectl.errors import ConfigError, ControllerError
+from pacectl.controllers.base import FloatArray, check_shape, require_reset
+from pacectl.errors import ConfigError
 from pacectl.types import WAIT_MODES, Action, Controller, Observation
 
 _OBS_ARRAYS = ("arrival_s", "applied_delay_s", "natural_arrival_s", "wait_s")
@@ -112,16 +112,10 @@ class SafetyGuard(GuardConfig):
         Raises:
             ControllerError: called before ``reset``, or the observation has the wrong number of ranks.
         """
-        num_ranks = self._require_reset("act")
+        num_ranks = require_reset(self._num_ranks, f"controller {self.name!r} (guarded)", "act")
         arrays = [getattr(obs, field) for field in _OBS_ARRAYS]
         for field, arr in zip(_OBS_ARRAYS, arrays, strict=True):
-            shape = np.shape(arr)
-            if shape != (num_ranks,):
-                raise ControllerError(
-                    f"observation {field} must have shape ({num_ranks},) to match "
-                    f"reset(num_ranks={num_ranks}), got shape {shape} "
-                    f"(controller {self.name!r}, iteration {obs.iteration})"
-                )
+            check_shape(obs, field, arr, num_ranks, self.name)
         zeros = np.zeros(num_ranks, dtype=np.float64)
         self._last_zeroed = False
 
@@ -165,7 +159,7 @@ class SafetyGuard(GuardConfig):
         Raises:
             ControllerError: called before ``reset``.
         """
-        self._require_reset("diagnostics")
+        require_reset(self._num_ranks, f"controller {self.name!r} (guarded)", "diagnostics")
         try:
             merged = {key: float(value) for key, value in self.inner.diagnostics().items()}
         except Exception as err:  # noqa: BLE001 - diagnostics must never stop a run
@@ -193,14 +187,6 @@ class SafetyGuard(GuardConfig):
             f"pacing guard ({self.name!r}): {reason}; applying zero delay", PacingGuardWarning, stacklevel=3
         )
         return Action(zeros)
-
-    def _require_reset(self, method: str) -> int:
-        if self._num_ranks is None:
-            raise ControllerError(
-                f"controller {self.name!r} (guarded): {method}() called before reset(); "
-                "call reset(num_ranks, rng) first"
-            )
-        return self._num_ranks
 
     def __repr__(self) -> str:
         return (
