@@ -86,9 +86,8 @@ class EwmaController(BaseController):
             if toggle:
                 self._active, self._dwell_iters = not self._active, 0
 
-        if not self._active:
-            delay = np.zeros_like(natural_arrival_s)
-        else:
+        delay = np.zeros_like(natural_arrival_s)
+        if self._active:
             delay = self.gain * relative_to_latest(self._smoothed_earliness)
         self._max_delay_s = float(delay.max())
         return delay

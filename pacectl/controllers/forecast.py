@@ -154,9 +154,8 @@ class ForecastController(BaseController):
         self._mean = self._mean + self._weight(self._seen) * dev
         self._forecast_spread_s = float(forecast.max())
         engaged = self._seen >= self.warmup_iters and self._forecast_spread_s > self.on_threshold_s
-        if not engaged:
-            delay = np.zeros_like(natural_arrival_s)
-        else:
+        delay = np.zeros_like(natural_arrival_s)
+        if engaged:
             delay = self.gain * np.maximum(forecast - self.margin_sigmas * self._sigma_h_s, 0.0)
         self._max_delay_s = float(delay.max())
         self._active = self._max_delay_s > 0.0  # pacing: some rank delayed (the margin may withhold all)

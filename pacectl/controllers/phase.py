@@ -26,9 +26,8 @@ Update rule, per decision on the observation of iteration ``k`` (all times in se
 
 1. ``c_k = collective_time_s``: the job's paced collective, from its last rank's arrival to its end.
 2. Quiet-fabric time ``q_k``: the given ``quiet_s`` (profiled: the job's collective measured alone
-   on the fabric, e.g. by a short solo probe before the run), or else the estimate
-   ``min(c_j)`` over the last ``quiet_window_iters`` observations (the collective alone on the
-   fabric is the fastest it runs; no fabric knowledge is used).
+   on the fabric, e.g. by a short solo probe before the run), or else ``min(c_j)`` over the last
+   ``quiet_window_iters`` observations (alone on the fabric it runs fastest; no fabric knowledge).
 3. Excess ``e_k = c_k - q_k``: to first order the time this collective overlapped another job's on
    a shared link. Two identical jobs whose collectives of length ``T`` overlap, the later one
    starting ``phi`` after the earlier, share the link max-min fairly: both see ``e = T - phi``, and
@@ -39,52 +38,47 @@ Update rule, per decision on the observation of iteration ``k`` (all times in se
    gets ``delay = gain * e_k / hold_iters`` (the shift, spread over the ``hold_iters`` iterations a
    decision stays in force), and the next ``horizon_iters + hold_iters - 2`` observations, which
    predate the shift's full effect, are not acted on. Otherwise every rank gets zero delay.
-5. Switch-off, unless ``switch_off_iters`` is None: a shift is a delay paid now for
-   collisions avoided later, and only pays where the avoided collisions stay avoided. The job
-   judges that on its own figures, the cost ``x_k = c_k + max_r applied_delay_r`` (the part of its
-   iteration that its shifts and the fabric decide: the iteration less its compute, which a shift
-   does not change). The first ``switch_off_iters`` observations are an unpaced baseline (no shift;
-   their mean cost ``B``); the next ``switch_off_iters``, with the rule above in force, are the
-   judged window (mean cost ``P``). ``P < B``: the shifts paid, and the controller stays on for
-   the rest of the run, judged no more; ``P >= B`` (no gain): it switches off, zero delay from then
-   on. With ``reprobe_iters`` set, after that many observations off it measures a fresh baseline
-   and judges again; None (default) stays off for the run. With ``futility_z`` set (opt-in, off
-   by default), the judged window can also end early: from its ``switch_off_iters // 4``-th
-   observation on, a running mean cost ``P_n`` with ``P_n - B > futility_z * s_B *
-   sqrt(1/n + 1/switch_off_iters)`` (``s_B``: the baseline's standard deviation) switches it
-   off at once. It is not the default: a paying window's first shifts cost before they pay, which
-   costs the commensurate gain (``experiments/multi_job/futility_check.py``, its README).
+5. Switch-off, unless ``switch_off_iters`` is None: a shift is a delay paid now for collisions
+   avoided later, so it pays only where they stay avoided. The job judges that on its own cost
+   ``x_k = c_k + max_r applied_delay_r`` (its iteration less its compute, which a shift does not
+   change). The first ``switch_off_iters`` observations are an unpaced baseline (mean cost ``B``),
+   the next ``switch_off_iters`` the judged window, rule 4 in force (mean cost ``P``). ``P < B``:
+   it commits, on for the rest of the run; else it switches off (zero delay), and with
+   ``reprobe_iters`` set measures a fresh baseline that many observations later and judges again.
+   ``futility_z`` (opt-in) ends the judged window early, switched off, once from its
+   ``switch_off_iters // 4``-th observation on its running mean cost has ``P_n - B > futility_z *
+   s_B * sqrt(1/n + 1/switch_off_iters)`` (``s_B``: the baseline's standard deviation). It is not
+   the default: a paying window's first shifts cost before they pay, which costs the commensurate
+   gain (``experiments/multi_job/futility_check.py``, its README).
 
 Once the jobs interleave, no collective is slowed and the delay stays zero: the controller holds
 the phase it found. Compute noise makes jobs' phases drift; a drift back into overlap is corrected
 the same way.
 
-Why a profiled quiet time: the window minimum only finds the quiet time if some collective in
-the window ran alone. Jobs whose collectives overlap in every iteration (no compute jitter to move
-their relative phase, or enough jobs that one always overlaps) never show it one: the estimate is
-then the collided time itself, biased high, ``e_k`` stays near 0 and the job never shifts (a
-collision that persists is the case a shift is for). A ``quiet_s`` measured alone removes that bias
-(``tests/test_multijob.py``). It is only as good as its measurement: a value too high hides
-slowdowns, one too low makes every collective look slowed (a shift at every decision, bounded by
-the guard's cap).
+Why a profiled quiet time: the window minimum finds the quiet time only if some collective in the
+window ran alone. Where collectives overlap in every iteration (no compute jitter to move their
+relative phase, or enough jobs that one always overlaps) the estimate is the collided time, biased
+high, ``e_k`` stays near 0 and the job never shifts, though a persistent collision is the case a
+shift is for. A ``quiet_s`` measured alone removes that bias (``tests/test_multijob.py``); a value
+too high hides slowdowns, one too low makes every collective look slowed (a shift at every
+decision, bounded by the guard's cap).
 
 Where it loses without the switch-off: jobs whose periods are not commensurate (1:1.37 in
 ``experiments/multi_job``). Their relative phase sweeps through every offset, so collisions return
-at the beat period whatever a shift did; each shift is a delay paid for nothing kept. The
-switch-off bounds that loss to its one trial window (about ``switch_off_iters`` observations of
-shifting), after which the job runs unpaced. It cannot be zero: a job learns that its shifts do not
-pay only by trying them. The figures with and without it are in ``experiments/multi_job/README.md``.
+at the beat period whatever a shift did. The switch-off bounds that loss to its one judged window,
+after which the job runs unpaced; it cannot be zero, since a job learns that its shifts do not pay
+only by trying them (the figures with and without it: ``experiments/multi_job/README.md``).
 
 Why this switch-off, and its sources: the reference paper's coordination layer (Gopalan and Ali,
 "When Scaling Fails", ``/work/shared/DESIGN.md``) switches itself off once the arrival spread is
-back under its threshold; a job-level shift has no spread to watch, so the switch-off here is on
-the benefit itself, measured against the job's own unpaced baseline. Measuring the unpaced arm
-for a fixed window, then the paced one, and committing to the better is the explore-then-commit
-strategy of bandit problems (Garivier, Lattimore, Kaufmann, "On Explore-Then-Commit Strategies",
-NeurIPS 2016), with one window per arm and no confidence bound: noise can still switch a paying job
-off. It judges once and commits, since every further comparison is another chance of a false
-switch-off (``experiments/multi_job/README.md``, "The switch-off"). Cassini instead does not pair
-jobs of incompatible periods on a link, which a job alone cannot do.
+back under its threshold; a job-level shift has no spread to watch, so here the switch-off is on
+the benefit itself, against the job's own unpaced baseline. Measuring each arm for one fixed window
+and committing to the better is the explore-then-commit strategy of bandit problems (Garivier,
+Lattimore, Kaufmann, "On Explore-Then-Commit Strategies", NeurIPS 2016), without a confidence
+bound: noise can still switch a paying job off. It judges once and commits, since every further
+comparison is another chance of a false switch-off (``experiments/multi_job/README.md``, "The
+switch-off"). Cassini instead does not pair jobs of incompatible periods on a link, which a job
+alone cannot do.
 
 Where it can do nothing: a job whose collectives nothing slows (alone on its links, no cross
 traffic, or ``comm=null``) has ``e_k = 0`` always and never shifts (a run says so in a note); under
@@ -147,9 +141,9 @@ class PhaseController(BaseController):
     Diagnostics: ``active`` (1.0 when the last decision shifted), ``quiet_s`` (the quiet time in use),
     ``excess_frac`` (``e_k / q_k``), ``shifts`` (shifts so far), ``cooldown`` (observations still
     skipped), ``shifts_allowed`` (1.0 while shifts are allowed: no switch-off, the judged window, or
-    committed after it),
-    ``switch_offs`` (times rule 5 switched it off), ``baseline_cost_s`` and ``trial_cost_s``
-    (the last baseline and judged windows' mean cost ``B`` and ``P``, seconds; 0 before the first).
+    committed after it), ``switch_offs`` (times rule 5 switched it off), ``baseline_cost_s`` and
+    ``trial_cost_s`` (the last baseline and judged windows' mean cost ``B`` and ``P``, seconds; 0
+    before the first).
 
     Example:
         >>> c = PhaseController()

@@ -79,9 +79,8 @@ class QuantileController(BaseController):
         self._predicted_spread_s = float(predicted.max()) - earliest
         self._target_s = target - earliest
         self._active = self._predicted_spread_s > self.on_threshold_s
-        if not self._active:
-            delay = np.zeros_like(natural_arrival_s)
-        else:
+        delay = np.zeros_like(natural_arrival_s)
+        if self._active:
             delay = self.gain * np.maximum(target - predicted, 0.0)
         self._max_delay_s = float(delay.max())
         return delay

@@ -69,18 +69,16 @@ class ThresholdController(BaseController):
 
     def _act(self, obs: Observation, natural_arrival_s: FloatArray) -> FloatArray:
         early = earliness(natural_arrival_s)
-        if self._predicted is None:
-            self._predicted = early
-        else:
-            self._predicted = ewma(self._predicted, early, 1.0 - self.smoothing)
+        self._predicted = (
+            early if self._predicted is None else ewma(self._predicted, early, 1.0 - self.smoothing)
+        )
         self._spread_s = float(early.max())
         if self._active:
             self._active = not self._spread_s < self.off_threshold_s
         else:
             self._active = self._spread_s > self.on_threshold_s
-        if not self._active:
-            delay = np.zeros_like(natural_arrival_s)
-        else:
+        delay = np.zeros_like(natural_arrival_s)
+        if self._active:
             delay = self.gain * relative_to_latest(self._predicted)
         self._max_delay_s = float(delay.max())
         return delay
