@@ -190,9 +190,7 @@ def _layout(dag: StepDag, placement: Placement, *, dp_size: int, pp_size: int, t
     phys = phys.reshape(pp_size, dp_size)
     node_of = phys[dag.stage]  # [N, dp]
     op_class = np.full(dag.num_nodes, "", dtype=object)
-    for v in comm:
-        t = str(optype[v])
-        op_class[v] = "p2p" if t in P2P_OPTYPES else t
+    op_class[comm] = ["p2p" if t in P2P_OPTYPES else str(t) for t in optype[comm]]
     mates = []
     for g in np.unique(dag.group[comm]):
         members = np.flatnonzero((dag.group == g) & is_comm)
@@ -513,16 +511,14 @@ class _Panel:
 
 def _panel(layout: _Layout, dag: StepDag, start_s: FloatArray, end_s: FloatArray, block_steps: int) -> _Panel:
     tau, comm, compute = timeline_features(layout, dag, start_s, end_s)
-    own = _own_rank_comm(layout, dag, start_s, end_s, tau)
     c = layout.comm_nodes
+    gstart = group_start_s(dag, start_s)[c]
+    own = _own_rank_comm(layout, dag, gstart, end_s, tau)
     shape = tau.shape
-    row = np.broadcast_to(np.arange(shape[0])[:, None, None], shape)
-    step = np.broadcast_to(np.arange(shape[1])[None, :, None], shape)
-    dp = np.broadcast_to(np.arange(shape[2])[None, None, :], shape)
+    row, step, dp = np.indices(shape)
     block = step // block_steps
     cls_of = np.array([layout.classes.index(str(k)) for k in layout.op_class[c]], dtype=np.int64)
     ok = np.isfinite(comm).ravel()
-    gstart = group_start_s(dag, start_s)[c]
     return _Panel(
         y=np.log(np.where(tau > MIN_TAU_S, tau, 1.0)).ravel()[ok],
         comm=comm.ravel()[ok],
@@ -540,12 +536,12 @@ def _panel(layout: _Layout, dag: StepDag, start_s: FloatArray, end_s: FloatArray
 
 
 def _own_rank_comm(
-    layout: _Layout, dag: StepDag, start_s: FloatArray, end_s: FloatArray, tau: FloatArray
+    layout: _Layout, dag: StepDag, gstart: FloatArray, end_s: FloatArray, tau: FloatArray
 ) -> FloatArray:
-    """The part of the ``comm`` feature that comes from the op's own rank's other transfers."""
+    """The part of the ``comm`` feature that comes from the op's own rank's other transfers
+    (``gstart``: the comm ops' group starts, ``[len(comm_nodes), num_steps, dp_size]``)."""
     c = layout.comm_nodes
-    num_steps, dp = start_s.shape[1], start_s.shape[2]
-    gstart = group_start_s(dag, start_s)[c]
+    num_steps, dp = gstart.shape[1], gstart.shape[2]
     cend = np.maximum(end_s[c], gstart)
     rank_of = dag.stage[c][:, None] * dp + np.arange(dp)[None, :]  # [len(c), dp]
     key = (np.arange(num_steps)[None, :, None] * (dag.stage.max() + 1) * dp + rank_of[:, None, :]).ravel()
@@ -643,12 +639,9 @@ def _arrival(panel: _Panel, classes: tuple[str, ...]) -> tuple[Coefficient, ...]
     for k, name in enumerate(classes):
         sel = panel.cls == k
         n = int(sel.sum())
-        if n < MIN_VARYING:
-            out.append(Coefficient(name, "arrival", nan, nan, nan, nan, nan, n, 0, False))
-            continue
         cells = np.unique(panel.cell[sel], return_inverse=True)[1]
         g = _demean(panel.gstart_s[sel], cells)
-        if np.ptp(g) <= 1e-12:
+        if n < MIN_VARYING or np.ptp(g) <= 1e-12:
             out.append(Coefficient(name, "arrival", nan, nan, nan, nan, nan, n, 0, False))
             continue
         e = _demean(panel.end_s[sel], cells)
@@ -1116,8 +1109,6 @@ def fixed_point(
     else:
         from scipy.optimize import fixed_point as scipy_fixed_point
 
-        # Steffensen's method with Aitken's del^2 acceleration (scipy): the transfer times whose
-        # features they produce give them back, to a relative tolerance of model.rtol
         try:
             solution = scipy_fixed_point(update, base_transfer, xtol=model.rtol, maxiter=model.max_passes)
         except RuntimeError:  # not converged in max_passes: keep the last plain iterate, and count it
