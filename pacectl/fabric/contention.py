@@ -399,7 +399,8 @@ class EarlyArrivalInterference:
     does not interfere). Only a peer that *spins* while it waits interferes: a peer that waits
     asleep (:attr:`pacectl.types.Action.wait` ``"sleep"``, the ``sleep_wait`` controller) drops
     out of the sum, so with every rank asleep this term is exactly zero. ``kappa = 0`` is the
-    null model.
+    null model. Its values are checked where the config is read (``cluster.interference``,
+    :class:`pacectl.fabric.profile.Interference`; the topology's ``ranks_per_node``).
 
     Args:
         kappa: slowdown per waiting co-located peer, >= 0 (dimensionless).
@@ -418,19 +419,6 @@ class EarlyArrivalInterference:
     def active(self, num_ranks: int) -> bool:
         """Whether it can change any finish time: ``kappa > 0`` and some rank has a peer on its node."""
         return self.kappa > 0.0 and min(self.ranks_per_node, num_ranks) > 1
-
-    def __post_init__(self) -> None:
-        if not self.kappa >= 0:
-            raise ConfigError(f"interference.kappa must be >= 0, got {self.kappa!r}")
-        if int(self.ranks_per_node) < 1:
-            raise ConfigError(f"interference ranks_per_node must be >= 1, got {self.ranks_per_node!r}")
-        if not isinstance(self.kappa_source, str) or not self.kappa_source.startswith(
-            ("assumed", "measured")
-        ):
-            raise ConfigError(
-                "interference.kappa_source must start with 'assumed' or 'measured' (e.g. 'measured: "
-                f"experiments/interference/results/kappa_cpu.json'), got {self.kappa_source!r}"
-            )
 
     def finish_s(
         self, work_s: FloatArray, delay_s: FloatArray, *, spinning: bool | NDArray[np.bool_] = True

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from pacectl.errors import ConfigError
 from pacectl.fabric.power import PowerProfile
 
 FloatArray = NDArray[np.float64]
@@ -76,23 +75,14 @@ class NodePowerCap:
         ranks_per_node: GPUs per node (ranks fill nodes in rank order).
         profile: the GPUs' power profile.
 
-    Raises:
-        ConfigError: a budget that is not a finite number > 0, or ``ranks_per_node`` < 1.
+    Its values are checked where the config is read (``cluster.power_cap``,
+    :class:`pacectl.fabric.profile.PowerCap`; the topology's ``ranks_per_node``).
     """
 
     node_w: float
     ranks_per_node: int
     profile: PowerProfile
     name: str = MECHANISM
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.node_w, int | float) and np.isfinite(self.node_w) and self.node_w > 0):
-            raise ConfigError(
-                f"cluster.power_cap.node_w must be a finite power > 0 W (or null: no cap), got {self.node_w!r}; "
-                "e.g. cluster.power_cap.node_w=4000"
-            )
-        if int(self.ranks_per_node) < 1:
-            raise ConfigError(f"power cap ranks_per_node must be >= 1, got {self.ranks_per_node!r}")
 
     @property
     def description(self) -> str:
