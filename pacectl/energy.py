@@ -15,8 +15,8 @@ rank-seconds, ``float64[num_iterations, num_ranks]`` each:
 
 Energy is each state's time times its power (:class:`~pacectl.fabric.power.PowerProfile`); compute
 runs at ``P(clock)`` for the compute the clock actuator slowed (``slow_compute_s`` at ``clock_frac``)
-and at the highest clock for the rest, unless the backend integrated its compute energy itself (``compute_energy_j``: the node power
-cap). The total is by definition the sum of the states.
+and at the highest clock for the rest, unless the backend integrated its compute energy itself
+(``compute_energy_j``: the node power cap). The total is by definition the sum of the states.
 
 The **oracle bound** (:func:`oracle_saving`) is Perseus's extrinsic-bloat bound (Chung et al.,
 "Perseus: Reducing Energy Bloat in Large Model Training", SOSP'24, sec. 3) restricted to what pacing

@@ -3,11 +3,11 @@
 Every function takes an episode (columnar, ``num_iterations`` x ``num_ranks``) and returns plain
 floats or ``float64`` arrays; :func:`summarize` gathers them into one JSON-ready dict and
 :func:`compare` turns two summaries into relative changes. The per-rank arrays enter only through
-:class:`~pacectl.types.EpisodeTotals` (their reductions over ranks), which a streamed episode carries instead of
-them (``Episode.totals``). Definitions follow the
-reference paper (Gopalan and Ali, "When Scaling Fails"): iteration time is the slowest rank's, ``cv``
-is std/mean of iteration time, ``spread_s`` is the latest minus the earliest arrival at the paced
-collective of one pacing domain.
+:class:`~pacectl.types.EpisodeTotals` (their reductions over ranks), which a streamed episode
+carries instead of them (``Episode.totals``). Definitions follow the reference paper (Gopalan and
+Ali, "When Scaling Fails"): iteration time is the slowest rank's, ``cv`` is std/mean of iteration
+time, ``spread_s`` is the latest minus the earliest arrival at the paced collective of one pacing
+domain.
 
 Errors, for every function here that takes one episode (the docstrings below do not repeat them):
 an episode with no iterations or ranks, a total time that is not positive, or a pacing domain that

@@ -230,14 +230,12 @@ def _dependency_model(
     pp: int,
     source: str,
 ) -> tuple[list[list[int]], list[list[int]], list[bool]]:
-    """Deps per node and synchronisation groups (see module docstring).
+    """Deps per node and synchronisation groups (the module docstring's rules).
 
     ``start`` and ``duration`` are ``float64[N, num_steps, dp_size]``. The template block (step 0,
-    DP rank 0) orders the ops, except for overlapped gradient buckets, whose dependencies must hold
-    in *every* block: a bucket is posted after the last compute op that ended before it in every
-    block (one that queued behind the previous bucket starts later than it was posted, and in the
-    template alone would wait for compute it never waited for), and waits for the previous bucket
-    only if it started after that one ended in every block.
+    DP rank 0) orders the ops, except for the overlapped gradient buckets, whose rules must hold in
+    *every* block (a bucket that queued behind the previous one starts later than it was posted, and
+    in the template alone would wait for compute it never waited for).
     """
     n = len(stage)
     block_start, block_end = start, start + duration

@@ -41,8 +41,6 @@ class PidController(BaseController):
       smoothing keeps the controller from chasing one iteration's noise (with ``smoothing = 0`` a rank
       that happened to be early once is delayed next time, which on i.i.d. noise only costs time).
 
-    ``dt`` is ``dt_s`` if given, else ``obs.iteration_time_s``.
-
     Args:
         setpoint_s: target realised arrival spread ``y`` (pacing delays included), seconds, >= 0. A
             plain attribute: it may be changed between iterations.
