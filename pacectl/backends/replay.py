@@ -114,7 +114,6 @@ class ReplayBackend(Backend):
         self.trace = trace
         self.dag: StepDag = compile_dag(trace)
         self._launch, self._recorded_transfer, self._clip_counts = estimate_intrinsic(self.dag)
-        self._set_comm(comm_model or NullComm())
         dp, pp = trace.meta.dp_size, trace.meta.pp_size
         self._paced = self._find_paced(paced_optype)
         self._co_paced = self._find_co_paced() if trace.pacing_blocks_compute else self._paced[:0]
@@ -127,32 +126,29 @@ class ReplayBackend(Backend):
         n = self.dag.num_nodes
         self._base_end = np.zeros((n + 1, *self.dag.start_s.shape[1:]))
         self._base_start = np.zeros_like(self.dag.start_s)
-        evaluate(self.dag.levels, self._base_end, self._base_start, self._launch, self._transfer)
         self._tail = _downstream_levels(self.dag, np.concatenate([self._paced, self._co_paced]))
         self._group_members = [np.flatnonzero(self.dag.group == self.dag.group[p]) for p in self._paced]
         self._paced_mask = np.zeros(n, dtype=bool)
         self._paced_mask[self._paced] = True
-        self._split_compute()
+        self.use_comm_model(comm_model or NullComm())
         self._k = -1
         self._clock_s = 0.0
 
     def use_comm_model(self, comm_model: CommModel) -> None:
-        """Replace the communication model (for ``comm=fitted``, whose fit needs this backend first).
+        """Set the communication model (the constructor's; later, ``comm=fitted``'s, whose fit needs
+        this backend first).
 
         The recorded transfer times stay the reference; the new model's static part
         (``transfer_s``) is applied to them and the baseline re-evaluated.
         """
-        self._set_comm(comm_model)
-        self._base_end[:] = 0.0
-        evaluate(self.dag.levels, self._base_end, self._base_start, self._launch, self._transfer)
-        self._split_compute()
-
-    def _set_comm(self, comm_model: CommModel) -> None:
         self._comm = comm_model
         self.comm_model = comm_model.name
         self.comm_description: str = comm_model.description
         self.comm_timing_dependent: bool = bool(comm_model.timing_dependent)
         self._transfer = comm_model.transfer_s(self._recorded_transfer)
+        self._base_end[:] = 0.0
+        evaluate(self.dag.levels, self._base_end, self._base_start, self._launch, self._transfer)
+        self._split_compute()
 
     def _split_compute(self) -> None:
         """Each stage's GPU compute ops upstream of the paced collective (the clock actuator slows
