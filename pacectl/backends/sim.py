@@ -117,7 +117,6 @@ class SimBackend(Backend):
                 raise ConfigError(
                     f"backend.{key} must be an integer >= 1, got {value!r}; e.g. backend.{key}=64"
                 )
-        # true/false only: a string such as "maybe" must not pass as true (it would record)
         if not isinstance(record, (bool, np.bool_)):
             raise ConfigError(
                 f"backend.record must be true or false, got {record!r}; e.g. backend.record=true"

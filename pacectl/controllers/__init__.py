@@ -86,8 +86,7 @@ def make_controller(name: str, **params: object) -> Controller:
 
     Args:
         name: a registered family name (:data:`~pacectl.controllers.registry.FAMILIES`: the built-in
-            ``none``, ``threshold``, ``pid``, ``ewma``, ``quantile``, ``forecast``, ``sleep_wait``,
-            ``phase``, and any class decorated with :func:`~pacectl.controllers.registry.register`).
+            ones and any class decorated with :func:`~pacectl.controllers.registry.register`).
         **params: constructor parameters of that class (see its docstring for units and ranges), plus
             the reserved key ``units``: ``"s"`` (default; every ``*_s`` parameter in seconds) or
             ``"iteration"`` (every time as a fraction of the median iteration time, via

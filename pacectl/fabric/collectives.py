@@ -113,10 +113,8 @@ def allreduce_s(
         raise ConfigError(f"collective.algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}")
     g = min(ranks_per_node, num_ranks)
     nodes = math.ceil(num_ranks / g)
-    if nodes == 1:
-        alpha, bandwidth = alpha_intra_s, bandwidth_intra_Bps
-    else:
-        alpha, bandwidth = alpha_inter_s, bandwidth_inter_Bps
+    alpha = alpha_intra_s if nodes == 1 else alpha_inter_s
+    bandwidth = bandwidth_intra_Bps if nodes == 1 else bandwidth_inter_Bps
     if algorithm == "ring":
         return ring_allreduce_s(n_bytes, num_ranks, alpha, bandwidth)
     if algorithm == "tree":

@@ -315,10 +315,8 @@ class ContentionComm:
 def _expand(patterns: tuple[str, ...], names: list[str]) -> list[int]:
     out: list[int] = []
     for pattern in patterns:
-        if pattern.endswith("*"):
-            hits = [i for i, n in enumerate(names) if n.startswith(pattern[:-1])]
-        else:
-            hits = [i for i, n in enumerate(names) if n == pattern]
+        star = pattern.endswith("*")  # a prefix: "leaf_up:*"
+        hits = [i for i, n in enumerate(names) if (n.startswith(pattern[:-1]) if star else n == pattern)]
         if not hits:
             raise ConfigError(
                 f"cluster.cross_traffic.links entries must name links of this topology, got {pattern!r}; "
