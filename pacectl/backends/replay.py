@@ -60,7 +60,7 @@ class ReplayConfig(Checked):
 
     section: ClassVar[str] = "backend"
     name: str = "replay"
-    paced_optype: str = "grads-reduce-scatter"
+    paced_optype: str = DEFAULT_PACED_OPTYPE
     actuator: str = within("delay", choices=ACTUATOR_CHOICES)
 
 

@@ -134,11 +134,7 @@ def register(
 
     Args:
         name: the family name; default the class's ``name`` attribute (set on the class if missing).
-        in_all: run it under ``controller=all``.
-        paces: it delays some rank on stragglers (False for a baseline).
-        job_level: it delays every rank alike (a job-level shift).
-        space: its default search space in seconds, as a space file's mapping.
-        iteration_space: its default search space in iteration units.
+        in_all, paces, job_level, space, iteration_space: as :class:`Family`'s attributes.
 
     Raises:
         ConfigError: the name is taken by another class, or differs from the class's ``name``.

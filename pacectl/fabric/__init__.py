@@ -25,10 +25,4 @@ returns without pacing. Per-rank pacing can change an iteration in only three wa
 interleave it with another job's on the links they share (Cassini, NSDI 2024; MLTCP, 2024), or
 move it out of a burst of cross traffic. That is the job-level ``phase`` controller, judged on the
 sum over jobs, so that a gain for one job is not a loss moved onto another.
-
-Modules: :mod:`~pacectl.fabric.base` (the null model and the timing-dependence flag),
-:mod:`~pacectl.fabric.collectives` (closed-form alpha-beta costs), :mod:`~pacectl.fabric.topology`
-(fat-tree, ring flows, max-min fairness), :mod:`~pacectl.fabric.contention` (cross traffic,
-interference), :mod:`~pacectl.fabric.jobs` (several jobs on one fabric),
-:mod:`~pacectl.fabric.noise` (compute noise), :mod:`~pacectl.fabric.profile` (cluster profiles).
 """
