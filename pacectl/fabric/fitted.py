@@ -375,15 +375,14 @@ class CommFit:
         classes: op classes fitted, in coefficient order.
         fit: the log-linear fit on every step.
         placebo: the same fit with features from permuted steps.
-        heldout_r2: share of the second half of the steps' within-(template, DP rank) variance of
-            log tau explained by the slopes fitted on the first half (NaN with fewer than 4 steps).
-        arrival: per class, the slope of completion on last arrival (max-plus: 1.0).
+        heldout_r2: the held-out check's share of variance explained (module docstring; NaN with
+            fewer than 4 steps).
+        arrival: per class, the arrival response (max-plus: 1.0).
         overlap_residuals: per class, the median FE-only log residual of instances fully overlapped by
             a node-mate's transfer (another rank's, over >= 99 % of the op's transfer) and of those
             no node-mate's transfer overlaps, and their counts.
-        bound_frac: largest difference of mean step time between the fitted model and max-plus
-            under :func:`probe_pace`, as a fraction of the zero-delay mean step time: the larger of
-            the point estimate's and the end of its 95 % interval (delta method).
+        bound_frac: the verdict's bound on the fitted model's change of mean step time against
+            max-plus under :func:`probe_pace` (module docstring, **Verdict**), fraction.
         effect_frac: the point estimate's difference (signed).
         tolerance_frac, arrival_tolerance: the verdict's thresholds.
         verdict: one line.

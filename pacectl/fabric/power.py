@@ -56,10 +56,7 @@ class PowerProfile:
         gpu: the GPU type, as its datasheet names it.
         clocks_mhz: the SM clocks the GPU allows, ascending, MHz (the clock actuator's choices).
         compute_w: power while computing at each of ``clocks_mhz``, W (non-decreasing).
-        transfer_w: power inside a collective while its data moves, W.
-        spin_w: power waiting inside a collective while spinning, W.
-        sleep_w: power during a pacing delay (and a sleeping collective wait), W.
-        idle_w: power with nothing running, W.
+        transfer_w, spin_w, sleep_w, idle_w: the power of each state of the module docstring, W.
         other_w: power for the rest of an iteration (not computing, outside the paced collective:
             other communication, pipeline bubbles, host gaps), W. ``None`` means ``spin_w``: ranks
             blocked in p2p or other collectives spin as in the paced one.
