@@ -557,8 +557,7 @@ class Pacer:
         On CUDA an iteration left for its next one (``cuda_resolve``) is completed into the old log
         first; that may take a broadcast when a runtime control is due, so call it on every rank.
         """
-        if getattr(self, "_closed", None) is not None:
-            self._complete_closed()
+        self._complete_closed()
         self.observations: list[Observation] = []
         self.decisions: list[np.ndarray] = []
         #: how each decision had the ranks wait in the collective (``Action.wait``): recorded, not
@@ -696,12 +695,11 @@ class Pacer:
         if first:
             self._begin_iteration()
             torch.autograd.Variable._execution_engine.queue_callback(self._end_iteration)
-        fut = self._launch(buf, t_call, first=first)
-        return fut
+        return self._launch(buf, t_call, first=first)
 
-    def _take_piggyback(self, buf: torch.Tensor) -> torch.Tensor | None:
-        """The carrier collective: the pending rows, encoded for ``buf``'s dtype, or None."""
-        if self.gather != "piggyback" or len(self._pending_rows) < self.gather_every:
+    def _take_piggyback(self, buf: torch.Tensor, slot: int) -> torch.Tensor | None:
+        """The pending rows, encoded for ``buf``'s dtype, if ``slot`` is the carrier (else None)."""
+        if self.gather != "piggyback" or slot != self._carrier or len(self._pending_rows) < self.gather_every:
             return None
         if buf.dtype not in _PIGGYBACK_DTYPES:
             # Every rank has the same bucket dtype, so every rank switches at the same iteration.
@@ -709,7 +707,7 @@ class Pacer:
                 f"pacing gather 'piggyback' needs float32/float64 buckets, got {buf.dtype}: "
                 "using 'collective' from now on",
                 PacingGuardWarning,
-                stacklevel=4,  # _take_piggyback <- _record_call <- _launch <- the hook
+                stacklevel=3,  # _take_piggyback <- _launch <- the hook
             )
             self.gather = "collective"
             return None
@@ -729,12 +727,8 @@ class Pacer:
         n = buf.numel()
         size = n + extra.numel()
         combined = self._combined
-        if (
-            combined is None
-            or combined.numel() != size
-            or combined.dtype != buf.dtype
-            or combined.device != buf.device
-        ):
+        layout = (size, buf.dtype, buf.device)
+        if combined is None or (combined.numel(), combined.dtype, combined.device) != layout:
             # Kept across iterations: DDP has copied the previous result into the gradients by the
             # end of that iteration's backward, and the rows were decoded before.
             combined = torch.empty(size, dtype=buf.dtype, device=buf.device)
@@ -750,18 +744,13 @@ class Pacer:
         self._pack_s += now() - t0
         return combined
 
-    def _record_call(self, buf: torch.Tensor, t_call: float) -> tuple[int, torch.Tensor | None]:
-        """Both launch paths: log the call (time, size; its exit stamp to come) and, if this collective
-        is the carrier, take the pending rows (:meth:`_take_piggyback`).
-
-        Returns:
-            ``(slot, rows or None)``: the collective's position in the iteration.
-        """
+    def _record_call(self, buf: torch.Tensor, t_call: float) -> int:
+        """Log a collective's call (time, size; its exit stamp to come); returns its slot in the iteration."""
         slot = len(self._enter)
         self._hook_call.append(t_call)
         self._exit.append(float("nan"))
         self._sizes.append(buf.numel() * buf.element_size())
-        return slot, self._take_piggyback(buf) if slot == self._carrier else None
+        return slot
 
     def _target(self, buf: torch.Tensor, rows: torch.Tensor | None, average: bool) -> torch.Tensor:
         """The tensor to all-reduce: ``buf`` (averaged in place), or with ``rows`` a packed copy of both."""
@@ -781,16 +770,14 @@ class Pacer:
         """
         if buf.is_cuda and self.device_delay_mode == "auto":
             return self._launch_cuda(buf, t_call, first=first, average=average, in_place=in_place)
-        slot, extra = self._record_call(buf, t_call)
+        slot = self._record_call(buf, t_call)
+        extra = self._take_piggyback(buf, slot)
         if first:
             self._applied = self._next_delay
             self.delay_actual_s.append(host_delay(self._applied, spin_s=self.spin_s))
         # a carrier over piggyback_max_bytes is not copied: the rows go beside it
-        beside = (
-            extra is not None
-            and self.piggyback_max_bytes is not None
-            and self._sizes[-1] > self.piggyback_max_bytes
-        )
+        limit = self.piggyback_max_bytes
+        beside = extra is not None and limit is not None and self._sizes[-1] > limit
         target = self._target(buf, None if beside else extra, average)
         self._enter.append(now())
         fut = dist.all_reduce(target, group=self.group, async_op=True).get_future()
@@ -849,7 +836,8 @@ class Pacer:
         :meth:`_complete` (after the events resolve).
         """
         delay = self._next_delay if first else 0.0
-        slot, extra = self._record_call(buf, t_call)
+        slot = self._record_call(buf, t_call)
+        extra = self._take_piggyback(buf, slot)
         if self._device_delay is None:
             self._device_delay = DeviceDelay(buf.device)
         stream = self._device_delay.paced_stream(delay)
@@ -888,8 +876,7 @@ class Pacer:
         ``forward_end`` mark: the record's forward compute is what comes before it). The first call
         in backward queues the iteration's end (an autograd-engine callback, after FSDP2's own final
         callback, which every pre-backward hook queues before it unshards: the last reduce-scatters
-        are in). On CUDA the delay is a device-side wait on the current stream, the one FSDP2 issues
-        the collective on (:meth:`_fsdp2_collective_cuda`).
+        are in).
         """
         t_call = now()
         first = not self._fsdp2_open
@@ -922,10 +909,7 @@ class Pacer:
         Returns:
             The collective's slot (position in the iteration).
         """
-        self._hook_call.append(t_call)
-        self._exit.append(float("nan"))
-        self._sizes.append(inp.numel() * inp.element_size())
-        slot = len(self._enter)
+        slot = self._record_call(inp, t_call)
         if inp.is_cuda and self.device_delay_mode == "auto":
             self._fsdp2_collective_cuda(run, inp, first=first)
             return slot
@@ -1150,13 +1134,11 @@ class Pacer:
         return first_iteration, tables
 
     def _exchange_async(self) -> None:
-        """Async mode: issue the tiny sum all-reduce of the pending rows and return at once.
+        """Async mode (module doc): issue the tiny sum all-reduce of the pending rows and return at once.
 
-        Issued at the end of the gradient sync, where every rank has just left the last bucket, so
-        nobody waits in it; it completes during the optimizer step and the next forward pass. On CPU
-        its completion callback decodes and decides on the communication thread; on CUDA (and for a
-        runtime-control version) :meth:`_settle_exchange` does, on the training thread, before the
-        next iteration's delay is applied.
+        On CPU its completion callback decodes and decides on the communication thread; on CUDA (and
+        for a runtime-control version) :meth:`_settle_exchange` does, on the training thread, before
+        the next iteration's delay is applied.
         """
         assert self._async is None, "the previous async exchange was never settled"
         rows = self._pending_rows
@@ -1215,15 +1197,10 @@ class Pacer:
         for i, table in enumerate(tables):
             version = int(table[0, _VERSION])  # rank 0's published version
             if version > self.engine.version:
+                observation = len(self.observations)  # the first decision taken under these controls
                 for v, control, applied in self._apply_controls(version):
                     self.controls_applied.append(
-                        # from the decision on observation ``observation`` of this log on
-                        {
-                            "observation": len(self.observations),
-                            "version": v,
-                            "control": control,
-                            "applied": applied,
-                        }
+                        {"observation": observation, "version": v, "control": control, "applied": applied}
                     )
             obs = observation_from_table(first_iteration + i, table)
             action = self.engine.decide(obs)
