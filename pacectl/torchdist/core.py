@@ -643,17 +643,14 @@ class ControlWatcher:
         #: every version of the file that was ignored, in order: ``{"error": why}``
         self.rejected: list[dict[str, Any]] = []
 
-    def _current_stamp(self) -> tuple[int, int] | None:
-        try:
-            st = self.path.stat()
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size)
-
     def poll(self) -> dict[str, Any] | None:
         """A new valid control message if the file changed since the last poll, else None (warns if invalid)."""
-        stamp = self._current_stamp()
-        if stamp is None or stamp == self._stamp:
+        try:
+            st = self.path.stat()
+        except OSError:  # not there (yet)
+            return None
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self._stamp:
             return None
         self._stamp = stamp
         try:
@@ -1020,11 +1017,10 @@ def replay_fidelity(trace: OpTrace, live_step_time_s: FloatArray | None = None) 
         live = np.asarray(live_step_time_s, dtype=np.float64)
         if live.shape != replayed.shape:
             raise ValueError(f"live_step_time_s must have shape {replayed.shape}, got {live.shape}")
+    counts = backend.clip_counts
     return {
         **_step_errors(replayed, live),
-        "launch_clipped": int(backend.clip_counts["launch_clipped"]),
-        "transfer_clipped": int(backend.clip_counts["transfer_clipped"]),
-        "num_op_instances": int(backend.clip_counts["num_op_instances"]),
+        **{key: int(counts[key]) for key in ("launch_clipped", "transfer_clipped", "num_op_instances")},
         "num_steps": int(len(live)),
     }
 
@@ -1120,8 +1116,8 @@ def episode_from_log(
     active = diag.get("active", np.zeros((n, 1))) > 0.5
     counters = [diag[k][-1, 0] for k in ("guard_interventions", "guard_clipped") if k in diag and n]
 
-    def stack(field: str) -> FloatArray:
-        return np.array([getattr(o, field) for o in observations], dtype=np.float64).reshape(n, world)
+    def stack(field: str, width: int = world) -> FloatArray:
+        return np.array([getattr(o, field) for o in observations], dtype=np.float64).reshape(n, width)
 
     return Episode(
         backend="torch",
@@ -1136,9 +1132,7 @@ def episode_from_log(
         applied_delay_s=stack("applied_delay_s"),
         natural_arrival_s=stack("natural_arrival_s"),
         wait_s=stack("wait_s"),
-        collective_time_s=np.array([[o.collective_time_s] for o in observations], dtype=np.float64).reshape(
-            n, 1
-        ),
+        collective_time_s=stack("collective_time_s", 1),
         pacing_active=active,
         diagnostics=diag,
         guard_interventions=int(sum(float(np.nansum(c)) for c in counters)),
