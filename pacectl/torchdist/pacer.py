@@ -713,13 +713,17 @@ class Pacer:
             return None
         assert self._inflight is None, "the previous carried rows were never decoded"
         t0 = now()
-        rows = self._pending_rows
-        flat = np.concatenate([one_hot_row(self.rank, self.world_size, r) for r in rows])
+        first_iteration, num_rows, flat = self._take_pending()
         extra = _rows_to(encode_rows(flat, buf.dtype), buf.device)
-        self._inflight = (self._pending_first, len(rows), extra, -1)
-        self._pending_rows = []
+        self._inflight = (first_iteration, num_rows, extra, -1)
         self._pack_s = now() - t0
         return extra
+
+    def _take_pending(self) -> tuple[int, int, np.ndarray]:
+        """The pending rows, taken: ``(first iteration, number of rows, this rank's one-hot rows)``."""
+        rows, self._pending_rows = self._pending_rows, []
+        flat = np.concatenate([one_hot_row(self.rank, self.world_size, r) for r in rows])
+        return self._pending_first, len(rows), flat
 
     def _pack(self, buf: torch.Tensor, extra: torch.Tensor, average: bool) -> torch.Tensor:
         """``[buf * (1 / world) (or buf), extra]`` in one reused buffer: what the piggybacked all-reduce sums."""
@@ -1115,9 +1119,12 @@ class Pacer:
         self.complete_s.append(now() - t_complete)
         return t_exit
 
-    def _tables(self, flat: np.ndarray, num_rows: int) -> np.ndarray:
-        """An exchanged buffer as ``float64[num_rows, world_size, NUM_GATHER_FIELDS]`` tables."""
-        return flat.reshape(num_rows, self.world_size, NUM_GATHER_FIELDS)
+    def _tables(self, flat: np.ndarray, num_rows: int, t0: float, pack_s: float = 0.0) -> np.ndarray:
+        """An exchanged buffer as ``float64[num_rows, world_size, NUM_GATHER_FIELDS]`` tables; logs the
+        exchange's host time (``pack_s``, the encode and pack, plus the time since ``t0``)."""
+        tables = flat.reshape(num_rows, self.world_size, NUM_GATHER_FIELDS)
+        self.gather_s.append(pack_s + now() - t0)
+        return tables
 
     def _decode_inflight(self) -> tuple[int, np.ndarray]:
         """The rows that rode on this iteration's carrier: ``(first iteration, float64[n, world, fields])``."""
@@ -1128,10 +1135,7 @@ class Pacer:
         if self._inflight_ready is not None:  # CUDA: the staged copy to the host
             self._inflight_ready.synchronize()
             self._inflight_ready = None
-        tables = self._tables(decode_rows(combined[offset:]), num_rows)
-        # the exchange's host cost: encode + pack + decode
-        self.gather_s.append(self._pack_s + now() - t0)
-        return first_iteration, tables
+        return first_iteration, self._tables(decode_rows(combined[offset:]), num_rows, t0, self._pack_s)
 
     def _exchange_async(self) -> None:
         """Async mode (module doc): issue the tiny sum all-reduce of the pending rows and return at once.
@@ -1141,13 +1145,10 @@ class Pacer:
         the next iteration's delay is applied.
         """
         assert self._async is None, "the previous async exchange was never settled"
-        rows = self._pending_rows
-        self._pending_rows = []
         t0 = now()
-        flat = np.concatenate([one_hot_row(self.rank, self.world_size, r) for r in rows])
+        first, num_rows, flat = self._take_pending()
         tensor = _rows_to(torch.from_numpy(flat), self._device())
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
-        first, num_rows = self._pending_first, len(rows)
         fut = None
         if not tensor.is_cuda:
             fut = work.get_future().then(functools.partial(self._on_async_exchange, first, num_rows))
@@ -1157,8 +1158,7 @@ class Pacer:
     def _on_async_exchange(self, first_iteration: int, num_rows: int, fut: torch.futures.Future[Any]) -> None:
         """Completion callback of the async exchange (CPU): decode, then decide unless a control is due."""
         t0 = now()
-        tables = self._tables(fut.value()[0].numpy(), num_rows)
-        self.gather_s.append(self._pack_s + now() - t0)
+        tables = self._tables(fut.value()[0].numpy(), num_rows, t0, self._pack_s)
         self._decide_off_thread(first_iteration, tables)
 
     def _settle_exchange(self) -> None:
@@ -1171,8 +1171,7 @@ class Pacer:
             else:
                 t0 = now()
                 work.wait()
-                tables = self._tables(tensor.cpu().numpy(), num_rows)
-                self.gather_s.append(self._pack_s + now() - t0)
+                tables = self._tables(tensor.cpu().numpy(), num_rows, t0, self._pack_s)
                 self._undecided = (first_iteration, tables)
         if self._undecided is not None:
             undecided, self._undecided = self._undecided, None
@@ -1180,16 +1179,12 @@ class Pacer:
 
     def _gather_and_decide(self) -> None:
         """Collective mode (and :meth:`flush`): one tiny sum all-reduce of the pending rows, then decide."""
-        rows = self._pending_rows
-        self._pending_rows = []
-        buf = np.concatenate([one_hot_row(self.rank, self.world_size, r) for r in rows])
-        tensor = _rows_to(torch.from_numpy(buf), self._device())
+        first_iteration, num_rows, flat = self._take_pending()
+        tensor = _rows_to(torch.from_numpy(flat), self._device())
         t0 = now()
         dist.all_reduce(tensor, group=self.group)
         # on CUDA the all-reduce returns once queued: the wait is in the copy to the host
-        tables = self._tables(tensor.cpu().numpy(), len(rows))
-        self.gather_s.append(now() - t0)
-        self._decide(self._pending_first, tables)
+        self._decide(first_iteration, self._tables(tensor.cpu().numpy(), num_rows, t0))
 
     def _decide(self, first_iteration: int, tables: np.ndarray) -> None:
         """Run the engine on each exchanged table (bit-identical on every rank); set the next delay."""
