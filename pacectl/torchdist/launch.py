@@ -49,16 +49,14 @@ def _proc_state(pid: int) -> str | None:
 
 def _announced_ranks(folder: Path) -> dict[int, int]:
     """``{pid: global rank}`` of the workers that wrote their pid into ``folder`` (one file per rank)."""
-    found: dict[int, int] = {}
     try:
         entries = list(folder.iterdir())
     except OSError:
-        return found
+        return {}
+    found: dict[int, int] = {}
     for entry in entries:
-        try:
+        with contextlib.suppress(OSError, ValueError):  # removed, or not written yet
             found[int(entry.read_text())] = int(entry.name)
-        except (OSError, ValueError):
-            continue
     return found
 
 

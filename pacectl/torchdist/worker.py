@@ -273,7 +273,6 @@ class LiveRun:
                     **{**m, "sync_exit_s": float(periods[k])},
                 )
             ]
-            name = str(self.spec.get("name", "live"))
             record_path = record_dir / f"{family}.parquet"
             episode = episode_from_log(
                 controller=family,
@@ -301,7 +300,7 @@ class LiveRun:
                 trace = rows_to_trace(
                     rows,
                     world_size=world,
-                    name=f"{name}-{family}",
+                    name=f"{self.spec.get('name', 'live')}-{family}",
                     source=str(Path(self.spec.get("final_record_dir", record_dir)) / f"{family}.parquet"),
                     pacing_blocks_compute=self.host_paced,
                     step_time_s=periods.tolist(),
@@ -322,8 +321,7 @@ class LiveRun:
         :meth:`~pacectl.torchdist.pacer.Pacer.align` after the warm-up, whose end is the record's
         iteration-0 start) on, pickled as ``_dump_fr_trace`` does, in
         ``<record_dir>/flight_recorder/<family>/fr_trace_rank_<rank>``."""
-        group: Any = self.group if self.parallel == "ddp" else self.pacing_group()
-        name = group.group_name
+        name = self.pacing_group().group_name
         first = self.fr_first_id if self.fr_first_id is not None else 0
         # gloo marks an entry retired from its worker thread after the work has run, which can be
         # after the training thread saw the future complete (the importer would drop that step as
