@@ -677,7 +677,7 @@ class Pacer:
         self._sleep_cycles = 0
         self._sizes: list[int] = []  # bytes of each collective of this iteration, in launch order
         # decisions logged before this iteration's delay was applied: the last of them chose it
-        self._decided_before = len(getattr(self, "decisions", ()))
+        self._decided_before = len(self.decisions)
 
     # ------------------------------------------------------------------------------- the hooks
     def _on_forward_start(self, module: Any, inputs: Any) -> None:
