@@ -70,7 +70,7 @@ class TraceFormat(Checked):
 
 @dataclass(kw_only=True)
 class _Capped(TraceFormat):
-    max_ops: int = within(4_000_000, ">= 1")  # cap on the operations (rows; ~0.35 kB of memory each)
+    max_ops: int = within(4_000_000, ">= 1")  # cap on the operations (rows; ~0.2 kB of memory each)
 
 
 @dataclass(kw_only=True)

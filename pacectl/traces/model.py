@@ -632,8 +632,8 @@ def _float_column(ops: pd.DataFrame, col: str, source: str) -> np.ndarray:
 
 
 #: Default cap on a trace's operations (rows of an op table; ``trace.max_ops``). An import holds
-#: about 0.35 kB per op at its peak (``experiments/bench/results/importer_memory.json``), so the cap
-#: bounds it near 1.4 GB whatever the file's size.
+#: about 0.2 kB per op at its peak (``experiments/bench/results/importer_memory.json``), so the cap
+#: bounds it near 0.9 GB whatever the file's size.
 DEFAULT_MAX_OPS = 4_000_000
 #: Default cap on a trace file's size on disk, bytes (1 GiB; ``trace.max_mb``).
 DEFAULT_MAX_BYTES = 1 << 30
@@ -668,7 +668,7 @@ def read_parquet_table(
         if rows > max_rows:
             raise TraceError(
                 f"a Parquet trace must hold <= {max_rows} ops (rows), got {rows} (in {path}); the import needs "
-                "about 0.35 kB of memory per op. Raise the cap (trace.max_ops) if the machine has the memory, "
+                "about 0.2 kB of memory per op. Raise the cap (trace.max_ops) if the machine has the memory, "
                 "or cut the trace to the steps you need"
             )
         table = pq.read_table(path)
