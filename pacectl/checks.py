@@ -32,7 +32,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from pacectl.errors import ConfigError, config_error, did_you_mean
+from pacectl.errors import ConfigError, config_error, did_you_mean, dotted
 
 _REAL_TYPES = (int, float, np.integer, np.floating)
 _SPEC = re.compile(r"([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])])|(>=|>|<=|<)\s*(\S+)")
@@ -74,15 +74,21 @@ class Range:
 
 
 def within(
-    default: Any, spec: str | None = None, *, choices: tuple[str, ...] | None = None, what: str | None = None
+    default: Any,
+    spec: str | None = None,
+    *,
+    choices: tuple[str, ...] | None = None,
+    what: str | None = None,
+    example: Any = None,
 ) -> Any:
     """A dataclass field with its default and its range (``spec``, see :meth:`Range.parse`; for a
     list, each item's) or the strings it may be (``choices``); ``what`` says in words what it must
-    be, in place of the range, in its messages."""
-    meta = {"range": Range.parse(spec) if spec else None, "choices": choices, "what": what}
+    be, in place of the range, and ``example`` a value to show, in place of the default (one that
+    is None or must be set), in its messages."""
+    meta = dict(range=Range.parse(spec) if spec else None, choices=choices, what=what, example=example)
     meta = {k: v for k, v in meta.items() if v is not None}
-    if isinstance(default, list):  # a list default is made afresh for each instance
-        return field(default_factory=lambda: list(default), metadata=meta)
+    if isinstance(default, list | dict):  # a list or dict default is made afresh for each instance
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -211,6 +217,7 @@ class Checked:
                     checked = many(_check(v, kind, rng, choices) for v in value)
             except ConfigError as err:
                 name, where = self.where(f.name)
+                where = where.replace("<value>", str(f.metadata.get("example", "<value>")))
                 must = f.metadata.get("what") or str(err)
                 wrong = [
                     v for v in (value if many else [value]) if isinstance(v, str) and v not in (choices or ())
@@ -230,11 +237,11 @@ class Checked:
             )
 
 
-C = TypeVar("C", bound=Checked)
+T = TypeVar("T")
 
 
 @functools.cache
-def _at(cls: type[C], section: str) -> type[C]:
+def _at(cls: type[T], section: str) -> type[T]:
     """``cls`` with its messages naming keys under ``section`` (a list item: ``cluster.jobs.0.compute``)."""
     return type(cls.__name__, (cls,), {"section": section, "__module__": cls.__module__})
 
@@ -253,20 +260,20 @@ def structured(cls: type) -> Any:
     return node
 
 
-def typed(cls: type[C], node: object, section: str | None = None) -> C:
-    """``node`` (a mapping or config node; None: empty) as the typed config ``cls``, checked: its
-    types and keys by OmegaConf, its ranges by ``__post_init__``; ``section`` (default
-    ``cls.section``) is the override path its keys are named under in messages.
+def typed(cls: type[T], node: object, section: str | None = None) -> T:
+    """``node`` (a mapping or config node; None: empty) as the typed config ``cls`` (a dataclass),
+    checked: its types and keys by OmegaConf, the ranges of a :class:`Checked` by ``__post_init__``;
+    ``section`` (default ``cls.section``) is the override path its keys are named under in messages.
 
     Raises:
         ConfigError: one line (:func:`pacectl.errors.config_error`): a wrong type, an unknown key
             (with a did-you-mean), a value out of range, or a key that must be set and is not.
     """
-    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-    where = cls.section if section is None else section
-    kind = cls if where == cls.section else _at(cls, where)  # type: ignore[arg-type]
+    where = getattr(cls, "section", "") if section is None else section
+    kind = _at(cls, where) if issubclass(cls, Checked) and where != cls.section else cls  # type: ignore[arg-type]
     if node is not None and not isinstance(node, Mapping | DictConfig):
         keys = ", ".join(f.name for f in fields(cls))  # type: ignore[arg-type]
         raise ConfigError(
@@ -282,16 +289,29 @@ def typed(cls: type[C], node: object, section: str | None = None) -> C:
             spec = plain
         return spec  # type: ignore[return-value]
     except MissingMandatoryValue as err:
-        key = f"{where}.{err.full_key}" if where else str(err.full_key)
+        key = dotted(f"{where}.{err.full_key}" if where else str(err.full_key))
         raise ConfigError(f"{key} must be set (override: {key}=<value>)") from None
+    except ConfigError:  # from a list entry's __post_init__, which knows no index
+        _named_error(cls, node, where, None)
+        raise
     except OmegaConfBaseException as err:
-        hints = typing.get_type_hints(cls)
-        for key, value in (node or {}).items():  # a list for a mapping: OmegaConf names no key
-            args = typing.get_args(hints.get(str(key))) or (hints.get(str(key)),)
-            mapping = any(
-                typing.get_origin(a) is dict or is_dataclass(a) for a in (hints.get(str(key)), *args)
-            )
-            if mapping and isinstance(value, list | tuple | ListConfig) and not getattr(err, "full_key", ""):
-                name = f"{where}.{key}" if where else str(key)
-                raise ConfigError(f"{name} must be a mapping, got {shown(list(value))}") from None
+        _named_error(cls, node, where, err)
         raise ConfigError(config_error(err, where)) from None
+
+
+def _named_error(cls: type, node: Any, where: str, err: Exception | None) -> None:
+    """Raise the error of a key of ``node`` under its name where OmegaConf or ``__post_init__``
+    named it without: a list for a mapping, or a list's typed entry (``cluster.jobs.0``)."""
+    from omegaconf import ListConfig
+
+    hints = typing.get_type_hints(cls)
+    for key, value in (node or {}).items():
+        hint, name = hints.get(str(key)), f"{where}.{key}" if where else str(key)
+        args, listed = typing.get_args(hint) or (hint,), isinstance(value, list | tuple | ListConfig)
+        mapping = any(typing.get_origin(a) is dict or is_dataclass(a) for a in (hint, *args))
+        if mapping and listed and err is not None and not getattr(err, "full_key", ""):
+            raise ConfigError(f"{name} must be a mapping, got {shown(list(value))}") from None
+        lists = [typing.get_args(a) for a in (hint, *args) if typing.get_origin(a) is list]
+        if lists and lists[0] and is_dataclass(lists[0][0]) and listed:
+            for i, item in enumerate(value):
+                typed(lists[0][0], item, f"{name}.{i}")  # type: ignore[arg-type]

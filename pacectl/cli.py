@@ -14,7 +14,6 @@ folder (``hydra.output_subdir: null``; its job logging is the console only). ``-
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import itertools
 import logging
@@ -32,7 +31,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from pacectl.errors import ConfigError, PacectlError, config_error, did_you_mean, one_line_warnings
+from pacectl.errors import ConfigError, PacectlError, config_error, did_you_mean, dotted, one_line_warnings
 from pacectl.files import folder_problem, staged_outputs
 
 #: A job: ``job(cfg, out_dir)`` runs the composed config (without Hydra's section) and writes its
@@ -502,8 +501,18 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
     from hydra.errors import MissingConfigException
     from omegaconf.errors import ConfigIndexError, ConfigKeyError, ValidationError
 
-    if isinstance(err.__cause__, ValidationError):  # a wrong type for a typed config
-        return config_error(err.__cause__)
+    cause = err.__cause__
+    path = dotted(getattr(cause, "full_key", "") or "")
+    listed, _, index = path.rpartition(".")
+    if isinstance(cause, ConfigIndexError | ValidationError) and index.isdigit():  # cluster.jobs.5.ranks=...
+        text = next((o for o in overrides if _is_under(o.lstrip("+").partition("=")[0], path)), path)
+        node = _compose_without(config_dir, config_name, overrides, text.partition("=")[0])
+        items = OmegaConf.select(node, listed) if node is not None else None
+        if isinstance(items, ListConfig) and int(index) >= len(items):  # (a typed list: a ValidationError)
+            have = f"{listed}.0 to {listed}.{len(items) - 1}" if len(items) else "none"
+            return f"{text}: {listed} has {len(items)} entries ({have}), so there is no {path}"
+    if isinstance(cause, ValidationError):  # a wrong type for a typed config
+        return config_error(cause)
     # a group option that does not exist; Hydra lists them
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options is not None:
         missing, available = err.missing_cfg_file, list(err.options)
@@ -548,17 +557,9 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         section = OmegaConf.select(node, parent) if node is not None and parent else node
         known = sorted(str(k) for k in section.keys()) if isinstance(section, DictConfig) else []
         where = f"{parent}." if parent else ""
-        job = re.fullmatch(r"cluster\.jobs\.\d+(\.compute)?", parent)
-        if job:  # a job's keys are the ones cluster.jobs reads, whichever of them its entry sets
-            from pacectl.fabric.jobs import JOB_KEYS
-            from pacectl.fabric.profile import Compute
-
-            known = [f.name for f in dataclasses.fields(Compute)] if job.group(1) else list(JOB_KEYS)
-            if leaf in known:
-                return f"{key}={given}: this job's entry in the profile sets no {leaf}; add it with +{key}={given}"
         hint = did_you_mean(leaf, known)
         fix = f" Did you mean {where}{hint}={given}?" if hint else ""
-        owners = {} if job else _options_with_key(config_dir, parent, leaf)
+        owners = _options_with_key(config_dir, parent, leaf)
         if hint and leaf not in owners.values():
             owners = {}  # a typo of a key here (kpp -> kp); the exact key elsewhere would beat it
         if owners:  # a key of another option of the group (backend.num_ranks needs backend=sim;
@@ -600,15 +601,6 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         return f"{key}={given}: no such config key{shown}.{fix}"
     if isinstance(err.__cause__, ConfigKeyError):  # a mapping given a key its typed node lacks
         return config_error(err.__cause__)
-    if isinstance(err.__cause__, ConfigIndexError) and err.__cause__.full_key:  # cluster.jobs.5.ranks=...
-        path = _dotted(err.__cause__.full_key)
-        listed, _, index = path.rpartition(".")
-        text = next((o for o in overrides if _is_under(o.lstrip("+").partition("=")[0], path)), path)
-        node = _compose_without(config_dir, config_name, overrides, text.partition("=")[0])
-        items = OmegaConf.select(node, listed) if node is not None else None
-        if isinstance(items, ListConfig):
-            have = f"{listed}.0 to {listed}.{len(items) - 1}" if len(items) else "none"
-            return f"{text}: {listed} has {len(items)} entries ({have}), so there is no {path}"
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     line = " ".join(lines[:4])
     grammar = "https://hydra.cc/docs/advanced/override_grammar/basic/"
@@ -624,7 +616,7 @@ def missing_key(err: Exception, overrides: Sequence[str]) -> str | None:
     if not isinstance(cause, ConfigAttributeError | ConfigKeyError) or not cause.full_key:
         return None
     keys = [o.partition("=")[0] for o in overrides if "=" in o and not o.startswith(("+", "~"))]
-    full = _dotted(cause.full_key)
+    full = dotted(cause.full_key)
     return next((k for k in keys if k == full or k.startswith(f"{full}.")), None)
 
 
@@ -632,11 +624,6 @@ def _is_under(key: str, path: str) -> bool:
     """Whether the dotted ``key`` is ``path`` or below it (``cluster.jobs.1.x`` is under
     ``cluster.jobs.1``; ``cluster.jobs.10.x`` is not)."""
     return key == path or key.startswith(path + ".")
-
-
-def _dotted(full_key: str) -> str:
-    """OmegaConf's key path (``cluster.jobs[0].ranks``) as an override names it (``cluster.jobs.0.ranks``)."""
-    return re.sub(r"\[(\d+)\]", r".\1", full_key)
 
 
 def group_value_error(config_dir: Path, overrides: list[str]) -> str | None:

@@ -9,6 +9,7 @@ The command-line entry points catch :class:`PacectlError` and print the message 
 from __future__ import annotations
 
 import difflib
+import re
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -116,6 +117,11 @@ def unknown_keys_error(where: str, section: Mapping[str, Any], known: Iterable[s
     return ConfigError(f"{where} has unknown key(s) {unknown}: nothing reads them (known: {known}). {fix}")
 
 
+def dotted(full_key: str) -> str:
+    """OmegaConf's key path (``cluster.jobs[0].ranks``) as an override names it (``cluster.jobs.0.ranks``)."""
+    return re.sub(r"\[(\d+)\]", r".\1", full_key)
+
+
 def override_value(value: object) -> str:
     """A value as an override writes it (``true``, ``0.5``, ``null``; ``...`` for a mapping or list)."""
     if value is None:
@@ -173,7 +179,7 @@ def config_error(err: BaseException, section: str = "") -> str:
         err = err.__cause__
     if not isinstance(err, OmegaConfBaseException):
         return " ".join(str(err).split())
-    key, leaf = str(getattr(err, "full_key", "") or ""), str(getattr(err, "key", "") or "")
+    key, leaf = dotted(str(getattr(err, "full_key", "") or "")), str(getattr(err, "key", "") or "")
     key = f"{section}.{key}" if section and not key.startswith(f"{section}.") else key
     cls = getattr(err, "object_type", None)
     declared = (
@@ -182,21 +188,29 @@ def config_error(err: BaseException, section: str = "") -> str:
         else {}
     )
     if isinstance(err, ValidationError) and isinstance(getattr(err, "key", None), int):  # a list's item
-        return f"{key.rpartition('[')[0]} must be {_kind(err.ref_type)}, got {err.value!r} at [{err.key}]"
+        items = [
+            typing.get_args(a)[0]
+            for a in (err.ref_type, *typing.get_args(err.ref_type))
+            if typing.get_args(a)
+        ]
+        entry = next((a for a in items if isinstance(a, type) and dataclasses.is_dataclass(a)), None)
+        if entry is not None:  # an entry of a list of sections (cluster.jobs.0)
+            return f"{key} must be a mapping of {', '.join(f.name for f in dataclasses.fields(entry))}, got {err.value!r}"
+        return f"{key.rpartition('.')[0]} must be {_kind(err.ref_type)}, got {err.value!r} at [{err.key}]"
     if isinstance(err, ConfigKeyError) and declared:
         close = did_you_mean(leaf, declared)
         fix = f"; did you mean {key.removesuffix(leaf)}{close}?" if close else "; remove it"
         return f"{key}: no such key (known: {', '.join(declared)}){fix}"
     if isinstance(err, ValidationError) and leaf in declared:
         hint = typing.get_type_hints(cls).get(leaf)
-        args = (hint,) if typing.get_origin(hint) in (list, tuple) else typing.get_args(hint) or (hint,)
+        args = (hint,) if typing.get_origin(hint) in (list, tuple, dict) else typing.get_args(hint) or (hint,)
         kinds = [_kind(a) for a in args if a is not type(None)]
         meta = declared[leaf].metadata  # a pacectl.checks field states its range, or what it must be
         must = meta.get("what") or " or ".join(kinds) + (f" {meta['range']}" if meta.get("range") else "")
         must += " or null" if type(None) in args else ""
         if isinstance(hint, type) and issubclass(hint, enum.Enum):
             must = "one of " + ", ".join(m.name for m in hint)
-        default = declared[leaf].default
+        default = meta.get("example", declared[leaf].default)
         example = (
             ""
             if default is None or default is dataclasses.MISSING or default == "???"  # "???": must be set

@@ -243,6 +243,8 @@ ADDED_DEFAULTS = {
         "heldout_seeds": [100, 101, 102],
     },
 }
+#: keys a typed ``cluster.jobs`` entry (pacectl.fabric.jobs.JobEntry) adds where a shipped one left them out
+ADDED_JOB_DEFAULTS = {"message_bytes": None, "start_s": 0.0, "controller": None, "controller_params": {}}
 
 
 def _profile(name: str = "dgx_superpod", overrides: tuple[str, ...] = ()) -> dict[str, object]:
@@ -281,6 +283,10 @@ def test_shipped_profiles_resolve_to_the_values_recorded_before_they_were_typed(
             expected = expected[key]
         if leaf not in expected:
             assert node.pop(leaf) == default, path
+    for job, was in zip(composed.get("jobs") or [], golden["composed"].get("jobs") or [], strict=True):
+        for key, default in ADDED_JOB_DEFAULTS.items():
+            if key not in was:
+                assert job.pop(key) == default, ("jobs", key)
     assert composed == golden["composed"]
 
 
@@ -428,9 +434,10 @@ def test_cluster_config_keeps_the_model_defaults_for_keys_left_out() -> None:
     model, interference = sim_fabric(cluster, "contention", 16)
     assert model.free_time_s > 0 and interference.kappa == 0.0
     with pytest.raises(ConfigError, match=r"^cluster\.jobs\.0\.compute\.compute_s must be set"):
-        from pacectl.fabric.profile import compute_section
+        from pacectl.checks import typed
+        from pacectl.fabric.profile import Compute
 
-        compute_section({"noise": []}, "cluster.jobs.0.compute")
+        typed(Compute, {"noise": []}, "cluster.jobs.0.compute")
 
 
 def test_nan_message_bytes_names_the_key_not_the_null_model() -> None:

@@ -353,13 +353,18 @@ def test_parse_jobs_rejects_a_job_that_does_not_fit_and_a_rank_claimed_twice() -
             topology=FatTree(),
             message_bytes=1e9,
         )
-    with pytest.raises(ConfigError, match=r"cluster\.jobs\.0 has unknown key"):
-        parse_jobs(
-            [{"name": "a", "ranks": [0], "compute": compute, "rank": 1}],
-            fabric_ranks=8,
-            topology=FatTree(),
-            message_bytes=1e9,
-        )
+    for entry, message in [  # the typed entry refuses an unknown key and a wrong type
+        ({"rank": 1}, r"cluster\.jobs\.0\.rank: no such key .*did you mean cluster\.jobs\.0\.ranks\?"),
+        ({"start_s": "x"}, r"cluster\.jobs\.0\.start_s must be a finite number >= 0 \(seconds\), got 'x'"),
+        ({"compute": {"compute_s": 0.3, "nois": []}}, r"cluster\.jobs\.0\.compute\.nois: no such key"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_jobs(
+                [{"name": "a", "ranks": [0], "compute": compute, **entry}],
+                fabric_ranks=8,
+                topology=FatTree(),
+                message_bytes=1e9,
+            )
     with pytest.raises(ConfigError, match=r"cluster\.jobs\.0\.compute\.compute_s"):
         parse_jobs(
             [{"name": "a", "ranks": [0], "compute": {"compute_s": -1}}],
@@ -374,6 +379,16 @@ def test_parse_jobs_rejects_a_job_that_does_not_fit_and_a_rank_claimed_twice() -
         message_bytes=1e9,
     )
     assert jobs[0].ranks == (0, 1, 4, 5) and jobs[0].nodes(2) == (0, 2)
+    jobs = parse_jobs(  # one range or one rank in place of a list
+        [{"name": "a", "ranks": "0-3", "compute": compute}, {"ranks": 5, "compute": compute}],
+        fabric_ranks=8,
+        topology=TOPO,
+        message_bytes=1e9,
+    )
+    assert [(j.name, j.ranks, j.message_bytes) for j in jobs] == [
+        ("a", (0, 1, 2, 3), 1e9),
+        ("job1", (5,), 1e9),
+    ]
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -505,9 +520,11 @@ def test_kappa_override_replaces_the_profiles() -> None:
     assert plain.describe()["sim"]["interference_kappa_source"].startswith("assumed: scenario choice")
 
 
-def test_a_job_can_pin_its_own_controller() -> None:
+@pytest.mark.parametrize("pin", ["+cluster.jobs.1.controller=none", "cluster.jobs.1.controller=none"])
+def test_a_job_can_pin_its_own_controller(pin: str) -> None:
     """``cluster.jobs.<i>.controller`` gives that job its own family: under ``controller=phase`` job b
-    pinned to ``none`` never delays, while a (the run's phase) shifts."""
+    pinned to ``none`` never delays, while a (the run's phase) shifts. The entry's type has the key,
+    so it is set with or without ``+``."""
     from hydra import compose, initialize_config_dir
 
     from pacectl.config import CONF_DIR
@@ -518,7 +535,7 @@ def test_a_job_can_pin_its_own_controller() -> None:
         "cluster=shared_uplink",
         "comm=contention",
         "backend.num_iterations=150",
-        "+cluster.jobs.1.controller=none",
+        pin,
     ]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         experiment = make_experiment(compose(config_name="config", overrides=overrides))
@@ -568,6 +585,16 @@ def test_per_job_sets_a_jobs_keys_and_its_controller_params_by_name() -> None:
         ),
         ("+cluster.per_job.b.name=c", r"cluster\.per_job\.b has unknown key\(s\) \['name'\]"),
         ("+cluster.per_job.b.start_s=-1", r"cluster\.per_job\.b\.start_s must be a finite number >= 0"),
+        (
+            "+cluster.per_job.b.start_s=abc",
+            r"cluster\.per_job\.b\.start_s must be a finite number >= 0 .*'abc'",
+        ),
+        (
+            "+cluster.per_job.b.rank=1",
+            r"cluster\.per_job\.b has unknown key\(s\) \['rank'\].*per_job\.b\.ranks=1",
+        ),
+        ("+cluster.per_job.b.compute.nois=[]", r"cluster\.per_job\.b\.compute\.nois: no such key"),
+        ("+cluster.per_job.b=5", r"cluster\.per_job\.b must be a mapping, got 5"),
         (
             "+cluster.per_job.b.controller_params.phaze.quiet_s=0.1",
             r"cluster\.per_job\.b\.controller_params\.phaze: 'phaze' is not a controller family \(did you mean 'phase'",

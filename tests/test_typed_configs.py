@@ -110,10 +110,24 @@ def test_a_wrong_value_of_a_typed_key_is_one_line(tmp_path: Path, args: list[str
         ),
         ("cluster.jobs.0.compute.noise=abc", "cluster.jobs.0.compute.noise must be"),
         ("+cluster.jobs.0.controller=5", "cluster.jobs.0.controller must be"),
-        ("+cluster.jobs.0.controller_params=abc", "cluster.jobs.0.controller_params must be"),
-        # a key the job's entry leaves out, a misspelt one, and a job the profile does not have
-        ("cluster.jobs.0.controller=none", "sets no controller; add it with +cluster.jobs.0.controller=none"),
-        ("cluster.jobs.0.rank=[1]", "no such config key (known under cluster.jobs.0: ['name', 'ranks',"),
+        ("cluster.jobs.0.controller=[1]", "cluster.jobs.0.controller must be a string or null, got [1]: for"),
+        ("cluster.jobs.0.controller_params=abc", "cluster.jobs.0.controller_params must be a mapping"),
+        ("+cluster.jobs.0.controller_params.phase=5", "cluster.jobs.0.controller_params.phase must be"),
+        (
+            "cluster.jobs.0.start_s=nan",
+            "cluster.jobs.0.start_s must be a finite number >= 0 (seconds), got nan",
+        ),
+        ("cluster.jobs.0.message_bytes=-1", "cluster.jobs.0.message_bytes must be a finite number >= 0"),
+        # a misspelt key (set or added: refused by the typed entry), and a job the profile does not have
+        (
+            "cluster.jobs.0.rank=[1]",
+            "no such config key (known under cluster.jobs.0: ['compute', 'controller',",
+        ),
+        ("+cluster.jobs.0.rank=[1]", "cluster.jobs.0.rank: no such key (known: name, ranks,"),
+        (
+            "+cluster.jobs.0.compute.bogus=1",
+            "cluster.jobs.0.compute.bogus: no such key (known: compute_s, noise)",
+        ),
         (
             "cluster.jobs.0.compute.bogus=1",
             "no such config key (known under cluster.jobs.0.compute: ['compute_s', 'noise'])",
@@ -126,7 +140,7 @@ def test_a_wrong_value_of_a_typed_key_is_one_line(tmp_path: Path, args: list[str
 )
 def test_a_wrong_job_key_is_one_line(tmp_path: Path, arg: str, expect: str) -> None:
     """``cluster.jobs.<i>.*`` (several jobs on one fabric, :mod:`pacectl.fabric.jobs`): a wrong type
-    or value, a key the job's entry does not set, a misspelt key or a job past the list's end."""
+    or value, a misspelt key or a job past the list's end."""
     from pacectl.run import main
 
     out = tmp_path / "run"

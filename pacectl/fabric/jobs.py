@@ -13,6 +13,9 @@ A cluster profile places jobs with a ``jobs`` list (``conf/cluster/shared_uplink
         controller_params:           # optional: parameters of a family for this job only, replacing
           phase: {quiet_s: 0.0956}   #   the run's (used in the runs where the job runs that family)
 
+Each entry is a typed :class:`JobEntry`: a wrong type or an unknown key is refused when Hydra composes
+the profile, and every key is there (``cluster.jobs.1.controller=none`` needs no ``+``).
+
 Any of a job's keys but its name can also be set by the job's name, on the command line or in a
 profile, with ``cluster.per_job.<job>.<key>`` (a Hydra ``+`` override: the shipped profiles set no
 ``per_job``)::
@@ -40,13 +43,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
+from omegaconf import MISSING
 
+from pacectl.checks import Checked, typed, within
 from pacectl.errors import ConfigError, did_you_mean, unknown_keys_error
 from pacectl.fabric.collectives import ring_allreduce_s
 from pacectl.fabric.noise import ComputeModel
@@ -54,9 +59,38 @@ from pacectl.fabric.topology import FatTree
 
 FloatArray = NDArray[np.float64]
 
-#: Keys of one ``cluster.jobs`` entry.
-JOB_KEYS = ("name", "ranks", "compute", "message_bytes", "start_s", "controller", "controller_params")
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+@dataclass(kw_only=True)
+class JobCompute:
+    """A job's ``compute``, typed as :class:`~pacectl.fabric.profile.Compute`, whose checks
+    :func:`parse_jobs` runs on it (where the job's key is known)."""
+
+    compute_s: float = within(MISSING, "> 0")
+    noise: list[Any] = field(default_factory=list)
+
+    def model(self, where: str) -> ComputeModel:
+        """The compute model, checked as ``cluster.compute`` is, its keys named under ``where``."""
+        from pacectl.fabric.profile import Compute
+
+        return typed(Compute, asdict(self), where).model()
+
+
+@dataclass(kw_only=True)
+class JobEntry(Checked):
+    """One entry of ``cluster.jobs`` (module docstring); :func:`parse_jobs` checks the rest. None:
+    ``name`` ``job<i>``, ``message_bytes`` ``cluster.collective.message_bytes``, ``controller``
+    the run's; ``ranks`` and ``compute`` unset (``cluster.per_job`` may set them)."""
+
+    section: ClassVar[str] = "cluster.jobs.<i>"
+    name: str | None = within(None, example="a")
+    ranks: Any = None  # a list of ranks (ints) and "first-last" ranges, or one of them
+    compute: JobCompute | None = within(None, example="{compute_s:0.3}")
+    message_bytes: float | None = within(None, ">= 0", what="a finite number >= 0 (bytes)", example="5.0e9")
+    start_s: float = within(0.0, ">= 0", what="a finite number >= 0 (seconds)", example=0.1)
+    controller: str | None = within(None, example="none")
+    controller_params: dict[str, Any] = within({}, example="{phase:{quiet_s:0.0956}}")  # family -> parameters
 
 
 @dataclass(frozen=True)
@@ -120,7 +154,7 @@ def _ranks(value: object, key: str) -> tuple[int, ...]:
         )
     out: list[int] = []
     for item in value:
-        if isinstance(item, (int, np.integer)) and not isinstance(item, bool) and item >= 0:
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
             out.append(int(item))
             continue
         match = _RANGE.match(item) if isinstance(item, str) else None
@@ -138,17 +172,6 @@ def _ranks(value: object, key: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _at_least_0(value: object, key: str, unit: str, example: str) -> float:
-    """``value`` as a float, checked finite and >= 0 (``unit`` and ``example`` for the message)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not (math.isfinite(value) and value >= 0)
-    ):
-        raise ConfigError(f"{key} must be a finite number >= 0 {unit}, got {value!r}; e.g. {key}={example}")
-    return float(value)
-
-
 def _span(ranks: Sequence[int]) -> str:
     return f"{min(ranks)}-{max(ranks)}" if len(ranks) > 1 else str(ranks[0])
 
@@ -162,90 +185,52 @@ def _merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
-def _named_mappings(
-    value: Mapping[Any, Any],
-    where: str,
-    names: Sequence[str] | None,
-    example: str,
-    unknown: tuple[str, str],
-    holds: str,
-) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """The items of the mapping ``value`` at ``where``: each key one of ``names`` (None: any) and each
-    value a mapping (of ``holds``, ``{}`` standing for the key). A key not among ``names`` is the
-    error ``unknown[0]``, its ``{key}`` the key and its ``{hint}`` ``unknown[1]`` with the closest
-    name in its ``{}`` (nothing when none is close): ``cluster.per_job`` and a job's ``controller_params``.
-
-    Raises:
-        ConfigError: the first key that is not among ``names``, or the first value that is not a mapping.
-    """
+def _named(
+    value: Mapping[str, Any], where: str, names: Sequence[str], unknown: str, hint: str, example: str
+) -> None:
+    """Each key of the mapping at ``where`` one of ``names`` (else ``unknown``, its ``{hint}``
+    ``hint`` with the closest name for ``{}``) and each value a mapping, or a ConfigError."""
     for key, entry in value.items():
-        if names is not None and key not in names:
+        if key not in names:
             close = did_you_mean(str(key), names)
-            hint = unknown[1].replace("{}", close) if close else ""
-            raise ConfigError(unknown[0].replace("{key}", str(key)).replace("{hint}", hint))
-        if not isinstance(entry, Mapping):
             raise ConfigError(
-                f"{where}.{key} must be a mapping of {holds.replace('{}', str(key))}, got {entry!r}; e.g. {example}"
+                unknown.replace("{key}", key).replace("{hint}", hint.format(close) if close else "")
             )
-        yield str(key), entry
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"{where}.{key} must be a mapping, got {entry!r}; e.g. {example}")
 
 
-def _per_job(per_job: object, names: Sequence[str], cluster: str) -> Mapping[str, Mapping[str, Any]]:
-    """The ``cluster.per_job`` mapping, checked: every key a job's name, every value a job's keys."""
-    if per_job is None:
-        return {}
-    example = f"+cluster.per_job.{names[0]}.start_s=0.1" if names else "+cluster.per_job.a.start_s=0.1"
-    if not isinstance(per_job, Mapping):
-        raise ConfigError(
-            f"cluster.per_job must be a mapping from a job's name to its keys, got {per_job!r}; e.g. {example}"
-        )
-    unknown = (  # {key}: the name given, {hint}: its did-you-mean
+def _per_job(per_job: Mapping[str, Any] | None, names: Sequence[str], cluster: str) -> Mapping[str, Any]:
+    """The ``cluster.per_job`` mapping, checked: every key a job's name, every value that job's keys
+    but its ``name`` (their types: :func:`parse_jobs`)."""
+    example = f"+cluster.per_job.{names[0]}.start_s=0.1"
+    unknown = (
         f"cluster.per_job.{{key}} names no job of cluster={cluster}: its jobs are {list(names)}.{{hint}} "
         f"Name one of them, e.g. {example}"
     )
-    for name, keys in _named_mappings(
-        per_job,
-        "cluster.per_job",
-        names,
-        example,
-        (unknown, " Did you mean cluster.per_job.{}?"),
-        "job {}'s keys",
-    ):
-        if any(k not in JOB_KEYS or k == "name" for k in keys):
-            raise unknown_keys_error(f"cluster.per_job.{name}", keys, [k for k in JOB_KEYS if k != "name"])
-    return per_job
+    _named(per_job or {}, "cluster.per_job", names, unknown, " Did you mean cluster.per_job.{}?", example)
+    keys = [f.name for f in fields(JobEntry) if f.name != "name"]
+    for name, extra in (per_job or {}).items():
+        if any(k not in keys for k in extra):
+            raise unknown_keys_error(f"cluster.per_job.{name}", extra, keys)
+    return per_job or {}
 
 
-def _controller_params(value: object, where: str, controllers: Sequence[str]) -> dict[str, dict[str, Any]]:
+def _controller_params(
+    value: Mapping[str, Any], where: str, controllers: Sequence[str]
+) -> dict[str, dict[str, Any]]:
     """A job's ``controller_params`` (family -> parameters), each family's checked as its config is."""
-    example = f"{where}.phase.quiet_s=0.0956"
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(
-            f"{where} must be a mapping from a controller family to its parameters for this job, "
-            f"got {value!r}; e.g. {example}"
-        )
-    unknown = (  # {key}: the family given, {hint}: its did-you-mean
-        f"{where}.{{key}}: '{{key}}' is not a controller family{{hint}}; the families are {sorted(controllers)}, "
-        f"e.g. {example}"
-    )
-    out: dict[str, dict[str, Any]] = {}
-    for family, params in _named_mappings(
-        value, where, controllers or None, example, (unknown, " (did you mean '{}'?)"), "{}'s parameters"
-    ):
-        if controllers:
-            from pacectl.controllers import FAMILIES
+    from pacectl.controllers import FAMILIES
 
-            cls = FAMILIES[str(family)].cls
-            known = FAMILIES[str(family)].params
-            if any(k not in known for k in params):
-                raise unknown_keys_error(f"{where}.{family}", params, known)
-            type(cls.__name__, (cls,), {"section": f"{where}.{family}", "owner": None})(
-                **params
-            )  # types, ranges
-        out[str(family)] = dict(params)
-    return out
+    example = f"{where}.phase.quiet_s=0.0956"
+    unknown = f"{where}.{{key}}: '{{key}}' is not a controller family{{hint}}; the families are {sorted(controllers)}, e.g. {example}"
+    _named(value if controllers else {}, where, controllers, unknown, " (did you mean '{}'?)", example)
+    for family, params in value.items() if controllers else ():
+        cls, known = FAMILIES[family].cls, FAMILIES[family].params
+        if any(k not in known for k in params):
+            raise unknown_keys_error(f"{where}.{family}", params, known)
+        type(cls.__name__, (cls,), {"section": f"{where}.{family}", "owner": None})(**params)  # ranges
+    return {family: dict(params) for family, params in value.items()}
 
 
 def parse_jobs(
@@ -255,13 +240,13 @@ def parse_jobs(
     topology: FatTree,
     message_bytes: float,
     controllers: Sequence[str] = (),
-    per_job: object = None,
+    per_job: Mapping[str, Any] | None = None,
     cluster: str = "?",
 ) -> tuple[JobSpec, ...]:
     """The jobs of ``cluster.jobs``, checked against the fabric, with ``cluster.per_job`` on top.
 
     Args:
-        value: the ``cluster.jobs`` list (plain containers).
+        value: the ``cluster.jobs`` list (plain containers: each entry a :class:`JobEntry`'s keys).
         fabric_ranks: ranks the fabric holds (``backend.num_ranks``).
         topology: the fabric.
         message_bytes: a job's message size when it sets none (``cluster.collective.message_bytes``).
@@ -272,35 +257,30 @@ def parse_jobs(
 
     Raises:
         ConfigError: one line naming ``cluster.jobs.<i>.<key>`` (or ``cluster.per_job.<job>.<key>``
-            for a value set there), what was expected and a fix; among them a job whose ranks do not
-            fit the fabric, a rank claimed by two jobs and a ``per_job`` name that is no job's.
+            for a value set there), what was expected and a fix; among them a wrong type or unknown
+            key (:func:`~pacectl.checks.typed`), a job whose ranks do not fit the fabric, a rank
+            claimed by two jobs and a ``per_job`` name that is no job's.
     """
-    from pacectl.fabric.profile import compute_section
-
-    if not isinstance(value, Sequence) or isinstance(value, str) or not value:
+    if not value or not isinstance(value, Sequence):  # (its type: when Hydra composes it)
         raise ConfigError(
-            f"cluster.jobs must be a non-empty list of jobs (name, ranks, compute), got {value!r}; "
-            "see conf/cluster/shared_uplink.yaml"
+            f"cluster.jobs must be a non-empty list of jobs, got {value!r}; see conf/cluster/shared_uplink.yaml"
         )
+    entries = [typed(JobEntry, raw, f"cluster.jobs.{i}") for i, raw in enumerate(value)]
+    names = [f"job{i}" if e.name is None else e.name for i, e in enumerate(entries)]
+    overrides = _per_job(per_job, names, cluster)
     jobs: list[JobSpec] = []
     owner: dict[int, str] = {}
     nodes = math.ceil(fabric_ranks / topology.ranks_per_node)
-    names = [str(r.get("name", f"job{i}")) if isinstance(r, Mapping) else "" for i, r in enumerate(value)]
-    overrides = _per_job(per_job, names, cluster)
-    for i, raw in enumerate(value):
-        if not isinstance(raw, Mapping):
-            raise ConfigError(f"cluster.jobs.{i} must be a mapping with name, ranks and compute, got {raw!r}")
-        if any(k not in JOB_KEYS for k in raw):
-            raise unknown_keys_error(f"cluster.jobs.{i}", raw, JOB_KEYS)
-        extra = overrides.get(str(raw.get("name", f"job{i}")), {})
-        raw = _merged(raw, extra)
-        name = raw.get("name", f"job{i}")
+    for i, (name, entry) in enumerate(zip(names, entries, strict=True)):
+        extra = overrides.get(name, {})
+        if extra:  # its types and keys checked under cluster.per_job.<job> (the entry's already are)
+            entry = typed(JobEntry, _merged(asdict(entry), extra), f"cluster.per_job.{name}")
 
-        def at(key: str, name: object = name, i: int = i, extra: Mapping[str, Any] = extra) -> str:
+        def at(key: str, name: str = name, i: int = i, extra: Mapping[str, Any] = extra) -> str:
             """``key`` where its value was set: in the job's entry, or in ``cluster.per_job.<job>``."""
             return f"cluster.per_job.{name}.{key}" if key in extra else f"cluster.jobs.{i}.{key}"
 
-        if not isinstance(name, str) or not name.isidentifier():
+        if not name.isidentifier():
             raise ConfigError(
                 f"{at('name')} must be a name of letters, digits and _, got {name!r}; e.g. {at('name')}=a"
             )
@@ -308,11 +288,11 @@ def parse_jobs(
             raise ConfigError(
                 f"{at('name')} {name!r} is already the name of another job; give each job its own"
             )
-        if "ranks" not in raw:
+        if entry.ranks is None:
             raise ConfigError(
                 f"{at('ranks')} must be set (the job's global ranks); e.g. {at('ranks')}=[0-7,16-23]"
             )
-        ranks = _ranks(raw["ranks"], at("ranks"))
+        ranks = _ranks(entry.ranks, at("ranks"))
         outside = [r for r in ranks if r >= fabric_ranks]
         if outside:
             raise ConfigError(
@@ -327,23 +307,19 @@ def parse_jobs(
                     f"cannot share a rank; give {at('ranks')} ranks no other job lists (now {_span(ranks)})"
                 )
             owner[r] = name
-        if "compute" not in raw:
+        if entry.compute is None:
             raise ConfigError(
                 f"{at('compute')} must be set (compute_s and noise of the job); e.g. {at('compute')}.compute_s=0.3"
             )
-        compute = compute_section(raw["compute"], at("compute"))
-        msg = _at_least_0(raw.get("message_bytes", message_bytes), at("message_bytes"), "bytes", "5.0e9")
-        start = _at_least_0(raw.get("start_s", 0.0), at("start_s"), "seconds", "0.1")
-        pinned = raw.get("controller")
-        if pinned is not None and (
-            not isinstance(pinned, str) or (controllers and pinned not in controllers)
-        ):
+        compute = entry.compute.model(at("compute"))
+        msg = message_bytes if entry.message_bytes is None else entry.message_bytes
+        if entry.controller is not None and controllers and entry.controller not in controllers:
             raise ConfigError(
                 f"{at('controller')} must be null (the run's controller) or one of {sorted(controllers)}, "
-                f"got {pinned!r}; e.g. {at('controller')}=none"
+                f"got {entry.controller!r}; e.g. {at('controller')}=none"
             )
-        params = _controller_params(raw.get("controller_params"), at("controller_params"), controllers)
-        jobs.append(JobSpec(str(name), ranks, compute, msg, start, pinned, params))
+        params = _controller_params(entry.controller_params, at("controller_params"), controllers)
+        jobs.append(JobSpec(name, ranks, compute, msg, entry.start_s, entry.controller, params))
     return tuple(jobs)
 
 

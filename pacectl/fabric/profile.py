@@ -68,6 +68,7 @@ from pacectl.fabric.contention import (
     EarlyArrivalInterference,
     FixedComm,
 )
+from pacectl.fabric.jobs import JobEntry
 from pacectl.fabric.noise import (
     FILLS,
     ComputeModel,
@@ -266,7 +267,7 @@ class ClusterConfig(Checked):
     """A cluster profile (``cluster=<name>``, ``conf/cluster/*.yaml``): the fabric sections, the
     compute model, the GPUs' power profile (``power``, :mod:`pacectl.fabric.power`), the traces it
     stands for (``traces``: trace configs, checked when tuning loads them), several jobs on one
-    fabric (``jobs``: :func:`pacectl.fabric.jobs.parse_jobs` checks them) and the tuner's sim
+    fabric (``jobs``: :class:`~pacectl.fabric.jobs.JobEntry` each) and the tuner's sim
     scenario (``tune_sim``). ``cluster=base`` is this with the models' defaults (a quiet fabric)."""
 
     section: ClassVar[str] = "cluster"
@@ -281,7 +282,7 @@ class ClusterConfig(Checked):
     buckets: BucketedBackward = field(default_factory=BucketedBackward)
     compute: Compute = field(default_factory=lambda: Compute(compute_s=0.5))
     traces: list[Any] = field(default_factory=list)
-    jobs: list[Any] | None = None
+    jobs: list[JobEntry] | None = None
     #: a job's keys set by its name (``+cluster.per_job.<job>.<key>``): parse_jobs checks them
     per_job: dict[str, Any] = field(default_factory=dict)
     tune_sim: Scenario = field(default_factory=Scenario)
@@ -330,16 +331,6 @@ Profile = Mapping[str, Any] | DictConfig | ClusterConfig
 def compute_from(cluster: Profile) -> ComputeModel:
     """The simulator's :class:`ComputeModel` of a profile (``compute.compute_s`` and ``compute.noise``)."""
     return cluster_config(cluster).compute.model()
-
-
-def compute_section(section: Mapping[str, Any], where: str) -> ComputeModel:
-    """A :class:`ComputeModel` from a compute section (``compute_s``, ``noise``) found at override path
-    ``where`` (a job's own, ``cluster.jobs.0.compute``), checked as ``cluster.compute`` is.
-
-    Raises:
-        ConfigError: one line naming the key under ``where``.
-    """
-    return typed(Compute, section, where).model()
 
 
 def power_from(cluster: Profile) -> PowerProfile:
