@@ -111,7 +111,8 @@ def test_the_messages_a_fresh_user_met_read_right(tmp_path: Path, capsys: pytest
         (b"", "must not be empty"),
         (gzip.compress(b'{"traceEvents": [{"ph": "X"}', mtime=0)[:-12], "ends early"),
     ],
-    ids=["malformed-json", "empty", "truncated-gzip"],  # ids, not bytes: xdist's workers must collect the same names
+    # ids, not bytes: xdist's workers must collect the same names
+    ids=["malformed-json", "empty", "truncated-gzip"],
 )
 def test_unusable_exits_nonzero_without_traceback(
     tmp_path: Path, content: bytes, match: str, capsys: pytest.CaptureFixture[str]
