@@ -243,7 +243,7 @@ ADDED_DEFAULTS = {
         "heldout_seeds": [100, 101, 102],
     },
 }
-#: keys a typed ``cluster.jobs`` entry (pacectl.fabric.jobs.JobEntry) adds where a shipped one left them out
+#: keys a typed ``cluster.jobs`` entry (pacectl.fabric.profile.JobEntry) adds where a shipped one left them out
 ADDED_JOB_DEFAULTS = {"message_bytes": None, "start_s": 0.0, "controller": None, "controller_params": {}}
 
 

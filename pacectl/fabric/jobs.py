@@ -13,8 +13,9 @@ A cluster profile places jobs with a ``jobs`` list (``conf/cluster/shared_uplink
         controller_params:           # optional: parameters of a family for this job only, replacing
           phase: {quiet_s: 0.0956}   #   the run's (used in the runs where the job runs that family)
 
-Each entry is a typed :class:`JobEntry`: a wrong type or an unknown key is refused when Hydra composes
-the profile, and every key is there (``cluster.jobs.1.controller=none`` needs no ``+``).
+Each entry is a typed :class:`~pacectl.fabric.profile.JobEntry`: a wrong type or an unknown key is
+refused when Hydra composes the profile, and every key is there (``cluster.jobs.1.controller=none``
+needs no ``+``).
 
 Any of a job's keys but its name can also be set by the job's name, on the command line or in a
 profile, with ``cluster.per_job.<job>.<key>`` (a Hydra ``+`` override: the shipped profiles set no
@@ -45,52 +46,21 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from omegaconf import MISSING
 
-from pacectl.checks import Checked, typed, within
+from pacectl.checks import typed
 from pacectl.errors import ConfigError, did_you_mean, unknown_keys_error
 from pacectl.fabric.collectives import ring_allreduce_s
 from pacectl.fabric.noise import ComputeModel
+from pacectl.fabric.profile import JobEntry
 from pacectl.fabric.topology import FatTree
 
 FloatArray = NDArray[np.float64]
 
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
-
-
-@dataclass(kw_only=True)
-class JobCompute:
-    """A job's ``compute``, typed as :class:`~pacectl.fabric.profile.Compute`, whose checks
-    :func:`parse_jobs` runs on it (where the job's key is known)."""
-
-    compute_s: float = within(MISSING, "> 0")
-    noise: list[Any] = field(default_factory=list)
-
-    def model(self, where: str) -> ComputeModel:
-        """The compute model, checked as ``cluster.compute`` is, its keys named under ``where``."""
-        from pacectl.fabric.profile import Compute
-
-        return typed(Compute, asdict(self), where).model()
-
-
-@dataclass(kw_only=True)
-class JobEntry(Checked):
-    """One entry of ``cluster.jobs`` (module docstring); :func:`parse_jobs` checks the rest. None:
-    ``name`` ``job<i>``, ``message_bytes`` ``cluster.collective.message_bytes``, ``controller``
-    the run's; ``ranks`` and ``compute`` unset (``cluster.per_job`` may set them)."""
-
-    section: ClassVar[str] = "cluster.jobs.<i>"
-    name: str | None = within(None, example="a")
-    ranks: Any = None  # a list of ranks (ints) and "first-last" ranges, or one of them
-    compute: JobCompute | None = within(None, example="{compute_s:0.3}")
-    message_bytes: float | None = within(None, ">= 0", what="a finite number >= 0 (bytes)", example="5.0e9")
-    start_s: float = within(0.0, ">= 0", what="a finite number >= 0 (seconds)", example=0.1)
-    controller: str | None = within(None, example="none")
-    controller_params: dict[str, Any] = within({}, example="{phase:{quiet_s:0.0956}}")  # family -> parameters
 
 
 @dataclass(frozen=True)
@@ -246,7 +216,8 @@ def parse_jobs(
     """The jobs of ``cluster.jobs``, checked against the fabric, with ``cluster.per_job`` on top.
 
     Args:
-        value: the ``cluster.jobs`` list (plain containers: each entry a :class:`JobEntry`'s keys).
+        value: the ``cluster.jobs`` list (plain containers: each entry a
+            :class:`~pacectl.fabric.profile.JobEntry`'s keys).
         fabric_ranks: ranks the fabric holds (``backend.num_ranks``).
         topology: the fabric.
         message_bytes: a job's message size when it sets none (``cluster.collective.message_bytes``).

@@ -68,7 +68,6 @@ from pacectl.fabric.contention import (
     EarlyArrivalInterference,
     FixedComm,
 )
-from pacectl.fabric.jobs import JobEntry
 from pacectl.fabric.noise import (
     FILLS,
     ComputeModel,
@@ -237,6 +236,36 @@ class Compute(Checked):
 
     def model(self) -> ComputeModel:
         return ComputeModel(compute_s=self.compute_s, components=tuple(self.noise))
+
+
+@dataclass(kw_only=True)
+class JobCompute:
+    """A job's ``compute``, typed as :class:`Compute`, whose checks
+    :func:`~pacectl.fabric.jobs.parse_jobs` runs on it (where the job's key is known)."""
+
+    compute_s: float = within(MISSING, "> 0")
+    noise: list[Any] = field(default_factory=list)
+
+    def model(self, where: str) -> ComputeModel:
+        """The compute model, checked as ``cluster.compute`` is, its keys named under ``where``."""
+        return typed(Compute, vars(self), where).model()
+
+
+@dataclass(kw_only=True)
+class JobEntry(Checked):
+    """One entry of ``cluster.jobs`` (:mod:`pacectl.fabric.jobs`), which
+    :func:`~pacectl.fabric.jobs.parse_jobs` checks further. None:
+    ``name`` ``job<i>``, ``message_bytes`` ``cluster.collective.message_bytes``, ``controller``
+    the run's; ``ranks`` and ``compute`` unset (``cluster.per_job`` may set them)."""
+
+    section: ClassVar[str] = "cluster.jobs.<i>"
+    name: str | None = within(None, example="a")
+    ranks: Any = None  # a list of ranks (ints) and "first-last" ranges, or one of them
+    compute: JobCompute | None = within(None, example="{compute_s:0.3}")
+    message_bytes: float | None = within(None, ">= 0", what="a finite number >= 0 (bytes)", example="5.0e9")
+    start_s: float = within(0.0, ">= 0", what="a finite number >= 0 (seconds)", example=0.1)
+    controller: str | None = within(None, example="none")
+    controller_params: dict[str, Any] = within({}, example="{phase:{quiet_s:0.0956}}")  # family -> parameters
 
 
 @dataclass(kw_only=True)
