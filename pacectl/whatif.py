@@ -212,6 +212,11 @@ class _Replayer:
         self.count = 0
         self.on_replay = on_replay
         self.chunk_elements = chunk_elements
+        # The full replays' end times and scenario durations, made once and reused: at 30 M ops a
+        # fresh 240 MB array per replay cost more in the kernel's first touch of its pages than the
+        # replay itself (experiments/bench/README.md, the what-if section).
+        self._end: FloatArray | None = None
+        self._scenario: FloatArray | None = None
 
     def _tick(self, n: int = 1) -> None:
         for _ in range(n):
@@ -229,11 +234,20 @@ class _Replayer:
             return ended.max(axis=(0, 2))
         from pacectl.backends.dag import evaluate
 
-        end = np.zeros((dag.num_nodes + 1, *transfer_s.shape[1:]))
-        start = np.empty(transfer_s.shape)
-        evaluate(dag.levels, end, start, None, transfer_s)
+        if self._end is None or self._end.shape[1:] != transfer_s.shape[1:]:
+            self._end = np.zeros((dag.num_nodes + 1, *transfer_s.shape[1:]))  # row N: the sentinel, 0
+        evaluate(dag.levels, self._end, None, None, transfer_s)  # writes every other row
         self._tick()
-        return end[:-1].max(axis=(0, 2))
+        return self._end[:-1].max(axis=(0, 2))
+
+    def scenario(self, base: FloatArray, kept: FloatArray, mask: NDArray[np.bool_]) -> FloatArray:
+        """``np.where(mask, kept, base)``, ``float64[N, num_steps, dp_size]`` seconds, written into
+        one buffer reused by every call (valid until the next); ``mask`` broadcasts to ``base``."""
+        if self._scenario is None or self._scenario.shape != base.shape:
+            self._scenario = np.empty_like(base)
+        np.copyto(self._scenario, base)
+        np.copyto(self._scenario, kept, where=mask)
+        return self._scenario
 
     def column_step_times(
         self,
@@ -263,15 +277,16 @@ class _Replayer:
         width = num_columns + 1 if num_columns < dp else num_columns
         chunk = max(1, self.chunk_elements // ((n + 1) * num_steps * width))
         out = np.empty((num_scenarios, num_steps))
+        size = min(chunk, num_scenarios)  # one chunk's buffers, reused (the last chunk: a view)
+        transfer_buf = np.empty((n, num_steps, width, size))
+        end_buf = np.zeros((n + 1, num_steps, width, size))  # row n: the sentinel, 0
         for b0 in range(0, num_scenarios, chunk):
             b1 = min(num_scenarios, b0 + chunk)
-            transfer = np.empty((n, num_steps, width, b1 - b0))
+            transfer, end = transfer_buf[..., : b1 - b0], end_buf[..., : b1 - b0]
             transfer[:, :, :num_columns] = columns(b0, b1)
             if width > num_columns:
                 transfer[:, :, num_columns] = ideal_column[:, :, None]
-            end = np.zeros((n + 1, *transfer.shape[1:]))
-            start = np.empty(transfer.shape)
-            evaluate(dag.levels, end, start, None, transfer, dp_axis=-2)
+            evaluate(dag.levels, end, None, None, transfer, dp_axis=-2)
             out[b0:b1] = end[:-1].max(axis=(0, 2)).T
             self._tick(b1 - b0)
         return out
@@ -356,23 +371,14 @@ def analyze(
     # nodes whose recorded durations are their ideal ones in every step and DP rank
     as_ideal = (recorded_t == ideal_t).all(axis=(1, 2)) if columns else np.zeros(dag.num_nodes, dtype=bool)
 
-    def full(transfer: FloatArray, node_mask: NDArray[np.bool_] | None = None) -> FloatArray:
-        """One full replay; or, when ``transfer`` keeps the recording on ``node_mask`` (ideal elsewhere)
-        and that equals the original's or the ideal's durations, their step times."""
-        if node_mask is not None and as_ideal[~node_mask].all():
-            rep._tick()
-            return step_ori
-        if node_mask is not None and as_ideal[node_mask].all():
-            rep._tick()
-            return step_ideal
-        return rep.step_times(transfer)
-
     def keep(node_mask: NDArray[np.bool_], dp_mask: NDArray[np.bool_] | None = None) -> FloatArray:
-        """Ideal everywhere except the selected (node, dp) cells, which keep their recorded values."""
-        mask = np.broadcast_to(node_mask[:, None, None], recorded_t.shape)
-        if dp_mask is not None:
-            mask = mask & dp_mask[None, None, :]
-        return full(np.where(mask, recorded_t, ideal_t), node_mask if dp_mask is None else None)
+        """Ideal everywhere except the selected (node, dp) cells, which keep their recorded values;
+        where that is the original's or the ideal's durations, their step times."""
+        if dp_mask is None and (as_ideal[~node_mask].all() or as_ideal[node_mask].all()):
+            rep._tick()
+            return step_ori if as_ideal[~node_mask].all() else step_ideal
+        mask = node_mask[:, None, None] if dp_mask is None else node_mask[:, None, None] & dp_mask[None, None, :]
+        return rep.step_times(rep.scenario(ideal_t, recorded_t, mask))
 
     def keep_cells(dp_index: NDArray[np.int64], stage_index: NDArray[np.int64] | None) -> FloatArray:
         """Step times, ``[len(dp_index), num_steps]``, of keeping DP column ``dp_index[b]``'s recorded
@@ -435,8 +441,8 @@ def analyze(
         )
 
     def explain(mask: NDArray[np.bool_], subset: str) -> Explained:
-        t_rem = float(full(np.where(mask, ideal_t, recorded_t)).mean())
-        t_add = float(full(np.where(mask, recorded_t, ideal_t)).mean())
+        t_rem = float(rep.step_times(rep.scenario(recorded_t, ideal_t, mask)).mean())
+        t_add = float(rep.step_times(rep.scenario(ideal_t, recorded_t, mask)).mean())
         return explained(t_rem, t_add, subset)
 
     if pp > 1:
@@ -458,7 +464,7 @@ def analyze(
     for d, s in cells:
         mw_mask[dag.stage == s, :, d] = True
     if columns:
-        t_rem = float(full(np.where(mw_mask, ideal_t, recorded_t)).mean())
+        t_rem = float(rep.step_times(rep.scenario(recorded_t, ideal_t, mw_mask)).mean())
         mw_cols = np.array(sorted({d for d, _ in cells}), dtype=np.int64)
         on = mw_mask[:, 0, :][:, mw_cols]  # [N, k]: which of the columns' ops keep their recording
         kept = np.where(on[:, None, :], recorded_t[:, :, mw_cols], ideal_col[:, :, None])[..., None]

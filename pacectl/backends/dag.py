@@ -391,7 +391,7 @@ def _levelize(
 def evaluate(
     levels: tuple[Level, ...],
     end: FloatArray,
-    start: FloatArray,
+    start: FloatArray | None,
     launch_s: FloatArray | None,
     transfer_s: FloatArray,
     pace_s: FloatArray | None = None,
@@ -405,7 +405,8 @@ def evaluate(
         levels: wavefronts to evaluate (all of them, or the tail downstream of the paced ops).
         end: ``float64[N + 1, ...]`` op end times, seconds; row ``N`` is the sentinel (step start, 0).
             Rows of earlier levels must already hold their values.
-        start: ``float64[N, ...]`` op start times, written for the evaluated levels.
+        start: ``float64[N, ...]`` op start times, written for the evaluated levels; None where
+            only the end times are wanted (the what-if's step times).
         launch_s: ``float64[N, ...]`` launch delay of each op (gap after its deps are done), or None
             for no launch delays (the same times as zeros: every time is >= +0.0, so adding 0 is exact).
         transfer_s: ``float64[N, ...]`` time from the group's last arrival to this op's end.
@@ -426,7 +427,8 @@ def evaluate(
             s += launch_s[lv.nodes]
         if pace_s is not None:
             s += pace_s[lv.nodes]
-        start[lv.nodes] = s
+        if start is not None:
+            start[lv.nodes] = s
         group_start = lv.group_start(s, dp_axis)  # may write into s: it is stored already
         transfer = transfer_s[lv.nodes]
         if transfer_hook is not None:
