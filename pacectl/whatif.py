@@ -377,7 +377,9 @@ def analyze(
         if dp_mask is None and (as_ideal[~node_mask].all() or as_ideal[node_mask].all()):
             rep._tick()
             return step_ori if as_ideal[~node_mask].all() else step_ideal
-        mask = node_mask[:, None, None] if dp_mask is None else node_mask[:, None, None] & dp_mask[None, None, :]
+        mask = node_mask[:, None, None]
+        if dp_mask is not None:
+            mask = mask & dp_mask[None, None, :]
         return rep.step_times(rep.scenario(ideal_t, recorded_t, mask))
 
     def keep_cells(dp_index: NDArray[np.int64], stage_index: NDArray[np.int64] | None) -> FloatArray:
