@@ -41,7 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pacectl.errors import TraceError
-from pacectl.traces.model import COMPUTE_OPTYPES, OpTrace
+from pacectl.traces.model import COMPUTE_OPTYPES, OpTrace, text_codes
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -173,14 +173,17 @@ def compile_dag(trace: OpTrace) -> StepDag:
         """``ops[column]`` as ``float64[N, steps, dp]``."""
         return blocks(column).transpose(2, 0, 1).copy()
 
-    stage, optype, seq = blocks("stage"), blocks("optype"), blocks("seq_id")
+    coded = text_codes(ops["optype"])  # no Python string per op
+    assert coded is not None, "validate_ops refuses a missing optype"
+    codes, values = coded
+    stage, optype, seq = blocks("stage"), codes.reshape(len(steps), dp, n), blocks("seq_id")
     if not (
         (stage == stage[:1, :1]).all() and (optype == optype[:1, :1]).all() and (seq == seq[:1, :1]).all()
     ):
         raise TraceError(_structure_msg(trace))
-    t_stage, t_optype, t_seq = stage[0, 0], optype[0, 0].astype(object), seq[0, 0]
+    t_stage, t_optype, t_seq = stage[0, 0], np.asarray(values.take(optype[0, 0]), dtype=object), seq[0, 0]
     start, duration = times("start_ts"), times("duration")
-    delay = times("delay_s") if "delay_s" in ops.columns else np.zeros_like(start)
+    delay = times("delay_s") if "delay_s" in ops.columns else np.zeros(start.shape)  # zero pages: untouched
     mc = blocks("mc")[0, 0]
     first_of_stage = [np.flatnonzero(t_stage == s)[0] for s in range(pp)]
     rank_labels = np.ascontiguousarray(blocks("rank")[0][:, first_of_stage].T, dtype=np.int64)  # [pp, dp]
@@ -457,8 +460,9 @@ def estimate_intrinsic(dag: StepDag) -> tuple[FloatArray, FloatArray, dict[str, 
         ``launch_clipped`` and ``transfer_clipped`` (number of clipped values).
     """
     n = dag.num_nodes
-    rec_end = dag.start_s + dag.duration_s
-    end = np.concatenate([rec_end, np.zeros((1, *rec_end.shape[1:]))])
+    end = np.empty((n + 1, *dag.start_s.shape[1:]))  # the recorded end times and the sentinel row, 0
+    rec_end = np.add(dag.start_s, dag.duration_s, out=end[:n])
+    end[n] = 0.0
     launch = np.empty_like(dag.start_s)
     transfer = np.empty_like(dag.start_s)
     for lv in dag.levels:
@@ -471,4 +475,4 @@ def estimate_intrinsic(dag: StepDag) -> tuple[FloatArray, FloatArray, dict[str, 
         "transfer_clipped": int((transfer < -_EPS_S).sum()),
         "num_op_instances": int(n * dag.start_s.shape[1] * dag.start_s.shape[2]),
     }
-    return np.maximum(launch, 0.0), np.maximum(transfer, 0.0), counts
+    return np.maximum(launch, 0.0, out=launch), np.maximum(transfer, 0.0, out=transfer), counts

@@ -125,7 +125,7 @@ class ReplayBackend(Backend):
         self.step_ids: IntArray = self.dag.steps
         n = self.dag.num_nodes
         self._base_end = np.zeros((n + 1, *self.dag.start_s.shape[1:]))
-        self._base_start = np.zeros_like(self.dag.start_s)
+        self._base_start = np.zeros(self.dag.start_s.shape)
         self._tail = _downstream_levels(self.dag, np.concatenate([self._paced, self._co_paced]))
         self._group_members = [np.flatnonzero(self.dag.group == self.dag.group[p]) for p in self._paced]
         self._paced_mask = np.zeros(n, dtype=bool)
