@@ -567,7 +567,9 @@ class _Text:
     def _ranks(self) -> tuple[np.ndarray, list[str]]:
         """Each value's rank among the values present, in sorted (string) order (-1: absent), and
         the present values, sorted."""
-        used = np.flatnonzero(np.bincount(self.codes, minlength=len(self.values)))
+        present = np.zeros(len(self.values), dtype=bool)
+        present[self.codes] = True  # (no per-row temporary, unlike np.bincount's intp copy)
+        used = np.flatnonzero(present)
         labels = [str(self.values[i]) for i in used]
         by_label = sorted(range(len(used)), key=labels.__getitem__)
         rank = np.full(len(self.values), -1, dtype=np.min_scalar_type(-len(used)))
@@ -581,7 +583,7 @@ class _Text:
     def digit(self) -> np.ndarray:
         """Per row, its value's rank in :meth:`labels` (the smallest signed integer type that holds
         them): a :func:`packed_key` digit."""
-        return self._ranks[0].take(self.codes)
+        return self._ranks[0][self.codes]  # (indexing: about half the time of take on int8 codes)
 
     def column(self, order: np.ndarray | None = None) -> Any:
         """The text column, in file order or taken by ``order``."""
