@@ -601,6 +601,9 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         return f"{key}={given}: no such config key{shown}.{fix}"
     if isinstance(err.__cause__, ConfigKeyError):  # a mapping given a key its typed node lacks
         return config_error(err.__cause__)
+    if err.__cause__ is None and isinstance(err.__context__, ConfigKeyError | ValidationError):
+        # raised while Hydra merged a config file (a profile's YAML) into its typed node
+        return f"{config_error(err.__context__)} (in a config file of this command, not an override: fix its YAML)"
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     line = " ".join(lines[:4])
     grammar = "https://hydra.cc/docs/advanced/override_grammar/basic/"

@@ -182,6 +182,8 @@ def config_error(err: BaseException, section: str = "") -> str:
     key, leaf = dotted(str(getattr(err, "full_key", "") or "")), str(getattr(err, "key", "") or "")
     key = f"{section}.{key}" if section and not key.startswith(f"{section}.") else key
     cls = getattr(err, "object_type", None)
+    if not section and key == leaf and "<i>" in str(getattr(cls, "section", "")):
+        key = f"{cls.section}.{leaf}"  # a list's entry, checked detached: its section, cluster.jobs.<i>
     declared = (
         {f.name: f for f in dataclasses.fields(cls)}
         if isinstance(cls, type) and dataclasses.is_dataclass(cls)

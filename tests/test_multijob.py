@@ -576,6 +576,17 @@ def test_per_job_sets_a_jobs_keys_and_its_controller_params_by_name() -> None:
     assert b.params_for("none", {}) == {}  # only the family they are for takes them
 
 
+def test_per_job_sets_one_entry_of_a_list_by_its_index() -> None:
+    """``+cluster.per_job.b.compute.noise.0.sigma``: Hydra makes ``noise`` a mapping of indices,
+    which sets that entry's key; the entry's kind and the list's other entry are kept."""
+    a, b = _composed("+cluster.per_job.b.compute.noise.0.sigma=0.05").jobs
+    assert [type(c).__name__ for c in b.compute.components] == [
+        type(c).__name__ for c in a.compute.components
+    ]
+    assert (b.compute.components[0].sigma, a.compute.components[0].sigma) == (0.05, 0.03)
+    assert b.compute.components[1] == a.compute.components[1]
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -602,6 +613,15 @@ def test_per_job_sets_a_jobs_keys_and_its_controller_params_by_name() -> None:
         (
             "+cluster.per_job.b.controller_params.phase.quiet=0.1",
             r"cluster\.per_job\.b\.controller_params\.phase has unknown key\(s\) \['quiet'\].*quiet_s",
+        ),
+        (
+            "+cluster.per_job.b.compute.noise.0.sigma=-1",
+            r"cluster\.per_job\.b\.compute\.noise\.0\.sigma must be >= 0, got -1",
+        ),
+        (
+            "+cluster.per_job.b.compute.noise.5.sigma=0.1",
+            r"cluster\.per_job\.b\.compute\.noise\.5: the job's noise has 2 entries.*"
+            r"'\+cluster\.per_job\.b\.compute\.noise=\[",
         ),
         (
             "+cluster.jobs.1.controller_params.phase.gain=3",

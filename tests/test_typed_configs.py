@@ -226,3 +226,34 @@ def test_the_backend_ranges_are_the_typed_configs_own() -> None:
     cfg = OmegaConf.create({"backend": {"name": "sim", "num_ranks": 4, "num_iterations": -1}, "cluster": {}})
     with pytest.raises(ConfigError, match=r"^backend\.num_iterations must be an integer >= 1, got -1"):
         SimExperiment(cfg)
+
+
+@pytest.mark.parametrize(
+    ("line", "expect"),
+    [
+        (
+            "    strat_s: 0.2",
+            "cluster.jobs.<i>.strat_s: no such key (known: name, ranks, compute, message_bytes, start_s, "
+            "controller, controller_params); did you mean cluster.jobs.<i>.start_s?",
+        ),
+        ("    start_s: abc", "cluster.jobs.<i>.start_s must be a finite number >= 0 (seconds), got 'abc'"),
+    ],
+)
+def test_a_wrong_job_key_in_a_profile_file_is_one_line(tmp_path: Path, line: str, expect: str) -> None:
+    """A job entry of a profile's YAML is checked by OmegaConf on its own (no index known): the line
+    names the entry's section, the key and the fix, and says that the fault is in a file."""
+    from pacectl.run import main
+
+    (tmp_path / "conf" / "cluster").mkdir(parents=True)
+    (tmp_path / "conf" / "cluster" / "badjob.yaml").write_text(
+        "defaults:\n  - shared_uplink\n  - _self_\nname: badjob\njobs:\n"
+        '  - {name: a, ranks: ["0-7", "16-23"], compute: {compute_s: 0.3}}\n'
+        '  - name: b\n    ranks: ["8-15", "24-31"]\n' + line + "\n"
+    )
+    out = tmp_path / "run"
+    args = ["backend=sim", "cluster=badjob", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"]
+    proc = run_command(main, [*args, f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("warning")]
+    assert len(lines) == 1 and expect in lines[0] and "not an override: fix its YAML" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()

@@ -146,12 +146,32 @@ def _span(ranks: Sequence[int]) -> str:
     return f"{min(ranks)}-{max(ranks)}" if len(ranks) > 1 else str(ranks[0])
 
 
-def _merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    """``base`` with ``extra`` on top, mappings merged key by key (at every level)."""
+def _merged(base: Mapping[str, Any], extra: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``base`` with ``extra`` on top, mappings merged key by key (at every level), ``where`` the
+    override path of ``extra``. A mapping of indices onto a list sets those entries
+    (``+cluster.per_job.b.compute.noise.0.sigma=0.05``: Hydra makes ``noise`` a mapping ``{"0": ...}``).
+
+    Raises:
+        ConfigError: an index past the list's end.
+    """
     out = dict(base)
     for key, value in extra.items():
-        old = out.get(key)
-        out[key] = _merged(old, value) if isinstance(old, Mapping) and isinstance(value, Mapping) else value
+        old, at = out.get(key), f"{where}.{key}"
+        if isinstance(old, list) and isinstance(value, Mapping) and all(str(k).isdigit() for k in value):
+            items = list(old)
+            for k, item in value.items():
+                if int(k) >= len(items):
+                    raise ConfigError(
+                        f"{at}.{k}: the job's {key} has {len(items)} entries, so there is no entry {k}; "
+                        f"set the whole list, e.g. '+{at}=[{{kind:lognormal,sigma:0.02}}]'"
+                    )
+                both = isinstance(items[int(k)], Mapping) and isinstance(item, Mapping)
+                items[int(k)] = _merged(items[int(k)], item, f"{at}.{k}") if both else item
+            out[key] = items
+        elif isinstance(old, Mapping) and isinstance(value, Mapping):
+            out[key] = _merged(old, value, at)
+        else:
+            out[key] = value
     return out
 
 
@@ -245,7 +265,9 @@ def parse_jobs(
     for i, (name, entry) in enumerate(zip(names, entries, strict=True)):
         extra = overrides.get(name, {})
         if extra:  # its types and keys checked under cluster.per_job.<job> (the entry's already are)
-            entry = typed(JobEntry, _merged(asdict(entry), extra), f"cluster.per_job.{name}")
+            entry = typed(
+                JobEntry, _merged(asdict(entry), extra, f"cluster.per_job.{name}"), f"cluster.per_job.{name}"
+            )
 
         def at(key: str, name: str = name, i: int = i, extra: Mapping[str, Any] = extra) -> str:
             """``key`` where its value was set: in the job's entry, or in ``cluster.per_job.<job>``."""
