@@ -603,7 +603,11 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
         return config_error(err.__cause__)
     if err.__cause__ is None and isinstance(err.__context__, ConfigKeyError | ValidationError):
         # raised while Hydra merged a config file (a profile's YAML) into its typed node
-        return f"{config_error(err.__context__)} (in a config file of this command, not an override: fix its YAML)"
+        line = config_error(err.__context__)
+        group = line.partition(".")[0]
+        option = next((o.partition("=")[2] for o in overrides if o.partition("=")[0] == group), None)
+        where = f"the YAML of {group}={option}" if option else "a config file of this command"
+        return f"{line} (in {where}, not an override: fix the file)"
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     line = " ".join(lines[:4])
     grammar = "https://hydra.cc/docs/advanced/override_grammar/basic/"

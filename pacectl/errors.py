@@ -8,6 +8,7 @@ The command-line entry points catch :class:`PacectlError` and print the message 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 import warnings
@@ -148,6 +149,23 @@ def _kind(hint: Any) -> str:
     return _KINDS.get(hint, "a value" if hint is Any else str(hint).replace("typing.", ""))
 
 
+def _detached_entry(err: BaseException) -> tuple[str, str | None] | None:
+    """Where ``err`` arose in a list's entry that OmegaConf checked on its own (a profile's
+    ``cluster.jobs`` item, whose keys come without the list's path): the entry's section
+    (``cluster.jobs.<i>``) and the job's name where it is set already; else None."""
+    from omegaconf import DictConfig, OmegaConf
+
+    root = getattr(err, "parent_node", None)
+    with contextlib.suppress(AttributeError):
+        while root is not None and root._get_parent() is not None:
+            root = root._get_parent()
+    section = str(getattr(OmegaConf.get_type(root), "section", "")) if isinstance(root, DictConfig) else ""
+    if "<i>" not in section:
+        return None
+    name = root.get("name") if "name" in root else None
+    return section, name if isinstance(name, str) else None
+
+
 def config_error(err: BaseException, section: str = "") -> str:
     """One line for an OmegaConf validation error (or a Hydra composition error caused by one).
 
@@ -169,11 +187,7 @@ def config_error(err: BaseException, section: str = "") -> str:
         ...     print(config_error(err))
         window_iters must be an integer, got 'abc': for example window_iters=32
     """
-    import dataclasses
-    import enum
-    import typing
-
-    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+    from omegaconf.errors import OmegaConfBaseException
 
     while not isinstance(err, OmegaConfBaseException) and err.__cause__ is not None:
         err = err.__cause__
@@ -181,9 +195,24 @@ def config_error(err: BaseException, section: str = "") -> str:
         return " ".join(str(err).split())
     key, leaf = dotted(str(getattr(err, "full_key", "") or "")), str(getattr(err, "key", "") or "")
     key = f"{section}.{key}" if section and not key.startswith(f"{section}.") else key
+    entry = _detached_entry(err) if not section else None
+    if entry is not None:  # a list's entry, checked on its own: cluster.jobs.<i>.<key>
+        key = f"{entry[0]}.{key}"
+        if entry[1] is not None:  # the index is not known; the job's name may be
+            return f"{_config_error(err, key, leaf)} (the entry of job {entry[1]!r})"
+    return _config_error(err, key, leaf)
+
+
+def _config_error(err: Any, key: str, leaf: str) -> str:
+    """:func:`config_error` of ``err`` (an OmegaConf error) at override path ``key``, the last
+    part of which is ``leaf``."""
+    import dataclasses
+    import enum
+    import typing
+
+    from omegaconf.errors import ConfigKeyError, ValidationError
+
     cls = getattr(err, "object_type", None)
-    if not section and key == leaf and "<i>" in str(getattr(cls, "section", "")):
-        key = f"{cls.section}.{leaf}"  # a list's entry, checked detached: its section, cluster.jobs.<i>
     declared = (
         {f.name: f for f in dataclasses.fields(cls)}
         if isinstance(cls, type) and dataclasses.is_dataclass(cls)

@@ -343,11 +343,13 @@ def test_parse_jobs_rejects_a_job_that_does_not_fit_and_a_rank_claimed_twice() -
             topology=FatTree(),
             message_bytes=1e9,
         )
-    with pytest.raises(ConfigError, match=r"claims rank 7, which job 'a' already runs on"):
+    with pytest.raises(
+        ConfigError, match=r"claims rank 7, which job 'a' already runs on.*\(now \[7-15, 20\]\)"
+    ):
         parse_jobs(
             [
                 {"name": "a", "ranks": ["0-7"], "compute": compute},
-                {"name": "b", "ranks": ["7-15"], "compute": compute},
+                {"name": "b", "ranks": ["7-15", 20], "compute": compute},
             ],
             fabric_ranks=64,
             topology=FatTree(),

@@ -74,7 +74,16 @@ def test_meta_does_not_match_ranks(tmp_path: Path) -> None:
 def test_meta_too_small_world(tmp_path: Path) -> None:
     meta = tmp_path / "meta.yaml"
     meta.write_text("dp_size: 2\npp_size: 4\ntp_size: 1\nworld_size: 9\n")
-    with pytest.raises(TraceError, match=r"world_size must equal .* 8, got 9"):
+    with pytest.raises(
+        TraceError, match=r"world_size must equal .* = 2 \* 4 \* 1 \* 1 = 8, got 9 .*: one of"
+    ):
+        load_meta(meta)
+
+
+def test_meta_with_a_misspelt_key_names_it(tmp_path: Path) -> None:
+    meta = tmp_path / "meta.yaml"
+    meta.write_text("dp_sz: 2\npp_size: 4\ntp_size: 1\nworld_size: 8\n")
+    with pytest.raises(TraceError, match=r"missing \['dp_size'\] .*Is 'dp_sz' a misspelt 'dp_size'\?"):
         load_meta(meta)
 
 

@@ -154,4 +154,7 @@ def test_a_missing_op_type_is_named(st_trace: OpTrace) -> None:
     raw = st_trace.ops.astype({"optype": object})
     raw.loc[5, "optype"] = np.nan
     msg = _message(lambda: validate_ops(raw, st_trace.meta, source="x"))
-    assert msg.startswith("optype must be one of") and "got [nan] (in x: column optype)" in msg
+    assert msg.startswith("optype must be one of") and "got [nan] (in x: column optype, first at row " in msg
+    assert msg.endswith(
+        "first at row 5: step 23, rank 0, optype nan, seq_id 1); 1 row is bad. Drop or repair it"
+    ), msg

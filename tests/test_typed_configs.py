@@ -237,6 +237,7 @@ def test_the_backend_ranges_are_the_typed_configs_own() -> None:
             "controller, controller_params); did you mean cluster.jobs.<i>.start_s?",
         ),
         ("    start_s: abc", "cluster.jobs.<i>.start_s must be a finite number >= 0 (seconds), got 'abc'"),
+        ("    compute: {compute_s: fast}", "cluster.jobs.<i>.compute.compute_s must be a finite number > 0"),
     ],
 )
 def test_a_wrong_job_key_in_a_profile_file_is_one_line(tmp_path: Path, line: str, expect: str) -> None:
@@ -255,5 +256,8 @@ def test_a_wrong_job_key_in_a_profile_file_is_one_line(tmp_path: Path, line: str
     proc = run_command(main, [*args, f"hydra.run.dir={out}"], cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("warning")]
-    assert len(lines) == 1 and expect in lines[0] and "not an override: fix its YAML" in lines[0], proc.stderr
+    assert len(lines) == 1 and expect in lines[0], proc.stderr
+    assert lines[0].endswith(
+        "(the entry of job 'b') (in the YAML of cluster=badjob, not an override: fix the file)"
+    )
     assert "Traceback" not in proc.stderr and not out.exists()

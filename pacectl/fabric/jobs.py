@@ -142,8 +142,15 @@ def _ranks(value: object, key: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _span(ranks: Sequence[int]) -> str:
-    return f"{min(ranks)}-{max(ranks)}" if len(ranks) > 1 else str(ranks[0])
+def _runs(ranks: Sequence[int]) -> str:
+    """The ranks as the entry's syntax, runs of consecutive ranks as ranges: ``[0-7, 16-23]``."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return "[" + ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs) + "]"
 
 
 def _merged(base: Mapping[str, Any], extra: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -297,7 +304,7 @@ def parse_jobs(
             if r in owner:
                 raise ConfigError(
                     f"{at('ranks').rsplit('.', 1)[0]} ({name}) claims rank {r}, which job {owner[r]!r} already runs on: two jobs "
-                    f"cannot share a rank; give {at('ranks')} ranks no other job lists (now {_span(ranks)})"
+                    f"cannot share a rank; give {at('ranks')} ranks no other job lists (now {_runs(ranks)})"
                 )
             owner[r] = name
         if entry.compute is None:

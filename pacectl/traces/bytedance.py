@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from pacectl.errors import TraceError, yaml_problem
+from pacectl.errors import TraceError, did_you_mean, yaml_problem
 from pacectl.traces.model import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_OPS,
@@ -57,8 +57,10 @@ def load_meta(path: str | Path) -> JobMeta:
         raise TraceError(f"trace meta must be a YAML mapping of sizes, got {type(raw).__name__} (in {p})")
     missing = [k for k in META_KEYS if k not in raw]
     if missing:
+        near = {k: did_you_mean(str(k), missing) for k in raw if k not in META_KEYS}
+        hint = "".join(f" Is {k!r} a misspelt {m!r}?" for k, m in near.items() if m)
         raise TraceError(
-            f"trace meta must have keys {list(META_KEYS)}, missing {missing} (in {p}). "
+            f"trace meta must have keys {list(META_KEYS)}, missing {missing} (in {p}).{hint} "
             "Example: dp_size: 2, pp_size: 4, tp_size: 1, world_size: 8"
         )
     sizes: dict[str, int] = {}
@@ -70,8 +72,9 @@ def load_meta(path: str | Path) -> JobMeta:
     expected = sizes["dp_size"] * sizes["pp_size"] * sizes["tp_size"] * sizes["dsp_size"]
     if sizes["world_size"] != expected:
         raise TraceError(
-            f"world_size must equal dp_size * pp_size * tp_size * dsp_size = {expected}, "
-            f"got {sizes['world_size']} (in {p}:world_size)"
+            f"world_size must equal dp_size * pp_size * tp_size * dsp_size = {sizes['dp_size']} * "
+            f"{sizes['pp_size']} * {sizes['tp_size']} * {sizes['dsp_size']} = {expected}, got "
+            f"{sizes['world_size']} (in {p}:world_size): one of these five sizes is wrong"
         )
     if sizes["vpp_size"] != 1:
         raise TraceError(

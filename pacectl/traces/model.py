@@ -450,8 +450,11 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str, drop_exact: b
     optypes = set(text.labels()) if text is not None else set(frame()["optype"].unique())
     unknown = sorted(optypes - set(OPTYPES))
     if unknown:
+        bad = ~frame()["optype"].isin(OPTYPES).to_numpy()
+        i = int(np.flatnonzero(bad)[0])
         raise TraceError(
-            f"optype must be one of {list(OPTYPES)}, got {unknown!r} (in {source}: column optype)"
+            f"optype must be one of {list(OPTYPES)}, got {unknown!r} (in {source}: column optype, first "
+            f"at row {i}: {describe_op_row(frame().iloc[i])}); {repair_rows(int(bad.sum()))}"
         )
     for col, size in (("dp_rank", meta.dp_size), ("stage", meta.pp_size)):
         values = columns[col]
