@@ -242,9 +242,9 @@ def _config_error(err: Any, key: str, leaf: str) -> str:
         if isinstance(hint, type) and issubclass(hint, enum.Enum):
             must = "one of " + ", ".join(m.name for m in hint)
         default = meta.get("example", declared[leaf].default)
-        example = (
+        example = (  # none where there is no default ("???": must be set) or no index to write
             ""
-            if default is None or default is dataclasses.MISSING or default == "???"  # "???": must be set
+            if default is None or default is dataclasses.MISSING or default == "???" or "<i>" in key
             else f": for example {key}={override_value(default)}"
         )
         return f"{key} must be {must}, got {getattr(err, 'value', None)!r}{example}"

@@ -589,6 +589,39 @@ def test_per_job_sets_one_entry_of_a_list_by_its_index() -> None:
     assert b.compute.components[1] == a.compute.components[1]
 
 
+def test_per_job_merge_sets_list_entries_by_index_and_refuses_what_has_no_entry() -> None:
+    from pacectl.fabric.jobs import _merged
+
+    base = {
+        "compute": {"compute_s": 0.3, "noise": [{"kind": "lognormal", "sigma": 0.03}]},
+        "ranks": ["0-7", 9],
+    }
+    merged = _merged(base, {"compute": {"noise": {"0": {"sigma": 0.1}}}, "ranks": {"1": 10}}, "w")
+    assert merged == {
+        "compute": {"compute_s": 0.3, "noise": [{"kind": "lognormal", "sigma": 0.1}]},
+        "ranks": ["0-7", 10],
+    }
+    assert base["compute"]["noise"][0]["sigma"] == 0.03  # the entry itself is not changed
+    for extra, message in [
+        (
+            {"compute": {"noise": {"1": {"sigma": 0.1}}}},
+            r"w\.compute\.noise\.1: the job's noise has 1 entry, so",
+        ),
+        ({"compute": {"noise": {"kind": "x"}}}, r"w\.compute\.noise is a list, so its keys are indices"),
+        ({"compute": {"noise": {}}}, r"w\.compute\.noise is a list, .* the mapping \{\}"),
+        ({"ranks": {"0": 1, "x": 2}}, r"w\.ranks is a list, so its keys are indices"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            _merged(base, extra, "w")
+    with pytest.raises(
+        ConfigError, match=r"w\.compute\.noise\.0: the job's noise is not set, .*'\+w\.compute\.noise=\["
+    ):
+        _merged(
+            {"compute": None}, {"compute": {"noise": {"0": {"sigma": 0.1}}}}, "w"
+        )  # a job's compute unset
+    assert _merged({"compute": None}, {"compute": {"compute_s": 0.5}}, "w") == {"compute": {"compute_s": 0.5}}
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [

@@ -129,6 +129,20 @@ def test_structure_mismatch_is_a_trace_error(st_trace: OpTrace) -> None:
         compile_dag(broken)
 
 
+def test_op_types_that_differ_between_blocks_are_a_trace_error(st_trace: OpTrace) -> None:
+    """Same op count in every (step, DP rank) block, but one op's type differs in one block: the
+    op types are compared as codes; and a missing op type is refused."""
+    ops = st_trace.ops.copy()
+    one = ops.index[(ops["step"] == ops["step"].max()) & (ops["optype"] == "gc") & (ops["dp_rank"] == 1)][0]
+    ops.loc[one, "optype"] = "optimizer"
+    with pytest.raises(TraceError, match=r"same ops per stage.*x.parquet"):
+        compile_dag(OpTrace(ops=ops, meta=st_trace.meta, source="x.parquet", fmt="bytedance"))
+    ops = st_trace.ops.astype({"optype": object})
+    ops.loc[3, "optype"] = None
+    with pytest.raises(TraceError, match=r"every op must have an op type.*x.parquet: column optype"):
+        compile_dag(OpTrace(ops=ops, meta=st_trace.meta, source="x.parquet", fmt="bytedance"))
+
+
 class _ScaledComm:
     """A timing-dependent test model: the paced collective takes ``factor`` times its recorded
     transfer, and every call is logged ``(start_s, recorded_s)``."""

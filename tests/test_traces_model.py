@@ -158,3 +158,31 @@ def test_a_missing_op_type_is_named(st_trace: OpTrace) -> None:
     assert msg.endswith(
         "first at row 5: step 23, rank 0, optype nan, seq_id 1); 1 row is bad. Drop or repair it"
     ), msg
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pd.Series(["b", "a", "b", "c"], dtype="str"),
+        pd.Series(["b", "a", "b", "c"], dtype=object),
+        pd.Series(pd.Categorical(["b", "a", "b"], categories=["c", "b", "a"])),
+        pd.Series([3, 1, 3]),
+        pd.Series([], dtype="str"),
+    ],
+    ids=["str", "object", "categorical", "int", "empty"],
+)
+def test_text_codes_give_the_column_back(column: pd.Series) -> None:
+    """``values.take(codes)`` is the column as text, values in order of first appearance."""
+    from pacectl.traces.model import text_codes
+
+    coded = text_codes(column)
+    assert coded is not None
+    codes, values = coded
+    assert list(values.take(codes)) == [str(v) for v in column]
+    assert list(values) == list(dict.fromkeys(str(v) for v in column))
+
+
+def test_text_codes_of_a_missing_value_is_none() -> None:
+    from pacectl.traces.model import text_codes
+
+    assert text_codes(pd.Series(["a", None, "b"], dtype="str")) is None

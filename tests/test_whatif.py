@@ -153,17 +153,44 @@ def test_column_method_is_bit_identical_to_one_full_replay_per_scenario(
     assert fast.num_replays == full.num_replays == num_replays(backend)
 
 
-def test_column_batches_do_not_change_the_result(ar_backend: ReplayBackend) -> None:
-    """Scenario batches split at any size (here one scenario per batch) give the same times."""
+@pytest.mark.parametrize("per_batch", [1, 3])
+def test_column_batches_do_not_change_the_result(ar_backend: ReplayBackend, per_batch: int) -> None:
+    """Scenario batches split at any size give the same times: one scenario per batch, and three
+    per batch over four scenarios (the last batch a view of the reused buffers, one scenario wide)."""
     from pacectl import whatif
 
-    small = whatif._Replayer(ar_backend, chunk_elements=1)
+    n, steps = ar_backend.dag.num_nodes, ar_backend.dag.start_s.shape[1]
+    small = whatif._Replayer(ar_backend, chunk_elements=per_batch * (n + 1) * steps * 2)
     ideal = ideal_transfer_s(ar_backend)
     recorded = np.asarray(ar_backend.transfer_s)
     cols = small.column_step_times(4, 1, lambda b0, b1: recorded[:, :, None, b0:b1], ideal[:, :, 0])
     for d in range(4):
         mask = (np.arange(4) == d)[None, None, :]
         assert np.array_equal(cols[d], small.step_times(np.where(mask, recorded, ideal)))
+
+
+def test_reused_buffers_give_fresh_results(ar_backend: ReplayBackend) -> None:
+    """The replayer's reused arrays: ``scenario`` equals ``np.where``; each ``step_times`` equals a
+    replay into fresh arrays that also records start times, and a later call leaves it unchanged."""
+    from pacectl import whatif
+    from pacectl.backends.dag import evaluate
+
+    rep = whatif._Replayer(ar_backend)
+    dag = ar_backend.dag
+    ideal, recorded = ideal_transfer_s(ar_backend), np.asarray(ar_backend.transfer_s)
+    mask = (dag.stage == 1)[:, None, None] & (np.arange(recorded.shape[2]) == 2)[None, None, :]
+    assert np.array_equal(rep.scenario(ideal, recorded, mask), np.where(mask, recorded, ideal))
+
+    def fresh(transfer: np.ndarray) -> np.ndarray:
+        end = np.zeros((dag.num_nodes + 1, *transfer.shape[1:]))
+        evaluate(dag.levels, end, np.empty(transfer.shape), None, transfer)
+        return end[:-1].max(axis=(0, 2))
+
+    first = rep.step_times(rep.scenario(ideal, recorded, mask))
+    kept = first.copy()
+    second = rep.step_times(recorded)
+    assert np.array_equal(first, kept) and np.array_equal(first, fresh(np.where(mask, recorded, ideal)))
+    assert np.array_equal(second, fresh(recorded)) and not np.array_equal(first, second)
 
 
 def test_unknown_method_is_refused(st_backend: ReplayBackend) -> None:

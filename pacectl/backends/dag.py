@@ -174,7 +174,10 @@ def compile_dag(trace: OpTrace) -> StepDag:
         return blocks(column).transpose(2, 0, 1).copy()
 
     coded = text_codes(ops["optype"])  # no Python string per op
-    assert coded is not None, "validate_ops refuses a missing optype"
+    if coded is None:  # (validate_ops refuses it first; an OpTrace made by hand may not be validated)
+        raise TraceError(
+            f"every op must have an op type, got a missing one (in {trace.source}: column optype)"
+        )
     codes, values = coded
     stage, optype, seq = blocks("stage"), codes.reshape(len(steps), dp, n), blocks("seq_id")
     if not (

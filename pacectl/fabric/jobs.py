@@ -52,7 +52,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pacectl.checks import typed
-from pacectl.errors import ConfigError, did_you_mean, unknown_keys_error
+from pacectl.errors import ConfigError, did_you_mean, plural, unknown_keys_error
 from pacectl.fabric.collectives import ring_allreduce_s
 from pacectl.fabric.noise import ComputeModel
 from pacectl.fabric.profile import JobEntry
@@ -159,24 +159,36 @@ def _merged(base: Mapping[str, Any], extra: Mapping[str, Any], where: str) -> di
     (``+cluster.per_job.b.compute.noise.0.sigma=0.05``: Hydra makes ``noise`` a mapping ``{"0": ...}``).
 
     Raises:
-        ConfigError: an index past the list's end.
+        ConfigError: an index past the list's end, or indices where the job has no list.
     """
     out = dict(base)
     for key, value in extra.items():
         old, at = out.get(key), f"{where}.{key}"
-        if isinstance(old, list) and isinstance(value, Mapping) and all(str(k).isdigit() for k in value):
-            items = list(old)
+        indices = isinstance(value, Mapping) and bool(value) and all(str(k).isdigit() for k in value)
+        if indices:
+            items = list(old) if isinstance(old, list) else []
             for k, item in value.items():
                 if int(k) >= len(items):
+                    example = "[{kind:lognormal,sigma:0.02}]" if key == "noise" else "[...]"
+                    have = (
+                        f"has {plural(len(items), 'entry', 'entries')}"
+                        if isinstance(old, list)
+                        else "is not set"
+                    )
                     raise ConfigError(
-                        f"{at}.{k}: the job's {key} has {len(items)} entries, so there is no entry {k}; "
-                        f"set the whole list, e.g. '+{at}=[{{kind:lognormal,sigma:0.02}}]'"
+                        f"{at}.{k}: the job's {key} {have}, so there is no entry {k}; "
+                        f"set the whole list, e.g. '+{at}={example}'"
                     )
                 both = isinstance(items[int(k)], Mapping) and isinstance(item, Mapping)
                 items[int(k)] = _merged(items[int(k)], item, f"{at}.{k}") if both else item
             out[key] = items
-        elif isinstance(old, Mapping) and isinstance(value, Mapping):
-            out[key] = _merged(old, value, at)
+        elif isinstance(old, list) and isinstance(value, Mapping):
+            raise ConfigError(
+                f"{at} is a list, so its keys are indices, got the mapping {dict(value)!r}; set one entry's "
+                f"key ('+{at}.0.<key>=...') or the whole list ('+{at}=[...]')"
+            )
+        elif isinstance(value, Mapping):  # onto a mapping, or onto nothing (a job's compute unset)
+            out[key] = _merged(old if isinstance(old, Mapping) else {}, value, at)
         else:
             out[key] = value
     return out

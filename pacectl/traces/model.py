@@ -530,7 +530,9 @@ def text_codes(column: pd.Series) -> tuple[np.ndarray, Any] | None:
     in order of first appearance, a pandas text array), so that ``values.take(codes)`` is the column
     as text. Made by pyarrow's dictionary encoding, with no Python string per row (on pandas' str
     columns, which are Arrow arrays, about 12 ns per row against about 60 for ``pd.factorize`` and 45
-    for ``to_numpy``, at 7.5 M rows; experiments/bench/README.md). None when a value is missing (NaN)."""
+    for ``to_numpy``, at 7.5 M rows, in a one-off profile: experiments/bench/README.md). None when a
+    value is missing (NaN; under pandas 2, whose ``astype(str)`` writes NaN as ``'nan'``, the text
+    ``'nan'``, which validation then refuses as an unknown op type)."""
     import pyarrow as pa
 
     text = column.astype(str)  # a no-op on a str column; other values as their text
