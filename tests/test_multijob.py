@@ -571,6 +571,12 @@ def test_per_job_sets_a_jobs_keys_and_its_controller_params_by_name() -> None:
     assert (b.start_s, b.compute.compute_s, len(b.compute.components)) == (0.2, 0.5, 2)
     assert (a.start_s, a.compute.compute_s, a.controller_params) == (0.0, 0.3, {})
     assert b.controller_params == {"phase": {"quiet_s": 0.191}}
+    described = experiment.comm_description  # the report's comm-model line names what was set
+    assert "a: 16 ranks on nodes [0, 2], compute 0.3 s, quiet all-reduce 95.6 ms; " in described
+    assert (
+        "b: 16 ranks on nodes [1, 3], compute 0.5 s, quiet all-reduce 191 ms, starts at 0.2 s, its phase {'quiet_s': 0.191})"
+        in described
+    )
     assert experiment.describe()["sim"]["jobs"][1]["controller_params"] == {"phase": {"quiet_s": 0.191}}
     ep = experiment.run("phase", {})
     quiet = ep.diagnostics["quiet_s"][-1]

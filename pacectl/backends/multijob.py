@@ -175,9 +175,19 @@ class MultiJobSimBackend(Backend):
 
     def _description(self) -> str:
         t = self.topology
-        jobs = ", ".join(
-            f"{j.name}: {len(j.ranks)} ranks on nodes {list(j.nodes(t.ranks_per_node))}, quiet all-reduce "
-            f"{1e3 * f.quiet_s:.3g} ms"
+
+        def settings(j: JobSpec) -> str:
+            """What else the job's entry (or ``cluster.per_job``) set: its start, pinned controller
+            and own controller parameters."""
+            return (
+                (f", starts at {j.start_s:g} s" if j.start_s else "")
+                + (f", controller pinned to {j.controller}" if j.controller else "")
+                + "".join(f", its {family} {dict(p)}" for family, p in j.controller_params.items())
+            )
+
+        jobs = "; ".join(
+            f"{j.name}: {len(j.ranks)} ranks on nodes {list(j.nodes(t.ranks_per_node))}, compute "
+            f"{j.compute.compute_s:g} s, quiet all-reduce {1e3 * f.quiet_s:.3g} ms{settings(j)}"
             for j, f in zip(self.jobs, self.fabrics, strict=True)
         )
         if not self.contended:
