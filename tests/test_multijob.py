@@ -660,6 +660,10 @@ def test_per_job_merge_sets_list_entries_by_index_and_refuses_what_has_no_entry(
             r"cluster\.per_job\.b\.compute\.noise\.0\.sigma must be >= 0, got -1",
         ),
         (
+            "+cluster.per_job.b.compute.noise.1.sigma=0.1",
+            r"noise\.1\.sigma: no such key \(known: ranks, fraction, factor\).*is a kind: slow_ranks item",
+        ),
+        (
             "+cluster.per_job.b.compute.noise.5.sigma=0.1",
             r"cluster\.per_job\.b\.compute\.noise\.5: the job's noise has 2 entries.*"
             r"'\+cluster\.per_job\.b\.compute\.noise=\[",

@@ -217,7 +217,10 @@ def noise_component(item: object, where: str) -> NoiseComponent:
         raise ConfigError(
             f"{where}.kind must be one of {list(NOISE_CONFIGS)}, got {kind!r}{hint}; e.g. {where}.kind=lognormal"
         )
-    spec = typed(NOISE_CONFIGS[str(kind)], {k: v for k, v in item.items() if k != "kind"}, where)
+    try:
+        spec = typed(NOISE_CONFIGS[str(kind)], {k: v for k, v in item.items() if k != "kind"}, where)
+    except ConfigError as err:  # its keys are the kind's
+        raise ConfigError(f"{err} ({where} is a kind: {kind} item)") from None
     return spec.model() if isinstance(spec, Empirical) else spec  # type: ignore[return-value]
 
 
