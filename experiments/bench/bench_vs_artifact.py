@@ -16,6 +16,10 @@ Each trace is analysed by the three commands in turn, alternating, ``--repeat`` 
   ``run_all.sh`` step one: the analysis and its result JSON; its heatmap, M_S and M_W are further
   commands not timed here).
 
+After the traces, the start-up floor: each cumulative set of the imports the what-if command
+needs (numpy and pyarrow.parquet, pandas, Hydra and OmegaConf, matplotlib.pyplot for the heatmap)
+as a whole ``python -c`` command, alternating, ``--repeat`` times (``import_floors`` in the record).
+
 Each run's wall time, CPU time, peak resident set and the load when it started are recorded
 (:func:`_record.timed_command`). Both programs' bytecode is compiled first (pacectl's package and the
 artifact's ``analyzer/``, each with its own python), as an install would (:func:`_record.compile_bytecode`).
@@ -114,9 +118,11 @@ def main() -> None:
                 f"({row['artifact_over_pacectl_noplots']:.2f} without the heatmap)",
                 flush=True,
             )
+    floors = _import_floors(args.repeat, HERE)
     write_record(
         args.out,
         rows,
+        import_floors=floors,
         command="python experiments/bench/bench_vs_artifact.py " + " ".join(sys.argv[1:]),
         artifact="github.com/ByteDance-Seed/StragglerAnalysis (analyzer/wia.py, its own venv with pandas<3)",
         artifact_git=git_state(args.artifact.resolve()),
@@ -124,6 +130,37 @@ def main() -> None:
         note="whole commands, alternating, so both see the same load (read absolute times with it); "
         "load_1min per run",
     )
+
+
+#: What pacectl's what-if command imports, cumulatively (matplotlib: the heatmap's plot server).
+FLOORS = (
+    ("python", "pass"),
+    ("+ numpy, pyarrow.parquet", "import numpy, pyarrow.parquet"),
+    ("+ pandas", "import numpy, pyarrow.parquet, pandas"),
+    ("+ hydra, omegaconf", "import numpy, pyarrow.parquet, pandas, hydra, omegaconf"),
+    ("+ matplotlib.pyplot", "import numpy, pyarrow.parquet, pandas, hydra, omegaconf, matplotlib.pyplot"),
+)
+
+
+def _import_floors(repeat: int, cwd: Path) -> list[dict[str, object]]:
+    """The start-up floor of the stack the what-if command is built on: each cumulative import set
+    (:data:`FLOORS`) as a whole ``python -c`` command, alternating, ``repeat`` times; its median and
+    minimum wall time. A whole command cannot be faster than the imports it needs."""
+    runs: dict[str, list[dict[str, float]]] = {label: [] for label, _ in FLOORS}
+    for _ in range(repeat):
+        for label, code in FLOORS:
+            runs[label].append(timed_command([sys.executable, "-c", code], cwd=cwd, env=dict(os.environ)))
+    floors = []
+    for label, code in FLOORS:
+        walls = [r["wall_s"] for r in runs[label]]
+        floors.append(
+            {"imports": label, "code": code, "median_s": statistics.median(walls), "min_s": min(walls)}
+        )
+        print(
+            f"start-up floor {label}: median {statistics.median(walls):.3f} s, min {min(walls):.3f} s",
+            flush=True,
+        )
+    return floors
 
 
 if __name__ == "__main__":
