@@ -572,11 +572,11 @@ def test_per_job_sets_a_jobs_keys_and_its_controller_params_by_name() -> None:
     assert (a.start_s, a.compute.compute_s, a.controller_params) == (0.0, 0.3, {})
     assert b.controller_params == {"phase": {"quiet_s": 0.191}}
     described = experiment.comm_description  # the report's comm-model line names what was set
-    assert "a: 16 ranks on nodes [0, 2], compute 0.3 s, quiet all-reduce 95.6 ms; " in described
     assert (
-        "b: 16 ranks on nodes [1, 3], compute 0.5 s, quiet all-reduce 191 ms, starts at 0.2 s, its phase {'quiet_s': 0.191})"
-        in described
-    )
+        "running job a: 16 ranks on nodes [0, 2], compute 0.3 s (2 noise components), 4e+09 B all-reduced, "
+        "quiet all-reduce 95.6 ms | job b: 16 ranks on nodes [1, 3], compute 0.5 s (2 noise components), "
+        "8e+09 B all-reduced, quiet all-reduce 191 ms, starts at 0.2 s, its phase {'quiet_s': 0.191}; shared links: "
+    ) in described
     assert experiment.describe()["sim"]["jobs"][1]["controller_params"] == {"phase": {"quiet_s": 0.191}}
     ep = experiment.run("phase", {})
     quiet = ep.diagnostics["quiet_s"][-1]
@@ -626,6 +626,10 @@ def test_per_job_merge_sets_list_entries_by_index_and_refuses_what_has_no_entry(
             {"compute": None}, {"compute": {"noise": {"0": {"sigma": 0.1}}}}, "w"
         )  # a job's compute unset
     assert _merged({"compute": None}, {"compute": {"compute_s": 0.5}}, "w") == {"compute": {"compute_s": 0.5}}
+    with pytest.raises(
+        ConfigError, match=r"w\.compute\.compute_s\.0: the job's compute_s is 0\.3, not a list"
+    ):
+        _merged(base, {"compute": {"compute_s": {"0": 1}}}, "w")
 
 
 @pytest.mark.parametrize(
@@ -661,7 +665,7 @@ def test_per_job_merge_sets_list_entries_by_index_and_refuses_what_has_no_entry(
         ),
         (
             "+cluster.per_job.b.compute.noise.1.sigma=0.1",
-            r"noise\.1\.sigma: no such key \(known: ranks, fraction, factor\).*is a kind: slow_ranks item",
+            r"noise\.1\.sigma: no such key \(known: ranks, fraction, factor\).*is a 'slow_ranks' item; another kind",
         ),
         (
             "+cluster.per_job.b.compute.noise.5.sigma=0.1",

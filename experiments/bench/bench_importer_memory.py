@@ -218,7 +218,10 @@ def main() -> None:
             t0 = time.perf_counter()
             n = write_steplevel(csv, mb)
             size = csv.stat().st_size
-            print(f"steplevel {size / MIB:.0f} MB ({n} rows) written in {time.perf_counter() - t0:.0f} s", flush=True)
+            print(
+                f"steplevel {size / MIB:.0f} MB ({n} rows) written in {time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
             row = {
                 "case": f"steplevel_{mb:.0f}mb",
                 "file_mb": round(size / MIB, 1),
@@ -227,7 +230,9 @@ def main() -> None:
             }
             row |= _measure("steplevel", csv)
             row["loadavg_after"] = list(os.getloadavg())
-            row["peak_rss_mb_per_mb"] = round((row.get("peak_rss_mb", 0) - row.get("baseline_rss_mb", 0)) / (size / MIB), 3)
+            row["peak_rss_mb_per_mb"] = round(
+                (row.get("peak_rss_mb", 0) - row.get("baseline_rss_mb", 0)) / (size / MIB), 3
+            )
             print(row, flush=True)
             rows_out.append(row)
             if row.get("outcome") == "imported":

@@ -16,7 +16,7 @@ Panels, each log-log against the size that grows, from the JSON records under ``
 - building the contention model, seconds against ranks (``contention.json``, sparse and dense);
 - one controller decision, microseconds against ranks (``controllers.json``, bare, this checkout);
 - the streamed simulator, wall seconds against ranks (``sim_streamed.json``), the goal of 90 s at
-  65,536 ranks drawn as a point.
+  65,536 ranks drawn as a point, and the 65,536-rank command run alone (``sim_streamed_65536.json``).
 
 The figure says which records it drew and their commits in its title lines; the numbers are the
 records', so a re-run of a benchmark and of this script redraws the curve.
@@ -105,7 +105,7 @@ def _contention(ax: Any) -> str:
     if dense:
         ax.plot(*zip(*dense, strict=True), "x--", label="dense solves")
     ax.set(xlabel="ranks", ylabel="s", title="contention model, every cross-traffic state")
-    return "contention.json"
+    return f"contention.json {_commit(record)}"
 
 
 def _controllers(ax: Any) -> str:
@@ -118,7 +118,7 @@ def _controllers(ax: Any) -> str:
         pts = sorted((r["num_ranks"], r["us_per_decision"]) for r in rows if r["controller"] == name)
         ax.plot(*zip(*pts, strict=True), ".-", label=name)
     ax.set(xlabel="ranks", ylabel="µs per decision", title="one controller decision (bare)")
-    return "controllers.json"
+    return f"controllers.json {_commit(record)}"
 
 
 def _sim(ax: Any) -> str:
@@ -131,6 +131,10 @@ def _sim(ax: Any) -> str:
         if pts:
             label = "this" if checkout == "this" else str((record.get("against_git") or {}).get("commit"))[:7]
             ax.plot(*zip(*pts, strict=True), style, label=label)
+    alone = _record("sim_streamed_65536.json")
+    if alone is not None:  # the 65,536-rank command run alone on a quiet machine
+        pts = [(r["ranks"], r["wall_s"]) for r in alone["results"] if r["checkout"] == "this"]
+        ax.plot(*zip(*pts, strict=True), "D", label=f"run alone ({_commit(alone)})")
     ax.plot([65536], [90], "*", color="grey", markersize=10, label="goal: 90 s")
     ax.set(xlabel="ranks", ylabel="wall, s", title="simulator, 1,000 iterations, every controller")
     return f"sim_streamed.json {_commit(record)}"
@@ -160,7 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         ax.grid(True, which="both", alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    fig.suptitle("pacectl benchmarks (2-core machine; records: " + ", ".join(drawn) + ")", fontsize=9)
+    fig.suptitle(
+        "pacectl benchmarks (records and their commits, '?' where a record names none: "
+        + ", ".join(drawn)
+        + ")",
+        fontsize=9,
+    )
     fig.tight_layout()
     with atomic_path(args.out) as tmp:
         fig.savefig(tmp, dpi=90, format="png")

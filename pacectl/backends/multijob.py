@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pacectl.errors import BackendError, ConfigError
+from pacectl.errors import BackendError, ConfigError, plural
 from pacectl.fabric.contention import CrossTraffic, EarlyArrivalInterference, _expand
 from pacectl.fabric.jobs import JobFabric, JobSpec, job_fabric, shared_links
 from pacectl.fabric.power import PowerProfile, check_actuator, power_profile
@@ -185,9 +185,10 @@ class MultiJobSimBackend(Backend):
                 + "".join(f", its {family} {dict(p)}" for family, p in j.controller_params.items())
             )
 
-        jobs = "; ".join(
-            f"{j.name}: {len(j.ranks)} ranks on nodes {list(j.nodes(t.ranks_per_node))}, compute "
-            f"{j.compute.compute_s:g} s, quiet all-reduce {1e3 * f.quiet_s:.3g} ms{settings(j)}"
+        jobs = " | ".join(
+            f"job {j.name}: {len(j.ranks)} ranks on nodes {list(j.nodes(t.ranks_per_node))}, compute "
+            f"{j.compute.compute_s:g} s ({plural(len(j.compute.components), 'noise component')}), "
+            f"{j.message_bytes:.3g} B all-reduced, quiet all-reduce {1e3 * f.quiet_s:.3g} ms{settings(j)}"
             for j, f in zip(self.jobs, self.fabrics, strict=True)
         )
         if not self.contended:
@@ -197,7 +198,7 @@ class MultiJobSimBackend(Backend):
             )
         text = (
             f"contention, {len(self.jobs)} jobs on one max-min fair fat-tree ({t.ranks_per_node} ranks/node, "
-            f"{t.nodes_per_leaf} nodes/leaf, oversubscription {t.oversubscription:g}:1; {jobs})"
+            f"{t.nodes_per_leaf} nodes/leaf, oversubscription {t.oversubscription:g}:1) running {jobs}"
         )
         if self.shared:
             text += "; shared links: " + "; ".join(

@@ -174,6 +174,8 @@ def _merged(base: Mapping[str, Any], extra: Mapping[str, Any], where: str) -> di
                         f"has {plural(len(items), 'entry', 'entries')}"
                         if isinstance(old, list)
                         else "is not set"
+                        if old is None
+                        else f"is {old!r}, not a list"
                     )
                     raise ConfigError(
                         f"{at}.{k}: the job's {key} {have}, so there is no entry {k}; "

@@ -220,7 +220,10 @@ def noise_component(item: object, where: str) -> NoiseComponent:
     try:
         spec = typed(NOISE_CONFIGS[str(kind)], {k: v for k, v in item.items() if k != "kind"}, where)
     except ConfigError as err:  # its keys are the kind's
-        raise ConfigError(f"{err} ({where} is a kind: {kind} item)") from None
+        raise ConfigError(
+            f"{err} ({where} is a {kind!r} item; another kind needs the whole item, "
+            f"e.g. {where}={{kind:lognormal,sigma:0.02}})"
+        ) from None
     return spec.model() if isinstance(spec, Empirical) else spec  # type: ignore[return-value]
 
 
