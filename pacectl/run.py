@@ -660,9 +660,8 @@ def run_job(cfg: DictConfig, out_dir: Path) -> None:
             _written.append(out_dir)
             log.info(f"what-if analysis of {result.trace} (comm model: null, {result.num_replays} replays)")
             log.info("\n".join(result.worst_offenders()))
-            log.info(
-                f"outputs: {out_dir} (whatif.json, whatif_heatmap.png, timeline.json for ui.perfetto.dev)"
-            )
+            heatmap = " whatif_heatmap.png," if cfg.output.plots else ""
+            log.info(f"outputs: {out_dir} (whatif.json,{heatmap} timeline.json for ui.perfetto.dev)")
             return
         summary = run_experiment(cfg, out_dir, notes=ignored)
     except MissingMandatoryValue as err:

@@ -340,6 +340,15 @@ def test_whatif_entry_point(tmp_path: Path) -> None:
     assert (out / "whatif_heatmap.png").stat().st_size > 0
     assert json.loads((out / "timeline.json").read_text())["traceEvents"]
     assert "worst rank" in proc.stdout and "blocking slowdown" in proc.stdout
+    assert "(whatif.json, whatif_heatmap.png, timeline.json" in proc.stdout
+
+
+def test_whatif_without_plots_lists_what_it_wrote(tmp_path: Path) -> None:
+    out = tmp_path / "wi"
+    proc = _run("analysis=whatif", "trace=st", "output.plots=false", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / "whatif_heatmap.png").exists() and (out / "whatif.json").is_file()
+    assert "(whatif.json, timeline.json for ui.perfetto.dev)" in proc.stdout
 
 
 def test_whatif_bad_timeline_step(tmp_path: Path) -> None:
