@@ -253,7 +253,7 @@ class _Replayer:
         self,
         num_scenarios: int,
         num_columns: int,
-        columns: Callable[[int, int], FloatArray],
+        columns: Callable[[int, int, FloatArray], None],
         ideal_column: FloatArray,
     ) -> FloatArray:
         """Step times of scenarios that differ from the ideal in ``num_columns`` DP columns each.
@@ -261,8 +261,9 @@ class _Replayer:
         Args:
             num_scenarios: scenarios to evaluate.
             num_columns: columns each scenario changes (``k``, at most ``dp_size``).
-            columns: ``columns(b0, b1)`` gives the changed columns' durations of scenarios
-                ``b0..b1-1``, ``float64[N, num_steps, k, b1 - b0]`` seconds (scenarios last).
+            columns: ``columns(b0, b1, out)`` writes the changed columns' durations of scenarios
+                ``b0..b1-1`` into ``out``, ``float64[N, num_steps, k, b1 - b0]`` seconds
+                (scenarios last; a view of the batch's reused buffer).
             ideal_column: ``float64[N, num_steps]`` the ideal durations of any DP column.
 
         Returns:
@@ -283,7 +284,7 @@ class _Replayer:
         for b0 in range(0, num_scenarios, chunk):
             b1 = min(num_scenarios, b0 + chunk)
             transfer, end = transfer_buf[..., : b1 - b0], end_buf[..., : b1 - b0]
-            transfer[:, :, :num_columns] = columns(b0, b1)
+            columns(b0, b1, transfer[:, :, :num_columns])
             if width > num_columns:
                 transfer[:, :, num_columns] = ideal_column[:, :, None]
             evaluate(dag.levels, end, None, None, transfer, dp_axis=-2)
@@ -393,12 +394,14 @@ def analyze(
                 rows.append(keep(on, np.arange(dp) == d))
             return np.array(rows)
 
-        def changed(b0: int, b1: int) -> FloatArray:
-            rec = recorded_t[:, :, dp_index[b0:b1]]
-            if stage_index is not None:
-                on = dag.stage[:, None] == stage_index[None, b0:b1]
-                rec = np.where(on[:, None, :], rec, ideal_col[:, :, None])
-            return rec[:, :, None, :]
+        def changed(b0: int, b1: int, out: FloatArray) -> None:
+            column = out[:, :, 0, :]  # [N, num_steps, b1 - b0]
+            if stage_index is None:
+                np.take(recorded_t, dp_index[b0:b1], axis=2, out=column)
+                return
+            column[...] = ideal_col[:, :, None]  # then the stage's rows of each scenario's column
+            rows, cols = np.nonzero(dag.stage[:, None] == stage_index[None, b0:b1])
+            column[rows, :, cols] = recorded_t[rows, :, dp_index[b0 + cols]]
 
         return rep.column_step_times(len(dp_index), 1, changed, ideal_col)
 
@@ -470,7 +473,11 @@ def analyze(
         mw_cols = np.array(sorted({d for d, _ in cells}), dtype=np.int64)
         on = mw_mask[:, 0, :][:, mw_cols]  # [N, k]: which of the columns' ops keep their recording
         kept = np.where(on[:, None, :], recorded_t[:, :, mw_cols], ideal_col[:, :, None])[..., None]
-        t_add = float(rep.column_step_times(1, len(mw_cols), lambda b0, b1: kept, ideal_col)[0].mean())
+
+        def mw_columns(b0: int, b1: int, out: FloatArray) -> None:
+            out[...] = kept
+
+        t_add = float(rep.column_step_times(1, len(mw_cols), mw_columns, ideal_col)[0].mean())
         m_w = explained(t_rem, t_add, subset)
     else:
         m_w = explain(mw_mask, subset)

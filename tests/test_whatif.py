@@ -174,7 +174,11 @@ def test_column_batches_do_not_change_the_result(
         return evaluate(levels, end, *args, **kwargs)
 
     monkeypatch.setattr(dag, "evaluate", counted)
-    cols = small.column_step_times(4, 1, lambda b0, b1: recorded[:, :, None, b0:b1], ideal[:, :, 0])
+
+    def changed(b0: int, b1: int, out: np.ndarray) -> None:
+        out[...] = recorded[:, :, None, b0:b1]
+
+    cols = small.column_step_times(4, 1, changed, ideal[:, :, 0])
     assert widths == ([1, 1, 1, 1] if per_batch == 1 else [3, 1])
     for d in range(4):
         mask = (np.arange(4) == d)[None, None, :]
