@@ -42,15 +42,8 @@ def _commit(record: dict[str, Any]) -> str:
     return str(commit)[:7]
 
 
-def _missing(ax: Any, name: str) -> None:
-    ax.text(0.5, 0.5, f"no {name}", ha="center", va="center", transform=ax.transAxes)
-
-
-def _whatif(ax: Any) -> str:
-    record, long = _record("whatif.json"), _record("whatif_30m.json")
-    if record is None:
-        _missing(ax, "whatif.json")
-        return "whatif.json missing"
+def _whatif(ax: Any, record: dict[str, Any]) -> None:
+    long = _record("whatif_30m.json")
     rows = [r for r in record["results"] if "workers" in r]
     for kind, label in (
         ("steplevel", "step-level, 500 iterations"),
@@ -67,14 +60,9 @@ def _whatif(ax: Any) -> str:
         x0, y0 = first
         ax.plot([x0, 4096], [y0, y0 * 4096 / x0], ":", color="grey", label="linear (slope 1)")
     ax.set(xlabel="workers", ylabel="analysis, s", title="what-if analysis")
-    return f"whatif.json {_commit(record)}"
 
 
-def _load(ax: Any) -> str:
-    record = _record("load.json")
-    if record is None:
-        _missing(ax, "load.json")
-        return "load.json missing"
+def _load(ax: Any, record: dict[str, Any]) -> None:
     rows = record["results"]
     for kind in ("bytedance", "steplevel"):
         pts = sorted((r["num_ops"], r["ns_per_op"]) for r in rows if r["kind"] == kind)
@@ -91,41 +79,26 @@ def _load(ax: Any) -> str:
             )
     ax.axhline(100, color="grey", ls=":", label="goal: 100 ns per op")
     ax.set(xlabel="ops", ylabel="ns per op", title="loading")
-    return f"load.json {_commit(record)}"
 
 
-def _contention(ax: Any) -> str:
-    record = _record("contention.json")
-    if record is None:
-        _missing(ax, "contention.json")
-        return "contention.json missing"
+def _contention(ax: Any, record: dict[str, Any]) -> None:
     rows = sorted(record["results"], key=lambda r: r["num_ranks"])
     ax.plot([r["num_ranks"] for r in rows], [r["build_s"] for r in rows], "o-", label="sparse (built)")
     dense = [(r["num_ranks"], r["dense_solves_s"]) for r in rows if r.get("dense_solves_s")]
     if dense:
         ax.plot(*zip(*dense, strict=True), "x--", label="dense solves")
     ax.set(xlabel="ranks", ylabel="s", title="contention model, every cross-traffic state")
-    return f"contention.json {_commit(record)}"
 
 
-def _controllers(ax: Any) -> str:
-    record = _record("controllers.json")
-    if record is None:
-        _missing(ax, "controllers.json")
-        return "controllers.json missing"
+def _controllers(ax: Any, record: dict[str, Any]) -> None:
     rows = [r for r in record["results"] if r["checkout"] == "this" and not r["guarded"]]
     for name in sorted({r["controller"] for r in rows}):
         pts = sorted((r["num_ranks"], r["us_per_decision"]) for r in rows if r["controller"] == name)
         ax.plot(*zip(*pts, strict=True), ".-", label=name)
     ax.set(xlabel="ranks", ylabel="µs per decision", title="one controller decision (bare)")
-    return f"controllers.json {_commit(record)}"
 
 
-def _sim(ax: Any) -> str:
-    record = _record("sim_streamed.json")
-    if record is None:
-        _missing(ax, "sim_streamed.json")
-        return "sim_streamed.json missing"
+def _sim(ax: Any, record: dict[str, Any]) -> None:
     for checkout, style in (("this", "o-"), ("against", "x--")):
         pts = sorted((r["ranks"], r["wall_s"]) for r in record["results"] if r["checkout"] == checkout)
         if pts:
@@ -137,7 +110,16 @@ def _sim(ax: Any) -> str:
         ax.plot(*zip(*pts, strict=True), "D", label=f"run alone ({_commit(alone)})")
     ax.plot([65536], [90], "*", color="grey", markersize=10, label="goal: 90 s")
     ax.set(xlabel="ranks", ylabel="wall, s", title="simulator, 1,000 iterations, every controller")
-    return f"sim_streamed.json {_commit(record)}"
+
+
+#: (record, the panel that draws it), in the figure's order.
+PANELS = (
+    ("whatif.json", _whatif),
+    ("load.json", _load),
+    ("contention.json", _contention),
+    ("controllers.json", _controllers),
+    ("sim_streamed.json", _sim),
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,10 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     from pacectl.files import atomic_path
 
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
-    drawn = [
-        panel(ax)
-        for panel, ax in zip((_whatif, _load, _contention, _controllers, _sim), axes.flat, strict=False)
-    ]
+    drawn = []
+    for (name, panel), ax in zip(PANELS, axes.flat, strict=False):
+        record = _record(name)
+        if record is None:
+            ax.text(0.5, 0.5, f"no {name}", ha="center", va="center", transform=ax.transAxes)
+            drawn.append(f"{name} missing")
+        else:
+            panel(ax, record)
+            drawn.append(f"{name} {_commit(record)}")
     axes.flat[-1].axis("off")
     for ax in axes.flat[:-1]:
         ax.set_xscale("log")
