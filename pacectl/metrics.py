@@ -250,9 +250,7 @@ def wait_asleep_frac(ep: Episode) -> float:
     """Share of iteration x domain cells whose ranks waited asleep in the collective, in [0, 1]
     (``Action.wait`` ``"sleep"``, the ``sleep_wait`` controller); 0 when the episode records none."""
     _require_data(ep)
-    if ep.wait_asleep is None or not np.size(ep.wait_asleep):
-        return 0.0
-    return float(np.mean(ep.wait_asleep))
+    return float(np.mean(ep.wait_asleep)) if ep.wait_asleep is not None and np.size(ep.wait_asleep) else 0.0
 
 
 # --- blame ----------------------------------------------------------------------------------------
@@ -354,14 +352,13 @@ def compare(baseline: dict[str, Any], other: dict[str, Any]) -> dict[str, float]
     Raises:
         KeyError: if a summary lacks one of the keys above.
     """
+    changes = {
+        "throughput_change_frac": "throughput_it_per_s",
+        "iteration_time_mean_change_frac": "iteration_time_mean_s",
+        "iteration_time_p99_change_frac": "iteration_time_p99_s",
+    }
     return {
-        "throughput_change_frac": _change_frac(baseline["throughput_it_per_s"], other["throughput_it_per_s"]),
-        "iteration_time_mean_change_frac": _change_frac(
-            baseline["iteration_time_mean_s"], other["iteration_time_mean_s"]
-        ),
-        "iteration_time_p99_change_frac": _change_frac(
-            baseline["iteration_time_p99_s"], other["iteration_time_p99_s"]
-        ),
+        **{change: _change_frac(baseline[key], other[key]) for change, key in changes.items()},
         "cv_change": float(other["cv"]) - float(baseline["cv"]),
     }
 
@@ -469,11 +466,16 @@ def paired_jobs_ci95_frac(
         )
         return (counts / per_block).sum(axis=1)  # sum over jobs of each block's throughput
 
-    d = sums(oth) - sums(base)
     scale = float((n / base.sum(axis=0)).sum())
     if not scale > 0.0:
         return math.nan
-    return float(_t975(m - 1) * d.std(ddof=1) / math.sqrt(m) / scale)
+    return _half_width(sums(oth) - sums(base), scale)
+
+
+def _half_width(means: NDArray[np.float64], scale: float) -> float:
+    """The half-width of :func:`paired_change_ci95_frac` from ``m >= 2`` batch means."""
+    m = means.size
+    return float(_t975(m - 1) * means.std(ddof=1) / math.sqrt(m) / scale)
 
 
 @functools.cache
@@ -528,7 +530,4 @@ def paired_ci95_frac(
         return math.nan
     ids = _batch_ids(n, block, offset)
     means = np.bincount(ids, weights=d) / np.bincount(ids)
-    m = means.size
-    if m < 2:
-        return math.nan
-    return float(_t975(m - 1) * means.std(ddof=1) / math.sqrt(m) / scale)
+    return _half_width(means, scale) if means.size >= 2 else math.nan
