@@ -312,11 +312,7 @@ def oracle_saving(baseline: Episode, profile: PowerProfile) -> FloatArray:
     fracs = profile.clock_fracs
     # the table clock of least (P(c) - P_sleep) / c among those at or above each index (suffix argmin)
     g = (profile.compute_power_w(fracs) - p_sleep) / fracs
-    best_from = np.empty(len(fracs), dtype=np.int64)
-    best_from[-1] = len(fracs) - 1
-    for i in range(len(fracs) - 2, -1, -1):
-        j = best_from[i + 1]
-        best_from[i] = i if g[i] <= g[j] else j
+    best_from = np.array([i + np.argmin(g[i:]) for i in range(len(fracs))])  # ties: the slowest
     first = np.searchsorted(fracs, feasible - 1e-12, side="left")
     table = fracs[best_from[np.minimum(first, len(fracs) - 1)]]
     table_ok = first < len(fracs)
@@ -479,23 +475,23 @@ def measured_summary(
         was measured.
     """
     quantity, unit, what = MEASURED_SOURCES[source]
-    per_run: dict[str, dict[str, Any]] = {}
-    for name, values in per_iteration.items():
-        v = np.asarray(values, dtype=np.float64)
-        per_run[name] = {
+    measured = {name: np.asarray(values, dtype=np.float64) for name, values in per_iteration.items()}
+    per_run: dict[str, dict[str, Any]] = {
+        name: {
             f"{quantity}_total_{unit}": float(v.sum()),
             f"{quantity}_per_iteration_{unit}": float(v.sum(axis=1).mean()) if len(v) else math.nan,
             f"{quantity}_per_rank_{unit}": {str(r): float(x) for r, x in enumerate(v.sum(axis=0))},
             "energy_source": source,
         }
+        for name, v in measured.items()
+    }
     vs: dict[str, dict[str, float]] = {}
-    base = per_iteration.get(baseline)
-    if base is not None:
-        b = np.asarray(base, dtype=np.float64).sum(axis=1)
-        for name, values in per_iteration.items():
+    if baseline in measured:
+        b = measured[baseline].sum(axis=1)
+        for name, v in measured.items():
             if name == baseline:
                 continue
-            o = np.asarray(values, dtype=np.float64).sum(axis=1)
+            o = v.sum(axis=1)
             vs[name] = {
                 f"{quantity}_change_frac": float(o.sum() / b.sum() - 1.0) if b.sum() > 0 else math.nan,
                 f"{quantity}_change_ci95_frac": metrics.paired_ci95_frac(b, o, block=block, offset=offset),
