@@ -140,7 +140,6 @@ def launch_sweep(
         ConfigError: an unknown launcher.
         RuntimeError: the sweep failed (its stderr's tail), or a job left no folder.
     """
-    import os
     import subprocess
     import sys
 
@@ -154,7 +153,7 @@ def launch_sweep(
         sys.executable, "-m", module, "-m", f"hydra/launcher={launcher}", *launcher_overrides,
         *overrides, *swept, f"hydra.sweep.dir={sweep_dir}",
     ]  # fmt: skip
-    proc = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ), check=False)
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"the sweep through {launcher} failed: {proc.stderr[-1500:]}")
     jobs = []
@@ -334,14 +333,8 @@ def kappa_sweep(
         )
         base = cell["none"]["throughput_it_per_s"]
         for family, s in cell.items():
-            rows.append(
-                {
-                    "kappa": kappa,
-                    "controller": family,
-                    **s,
-                    "throughput_change_frac": s["throughput_it_per_s"] / base - 1,
-                }
-            )
+            change = s["throughput_it_per_s"] / base - 1
+            rows.append({"kappa": kappa, "controller": family, **s, "throughput_change_frac": change})
     return rows
 
 
