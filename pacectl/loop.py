@@ -249,9 +249,7 @@ def run_episode(
     }
     active = diagnostics.get("active", np.zeros((n_iter, num_domains))) > 0.5
     last = [ctrl.diagnostics() for ctrl in controllers]  # every decision taken, applied or not
-    final = {
-        key: np.array([d.get(key, 0.0) for d in last]) for key in ("guard_interventions", "guard_clipped")
-    }
+    guards = [d.get(key, 0.0) for d in last for key in ("guard_interventions", "guard_clipped")]
     # the run's controller: a job pinned to no pacing does not name a run of another controller
     name = next((c.name for c in controllers if c.name != "none"), controllers[0].name)
     return replace(
@@ -262,7 +260,7 @@ def run_episode(
         collective_time_s=collective_time,
         pacing_active=active,
         diagnostics=diagnostics,
-        guard_interventions=int(sum(np.nansum(c) for c in final.values())),
+        guard_interventions=int(np.nansum(guards)),
         wait_asleep=asleep,
         domain_iteration_time_s=domain_time if independent else None,
         actuator=backend.actuator,
