@@ -406,6 +406,11 @@ def paired_change_ci95_frac(
     indistinguishable from run-to-run noise. It bounds the throughput change to first order too.
     Coverage on AR(1) differences (phi 0.6): 94.5 % at 400 iterations (``tests/test_metrics.py``).
 
+    For episodes whose domains keep their own clocks (several jobs on one fabric), the quantity is
+    the throughput summed over jobs (:func:`throughput_it_per_s`): in each block, each job's
+    throughput over its own iterations of the block, summed over jobs; the interval is that of the
+    mean paired change of those sums, over the baseline's sum.
+
     Args:
         baseline: the reference run (no pacing).
         other: the run to judge.
@@ -413,11 +418,6 @@ def paired_change_ci95_frac(
             (right only for independent iterations); a live run's interleave block.
         offset: iterations of the first block that are not in the episodes (unlogged warm-up):
             iteration ``k`` is in block ``(k + offset) // block``.
-
-    For episodes whose domains keep their own clocks (several jobs on one fabric), the quantity is
-    the throughput summed over jobs (:func:`throughput_it_per_s`): in each block, each job's
-    throughput over its own iterations of the block, summed over jobs; the interval is that of the
-    mean paired change of those sums, over the baseline's sum.
 
     Returns:
         The half-width (>= 0), or NaN when the runs differ in length or there are fewer than 2 blocks.
