@@ -121,8 +121,8 @@ def _states(ep: Episode) -> dict[str, FloatArray | None]:
     compute = np.maximum(_or(ep.compute_s, ep.natural_arrival_s), 0.0)
     sleep = np.maximum(_or(ep.sleep_s, ep.applied_delay_s), 0.0)
     wait = np.maximum(np.asarray(ep.wait_s, dtype=np.float64), 0.0)
-    # each rank's domain's transfer; in Fortran order, the layout of the gather
-    # ``collective_time_s[:, domain_of_rank]`` this replaces, so that its sums add in the same order
+    # each rank's domain's transfer, in Fortran order (the layout of the gather
+    # ``collective_time_s[:, domain_of_rank]``): the layout sets the order its sums add in
     transfer = np.empty(wait.shape, order="F")
     transfer[...] = _per_rank(ep, np.maximum(np.asarray(ep.collective_time_s, dtype=np.float64), 0.0))
     other = iteration - compute  # iteration - compute - sleep - wait - transfer, in that order
