@@ -18,10 +18,9 @@ Reference for users: what the main job does, and the backends
    gap and each collective's intrinsic transfer time from the recording (`pacectl/backends/dag.py`
    documents the model and the estimator).
 3. Runs the what-if analysis of the trace first, to show what straggling costs: the most any
-   controller could win. Its 2 + dp + pp + op groups + dp x pp + 2-4 scenarios are announced with
-   their count and cost about pp + op groups + 2 (pp + 1) + 5 full replays: a by-DP-rank or by-cell
-   scenario runs on its own DP column plus one ideal one (`pacectl/whatif.py`; counts and times in
-   `experiments/bench/README.md`). `analysis.whatif=false` skips it (`whatif` is then null).
+   controller could win. Its replays are announced with their count (:func:`pacectl.whatif.num_replays`
+   gives it and their cost; times in `experiments/bench/README.md`). `analysis.whatif=false` skips
+   it (`whatif` is then null).
 4. Replays every step in a closed loop: one controller per pacing domain (the DP group of each
    pipeline stage), wrapped in the safety guard; the delay goes before each rank's first
    `grads-reduce-scatter` of the step (`backend.paced_optype`).
@@ -68,24 +67,35 @@ summary's `paced_collective` names the collective as the source recorded it (`gl
 from __future__ import annotations
 
 import abc
+import dataclasses
 import importlib
 import importlib.util
 import logging
 import warnings
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from omegaconf import DictConfig
 
 from pacectl.backends.replay import ReplayConfig
 from pacectl.backends.sim import SimConfig
 from pacectl.checks import typed
-from pacectl.config import controller_factory, exchange_schedule, load_trace, make_comm_model
+from pacectl.config import (
+    as_dict,
+    controller_factory,
+    exchange_schedule,
+    load_trace,
+    make_comm_model,
+    shipped_controller,
+)
 from pacectl.errors import ConfigError
 from pacectl.loop import ExchangeSchedule
 from pacectl.traces.model import OpTrace
 from pacectl.types import Episode
+
+_Spec = TypeVar("_Spec", ReplayConfig, SimConfig)
 
 
 def _sim_trace(cluster: str, world_size: int) -> dict[str, Any]:
@@ -164,20 +174,32 @@ class Experiment(abc.ABC):
         return None
 
 
-def actuators_of(value: str) -> tuple[str, ...]:
-    """``backend.actuator`` (checked by its typed config): ``delay``, ``clock`` or ``both`` (every
-    controller with each, delay first)."""
-    from pacectl.fabric.power import ACTUATORS
-
-    return ACTUATORS if value == "both" else (value,)
-
-
 class _ClosedLoop(Experiment):
     """What replay and simulation share: one seeded closed-loop episode per run on ``self.backend``,
     its energy under ``power`` (``cluster.power``)."""
 
     backend: Any
     cfg: DictConfig
+    cluster_name: str
+
+    def _configure(self, cfg: DictConfig, spec_type: type[_Spec]) -> tuple[dict[str, Any], _Spec]:
+        """Keep ``cfg`` and set what every closed loop reads from it: ``cluster_name``, ``power``
+        (``cluster.power``) and ``actuators`` (``backend.actuator``: ``both`` is every controller with
+        each, delay first).
+
+        Returns:
+            ``(cluster profile as a dict, the backend's typed config)``.
+        """
+        from pacectl.fabric.power import ACTUATORS
+        from pacectl.fabric.profile import power_from
+
+        self.cfg = cfg
+        cluster = as_dict(cfg.cluster)
+        self.cluster_name = str(cluster.get("name", "?"))
+        self.power = power_from(cluster)
+        spec = typed(spec_type, cfg.backend)
+        self.actuators = ACTUATORS if spec.actuator == "both" else (spec.actuator,)
+        return cluster, spec
 
     def set_actuator(self, actuator: str) -> None:
         """Apply the next runs' pacing delays with ``actuator`` (``delay`` or ``clock``)."""
@@ -216,13 +238,6 @@ class _ClosedLoop(Experiment):
     ) -> Episode:
         """One seeded episode of the guarded ``family`` controller, one per pacing domain (replay: a
         stage's DP group, over every recorded step); every controller sees the same compute times."""
-        return self._episode(family, params, on_iteration)
-
-    def _episode(
-        self, family: str, params: dict[str, Any], on_iteration: Callable[[], None] | None
-    ) -> Episode:
-        from functools import partial
-
         from pacectl.energy import episode_totals
         from pacectl.loop import run_episode
 
@@ -250,14 +265,9 @@ class ReplayExperiment(_ClosedLoop):
 
     def __init__(self, cfg: DictConfig) -> None:
         from pacectl.backends.replay import ReplayBackend
-        from pacectl.config import as_dict
-        from pacectl.fabric.profile import comm_name, power_from
+        from pacectl.fabric.profile import comm_name
 
-        self.cfg = cfg
-        cluster = as_dict(cfg.cluster)
-        self.power = power_from(cluster)
-        spec = typed(ReplayConfig, cfg.backend)
-        self.actuators = actuators_of(spec.actuator)
+        cluster, spec = self._configure(cfg, ReplayConfig)
         self.trace = load_trace(cfg.trace)
         fitted = comm_name(cfg.get("comm")) == "fitted"
         if fitted:
@@ -317,43 +327,37 @@ class ReplayExperiment(_ClosedLoop):
     def describe(self, on_step: Callable[[], None] | None = None) -> dict[str, Any]:
         """``trace``, ``paced_optype``, ``fidelity`` and (unless ``analysis.whatif=false``) ``whatif``
         summary fields; ``on_step`` after each what-if replay."""
-        trace, backend = self.trace, self.backend
-        fidelity = backend.fidelity()
+        trace, meta, backend = self.trace, self.trace.meta, self.backend
+        about: dict[str, Any] = {
+            "name": meta.name,
+            "path": trace.source,
+            "format": trace.fmt,
+            "world_size": meta.world_size,
+            "dp_size": meta.dp_size,
+            "pp_size": meta.pp_size,
+            "tp_size": meta.tp_size,
+            "dsp_size": meta.dsp_size,
+            "num_steps": backend.num_iterations,
+            "time_unit": trace.time_unit,
+            "sample_every_iters": trace.sample_every_iters,
+        }
+        if trace.timing:
+            about["timing"] = trace.timing
+        if trace.sample_every_iters > 1:
+            about["sample_note"] = (
+                f"each replayed step is one recorded sample, {trace.sample_every_iters} real iterations "
+                "after the previous one: lags and autocorrelations counted in replayed iterations are "
+                f"{trace.sample_every_iters}x as long in real iterations"
+            )
+        # why runs[*].num_ranks may differ from world_size
+        about["ranks_modelled"] = sum(len(d.ranks) for d in backend.domains)
+        if meta.tp_size > 1:
+            about["ranks_note"] = (
+                "tensor-parallel peers are folded into one representative rank (world_size / tp_size); "
+                "each pipeline stage's data-parallel group is one pacing domain"
+            )
         return {
-            "trace": {
-                "name": trace.meta.name,
-                "path": trace.source,
-                "format": trace.fmt,
-                "world_size": trace.meta.world_size,
-                "dp_size": trace.meta.dp_size,
-                "pp_size": trace.meta.pp_size,
-                "tp_size": trace.meta.tp_size,
-                "dsp_size": trace.meta.dsp_size,
-                "num_steps": backend.num_iterations,
-                "time_unit": trace.time_unit,
-                "sample_every_iters": trace.sample_every_iters,
-                **({"timing": trace.timing} if trace.timing else {}),
-                **(
-                    {
-                        "sample_note": f"each replayed step is one recorded sample, {trace.sample_every_iters} "
-                        "real iterations after the previous one: lags and autocorrelations counted in replayed "
-                        f"iterations are {trace.sample_every_iters}x as long in real iterations"
-                    }
-                    if trace.sample_every_iters > 1
-                    else {}
-                ),
-                # why runs[*].num_ranks may differ from world_size
-                "ranks_modelled": sum(len(d.ranks) for d in backend.domains),
-                **(
-                    {
-                        "ranks_note": "tensor-parallel peers are folded into one representative rank "
-                        "(world_size / tp_size); each pipeline stage's data-parallel group is one "
-                        "pacing domain"
-                    }
-                    if trace.meta.tp_size > 1
-                    else {}
-                ),
-            },
+            "trace": about,
             "paced_optype": backend.paced_optype,
             # as the source names it, where it has another name than the schema's op type
             "paced_collective": f"{trace.collective} (canonical op type {backend.paced_optype})"
@@ -365,12 +369,7 @@ class ReplayExperiment(_ClosedLoop):
                 + ("its own, a paced record" if backend.dag.delay_s.any() else "none recorded")
                 + ") against its recorded step times"
                 + (" (the measured iteration times it carries)" if trace.measured_step_time_s else ""),
-                "step_time_median_abs_err_frac": fidelity.step_time_median_abs_err_frac,
-                "step_time_p90_abs_err_frac": fidelity.step_time_p90_abs_err_frac,
-                "step_time_max_abs_err_frac": fidelity.step_time_max_abs_err_frac,
-                "launch_clipped": fidelity.launch_clipped,
-                "transfer_clipped": fidelity.transfer_clipped,
-                "num_op_instances": fidelity.num_op_instances,
+                **dataclasses.asdict(backend.fidelity()),  # its error fractions and clipped counts
             },
             "whatif": self._straggler_cost(on_step) if self.describe_steps else None,
             **({"comm_fit": self.comm_fit} if self.comm_fit is not None else {}),
@@ -399,8 +398,6 @@ def _warn_if_other_trace(cfg: DictConfig) -> None:
     ``pacectl.tune`` tunes a trace profile on its ``cluster.traces``; ``pacectl.run`` replays the
     ``trace`` group (AR by default) whatever the profile, so ``cluster=st`` alone replays AR.
     """
-    from pacectl.config import as_dict
-
     cluster = as_dict(cfg.cluster)
     traces = [t for t in cluster.get("traces") or [] if isinstance(t, dict) and t.get("path")]
     path = cfg.trace.get("path")
@@ -441,15 +438,9 @@ class SimExperiment(_ClosedLoop):
 
     def __init__(self, cfg: DictConfig) -> None:
         from pacectl.backends.sim import SimBackend
-        from pacectl.config import as_dict
-        from pacectl.fabric.profile import bucket_engine, compute_from, power_cap_from, power_from, sim_fabric
+        from pacectl.fabric.profile import bucket_engine, compute_from, power_cap_from, sim_fabric
 
-        self.cfg = cfg
-        cluster = as_dict(cfg.cluster)
-        self.cluster_name = str(cluster.get("name", "?"))
-        self.power = power_from(cluster)
-        spec = typed(SimConfig, cfg.backend)
-        self.actuators = actuators_of(spec.actuator)
+        cluster, spec = self._configure(cfg, SimConfig)
         num_ranks = spec.num_ranks
         comm, interference = sim_fabric(cluster, cfg.get("comm"), num_ranks)
         _warn_if_inert(
@@ -515,7 +506,7 @@ class SimExperiment(_ClosedLoop):
         self, family: str, params: dict[str, Any], *, on_iteration: Callable[[], None] | None = None
     ) -> Episode:
         """One seeded episode (:meth:`_ClosedLoop.run`), recorded with ``backend.record=true``."""
-        episode = self._episode(family, params, on_iteration)
+        episode = super().run(family, params, on_iteration=on_iteration)
         if self.backend.record:
             run = (
                 family if self.backend.actuator == self.actuators[0] else f"{family}@{self.backend.actuator}"
@@ -547,18 +538,12 @@ class MultiJobSimExperiment(_ClosedLoop):
 
     def __init__(self, cfg: DictConfig) -> None:
         from pacectl.backends.multijob import MultiJobSimBackend
-        from pacectl.config import as_dict
         from pacectl.controllers import CONTROLLERS
         from pacectl.fabric.jobs import parse_jobs
-        from pacectl.fabric.profile import cluster_config, comm_name, power_from
+        from pacectl.fabric.profile import cluster_config, comm_name
 
-        self.cfg = cfg
-        cluster = as_dict(cfg.cluster)
-        self.cluster_name = str(cluster.get("name", "?"))
+        cluster, spec = self._configure(cfg, SimConfig)
         profile = cluster_config(cluster)
-        self.power = power_from(profile)
-        spec = typed(SimConfig, cfg.backend)
-        self.actuators = actuators_of(spec.actuator)
         comm = comm_name(cfg.get("comm"))
         if comm == "fitted":
             raise ConfigError(
@@ -629,23 +614,17 @@ class MultiJobSimExperiment(_ClosedLoop):
                 stacklevel=2,
             )
 
-    def _episode(
-        self, family: str, params: dict[str, Any], on_iteration: Callable[[], None] | None
+    def run(
+        self, family: str, params: dict[str, Any], *, on_iteration: Callable[[], None] | None = None
     ) -> Episode:
-        from pacectl.config import shipped_controller
+        """One seeded episode: each job a pacing domain under ``family`` or the controller it pins."""
         from pacectl.loop import run_episode
 
-        # each job: the run's family or the one it pins, with its own parameters on top
-        factories = [
-            controller_factory(family, job.params_for(family, params), self.cfg.guard)
-            if job.controller is None
-            else controller_factory(
-                job.controller,
-                job.params_for(job.controller, shipped_controller(job.controller, self.cfg)),
-                self.cfg.guard,
-            )
-            for job in self.jobs
-        ]
+        factories = []
+        for job in self.jobs:  # the run's family or the one it pins, with the job's own parameters on top
+            name = family if job.controller is None else job.controller
+            defaults = params if job.controller is None else shipped_controller(name, self.cfg)
+            factories.append(controller_factory(name, job.params_for(name, defaults), self.cfg.guard))
         return run_episode(
             self.backend,
             factories,
