@@ -84,9 +84,6 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
     Raises:
         PacectlError: bad trace, bad config value.
     """
-    from tqdm import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
     from pacectl import energy, metrics
     from pacectl.config import controller_families
     from pacectl.experiment import controller_notes, make_experiment
@@ -112,19 +109,14 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             log.info(f"running {len(families)} run(s) ({', '.join(families)}) interleaved in one job")
         runs = run_names(families, experiment.actuators)
         episodes = {}
-        # a bar on a terminal only (tqdm's disable=None), over the iterations of every run (no pacing,
-        # each controller) where the backend reports them, else one step per run
-        # log lines while the bar is up go through tqdm.write, so they do not break the bar
+        # the bar counts the iterations of every run (no pacing, each controller) where the backend
+        # reports them, else one step per run
         with (
             _describe(experiment) as describe,  # beside the runs
-            logging_redirect_tqdm(),
-            tqdm(
-                total=len(runs) * (per_run or 1),
+            _progress_bar(
+                len(runs) * (per_run or 1),
                 unit="iter" if per_run else "run",
                 desc="iterations (all runs)" if per_run else "runs",
-                file=sys.stderr,
-                disable=None,
-                leave=False,
             ) as bar,
         ):
             # no terminal, no bar: a long run says how far it is in plain lines instead
@@ -153,14 +145,12 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
     unit = "arbitrary s" if report.normalized_time(described) else "s"  # a normalised trace: no real time
     with files.staged_outputs(out_dir) as stage, report.plots_in_background() as draw:
         if cfg.output.plots:  # the slowest first
+            plots = {"spread": report.plot_spread, "iteration_time": report.plot_iteration_time}
             draw(
-                partial(report.plot_spread, stage / report.PLOT_FILES["spread"], episodes, time_unit=unit),
-                partial(
-                    report.plot_iteration_time,
-                    stage / report.PLOT_FILES["iteration_time"],
-                    episodes,
-                    time_unit=unit,
-                ),
+                *(
+                    partial(plot, stage / report.PLOT_FILES[k], episodes, time_unit=unit)
+                    for k, plot in plots.items()
+                )
             )
         # what the run warned about stays with its results (dropped ranks or steps, guard interventions)
         warned_lines = list(dict.fromkeys([*notes, *(f"{w.category.__name__}: {w.message}" for w in caught)]))
@@ -522,6 +512,20 @@ class PlainProgress:
 
 
 @contextlib.contextmanager
+def _progress_bar(total: int, *, unit: str, desc: str) -> Iterator[Any]:
+    """A tqdm bar of ``total`` steps on stderr, drawn on a terminal only (tqdm's ``disable=None``);
+    log lines while it is up go through ``tqdm.write``, so they do not break the bar."""
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    with (
+        logging_redirect_tqdm(),
+        tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, disable=None, leave=False) as bar,
+    ):
+        yield bar
+
+
+@contextlib.contextmanager
 def _describe(experiment: Experiment) -> Iterator[Callable[[], dict[str, Any]]]:
     """Yield a function that returns ``experiment.describe()``, with a line first when it has work
     to show (replay: the what-if replays of the stragglers' cost).
@@ -532,9 +536,6 @@ def _describe(experiment: Experiment) -> Iterator[Callable[[], dict[str, Any]]]:
     runs'). Without a fork (:func:`pacectl.report.can_fork`) it runs here at once, with a progress
     bar on a terminal. The block reaps the child.
     """
-    from tqdm import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
     steps = experiment.describe_steps
     if not steps:
         described = dict(experiment.describe())
@@ -545,12 +546,7 @@ def _describe(experiment: Experiment) -> Iterator[Callable[[], dict[str, Any]]]:
         "(analysis.whatif=false skips it)"
     )
     if not report.can_fork():
-        with (
-            logging_redirect_tqdm(),
-            tqdm(
-                total=steps, unit="replay", desc="what-if", file=sys.stderr, disable=None, leave=False
-            ) as bar,
-        ):
+        with _progress_bar(steps, unit="replay", desc="what-if") as bar:
             described = dict(experiment.describe(on_step=bar.update))
         yield lambda: described
         return
@@ -708,18 +704,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         word = "terminated (SIGTERM)" if stop.signum == signal.SIGTERM else "interrupted"
         written = _written or files.committed[commits:]  # a Ctrl-C held back until its outputs were in place
         if _written and multirun:
-            print(
-                f"pacectl.run: {word}; {len(_written)} sweep job(s) wrote complete outputs (the last: "
-                f"{_written[-1]}); a job cut short wrote none, and later jobs did not run",
-                file=sys.stderr,
+            said = (
+                f"{word}; {len(_written)} sweep job(s) wrote complete outputs (the last: {_written[-1]}); "
+                "a job cut short wrote none, and later jobs did not run"
             )
         elif written:
-            print(
-                f"pacectl.run: {word} after the outputs were written; they are complete: {written[-1]}",
-                file=sys.stderr,
-            )
+            said = f"{word} after the outputs were written; they are complete: {written[-1]}"
         else:
-            print(f"pacectl.run: {word}; no outputs were written", file=sys.stderr)
+            said = f"{word}; no outputs were written"
+        print(f"pacectl.run: {said}", file=sys.stderr)
         return 128 + (stop.signum or signal.SIGINT)
 
 
