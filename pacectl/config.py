@@ -343,12 +343,12 @@ def use_line_differences(use: str, choices: dict[str, str]) -> tuple[list[str], 
 
 
 def controller_families(cfg: DictConfig) -> dict[str, dict[str, Any]]:
-    """The runs of an experiment: ``none`` first, then the selected controller(s).
+    """The runs of an experiment: ``none`` first, then the selected controller(s)
+    (:func:`selected_controller`; ``controller=all``: :class:`AllControllers`), each family's
+    parameters checked by building it.
 
-    ``controller=all`` expands to every registered family marked for it
-    (:func:`~pacectl.controllers.all_families`; ``controller.families=[...]`` picks others), each
-    with its constructor defaults. ``controller_file=PATH`` replaces the
-    ``controller`` group with a controller YAML file (see :func:`selected_controller`).
+    Raises:
+        ConfigError: an unknown family or a bad parameter (naming ``controller_file`` where one is used).
     """
     try:
         return _controller_runs(cfg)
@@ -459,8 +459,7 @@ def controller_factory(
     family: str, params: dict[str, Any], guard_cfg: DictConfig
 ) -> Callable[[], Controller]:
     """A factory of guarded controllers (one is built per pacing domain)."""
-    guard = OmegaConf.to_container(guard_cfg, resolve=True)
-    assert isinstance(guard, dict)
+    guard = as_dict(guard_cfg)
 
     def build() -> Controller:
         return SafetyGuard(make_controller(family, **params), **guard)  # type: ignore[arg-type]
