@@ -26,9 +26,8 @@ Reference for users: what the main job does, and the backends
    `grads-reduce-scatter` of the step (`backend.paced_optype`).
 5. Prints a table and writes the run folder (`hydra.run.dir=DIR`; a `-m` sweep one folder per job
    under `hydra.sweep.dir`): the files of README.md's "Outputs" table. The fields of `summary.json`
-   are :class:`pacectl.report.RunSummary`'s (per run :func:`pacectl.metrics.summarize`'s: `blame`
-   is the fraction of iterations in which each rank arrived last in its pacing domain,
-   `natural_blame` the same by its unpaced arrival), the columns of `iterations.parquet`
+   are :class:`pacectl.report.RunSummary`'s (per run :func:`pacectl.metrics.summarize`'s, `blame`
+   and `natural_blame` among them: :func:`pacectl.metrics.blame`), the columns of `iterations.parquet`
    :func:`pacectl.report.episodes_to_frame`'s. Warnings (repaired or dropped trace rows, ranks or
    steps; overrides the chosen backend ignores; a controller file the tuner flagged) are printed on
    one line each and kept in `summary.json` (`warnings`) and `report.md`; the guard's interventions
@@ -271,7 +270,7 @@ class ReplayExperiment(_ClosedLoop):
         self.trace = load_trace(cfg.trace)
         fitted = comm_name(cfg.get("comm")) == "fitted"
         if fitted:
-            from pacectl.fabric.fitted import fit_options
+            from pacectl.fabric.fitted import FittedComm, fit_options
 
             options = fit_options(cfg.get("fit"))  # checked before the (slow) fit and replay
         comm = None if fitted else make_comm_model(cfg, self.trace.meta.world_size)
@@ -293,8 +292,6 @@ class ReplayExperiment(_ClosedLoop):
         )
         self.comm_fit: dict[str, Any] | None = None
         if fitted:  # comm=fitted: the model is fitted from this backend's recording, then put in force
-            from pacectl.fabric.fitted import FittedComm
-
             model = FittedComm.for_backend(self.backend, **options)
             self.backend.use_comm_model(model)
             comm = model

@@ -180,12 +180,9 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
             )
         elif (measure := experiment.measured_energy()) is not None:
             source, measured = measure
+            ran = {n: v for n, v in measured.items() if n in episodes}
             per_run_energy, energy_vs, energy_top = energy.measured_summary(
-                source,
-                {n: v for n, v in measured.items() if n in episodes},
-                baseline=BASELINE,
-                block=block,
-                offset=offset,
+                source, ran, baseline=BASELINE, block=block, offset=offset
             )
         for name, fields in per_run_energy.items():
             summaries[name].update(fields)
@@ -337,11 +334,8 @@ def never_paced_line(
         on = params.get(name, {}).get("on_threshold_s")
         names.append(f"{name} (on_threshold_s={on})" if isinstance(on, int | float) and on > 0 else name)
     spread = summaries[BASELINE]["spread_median_s"]
-    same = (
-        "differences from no pacing are this machine's run-to-run noise"
-        if live
-        else "runs reproduce no pacing"
-    )
+    noise = "differences from no pacing are this machine's run-to-run noise"
+    same = noise if live else "runs reproduce no pacing"
     line = (
         f"never paced (delay total 0): {', '.join(names)}; median arrival spread without pacing "
         f"{spread:.3g} s. Their {same}"
@@ -552,12 +546,12 @@ def _describe(experiment: Experiment) -> Iterator[Callable[[], dict[str, Any]]]:
         return
     child = report.Beside(lambda: dict(experiment.describe()))
 
-    def described() -> dict[str, Any]:
+    def child_or_here() -> dict[str, Any]:
         value = child.result()
         return dict(experiment.describe()) if value is None else value
 
     try:
-        yield described
+        yield child_or_here
     finally:
         child.close()
 
