@@ -51,7 +51,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -217,12 +217,16 @@ def noise_component(item: object, where: str) -> NoiseComponent:
         raise ConfigError(
             f"{where}.kind must be one of {list(NOISE_CONFIGS)}, got {kind!r}{hint}; e.g. {where}.kind=lognormal"
         )
+    cls = NOISE_CONFIGS[str(kind)]
     try:
-        spec = typed(NOISE_CONFIGS[str(kind)], {k: v for k, v in item.items() if k != "kind"}, where)
-    except ConfigError as err:  # its keys are the kind's
+        spec = typed(cls, {k: v for k, v in item.items() if k != "kind"}, where)
+    except ConfigError as err:
+        if set(item) - {"kind"} <= {f.name for f in fields(cls)}:
+            raise
+        plus = "+" if where.startswith("cluster.per_job.") else ""  # (a key of another kind)
         raise ConfigError(
             f"{err} ({where} is a {kind!r} item; another kind needs the whole item, "
-            f"e.g. {where}={{kind:lognormal,sigma:0.02}})"
+            f"e.g. '{plus}{where}={{kind:lognormal,sigma:0.02}}')"
         ) from None
     return spec.model() if isinstance(spec, Empirical) else spec  # type: ignore[return-value]
 
