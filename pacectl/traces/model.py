@@ -430,6 +430,8 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str, drop_exact: b
         if col not in columns:
             continue
         values = columns[col]
+        if values.min() >= 0 and values.max() <= MAX_DURATION_S:  # a NaN makes both False
+            continue
         bad = ~((values >= 0) & (values <= MAX_DURATION_S))  # NaN compares False: bad, as is +-inf
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
@@ -439,7 +441,7 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str, drop_exact: b
                 f"(in {source}: row {i}, step {row['step']}, rank {row['rank']}, op {row['optype']}); "
                 f"{repair_rows(int(bad.sum()))} before replay."
             )
-    if not (columns["duration"] > 0).any():
+    if not columns["duration"].max() > 0:  # (all are >= 0 here)
         raise TraceError(
             f"duration must be > 0 for at least one op, got 0 for all {len(columns['duration'])} ops (in {source}: "
             "column duration): a trace without time cannot be replayed or analysed. Was it recorded with timing "
@@ -465,9 +467,11 @@ def validate_ops(ops: pd.DataFrame, meta: JobMeta, *, source: str, drop_exact: b
                 "Does the meta file belong to this trace?"
             )
     num_pairs = meta.dp_size * meta.pp_size
-    pair = columns["dp_rank"].astype(np.int64) * meta.pp_size  # in [0, num_pairs) with the stage
-    pair += columns["stage"]
-    present = np.bincount(pair, minlength=num_pairs) > 0
+    pair = columns["dp_rank"].astype(np.int32 if num_pairs < 2**31 else np.int64)  # the one new array
+    pair *= meta.pp_size
+    pair += columns["stage"]  # in [0, num_pairs): both ranges were checked above
+    present = np.zeros(num_pairs, dtype=bool)
+    present[pair] = True
     if int(present.sum()) != num_pairs:
         raise TraceError(
             f"trace must hold dp_size x pp_size = {meta.dp_size} x {meta.pp_size} ranks as its meta says, "
@@ -521,7 +525,10 @@ def _sorting(key: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
     and the sorted key."""
     if (key[1:] > key[:-1]).all():
         return None, key
-    order = np.argsort(key)  # no two keys are equal (or the table is refused): any sort will do
+    # No two keys are equal (or the table is refused), so any sort gives this order. numpy's stable
+    # sort (timsort on int64) merges the sorted runs a file holds (a ByteDance file: one per rank):
+    # 2 to 4 times faster than its default quicksort on tiled AR at DP 4 to 64 (bench_load.py).
+    order = np.argsort(key, kind="stable")
     return order, key.take(order)
 
 
