@@ -604,6 +604,10 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
     if err.__cause__ is None and isinstance(err.__context__, ConfigKeyError | ValidationError):
         # raised while Hydra merged a config file (a profile's YAML) into its typed node
         line = config_error(err.__context__)
+        if ".<i>." in line:  # a profile's job entry, checked without its index
+            from pacectl.config import job_entry_error
+
+            line = job_entry_error(lambda: _compose(config_dir, config_name, overrides)) or line
         group = line.partition(".")[0]
         option = next((o.partition("=")[2] for o in overrides if o.partition("=")[0] == group), None)
         where = f"the YAML of {group}={option}" if option else "a config file of this command"

@@ -35,7 +35,7 @@ from pacectl.controllers.units import UNITS
 from pacectl.data import DATA_DIR
 from pacectl.errors import ConfigError, did_you_mean, unknown_keys_error, yaml_problem
 from pacectl.fabric.base import CommModel, NullComm
-from pacectl.fabric.profile import COMM_NAMES, ClusterConfig
+from pacectl.fabric.profile import COMM_NAMES, ClusterConfig, JobEntry
 from pacectl.loop import ExchangeSchedule
 from pacectl.torchdist.core import TorchConfig  # torch-free
 from pacectl.traces.formats import FORMATS, trace_config, user_path
@@ -177,6 +177,30 @@ _store.store(group="analysis", name="whatif", node=Whatif)
 _store.store(group="controller", name="all", node=AllControllers)
 _store.store(name="run_schema", node=RunConfig)
 _store.store(name="tune_schema", node=TuneRunConfig)
+
+
+def job_entry_error(compose: Callable[[], DictConfig]) -> str | None:
+    """The line for the first bad entry of a profile's ``cluster.jobs``, under its index, or None.
+
+    While Hydra merges a profile's YAML into the typed ``cluster=base``, OmegaConf checks each entry
+    of the typed list ``jobs`` on its own, so its error has no index. ``compose`` runs again on an
+    untyped copy of ``cluster=base`` (the schema restored after it), and each entry is checked as a
+    :class:`~pacectl.fabric.profile.JobEntry` under ``cluster.jobs.<i>``. None: every entry passes,
+    or the untyped composition fails too.
+    """
+    plain = OmegaConf.create(OmegaConf.to_container(structured(ClusterConfig)))
+    _store.store(group="cluster", name="base", node=plain)
+    try:
+        jobs = compose().cluster.get("jobs") or []
+        for i, entry in enumerate(jobs):
+            typed(JobEntry, entry, f"cluster.jobs.{i}")
+    except ConfigError as err:
+        return str(err)
+    except Exception:  # noqa: BLE001 - only for a better line: the caller keeps its own
+        return None
+    finally:
+        _store.store(group="cluster", name="base", node=structured(ClusterConfig))
+    return None
 
 
 def load_trace(trace_cfg: DictConfig) -> OpTrace:

@@ -233,16 +233,17 @@ def test_the_backend_ranges_are_the_typed_configs_own() -> None:
     [
         (
             "    strat_s: 0.2",
-            "cluster.jobs.<i>.strat_s: no such key (known: name, ranks, compute, message_bytes, start_s, "
-            "controller, controller_params); did you mean cluster.jobs.<i>.start_s?",
+            "cluster.jobs.1.strat_s: no such key (known: name, ranks, compute, message_bytes, start_s, "
+            "controller, controller_params); did you mean cluster.jobs.1.start_s?",
         ),
-        ("    start_s: abc", "cluster.jobs.<i>.start_s must be a finite number >= 0 (seconds), got 'abc'"),
-        ("    compute: {compute_s: fast}", "cluster.jobs.<i>.compute.compute_s must be a finite number > 0"),
+        ("    start_s: abc", "cluster.jobs.1.start_s must be a finite number >= 0 (seconds), got 'abc'"),
+        ("    compute: {compute_s: fast}", "cluster.jobs.1.compute.compute_s must be a finite number > 0"),
     ],
 )
 def test_a_wrong_job_key_in_a_profile_file_is_one_line(tmp_path: Path, line: str, expect: str) -> None:
-    """A job entry of a profile's YAML is checked by OmegaConf on its own (no index known): the line
-    names the entry's section, the key and the fix, and says that the fault is in a file."""
+    """A job entry of a profile's YAML is checked by OmegaConf on its own, without its index; the line
+    names the entry by its index (the entries checked again, one by one), the key and the fix, and
+    says that the fault is in a file."""
     from pacectl.run import main
 
     (tmp_path / "conf" / "cluster").mkdir(parents=True)
@@ -257,7 +258,5 @@ def test_a_wrong_job_key_in_a_profile_file_is_one_line(tmp_path: Path, line: str
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("warning")]
     assert len(lines) == 1 and expect in lines[0], proc.stderr
-    assert lines[0].endswith(
-        "(the entry of job 'b') (in the YAML of cluster=badjob, not an override: fix the file)"
-    )
+    assert lines[0].endswith("(in the YAML of cluster=badjob, not an override: fix the file)")
     assert "Traceback" not in proc.stderr and not out.exists()
