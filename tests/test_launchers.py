@@ -25,7 +25,12 @@ pytestmark = pytest.mark.slow
 
 
 def _have(plugin: str) -> bool:
-    return importlib.util.find_spec(f"hydra_plugins.{plugin}") is not None
+    """Whether Hydra's launcher plugin ``plugin`` is installed (find_spec raises, not returns None,
+    when no plugin at all has made the ``hydra_plugins`` namespace)."""
+    try:
+        return importlib.util.find_spec(f"hydra_plugins.{plugin}") is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
