@@ -149,10 +149,10 @@ def _kind(hint: Any) -> str:
     return _KINDS.get(hint, "a value" if hint is Any else str(hint).replace("typing.", ""))
 
 
-def _detached_entry(err: BaseException) -> str:
-    """The section of a list's entry that OmegaConf checked on its own, where ``err`` arose (a
-    profile's ``cluster.jobs`` item, whose keys come without the list's path: ``cluster.jobs.<i>``,
-    which :func:`pacectl.config.job_entry_error` then finds the index of); else ""."""
+def _detached_entry(err: BaseException) -> tuple[str, str | None] | None:
+    """Where ``err`` arose in a list's entry that OmegaConf checked on its own (a profile's
+    ``cluster.jobs`` item, whose keys come without the list's path): the entry's section
+    (``cluster.jobs.<i>``) and the job's name where it is set already; else None."""
     from omegaconf import DictConfig, OmegaConf
 
     root = getattr(err, "parent_node", None)
@@ -160,7 +160,10 @@ def _detached_entry(err: BaseException) -> str:
         while root is not None and root._get_parent() is not None:
             root = root._get_parent()
     section = str(getattr(OmegaConf.get_type(root), "section", "")) if isinstance(root, DictConfig) else ""
-    return section if "<i>" in section else ""
+    if "<i>" not in section:
+        return None
+    name = root.get("name") if "name" in root else None
+    return section, name if isinstance(name, str) else None
 
 
 def config_error(err: BaseException, section: str = "") -> str:
@@ -192,8 +195,12 @@ def config_error(err: BaseException, section: str = "") -> str:
         return " ".join(str(err).split())
     key, leaf = dotted(str(getattr(err, "full_key", "") or "")), str(getattr(err, "key", "") or "")
     key = f"{section}.{key}" if section and not key.startswith(f"{section}.") else key
-    entry = _detached_entry(err) if not section else ""
-    return _config_error(err, f"{entry}.{key}" if entry else key, leaf)
+    entry = _detached_entry(err) if not section else None
+    if entry is not None:  # a list's entry, checked on its own: cluster.jobs.<i>.<key>
+        key = f"{entry[0]}.{key}"
+        if entry[1] is not None:  # the index is not known; the job's name may be
+            return f"{_config_error(err, key, leaf)} (the entry of job {entry[1]!r})"
+    return _config_error(err, key, leaf)
 
 
 def _config_error(err: Any, key: str, leaf: str) -> str:
