@@ -526,8 +526,9 @@ def _sorting(key: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
     if (key[1:] > key[:-1]).all():
         return None, key
     # No two keys are equal (or the table is refused), so any sort gives this order. numpy's stable
-    # sort (timsort on int64) merges the sorted runs a file holds (a ByteDance file: one per rank):
-    # 2 to 4 times faster than its default quicksort on tiled AR at DP 4 to 64 (bench_load.py).
+    # sort (timsort on int64) merges the sorted runs a file holds (tiled AR: one per rank and step
+    # block): on the key alone about 4x, 2.3x and 1.6x faster than its default quicksort at DP 16, 64
+    # and 256, on this machine (a one-off script; experiments/bench/README.md, Loading).
     order = np.argsort(key, kind="stable")
     return order, key.take(order)
 
