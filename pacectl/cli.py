@@ -790,6 +790,9 @@ def check_command_line(
         if o.startswith("~"):
             key = o[1:].partition("=")[0]
             _fail(prog, f"{o}: removing config keys is not supported (every key is read); set {key} instead")
+    line = search_path_error(overrides)
+    if line:
+        _fail(prog, line)
     multirun = bool(flags & {"-m", "--multirun"})
     jobs = sweep_jobs(overrides) if multirun else [overrides]
     inspect_only = bool(flags - {"-m", "--multirun"})
@@ -822,6 +825,32 @@ def check_command_line(
         if base_error:
             _fail(prog, base_error)
     return None if inspect_only else first
+
+
+def search_path_error(overrides: Sequence[str]) -> str | None:
+    """The line for a ``hydra.searchpath`` folder that does not exist, or None.
+
+    Hydra only warns about it (``UserWarning: provider=hydra.searchpath ... is not available``) and
+    goes on without the folder, so its presets then look missing. ``file://`` entries are checked
+    (relative ones against the working directory, as Hydra reads them); ``pkg://`` ones are Hydra's.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    for o in overrides:
+        if o.lstrip("+").partition("=")[0] != "hydra.searchpath":
+            continue
+        try:
+            value = OverridesParser.create().parse_overrides([o])[0].value()
+        except HydraException:
+            return None  # a syntax error: the composition reports it
+        for entry in value if isinstance(value, list) else [value]:
+            if isinstance(entry, str) and entry.startswith("file://") and not Path(entry[7:]).is_dir():
+                return (
+                    f"hydra.searchpath: {entry} is not a folder (no such directory: {Path(entry[7:]).absolute()}); "
+                    f"give config folders that exist, e.g. hydra.searchpath=[file://$PWD/myconf]"
+                )
+    return None
 
 
 def multirun_base_error(config_dir: Path, config_name: str, overrides: Sequence[str]) -> str | None:

@@ -256,6 +256,11 @@ def test_a_trace_file_replays_by_its_path(tmp_path: Path) -> None:
             "is a folder: it names the JSON file rank 0 watches",
         ),
         ([f"hydra.run.dir={__file__}"], "hydra.run.dir must be a folder (new or existing)"),
+        # Hydra only warns about a missing search-path folder, and its presets then look missing
+        (
+            ["hydra.searchpath=[file:///nonexistent/conf]", "cluster=mine"],
+            "file:///nonexistent/conf is not a folder",
+        ),
         # Hydra's composition errors, in one line with a did-you-mean (checked before Hydra runs)
         (["controler=threshold"], "no such config key. Did you mean controller=threshold?"),
         (["backend=sim", "backend.num_rank=8"], "Did you mean backend.num_ranks=8?"),
