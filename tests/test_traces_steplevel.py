@@ -170,7 +170,7 @@ def test_normalised_times_are_marked_and_survive_convert(tmp_path: Path, job1_fr
     ("edit", "shown"),
     [
         (lambda d: d.assign(worker=[0, -5, 0, 1]), "got -5 "),
-        (lambda d: d.assign(batch_time_norm=[1.0, np.nan, 2, 3]), "got nan "),
+        (lambda d: d.assign(batch_time_norm=[1.0, np.nan, 2, 3]), "got an empty field "),
     ],
 )
 def test_values_in_messages_are_plain_python(tmp_path: Path, edit: object, shown: str) -> None:
@@ -269,10 +269,17 @@ def test_rows_with_the_wrong_number_of_fields(tmp_path: Path) -> None:
     p = _csv(tmp_path, _base())
     text = p.read_text()
     p.write_text(text.rstrip("\n").rsplit(",", 2)[0] + "\n")  # the last row cut mid-way
-    with pytest.raises(TraceError, match=r"got 3 in row 5.*the file looks truncated"):
+    with pytest.raises(
+        TraceError, match=r"got 3 in row 5.*; 1 row is like that, the last: the file looks trunc"
+    ):
         load_steplevel(p)
     p.write_text(text.replace("1,1,25,1,410.0", "1,1,25,1,410.0,7,7"))
-    with pytest.raises(TraceError, match=r"every row must have 5 fields.*got 7 in row 3.*Repair or drop"):
+    with pytest.raises(
+        TraceError, match=r"every row must have 5 fields.*got 7 in row 3.*1 row is bad\. Drop or"
+    ):
+        load_steplevel(p)
+    p.write_text(text.replace("1,1,25,1,410.0", "1,1,25,1,410.0,7,7").rstrip("\n").rsplit(",", 2)[0] + "\n")
+    with pytest.raises(TraceError, match=r"got 7 in row 3 .*; 2 rows are bad\. Drop or repair them\.$"):
         load_steplevel(p)
 
 
@@ -310,6 +317,9 @@ def test_a_nan_written_in_the_last_row_is_a_bad_value_not_a_cut_off_row(tmp_path
         load_steplevel(p)
     p.write_text("worker,time,batch_time_norm\n0,1,1.0\n1,1,NA\n0,2,1.0\n1,2,1.0\n")
     with pytest.raises(TraceError, match=r"got 'NA' \(in .*:row 3\)"):
+        load_steplevel(p)
+    p.write_text("worker,time,batch_time_norm\n0,1,1.0\n1,1,\n0,2,1.0\n1,2,1.0\n")  # empty: said so
+    with pytest.raises(TraceError, match=r"got an empty field \(in .*:row 3\); 1 row is bad"):
         load_steplevel(p)
     p.write_text("worker,time,batch_time_norm\n0,1,1.0\n1,1,1.0\n0,2,1.0\n1,2,\n")  # cut off: still said
     with pytest.raises(TraceError, match="It is the last row and has empty fields: the file looks truncated"):

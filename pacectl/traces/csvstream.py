@@ -79,6 +79,7 @@ class CsvColumns:
         values: requested column -> ``float64[num_rows]`` (NaN where empty or not a number).
         unparsed: requested column -> (index of the first row whose field is not empty yet not a
             number, an excerpt of that field), or absent when there is none.
+        empty: requested column -> index of the first row whose field is empty, or absent.
         last_raw: requested column -> the last row's field (None when empty).
         bad_rows: rows with the wrong number of fields (skipped; counted, the first quoted).
         num_rows: rows kept.
@@ -87,6 +88,7 @@ class CsvColumns:
     header: list[str]
     values: dict[str, NDArray[np.float64]]
     unparsed: dict[str, tuple[int, str]] = field(default_factory=dict)
+    empty: dict[str, int] = field(default_factory=dict)
     last_raw: dict[str, str | None] = field(default_factory=dict)
     bad_rows: BadRows = field(default_factory=BadRows)
     num_rows: int = 0
@@ -243,6 +245,8 @@ def _stream(
                         odd = np.flatnonzero(np.isnan(vals) & raw.notna().to_numpy())
                         if len(odd):
                             out.unparsed[c] = (out.num_rows + int(odd[0]), excerpt(raw.iloc[int(odd[0])]))
+                if c not in out.empty and col.null_count:
+                    out.empty[c] = out.num_rows + pc.index(pc.is_null(col), True).as_py()
                 parts[c].append(vals)
                 last = col[n - 1].as_py()
                 out.last_raw[c] = None if last is None else str(last)[:EXCERPT_CHARS]

@@ -247,11 +247,14 @@ def load_steplevel(
     if bad_rows.count:
         last_line = got.num_rows + bad_rows.count + 1
         cut = bad_rows.count == 1 and bad_rows.last_row == last_line and bad_rows.first_fields < len(header)
-        fix = "It is the last row: the file looks truncated; copy it again or drop that row."
+        fix = (
+            "1 row is like that, the last: the file looks truncated; copy it again or drop that row."
+            if cut
+            else f"{repair_rows(bad_rows.count)}."
+        )
         raise TraceError(
             f"every row must have {len(header)} fields like the header, got {bad_rows.first_fields} in row "
-            f"{bad_rows.first_row} ({bad_rows.first_text}) (in {p}); {bad_rows.count} rows are like that. "
-            f"{fix if cut else 'Repair or drop them.'}"
+            f"{bad_rows.first_row} ({bad_rows.first_text}) (in {p}); {fix}"
         )
     if got.num_rows == 0:
         raise TraceError(f"a step-level trace must hold at least one row, got none (in {p})")
@@ -275,6 +278,8 @@ def load_steplevel(
             v = float(values[i])
             if odd is not None and odd[0] == i:
                 shown = odd[1]
+            elif got.empty.get(col) == i:
+                shown = "an empty field"
             elif col != value_col and np.isfinite(v) and v == round(v):
                 shown = repr(int(v))
             else:
