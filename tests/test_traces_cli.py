@@ -314,3 +314,15 @@ def test_a_parquet_file_read_as_kineto_is_named_as_parquet() -> None:
     assert "It looks like a Parquet file" in r.stderr and "leave out --format" in r.stderr
     r = _run("info", str(JOB1), "--format", "kineto")
     assert r.returncode == 2 and "It looks like a steplevel trace by its name" in r.stderr
+
+
+def test_info_says_which_ranks_a_bytedance_trace_records(capsys: pytest.CaptureFixture[str]) -> None:
+    ar = DATA_DIR / "bytedance"
+    assert main(["info", str(ar / "trace-AR.parquet"), "--meta", str(ar / "meta-AR.yaml")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ranks"))
+    assert line.startswith("ranks     16 of world_size 64 recorded = one per (dp, pp) cell, its tp x dsp"), (
+        line
+    )
+    assert main(["info", str(ST), "--meta", str(ar / "meta-ST.yaml")]) == 0  # tp 1: every rank recorded
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ranks"))
+    assert line.startswith("ranks     8 of world_size 8 recorded [0, 1,"), line

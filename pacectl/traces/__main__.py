@@ -294,9 +294,15 @@ def cmd_info(args: argparse.Namespace) -> int:
             f"{trace.sample_every_iters} real iterations apart (a lag of 1 step is {trace.sample_every_iters} iterations)"
         )
     ranks = sorted(trace.ops["rank"].unique().tolist())
+    per_cell = (
+        " = one per (dp, pp) cell, its tp x dsp ranks not recorded"
+        if len(ranks) == m.dp_size * m.pp_size and m.tp_size * m.dsp_size > 1
+        else ""
+    )
     say(
-        f"ranks     {len(ranks)} recorded {ranks[:16]}{' ...' if len(ranks) > 16 else ''}  "
-        f"(dp {m.dp_size} x pp {m.pp_size} x tp {m.tp_size} x dsp {m.dsp_size}, world_size {m.world_size})"
+        f"ranks     {len(ranks)} of world_size {m.world_size} recorded{per_cell} "
+        f"{ranks[:16]}{' ...' if len(ranks) > 16 else ''}  "
+        f"(dp {m.dp_size} x pp {m.pp_size} x tp {m.tp_size} x dsp {m.dsp_size})"
     )
     steps = trace.steps
     say(f"steps     {len(steps)}: {steps[:12].tolist()}{' ...' if len(steps) > 12 else ''}")
