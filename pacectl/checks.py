@@ -224,7 +224,11 @@ class Checked:
                 ]
                 close = did_you_mean(wrong[0], choices) if wrong and choices else None
                 hint = f" (did you mean {close!r}{f' for {wrong[0]!r}' if many else ''}?)" if close else ""
-                raise ConfigError(f"{name} must be {must}, got {shown(value)}{hint}{where}") from None
+                raise ConfigError(
+                    f"{name} must be {must}, got {shown(value)}{hint}{where}",
+                    key=f"{self.section}.{f.name}" if self.section else f.name,
+                    hint=where[where.index("override: ") : -1],
+                ) from None
             object.__setattr__(self, f.name, checked)
 
     def check_band(self, on: str, off: str) -> None:

@@ -608,14 +608,32 @@ def composition_error(config_dir: Path, config_name: str, overrides: list[str], 
             from pacectl.config import job_entry_error
 
             line = job_entry_error(lambda: _compose(config_dir, config_name, overrides)) or line
-        group = line.partition(".")[0]
-        option = next((o.partition("=")[2] for o in overrides if o.partition("=")[0] == group), None)
-        where = f"the YAML of {group}={option}" if option else "a config file of this command"
-        return f"{line} (in {where}, not an override: fix the file)"
+        return f"{line} ({in_file(line.partition('.')[0], overrides)})"
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     line = " ".join(lines[:4])
     grammar = "https://hydra.cc/docs/advanced/override_grammar/basic/"
     return line if "https://" in line else f"{line} (see {grammar})"
+
+
+def in_file(group: str, overrides: Sequence[str]) -> str:
+    """Where a value no override set comes from: ``in the YAML of cluster=badjob, not an override:
+    fix the file`` (the group's option on the command line), or a config file of this command."""
+    option = next((o.partition("=")[2] for o in overrides if o.partition("=")[0] == group), None)
+    where = f"the YAML of {group}={option}" if option else "a config file of this command"
+    return f"in {where}, not an override: fix the file"
+
+
+def set_in_file(err: ConfigError, overrides: Sequence[str]) -> str:
+    """``err``'s line; for a value out of range that a config file set (no override sets its key,
+    or a mapping or list above it: ``cluster=badjob`` above ``cluster.jobs.2.start_s`` picks a
+    file), the file in place of the override its line suggests."""
+    if err.key is None or not err.hint:
+        return str(err)
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key == err.key or (_is_under(err.key, key) and value.lstrip()[:1] in ("{", "[")):
+            return str(err)
+    return str(err).replace(err.hint, in_file(err.key.partition(".")[0], overrides))
 
 
 def missing_key(err: Exception, overrides: Sequence[str]) -> str | None:
@@ -816,6 +834,8 @@ def check_command_line(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 validate(task)
+        except ConfigError as err:
+            _fail(prog, f"{where}{set_in_file(err, job)}")
         except PacectlError as err:
             _fail(prog, f"{where}{err}")
         except OmegaConfBaseException as err:

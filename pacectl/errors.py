@@ -32,7 +32,17 @@ class TraceError(PacectlError, ValueError):
 
 
 class ConfigError(PacectlError, ValueError):
-    """A configuration value or override is invalid."""
+    """A configuration value or override is invalid.
+
+    Attributes:
+        key: the dotted key of a value out of range (``cluster.jobs.2.start_s``), or None.
+        hint: the part of the message that names the override to set it (``override: <key>=0.1``),
+            which an entry point replaces when a config file set the value, not an override.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.key, self.hint = key, hint
 
 
 class ControllerError(PacectlError, RuntimeError):

@@ -228,19 +228,40 @@ def test_the_backend_ranges_are_the_typed_configs_own() -> None:
         SimExperiment(cfg)
 
 
+_JOB_A = '  - {name: a, ranks: ["0-7", "16-23"], compute: {compute_s: 0.3}}\n'
+_JOB_B = '  - name: b\n    ranks: ["8-15", "24-31"]\n'
+
+
 @pytest.mark.parametrize(
-    ("line", "expect"),
+    ("jobs", "expect"),
     [
         (
-            "    strat_s: 0.2",
+            _JOB_A + _JOB_B + "    strat_s: 0.2\n",
             "cluster.jobs.1.strat_s: no such key (known: name, ranks, compute, message_bytes, start_s, "
             "controller, controller_params); did you mean cluster.jobs.1.start_s?",
         ),
-        ("    start_s: abc", "cluster.jobs.1.start_s must be a finite number >= 0 (seconds), got 'abc'"),
-        ("    compute: {compute_s: fast}", "cluster.jobs.1.compute.compute_s must be a finite number > 0"),
+        (
+            _JOB_A + _JOB_B + "    start_s: abc\n",
+            "cluster.jobs.1.start_s must be a finite number >= 0 (seconds), got 'abc'",
+        ),
+        (
+            _JOB_A + _JOB_B + "    compute: {compute_s: fast}\n",
+            "cluster.jobs.1.compute.compute_s must be a finite number > 0",
+        ),
+        (_JOB_B + "    strat_s: 0.2\n" + _JOB_A, "cluster.jobs.0.strat_s: no such key"),  # the first entry
+        (
+            _JOB_A + _JOB_B + '  - {name: c, ranks: ["32-39"], start_s: -1}\n',
+            "cluster.jobs.2.start_s must be",
+        ),
+        # an entry that cannot be checked again (a broken interpolation): named by its job instead
+        (
+            _JOB_A + _JOB_B + "    start_s: ${nope}\n    strat_s: 0.2\n",
+            "cluster.jobs.<i>.strat_s: no such key (known: name, ranks, compute, message_bytes, start_s, "
+            "controller, controller_params); did you mean cluster.jobs.<i>.start_s? (the entry of job 'b')",
+        ),
     ],
 )
-def test_a_wrong_job_key_in_a_profile_file_is_one_line(tmp_path: Path, line: str, expect: str) -> None:
+def test_a_wrong_job_key_in_a_profile_file_is_one_line(tmp_path: Path, jobs: str, expect: str) -> None:
     """A job entry of a profile's YAML is checked by OmegaConf on its own, without its index; the line
     names the entry by its index (the entries checked again, one by one), the key and the fix, and
     says that the fault is in a file."""
@@ -248,9 +269,7 @@ def test_a_wrong_job_key_in_a_profile_file_is_one_line(tmp_path: Path, line: str
 
     (tmp_path / "conf" / "cluster").mkdir(parents=True)
     (tmp_path / "conf" / "cluster" / "badjob.yaml").write_text(
-        "defaults:\n  - shared_uplink\n  - _self_\nname: badjob\njobs:\n"
-        '  - {name: a, ranks: ["0-7", "16-23"], compute: {compute_s: 0.3}}\n'
-        '  - name: b\n    ranks: ["8-15", "24-31"]\n' + line + "\n"
+        "defaults:\n  - shared_uplink\n  - _self_\nname: badjob\njobs:\n" + jobs
     )
     out = tmp_path / "run"
     args = ["backend=sim", "cluster=badjob", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"]
@@ -260,3 +279,23 @@ def test_a_wrong_job_key_in_a_profile_file_is_one_line(tmp_path: Path, line: str
     assert len(lines) == 1 and expect in lines[0], proc.stderr
     assert lines[0].endswith("(in the YAML of cluster=badjob, not an override: fix the file)")
     assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_a_value_out_of_range_in_a_preset_file_names_the_file(tmp_path: Path) -> None:
+    """A range check (``__post_init__``) on a value a preset YAML set names that file, not an override;
+    the same value given as an override keeps the override hint."""
+    from pacectl.run import main
+
+    (tmp_path / "conf" / "controller").mkdir(parents=True)
+    (tmp_path / "conf" / "controller" / "mypid.yaml").write_text("defaults:\n  - pid\n  - _self_\nkp: -3\n")
+    args = [
+        "controller=mypid",
+        f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+        f"hydra.run.dir={tmp_path / 'r'}",
+    ]
+    proc = run_command(main, args, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().endswith(
+        "kp must be >= 0, got -3.0 (controller 'pid'; in the YAML of controller=mypid, not an override: fix the file)"
+    ), proc.stderr
+    proc = run_command(main, [*args, "controller.kp=-1"], cwd=tmp_path)
+    assert proc.returncode == 2 and "got -1.0 (controller 'pid'; override: controller.kp=" in proc.stderr
