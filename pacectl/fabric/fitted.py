@@ -77,11 +77,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
+from pacectl.checks import Checked, typed, within
 from pacectl.errors import ConfigError, TraceError
 from pacectl.traces.model import COMPUTE_OPTYPES, DP_COLLECTIVES, OTHER_COLLECTIVES, P2P_OPTYPES
 
@@ -112,8 +113,8 @@ MIN_FEATURE_SD = 0.05
 RANK_ORDERS = ("megatron", "trace")
 
 
-@dataclass(frozen=True)
-class Placement:
+@dataclass(frozen=True, kw_only=True)
+class Placement(Checked):
     """Which node each modelled rank sits on: an assumption, stated in every output of the fit.
 
     Attributes:
@@ -126,15 +127,9 @@ class Placement:
         ConfigError: ``ranks_per_node`` < 1 or an unknown ``rank_order``.
     """
 
-    ranks_per_node: int = 8
-    rank_order: str = "megatron"
-
-    def __post_init__(self) -> None:
-        n = self.ranks_per_node
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ConfigError(f"fit.ranks_per_node must be an integer >= 1, got {n!r}")
-        if self.rank_order not in RANK_ORDERS:
-            raise ConfigError(f"fit.rank_order must be one of {list(RANK_ORDERS)}, got {self.rank_order!r}")
+    section: ClassVar[str] = "fit"
+    ranks_per_node: int = within(8, ">= 1")
+    rank_order: str = within("megatron", choices=RANK_ORDERS)
 
     def nodes(self, *, dp_size: int, pp_size: int, tp_size: int, trace_ranks: IntArray) -> IntArray:
         """``int64[pp_size, dp_size]``: node id of each (stage, dp_rank).
@@ -1117,15 +1112,15 @@ def fixed_point(
     return start, end[:-1]
 
 
-#: The ``fit`` config section (``conf/config.yaml``) and the ``fit`` command's options: defaults.
-FIT_DEFAULTS: dict[str, Any] = {
-    "ranks_per_node": 8,
-    "rank_order": "megatron",
-    "block_steps": 8,
-    "tolerance_frac": 0.01,
-    "arrival_tolerance": 0.1,
-    "seed": 0,
-}
+@dataclass(frozen=True, kw_only=True)
+class FitConfig(Placement):
+    """The ``fit`` config section (``conf/config.yaml``) and the ``fit`` command's options: the
+    :class:`Placement` and the other keyword arguments of :func:`fit_backend`, with their defaults."""
+
+    block_steps: int = within(8, ">= 1")
+    tolerance_frac: float = within(0.01, "> 0")
+    arrival_tolerance: float = within(0.1, "> 0")
+    seed: int = within(0, ">= 0")
 
 
 def fit_options(section: Any) -> dict[str, Any]:
@@ -1134,38 +1129,6 @@ def fit_options(section: Any) -> dict[str, Any]:
     Raises:
         ConfigError: an unknown key or a bad value, naming ``fit.<key>``.
     """
-    from pacectl.errors import unknown_keys_error
-
-    if section is None:
-        raw: dict[str, Any] = {}
-    else:
-        try:
-            from omegaconf import DictConfig, OmegaConf
-
-            plain_section: Any = (
-                OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else section
-            )
-            raw = {str(k): v for k, v in dict(plain_section).items()}
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"fit must be a mapping of {sorted(FIT_DEFAULTS)}, got {section!r}") from err
-    unknown = [k for k in raw if k not in FIT_DEFAULTS]
-    if unknown:
-        raise unknown_keys_error("fit", raw, sorted(FIT_DEFAULTS))
-    opts = {**FIT_DEFAULTS, **raw}
-    for key, low in (("block_steps", 1), ("seed", 0)):
-        v = opts[key]
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
-            raise ConfigError(
-                f"fit.{key} must be an integer >= {low}, got {v!r}; e.g. fit.{key}={FIT_DEFAULTS[key]}"
-            )
-    for key in ("tolerance_frac", "arrival_tolerance"):
-        v = opts[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-            raise ConfigError(
-                f"fit.{key} must be a finite number > 0, got {v!r}; e.g. fit.{key}={FIT_DEFAULTS[key]}"
-            )
+    opts = vars(typed(FitConfig, section))
     placement = Placement(ranks_per_node=opts.pop("ranks_per_node"), rank_order=opts.pop("rank_order"))
-    return {
-        "placement": placement,
-        **{k: (float(v) if k.endswith(("frac", "tolerance")) else int(v)) for k, v in opts.items()},
-    }
+    return {"placement": placement, **opts}
