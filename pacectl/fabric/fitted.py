@@ -173,6 +173,7 @@ class _Layout:
     mate_groups: tuple[tuple[IntArray, bool], ...]  # comm groups with mates: (members, dp_sync)
     op_class: NDArray[np.object_]  # [N]: class name of comm nodes, "" elsewhere
     classes: tuple[str, ...]
+    comm_class: IntArray  # [len(comm_nodes)]: index into classes
 
 
 def _layout(dag: StepDag, placement: Placement, *, dp_size: int, pp_size: int, tp_size: int) -> _Layout:
@@ -203,6 +204,7 @@ def _layout(dag: StepDag, placement: Placement, *, dp_size: int, pp_size: int, t
         mate_groups=tuple(mates),
         op_class=op_class,
         classes=classes,
+        comm_class=np.array([classes.index(str(k)) for k in op_class[comm]], dtype=np.int64),
     )
 
 
@@ -511,14 +513,13 @@ def _panel(layout: _Layout, dag: StepDag, start_s: FloatArray, end_s: FloatArray
     shape = tau.shape
     row, step, dp = np.indices(shape)
     block = step // block_steps
-    cls_of = np.array([layout.classes.index(str(k)) for k in layout.op_class[c]], dtype=np.int64)
     ok = np.isfinite(comm).ravel()
     return _Panel(
         y=np.log(np.where(tau > MIN_TAU_S, tau, 1.0)).ravel()[ok],
         comm=comm.ravel()[ok],
         compute=compute.ravel()[ok],
         mates_comm=np.maximum(comm - own, 0.0).ravel()[ok],
-        cls=cls_of[row.ravel()][ok],
+        cls=layout.comm_class[row.ravel()][ok],
         cell=(row * shape[2] + dp).ravel()[ok],
         dp=dp.ravel()[ok],
         step=step.ravel()[ok],
@@ -1072,8 +1073,7 @@ def fixed_point(
     launch_s, transfer_s = backend._launch[:, steps], backend._transfer[:, steps]
     rec_comm, rec_compute = model.reference_features(dag, *backend.recorded_timeline())
     rec_comm, rec_compute = rec_comm[:, steps], rec_compute[:, steps]
-    c = model.layout.comm_nodes
-    cls = np.array([model.layout.classes.index(str(k)) for k in model.layout.op_class[c]], dtype=np.int64)
+    c, cls = model.layout.comm_nodes, model.layout.comm_class
     b_comm = beta[cls, 0].reshape(-1, *([1] * (start.ndim - 1)))
     b_compute = beta[cls, 1].reshape(-1, *([1] * (start.ndim - 1)))
     transfer = transfer_s.copy()
