@@ -186,7 +186,8 @@ def job_entry_error(compose: Callable[[], DictConfig]) -> str | None:
     of the typed list ``jobs`` on its own, so its error has no index. ``compose`` runs again on an
     untyped copy of ``cluster=base`` (the schema restored after it), and each entry is checked as a
     :class:`~pacectl.fabric.profile.JobEntry` under ``cluster.jobs.<i>``. None: every entry passes,
-    or the untyped composition fails too.
+    or the untyped composition fails too. The swap of the stored schema is process-wide and not
+    thread-safe: call it only from the entry point's thread, before any job runs.
     """
     plain = OmegaConf.create(OmegaConf.to_container(structured(ClusterConfig)))
     _store.store(group="cluster", name="base", node=plain)
