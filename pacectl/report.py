@@ -131,10 +131,11 @@ def episodes_to_frame(episodes: Mapping[str, Episode]) -> pd.DataFrame:
     """
     import pandas as pd
 
-    frames = [_episode_frame(run, ep) for run, ep in episodes.items()]
-    if not frames:
-        return _episode_frame("", _empty_episode())
-    return pd.concat(frames, ignore_index=True)
+    if not episodes:  # the columns and their dtypes, no rows
+        ints = dict.fromkeys(("iteration", "step_id", "rank", "domain"), np.int64)
+        dtypes = {"run": object, "pacing_active": np.bool_, **ints}
+        return pd.DataFrame({c: np.zeros(0, dtypes.get(c, np.float64)) for c in FRAME_COLUMNS})
+    return pd.concat([_episode_frame(run, ep) for run, ep in episodes.items()], ignore_index=True)
 
 
 def write_iterations_parquet(path: str | os.PathLike[str], episodes: Mapping[str, Episode]) -> None:
@@ -1176,26 +1177,6 @@ def write_report_md(
     if plots:
         parts += [f"![{name.removesuffix('.png')}]({name})" for name in plots] + [""]
     atomic_write_text(path, "\n".join(parts))
-
-
-def _empty_episode() -> Episode:
-    f2 = np.zeros((0, 0), np.float64)
-    return Episode(
-        backend="",
-        comm_model="",
-        controller="",
-        rank_labels=np.zeros(0, np.int64),
-        domain_of_rank=np.zeros(0, np.int64),
-        domain_names=(),
-        step_ids=np.zeros(0, np.int64),
-        iteration_time_s=np.zeros(0, np.float64),
-        arrival_s=f2,
-        applied_delay_s=f2,
-        natural_arrival_s=f2,
-        wait_s=f2,
-        collective_time_s=f2,
-        pacing_active=np.zeros((0, 0), np.bool_),
-    )
 
 
 #: Context lines the console prints as they happen (during the run), not again at its end.
