@@ -97,11 +97,6 @@ from pacectl.types import Episode
 _Spec = TypeVar("_Spec", ReplayConfig, SimConfig)
 
 
-def _sim_trace(cluster: str, world_size: int) -> dict[str, Any]:
-    """``summary.json``'s ``trace`` block of a simulated run (the synthetic scenario)."""
-    return {"name": f"sim:{cluster}", "path": None, "format": "sim", "world_size": world_size}
-
-
 class Experiment(abc.ABC):
     """One backend configured for an experiment: its runs, and the facts the summary reports.
 
@@ -480,24 +475,16 @@ class SimExperiment(_ClosedLoop):
     def describe(self, on_step: Callable[[], None] | None = None) -> dict[str, Any]:
         """``trace`` (the synthetic scenario) and ``sim`` summary fields (``on_step`` unused)."""
         b = self.backend
-        return {
-            "trace": _sim_trace(self.cluster_name, b.num_ranks),
-            "sim": {
-                "cluster": self.cluster_name,
-                "num_ranks": b.num_ranks,
-                "num_iterations": b.num_iterations,
-                "comm_free_time_s": float(b.comm.free_time_s),
-                "interference_kappa": b.interference.kappa,
-                "interference_kappa_source": b.interference.kappa_source,
-                # how each noise component draws compute times (a sampled series says how it is filled)
-                "compute_noise": [
-                    c.describe() if hasattr(c, "describe") else type(c).__name__ for c in b.compute.components
-                ],
-                "power_cap_node_w": None if b.power_cap is None else b.power_cap.node_w,
-                "mechanisms": list(b.mechanisms),
-                "buckets": _buckets_summary(b.overlap),
-            },
-        }
+        return _sim_describe(
+            self,
+            comm_free_time_s=float(b.comm.free_time_s),
+            # how each noise component draws compute times (a sampled series says how it is filled)
+            compute_noise=[
+                c.describe() if hasattr(c, "describe") else type(c).__name__ for c in b.compute.components
+            ],
+            power_cap_node_w=None if b.power_cap is None else b.power_cap.node_w,
+            buckets=_buckets_summary(b.overlap),
+        )
 
     def run(
         self, family: str, params: dict[str, Any], *, on_iteration: Callable[[], None] | None = None
@@ -635,24 +622,33 @@ class MultiJobSimExperiment(_ClosedLoop):
         from pacectl.fabric.jobs import describe_jobs
 
         b = self.backend
-        return {
-            "trace": _sim_trace(self.cluster_name, b.num_ranks),
-            "sim": {
-                "cluster": self.cluster_name,
-                "num_ranks": b.num_ranks,
-                "fabric_ranks": b.fabric_ranks,
-                "num_iterations": b.num_iterations,
-                "interference_kappa": b.interference.kappa,
-                "interference_kappa_source": b.interference.kappa_source,
-                "jobs": describe_jobs(self.jobs, b.fabrics, b.topology.ranks_per_node),
-                "shared_links": [
-                    {"jobs": [self.jobs[i].name, self.jobs[j].name], "links": links}
-                    for i, j, links in b.shared
-                ],
-                "power_cap_node_w": None,
-                "mechanisms": list(b.mechanisms),
-            },
-        }
+        return _sim_describe(
+            self,
+            fabric_ranks=b.fabric_ranks,
+            jobs=describe_jobs(self.jobs, b.fabrics, b.topology.ranks_per_node),
+            shared_links=[
+                {"jobs": [self.jobs[i].name, self.jobs[j].name], "links": links} for i, j, links in b.shared
+            ],
+            power_cap_node_w=None,
+        )
+
+
+def _sim_describe(experiment: _ClosedLoop, **fields: Any) -> dict[str, Any]:
+    """The ``trace`` (the synthetic scenario) and ``sim`` summary fields of a simulated run: what
+    every simulation has, then ``fields``, the backend's own."""
+    b, cluster = experiment.backend, experiment.cluster_name
+    return {
+        "trace": {"name": f"sim:{cluster}", "path": None, "format": "sim", "world_size": b.num_ranks},
+        "sim": {
+            "cluster": cluster,
+            "num_ranks": b.num_ranks,
+            "num_iterations": b.num_iterations,
+            "interference_kappa": b.interference.kappa,
+            "interference_kappa_source": b.interference.kappa_source,
+            "mechanisms": list(b.mechanisms),
+            **fields,
+        },
+    }
 
 
 def controller_notes(experiment: Experiment, families: Mapping[str, Any]) -> tuple[list[str], list[str]]:
