@@ -225,8 +225,7 @@ def draw_in_background(jobs: Sequence[Callable[[], Any]], *, fork: bool | None =
         fork: True or False to force either way where ``os.fork`` exists; None: as above.
 
     Returns:
-        ``wait()`` (a :class:`Pending`): raises ``RuntimeError`` naming the first failed job's error
-        (its traceback is in the message); its ``abandon()`` stops the jobs instead.
+        ``wait()``, a :class:`Pending` (its ``RuntimeError`` holds the failed job's traceback).
     """
     server = _server if _server is not None and _server.owner == os.getpid() and not _server.gone else None
     inline = server is None and not can_fork()  # the server forks from its own state (no torch)
@@ -665,9 +664,7 @@ def _write_message(fd: int, data: bytes) -> None:
 def _read_message(fd: int) -> bytes | None:
     """Read one message of :func:`_write_message`, or None at the end of the pipe."""
     head = _read_exactly(fd, 8)
-    if head is None:
-        return None
-    return _read_exactly(fd, int.from_bytes(head, "little"))
+    return None if head is None else _read_exactly(fd, int.from_bytes(head, "little"))
 
 
 def _read_exactly(fd: int, size: int) -> bytes | None:
@@ -1309,8 +1306,8 @@ def context_lines(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
             )
         for c in measured.get("runtime_controls_rejected", []):
             lines.append((f"runtime control file ignored ({family}, iteration {c['iteration']})", c["error"]))
-    if exchange_line(summary):
-        lines.append(("decision lag", exchange_line(summary)))
+    if lag := exchange_line(summary):
+        lines.append(("decision lag", lag))
     if summary.get("warnings"):
         lines.append(("warnings", "; ".join(summary["warnings"])))
     if summary.get("never_paced"):
