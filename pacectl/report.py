@@ -816,9 +816,8 @@ def plot_spread(
         x = np.arange(ep.num_iterations)
         if ep.num_iterations:
             paced, natural = metrics.spread_s(ep).max(axis=1), metrics.natural_spread_s(ep).max(axis=1)
-            finite = np.concatenate([paced, natural])
-            finite = finite[np.isfinite(finite)]
-            top = max(top, float(finite.max()) if len(finite) else 0.0)
+            both = np.concatenate([paced, natural])
+            top = float(np.max(both, initial=top, where=np.isfinite(both)))
             ax.plot(x, paced, lw=1.0, label="spread (paced)")
             ax.plot(x, natural, lw=0.8, ls="--", label="spread (natural)")
             active = np.asarray(ep.pacing_active, np.bool_).any(axis=1)
