@@ -144,8 +144,10 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
     # background (report.plots_in_background), while the summary is computed and the rest written
     unit = "arbitrary s" if report.normalized_time(described) else "s"  # a normalised trace: no real time
     with files.staged_outputs(out_dir) as stage, report.plots_in_background() as draw:
+        drawn = []  # the PNGs the plots write, for report.md's links
         if cfg.output.plots:  # the slowest first
             plots = {"spread": report.plot_spread, "iteration_time": report.plot_iteration_time}
+            drawn = [report.PLOT_FILES[k] for k in plots]
             draw(
                 *(
                     partial(plot, stage / report.PLOT_FILES[k], episodes, time_unit=unit)
@@ -240,20 +242,10 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, notes: Sequence[str] = ())
         rows = sum(ep.arrival_s.size for ep in episodes.values())
         if with_parquet and rows > LARGE_PARQUET_ROWS:
             log.info(f"writing iterations.parquet ({rows:,} rows) and the other outputs ...")
-        drawn = []  # the PNGs the plots write, for report.md's links
-        if cfg.output.plots:
-            drawn = [report.PLOT_FILES["iteration_time"], report.PLOT_FILES["spread"]]
-            if "energy_bound" in summary:
-                drawn.append(report.PLOT_FILES["energy"])
-                draw(
-                    partial(
-                        report.plot_energy,
-                        stage / report.PLOT_FILES["energy"],
-                        summaries,
-                        BASELINE,
-                        bound_j=summary["energy_bound"]["oracle_saving_j"],
-                    )
-                )
+        if cfg.output.plots and "energy_bound" in summary:
+            drawn.append(report.PLOT_FILES["energy"])
+            bound_j = summary["energy_bound"]["oracle_saving_j"]
+            draw(partial(report.plot_energy, stage / drawn[-1], summaries, BASELINE, bound_j=bound_j))
         if with_parquet:
             report.write_iterations_parquet(stage / "iterations.parquet", episodes)
         if cfg.output.report:
