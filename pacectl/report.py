@@ -1289,7 +1289,6 @@ def context_lines(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
             )
         )
     lines += [(f"replay counterfactual of {name}", line) for name, line in counterfactual_lines(fid).items()]
-    lines += job_lines(summary)
     if "time_unit_note" in summary:
         lines.append(("time unit", summary["time_unit_note"]))
     if "pacing" in summary:
@@ -1371,30 +1370,6 @@ def counterfactual_lines(fidelity: Mapping[str, Any] | None) -> dict[str, str]:
             )
         out[name] = line
     return out
-
-
-def job_lines(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """A run of several jobs on one fabric: each run's jobs, their throughput and its change against
-    no pacing (the table shows their sum); empty otherwise."""
-    lines = []
-    for name, run in summary.get("runs", {}).items():
-        if "jobs" not in run:
-            continue
-        vs = summary.get("vs_baseline", {}).get(name, {}).get("jobs", {})
-        parts = []
-        for job, s in run["jobs"].items():
-            change = vs.get(job)
-            tail = (
-                f" ({100 * change['throughput_change_frac']:+.2f} ±{100 * change['throughput_change_ci95_frac']:.2f} %)"
-                if change
-                else ""
-            )
-            parts.append(
-                f"{job} {s['throughput_it_per_s']:.4g} it/s, mean {s['iteration_time_mean_s']:.4g} s, "
-                f"p99 {s['iteration_time_p99_s']:.4g} s{tail}"
-            )
-        lines.append((f"jobs under {name} (the table's '{name} (sum)' row = their sum)", "; ".join(parts)))
-    return lines
 
 
 def exchange_line(summary: Mapping[str, Any]) -> str:
