@@ -646,6 +646,19 @@ def clock_offsets(
     return est if force or float(np.max(np.abs(est))) > max(min_offset, 2.0 * resid) else np.zeros(n)
 
 
+def check_transfer(collective_s: float | None, collective_frac: float) -> None:
+    """Refuse a modelled transfer time (``trace.collective_s``, s) outside [0, MAX_DURATION_S] and a
+    ``trace.collective_frac`` outside [0, 1] (the Python API takes any number)."""
+    if collective_s is not None and not (np.isfinite(collective_s) and 0 <= collective_s <= MAX_DURATION_S):
+        raise TraceError(
+            f"collective_s (trace.collective_s) must be in [0, {MAX_DURATION_S:.0f}] s or null, got {collective_s!r}"
+        )
+    if not (0.0 <= collective_frac <= 1.0):
+        raise TraceError(
+            f"collective_frac (trace.collective_frac) must be in [0, 1], got {collective_frac!r}"
+        )
+
+
 def assemble(
     coll: CollectiveSet,
     groups: list[Group],
@@ -697,12 +710,7 @@ def assemble(
     """
     if timing not in TIMINGS:
         raise TraceError(f"trace.timing must be one of {list(TIMINGS)}, got {timing!r}")
-    if collective_s is not None and not (np.isfinite(collective_s) and 0 <= collective_s <= MAX_DURATION_S):
-        raise TraceError(
-            f"trace.collective_s must be in [0, {MAX_DURATION_S:.0f}] s or null, got {collective_s!r}"
-        )
-    if not (0.0 <= collective_frac <= 1.0):
-        raise TraceError(f"trace.collective_frac must be in [0, 1], got {collective_frac!r}")
+    check_transfer(collective_s, collective_frac)
     overrides = layout or LayoutOverrides()
     lay = infer_layout(coll, groups, overrides, grad_kinds, source)
     steps = [

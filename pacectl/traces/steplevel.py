@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from pacectl.errors import TraceError, repair_rows
-from pacectl.traces.collectives import OpBlock, op_frame
+from pacectl.traces.collectives import OpBlock, check_transfer, op_frame
 from pacectl.traces.csvstream import columns_excerpt, read_header, read_numeric_columns
 from pacectl.traces.model import (
     DEFAULT_MAX_BYTES,
@@ -215,14 +215,7 @@ def load_steplevel(
             f"unit_s (trace.unit_s) must be a positive number of seconds per normalised unit, got {unit_s!r}; "
             "e.g. trace.unit_s=0.001"
         )
-    if collective_s is not None and not (np.isfinite(collective_s) and 0 <= collective_s <= MAX_DURATION_S):
-        raise TraceError(
-            f"collective_s (trace.collective_s) must be in [0, {MAX_DURATION_S:.0f}] s or null, got {collective_s!r}"
-        )
-    if not (0.0 <= collective_frac <= 1.0):
-        raise TraceError(
-            f"collective_frac (trace.collective_frac) must be in [0, 1], got {collective_frac!r}"
-        )
+    check_transfer(collective_s, collective_frac)
     header = read_header(p, what="step-level trace")
     step_col = next((c for c in _STEP_COLS if c in header), None)
     value_col = next((c for c in _VALUE_COLS if c in header), None)
