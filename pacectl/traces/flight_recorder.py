@@ -76,13 +76,11 @@ from pacectl.traces.collectives import (
     assemble,
     kind_of,
 )
-from pacectl.traces.model import DEFAULT_MAX_OPS, OpTrace, TraceWarning, int64_array
+from pacectl.traces.model import DEFAULT_MAX_BYTES, DEFAULT_MAX_OPS, OpTrace, TraceWarning, int64_array
 from pacectl.traces.paths import expand_paths
 
 #: Flight Recorder format versions this importer reads (``version`` of a dump).
 VERSIONS = ("2.4", "2.5", "2.6", "2.7", "2.8", "2.9", "2.10")
-#: Default cap on one dump file's size, bytes (1 GiB; ``trace.max_mb``).
-DEFAULT_MAX_BYTES = 1 << 30
 #: The environment variables that make replayable dumps (named in the hang-snapshot refusal).
 REPLAYABLE_ENV = (
     "TORCH_FR_BUFFER_SIZE (or TORCH_NCCL_TRACE_BUFFER_SIZE) large enough for a few steps, "

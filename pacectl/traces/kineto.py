@@ -61,7 +61,7 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from pacectl.errors import TraceError, plural
-from pacectl.traces.collectives import clock_offsets, step_ops
+from pacectl.traces.collectives import GRAD_KINDS, clock_offsets, step_ops
 from pacectl.traces.jsonstream import DEFAULT_MAX_BYTES, StreamResult, stream_events
 from pacectl.traces.model import (
     MAX_DURATION_S,
@@ -76,7 +76,6 @@ from pacectl.traces.model import (
 from pacectl.traces.paths import expand_paths
 
 ALIGN_MODES = ("auto", "end", "none")
-GRAD_KINDS = ("all_reduce", "reduce_scatter")
 _AUTO_ALIGN_US = 1000.0
 _MAX_DUR_US = MAX_DURATION_S * 1e6
 _MAX_PROBLEMS = 200

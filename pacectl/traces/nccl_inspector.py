@@ -345,21 +345,17 @@ def import_nccl_inspector(
             "so each step holds its collectives back to back; arrival spreads are right, step times are the "
             "collectives' only"
         )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", NcclInspectorWarning)
-        trace, assembly = assemble(
-            coll,
-            groups,
-            source=src,
-            fmt="nccl_inspector",
-            name=name or files[0].parent.name or "nccl_inspector",
-            layout=layout,
-            timing="duration",
-            warning=NcclInspectorWarning,
-            duration_field="coll_exec_time_us",
-        )
-    for w in caught:
-        warnings.warn(w.message, w.category, stacklevel=2)
+    trace, assembly = assemble(
+        coll,
+        groups,
+        source=src,
+        fmt="nccl_inspector",
+        name=name or files[0].parent.name or "nccl_inspector",
+        layout=layout,
+        timing="duration",
+        warning=NcclInspectorWarning,
+        duration_field="coll_exec_time_us",
+    )
     for note in notes:
         warnings.warn(note, NcclInspectorWarning, stacklevel=2)
     assembly.warnings = notes + assembly.warnings
