@@ -52,7 +52,7 @@ import math
 import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
@@ -166,7 +166,6 @@ class _RankFile:
 
     path: Path
     rank: int
-    rank_from: str
     world_size: int | None
     backend: str | None
     base_us: float | None
@@ -481,18 +480,17 @@ def _rank_of(
     single: bool,
     problems: list[Problem],
     notes: list[str],
-) -> tuple[int, str] | None:
-    """The file's rank and where it came from: the override, else ``distributedInfo.rank``, else a
-    ``rank<N>`` in the file name, else 0 for a single file. None (with a problem) when unknown or < 0."""
+) -> int | None:
+    """The file's rank: the override, else ``distributedInfo.rank``, else a ``rank<N>`` in the file
+    name, else 0 for a single file. None (with a problem) when unknown or < 0."""
     fname = str(path)
     rank: int | None = None
-    rank_from = ""
     if dist is not None and isinstance(dist.get("rank"), int) and not isinstance(dist.get("rank"), bool):
-        rank, rank_from = int(dist["rank"]), "distributedInfo"
+        rank = int(dist["rank"])
     if rank_override is not None:
         if rank is not None and rank != rank_override:
             notes.append(f"{fname}: rank override {rank_override} replaces distributedInfo.rank {rank}")
-        rank, rank_from = rank_override, "override"
+        rank = rank_override
     if rank is None:
         m = _RANK_RE.findall(path.name)
         if m:
@@ -510,7 +508,7 @@ def _rank_of(
     if rank < 0:
         problems.append(_file_problem(fname, "rank", f"rank must be >= 0, got {rank!r}"))
         return None
-    return rank, rank_from
+    return rank
 
 
 def _world_size_of(dist: dict[str, Any] | None, fname: str, problems: list[Problem]) -> int | None:
@@ -717,10 +715,9 @@ def _read_rank_file(
     _report_duplicates(ev, fname, problems)
     meta = res.meta
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else None
-    ranked = _rank_of(path, dist, rank_override, single, problems, notes)
-    if ranked is None:
+    rank = _rank_of(path, dist, rank_override, single, problems, notes)
+    if rank is None:
         return None
-    rank, rank_from = ranked
     world = _world_size_of(dist, fname, problems)
     backend = str(dist.get("backend")) if dist is not None and dist.get("backend") is not None else None
     base_ns = _num(meta.get("baseTimeNanoseconds"))  # the epoch of the relative ts
@@ -733,7 +730,6 @@ def _read_rank_file(
     return _RankFile(
         path=path,
         rank=rank,
-        rank_from=rank_from,
         world_size=world,
         backend=backend,
         base_us=base_ns / 1000.0 if base_ns is not None and math.isfinite(base_ns) else None,
@@ -1183,15 +1179,8 @@ class _Times:
 
     def shifted(self, offsets: NDArray[np.float64]) -> _Times:
         """These times minus each rank's clock offset (``offsets``: [n], µs)."""
-        shift = offsets[None, :]
-        return _Times(
-            arrival=self.arrival - shift[..., None],
-            end=self.end - shift[..., None],
-            step_start=self.step_start - shift,
-            step_end=self.step_end - shift,
-            fwd_end=self.fwd_end - shift,
-            gpu_end=self.gpu_end - shift,
-        )
+        times = (getattr(self, f.name) for f in fields(self))
+        return _Times(*(t - (offsets[None, :, None] if t.ndim == 3 else offsets[None, :]) for t in times))
 
 
 def _time_arrays(recs: list[_RankFile], allc: pd.DataFrame, good: list[Any], buckets: int) -> _Times:
