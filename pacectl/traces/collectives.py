@@ -673,7 +673,6 @@ def assemble(
     grad_kinds: tuple[str, ...] = GRAD_KINDS,
     sync_kinds: tuple[str, ...] = (),
     warning: type[Warning] = TraceWarning,
-    backend_label: str | None = None,
     duration_field: str = "duration_ms",
     max_ops: int | None = None,
 ) -> tuple[OpTrace, AssemblyReport]:
@@ -694,8 +693,6 @@ def assemble(
             parameter all-gathers, where the early ranks wait for a straggler before forward);
             the layout is still inferred from ``grad_kinds`` alone.
         warning: the warning class for what was dropped.
-        backend_label: how :attr:`OpTrace.collective` names the collectives (default: backends and
-            kinds found).
         duration_field: the source's name for a collective's duration (for the timing note).
         max_ops: cap on the trace's ops (``trace.max_ops``), checked before the op table is built
             (None: no cap).
@@ -827,7 +824,7 @@ def assemble(
     dp_keys = {g.key for g in lay.dp_groups}
     kinds = sorted(t.loc[t["group"].isin(dp_keys) & t["kind"].isin(grad_kinds), "kind"].astype(str).unique())
     backends = sorted(b for b in t["backend"].astype(str).unique() if b)
-    label = backend_label or " ".join(x for x in (",".join(backends), ",".join(kinds)) if x)
+    label = " ".join(x for x in (",".join(backends), ",".join(kinds)) if x)
     trace = OpTrace(
         ops=ops_valid, meta=meta, source=source, fmt=fmt, collective=label, timing=f"{mode}: {timing_note}"
     )

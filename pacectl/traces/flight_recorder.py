@@ -69,7 +69,6 @@ import pandas as pd
 
 from pacectl.errors import TraceError
 from pacectl.traces.collectives import (
-    GRAD_KINDS,
     CollectiveSet,
     Group,
     LayoutOverrides,
@@ -1294,7 +1293,6 @@ def import_flight_recorder(
         timing=timing,
         collective_s=collective_s,
         collective_frac=collective_frac,
-        grad_kinds=GRAD_KINDS,
         sync_kinds=("all_gather",) if all_gathers == "sync" else (),
         warning=FlightRecorderWarning,
         max_ops=max_ops,
