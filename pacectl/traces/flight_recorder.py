@@ -357,7 +357,7 @@ def _config(raw: Any, path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     return out
 
 
-def _status(raw: Any, path: Path) -> dict[int, dict[str, int]]:
+def _status(raw: Any) -> dict[int, dict[str, int]]:
     if not isinstance(raw, dict):
         return {}
     out = {}
@@ -469,7 +469,7 @@ def _read_pickle(p: Path, rank: int) -> RankDump:
     for i in range(len(entries)):
         e, entries[i] = entries[i], None  # each entry's values are freed once compacted
         cols.add(e, i, p)
-    config, status = _config(obj.get("pg_config"), p), _status(obj.get("pg_status"), p)
+    config, status = _config(obj.get("pg_config"), p), _status(obj.get("pg_status"))
     del obj, entries
     return RankDump(p, rank, "pickle", version, config, status, cols.frame(p))
 
@@ -502,7 +502,7 @@ def _read_json(p: Path, rank: int) -> RankDump:
     if "version" not in top:
         raise TraceError(f"a Flight Recorder dump must have key 'version', got none (in {p})")
     version = _check_version(top["version"], p)
-    config, status = _config(top.get("pg_config"), p), _status(top.get("pg_status"), p)
+    config, status = _config(top.get("pg_config"), p), _status(top.get("pg_status"))
     return RankDump(p, rank, "json", version, config, status, cols.frame(p))
 
 
@@ -727,9 +727,8 @@ def hang_report(dumps: list[RankDump]) -> list[GroupStatus]:
         for r in g.ranks:
             d = by_rank.get(r)
             if d is None:
-                enq.append(-1)
-                sta.append(-1)
-                com.append(-1)
+                for last in (enq, sta, com):
+                    last.append(-1)
                 continue
             e = d.entries
             mine = (e["pg_name"].astype(str) == g.name).to_numpy() & (

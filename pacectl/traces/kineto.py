@@ -1039,14 +1039,10 @@ def _common_steps(m: _Matching) -> tuple[set[Any], set[Any]]:
 
     Steps missing from some rank go into ``m.dropped``. Fails when no step is common.
     """
-    recs = m.recs
-    common = set(recs[0].steps["step"])
-    for r in recs[1:]:
-        common &= set(r.steps["step"])
-    all_steps = set().union(*(set(r.steps["step"]) for r in recs))
+    held = [set(r.steps["step"]) for r in m.recs]
+    common, all_steps = set.intersection(*held), set.union(*held)
     for s in sorted(all_steps - common):
-        lacking = [o for o in recs if s not in set(o.steps["step"])]
-        cut = [o.path.name for o in lacking if o.truncated]
+        cut = [o.path.name for o, steps in zip(m.recs, held, strict=True) if s not in steps and o.truncated]
         m.dropped[int(s)] = "not recorded by every rank" + (
             f" (missing from truncated {', '.join(cut)})" if cut else ""
         )
