@@ -462,9 +462,10 @@ def _steps_of_group(
 
     The step period is the shortest period of the (kind, size) sequence of every collective of the
     group (with ``fixed_k``, its shortest multiple with that many gradient collectives). A step ends
-    with the pattern's longest run of gradient collectives (the backward's last) and, among such
-    boundaries, before the longest host-side gap. The step's collectives are its gradient ones and
-    those of ``sync_kinds``.
+    with the pattern's longest run of gradient collectives (the end of the backward pass: FSDP2's last
+    reduce-scatters follow its last all-gather) and, among such boundaries (DDP: every collective is
+    one), before the longest host-side gap. The step's collectives are its gradient ones and those of
+    ``sync_kinds``.
     """
     t = coll.table
     mine = t[t["group"] == g.key]
@@ -545,9 +546,6 @@ def _steps_of_group(
             f"the collectives of DP group {g.label} must repeat step after step, got no whole step in "
             f"{m} matched collectives (in {source}); give trace.collectives_per_step (gradient collectives per step)"
         )
-    # a step ends after the longest run of gradient collectives of its pattern (the end of the
-    # backward pass: FSDP2's last reduce-scatters follow its last all-gather) and, among such
-    # boundaries (DDP: every collective is one), where the host-side gap before the next is longest
     pattern = is_grad[start : start + period]
 
     def run_before(phase: int) -> int:
