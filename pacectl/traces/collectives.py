@@ -668,7 +668,6 @@ def assemble(
     timing: str = "auto",
     collective_s: float | None = None,
     collective_frac: float = 0.01,
-    grad_kinds: tuple[str, ...] = GRAD_KINDS,
     sync_kinds: tuple[str, ...] = (),
     warning: type[Warning] = TraceWarning,
     duration_field: str = "duration_ms",
@@ -686,10 +685,9 @@ def assemble(
         timing: one of :data:`TIMINGS`.
         collective_s: modelled transfer time when no duration is recorded, s (None: the fraction).
         collective_frac: modelled transfer as a fraction of the median step period, in [0, 1].
-        grad_kinds: the kinds that are gradient collectives.
-        sync_kinds: other kinds that, on the DP groups, are step collectives like them (FSDP's
-            parameter all-gathers, where the early ranks wait for a straggler before forward);
-            the layout is still inferred from ``grad_kinds`` alone.
+        sync_kinds: other kinds that, on the DP groups, are step collectives like the gradient ones
+            (:data:`GRAD_KINDS`; FSDP's parameter all-gathers, where the early ranks wait for a
+            straggler before forward); the layout is still inferred from the gradient ones alone.
         warning: the warning class for what was dropped.
         duration_field: the source's name for a collective's duration (for the timing note).
         max_ops: cap on the trace's ops (``trace.max_ops``), checked before the op table is built
@@ -707,12 +705,12 @@ def assemble(
         raise TraceError(f"trace.timing must be one of {list(TIMINGS)}, got {timing!r}")
     check_transfer(collective_s, collective_frac)
     overrides = layout or LayoutOverrides()
-    lay = infer_layout(coll, groups, overrides, grad_kinds, source)
+    lay = infer_layout(coll, groups, overrides, GRAD_KINDS, source)
     steps = [
-        _steps_of_group(coll, g, grad_kinds, overrides.collectives_per_step, source, sync_kinds)
+        _steps_of_group(coll, g, GRAD_KINDS, overrides.collectives_per_step, source, sync_kinds)
         for g in lay.dp_groups
     ]
-    grad_kinds = grad_kinds + tuple(k for k in sync_kinds if k not in grad_kinds)  # the steps' collectives
+    grad_kinds = GRAD_KINDS + tuple(k for k in sync_kinds if k not in GRAD_KINDS)  # the steps' collectives
     num = min(len(s.seqs) for s in steps)
     dropped = [d for s in steps for d in s.dropped]
     if any(len(s.seqs) > num for s in steps):

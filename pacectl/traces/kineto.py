@@ -103,6 +103,7 @@ _KINDS = {
     "scatter": "scatter",
 }
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+_SUFFIXES = (".json", ".json.gz")  # of the files a folder's trace is read from
 
 
 def _kind(raw: str) -> str:
@@ -244,9 +245,7 @@ class KinetoReport:
 
 
 # ----------------------------------------------------------------------------------------------- paths
-def resolve_paths(
-    paths: str | Path | Sequence[str | Path], *, suffixes: tuple[str, ...] = (".json", ".json.gz")
-) -> list[Path]:
+def resolve_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     """Expand files, directories (their ``*.json``/``*.json.gz`` files) and globs into a sorted file list.
 
     Raises:
@@ -255,7 +254,7 @@ def resolve_paths(
 
     def empty_folder(p: Path, files: int) -> str:
         return (
-            f"a trace directory must hold files ending in {list(suffixes)}, got "
+            f"a trace directory must hold files ending in {list(_SUFFIXES)}, got "
             f"{'an empty directory' if not files else 'none of them'} ({str(p)!r}). "
             "Point trace.path at the folder of the rank files."
         )
@@ -263,7 +262,7 @@ def resolve_paths(
     return expand_paths(
         paths,
         what="trace file",
-        accept=lambda f: f.name.endswith(suffixes),
+        accept=lambda f: f.name.endswith(_SUFFIXES),
         empty_folder=empty_folder,
         sort=False,
     )
