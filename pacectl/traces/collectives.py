@@ -781,8 +781,7 @@ def assemble(
             "timing); arrival = common end - duration"
         )
         transfer_note = "recorded: each collective's shortest duration (its last arriver waited for no one)"
-    stage_ops: list[pd.DataFrame] = []
-    spreads, step_times = [], []
+    per_stage_ops = []  # (ops, spread, step time) of each stage
     for stage, ((created, dur, end_s), mem) in enumerate(zip(per_stage, members, strict=True)):
         if mode == "duration":
             if have_end:
@@ -800,17 +799,17 @@ def assemble(
             arrival = created
             end = arrival.max(axis=1) + transfer
         coll_end = np.broadcast_to(end[:, None, :], arrival.shape)
-        ops, spread, step_t = step_ops(
-            arrival[..., 1:],
-            coll_end[..., 1:],
-            np.broadcast_to(end[:, :1], arrival.shape[:2]),
-            steps=np.arange(len(end), dtype=np.int64),
-            ranks=mem,
-            stage=stage,
+        per_stage_ops.append(
+            step_ops(
+                arrival[..., 1:],
+                coll_end[..., 1:],
+                np.broadcast_to(end[:, :1], arrival.shape[:2]),
+                steps=np.arange(len(end), dtype=np.int64),
+                ranks=mem,
+                stage=stage,
+            )
         )
-        stage_ops.append(ops)
-        spreads.append(spread)
-        step_times.append(step_t)
+    stage_ops, spreads, step_times = zip(*per_stage_ops, strict=True)
     table = pd.concat(stage_ops, ignore_index=True)
     meta = JobMeta(
         name=name, dp_size=lay.dp_size, pp_size=lay.pp_size, tp_size=lay.tp_size, world_size=lay.world_size

@@ -727,8 +727,9 @@ def hang_report(dumps: list[RankDump]) -> list[GroupStatus]:
         for r in g.ranks:
             d = by_rank.get(r)
             if d is None:
-                for last in (enq, sta, com):
-                    last.append(-1)
+                enq.append(-1)
+                sta.append(-1)
+                com.append(-1)
                 continue
             e = d.entries
             mine = (e["pg_name"].astype(str) == g.name).to_numpy() & (
