@@ -110,26 +110,33 @@ def test_flight_recorder_pickle_with_a_huge_length_field_is_one_line(tmp_path: P
 
 
 @pytest.mark.parametrize(
-    ("fmt", "folder", "intact", "damage", "field"),
+    ("fmt", "folder", "intact", "damage", "needle"),
     [  # campaign cases flight_recorder_json 327; nccl_inspector_log 820, 877
         (
             "flight_recorder",
             "flight-recorder/ddp4_json",
             b'"pg_id":0',
             b'"pg_id":1e30',
-            "pg_id",
+            "pg_id must fit in a 64-bit integer",
         ),
         (
             "nccl_inspector",
             "nccl-inspector/plain",
             b'"coll_msg_size_bytes": 8192',
             b'"coll_msg_size_bytes": 99999999999999999999',
-            "coll_perf.coll_msg_size_bytes",
+            "coll_perf.coll_msg_size_bytes must fit in a 64-bit integer",
+        ),
+        (  # a field read one record at a time: float() of it raised OverflowError
+            "nccl_inspector",
+            "nccl-inspector/plain",
+            b'"coll_exec_time_us": 1000',
+            b'"coll_exec_time_us": ' + b"9" * 400,
+            "coll_exec_time_us must be a non-negative number below 2**63, got 99999999999999999999... (400 digits)",
         ),
     ],
 )
 def test_an_integer_past_int64_is_one_line(
-    tmp_path: Path, fmt: str, folder: str, intact: bytes, damage: bytes, field: str
+    tmp_path: Path, fmt: str, folder: str, intact: bytes, damage: bytes, needle: str
 ) -> None:
     """A number swapped for a huge one (1e30 read as an integer id; 99999999999999999999) raised
     numpy's OverflowError where the columns were built (Flight Recorder JSON, NCCL Inspector logs)."""
@@ -143,7 +150,7 @@ def test_an_integer_past_int64_is_one_line(
     assert intact in raw
     bad.write_bytes(raw.replace(intact, damage, 1))
     proc = _validate("--format", fmt, *(str(tmp_path / src.name) for src in files))
-    _one_clean_line(proc, f"{field} must fit in a 64-bit integer", str(bad))
+    _one_clean_line(proc, needle, str(bad))
 
 
 @pytest.mark.parametrize(

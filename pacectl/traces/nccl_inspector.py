@@ -107,9 +107,11 @@ class _Proc:
 def _num(rec: dict[str, Any], key: str, where: str, *, integer: bool = True) -> Any:
     value: Any = rec.get(key)
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or not math.isfinite(float(value)) or value < 0:
+    big = isinstance(value, int) and value >= 1 << 63  # a damaged number: past int64 (and float's range)
+    if isinstance(value, bool) or not ok or big or not math.isfinite(float(value)) or value < 0:
+        shown = f"{str(value)[:20]}... ({len(str(value))} digits)" if big else repr(value)
         raise TraceError(
-            f"{key} must be a non-negative {'integer' if integer else 'number'}, got {value!r} ({where})"
+            f"{key} must be a non-negative {'integer' if integer else 'number'} below 2**63, got {shown} ({where})"
         )
     return value
 
