@@ -227,7 +227,7 @@ class Checked:
                 raise ConfigError(
                     f"{name} must be {must}, got {shown(value)}{hint}{where}",
                     key=f"{self.section}.{f.name}" if self.section else f.name,
-                    hint=where[where.index("override: ") : -1],
+                    hint=where[where.find("override: ") : -1] if "override: " in where else None,
                 ) from None
             object.__setattr__(self, f.name, checked)
 

@@ -108,7 +108,7 @@ def test_info_names_the_sequence_parallel_size(tmp_path: Path, capsys: pytest.Ca
     write_canonical(type(trace)(ops=trace.ops, meta=meta, source=trace.source, fmt=trace.fmt), path)
     assert main(["info", str(path)]) == 0
     out = capsys.readouterr().out
-    assert f"x dsp 2, world_size {meta.world_size})" in out
+    assert f"of world_size {meta.world_size} recorded" in out and "x tp 1 x dsp 2)" in out, out
 
 
 def test_a_second_run_into_a_busy_run_folder_is_refused(tmp_path: Path) -> None:
