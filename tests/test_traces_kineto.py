@@ -392,7 +392,9 @@ def test_size_guard_on_a_sparse_2gb_file(tmp_path: Path) -> None:
     p = tmp_path / "rank0.json"
     with p.open("wb") as f:  # sparse: no 2 GB written
         f.truncate(2 * 1024**3)
-    with pytest.raises(TraceError, match="size must be <= 1073741824 bytes"):
+    with pytest.raises(
+        TraceError, match=r"size must be <= 1024 MiB \(1073741824 bytes\) \(trace.max_mb\), got 2048 MiB"
+    ):
         import_kineto(p)
 
 

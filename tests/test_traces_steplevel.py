@@ -258,9 +258,11 @@ def test_a_long_bad_field_is_quoted_as_an_excerpt(tmp_path: Path) -> None:
 
 def test_size_and_row_caps(tmp_path: Path) -> None:
     p = _csv(tmp_path, _base())
-    with pytest.raises(TraceError, match=r"must be <= 10 bytes.*trace.max_mb / trace.max_ops"):
+    with pytest.raises(TraceError, match=r"must be <= 10 bytes.*Raise the cap \(trace.max_mb\) if"):
         load_steplevel(p, max_bytes=10)
-    with pytest.raises(TraceError, match=r"must hold <= 2 rows, got more than 4.*trace.max_ops"):
+    with pytest.raises(
+        TraceError, match=r"must hold <= 2 rows, got at least 4 .*trace.max_ops: now 4 ops, 2 per row"
+    ):
         load_steplevel(p, max_ops=4)
     assert len(load_steplevel(p, max_ops=8).steps) == 2
 

@@ -142,6 +142,7 @@ def read_numeric_columns(
     max_bytes: int,
     max_rows: int,
     cap_hint: str,
+    rows_hint: str | None = None,
 ) -> CsvColumns:
     """Stream ``columns`` of a CSV file as ``float64`` arrays, within ``max_bytes`` and ``max_rows``.
 
@@ -151,6 +152,7 @@ def read_numeric_columns(
         max_bytes: cap on the file's size on disk, bytes.
         max_rows: cap on data rows; reading stops past it.
         cap_hint: how the user raises the caps, e.g. "trace.max_mb / trace.max_ops".
+        rows_hint: how the user raises ``max_rows`` alone, if not ``cap_hint``.
 
     Returns:
         The columns read (:class:`CsvColumns`).
@@ -181,7 +183,7 @@ def read_numeric_columns(
 
     sys.unraisablehook = on_unraisable
     try:
-        return _stream(path, columns, out, what=what, max_rows=max_rows, cap_hint=cap_hint)
+        return _stream(path, columns, out, what=what, max_rows=max_rows, cap_hint=rows_hint or cap_hint)
     finally:
         sys.unraisablehook = previous_hook
 
@@ -230,7 +232,7 @@ def _stream(
                 continue
             if out.num_rows + n > max_rows:
                 raise TraceError(
-                    f"a {what} must hold <= {max_rows} rows, got more than {out.num_rows + n} (in {path}). "
+                    f"a {what} must hold <= {max_rows} rows, got at least {out.num_rows + n} (in {path}). "
                     f"Raise the cap ({cap_hint}) if the file is genuine, or cut it to the steps you need"
                 )
             for c in columns:

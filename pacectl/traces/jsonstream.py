@@ -35,6 +35,11 @@ _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 
 
+def _mib(num_bytes: int) -> str:
+    """``num_bytes`` in MiB, as ``trace.max_mb`` counts them: ``1024 MiB (1073741824 bytes)``."""
+    return f"{num_bytes / (1 << 20):.4g} MiB ({num_bytes} bytes)"
+
+
 @dataclass(frozen=True)
 class Truncated:
     """How a truncated file ended.
@@ -124,8 +129,8 @@ def _chunks(path: Path, max_bytes: int, state: dict[str, Any]) -> Iterator[str]:
             state["bytes"] += len(block)
             if state["bytes"] > max_bytes:
                 raise TraceError(
-                    f"decompressed trace text must be <= {max_bytes} bytes (max_bytes), got more than "
-                    f"{state['bytes']} (in {path}). Profile fewer steps (torch.profiler.schedule active=) "
+                    f"decompressed trace text must be <= {_mib(max_bytes)} (trace.max_mb), got more than "
+                    f"{_mib(state['bytes'])} (in {path}). Profile fewer steps (torch.profiler.schedule active=) "
                     "or raise the cap (--max-mb / trace.max_mb)."
                 )
             yield decoder.decode(block)
@@ -238,7 +243,7 @@ def stream_events(
     size = p.stat().st_size
     if size > max_bytes:
         raise TraceError(
-            f"trace file size must be <= {max_bytes} bytes (max_bytes), got {size} bytes (in {p}). "
+            f"trace file size must be <= {_mib(max_bytes)} (trace.max_mb), got {_mib(size)} (in {p}). "
             "Profile fewer steps (torch.profiler.schedule active=) or raise the cap (--max-mb / trace.max_mb)."
         )
     if size == 0:

@@ -234,7 +234,8 @@ def load_steplevel(
         header=header,
         max_bytes=max_bytes,
         max_rows=max(1, max_ops // 2),
-        cap_hint="trace.max_mb / trace.max_ops",
+        cap_hint="trace.max_mb",
+        rows_hint=f"trace.max_ops: now {max_ops} ops, 2 per row",
     )
     bad_rows = got.bad_rows
     if bad_rows.count:
