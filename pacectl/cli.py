@@ -167,6 +167,8 @@ def run_job(prog: str, cfg: DictConfig, job: Job) -> None:
     try:
         try:
             job(cfg, out_dir)
+        except ConfigError as err:
+            _fail(prog, f"{sweep_job_prefix()}{set_in_file(err, list(hc.overrides.task))}")
         except PacectlError as err:
             _fail(prog, f"{sweep_job_prefix()}{err}")
         with staged_outputs(out_dir, append=[log_name]) as stage:
@@ -624,15 +626,36 @@ def in_file(group: str, overrides: Sequence[str]) -> str:
 
 
 def set_in_file(err: ConfigError, overrides: Sequence[str]) -> str:
-    """``err``'s line; for a value out of range that a config file set (no override sets its key,
-    or a mapping or list above it: ``cluster=badjob`` above ``cluster.jobs.2.start_s`` picks a
-    file), the file in place of the override its line suggests."""
+    """``err``'s line; for a value out of range that a config file set, the file in place of the
+    override its line suggests. An override sets the key when it names it, or when its value is a
+    list or mapping above it that holds it (Hydra replaces a list and merges a mapping);
+    ``cluster=badjob`` above ``cluster.jobs.2.start_s`` only picks a file."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
     if err.key is None or not err.hint:
         return str(err)
     for o in overrides:
-        key, _, value = o.lstrip("+").partition("=")
-        if key == err.key or (_is_under(err.key, key) and value.lstrip()[:1] in ("{", "[")):
+        key = o.lstrip("+").partition("=")[0]
+        if key == err.key:
             return str(err)
+        if not _is_under(err.key, key):
+            continue
+        try:
+            node: Any = OverridesParser.create().parse_overrides([o])[0].value()
+        except HydraException:
+            continue
+        if not isinstance(node, list | dict):
+            continue  # a group's option: its file sets the value
+        for part in err.key[len(key) + 1 :].split("."):
+            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            elif isinstance(node, dict) and part in node:
+                node = node[part]
+            else:
+                break
+        else:
+            return str(err)  # the key is in the override's value
     return str(err).replace(err.hint, in_file(err.key.partition(".")[0], overrides))
 
 
@@ -808,16 +831,13 @@ def check_command_line(
         if o.startswith("~"):
             key = o[1:].partition("=")[0]
             _fail(prog, f"{o}: removing config keys is not supported (every key is read); set {key} instead")
-    line = search_path_error(overrides)
-    if line:
-        _fail(prog, line)
     multirun = bool(flags & {"-m", "--multirun"})
     jobs = sweep_jobs(overrides) if multirun else [overrides]
     inspect_only = bool(flags - {"-m", "--multirun"})
     first = None
     for job in jobs or []:
         where = f"sweep job ({' '.join(job)}): " if multirun else ""
-        line = group_value_error(config_dir, job)  # before Hydra, whose ValueError names no group
+        line = search_path_error(job) or group_value_error(config_dir, job)  # Hydra: a warning; no group
         if line:
             _fail(prog, where + line)
         try:

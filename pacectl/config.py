@@ -380,7 +380,7 @@ def controller_families(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     except ConfigError as err:
         if cfg.get("controller_file") in (None, "") or "controller_file" in str(err):  # no file, or named
             raise
-        text = str(err)
+        text = str(err).replace(err.hint, "fix it in the file") if err.hint else str(err)
         end = "" if text.endswith((".", "?", "!")) else "."
         raise ConfigError(
             f"controller_file {str(cfg.controller_file)!r}: {text}{end} Such a file holds 'name: <family>' "

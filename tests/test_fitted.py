@@ -111,7 +111,9 @@ def test_fit_options_are_checked():
         fit_options({"rank_order": "random"})
     with pytest.raises(ConfigError, match="fit"):
         fit_options({"block_step": 4})
-    with pytest.raises(ConfigError, match="fit.block_steps must be an integer >= 1"):
+    with pytest.raises(
+        ConfigError, match=r"fit.block_steps must be an integer >= 1, got 0 \(override: fit.block_steps=8\)"
+    ):
         fit_options({"block_steps": 0})
 
 
@@ -144,6 +146,8 @@ def test_traces_fit_cli_json(tmp_path, capsys):
     assert main(["fit", str(path), "--ranks-per-node", "2"]) == 0
     text = capsys.readouterr().out
     assert "verdict    consistent with max-plus" in text and "placebo" in text
+    assert main(["fit", str(path), "--seed", "-1"]) == 2  # named by its flag, with an example
+    assert capsys.readouterr().err.strip().endswith("fit.seed must be an integer >= 0, got -1 (flag --seed)")
 
 
 def test_run_with_comm_fitted_records_the_model_and_its_fit(tmp_path):

@@ -178,3 +178,18 @@ def test_config_group_given_a_number_is_one_line(tmp_path: Path, argv: list[str]
     _one_clean_line(proc, needle, "available:")
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "outputs").exists()
+
+
+def test_an_nccl_inspector_number_too_long_for_python_is_one_line(tmp_path: Path) -> None:
+    """json.loads refuses an integer of more than 4,300 digits with a ValueError (not a JSONDecodeError)."""
+    from pacectl.data import DATA_DIR
+
+    files = sorted(p for p in (DATA_DIR / "nccl-inspector" / "plain").iterdir() if p.is_file())
+    for src in files:
+        (tmp_path / src.name).write_bytes(src.read_bytes())
+    bad = tmp_path / files[0].name
+    bad.write_bytes(
+        bad.read_bytes().replace(b'"coll_exec_time_us": 1000', b'"coll_exec_time_us": ' + b"9" * 5000, 1)
+    )
+    proc = _validate("--format", "nccl_inspector", *(str(tmp_path / src.name) for src in files))
+    _one_clean_line(proc, "got a number too long to read (Exceeds the limit", str(bad))

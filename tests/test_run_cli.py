@@ -261,6 +261,10 @@ def test_a_trace_file_replays_by_its_path(tmp_path: Path) -> None:
             ["hydra.searchpath=[file:///nonexistent/conf]", "cluster=mine"],
             "file:///nonexistent/conf is not a folder",
         ),
+        (  # a sweep of search paths: each job's checked
+            ["-m", "hydra.searchpath=[file:///nonexistent/conf],[file:///tmp]", "cluster=mine"],
+            "file:///nonexistent/conf is not a folder",
+        ),
         # Hydra's composition errors, in one line with a did-you-mean (checked before Hydra runs)
         (["controler=threshold"], "no such config key. Did you mean controller=threshold?"),
         (["backend=sim", "backend.num_rank=8"], "Did you mean backend.num_ranks=8?"),

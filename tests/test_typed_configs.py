@@ -299,3 +299,51 @@ def test_a_value_out_of_range_in_a_preset_file_names_the_file(tmp_path: Path) ->
     ), proc.stderr
     proc = run_command(main, [*args, "controller.kp=-1"], cwd=tmp_path)
     assert proc.returncode == 2 and "got -1.0 (controller 'pid'; override: controller.kp=" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("yaml", "extra", "expect"),
+    [
+        # a mapping override above the key merges: the value still comes from the file
+        (
+            "interference:\n  kappa: -1.0\n",
+            ["cluster.interference={kappa_source: measured}"],
+            "kappa must be >= 0, got -1.0 (in the YAML of cluster=bad, not an override: fix the file)",
+        ),
+        ("interference:\n  kappa: -1.0\n", ["cluster.interference={kappa: -2}"], "got -2.0 (override: "),
+        # checked when the job builds its controllers, after the command line's checks
+        (
+            "jobs:\n"
+            '  - {name: a, ranks: ["0-7", "16-23"], compute: {compute_s: 0.3}, controller: pid,'
+            " controller_params: {pid: {kp: -1}}}\n"
+            '  - {name: b, ranks: ["8-15", "24-31"], compute: {compute_s: 0.6}}\n',
+            [],
+            "controller_params.pid.kp must be >= 0, got -1 (in the YAML of cluster=bad, not an override",
+        ),
+    ],
+)
+def test_a_file_value_under_a_merged_override_or_checked_in_the_job_names_the_file(
+    tmp_path: Path, yaml: str, extra: list[str], expect: str
+) -> None:
+    from pacectl.run import main
+
+    (tmp_path / "conf" / "cluster").mkdir(parents=True)
+    (tmp_path / "conf" / "cluster" / "bad.yaml").write_text(
+        "defaults:\n  - shared_uplink\n  - _self_\nname: bad\n" + yaml
+    )
+    out = tmp_path / "run"
+    args = ["backend=sim", "cluster=bad", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", *extra]
+    proc = run_command(main, [*args, f"hydra.run.dir={out}"], cwd=tmp_path)
+    assert proc.returncode == 2 and expect in proc.stderr, proc.stderr
+    assert not out.exists()
+
+
+def test_a_controller_file_value_out_of_range_is_fixed_in_the_file(tmp_path: Path) -> None:
+    from pacectl.run import main
+
+    (tmp_path / "ctl.yaml").write_text("name: pid\nkp: -3\n")
+    proc = run_command(
+        main, [f"controller_file={tmp_path / 'ctl.yaml'}", f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "kp must be >= 0, got -3 (controller 'pid'; fix it in the file). Such a file holds" in proc.stderr

@@ -1117,10 +1117,10 @@ class FitConfig(Placement):
     """The ``fit`` config section (``conf/config.yaml``) and the ``fit`` command's options: the
     :class:`Placement` and the other keyword arguments of :func:`fit_backend`, with their defaults."""
 
-    block_steps: int = within(8, ">= 1")
-    tolerance_frac: float = within(0.01, "> 0")
+    block_steps: int = within(8, ">= 1", example=8)
+    tolerance_frac: float = within(0.01, "> 0", example=0.01)
     arrival_tolerance: float = within(0.1, "> 0")
-    seed: int = within(0, ">= 0")
+    seed: int = within(0, ">= 0", example=0)
 
 
 def fit_options(section: Any) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from pacectl.errors import EXIT_USER_ERROR, PacectlError, TraceError, plural
+from pacectl.errors import EXIT_USER_ERROR, ConfigError, PacectlError, TraceError, plural
 from pacectl.files import folder_problem, jsonable
 from pacectl.traces.detect import detect_format, meta_beside, other_traces_in
 from pacectl.traces.model import OpTrace, TraceWarning, quantile_stats
@@ -432,15 +432,27 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from pacectl.backends.replay import ReplayBackend
     from pacectl.fabric.fitted import fit_backend, fit_options
 
-    options = fit_options(
-        {
-            "ranks_per_node": args.ranks_per_node,
-            "rank_order": args.rank_order,
-            "block_steps": args.block_steps,
-            "tolerance_frac": args.tolerance,
-            "seed": args.seed,
-        }
-    )
+    flags = {
+        "ranks_per_node": "--ranks-per-node",
+        "rank_order": "--rank-order",
+        "block_steps": "--block-steps",
+    }
+    flags |= {"tolerance_frac": "--tolerance", "seed": "--seed"}
+    try:
+        options = fit_options(
+            {
+                "ranks_per_node": args.ranks_per_node,
+                "rank_order": args.rank_order,
+                "block_steps": args.block_steps,
+                "tolerance_frac": args.tolerance,
+                "seed": args.seed,
+            }
+        )
+    except ConfigError as err:  # named by its flag here, not by pacectl.run's override
+        flag = flags.get((err.key or "").rpartition(".")[2])
+        if flag and err.hint:
+            raise ConfigError(str(err).replace(err.hint, f"flag {flag}")) from None
+        raise
     trace, _, notes = _load(args)
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)

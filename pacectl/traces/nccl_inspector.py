@@ -107,11 +107,13 @@ class _Proc:
 def _num(rec: dict[str, Any], key: str, where: str, *, integer: bool = True) -> Any:
     value: Any = rec.get(key)
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    big = isinstance(value, int) and value >= 1 << 63  # a damaged number: past int64 (and float's range)
+    big = isinstance(value, int) and value >= 1 << 63  # a damaged number: past int64 (float() may overflow)
     if isinstance(value, bool) or not ok or big or not math.isfinite(float(value)) or value < 0:
-        shown = f"{str(value)[:20]}... ({len(str(value))} digits)" if big else repr(value)
+        digits = len(str(value))
+        shown = f"{str(value)[:20]}... ({digits} digits)" if big and digits > 20 else repr(value)
         raise TraceError(
-            f"{key} must be a non-negative {'integer' if integer else 'number'} below 2**63, got {shown} ({where})"
+            f"{key} must be a non-negative {'integer' if integer else 'number'}"
+            f"{' below 2**63' if big else ''}, got {shown} ({where})"
         )
     return value
 
@@ -151,6 +153,11 @@ def _read_log(path: Path, max_bytes: int, notes: list[str], max_records: int, to
                 raise TraceError(
                     f"each line of an NCCL Inspector log must be one JSON object, got invalid JSON ({err.msg}, "
                     f"column {err.colno}) (in {path}:{i})"
+                ) from None
+            except ValueError as err:  # an integer of more digits than Python converts (4,300)
+                raise TraceError(
+                    f"each line of an NCCL Inspector log must be one JSON object, got a number too long to "
+                    f"read ({str(err)[:80]}) (in {path}:{i}); the file is damaged: copy it again"
                 ) from None
             where = f"in {path}:{i}"
             if not isinstance(rec, dict) or not isinstance(rec.get("header"), dict):

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pacectl.errors import TraceError, repair_rows
+from pacectl.errors import TraceError, plural, repair_rows
 from pacectl.traces.collectives import OpBlock, check_transfer, op_frame
 from pacectl.traces.csvstream import columns_excerpt, read_header, read_numeric_columns
 from pacectl.traces.model import (
@@ -235,7 +235,7 @@ def load_steplevel(
         max_bytes=max_bytes,
         max_rows=max(1, max_ops // 2),
         cap_hint="trace.max_mb",
-        rows_hint=f"trace.max_ops: now {max_ops} ops, 2 per row",
+        rows_hint=f"trace.max_ops: now {plural(max_ops, 'op')}, 2 per row",
     )
     bad_rows = got.bad_rows
     if bad_rows.count:
