@@ -294,7 +294,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             f"{trace.sample_every_iters} real iterations apart (a lag of 1 step is {trace.sample_every_iters} iterations)"
         )
     ranks = sorted(trace.ops["rank"].unique().tolist())
-    per_cell = (
+    per_cell = (  # a count: validate_ops has checked that each (dp_rank, stage) cell maps to one rank
         " = one per (dp, pp) cell, its tp x dsp ranks not recorded"
         if len(ranks) == m.dp_size * m.pp_size and m.tp_size * m.dsp_size > 1
         else ""
